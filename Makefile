@@ -1,0 +1,103 @@
+# lockshim - see README.md. Plain GNU make; respects CC, CFLAGS, LDFLAGS,
+# PREFIX and DESTDIR. `make SANITIZER=address,undefined BUILD=build/asan`
+# builds an instrumented copy (`make asan` does exactly that).
+
+CC ?= cc
+PREFIX ?= /usr/local
+LIBDIR ?= $(PREFIX)/lib
+BINDIR ?= $(PREFIX)/bin
+DOCDIR ?= $(PREFIX)/share/doc/lockshim
+BUILD ?= build
+ARCH ?= $(shell uname -m)
+PYTEST ?= /usr/bin/python3 -m pytest
+VERSION := 0.1.0
+
+WARN := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings
+OPT ?= -O2 -g
+SAN := $(if $(SANITIZER),-fsanitize=$(SANITIZER) -fno-omit-frame-pointer)
+BASE_CFLAGS := $(OPT) $(WARN) $(SAN) -D_GNU_SOURCE -MMD -MP -Ishim \
+	-DLOCKSHIM_VERSION='"$(VERSION)"' -DLOCKSHIM_LIBDIR='"$(LIBDIR)"'
+SHIM_CFLAGS := $(BASE_CFLAGS) -fPIC -fvisibility=hidden -fexceptions \
+	-ftls-model=initial-exec $(CFLAGS)
+
+# hiredis is linked statically with hidden symbols, so neither the shim nor a
+# program linking another hiredis can see the other's copy. Debian's
+# libconfig.a is not PIC, so libconfig is linked dynamically; it is only
+# used by the constructor, before anything is redirected.
+HIREDIS_A := $(shell $(CC) -print-file-name=libhiredis.a)
+SHIM_LIBS := $(HIREDIS_A) -lconfig -lpthread -ldl
+
+SHIM_SRC := log config key backend_redis lock renew hook redirect \
+	redirect_reloc dispatch interpose init arch_$(ARCH)
+SHIM_OBJ := $(SHIM_SRC:%=$(BUILD)/shim/%.o) $(BUILD)/shim/tramp_$(ARCH).o
+CLI_OBJ := $(BUILD)/cli/cli.o $(BUILD)/cli/config.o $(BUILD)/cli/key.o \
+	$(BUILD)/cli/log.o $(BUILD)/cli/backend_redis.o
+UNIT := config key lock
+UNIT_BIN := $(UNIT:%=$(BUILD)/tests/test_%)
+
+all: $(BUILD)/liblockshim.so $(BUILD)/lockshim
+
+$(BUILD)/liblockshim.so: $(SHIM_OBJ) shim/shim.map
+	$(CC) -shared $(SAN) -o $@ $(SHIM_OBJ) -Wl,--version-script=shim/shim.map \
+		-Wl,--exclude-libs,ALL -Wl,-z,relro,-z,now,-z,noexecstack \
+		$(LDFLAGS) $(SHIM_LIBS)
+
+$(BUILD)/lockshim: $(CLI_OBJ)
+	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(LDFLAGS) -lhiredis -lconfig
+
+$(BUILD)/shim/%.o: shim/%.c | $(BUILD)/shim
+	$(CC) $(SHIM_CFLAGS) -c $< -o $@
+
+$(BUILD)/shim/%.o: shim/%.S | $(BUILD)/shim
+	$(CC) $(SHIM_CFLAGS) -c $< -o $@
+
+$(BUILD)/cli/%.o: shim/%.c | $(BUILD)/cli
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/tests/test_%: tests/unit/test_%.c $(BUILD)/shim/config.o \
+		$(BUILD)/shim/key.o $(BUILD)/shim/log.o $(BUILD)/tests/lock_unit.o \
+		$(BUILD)/tests/renew_unit.o | $(BUILD)/tests
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) -Itests/unit -o $@ $^ $(LDFLAGS) -lconfig -lpthread
+
+# lock.c and renew.c built without -fvisibility for the unit tests, which
+# drive them with a fake backend.
+$(BUILD)/tests/%_unit.o: shim/%.c | $(BUILD)/tests
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) -ftls-model=initial-exec -c $< -o $@
+
+$(BUILD)/shim $(BUILD)/cli $(BUILD)/tests:
+	mkdir -p $@
+
+deps:
+	scripts/install-deps.sh
+
+unit: $(UNIT_BIN)
+	@for t in $(UNIT_BIN); do $$t || exit 1; done
+
+test: deps all unit
+	$(PYTEST) -q tests/integration
+
+asan:
+	$(MAKE) BUILD=build/asan SANITIZER=address,undefined all unit
+
+test-asan: deps asan
+	LOCKSHIM_BUILD=build/asan LOCKSHIM_TEST_ASAN=1 $(PYTEST) -q tests/integration
+
+demo: deps all
+	examples/demo.sh $(BUILD)
+
+install: all
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(DOCDIR)
+	install -m 0755 $(BUILD)/liblockshim.so $(DESTDIR)$(LIBDIR)/liblockshim.so
+	install -m 0755 $(BUILD)/lockshim $(DESTDIR)$(BINDIR)/lockshim
+	install -m 0644 config/lockshim.cfg README.md $(DESTDIR)$(DOCDIR)/
+
+uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/liblockshim.so $(DESTDIR)$(BINDIR)/lockshim
+	rm -rf $(DESTDIR)$(DOCDIR)
+
+clean:
+	rm -rf build
+
+.PHONY: all deps unit test asan test-asan demo install uninstall clean
+
+-include $(wildcard $(BUILD)/*/*.d)

@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * arch_x86_64.c - x86-64 facts for the generic code (see tramp.h).
+ *
+ * Sizes the trampoline frame from the CPU's XSAVE area (CPUID leaf 0xD)
+ * for the enabled user components (x87, SSE, AVX, AVX-512; XCR0), falling
+ * back to FXSAVE; writes the 32-byte stubs; demangles the stack pointer of a
+ * glibc jmp_buf (PTR_MANGLE: xor with the pointer guard at %fs:0x30, rol 17).
+ */
+#include <cpuid.h>
+#include <elf.h>
+#include <string.h>
+
+#include "tramp.h"
+#include "tramp_x86_64.h"
+
+/* Read by tramp_x86_64.S. */
+__attribute__((visibility("hidden"))) unsigned tramp_xsave_mask;
+__attribute__((visibility("hidden"))) unsigned long tramp_frame_size =
+	TF_XSAVE + 512 + 64;
+
+#define XSTATE_USER_MASK 0xe7u /* x87, SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM */
+#define STUB_SIZE 32
+
+int arch_init(void)
+{
+	unsigned a, b, c, d, lo, hi;
+
+	if (!__get_cpuid(1, &a, &b, &c, &d))
+		return 0;
+	if (!(c & bit_XSAVE) || !(c & bit_OSXSAVE))
+		return 0; /* FXSAVE: x87 and SSE only, as the CPU has no more */
+	__asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+	__cpuid_count(0xd, 0, a, b, c, d);
+	tramp_xsave_mask = lo & XSTATE_USER_MASK;
+	tramp_frame_size = TF_XSAVE + b + 64;
+	return 0;
+}
+
+size_t arch_stub_size(void)
+{
+	return STUB_SIZE;
+}
+
+void arch_write_stub(unsigned char *at, const void *ctx)
+{
+	static const unsigned char code[] = {
+		0xf3, 0x0f, 0x1e, 0xfa,             /* endbr64 */
+		0x49, 0xbb, 0, 0, 0, 0, 0, 0, 0, 0, /* movabs $ctx, %r11 */
+		0xff, 0x25, 0, 0, 0, 0,             /* jmp *0(%rip) */
+	};
+	extern void tramp_entry(void);
+	void (*entry)(void) = tramp_entry;
+
+	memcpy(at, code, sizeof(code));
+	memcpy(at + 6, &ctx, 8);
+	memcpy(at + sizeof(code), &entry, 8);
+	memset(at + sizeof(code) + 8, 0xcc, STUB_SIZE - sizeof(code) - 8);
+}
+
+int arch_reloc_kind(unsigned type)
+{
+	switch (type) {
+	case R_X86_64_JUMP_SLOT: return RELOC_JUMP_SLOT;
+	case R_X86_64_GLOB_DAT: return RELOC_GLOB_DAT;
+	case R_X86_64_64: return RELOC_ABS64;
+	}
+	return RELOC_OTHER;
+}
+
+uintptr_t arch_jmpbuf_sp(const void *env)
+{
+	uintptr_t v, guard;
+
+	memcpy(&v, (const char *)env + 6 * 8, sizeof(v)); /* JB_RSP */
+	__asm__("movq %%fs:0x30, %0" : "=r"(guard));
+	v = (v >> 17) | (v << 47);
+	return v ^ guard;
+}
+
+const uint64_t *tramp_int_args(const struct tramp_frame *f)
+{
+	return f->gpr;
+}
+
+uintptr_t tramp_stack_args(const struct tramp_frame *f)
+{
+	return f->stack_args;
+}
+
+void tramp_set_return(struct tramp_frame *f, long long v, double d)
+{
+	f->ret_rax = (uint64_t)v;
+	f->ret_rdx = 0;
+	f->skip = 1;
+	f->skip_xmm0 = d;
+}

@@ -1,0 +1,578 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * config.c - parsing and validating the libconfig file (see config.h).
+ *
+ * Per-lock settings are described by one table (lock_fields); the same table
+ * parses the `defaults` group and every entry of `locks`, so a setting is
+ * defined, range-checked and documented in one place. A lock starts from the
+ * built-in defaults, then `defaults`, then its own settings. Every error is
+ * one line: "<file>:<line>: <setting>: <problem>".
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <libconfig.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+
+struct errbuf {
+	char *buf;
+	size_t len;
+	const char *file;
+};
+
+static int fail(struct errbuf *e, const config_setting_t *s, const char *what,
+		const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static int fail(struct errbuf *e, const config_setting_t *s, const char *what,
+		const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (s && config_setting_source_line(s))
+		n = snprintf(e->buf, e->len, "%s:%u: %s: ", e->file,
+			     config_setting_source_line(s), what);
+	else
+		n = snprintf(e->buf, e->len, "%s: %s: ", e->file, what);
+	if (n < 0 || (size_t)n >= e->len)
+		return -1;
+	va_start(ap, fmt);
+	vsnprintf(e->buf + n, e->len - (size_t)n, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+/* ---- value helpers ---------------------------------------------------- */
+
+static const char *type_name(const config_setting_t *s)
+{
+	switch (config_setting_type(s)) {
+	case CONFIG_TYPE_GROUP: return "a group";
+	case CONFIG_TYPE_INT:
+	case CONFIG_TYPE_INT64: return "an integer";
+	case CONFIG_TYPE_FLOAT: return "a float";
+	case CONFIG_TYPE_STRING: return "a string";
+	case CONFIG_TYPE_BOOL: return "a boolean";
+	case CONFIG_TYPE_ARRAY: return "an array";
+	case CONFIG_TYPE_LIST: return "a list";
+	}
+	return "unknown";
+}
+
+static int get_int(struct errbuf *e, const config_setting_t *s, const char *what,
+		   long long min, long long max, long long *out)
+{
+	int t = config_setting_type(s);
+	long long v = 0;
+
+	if (t != CONFIG_TYPE_INT && t != CONFIG_TYPE_INT64)
+		return fail(e, s, what, "expected an integer, got %s", type_name(s));
+	v = config_setting_get_int64(s);
+	if (v < min || v > max)
+		return fail(e, s, what, "value %lld out of range (%lld..%lld)", v,
+			    min, max);
+	*out = v;
+	return 0;
+}
+
+static int get_str(struct errbuf *e, const config_setting_t *s, const char *what,
+		   const char **out)
+{
+	if (config_setting_type(s) != CONFIG_TYPE_STRING)
+		return fail(e, s, what, "expected a string, got %s", type_name(s));
+	*out = config_setting_get_string(s);
+	return 0;
+}
+
+static int set_str(char **dst, const char *v)
+{
+	char *p = strdup(v);
+
+	if (!p)
+		return -1;
+	free(*dst);
+	*dst = p;
+	return 0;
+}
+
+static const char *const call_policies[] = { "skip", "exit", "abort", "proceed", NULL };
+static const char *const hold_policies[] = { "log", "kill", "abort", NULL };
+
+const char *config_call_policy_name(int p) { return call_policies[p]; }
+const char *config_hold_policy_name(int p) { return hold_policies[p]; }
+
+static int get_enum(struct errbuf *e, const config_setting_t *s, const char *what,
+		    const char *const *names, int *out)
+{
+	const char *v = NULL;
+	char expected[128] = "";
+
+	if (get_str(e, s, what, &v))
+		return -1;
+	for (int i = 0; names[i]; i++) {
+		if (strcmp(v, names[i]) == 0) {
+			*out = i;
+			return 0;
+		}
+		snprintf(expected + strlen(expected), sizeof(expected) - strlen(expected),
+			 "%s%s", i ? ", " : "", names[i]);
+	}
+	return fail(e, s, what, "unknown value \"%s\" (expected one of: %s)", v,
+		    expected);
+}
+
+static int errno_by_name(const char *name)
+{
+	for (int i = 1; i < 4096; i++) {
+		const char *n = strerrorname_np(i);
+
+		if (n && strcmp(n, name) == 0)
+			return i;
+	}
+	return -1;
+}
+
+static int signal_by_name(const char *name)
+{
+	if (strncmp(name, "SIG", 3) == 0)
+		name += 3;
+	for (int i = 1; i < NSIG; i++) {
+		const char *n = sigabbrev_np(i);
+
+		if (n && strcmp(n, name) == 0)
+			return i;
+	}
+	return -1;
+}
+
+/* Accepts a symbolic name (looked up with lookup) or a number in 1..max. */
+static int get_named_number(struct errbuf *e, const config_setting_t *s,
+			    const char *what, int (*lookup)(const char *), int max,
+			    int *out)
+{
+	long long v = 0;
+	const char *name;
+
+	if (config_setting_type(s) == CONFIG_TYPE_STRING) {
+		name = config_setting_get_string(s);
+		*out = lookup(name);
+		if (*out < 0)
+			return fail(e, s, what, "unknown name \"%s\"", name);
+		return 0;
+	}
+	if (get_int(e, s, what, 0, max, &v))
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+/* ---- per-lock settings ------------------------------------------------ */
+
+enum field_kind { F_INT, F_BOOL, F_STR, F_CALL, F_HOLD, F_ERRNO, F_SIGNAL, F_RETURN };
+
+struct field {
+	const char *name;
+	enum field_kind kind;
+	size_t off;
+	long long min, max;
+};
+
+#define LOCK_FIELD(n, k, lo, hi) { #n, k, offsetof(struct lock_spec, n), lo, hi }
+static const struct field lock_fields[] = {
+	LOCK_FIELD(symbol, F_STR, 0, 0),
+	{ "key", F_STR, offsetof(struct lock_spec, key_src), 0, 0 },
+	LOCK_FIELD(lease_ms, F_INT, 30, INT_MAX),
+	LOCK_FIELD(wait_ms, F_INT, -1, LLONG_MAX / 4),
+	LOCK_FIELD(on_timeout, F_CALL, 0, 0),
+	{ "return", F_RETURN, 0, 0, 0 },
+	{ "errno", F_ERRNO, offsetof(struct lock_spec, err), 0, 4095 },
+	LOCK_FIELD(exit_code, F_INT, 0, 255),
+	LOCK_FIELD(on_error, F_CALL, 0, 0),
+	LOCK_FIELD(on_lost, F_HOLD, 0, 0),
+	LOCK_FIELD(max_hold_ms, F_INT, 0, LLONG_MAX / 4),
+	LOCK_FIELD(on_overrun, F_HOLD, 0, 0),
+	LOCK_FIELD(kill_signal, F_SIGNAL, 1, NSIG - 1),
+	LOCK_FIELD(kill_grace_ms, F_INT, 0, LLONG_MAX / 4),
+	LOCK_FIELD(reentrant, F_BOOL, 0, 0),
+	LOCK_FIELD(stack_args_bytes, F_INT, 0, 65536),
+	LOCK_FIELD(retry_max_ms, F_INT, 1, 60000),
+	{ NULL, 0, 0, 0, 0 }
+};
+
+static void lock_builtin_defaults(struct lock_spec *l)
+{
+	memset(l, 0, sizeof(*l));
+	l->lease_ms = 30000;
+	l->wait_ms = 10000;
+	l->on_timeout = POLICY_SKIP;
+	l->on_error = -1; /* follows on_timeout */
+	l->ret = -1;
+	l->ret_double = -1.0;
+	l->err = EBUSY;
+	l->exit_code = 75;
+	l->on_lost = HOLD_LOG;
+	l->on_overrun = HOLD_LOG;
+	l->kill_signal = SIGTERM;
+	l->kill_grace_ms = 5000;
+	l->reentrant = 1;
+	l->stack_args_bytes = 256;
+	l->retry_max_ms = 100;
+}
+
+static int apply_field(struct errbuf *e, const struct field *f,
+		       const config_setting_t *s, const char *what,
+		       struct lock_spec *l)
+{
+	void *dst = (char *)l + f->off;
+	const char *str = NULL;
+	long long v = 0;
+	int t;
+
+	switch (f->kind) {
+	case F_INT:
+		if (get_int(e, s, what, f->min, f->max, &v))
+			return -1;
+		if (f->off == offsetof(struct lock_spec, exit_code) ||
+		    f->off == offsetof(struct lock_spec, stack_args_bytes))
+			*(int *)dst = (int)v;
+		else
+			*(long long *)dst = v;
+		return 0;
+	case F_BOOL:
+		if (config_setting_type(s) != CONFIG_TYPE_BOOL)
+			return fail(e, s, what, "expected true or false, got %s",
+				    type_name(s));
+		*(int *)dst = config_setting_get_bool(s);
+		return 0;
+	case F_STR:
+		if (get_str(e, s, what, &str))
+			return -1;
+		return set_str((char **)dst, str) ? fail(e, s, what, "out of memory") : 0;
+	case F_CALL:
+		return get_enum(e, s, what, call_policies, (int *)dst);
+	case F_HOLD:
+		return get_enum(e, s, what, hold_policies, (int *)dst);
+	case F_ERRNO:
+		return get_named_number(e, s, what, errno_by_name, 4095, (int *)dst);
+	case F_SIGNAL:
+		if (get_named_number(e, s, what, signal_by_name, NSIG - 1, (int *)dst))
+			return -1;
+		if (*(int *)dst == 0)
+			return fail(e, s, what, "signal 0 cannot stop a process");
+		return 0;
+	case F_RETURN:
+		t = config_setting_type(s);
+		if (t == CONFIG_TYPE_FLOAT) {
+			l->ret_double = config_setting_get_float(s);
+			l->ret = (long long)l->ret_double;
+			return 0;
+		}
+		if (get_int(e, s, what, LLONG_MIN, LLONG_MAX, &v))
+			return -1;
+		l->ret = v;
+		l->ret_double = (double)v;
+		return 0;
+	}
+	return -1;
+}
+
+/* Applies every setting of group g to l. where names g in messages. */
+static int apply_group(struct errbuf *e, const config_setting_t *g,
+		       const char *where, struct lock_spec *l)
+{
+	int n = config_setting_length(g);
+
+	if (!config_setting_is_group(g))
+		return fail(e, g, where, "expected a group { ... }, got %s",
+			    type_name(g));
+	for (int i = 0; i < n; i++) {
+		const config_setting_t *s = config_setting_get_elem(g, (unsigned)i);
+		const char *name = config_setting_name(s);
+		const struct field *f = lock_fields;
+		char what[96];
+
+		snprintf(what, sizeof(what), "%s.%s", where, name);
+		while (f->name && strcmp(f->name, name) != 0)
+			f++;
+		if (!f->name)
+			return fail(e, s, what, "unknown setting");
+		if (apply_field(e, f, s, what, l))
+			return -1;
+	}
+	return 0;
+}
+
+/* ---- symbols ------------------------------------------------------------ */
+
+/* Functions that return twice, never return, or belong to the dynamic linker. */
+static const char *const forbidden_symbols[] = {
+	"setjmp", "_setjmp", "sigsetjmp", "__sigsetjmp", "savectx", "vfork",
+	"getcontext", "setcontext", "swapcontext", "makecontext",
+	"longjmp", "_longjmp", "siglongjmp", "__longjmp_chk",
+	"exit", "_exit", "_Exit", "quick_exit", "abort", "pthread_exit",
+	"__libc_start_main", "__cxa_throw", "_Unwind_Resume",
+	"dlopen", "dlmopen", "dlsym", "dlvsym", "dlclose", "dlerror",
+	"dladdr", "dladdr1", "dlinfo", "dl_iterate_phdr", NULL
+};
+
+static int check_symbol(struct errbuf *e, const config_setting_t *s,
+			const char *what, const char *sym)
+{
+	if (!*sym)
+		return fail(e, s, what, "empty symbol name");
+	for (const char *p = sym; *p; p++)
+		if (!isalnum((unsigned char)*p) && *p != '_' && *p != '.' && *p != '$')
+			return fail(e, s, what,
+				    "\"%s\" is not a symbol name (letters, digits, _ . $)",
+				    sym);
+	for (int i = 0; forbidden_symbols[i]; i++)
+		if (strcmp(sym, forbidden_symbols[i]) == 0)
+			return fail(e, s, what,
+				    "\"%s\" cannot be guarded (it returns twice, never "
+				    "returns, or belongs to the dynamic linker)", sym);
+	return 0;
+}
+
+/* ---- top level ---------------------------------------------------------- */
+
+static int parse_redis(struct errbuf *e, const config_setting_t *g,
+		       struct redis_spec *r)
+{
+	int n = config_setting_length(g);
+
+	if (!config_setting_is_group(g))
+		return fail(e, g, "redis", "expected a group { ... }, got %s",
+			    type_name(g));
+	for (int i = 0; i < n; i++) {
+		const config_setting_t *s = config_setting_get_elem(g, (unsigned)i);
+		const char *name = config_setting_name(s), *str = NULL;
+		char what[64];
+		long long v = 0;
+
+		snprintf(what, sizeof(what), "redis.%s", name);
+		if (!strcmp(name, "host") || !strcmp(name, "socket") ||
+		    !strcmp(name, "password") || !strcmp(name, "username")) {
+			char **dst = !strcmp(name, "host") ? &r->host :
+				     !strcmp(name, "socket") ? &r->socket :
+				     !strcmp(name, "password") ? &r->password :
+				     &r->username;
+
+			if (get_str(e, s, what, &str))
+				return -1;
+			if (!*str)
+				return fail(e, s, what, "must not be empty");
+			if (set_str(dst, str))
+				return fail(e, s, what, "out of memory");
+		} else if (!strcmp(name, "port")) {
+			if (get_int(e, s, what, 1, 65535, &v))
+				return -1;
+			r->port = (int)v;
+		} else if (!strcmp(name, "db")) {
+			if (get_int(e, s, what, 0, INT_MAX, &v))
+				return -1;
+			r->db = (int)v;
+		} else if (!strcmp(name, "connect_timeout_ms") ||
+			   !strcmp(name, "command_timeout_ms")) {
+			if (get_int(e, s, what, 1, 600000, &v))
+				return -1;
+			*(!strcmp(name, "connect_timeout_ms") ? &r->connect_timeout_ms
+							       : &r->command_timeout_ms) = (int)v;
+		} else {
+			return fail(e, s, what, "unknown setting");
+		}
+	}
+	if (r->username && !r->password)
+		return fail(e, g, "redis.username", "needs redis.password as well");
+	return 0;
+}
+
+static int parse_lock(struct errbuf *e, const config_t *cf,
+		      const config_setting_t *g, int idx, const struct lock_spec *defaults,
+		      const config_setting_t *defaults_g, struct config *cfg)
+{
+	struct lock_spec *l = &cfg->locks[idx];
+	char where[32], host[256] = "localhost", kerr[256];
+	const config_setting_t *ks;
+
+	(void)cf;
+	snprintf(where, sizeof(where), "locks[%d]", idx);
+	*l = *defaults;
+	l->symbol = NULL;
+	l->key_src = defaults->key_src ? strdup(defaults->key_src) : NULL;
+	l->index = idx;
+	l->line = config_setting_source_line(g);
+	if (apply_group(e, g, where, l))
+		return -1;
+	if (!l->symbol)
+		return fail(e, g, where, "missing required setting \"symbol\"");
+	if (check_symbol(e, config_setting_get_member(g, "symbol"), where, l->symbol))
+		return -1;
+	for (int i = 0; i < idx; i++)
+		if (strcmp(cfg->locks[i].symbol, l->symbol) == 0)
+			return fail(e, config_setting_get_member(g, "symbol"), where,
+				    "symbol \"%s\" is already guarded by locks[%d]",
+				    l->symbol, i);
+	if (l->on_error < 0)
+		l->on_error = l->on_timeout;
+	if (!l->key_src && set_str(&l->key_src, "{symbol}"))
+		return fail(e, g, where, "out of memory");
+	l->stack_args_bytes = (l->stack_args_bytes + 15) & ~15;
+	gethostname(host, sizeof(host) - 1);
+	if (key_compile(&l->key, cfg->ns, l->key_src, l->symbol, host, kerr,
+			sizeof(kerr))) {
+		ks = config_setting_get_member(g, "key");
+		if (!ks)
+			ks = defaults_g ? config_setting_get_member(defaults_g, "key") : g;
+		snprintf(where + strlen(where), sizeof(where) - strlen(where), ".key");
+		return fail(e, ks, where, "\"%s\": %s", l->key_src, kerr);
+	}
+	return 0;
+}
+
+static int parse_root(struct errbuf *e, config_t *cf, struct config *cfg)
+{
+	const config_setting_t *root = config_root_setting(cf), *s;
+	const config_setting_t *locks = NULL, *defaults_g = NULL;
+	struct lock_spec defaults;
+	const char *str = NULL;
+	int n = config_setting_length(root), rc = -1;
+
+	lock_builtin_defaults(&defaults);
+	for (int i = 0; i < n; i++) {
+		const char *name;
+
+		s = config_setting_get_elem(root, (unsigned)i);
+		name = config_setting_name(s);
+		if (!strcmp(name, "redis")) {
+			if (parse_redis(e, s, &cfg->redis))
+				goto out;
+		} else if (!strcmp(name, "namespace")) {
+			if (get_str(e, s, name, &str))
+				goto out;
+			if (!*str || strlen(str) > KEY_MAX_NAMESPACE) {
+				fail(e, s, name, "must be 1..%d bytes", KEY_MAX_NAMESPACE);
+				goto out;
+			}
+			if (set_str(&cfg->ns, str))
+				goto out;
+		} else if (!strcmp(name, "log_level")) {
+			if (get_str(e, s, name, &str))
+				goto out;
+			cfg->log_level = log_level_parse(str);
+			if (cfg->log_level < 0) {
+				fail(e, s, name, "unknown value \"%s\" (expected one of: "
+				     "error, warn, info, debug)", str);
+				goto out;
+			}
+		} else if (!strcmp(name, "log_file")) {
+			if (get_str(e, s, name, &str) || set_str(&cfg->log_file, str))
+				goto out;
+		} else if (!strcmp(name, "defaults")) {
+			defaults_g = s;
+		} else if (!strcmp(name, "locks")) {
+			locks = s;
+		} else {
+			fail(e, s, name, "unknown setting");
+			goto out;
+		}
+	}
+	if (defaults_g) {
+		if (config_setting_get_member(defaults_g, "symbol")) {
+			fail(e, config_setting_get_member(defaults_g, "symbol"),
+			     "defaults.symbol", "symbol is per lock, not a default");
+			goto out;
+		}
+		if (apply_group(e, defaults_g, "defaults", &defaults))
+			goto out;
+	}
+	if (!locks) {
+		rc = 0;
+		goto out;
+	}
+	if (!config_setting_is_list(locks) && !config_setting_is_array(locks)) {
+		fail(e, locks, "locks", "expected a list ( { ... }, ... ), got %s",
+		     type_name(locks));
+		goto out;
+	}
+	cfg->nlocks = config_setting_length(locks);
+	cfg->locks = calloc((size_t)cfg->nlocks + 1, sizeof(*cfg->locks));
+	if (!cfg->locks)
+		goto out;
+	for (int i = 0; i < cfg->nlocks; i++)
+		if (parse_lock(e, cf, config_setting_get_elem(locks, (unsigned)i), i,
+			       &defaults, defaults_g, cfg)) {
+			cfg->nlocks = i + 1;
+			goto out;
+		}
+	rc = 0;
+out:
+	free(defaults.key_src);
+	return rc;
+}
+
+int config_load(struct config *cfg, const char *path, char *err, size_t errlen)
+{
+	struct errbuf e = { err, errlen, path };
+	config_t cf;
+	FILE *f;
+	int rc;
+
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->log_level = -1;
+	cfg->redis.port = 6379;
+	cfg->redis.connect_timeout_ms = 500;
+	cfg->redis.command_timeout_ms = 500;
+	if (set_str(&cfg->path, path) || set_str(&cfg->ns, "lockshim") ||
+	    set_str(&cfg->redis.host, "127.0.0.1"))
+		return fail(&e, NULL, "config", "out of memory");
+	f = fopen(path, "re");
+	if (!f)
+		return fail(&e, NULL, "config", "cannot open: %s", strerror(errno));
+	config_init(&cf);
+	if (!config_read(&cf, f)) {
+		snprintf(err, errlen, "%s:%d: syntax error: %s", path,
+			 config_error_line(&cf), config_error_text(&cf));
+		rc = -1;
+	} else {
+		rc = parse_root(&e, &cf, cfg);
+	}
+	config_destroy(&cf);
+	fclose(f);
+	return rc;
+}
+
+void config_release(struct config *cfg)
+{
+	for (int i = 0; i < cfg->nlocks; i++) {
+		free(cfg->locks[i].symbol);
+		free(cfg->locks[i].key_src);
+		key_tmpl_release(&cfg->locks[i].key);
+	}
+	free(cfg->locks);
+	free(cfg->path);
+	free(cfg->ns);
+	free(cfg->log_file);
+	free(cfg->redis.host);
+	free(cfg->redis.socket);
+	free(cfg->redis.password);
+	free(cfg->redis.username);
+	memset(cfg, 0, sizeof(*cfg));
+}
+
+const struct lock_spec *config_find(const struct config *cfg, const char *symbol)
+{
+	for (int i = 0; i < cfg->nlocks; i++)
+		if (strcmp(cfg->locks[i].symbol, symbol) == 0)
+			return &cfg->locks[i];
+	return NULL;
+}

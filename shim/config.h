@@ -1,0 +1,80 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * config.h - the frozen configuration: Redis endpoint and one spec per lock.
+ *
+ * config_load parses a libconfig file once, validates every setting (unknown
+ * names, types, ranges, placeholders, forbidden symbols) and compiles each
+ * key template. After that the structures are read-only: hooks only read.
+ */
+#ifndef LOCKSHIM_CONFIG_H
+#define LOCKSHIM_CONFIG_H
+
+#include "key.h"
+
+#define CONFIG_DEFAULT_PATH "/etc/lockshim/lockshim.cfg"
+#define CONFIG_EXIT_CODE 78 /* EX_CONFIG */
+
+/* on_timeout / on_error */
+enum call_policy { POLICY_SKIP, POLICY_EXIT, POLICY_ABORT, POLICY_PROCEED };
+/* on_lost / on_overrun */
+enum hold_policy { HOLD_LOG, HOLD_KILL, HOLD_ABORT };
+
+struct lock_spec {
+	char *symbol;
+	char *key_src;
+	struct key_tmpl key;
+	long long lease_ms;
+	long long wait_ms;       /* -1 = forever */
+	long long max_hold_ms;   /* 0 = unlimited */
+	long long kill_grace_ms;
+	long long retry_max_ms;
+	long long ret;           /* value a skipped call returns in rax */
+	double ret_double;       /* ... and in xmm0 */
+	int err;                 /* errno a skipped call sets */
+	int exit_code;
+	int kill_signal;
+	int on_timeout, on_error, on_lost, on_overrun;
+	int reentrant;
+	int stack_args_bytes;    /* caller stack copied for stack arguments */
+	int line;                /* where the lock was defined */
+	int index;
+};
+
+struct redis_spec {
+	char *host;
+	int port;
+	char *socket;
+	char *password;
+	char *username;
+	int db;
+	int connect_timeout_ms;
+	int command_timeout_ms;
+};
+
+struct config {
+	char *path;
+	struct redis_spec redis;
+	char *ns;
+	int log_level;      /* -1 when not set */
+	char *log_file;
+	struct lock_spec *locks;
+	int nlocks;
+};
+
+/*
+ * Loads and validates path into cfg. Returns 0, or -1 with one line in err
+ * naming the file, the line when known, the setting and the value.
+ * The caller releases cfg with config_release (also after a failure).
+ */
+int config_load(struct config *cfg, const char *path, char *err, size_t errlen);
+
+void config_release(struct config *cfg);
+
+/* Returns the lock guarding symbol, or NULL. */
+const struct lock_spec *config_find(const struct config *cfg, const char *symbol);
+
+/* Returns the policy name for messages. */
+const char *config_call_policy_name(int p);
+const char *config_hold_policy_name(int p);
+
+#endif

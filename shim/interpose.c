@@ -1,0 +1,148 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * interpose.c - wrappers the redirector installs beside the guarded symbols.
+ *
+ * dlopen/dlmopen: load, then rescan so the new objects' slots are redirected
+ * (their constructors have already run). dlsym/dlvsym: a guarded name
+ * yields its hook's stub; RTLD_NEXT is resolved relative to the real caller,
+ * not to the shim. The longjmp family: release the guarded calls whose frames
+ * the jump discards, then jump. These are not exported symbols: they are
+ * reached only through patched slots, so the shim's own calls to dlopen,
+ * dlsym or longjmp go straight to libc.
+ */
+#include <dlfcn.h>
+#include <link.h>
+#include <setjmp.h>
+#include <string.h>
+
+#include "guard.h"
+#include "lock.h"
+#include "redirect.h"
+#include "shim.h"
+#include "tramp.h"
+
+extern void __longjmp_chk(sigjmp_buf env, int val) __attribute__((noreturn));
+
+static void *wrap_dlopen(const char *file, int mode)
+{
+	void *h = dlopen(file, mode);
+
+	if (h && shim_active()) {
+		guard_enter();
+		redirect_refresh();
+		guard_leave();
+	}
+	return h;
+}
+
+static void *wrap_dlmopen(Lmid_t lmid, const char *file, int mode)
+{
+	void *h = dlmopen(lmid, file, mode);
+
+	if (h && shim_active()) {
+		guard_enter();
+		redirect_refresh();
+		guard_leave();
+	}
+	return h;
+}
+
+/*
+ * RTLD_NEXT from the caller's point of view: the first object after the
+ * caller's in load order that defines name. Returns NULL if none does.
+ */
+static void *next_after(const void *caller, const char *name, const char *version)
+{
+	struct link_map *lm = NULL;
+	Dl_info di;
+
+	if (!dladdr1(caller, &di, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
+		return version ? dlvsym(RTLD_NEXT, name, version) : dlsym(RTLD_NEXT, name);
+	for (struct link_map *l = lm->l_next; l; l = l->l_next) {
+		struct link_map *def = NULL;
+		void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD), *p;
+
+		if (!h)
+			continue;
+		p = version ? dlvsym(h, name, version) : dlsym(h, name);
+		dlclose(h);
+		if (p && dladdr1(p, &di, (void **)&def, RTLD_DL_LINKMAP) && def == l)
+			return p;
+	}
+	return NULL;
+}
+
+static void *lookup(void *handle, const char *name, const char *version,
+		    const void *caller)
+{
+	void *p;
+
+	guard_enter();
+	if (handle == RTLD_NEXT)
+		p = next_after(caller, name, version);
+	else
+		p = version ? dlvsym(handle, name, version) : dlsym(handle, name);
+	if (shim_active())
+		p = redirect_resolved(name, p);
+	guard_leave();
+	return p;
+}
+
+static void *wrap_dlsym(void *handle, const char *name)
+{
+	return lookup(handle, name, NULL, __builtin_return_address(0));
+}
+
+static void *wrap_dlvsym(void *handle, const char *name, const char *version)
+{
+	return lookup(handle, name, version, __builtin_return_address(0));
+}
+
+static void unwind(const void *env)
+{
+	guard_enter();
+	lock_unwind_to(arch_jmpbuf_sp(env));
+	guard_leave();
+}
+
+static void wrap_longjmp(jmp_buf env, int val)
+{
+	unwind(env);
+	longjmp(env, val);
+}
+
+static void wrap_siglongjmp(sigjmp_buf env, int val)
+{
+	unwind(env);
+	siglongjmp(env, val);
+}
+
+static void wrap_longjmp_chk(sigjmp_buf env, int val)
+{
+	unwind(env);
+	__longjmp_chk(env, val);
+}
+
+static const struct {
+	const char *name;
+	void *fn;
+} wrappers[] = {
+	{ "dlopen", (void *)wrap_dlopen },
+	{ "dlmopen", (void *)wrap_dlmopen },
+	{ "dlsym", (void *)wrap_dlsym },
+	{ "dlvsym", (void *)wrap_dlvsym },
+	{ "longjmp", (void *)wrap_longjmp },
+	{ "_longjmp", (void *)wrap_longjmp },
+	{ "siglongjmp", (void *)wrap_siglongjmp },
+	{ "__longjmp_chk", (void *)wrap_longjmp_chk },
+};
+
+void *interpose_lookup(const char *name)
+{
+	if (name[0] != 'd' && name[0] != 'l' && name[0] != '_' && name[0] != 's')
+		return NULL;
+	for (size_t i = 0; i < sizeof(wrappers) / sizeof(wrappers[0]); i++)
+		if (strcmp(wrappers[i].name, name) == 0)
+			return wrappers[i].fn;
+	return NULL;
+}

@@ -1,0 +1,261 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * key.c - compiling and expanding lock key templates (see key.h).
+ *
+ * Expansion streams every byte of the expanded key through a sink that keeps
+ * the first KEY_MAX_EXPANDED bytes and hashes all of them (two FNV-1a 64-bit
+ * lanes with different offsets, mixed at the end). Long keys become
+ * "<first 223 bytes>#<32 hex digits>"; short keys are kept verbatim.
+ */
+#include "key.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HASH_HEX 32
+#define LONG_KEEP (KEY_MAX_EXPANDED - 1 - HASH_HEX)
+
+struct sink {
+	char *buf;
+	size_t len;   /* bytes seen */
+	uint64_t h1, h2;
+};
+
+static void sink_put(struct sink *s, const char *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)p[i];
+
+		if (s->len < KEY_MAX_EXPANDED)
+			s->buf[s->len] = (char)c;
+		s->len++;
+		s->h1 = (s->h1 ^ c) * 0x100000001b3ULL;
+		s->h2 = (s->h2 ^ c) * 0x100000001b3ULL;
+		s->h2 ^= s->h2 >> 29;
+	}
+}
+
+static uint64_t mix64(uint64_t x)
+{
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdULL;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ULL;
+	return x ^ (x >> 33);
+}
+
+static size_t sink_finish(struct sink *s)
+{
+	static const char hex[] = "0123456789abcdef";
+	uint64_t a, b;
+
+	if (s->len <= KEY_MAX_EXPANDED)
+		return s->len;
+	a = mix64(s->h1 ^ s->len);
+	b = mix64(s->h2 + a);
+	s->buf[LONG_KEEP] = '#';
+	for (int i = 0; i < 16; i++) {
+		s->buf[LONG_KEEP + 1 + i] = hex[(a >> (60 - 4 * i)) & 15];
+		s->buf[LONG_KEEP + 17 + i] = hex[(b >> (60 - 4 * i)) & 15];
+	}
+	return KEY_MAX_EXPANDED;
+}
+
+static void put_arg(struct sink *s, uint64_t v, int fmt)
+{
+	char num[24];
+	int n;
+
+	switch (fmt) {
+	case KEY_FMT_STR: {
+		const char *p = (const char *)(uintptr_t)v;
+
+		if (!p)
+			sink_put(s, "(null)", 6);
+		else
+			sink_put(s, p, strnlen(p, KEY_STR_SCAN_MAX));
+		return;
+	}
+	case KEY_FMT_UNSIGNED:
+		n = snprintf(num, sizeof(num), "%llu", (unsigned long long)v);
+		break;
+	case KEY_FMT_HEX:
+		n = snprintf(num, sizeof(num), "%llx", (unsigned long long)v);
+		break;
+	default:
+		n = snprintf(num, sizeof(num), "%lld", (long long)v);
+		break;
+	}
+	sink_put(s, num, (size_t)n);
+}
+
+size_t key_expand(const struct key_tmpl *t, const uint64_t args[6], int pid,
+		  char *out)
+{
+	struct sink s = { out + t->prefix_len, 0, 0xcbf29ce484222325ULL,
+			  0x84222325cbf29ce4ULL };
+	char num[16];
+
+	memcpy(out, t->prefix, t->prefix_len);
+	for (int i = 0; i < t->nsegs; i++) {
+		const struct key_seg *g = &t->segs[i];
+
+		if (g->kind == KEY_SEG_LIT)
+			sink_put(&s, g->lit, g->len);
+		else if (g->kind == KEY_SEG_PID)
+			sink_put(&s, num, (size_t)snprintf(num, sizeof(num), "%d", pid));
+		else
+			put_arg(&s, args[g->arg], g->fmt);
+	}
+	return t->prefix_len + sink_finish(&s);
+}
+
+/* Appends a segment; literal text is copied. Returns 0 or -1 (no memory). */
+static int add_seg(struct key_tmpl *t, int kind, int arg, int fmt,
+		   const char *lit, size_t len)
+{
+	struct key_seg *segs, *g;
+
+	if (kind == KEY_SEG_LIT && len == 0)
+		return 0;
+	if (kind == KEY_SEG_LIT && t->nsegs > 0 &&
+	    t->segs[t->nsegs - 1].kind == KEY_SEG_LIT) {
+		g = &t->segs[t->nsegs - 1];
+		char *p = realloc(g->lit, g->len + len + 1);
+
+		if (!p)
+			return -1;
+		memcpy(p + g->len, lit, len);
+		g->len += len;
+		p[g->len] = 0;
+		g->lit = p;
+		return 0;
+	}
+	segs = realloc(t->segs, sizeof(*segs) * (size_t)(t->nsegs + 1));
+	if (!segs)
+		return -1;
+	t->segs = segs;
+	g = &segs[t->nsegs++];
+	memset(g, 0, sizeof(*g));
+	g->kind = (unsigned char)kind;
+	g->arg = (unsigned char)arg;
+	g->fmt = (unsigned char)fmt;
+	if (kind == KEY_SEG_LIT) {
+		g->lit = strndup(lit, len);
+		g->len = len;
+		if (!g->lit)
+			return -1;
+	}
+	return 0;
+}
+
+/* Parses one placeholder body (between braces) into a segment. */
+static int add_placeholder(struct key_tmpl *t, const char *name, size_t n,
+			   const char *symbol, const char *host, char *err,
+			   size_t errlen)
+{
+	static const char *const fmts[] = { "", ":u", ":x", ":str" };
+
+	if (n == 6 && memcmp(name, "symbol", 6) == 0)
+		return add_seg(t, KEY_SEG_LIT, 0, 0, symbol, strlen(symbol));
+	if (n == 4 && memcmp(name, "host", 4) == 0)
+		return add_seg(t, KEY_SEG_LIT, 0, 0, host, strlen(host));
+	if (n == 3 && memcmp(name, "pid", 3) == 0)
+		return add_seg(t, KEY_SEG_PID, 0, 0, NULL, 0);
+	if (n > 4 && memcmp(name, "env:", 4) == 0) {
+		char var[128];
+		const char *v;
+
+		if (n - 4 >= sizeof(var))
+			goto bad;
+		memcpy(var, name + 4, n - 4);
+		var[n - 4] = 0;
+		v = getenv(var);
+		return add_seg(t, KEY_SEG_LIT, 0, 0, v ? v : "", v ? strlen(v) : 0);
+	}
+	if (n >= 4 && memcmp(name, "arg", 3) == 0) {
+		char c = name[3];
+
+		if (c < '0' || c > '9')
+			goto bad;
+		if (n >= 5 && name[4] >= '0' && name[4] <= '9') {
+			snprintf(err, errlen,
+				 "placeholder {%.*s}: argument index out of range (0..5)",
+				 (int)n, name);
+			return -1;
+		}
+		if (c > '5') {
+			snprintf(err, errlen,
+				 "placeholder {%.*s}: argument index out of range (0..5)",
+				 (int)n, name);
+			return -1;
+		}
+		for (int f = 0; f < 4; f++)
+			if (n - 4 == strlen(fmts[f]) &&
+			    memcmp(name + 4, fmts[f], n - 4) == 0)
+				return add_seg(t, KEY_SEG_ARG, c - '0', f, NULL, 0);
+	}
+bad:
+	snprintf(err, errlen,
+		 "unknown placeholder {%.*s} (expected {symbol}, {argN}, {argN:u}, "
+		 "{argN:x}, {argN:str}, {pid}, {host} or {env:NAME})",
+		 (int)n, name);
+	return -1;
+}
+
+int key_compile(struct key_tmpl *t, const char *ns, const char *src,
+		const char *symbol, const char *host, char *err, size_t errlen)
+{
+	const char *p = src;
+
+	memset(t, 0, sizeof(*t));
+	t->prefix_len = strlen(ns) + 1;
+	t->prefix = malloc(t->prefix_len + 1);
+	if (!t->prefix)
+		goto nomem;
+	snprintf(t->prefix, t->prefix_len + 1, "%s:", ns);
+	while (*p) {
+		const char *open = strchr(p, '{'), *close;
+
+		if (!open) {
+			if (add_seg(t, KEY_SEG_LIT, 0, 0, p, strlen(p)))
+				goto nomem;
+			break;
+		}
+		if (add_seg(t, KEY_SEG_LIT, 0, 0, p, (size_t)(open - p)))
+			goto nomem;
+		close = strchr(open, '}');
+		if (!close) {
+			snprintf(err, errlen, "unterminated placeholder \"%s\"", open);
+			goto fail;
+		}
+		if (add_placeholder(t, open + 1, (size_t)(close - open - 1), symbol,
+				    host, err, errlen))
+			goto fail;
+		p = close + 1;
+	}
+	if (t->nsegs == 0) {
+		snprintf(err, errlen, "key expands to an empty string");
+		goto fail;
+	}
+	t->constant = 1;
+	for (int i = 0; i < t->nsegs; i++)
+		if (t->segs[i].kind != KEY_SEG_LIT)
+			t->constant = 0;
+	return 0;
+nomem:
+	snprintf(err, errlen, "out of memory");
+fail:
+	key_tmpl_release(t);
+	return -1;
+}
+
+void key_tmpl_release(struct key_tmpl *t)
+{
+	for (int i = 0; i < t->nsegs; i++)
+		free(t->segs[i].lit);
+	free(t->segs);
+	free(t->prefix);
+	memset(t, 0, sizeof(*t));
+}

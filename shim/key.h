@@ -1,0 +1,59 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * key.h - lock key templates: compiled once from the config, expanded per call.
+ *
+ * A template is a list of segments: literals (with {symbol}, {host} and
+ * {env:NAME} already substituted at load time) and run-time placeholders
+ * ({argN} in four formats, {pid}). Expansion writes into a caller buffer and
+ * never allocates; an expanded key over KEY_MAX_EXPANDED bytes keeps a prefix
+ * and a 128-bit hash of the whole text, so distinct values stay distinct.
+ */
+#ifndef LOCKSHIM_KEY_H
+#define LOCKSHIM_KEY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KEY_MAX_EXPANDED 256
+#define KEY_MAX_NAMESPACE 128
+#define KEY_BUF_SIZE (KEY_MAX_NAMESPACE + 1 + KEY_MAX_EXPANDED + 1)
+#define KEY_STR_SCAN_MAX 65536 /* bytes read from an {argN:str} argument */
+
+enum key_seg_kind { KEY_SEG_LIT, KEY_SEG_ARG, KEY_SEG_PID };
+enum key_arg_fmt { KEY_FMT_DEC, KEY_FMT_UNSIGNED, KEY_FMT_HEX, KEY_FMT_STR };
+
+struct key_seg {
+	unsigned char kind;
+	unsigned char arg; /* KEY_SEG_ARG: argument index 0..5 */
+	unsigned char fmt; /* KEY_SEG_ARG: enum key_arg_fmt */
+	size_t len;        /* KEY_SEG_LIT */
+	char *lit;         /* KEY_SEG_LIT, owned by the template */
+};
+
+struct key_tmpl {
+	char *prefix; /* "<namespace>:", owned */
+	size_t prefix_len;
+	struct key_seg *segs; /* owned */
+	int nsegs;
+	int constant;  /* no run-time placeholder: expansion is a copy */
+};
+
+/*
+ * Compiles src. symbol and host fill {symbol} and {host}; {env:NAME} is read
+ * now. Returns 0, or -1 with a message in err. Release with key_tmpl_release.
+ */
+int key_compile(struct key_tmpl *t, const char *ns, const char *src,
+		const char *symbol, const char *host, char *err, size_t errlen);
+
+void key_tmpl_release(struct key_tmpl *t);
+
+/*
+ * Expands t for one call: args are the six integer argument registers, pid
+ * the current process id. Writes "<namespace>:<key>" into out (KEY_BUF_SIZE
+ * bytes, not NUL-terminated beyond the returned length, which excludes it).
+ * Returns the length.
+ */
+size_t key_expand(const struct key_tmpl *t, const uint64_t args[6], int pid,
+		  char *out);
+
+#endif

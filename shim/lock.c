@@ -1,0 +1,344 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * lock.c - acquiring and releasing locks for guarded calls (see lock.h).
+ *
+ * Hot path: expand the key into a stack buffer, look for a reentrant hold
+ * (no round trip), else SET NX PX on the thread's own connection, retrying
+ * with capped exponential backoff and jitter until wait_ms. No process-wide
+ * lock is taken while talking to Redis; the renewal list's mutex is taken
+ * only to link or unlink a lease. Holds form a stack: a key's outermost call
+ * always ends after every hold taken inside it, exceptions and longjmp
+ * included, so the innermost hold is the one that ends.
+ */
+#include "lock.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "log.h"
+#include "renew.h"
+#include "util.h"
+
+struct lock_hold {
+	struct lease lease;
+	int count;
+	int foreign; /* inherited through fork: never renewed, never released */
+};
+
+struct lock_thread {
+	struct backend_conn *conn;
+	struct lock_call *top;
+	uint64_t rng;
+	int tid;
+	int nholds;
+	struct lock_hold holds[LOCK_MAX_HOLDS];
+};
+
+int lock_pid;
+static char lock_host[256];
+static const struct backend_ops *backend;
+static const struct redis_spec *redis;
+static pthread_key_t thread_key;
+static __thread struct lock_thread *self __attribute__((tls_model("initial-exec")));
+
+static void thread_free(void *arg)
+{
+	struct lock_thread *t = arg;
+
+	if (t->conn)
+		backend->close(t->conn);
+	self = NULL;
+	free(t);
+}
+
+int lock_setup(const struct backend_ops *ops, const struct redis_spec *r)
+{
+	backend = ops;
+	redis = r;
+	lock_pid = getpid();
+	if (gethostname(lock_host, sizeof(lock_host) - 1) != 0)
+		strcpy(lock_host, "unknown");
+	renew_setup(ops, r);
+	return -pthread_key_create(&thread_key, thread_free);
+}
+
+/* Returns this thread's state, creating it on first use, or NULL. */
+static struct lock_thread *thread_get(void)
+{
+	if (self)
+		return self;
+	self = calloc(1, sizeof(*self));
+	if (!self)
+		return NULL;
+	self->tid = (int)syscall(SYS_gettid);
+	if (getrandom(&self->rng, sizeof(self->rng), GRND_NONBLOCK) != sizeof(self->rng))
+		self->rng = (uint64_t)util_now_ms() ^ ((uint64_t)self->tid << 32);
+	self->rng |= 1;
+	pthread_setspecific(thread_key, self);
+	return self;
+}
+
+static uint64_t rng_next(struct lock_thread *t)
+{
+	t->rng ^= t->rng << 13;
+	t->rng ^= t->rng >> 7;
+	t->rng ^= t->rng << 17;
+	return t->rng;
+}
+
+/* Writes "<128-bit random hex>:<host>:<pid>:<tid>" into l->val. */
+static void make_value(struct lock_thread *t, struct lease *l)
+{
+	uint64_t r[2];
+
+	if (getrandom(r, sizeof(r), GRND_NONBLOCK) != sizeof(r)) {
+		r[0] = rng_next(t);
+		r[1] = rng_next(t);
+	}
+	l->vlen = (size_t)snprintf(l->val, sizeof(l->val), "%016llx%016llx:%s:%d:%d",
+				   (unsigned long long)r[0], (unsigned long long)r[1],
+				   lock_host, lock_pid, t->tid);
+}
+
+static struct backend_item lease_item(const struct lease *l)
+{
+	struct backend_item it = { l->key, l->klen, l->val, l->vlen,
+				   l->spec ? l->spec->lease_ms : 0 };
+	return it;
+}
+
+/* Runs op on the thread's connection, opening it first if needed. */
+static int with_conn(struct lock_thread *t,
+		     int (*op)(struct backend_conn *, const struct backend_item *),
+		     const struct backend_item *it, char *err, size_t errlen)
+{
+	int rc;
+
+	if (!t->conn) {
+		t->conn = backend->open(redis, err, errlen);
+		if (!t->conn)
+			return -1;
+	}
+	rc = op(t->conn, it);
+	if (rc < 0) {
+		snprintf(err, errlen, "%s", backend->errstr(t->conn));
+		backend->close(t->conn);
+		t->conn = NULL;
+	}
+	return rc;
+}
+
+/* Returns the next sleep: full jitter over a doubling step capped at max. */
+static int64_t backoff_next(struct lock_thread *t, int64_t *step, int64_t max)
+{
+	int64_t s = *step;
+
+	*step = s * 2 > max ? max : s * 2;
+	return s / 2 + (int64_t)(rng_next(t) % (uint64_t)(s / 2 + 1));
+}
+
+/* The wait path: retry until the deadline. Returns an enum lock_outcome. */
+static int acquire_wait(struct lock_thread *t, struct lease *l)
+{
+	const struct lock_spec *s = l->spec;
+	struct backend_item it = lease_item(l);
+	int64_t now = util_now_ms(), step = 2, deadline;
+	int busy = 0, tries = 0;
+	char err[192] = "";
+
+	deadline = s->wait_ms < 0 ? INT64_MAX : now + s->wait_ms;
+	for (;;) {
+		int64_t sent = util_now_ms();
+		int rc = with_conn(t, backend->acquire, &it, err, sizeof(err));
+
+		tries++;
+		if (rc == 1) {
+			l->acquired_at = l->confirmed_at = sent;
+			LOG(LOG_DEBUG, "acquired %.*s for %s (%d tries)", (int)l->klen,
+			    l->key, s->symbol, tries);
+			return LOCK_OK;
+		}
+		if (rc == 0)
+			busy = 1;
+		else if (tries == 1 || s->wait_ms < 0)
+			LOG(LOG_WARN, "%s: Redis error, retrying: %s", s->symbol, err);
+		now = util_now_ms();
+		if (now >= deadline)
+			break;
+		int64_t nap = backoff_next(t, &step, s->retry_max_ms);
+		util_sleep_ms(nap < deadline - now ? nap : deadline - now);
+	}
+	if (!busy) {
+		LOG(LOG_ERROR, "%s: Redis unavailable for %lld ms, lock %.*s not taken: %s",
+		    s->symbol, s->wait_ms, (int)l->klen, l->key, err);
+		return LOCK_ERROR;
+	}
+	LOG(LOG_WARN, "%s: lock %.*s still held by another owner after %lld ms",
+	    s->symbol, (int)l->klen, l->key, s->wait_ms);
+	return LOCK_TIMEOUT;
+}
+
+static struct lock_hold *find_hold(struct lock_thread *t, const char *key, size_t klen)
+{
+	for (int i = t->nholds - 1; i >= 0; i--) {
+		struct lock_hold *h = &t->holds[i];
+
+		if (h->count > 0 && !h->foreign && h->lease.klen == klen &&
+		    memcmp(h->lease.key, key, klen) == 0)
+			return h;
+	}
+	return NULL;
+}
+
+static void push_call(struct lock_thread *t, struct lock_call *call, struct lock_hold *h)
+{
+	call->hold = h;
+	call->up = t->top;
+	t->top = call;
+}
+
+int lock_acquire(const struct lock_spec *spec, const uint64_t args[6],
+		 struct lock_call *call)
+{
+	struct lock_thread *t = thread_get();
+	char key[KEY_BUF_SIZE];
+	struct lock_hold *h;
+	size_t klen;
+	int rc;
+
+	call->hold = NULL;
+	if (!t) {
+		LOG(LOG_ERROR, "%s: out of memory", spec->symbol);
+		return LOCK_ERROR;
+	}
+	klen = key_expand(&spec->key, args, lock_pid, key);
+	if (spec->reentrant && (h = find_hold(t, key, klen)) != NULL) {
+		h->count++;
+		push_call(t, call, h);
+		return LOCK_OK;
+	}
+	if (t->nholds == LOCK_MAX_HOLDS) {
+		LOG(LOG_ERROR, "%s: more than %d locks held by one thread", spec->symbol,
+		    LOCK_MAX_HOLDS);
+		return LOCK_ERROR;
+	}
+	h = &t->holds[t->nholds];
+	memset(h, 0, offsetof(struct lock_hold, lease.key));
+	h->lease.spec = spec;
+	h->lease.klen = klen;
+	memcpy(h->lease.key, key, klen);
+	make_value(t, &h->lease);
+	rc = acquire_wait(t, &h->lease);
+	if (rc != LOCK_OK)
+		return rc;
+	h->count = 1;
+	h->foreign = 0;
+	t->nholds++;
+	if (renew_track(&h->lease) != 0)
+		LOG(LOG_ERROR, "%s: cannot start the renewal thread; lease %.*s will "
+		    "expire after %lld ms", spec->symbol, (int)klen, key, spec->lease_ms);
+	push_call(t, call, h);
+	return LOCK_OK;
+}
+
+/* Deletes h's key in Redis (if still ours) and logs what happened. */
+static void release_hold(struct lock_thread *t, struct lock_hold *h)
+{
+	struct lease *l = &h->lease;
+	struct backend_item it = lease_item(l);
+	char err[192] = "";
+	int state, rc;
+
+	state = renew_untrack(l);
+	rc = with_conn(t, backend->release, &it, err, sizeof(err));
+	if (rc < 0)
+		LOG(LOG_ERROR, "%s: release of %.*s failed (it expires within %lld ms): %s",
+		    l->spec->symbol, (int)l->klen, l->key, l->spec->lease_ms, err);
+	else if (rc == 0 && state == LEASE_HELD)
+		LOG(LOG_WARN, "%s: %.*s was no longer ours at release (expired or taken "
+		    "over); nothing deleted", l->spec->symbol, (int)l->klen, l->key);
+	else
+		LOG(LOG_DEBUG, "released %.*s", (int)l->klen, l->key);
+}
+
+void lock_release(struct lock_call *call)
+{
+	struct lock_thread *t = self;
+	struct lock_hold *h = call->hold;
+
+	if (!t || !h)
+		return;
+	t->top = call->up;
+	call->hold = NULL;
+	if (--h->count > 0)
+		return;
+	if (!h->foreign)
+		release_hold(t, h);
+	while (t->nholds > 0 && t->holds[t->nholds - 1].count == 0)
+		t->nholds--;
+}
+
+void lock_unwind_to(uintptr_t sp)
+{
+	struct lock_thread *t = self;
+
+	while (t && t->top && (uintptr_t)t->top < sp)
+		lock_release(t->top);
+}
+
+void lock_atfork_child(void)
+{
+	struct lock_thread *t = self;
+
+	lock_pid = getpid();
+	if (!t)
+		return;
+	t->tid = (int)syscall(SYS_gettid);
+	for (int i = 0; i < t->nholds; i++)
+		t->holds[i].foreign = 1;
+	if (t->conn) {
+		backend->close(t->conn);
+		t->conn = NULL;
+	}
+}
+
+void lock_release_all(void)
+{
+	struct lease *copies = NULL;
+	struct backend_conn *c = NULL;
+	int n = renew_drain(&copies);
+	char err[192];
+
+	for (int i = 0; i < n; i++) {
+		struct backend_item it = lease_item(&copies[i]);
+
+		if (!c && !(c = backend->open(redis, err, sizeof(err)))) {
+			LOG(LOG_ERROR, "exit: cannot release %d lock(s): %s", n - i, err);
+			break;
+		}
+		if (backend->release(c, &it) < 0) {
+			LOG(LOG_ERROR, "exit: release of %.*s failed: %s", (int)it.klen,
+			    it.key, backend->errstr(c));
+			backend->close(c);
+			c = NULL;
+		} else {
+			LOG(LOG_DEBUG, "exit: released %.*s", (int)it.klen, it.key);
+		}
+	}
+	if (c)
+		backend->close(c);
+	free(copies);
+}
+
+int lock_thread_holds(void)
+{
+	return self ? self->nholds : 0;
+}

@@ -1,0 +1,35 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * log.h - one line per event, without stdio.
+ *
+ * LOG(level, fmt, ...) tests the level before evaluating its arguments
+ * (redis serverLog style). Lines are formatted into a stack buffer and
+ * written with a single write(2) to stderr or the configured log file,
+ * prefixed "lockshim[pid]: ". Safe to call from any thread and after fork.
+ */
+#ifndef LOCKSHIM_LOG_H
+#define LOCKSHIM_LOG_H
+
+enum log_level { LOG_ERROR = 0, LOG_WARN, LOG_INFO, LOG_DEBUG };
+
+extern int log_threshold;
+
+#define LOG(level, ...)                                                        \
+	do {                                                                   \
+		if ((level) <= log_threshold)                                  \
+			log_write((level), __VA_ARGS__);                       \
+	} while (0)
+
+void log_write(int level, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+/* Returns the level named by s ("error", "warn", "info", "debug") or -1. */
+int log_level_parse(const char *s);
+
+/* Sends later lines to path (opened O_APPEND|O_CLOEXEC). Returns 0 or -errno. */
+int log_open_file(const char *path);
+
+/* Sets the pid printed in the prefix; called at init and in a fork child. */
+void log_set_pid(int pid);
+
+#endif

@@ -1,0 +1,321 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * renew.c - the renewal thread: keeps every lease this process holds alive.
+ *
+ * DESIGN
+ * One thread per process, started on the first acquire, with one mutex and
+ * one condvar (CLOCK_MONOTONIC) over a list of leases (redis bio.c style).
+ * The thread sleeps until the earliest due renewal, copies the due leases
+ * out of the list, drops the mutex, renews them all in one pipelined round
+ * trip on its own connection, then retakes the mutex and applies the replies
+ * to the leases still tracked (matched by id, so a lease released meanwhile
+ * is never touched). Owners only link and unlink under the mutex; nobody
+ * holds it across network I/O.
+ *
+ * Lease states: HELD -> LOST when Redis says the key is gone or someone
+ * else's, or when Redis stayed unreachable for a whole lease since the last
+ * confirmation; HELD -> OVERRUN when max_hold_ms passes (renewal stops).
+ * Both apply the lock's policy once: log, kill (kill_signal, then SIGKILL
+ * after kill_grace_ms) or abort. The thread blocks all signals and runs with
+ * the guard set, so it never enters a wrapper. A fork child starts with an
+ * empty list and no thread; at exit renew_drain hands the leases back.
+ */
+#include "renew.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "guard.h"
+#include "log.h"
+#include "util.h"
+
+#define RENEW_BATCH 256
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv;
+static struct lease head = { &head, &head, 0, NULL, 0, 0, 0, 0, 0, 0, "", "" };
+static int running, stopping, kill_pending;
+static int64_t kill_at;
+static uint64_t next_id;
+static const struct backend_ops *backend;
+static const struct redis_spec *redis;
+static struct backend_conn *conn; /* the thread's own */
+
+static void cv_init(void)
+{
+	pthread_condattr_t a;
+
+	pthread_condattr_init(&a);
+	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+	pthread_cond_init(&cv, &a);
+	pthread_condattr_destroy(&a);
+}
+
+void renew_setup(const struct backend_ops *ops, const struct redis_spec *r)
+{
+	backend = ops;
+	redis = r;
+	cv_init();
+}
+
+static int64_t period(const struct lease *l)
+{
+	return l->spec->lease_ms / 3;
+}
+
+/* Applies policy p (enum hold_policy) to l once. Called with mu held. */
+static void act(struct lease *l, int p, const char *why)
+{
+	const struct lock_spec *s = l->spec;
+
+	LOG(LOG_ERROR, "%s: lease on %.*s %s; applying %s", s->symbol, (int)l->klen,
+	    l->key, why, config_hold_policy_name(p));
+	if (p == HOLD_ABORT)
+		abort();
+	if (p == HOLD_KILL) {
+		kill(getpid(), s->kill_signal);
+		if (!kill_pending || util_now_ms() + s->kill_grace_ms < kill_at)
+			kill_at = util_now_ms() + s->kill_grace_ms;
+		kill_pending = 1;
+	}
+}
+
+/*
+ * Copies due leases into batch and returns how many; sets *wake to the next
+ * time anything is due. Handles max_hold_ms and the SIGKILL deadline.
+ */
+static int collect_due(int64_t now, struct lease *batch, int64_t *wake)
+{
+	int n = 0;
+
+	*wake = INT64_MAX;
+	if (kill_pending) {
+		if (now >= kill_at) {
+			LOG(LOG_ERROR, "still alive %s after the kill signal; sending SIGKILL",
+			    "kill_grace_ms");
+			kill(getpid(), SIGKILL);
+		}
+		*wake = kill_at;
+	}
+	for (struct lease *l = head.next; l != &head; l = l->next) {
+		const struct lock_spec *s = l->spec;
+
+		if (l->state != LEASE_HELD)
+			continue;
+		if (s->max_hold_ms && now - l->acquired_at >= s->max_hold_ms) {
+			l->state = LEASE_OVERRUN;
+			act(l, s->on_overrun, "exceeded max_hold_ms; renewal stopped");
+			continue;
+		}
+		if (s->max_hold_ms && l->acquired_at + s->max_hold_ms < *wake)
+			*wake = l->acquired_at + s->max_hold_ms;
+		if (l->next_renew_at <= now && n < RENEW_BATCH) {
+			batch[n++] = *l;
+			l->next_renew_at = now + period(l);
+		}
+		if (l->next_renew_at < *wake)
+			*wake = l->next_renew_at;
+	}
+	return n;
+}
+
+static struct lease *find_id(uint64_t id)
+{
+	for (struct lease *l = head.next; l != &head; l = l->next)
+		if (l->id == id)
+			return l;
+	return NULL;
+}
+
+/* Applies the replies for batch. rc < 0: the round trip failed. Holds mu. */
+static void apply(const struct lease *batch, const int *results, int n, int rc,
+		  int64_t sent, const char *err)
+{
+	int64_t now = util_now_ms();
+
+	for (int i = 0; i < n; i++) {
+		struct lease *l = find_id(batch[i].id);
+
+		if (!l || l->state != LEASE_HELD)
+			continue;
+		if (rc == 0 && results[i] == 1) {
+			l->confirmed_at = sent;
+		} else if (rc == 0 && results[i] == 0) {
+			l->state = LEASE_LOST;
+			act(l, l->spec->on_lost, "was lost (key gone or owned by another)");
+		} else if (now - l->confirmed_at >= l->spec->lease_ms) {
+			l->state = LEASE_LOST;
+			act(l, l->spec->on_lost, "expired while Redis was unreachable");
+		} else {
+			int64_t retry = period(l) / 3;
+
+			LOG(LOG_WARN, "%s: renewal of %.*s failed, retrying: %s",
+			    l->spec->symbol, (int)l->klen, l->key, err);
+			l->next_renew_at = now + (retry < 10 ? 10 : retry);
+		}
+	}
+}
+
+/* Renews batch in one round trip. Returns 0 or -1; fills err on failure. */
+static int renew_batch(const struct lease *batch, int n, int *results, char *err,
+		       size_t errlen)
+{
+	struct backend_item items[RENEW_BATCH];
+
+	if (!conn && !(conn = backend->open(redis, err, errlen)))
+		return -1;
+	for (int i = 0; i < n; i++) {
+		items[i] = (struct backend_item){ batch[i].key, batch[i].klen, batch[i].val,
+						  batch[i].vlen, batch[i].spec->lease_ms };
+	}
+	if (backend->renew(conn, n, items, results) == 0)
+		return 0;
+	snprintf(err, errlen, "%s", backend->errstr(conn));
+	backend->close(conn);
+	conn = NULL;
+	return -1;
+}
+
+static void *renew_main(void *arg)
+{
+	static struct lease batch[RENEW_BATCH];
+	static int results[RENEW_BATCH];
+	char err[192];
+
+	(void)arg;
+	guard_enter();
+	pthread_mutex_lock(&mu);
+	while (!stopping) {
+		int64_t now = util_now_ms(), wake;
+		int n = collect_due(now, batch, &wake), rc;
+
+		if (n == 0) {
+			struct timespec ts = { wake / 1000, (wake % 1000) * 1000000 };
+
+			if (wake == INT64_MAX)
+				pthread_cond_wait(&cv, &mu);
+			else
+				pthread_cond_timedwait(&cv, &mu, &ts);
+			continue;
+		}
+		pthread_mutex_unlock(&mu);
+		err[0] = 0;
+		rc = renew_batch(batch, n, results, err, sizeof(err));
+		pthread_mutex_lock(&mu);
+		apply(batch, results, n, rc, now, err);
+	}
+	running = 0;
+	pthread_mutex_unlock(&mu);
+	return NULL;
+}
+
+/* Starts the thread with every signal blocked. Called with mu held. */
+static int start_thread(void)
+{
+	sigset_t all, old;
+	pthread_attr_t a;
+	pthread_t th;
+	int rc;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	rc = pthread_create(&th, &a, renew_main, NULL);
+	pthread_attr_destroy(&a);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (rc == 0)
+		running = 1;
+	return -rc;
+}
+
+int renew_track(struct lease *l)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&mu);
+	l->id = ++next_id;
+	l->state = LEASE_HELD;
+	l->next_renew_at = l->acquired_at + period(l);
+	l->next = &head;
+	l->prev = head.prev;
+	head.prev->next = l;
+	head.prev = l;
+	if (!running && !stopping)
+		rc = start_thread();
+	pthread_cond_signal(&cv);
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+int renew_untrack(struct lease *l)
+{
+	int state;
+
+	pthread_mutex_lock(&mu);
+	state = l->state;
+	if (l->next) {
+		l->prev->next = l->next;
+		l->next->prev = l->prev;
+		l->next = l->prev = NULL;
+	}
+	pthread_mutex_unlock(&mu);
+	return state;
+}
+
+int renew_drain(struct lease **copies)
+{
+	int n = 0, i = 0;
+
+	*copies = NULL;
+	pthread_mutex_lock(&mu);
+	stopping = 1;
+	for (struct lease *l = head.next; l != &head; l = l->next)
+		n++;
+	if (n && (*copies = malloc(sizeof(**copies) * (size_t)n)) == NULL)
+		n = 0;
+	while (head.next != &head) {
+		struct lease *l = head.next;
+
+		if (i < n)
+			(*copies)[i++] = *l;
+		head.next = l->next;
+		l->next = l->prev = NULL;
+	}
+	head.prev = &head;
+	pthread_cond_signal(&cv);
+	pthread_mutex_unlock(&mu);
+	return i;
+}
+
+void renew_atfork_prepare(void)
+{
+	pthread_mutex_lock(&mu);
+}
+
+void renew_atfork_parent(void)
+{
+	pthread_mutex_unlock(&mu);
+}
+
+void renew_atfork_child(void)
+{
+	pthread_mutex_init(&mu, NULL);
+	cv_init();
+	for (struct lease *l = head.next, *next; l != &head; l = next) {
+		next = l->next;
+		l->next = l->prev = NULL;
+	}
+	head.next = head.prev = &head;
+	running = kill_pending = 0;
+	if (conn) {
+		backend->close(conn);
+		conn = NULL;
+	}
+}

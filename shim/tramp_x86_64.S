@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tramp_x86_64.S - the generic wrapper for x86-64 SysV.
+ *
+ * tramp_entry is reached from a per-hook stub with the hook in %r11. It
+ * builds a normal frame (full CFI, so C++ exceptions and backtraces unwind
+ * through it), saves every argument register and the whole vector/x87 state
+ * (XSAVE with the enabled user components, or FXSAVE), and calls
+ * dispatch_call(frame, hook). The dispatcher calls tramp_invoke, which copies
+ * a window of the caller's stack arguments, restores the saved state, calls
+ * the real function and saves its return state (rax, rdx and the vector/x87
+ * state: xmm0/xmm1, ymm/zmm, st0/st1). tramp_entry restores that state
+ * exactly and returns to the caller. No return address is ever rewritten.
+ */
+#include "tramp_x86_64.h"
+
+	.text
+
+/* Saves (or restores) the vector/x87 state at \off(\base). Clobbers eax, edx. */
+.macro SAVE_FP base
+	movl	tramp_xsave_mask(%rip), %eax
+	testl	%eax, %eax
+	jz	1f
+	xorl	%edx, %edx
+	movq	%rdx, TF_XSAVE_HDR(\base)
+	movq	%rdx, TF_XSAVE_HDR+8(\base)
+	movq	%rdx, TF_XSAVE_HDR+16(\base)
+	movq	%rdx, TF_XSAVE_HDR+24(\base)
+	movq	%rdx, TF_XSAVE_HDR+32(\base)
+	movq	%rdx, TF_XSAVE_HDR+40(\base)
+	movq	%rdx, TF_XSAVE_HDR+48(\base)
+	movq	%rdx, TF_XSAVE_HDR+56(\base)
+	xsave	TF_XSAVE(\base)
+	jmp	2f
+1:	fxsave	TF_XSAVE(\base)
+2:
+.endm
+
+.macro RESTORE_FP base
+	movl	tramp_xsave_mask(%rip), %eax
+	testl	%eax, %eax
+	jz	1f
+	xorl	%edx, %edx
+	xrstor	TF_XSAVE(\base)
+	jmp	2f
+1:	fxrstor	TF_XSAVE(\base)
+2:
+.endm
+
+	.globl	tramp_entry
+	.hidden	tramp_entry
+	.type	tramp_entry, @function
+tramp_entry:
+	.cfi_startproc
+	endbr64
+	pushq	%rbp
+	.cfi_def_cfa_offset 16
+	.cfi_offset %rbp, -16
+	movq	%rsp, %rbp
+	.cfi_def_cfa_register %rbp
+	subq	tramp_frame_size(%rip), %rsp
+	andq	$-64, %rsp
+	movq	%rdi, TF_RDI(%rsp)
+	movq	%rsi, TF_RSI(%rsp)
+	movq	%rdx, TF_RDX(%rsp)
+	movq	%rcx, TF_RCX(%rsp)
+	movq	%r8, TF_R8(%rsp)
+	movq	%r9, TF_R9(%rsp)
+	movq	%rax, TF_RAX(%rsp)
+	movq	%r10, TF_R10(%rsp)
+	leaq	16(%rbp), %rax
+	movq	%rax, TF_STACK(%rsp)
+	movq	$0, TF_SKIP(%rsp)
+	SAVE_FP	%rsp
+	movq	%rsp, %rdi
+	movq	%r11, %rsi
+	call	dispatch_call
+	RESTORE_FP %rsp
+	cmpq	$0, TF_SKIP(%rsp)
+	je	3f
+	movsd	TF_SKIP_XMM0(%rsp), %xmm0
+3:	movq	TF_RET_RAX(%rsp), %rax
+	movq	TF_RET_RDX(%rsp), %rdx
+	leave
+	.cfi_def_cfa %rsp, 8
+	ret
+	.cfi_endproc
+	.size	tramp_entry, .-tramp_entry
+
+/* void tramp_invoke(struct tramp_frame *f, void *fn, size_t window) */
+	.globl	tramp_invoke
+	.hidden	tramp_invoke
+	.type	tramp_invoke, @function
+tramp_invoke:
+	.cfi_startproc
+	endbr64
+	pushq	%rbp
+	.cfi_def_cfa_offset 16
+	.cfi_offset %rbp, -16
+	movq	%rsp, %rbp
+	.cfi_def_cfa_register %rbp
+	pushq	%rbx
+	.cfi_offset %rbx, -24
+	subq	$8, %rsp
+	movq	%rdi, %rbx
+	movq	%rsi, %r11
+	subq	%rdx, %rsp
+	andq	$-16, %rsp
+	movq	%rdx, %rcx
+	shrq	$3, %rcx
+	movq	TF_STACK(%rbx), %rsi
+	movq	%rsp, %rdi
+	cld
+	rep movsq
+	RESTORE_FP %rbx
+	movq	TF_RDI(%rbx), %rdi
+	movq	TF_RSI(%rbx), %rsi
+	movq	TF_RDX(%rbx), %rdx
+	movq	TF_RCX(%rbx), %rcx
+	movq	TF_R8(%rbx), %r8
+	movq	TF_R9(%rbx), %r9
+	movq	TF_R10(%rbx), %r10
+	movq	TF_RAX(%rbx), %rax
+	call	*%r11
+	movq	%rax, TF_RET_RAX(%rbx)
+	movq	%rdx, TF_RET_RDX(%rbx)
+	SAVE_FP	%rbx
+	movq	-8(%rbp), %rbx
+	leave
+	.cfi_def_cfa %rsp, 8
+	ret
+	.cfi_endproc
+	.size	tramp_invoke, .-tramp_invoke
+
+	.section .note.GNU-stack, "", @progbits

@@ -1,0 +1,37 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tramp_x86_64.h - frame layout shared by tramp_x86_64.S and arch_x86_64.c.
+ *
+ * The frame sits 64-byte aligned on the stack of tramp_entry: integer
+ * argument registers, the caller's stack-argument address, the return
+ * registers, then an XSAVE (or FXSAVE) area with the vector and x87 state.
+ */
+#ifndef LOCKSHIM_TRAMP_X86_64_H
+#define LOCKSHIM_TRAMP_X86_64_H
+
+#define TF_RDI 0
+#define TF_RSI 8
+#define TF_RDX 16
+#define TF_RCX 24
+#define TF_R8 32
+#define TF_R9 40
+#define TF_RAX 48 /* al: vector registers used by a variadic call */
+#define TF_R10 56 /* static chain */
+#define TF_STACK 64
+#define TF_RET_RAX 72
+#define TF_RET_RDX 80
+#define TF_SKIP 88 /* nonzero: load TF_SKIP_XMM0 into xmm0 on return */
+#define TF_SKIP_XMM0 96
+#define TF_XSAVE 128 /* 64-byte aligned */
+#define TF_XSAVE_HDR (TF_XSAVE + 512)
+
+#ifndef __ASSEMBLER__
+#include <stdint.h>
+struct tramp_frame {
+	uint64_t gpr[6];
+	uint64_t rax, r10, stack_args, ret_rax, ret_rdx, skip;
+	double skip_xmm0;
+};
+#endif
+
+#endif
