@@ -27,13 +27,14 @@ SHIM_CFLAGS := $(BASE_CFLAGS) -fPIC -fvisibility=hidden -fexceptions \
 HIREDIS_A := $(shell $(CC) -print-file-name=libhiredis.a)
 SHIM_LIBS := $(HIREDIS_A) -lconfig -lpthread -ldl
 
-SHIM_SRC := log config key backend_redis lock renew hook redirect \
+SHIM_SRC := guard log config key backend_redis lock renew hook redirect \
 	redirect_reloc dispatch interpose init arch_$(ARCH)
 SHIM_OBJ := $(SHIM_SRC:%=$(BUILD)/shim/%.o) $(BUILD)/shim/tramp_$(ARCH).o
 CLI_OBJ := $(BUILD)/cli/cli.o $(BUILD)/cli/config.o $(BUILD)/cli/key.o \
 	$(BUILD)/cli/log.o $(BUILD)/cli/backend_redis.o
 UNIT := config key lock
 UNIT_BIN := $(UNIT:%=$(BUILD)/tests/test_%)
+UNIT_OBJ := $(addprefix $(BUILD)/shim/,guard.o config.o key.o log.o lock.o renew.o)
 
 all: $(BUILD)/liblockshim.so $(BUILD)/lockshim
 
@@ -54,15 +55,9 @@ $(BUILD)/shim/%.o: shim/%.S | $(BUILD)/shim
 $(BUILD)/cli/%.o: shim/%.c | $(BUILD)/cli
 	$(CC) $(BASE_CFLAGS) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/tests/test_%: tests/unit/test_%.c $(BUILD)/shim/config.o \
-		$(BUILD)/shim/key.o $(BUILD)/shim/log.o $(BUILD)/tests/lock_unit.o \
-		$(BUILD)/tests/renew_unit.o | $(BUILD)/tests
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) -Itests/unit -o $@ $^ $(LDFLAGS) -lconfig -lpthread
-
-# lock.c and renew.c built without -fvisibility for the unit tests, which
-# drive them with a fake backend.
-$(BUILD)/tests/%_unit.o: shim/%.c | $(BUILD)/tests
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) -ftls-model=initial-exec -c $< -o $@
+$(BUILD)/tests/test_%: tests/unit/test_%.c $(UNIT_OBJ) | $(BUILD)/tests
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) -Itests/unit -o $@ $< $(UNIT_OBJ) $(LDFLAGS) \
+		-lconfig -lpthread
 
 $(BUILD)/shim $(BUILD)/cli $(BUILD)/tests:
 	mkdir -p $@

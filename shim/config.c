@@ -401,7 +401,7 @@ static int parse_lock(struct errbuf *e, const config_t *cf,
 		      const config_setting_t *defaults_g, struct config *cfg)
 {
 	struct lock_spec *l = &cfg->locks[idx];
-	char where[32], host[256] = "localhost", kerr[256];
+	char where[32], what[48], host[256] = "localhost", kerr[256];
 	const config_setting_t *ks;
 
 	(void)cf;
@@ -415,11 +415,12 @@ static int parse_lock(struct errbuf *e, const config_t *cf,
 		return -1;
 	if (!l->symbol)
 		return fail(e, g, where, "missing required setting \"symbol\"");
-	if (check_symbol(e, config_setting_get_member(g, "symbol"), where, l->symbol))
+	snprintf(what, sizeof(what), "%s.symbol", where);
+	if (check_symbol(e, config_setting_get_member(g, "symbol"), what, l->symbol))
 		return -1;
 	for (int i = 0; i < idx; i++)
 		if (strcmp(cfg->locks[i].symbol, l->symbol) == 0)
-			return fail(e, config_setting_get_member(g, "symbol"), where,
+			return fail(e, config_setting_get_member(g, "symbol"), what,
 				    "symbol \"%s\" is already guarded by locks[%d]",
 				    l->symbol, i);
 	if (l->on_error < 0)

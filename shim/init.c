@@ -27,7 +27,6 @@
 #include "shim.h"
 #include "tramp.h"
 
-__thread int guard_depth __attribute__((tls_model("initial-exec")));
 int shim_state;
 static struct config cfg;
 

@@ -249,7 +249,8 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[6],
 	return LOCK_OK;
 }
 
-/* Deletes h's key in Redis (if still ours) and logs what happened. */
+/* Stops renewing h and deletes its key in Redis (if still ours; never for a
+ * hold inherited through fork). Logs what happened. */
 static void release_hold(struct lock_thread *t, struct lock_hold *h)
 {
 	struct lease *l = &h->lease;
@@ -258,6 +259,8 @@ static void release_hold(struct lock_thread *t, struct lock_hold *h)
 	int state, rc;
 
 	state = renew_untrack(l);
+	if (h->foreign)
+		return;
 	rc = with_conn(t, backend->release, &it, err, sizeof(err));
 	if (rc < 0)
 		LOG(LOG_ERROR, "%s: release of %.*s failed (it expires within %lld ms): %s",
@@ -280,8 +283,7 @@ void lock_release(struct lock_call *call)
 	call->hold = NULL;
 	if (--h->count > 0)
 		return;
-	if (!h->foreign)
-		release_hold(t, h);
+	release_hold(t, h);
 	while (t->nholds > 0 && t->holds[t->nholds - 1].count == 0)
 		t->nholds--;
 }

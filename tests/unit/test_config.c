@@ -1,0 +1,126 @@
+/* SPDX-License-Identifier: MIT */
+/* Unit tests for config.c: defaults, inheritance, validation messages. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "test.h"
+
+static char path[] = "/tmp/lockshim-test-XXXXXX.cfg";
+
+static int load_text(struct config *cfg, const char *text, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "w");
+
+	fputs(text, f);
+	fclose(f);
+	return config_load(cfg, path, err, errlen);
+}
+
+/* Returns 1 when text fails to load with a message containing every needle
+ * (a NULL-terminated list) and the file name. */
+static int rejects(const char *text, const char *n1, const char *n2)
+{
+	struct config cfg;
+	char err[768] = "";
+	int rc = load_text(&cfg, text, err, sizeof(err));
+
+	config_release(&cfg);
+	if (rc == 0 || !strstr(err, path) || !strstr(err, n1) || (n2 && !strstr(err, n2))) {
+		fprintf(stderr, "  message was: %s\n", err);
+		return 0;
+	}
+	return 1;
+}
+
+int main(void)
+{
+	struct config cfg;
+	char err[768];
+	int fd = mkstemps(path, 4);
+
+	close(fd);
+	test("built-in defaults");
+	test_cond(load_text(&cfg, "locks = ( { symbol = \"f\"; } );", err, sizeof(err)) == 0);
+	test_cond(cfg.nlocks == 1);
+	test_cond(strcmp(cfg.ns, "lockshim") == 0);
+	test_cond(strcmp(cfg.redis.host, "127.0.0.1") == 0 && cfg.redis.port == 6379);
+	test_cond(cfg.redis.connect_timeout_ms == 500 && cfg.redis.command_timeout_ms == 500);
+	test_cond(cfg.log_level == -1);
+	{
+		const struct lock_spec *l = config_find(&cfg, "f");
+
+		test_cond(l && strcmp(l->key_src, "{symbol}") == 0);
+		test_cond(l->lease_ms == 30000 && l->wait_ms == 10000);
+		test_cond(l->on_timeout == POLICY_SKIP && l->on_error == POLICY_SKIP);
+		test_cond(l->ret == -1 && l->ret_double == -1.0 && l->err == EBUSY);
+		test_cond(l->exit_code == 75 && l->on_lost == HOLD_LOG);
+		test_cond(l->max_hold_ms == 0 && l->on_overrun == HOLD_LOG);
+		test_cond(l->kill_signal == SIGTERM && l->kill_grace_ms == 5000);
+		test_cond(l->reentrant == 1 && l->stack_args_bytes == 256);
+	}
+	config_release(&cfg);
+
+	test("defaults group, overrides, on_error follows on_timeout");
+	test_cond(load_text(&cfg,
+		"redis = { socket = \"/tmp/r.sock\"; password = \"pw\"; username = \"u\"; db = 3;"
+		"          connect_timeout_ms = 100; command_timeout_ms = 200; };\n"
+		"namespace = \"prod\"; log_level = \"debug\";\n"
+		"defaults = { lease_ms = 900; on_timeout = \"exit\"; key = \"{symbol}:{arg0}\"; };\n"
+		"locks = ( { symbol = \"a\"; },\n"
+		"          { symbol = \"b\"; on_error = \"proceed\"; errno = \"EAGAIN\";\n"
+		"            kill_signal = \"SIGUSR1\"; return = 2.5; reentrant = false;\n"
+		"            wait_ms = -1; key = \"k\"; stack_args_bytes = 40; } );\n",
+		err, sizeof(err)) == 0);
+	test_cond(strcmp(cfg.redis.socket, "/tmp/r.sock") == 0 && cfg.redis.db == 3);
+	test_cond(strcmp(cfg.redis.username, "u") == 0);
+	test_cond(cfg.redis.connect_timeout_ms == 100 && cfg.redis.command_timeout_ms == 200);
+	test_cond(cfg.log_level == 3 && strcmp(cfg.ns, "prod") == 0);
+	test_cond(cfg.locks[0].lease_ms == 900 && cfg.locks[0].on_timeout == POLICY_EXIT);
+	test_cond(cfg.locks[0].on_error == POLICY_EXIT);
+	test_cond(strcmp(cfg.locks[0].key_src, "{symbol}:{arg0}") == 0);
+	test_cond(cfg.locks[1].on_error == POLICY_PROCEED && cfg.locks[1].err == EAGAIN);
+	test_cond(cfg.locks[1].kill_signal == SIGUSR1 && cfg.locks[1].reentrant == 0);
+	test_cond(cfg.locks[1].ret == 2 && cfg.locks[1].ret_double == 2.5);
+	test_cond(cfg.locks[1].wait_ms == -1 && cfg.locks[1].stack_args_bytes == 48);
+	test_cond(strcmp(cfg.locks[1].key.prefix, "prod:") == 0);
+	config_release(&cfg);
+
+	test("no locks is valid");
+	test_cond(load_text(&cfg, "namespace = \"x\";", err, sizeof(err)) == 0 && cfg.nlocks == 0);
+	config_release(&cfg);
+
+	test("errors name the file, the line, the setting and the value");
+	test_cond(rejects("locks = ( { symbol = \"f\"; on_timeout = \"sometimes\"; } );",
+			  ":1: locks[0].on_timeout", "\"sometimes\""));
+	test_cond(rejects("\n\nlocks = ( { symbol = \"f\";\n lease_msx = 5; } );",
+			  ":4: locks[0].lease_msx", "unknown setting"));
+	test_cond(rejects("locks = ( { key = \"x\"; } );", "locks[0]", "missing required setting \"symbol\""));
+	test_cond(rejects("locks = ( { symbol = \"f\"; key = \"{arg9}\"; } );", "locks[0].key", "out of range"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; lease_ms = 5; } );", "lease_ms", "out of range"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; lease_ms = \"5\"; } );", "lease_ms", "expected an integer"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; errno = \"EWHAT\"; } );", "errno", "EWHAT"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; kill_signal = \"SIGNOPE\"; } );", "kill_signal", "SIGNOPE"));
+	test_cond(rejects("locks = ( { symbol = \"setjmp\"; } );", "symbol", "cannot be guarded"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; }, { symbol = \"f\"; } );", "locks[1]", "already guarded"));
+	test_cond(rejects("locks = ( { symbol = \"f\" } ", "syntax error", NULL));
+	test_cond(rejects("colour = \"red\";", "colour", "unknown setting"));
+	test_cond(rejects("redis = { hots = \"x\"; };", "redis.hots", "unknown setting"));
+	test_cond(rejects("redis = { port = 70000; };", "redis.port", "out of range"));
+	test_cond(rejects("log_level = \"loud\";", "log_level", "\"loud\""));
+	test_cond(rejects("defaults = { symbol = \"f\"; };", "defaults.symbol", "per lock"));
+	test_cond(rejects("defaults = { key = \"{bad}\"; }; locks = ( { symbol = \"f\"; } );",
+			  "locks[0].key", "unknown placeholder"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; reentrant = 1; } );", "reentrant", "true or false"));
+
+	test("missing file");
+	unlink(path);
+	test_cond(config_load(&cfg, path, err, sizeof(err)) != 0 && strstr(err, path) &&
+		  strstr(err, "cannot open"));
+	config_release(&cfg);
+	return test_report("config");
+}

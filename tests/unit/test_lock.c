@@ -1,0 +1,256 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Unit tests for lock.c and renew.c against an in-memory fake backend:
+ * values, reentrancy, non-reentrant self-exclusion, LIFO holds, timeouts and
+ * errors, longjmp unwinding, fork-child ownership, renewal and lease loss.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "config.h"
+#include "lock.h"
+#include "test.h"
+#include "util.h"
+
+
+/* ---- the fake store ---------------------------------------------------- */
+
+#define SLOTS 16
+static struct { char key[KEY_BUF_SIZE]; char val[LOCK_VAL_SIZE]; int used; } store[SLOTS];
+static pthread_mutex_t store_mu = PTHREAD_MUTEX_INITIALIZER;
+static int n_set, n_del, n_renew, fail_all, renew_says_lost;
+struct backend_conn { int dummy; };
+static struct backend_conn the_conn;
+
+static int slot_of(const struct backend_item *it)
+{
+	for (int i = 0; i < SLOTS; i++)
+		if (store[i].used && strlen(store[i].key) == it->klen &&
+		    memcmp(store[i].key, it->key, it->klen) == 0)
+			return i;
+	return -1;
+}
+
+static struct backend_conn *f_open(const struct redis_spec *r, char *err, size_t n)
+{
+	(void)r;
+	if (fail_all) {
+		snprintf(err, n, "fake: down");
+		return NULL;
+	}
+	return &the_conn;
+}
+static void f_close(struct backend_conn *c) { (void)c; }
+static int f_acquire(struct backend_conn *c, const struct backend_item *it)
+{
+	int rc = 0;
+
+	(void)c;
+	if (fail_all)
+		return -1;
+	pthread_mutex_lock(&store_mu);
+	n_set++;
+	if (slot_of(it) < 0) {
+		for (int i = 0; i < SLOTS; i++)
+			if (!store[i].used) {
+				memcpy(store[i].key, it->key, it->klen);
+				store[i].key[it->klen] = 0;
+				memcpy(store[i].val, it->val, it->vlen);
+				store[i].val[it->vlen] = 0;
+				store[i].used = 1;
+				rc = 1;
+				break;
+			}
+	}
+	pthread_mutex_unlock(&store_mu);
+	return rc;
+}
+static int f_release(struct backend_conn *c, const struct backend_item *it)
+{
+	int i, rc = 0;
+
+	(void)c;
+	pthread_mutex_lock(&store_mu);
+	n_del++;
+	i = slot_of(it);
+	if (i >= 0 && strncmp(store[i].val, it->val, it->vlen) == 0) {
+		store[i].used = 0;
+		rc = 1;
+	}
+	pthread_mutex_unlock(&store_mu);
+	return rc;
+}
+static int f_renew(struct backend_conn *c, int n, const struct backend_item *items, int *res)
+{
+	(void)c;
+	pthread_mutex_lock(&store_mu);
+	for (int k = 0; k < n; k++) {
+		int i = slot_of(&items[k]);
+
+		n_renew++;
+		res[k] = !renew_says_lost && i >= 0 &&
+			 strncmp(store[i].val, items[k].val, items[k].vlen) == 0;
+	}
+	pthread_mutex_unlock(&store_mu);
+	return 0;
+}
+static const char *f_errstr(const struct backend_conn *c) { (void)c; return "fake error"; }
+static int f_ping(struct backend_conn *c) { (void)c; return 1; }
+
+static const struct backend_ops fake = { f_open, f_close, f_acquire, f_release,
+					 f_renew, f_errstr, f_ping };
+
+static int stored(const char *key)
+{
+	struct backend_item it = { key, strlen(key), "", 0, 0 };
+	int i;
+
+	pthread_mutex_lock(&store_mu);
+	i = slot_of(&it);
+	pthread_mutex_unlock(&store_mu);
+	return i;
+}
+
+/* ---- helpers ----------------------------------------------------------- */
+
+static struct lock_spec spec(const char *key, int reentrant, long long wait_ms)
+{
+	struct lock_spec s;
+	char err[128];
+
+	memset(&s, 0, sizeof(s));
+	s.symbol = (char *)"f";
+	s.lease_ms = 30000;
+	s.wait_ms = wait_ms;
+	s.retry_max_ms = 5;
+	s.reentrant = reentrant;
+	s.on_lost = HOLD_LOG;
+	s.on_overrun = HOLD_LOG;
+	if (key_compile(&s.key, "t", key, "f", "h", err, sizeof(err)))
+		abort();
+	return s;
+}
+
+static uint64_t args[6] = { 1, 2, 3, 4, 5, 6 };
+
+int main(void)
+{
+	struct redis_spec redis = { 0 };
+	struct lock_spec a = spec("a", 1, 0), nr = spec("nr", 0, 0), b = spec("b:{arg1}", 1, 0);
+	struct lock_call c1, c2, c3;
+	char host[256] = "";
+
+	lock_setup(&fake, &redis);
+	gethostname(host, sizeof(host) - 1);
+
+	test("acquire stores a token with host, pid and tid; release deletes it");
+	test_cond(lock_acquire(&a, args, &c1) == LOCK_OK);
+	test_cond(stored("t:a") >= 0);
+	{
+		char want[300];
+		const char *v = store[stored("t:a")].val;
+
+		snprintf(want, sizeof(want), ":%s:%d:", host, getpid());
+		test_cond(strlen(v) > 32 && strstr(v, want) == v + 32);
+	}
+	lock_release(&c1);
+	test_cond(stored("t:a") < 0 && lock_thread_holds() == 0);
+
+	test("reentrant: one SET, count kept locally, outermost release deletes");
+	n_set = n_del = 0;
+	test_cond(lock_acquire(&a, args, &c1) == LOCK_OK);
+	test_cond(lock_acquire(&a, args, &c2) == LOCK_OK);
+	test_cond(n_set == 1 && lock_thread_holds() == 1);
+	lock_release(&c2);
+	test_cond(stored("t:a") >= 0 && n_del == 0);
+	lock_release(&c1);
+	test_cond(stored("t:a") < 0 && n_del == 1);
+
+	test("non-reentrant: the same thread is excluded too");
+	test_cond(lock_acquire(&nr, args, &c1) == LOCK_OK);
+	test_cond(lock_acquire(&nr, args, &c2) == LOCK_TIMEOUT);
+	test_cond(c2.hold == NULL);
+	lock_release(&c1);
+	test_cond(stored("t:nr") < 0);
+
+	test("keys from arguments; nested holds released innermost first");
+	test_cond(lock_acquire(&a, args, &c1) == LOCK_OK);
+	test_cond(lock_acquire(&b, args, &c2) == LOCK_OK);
+	test_cond(stored("t:b:2") >= 0 && lock_thread_holds() == 2);
+	lock_release(&c2);
+	test_cond(stored("t:b:2") < 0 && lock_thread_holds() == 1);
+	lock_release(&c1);
+	test_cond(lock_thread_holds() == 0);
+
+	test("held by another owner: timeout after wait_ms");
+	{
+		struct lock_spec w = spec("a", 1, 60);
+		struct backend_item other = { "t:a", 3, "someone-else", 12, 1000 };
+		int64_t t0 = util_now_ms();
+
+		f_acquire(&the_conn, &other);
+		test_cond(lock_acquire(&w, args, &c1) == LOCK_TIMEOUT);
+		test_cond(util_now_ms() - t0 >= 60);
+		test_cond(n_set > 3); /* retried with backoff */
+		f_release(&the_conn, &other);
+	}
+
+	test("backend down for the whole wait: error, not timeout");
+	fail_all = 1;
+	{
+		struct lock_spec w = spec("a", 1, 30);
+
+		test_cond(lock_acquire(&w, args, &c1) == LOCK_ERROR);
+	}
+	fail_all = 0;
+
+	test("longjmp: calls whose frames lie below the target are released");
+	{
+		struct lock_call frames[3];
+
+		test_cond(lock_acquire(&a, args, &frames[2]) == LOCK_OK);
+		test_cond(lock_acquire(&b, args, &frames[1]) == LOCK_OK);
+		test_cond(lock_acquire(&a, args, &frames[0]) == LOCK_OK);
+		/* frames[0] and [1] lie below frames[2] in memory: unwind to [2]. */
+		lock_unwind_to((uintptr_t)&frames[2]);
+		test_cond(stored("t:b:2") < 0 && stored("t:a") >= 0);
+		test_cond(lock_thread_holds() == 1);
+		lock_release(&frames[2]);
+		test_cond(stored("t:a") < 0 && lock_thread_holds() == 0);
+	}
+
+	test("fork child: inherited holds are neither reused nor released");
+	test_cond(lock_acquire(&a, args, &c1) == LOCK_OK);
+	lock_atfork_child(); /* as if this were the child */
+	test_cond(lock_acquire(&a, args, &c2) == LOCK_TIMEOUT); /* not reentered */
+	lock_release(&c1);
+	test_cond(stored("t:a") >= 0); /* the "parent's" key survives */
+	store[stored("t:a")].used = 0;
+	test_cond(lock_thread_holds() == 0);
+
+	test("renewal: every lease/3, and loss is detected");
+	{
+		struct lock_spec r = spec("r", 1, 0);
+
+		r.lease_ms = 30;
+		n_renew = 0;
+		test_cond(lock_acquire(&r, args, &c3) == LOCK_OK);
+		for (int i = 0; i < 200 && n_renew < 3; i++)
+			util_sleep_ms(5);
+		test_cond(n_renew >= 3);
+		renew_says_lost = 1;
+		util_sleep_ms(60);
+		lock_release(&c3); /* logs: lost; key deleted only if still ours */
+		renew_says_lost = 0;
+		test_cond(stored("t:r") < 0);
+	}
+	key_tmpl_release(&a.key);
+	key_tmpl_release(&b.key);
+	key_tmpl_release(&nr.key);
+	return test_report("lock");
+}
