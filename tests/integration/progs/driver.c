@@ -1,0 +1,64 @@
+/*
+ * driver STEP...: runs steps in order and reports on stdout.
+ *   call:MS    rc = hold_call(MS); prints "rc=R errno=E"
+ *   other:X    rc = other_call(X); prints "rc=R errno=E"
+ *   stdin      waits for one line on standard input
+ *   write      write(2)s "written" to stdout directly
+ *   ignore-term ignores SIGTERM from now on
+ *   fork       fork_call(); the child probes other_call and hold_call
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int hold_call(int ms);
+int other_call(int x);
+int fork_call(void);
+
+static void report(const char *what, int rc)
+{
+	printf("%s rc=%d errno=%d\n", what, rc, errno);
+	fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+	char line[64];
+
+	for (int i = 1; i < argc; i++) {
+		if (!strncmp(argv[i], "call:", 5)) {
+			errno = 0;
+			report("call", hold_call(atoi(argv[i] + 5)));
+		} else if (!strncmp(argv[i], "other:", 6)) {
+			errno = 0;
+			report("other", other_call(atoi(argv[i] + 6)));
+		} else if (!strcmp(argv[i], "stdin")) {
+			if (!fgets(line, sizeof(line), stdin))
+				return 4;
+		} else if (!strcmp(argv[i], "write")) {
+			if (write(1, "written\n", 8) != 8)
+				return 5;
+		} else if (!strcmp(argv[i], "ignore-term")) {
+			signal(SIGTERM, SIG_IGN);
+		} else if (!strcmp(argv[i], "fork")) {
+			int p = fork_call();
+
+			if (p == 0) {
+				errno = 0;
+				report("child-other", other_call(1));
+				errno = 0;
+				report("child-own", hold_call(0));
+				fflush(stdout);
+				exit(0);
+			}
+			report("parent-fork", p > 0);
+		} else {
+			fprintf(stderr, "unknown step %s\n", argv[i]);
+			return 2;
+		}
+	}
+	return 0;
+}

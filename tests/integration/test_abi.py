@@ -1,0 +1,83 @@
+# SPDX-License-Identifier: MIT
+"""The wrapper is invisible: every ABI shape, errno, exceptions and longjmp."""
+import re
+
+import pytest
+
+from conftest import run, write_config
+
+ABI_SYMS = ["many_ints", "many_doubles", "mixed_args", "vmix", "make_big", "take_big",
+            "make_pair", "make_dpair", "make_mixed", "ld_mul", "ld_stack", "fsum",
+            "set_errno", "deep"]
+
+
+def locks(syms, extra=""):
+    return "locks = (\n" + ",\n".join(
+        '  { symbol = "%s"; %s }' % (s, extra) for s in syms) + "\n);\n"
+
+
+def test_every_shape_is_carried_unchanged(progs, redis, tmp_path):
+    plain = run([progs["abi"]])
+    assert plain.returncode == 0, plain.stderr
+    cfg = write_config(tmp_path, redis, 'log_level = "debug";\n' + locks(ABI_SYMS))
+    guarded = run([progs["abi"]], cfg)
+    assert guarded.returncode == 0, guarded.stderr
+    assert guarded.stdout == plain.stdout
+    # The wrapper really ran around each function: one acquire per call.
+    for sym in ABI_SYMS:
+        assert re.search(r"acquired lockshim:%s for %s " % (sym, sym), guarded.stderr), sym
+    assert "set_errno -1 Numerical result out of range" in plain.stdout
+    assert "errno kept 0 Interrupted system call" in plain.stdout
+    assert "deep 100000" in plain.stdout
+
+
+def test_skipped_call_returns_configured_values(progs, redis, tmp_path):
+    """A skipped call returns `return` in rax and xmm0 and sets errno."""
+    redis.cmd("SET", "lockshim:busy", "someone", "PX", "60000")
+    cfg = write_config(tmp_path, redis, locks(
+        ["set_errno", "many_doubles", "many_ints"],
+        'key = "busy"; wait_ms = 0; return = 3; errno = "EAGAIN";'))
+    out = run([progs["abi"]], cfg)
+    assert out.returncode == 0, out.stderr
+    assert "set_errno 3 Resource temporarily unavailable" in out.stdout
+    assert "many_doubles 0x1.8p+1" in out.stdout
+    assert "many_ints 3\n" in out.stdout
+
+
+def test_exception_releases_the_lock(progs, redis, tmp_path, procs):
+    cfg = write_config(tmp_path, redis, locks(["may_throw"], 'lease_ms = 60000;'))
+    p = procs([progs["throw"]], cfg)
+    assert p.expect("caught") == "caught boom"
+    assert p.expect("again") == "again 7"
+    # Still running: the lock was released during unwinding, not at exit.
+    assert redis.cmd("EXISTS", "lockshim:may_throw") == 0
+    p.send()
+    rc, _, err = p.finish()
+    assert rc == 0, err
+
+
+@pytest.mark.parametrize("prog,kind", [("jump", "longjmp"), ("jump", "siglongjmp"),
+                                       ("jump_fortify", "longjmp")])
+def test_longjmp_releases_the_lock(progs, redis, tmp_path, procs, prog, kind):
+    cfg = write_config(tmp_path, redis, locks(["through"], 'lease_ms = 60000; reentrant = false; wait_ms = 0;'))
+    p = procs([progs[prog], kind], cfg)
+    assert p.expect("jumped") == "jumped"
+    # Not reentrant and wait_ms = 0: "again 1" proves the hold was released.
+    assert p.expect("again") == "again 1"
+    assert redis.cmd("EXISTS", "lockshim:through") == 0
+    p.send()
+    rc, _, err = p.finish()
+    assert rc == 0, err
+
+
+def test_guarding_functions_the_shim_uses(progs, redis, tmp_path):
+    """The shim's own write/connect/malloc never re-enter a wrapper."""
+    cfg = write_config(tmp_path, redis, 'log_level = "debug";\n' + locks(
+        ["write", "connect", "socket", "poll", "hold_call"], 'key = "own:{symbol}";'))
+    out = run([progs["driver"], "call:0", "write", "call:0"], cfg)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("call rc=42 errno=0") == 2
+    assert "written\n" in out.stdout
+    assert "acquired lockshim:own:hold_call" in out.stderr
+    # The program's own write(2) call went through the guarded write.
+    assert "acquired lockshim:own:write" in out.stderr
