@@ -28,7 +28,7 @@ HIREDIS_A := $(shell $(CC) -print-file-name=libhiredis.a)
 SHIM_LIBS := $(HIREDIS_A) -lconfig -lpthread -ldl
 
 SHIM_SRC := guard log config key backend_redis lock renew hook redirect \
-	redirect_reloc dispatch interpose init arch_$(ARCH)
+	redirect_reloc dispatch interpose dlpath init arch_$(ARCH)
 SHIM_OBJ := $(SHIM_SRC:%=$(BUILD)/shim/%.o) $(BUILD)/shim/tramp_$(ARCH).o
 CLI_OBJ := $(BUILD)/cli/cli.o $(BUILD)/cli/config.o $(BUILD)/cli/key.o \
 	$(BUILD)/cli/log.o $(BUILD)/cli/backend_redis.o

@@ -2,8 +2,9 @@
 /*
  * interpose.c - wrappers the redirector installs beside the guarded symbols.
  *
- * dlopen/dlmopen: load, then rescan so the new objects' slots are redirected
- * (their constructors have already run). dlsym/dlvsym: a guarded name
+ * dlopen/dlmopen: load (a bare name is first looked up in the caller's
+ * RUNPATH, see dlpath.c), then rescan so the new objects' slots are
+ * redirected (their constructors have already run). dlsym/dlvsym: a guarded name
  * yields its hook's stub; RTLD_NEXT is resolved relative to the real caller,
  * not to the shim. The longjmp family: release the guarded calls whose frames
  * the jump discards, then jump. These are not exported symbols: they are
@@ -13,8 +14,10 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <setjmp.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "dlpath.h"
 #include "guard.h"
 #include "lock.h"
 #include "redirect.h"
@@ -23,9 +26,26 @@
 
 extern void __longjmp_chk(sigjmp_buf env, int val) __attribute__((noreturn));
 
+/* Opens file as the caller's own dlopen would (see dlpath.c). */
+static void *open_as(const void *caller, const char *file, Lmid_t lmid, int use_lmid,
+		     int mode)
+{
+	char *path;
+	void *h;
+
+	guard_enter();
+	path = dlpath_search(caller, file);
+	guard_leave();
+	if (path)
+		file = path;
+	h = use_lmid ? dlmopen(lmid, file, mode) : dlopen(file, mode);
+	free(path);
+	return h;
+}
+
 static void *wrap_dlopen(const char *file, int mode)
 {
-	void *h = dlopen(file, mode);
+	void *h = open_as(__builtin_return_address(0), file, 0, 0, mode);
 
 	if (h && shim_active()) {
 		guard_enter();
@@ -37,7 +57,7 @@ static void *wrap_dlopen(const char *file, int mode)
 
 static void *wrap_dlmopen(Lmid_t lmid, const char *file, int mode)
 {
-	void *h = dlmopen(lmid, file, mode);
+	void *h = open_as(__builtin_return_address(0), file, lmid, 1, mode);
 
 	if (h && shim_active()) {
 		guard_enter();

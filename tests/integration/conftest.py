@@ -204,7 +204,9 @@ def progs(tmp_path_factory):
     lib = ["-L" + d, rp]
     p = {"dir": d}
     cc(os.path.join(d, "libledger.so"), ["ledger.c"], "-O2", "-shared", "-fPIC")
-    for name, extra in [("ledger", []), ("ledger_noplt", ["-fno-plt"]),
+    os.mkdir(os.path.join(d, "plugins"))
+    cc(os.path.join(d, "plugins", "libplugin.so"), ["ledger.c"], "-O2", "-shared", "-fPIC")
+    for name, extra in [("ledger", ["-Wl,-rpath,$ORIGIN/plugins"]), ("ledger_noplt", ["-fno-plt"]),
                         ("ledger_now", ["-Wl,-z,relro,-z,now"])]:
         p[name] = cc(os.path.join(d, name), ["ledger_main.c"], "-O2", *extra, *lib,
                      "-lledger", "-ldl", "-lpthread")

@@ -50,6 +50,7 @@ def test_control_threads_lose_updates(progs, tmp_path):
     ("ledger_now", "direct"),    # full RELRO + BIND_NOW
     ("ledger", "fnptr"),         # function pointer stored in data
     ("ledger", "dlsym"),         # dlopen + dlsym at run time
+    ("ledger", "plugin"),        # dlopen by bare name through the caller's RUNPATH
 ])
 def test_processes_exclude_each_other(progs, redis, tmp_path, prog, mode):
     cfg = write_config(tmp_path, redis, LOCK)

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
 """on_timeout and on_error policies, Redis down and Redis restarted."""
 import errno
+import os
 import signal
 import time
 
@@ -81,3 +82,27 @@ def test_redis_restart_mid_run(progs, redis, tmp_path, procs):
     rc, _, err = p.finish()
     assert rc == 0
     assert "Redis unavailable" in err
+
+
+def test_hung_redis_bounds_the_wait(progs, redis, tmp_path):
+    """A stopped (not dead) server: the call returns after wait_ms plus at
+    most about one command timeout, and the policy applies."""
+    cfg = write_config(tmp_path, redis, 'locks = ( { symbol = "hold_call"; wait_ms = 300; } );\n',
+                       redis_extra="command_timeout_ms = 200; connect_timeout_ms = 200;")
+    os.kill(redis.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        r = run([progs["driver"], "call:0"], cfg)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(redis.proc.pid, signal.SIGCONT)
+    assert r.stdout.strip() == "call rc=-1 errno=%d" % errno.EBUSY, r.stderr
+    assert "timed out" in r.stderr or "Resource temporarily unavailable" in r.stderr
+    assert took < 0.3 + 0.2 + 1.0 * MULT
+
+
+def test_exit_inside_a_guarded_call_releases_the_lock(progs, redis, tmp_path):
+    cfg = write_config(tmp_path, redis, 'locks = ( { symbol = "exit_call"; lease_ms = 60000; } );\n')
+    r = run([progs["driver"], "exit:9"], cfg)
+    assert r.returncode == 9, r.stderr
+    assert redis.cmd("EXISTS", "lockshim:exit_call") == 0

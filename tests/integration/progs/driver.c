@@ -2,6 +2,7 @@
  * driver STEP...: runs steps in order and reports on stdout.
  *   call:MS    rc = hold_call(MS); prints "rc=R errno=E"
  *   other:X    rc = other_call(X); prints "rc=R errno=E"
+ *   exit:N     exit_call(N): exits with status N from inside the call
  *   stdin      waits for one line on standard input
  *   write      write(2)s "written" to stdout directly
  *   ignore-term ignores SIGTERM from now on
@@ -17,6 +18,7 @@
 int hold_call(int ms);
 int other_call(int x);
 int fork_call(void);
+int exit_call(int code);
 
 static void report(const char *what, int rc)
 {
@@ -35,6 +37,8 @@ int main(int argc, char **argv)
 		} else if (!strncmp(argv[i], "other:", 6)) {
 			errno = 0;
 			report("other", other_call(atoi(argv[i] + 6)));
+		} else if (!strncmp(argv[i], "exit:", 5)) {
+			exit_call(atoi(argv[i] + 5));
 		} else if (!strcmp(argv[i], "stdin")) {
 			if (!fgets(line, sizeof(line), stdin))
 				return 4;

@@ -1,7 +1,8 @@
 /*
  * ledger_main MODE PATH N [THREADS]: calls ledger_update(PATH) N times in
  * each of THREADS threads. MODE: direct (PLT or GOT call), fnptr (through a
- * pointer stored in data), dlsym (dlopen("libledger.so") + dlsym).
+ * pointer stored in data), dlsym (dlopen("libledger.so") + dlsym), plugin
+ * (dlopen("libplugin.so"), found only through this program's RUNPATH).
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -38,7 +39,8 @@ int main(int argc, char **argv)
 	} else if (!strcmp(argv[1], "fnptr")) {
 		fn = *(int (*volatile const *)(const char *))&stored_ptr;
 	} else {
-		void *h = dlopen("libledger.so", RTLD_NOW | RTLD_LOCAL);
+		const char *lib = strcmp(argv[1], "plugin") ? "libledger.so" : "libplugin.so";
+		void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
 
 		if (!h || !(fn = (int (*)(const char *))dlsym(h, "ledger_update"))) {
 			fprintf(stderr, "dlopen/dlsym: %s\n", dlerror());
