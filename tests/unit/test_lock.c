@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "config.h"
 #include "lock.h"
+#include "log.h"
 #include "test.h"
 #include "util.h"
 
@@ -145,6 +146,7 @@ int main(void)
 	struct lock_call c1, c2, c3;
 	char host[256] = "";
 
+	log_threshold = -1; /* the events below are expected; keep the output clean */
 	lock_setup(&fake, &redis);
 	gethostname(host, sizeof(host) - 1);
 
@@ -198,6 +200,7 @@ int main(void)
 		test_cond(util_now_ms() - t0 >= 60);
 		test_cond(n_set > 3); /* retried with backoff */
 		f_release(&the_conn, &other);
+		key_tmpl_release(&w.key);
 	}
 
 	test("backend down for the whole wait: error, not timeout");
@@ -206,6 +209,7 @@ int main(void)
 		struct lock_spec w = spec("a", 1, 30);
 
 		test_cond(lock_acquire(&w, args, &c1) == LOCK_ERROR);
+		key_tmpl_release(&w.key);
 	}
 	fail_all = 0;
 
@@ -248,6 +252,7 @@ int main(void)
 		lock_release(&c3); /* logs: lost; key deleted only if still ours */
 		renew_says_lost = 0;
 		test_cond(stored("t:r") < 0);
+		key_tmpl_release(&r.key);
 	}
 	key_tmpl_release(&a.key);
 	key_tmpl_release(&b.key);
