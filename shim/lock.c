@@ -27,6 +27,8 @@
 #include "renew.h"
 #include "util.h"
 
+#define LOCK_ERROR_LOG_MS 10000 /* while waiting, one Redis error line per 10 s */
+
 struct lock_hold {
 	struct lease lease;
 	int count;
@@ -150,7 +152,7 @@ static int acquire_wait(struct lock_thread *t, struct lease *l)
 {
 	const struct lock_spec *s = l->spec;
 	struct backend_item it = lease_item(l);
-	int64_t now = util_now_ms(), step = 2, deadline;
+	int64_t now = util_now_ms(), step = 2, deadline, logged = INT64_MIN;
 	int busy = 0, tries = 0;
 	char err[192] = "";
 
@@ -166,11 +168,13 @@ static int acquire_wait(struct lock_thread *t, struct lease *l)
 			    l->key, s->symbol, tries);
 			return LOCK_OK;
 		}
-		if (rc == 0)
-			busy = 1;
-		else if (tries == 1 || s->wait_ms < 0)
-			LOG(LOG_WARN, "%s: Redis error, retrying: %s", s->symbol, err);
 		now = util_now_ms();
+		if (rc == 0) {
+			busy = 1;
+		} else if (now - logged >= LOCK_ERROR_LOG_MS) {
+			LOG(LOG_WARN, "%s: Redis error, retrying: %s", s->symbol, err);
+			logged = now;
+		}
 		if (now >= deadline)
 			break;
 		int64_t nap = backoff_next(t, &step, s->retry_max_ms);

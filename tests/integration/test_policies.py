@@ -106,3 +106,22 @@ def test_exit_inside_a_guarded_call_releases_the_lock(progs, redis, tmp_path):
     r = run([progs["driver"], "exit:9"], cfg)
     assert r.returncode == 9, r.stderr
     assert redis.cmd("EXISTS", "lockshim:exit_call") == 0
+
+
+def test_wait_forever_rides_out_an_outage(progs, tmp_path, procs):
+    """wait_ms = -1: the call waits through a Redis outage, enters once Redis
+    is back, and the retries are reported once, not on every attempt."""
+    server = RedisServer()
+    try:
+        cfg = write_config(tmp_path, server,
+                           'locks = ( { symbol = "hold_call"; wait_ms = -1; } );\n')
+        p = procs([progs["driver"], "call:0"], cfg)
+        time.sleep(1.5)  # the outage the test is about, not synchronisation
+        assert p.p.poll() is None  # still waiting
+        server.start()
+        assert p.expect("call") == "call rc=42 errno=0"
+        rc, _, err = p.finish()
+        assert rc == 0
+        assert err.count("Redis error, retrying") == 1, err
+    finally:
+        server.cleanup()
