@@ -152,7 +152,7 @@ static int acquire_wait(struct lock_thread *t, struct lease *l)
 {
 	const struct lock_spec *s = l->spec;
 	struct backend_item it = lease_item(l);
-	int64_t now = util_now_ms(), step = 2, deadline, logged = INT64_MIN;
+	int64_t now = util_now_ms(), step = 2, deadline, logged = now - LOCK_ERROR_LOG_MS;
 	int busy = 0, tries = 0;
 	char err[192] = "";
 
