@@ -396,15 +396,14 @@ static int parse_redis(struct errbuf *e, const config_setting_t *g,
 	return 0;
 }
 
-static int parse_lock(struct errbuf *e, const config_t *cf,
-		      const config_setting_t *g, int idx, const struct lock_spec *defaults,
+static int parse_lock(struct errbuf *e, const config_setting_t *g, int idx,
+		      const struct lock_spec *defaults,
 		      const config_setting_t *defaults_g, struct config *cfg)
 {
 	struct lock_spec *l = &cfg->locks[idx];
 	char where[32], what[48], host[256] = "localhost", kerr[256];
 	const config_setting_t *ks;
 
-	(void)cf;
 	snprintf(where, sizeof(where), "locks[%d]", idx);
 	*l = *defaults;
 	l->symbol = NULL;
@@ -510,7 +509,7 @@ static int parse_root(struct errbuf *e, config_t *cf, struct config *cfg)
 	if (!cfg->locks)
 		goto out;
 	for (int i = 0; i < cfg->nlocks; i++)
-		if (parse_lock(e, cf, config_setting_get_elem(locks, (unsigned)i), i,
+		if (parse_lock(e, config_setting_get_elem(locks, (unsigned)i), i,
 			       &defaults, defaults_g, cfg)) {
 			cfg->nlocks = i + 1;
 			goto out;

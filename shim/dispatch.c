@@ -73,27 +73,21 @@ static void dispatch_leave(struct lock_call *call)
 	errno = saved_errno;
 }
 
-/* Applies on_timeout/on_error. Returns 1 when the real call must still run. */
-static int apply_policy(struct tramp_frame *f, const struct lock_spec *s, int outcome)
+/* Logs the outcome of a failed acquire and returns the policy to apply. */
+static int policy_for(const struct lock_spec *s, int outcome)
 {
 	int p = outcome == LOCK_TIMEOUT ? s->on_timeout : s->on_error;
 	const char *why = outcome == LOCK_TIMEOUT ? "lock wait timed out" : "Redis unavailable";
 
-	switch (p) {
-	case POLICY_PROCEED:
+	if (p == POLICY_PROCEED)
 		LOG(LOG_WARN, "%s: %s; running the call unguarded (proceed)", s->symbol, why);
-		return 1;
-	case POLICY_EXIT:
+	else if (p == POLICY_EXIT)
 		LOG(LOG_ERROR, "%s: %s; exiting with status %d", s->symbol, why, s->exit_code);
-		exit(s->exit_code);
-	case POLICY_ABORT:
+	else if (p == POLICY_ABORT)
 		LOG(LOG_ERROR, "%s: %s; aborting", s->symbol, why);
-		abort();
-	default:
+	else
 		LOG(LOG_INFO, "%s: %s; call skipped", s->symbol, why);
-		tramp_set_return(f, s->ret, s->ret_double);
-		return 0;
-	}
+	return p;
 }
 
 __attribute__((visibility("hidden"))) void dispatch_call(struct tramp_frame *f,
@@ -116,9 +110,15 @@ void dispatch_call(struct tramp_frame *f, const struct hook *h)
 	guard_leave();
 	if (rc != LOCK_OK) {
 		guard_enter();
-		int run = apply_policy(f, s, rc);
+		rc = policy_for(s, rc);
 		guard_leave();
-		if (!run) {
+		/* Outside the guard: the program's atexit handlers stay guarded. */
+		if (rc == POLICY_EXIT)
+			exit(s->exit_code);
+		if (rc == POLICY_ABORT)
+			abort();
+		if (rc == POLICY_SKIP) {
+			tramp_set_return(f, s->ret, s->ret_double);
 			errno = s->err;
 			return;
 		}

@@ -179,13 +179,7 @@ static int add_placeholder(struct key_tmpl *t, const char *name, size_t n,
 
 		if (c < '0' || c > '9')
 			goto bad;
-		if (n >= 5 && name[4] >= '0' && name[4] <= '9') {
-			snprintf(err, errlen,
-				 "placeholder {%.*s}: argument index out of range (0..5)",
-				 (int)n, name);
-			return -1;
-		}
-		if (c > '5') {
+		if (c > '5' || (n >= 5 && name[4] >= '0' && name[4] <= '9')) {
 			snprintf(err, errlen,
 				 "placeholder {%.*s}: argument index out of range (0..5)",
 				 (int)n, name);

@@ -39,7 +39,7 @@
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv;
-static struct lease head = { &head, &head, 0, NULL, 0, 0, 0, 0, 0, 0, "", "" };
+static struct lease head = { .next = &head, .prev = &head };
 static int running, stopping, kill_pending;
 static int64_t kill_at;
 static uint64_t next_id;

@@ -125,3 +125,15 @@ def test_wait_forever_rides_out_an_outage(progs, tmp_path, procs):
         assert err.count("Redis error, retrying") == 1, err
     finally:
         server.cleanup()
+
+
+def test_exit_policy_keeps_atexit_handlers_guarded(progs, redis, tmp_path):
+    redis.cmd("SET", BUSY, "other-owner", "PX", "60000")
+    cfg = write_config(tmp_path, redis, """log_level = "debug";
+locks = ( { symbol = "hold_call"; wait_ms = 0; on_timeout = "exit"; },
+          { symbol = "other_call"; key = "atexit"; } );
+""")
+    r = run([progs["driver"], "atexit", "call:0"], cfg)
+    assert r.returncode == 75
+    assert r.stdout.strip() == "atexit other rc=6"
+    assert "acquired lockshim:atexit for other_call" in r.stderr

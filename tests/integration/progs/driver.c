@@ -5,6 +5,7 @@
  *   exit:N     exit_call(N): exits with status N from inside the call
  *   stdin      waits for one line on standard input
  *   write      write(2)s "written" to stdout directly
+ *   atexit     registers a handler that calls other_call(5) at exit
  *   ignore-term ignores SIGTERM from now on
  *   fork       fork_call(); the child probes other_call and hold_call
  */
@@ -19,6 +20,12 @@ int hold_call(int ms);
 int other_call(int x);
 int fork_call(void);
 int exit_call(int code);
+
+static void at_exit(void)
+{
+	printf("atexit other rc=%d\n", other_call(5));
+	fflush(stdout);
+}
 
 static void report(const char *what, int rc)
 {
@@ -45,6 +52,8 @@ int main(int argc, char **argv)
 		} else if (!strcmp(argv[i], "write")) {
 			if (write(1, "written\n", 8) != 8)
 				return 5;
+		} else if (!strcmp(argv[i], "atexit")) {
+			atexit(at_exit);
 		} else if (!strcmp(argv[i], "ignore-term")) {
 			signal(SIGTERM, SIG_IGN);
 		} else if (!strcmp(argv[i], "fork")) {
