@@ -212,6 +212,9 @@ def progs(tmp_path_factory):
                      "-lledger", "-ldl", "-lpthread")
     cc(os.path.join(d, "libtarget.so"), ["target.c"], "-O2", "-shared", "-fPIC")
     p["driver"] = cc(os.path.join(d, "driver"), ["driver.c"], "-O2", *lib, "-ltarget")
+    p["own_hiredis"] = cc(os.path.join(d, "own_hiredis"), ["own_hiredis.c"], "-O2", *lib,
+                          "-ltarget", "-lhiredis")
+    p["local"] = cc(os.path.join(d, "local"), ["local.c"], "-O2", "-rdynamic")
     cc(os.path.join(d, "libabi.so"), ["abi.c"], "-O0", "-shared", "-fPIC")
     p["abi"] = cc(os.path.join(d, "abi"), ["abi_main.c"], "-O2", *lib, "-labi")
     cc(os.path.join(d, "libthrow.so"), ["throw.cc"], "-O2", "-shared", "-fPIC", cxx=True)

@@ -5,6 +5,7 @@
  *   exit:N     exit_call(N): exits with status N from inside the call
  *   stdin      waits for one line on standard input
  *   write      write(2)s "written" to stdout directly
+ *   exec:STEP  execs this program again with the single step STEP
  *   atexit     registers a handler that calls other_call(5) at exit
  *   ignore-term ignores SIGTERM from now on
  *   fork       fork_call(); the child probes other_call and hold_call
@@ -52,6 +53,9 @@ int main(int argc, char **argv)
 		} else if (!strcmp(argv[i], "write")) {
 			if (write(1, "written\n", 8) != 8)
 				return 5;
+		} else if (!strncmp(argv[i], "exec:", 5)) {
+			execl("/proc/self/exe", argv[0], argv[i] + 5, (char *)NULL);
+			return 6;
 		} else if (!strcmp(argv[i], "atexit")) {
 			atexit(at_exit);
 		} else if (!strcmp(argv[i], "ignore-term")) {

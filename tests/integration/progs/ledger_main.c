@@ -20,7 +20,7 @@ static void *worker(void *arg)
 {
 	(void)arg;
 	for (int i = 0; i < n; i++)
-		if (fn(path) < 0)
+		if ((fn ? fn(path) : ledger_update(path)) < 0) /* direct: a PLT call */
 			abort();
 	return NULL;
 }
@@ -35,7 +35,7 @@ int main(int argc, char **argv)
 	path = argv[2];
 	n = atoi(argv[3]);
 	if (!strcmp(argv[1], "direct")) {
-		fn = ledger_update;
+		fn = NULL;
 	} else if (!strcmp(argv[1], "fnptr")) {
 		fn = *(int (*volatile const *)(const char *))&stored_ptr;
 	} else {

@@ -1,0 +1,44 @@
+# SPDX-License-Identifier: MIT
+"""Coexistence and life-cycle details: another hiredis, exec, NOSCRIPT, reports."""
+from conftest import run, write_config
+
+LOCK = 'log_level = "debug";\nlocks = ( { symbol = "hold_call"; lease_ms = 60000; } );\n'
+
+
+def test_program_with_its_own_hiredis(progs, redis, tmp_path):
+    cfg = write_config(tmp_path, redis, LOCK)
+    r = run([progs["own_hiredis"], str(redis.port)], cfg)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["enter 0", "call rc=42", "get works"]
+    assert "acquired lockshim:hold_call" in r.stderr
+    assert redis.cmd("GET", "own-hiredis") == "works"
+
+
+def test_exec_initialises_the_shim_afresh(progs, redis, tmp_path):
+    cfg = write_config(tmp_path, redis, LOCK)
+    r = run([progs["driver"], "call:0", "exec:call:0"], cfg)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("call rc=42 errno=0") == 2
+    assert r.stderr.count("acquired lockshim:hold_call") == 2
+    assert r.stderr.count("relocations: ") == 2  # two images, two scans
+
+
+def test_release_falls_back_to_eval_after_script_flush(progs, redis, tmp_path, procs):
+    cfg = write_config(tmp_path, redis, LOCK)
+    p = procs([progs["driver"], "call:0", "stdin", "call:0", "stdin"], cfg)
+    assert p.expect("call") == "call rc=42 errno=0"
+    redis.cmd("SCRIPT", "FLUSH")
+    p.send()
+    assert p.expect("call") == "call rc=42 errno=0"
+    assert redis.cmd("EXISTS", "lockshim:hold_call") == 0  # released through EVAL
+    p.send()
+    rc, _, err = p.finish()
+    assert rc == 0 and "release of" not in err, err
+
+
+def test_symbol_defined_in_the_executable_is_reported(progs, redis, tmp_path):
+    cfg = write_config(tmp_path, redis, 'locks = ( { symbol = "local_step"; } );\n')
+    r = run([progs["local"]], cfg)
+    assert r.returncode == 0 and r.stdout == "local 42\n"
+    assert "local_step is defined in the executable" in r.stderr
+    assert "cannot be caught" in r.stderr
