@@ -4,9 +4,14 @@
  *
  * lock.c and renew.c speak only through this table; all protocol text lives
  * in the implementation (backend_redis.c). A connection is never shared
- * between concurrent callers. Every operation returns 1 (done), 0 (refused:
- * held by another owner / not ours) or -1 (error: the connection must be
- * closed and reopened; backend_errstr says why).
+ * between concurrent callers. Operations return 1 (done), 0 (refused: held
+ * by another owner / not ours / nothing happened) or -1 (error: the
+ * connection must be closed and reopened; errstr says why).
+ *
+ * Releases may be sent asynchronously: the command is written at once and
+ * its reply read before the next command on that connection (or by flush),
+ * so an uncontended guarded call costs one round trip. A failed asynchronous
+ * release is logged when its reply is read.
  */
 #ifndef LOCKSHIM_BACKEND_H
 #define LOCKSHIM_BACKEND_H
@@ -22,6 +27,8 @@ struct backend_item {
 	const char *val;
 	size_t vlen;
 	long long lease_ms;
+	int fair;                /* queue waiters in arrival order */
+	long long waiter_ttl_ms; /* fair: a waiter silent this long leaves the queue */
 };
 
 struct backend_ops {
@@ -30,10 +37,24 @@ struct backend_ops {
 				     size_t errlen);
 	/* Closes c without sending anything (also safe in a fork child). */
 	void (*close)(struct backend_conn *c);
-	/* SET key val NX PX lease. */
-	int (*acquire)(struct backend_conn *c, const struct backend_item *it);
-	/* Deletes key only while it still holds val. */
-	int (*release)(struct backend_conn *c, const struct backend_item *it);
+	/*
+	 * Takes the lock (SET NX PX; fair: only for the head of the queue, and
+	 * joins the queue otherwise). On 0, *wait_ms is how long waiting for a
+	 * wake-up may take at most (the key's remaining TTL, or the queue head's).
+	 */
+	int (*acquire)(struct backend_conn *c, const struct backend_item *it,
+		       long long *wait_ms);
+	/* Deletes key only while it still holds val, and wakes one waiter.
+	 * async: do not wait for the reply. */
+	int (*release)(struct backend_conn *c, const struct backend_item *it, int async);
+	/* Blocks until a release wakes this waiter or timeout_ms passes.
+	 * Returns 1 woken, 0 timed out, -1 error. */
+	int (*wait)(struct backend_conn *c, const struct backend_item *it,
+		    long long timeout_ms);
+	/* fair: leaves the queue (a waiter that gives up). Asynchronous. */
+	int (*leave)(struct backend_conn *c, const struct backend_item *it);
+	/* Reads the replies of asynchronous commands. Returns 0 or -1. */
+	int (*flush)(struct backend_conn *c);
 	/*
 	 * Extends n keys still holding their values, in one round trip.
 	 * Fills results[i] with 1 (renewed) or 0 (gone or owned by another).

@@ -2,39 +2,109 @@
 /*
  * backend_redis.c - the Redis implementation of backend.h, over hiredis.
  *
- * Acquire is SET key value NX PX lease. Release and renewal are Lua
- * compare-and-delete and compare-and-pexpire scripts, sent by EVALSHA with a
- * fallback to EVAL on NOSCRIPT; their SHA1s come from SCRIPT LOAD, pipelined
- * with AUTH and SELECT when a connection opens. Keys and values are passed as
- * separate arguments with lengths, never spliced into command text. hiredis
- * is linked statically with hidden symbols, so the program's own hiredis (if
- * any) is a different copy and our calls never pass through patched slots.
+ * Every operation is one Lua script sent by EVALSHA (EVAL on NOSCRIPT); the
+ * SHA1s come from SCRIPT LOAD, pipelined with AUTH and SELECT when a
+ * connection opens. Keys and values are separate arguments with lengths,
+ * never spliced into command text. Auxiliary keys hang off the lock key:
+ *   <key>:wake       default mode: one element per release; waiters BLPOP it,
+ *                    so each release wakes one waiter, and a release that
+ *                    comes before the waiter blocks is not lost
+ *   <key>:q, :qx     fair mode: waiters by arrival (INCR <key>:seq) and by
+ *                    expiry; a waiter that stops refreshing leaves the queue
+ *   <key>:w:<token>  fair mode: the signal list of one waiter (the head)
+ * Asynchronous releases are written at once (as EVAL, so NOSCRIPT cannot
+ * delay them) and remembered; their replies are read in front of the next
+ * command's reply (one round trip for both), or by flush. hiredis is linked
+ * statically with hidden symbols.
  */
 #include "backend.h"
 
-#include <errno.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/time.h>
 
 #include "config.h"
+#include "log.h"
 
-static const char release_lua[] =
+#define LUA_FAIR_HELPERS                                                        \
+	"local function now_ms() local t = redis.call('time') "                \
+	"return t[1] * 1000 + math.floor(t[2] / 1000) end "                    \
+	"local q, qx = KEYS[1] .. ':q', KEYS[1] .. ':qx' "                     \
+	"local function purge(now) "                                           \
+	"for _, w in ipairs(redis.call('zrangebyscore', qx, '-inf', now)) do " \
+	"redis.call('zrem', q, w) redis.call('zrem', qx, w) end end "          \
+	"local function wake_head(ttl) "                                       \
+	"local h = redis.call('zrange', q, 0, 0)[1] "                          \
+	"if h then local s = KEYS[1] .. ':w:' .. h redis.call('del', s) "      \
+	"redis.call('rpush', s, 1) redis.call('pexpire', s, ttl) end end "
+
+enum script { S_ACQUIRE, S_ACQUIRE_FAIR, S_RELEASE, S_RELEASE_FAIR, S_RENEW, S_LEAVE,
+	      NSCRIPTS };
+
+/* ARGV: token, lease. Returns -1 when acquired, else the key's TTL. */
+static const char *const scripts[NSCRIPTS] = {
+	[S_ACQUIRE] =
+	"if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return -1 end "
+	"local t = redis.call('pttl', KEYS[1]) if t < 0 then return 0 end return t",
+	/* ARGV: token, lease, waiter ttl. -1 acquired, else the longest wait. */
+	[S_ACQUIRE_FAIR] = LUA_FAIR_HELPERS
+	"local now = now_ms() purge(now) "
+	"local head = redis.call('zrange', q, 0, 0)[1] "
+	"if (not head or head == ARGV[1]) and "
+	"redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then "
+	"if head then redis.call('zrem', q, head) redis.call('zrem', qx, head) end "
+	"return -1 end "
+	"if not redis.call('zscore', q, ARGV[1]) then "
+	"redis.call('zadd', q, redis.call('incr', KEYS[1] .. ':seq'), ARGV[1]) end "
+	"redis.call('zadd', qx, now + tonumber(ARGV[3]), ARGV[1]) "
+	"local keep = 4 * tonumber(ARGV[3]) + tonumber(ARGV[2]) "
+	"redis.call('pexpire', q, keep) redis.call('pexpire', qx, keep) "
+	"redis.call('pexpire', KEYS[1] .. ':seq', keep) "
+	"local t = redis.call('pttl', KEYS[1]) if t > 0 then return t end "
+	"head = redis.call('zrange', q, 0, 0)[1] "
+	"if head == ARGV[1] then return 0 end "
+	"return math.max(tonumber(redis.call('zscore', qx, head)) - now, 1)",
+	/* ARGV: token, wake ttl. 1 released (and one waiter woken), 0 not ours. */
+	[S_RELEASE] =
+	"if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
+	"redis.call('del', KEYS[1]) local w = KEYS[1] .. ':wake' "
+	"redis.call('del', w) redis.call('rpush', w, 1) redis.call('pexpire', w, ARGV[2]) "
+	"return 1",
+	[S_RELEASE_FAIR] = LUA_FAIR_HELPERS
+	"if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
+	"redis.call('del', KEYS[1]) purge(now_ms()) wake_head(ARGV[2]) return 1",
+	/* ARGV: token, lease. 1 renewed, 0 gone or not ours. */
+	[S_RENEW] =
 	"if redis.call('get', KEYS[1]) == ARGV[1] then "
-	"return redis.call('del', KEYS[1]) else return 0 end";
-static const char renew_lua[] =
-	"if redis.call('get', KEYS[1]) == ARGV[1] then "
-	"return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
+	"return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end",
+	/* ARGV: token, wake ttl. Leaves the queue; wakes the next head if free. */
+	[S_LEAVE] = LUA_FAIR_HELPERS
+	"redis.call('zrem', q, ARGV[1]) redis.call('zrem', qx, ARGV[1]) "
+	"redis.call('del', KEYS[1] .. ':w:' .. ARGV[1]) "
+	"if redis.call('exists', KEYS[1]) == 0 then wake_head(ARGV[2]) end return 1",
+};
+
+#define PENDING_MAX 16
+#define WAKE_TTL_MS 1000 /* a wake-up outlives a waiter's race window, no more */
+#define NAME_MAX_LEN (KEY_BUF_SIZE + 512)
+
+/* An asynchronous command whose reply is still unread. */
+struct pending {
+	size_t klen;
+	char key[KEY_BUF_SIZE];
+	char val[512]; /* bounds what may be sent, for symmetry with key */
+};
 
 struct backend_conn {
 	redisContext *ctx;
-	char release_sha[41];
-	char renew_sha[41];
-	char errstr[160];
+	struct timeval cmd_tv;
+	int npending;
+	struct pending pend[PENDING_MAX];
+	char sha[NSCRIPTS][41];
+	char errstr[192];
 };
 
 static int conn_fail(struct backend_conn *c, const char *what, const redisReply *r)
@@ -48,9 +118,9 @@ static int conn_fail(struct backend_conn *c, const char *what, const redisReply 
 	return -1;
 }
 
-static struct timeval ms_tv(int ms)
+static struct timeval ms_tv(long long ms)
 {
-	struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
+	struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000 };
 	return tv;
 }
 
@@ -63,12 +133,12 @@ static void redis_close(struct backend_conn *c)
 	free(c);
 }
 
-/* Sends AUTH, SELECT and both SCRIPT LOADs in one round trip. */
+/* Sends AUTH, SELECT and every SCRIPT LOAD in one round trip. */
 static int conn_setup(struct backend_conn *c, const struct redis_spec *r)
 {
 	const char *argv[3];
 	size_t lens[3];
-	int n = 0, rc = 0;
+	int n = 0, first_script, rc = 0;
 	char db[16];
 
 	if (r->password) {
@@ -88,9 +158,9 @@ static int conn_setup(struct backend_conn *c, const struct redis_spec *r)
 		redisAppendCommand(c->ctx, "SELECT %s", db);
 		n++;
 	}
-	redisAppendCommand(c->ctx, "SCRIPT LOAD %s", release_lua);
-	redisAppendCommand(c->ctx, "SCRIPT LOAD %s", renew_lua);
-	n += 2;
+	first_script = n;
+	for (int s = 0; s < NSCRIPTS; s++, n++)
+		redisAppendCommand(c->ctx, "SCRIPT LOAD %s", scripts[s]);
 	for (int i = 0; i < n; i++) {
 		redisReply *rep = NULL;
 
@@ -99,10 +169,8 @@ static int conn_setup(struct backend_conn *c, const struct redis_spec *r)
 		if (rep->type == REDIS_REPLY_ERROR) {
 			if (rc == 0)
 				rc = conn_fail(c, i == 0 && r->password ? "AUTH" : "setup", rep);
-		} else if (i >= n - 2 && rep->type == REDIS_REPLY_STRING) {
-			char *dst = i == n - 2 ? c->release_sha : c->renew_sha;
-
-			snprintf(dst, 41, "%s", rep->str);
+		} else if (i >= first_script && rep->type == REDIS_REPLY_STRING) {
+			snprintf(c->sha[i - first_script], 41, "%s", rep->str);
 		}
 		freeReplyObject(rep);
 	}
@@ -132,8 +200,8 @@ static struct backend_conn *redis_open(const struct redis_spec *r, char *err,
 		return NULL;
 	}
 	fcntl(c->ctx->fd, F_SETFD, FD_CLOEXEC);
-	if (redisSetTimeout(c->ctx, ms_tv(r->command_timeout_ms)) != REDIS_OK ||
-	    conn_setup(c, r) != 0) {
+	c->cmd_tv = ms_tv(r->command_timeout_ms);
+	if (redisSetTimeout(c->ctx, c->cmd_tv) != REDIS_OK || conn_setup(c, r) != 0) {
 		snprintf(err, errlen, "%s", c->errstr[0] ? c->errstr : "setup failed");
 		redis_close(c);
 		return NULL;
@@ -141,39 +209,19 @@ static struct backend_conn *redis_open(const struct redis_spec *r, char *err,
 	return c;
 }
 
-static int redis_acquire(struct backend_conn *c, const struct backend_item *it)
+/* Appends EVALSHA (or EVAL) of script s on key/val with one numeric argument. */
+static void append_script(struct backend_conn *c, enum script s, const char *key,
+			  size_t klen, const char *val, size_t vlen, long long arg,
+			  long long arg2, int nargs, int eval)
 {
-	char px[24];
-	const char *argv[6] = { "SET", it->key, it->val, "NX", "PX", px };
-	size_t lens[6] = { 3, it->klen, it->vlen, 2, 2, 0 };
-	redisReply *r;
-	int rc;
+	char a1[24], a2[24];
+	const char *argv[7] = { eval ? "EVAL" : "EVALSHA", eval ? scripts[s] : c->sha[s],
+				"1", key, val, a1, a2 };
+	size_t lens[7] = { strlen(argv[0]), strlen(argv[1]), 1, klen, vlen, 0, 0 };
 
-	lens[5] = (size_t)snprintf(px, sizeof(px), "%lld", it->lease_ms);
-	r = redisCommandArgv(c->ctx, 6, argv, lens);
-	if (!r)
-		return conn_fail(c, "SET NX", NULL);
-	if (r->type == REDIS_REPLY_STATUS)
-		rc = 1;
-	else if (r->type == REDIS_REPLY_NIL)
-		rc = 0;
-	else
-		rc = conn_fail(c, "SET NX", r);
-	freeReplyObject(r);
-	return rc;
-}
-
-/* Appends EVALSHA (or EVAL when eval is set) of one script for it. */
-static void append_script(struct backend_conn *c, const char *sha, const char *lua,
-			  const struct backend_item *it, int with_lease, int eval)
-{
-	char ms[24];
-	const char *argv[6] = { eval ? "EVAL" : "EVALSHA", eval ? lua : sha, "1",
-				it->key, it->val, ms };
-	size_t lens[6] = { strlen(argv[0]), strlen(argv[1]), 1, it->klen, it->vlen, 0 };
-
-	lens[5] = (size_t)snprintf(ms, sizeof(ms), "%lld", it->lease_ms);
-	redisAppendCommandArgv(c->ctx, with_lease ? 6 : 5, argv, lens);
+	lens[5] = (size_t)snprintf(a1, sizeof(a1), "%lld", arg);
+	lens[6] = (size_t)snprintf(a2, sizeof(a2), "%lld", arg2);
+	redisAppendCommandArgv(c->ctx, 5 + nargs, argv, lens);
 }
 
 static int is_noscript(const redisReply *r)
@@ -181,41 +229,195 @@ static int is_noscript(const redisReply *r)
 	return r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0;
 }
 
-/* Reads one script reply: 1 when the integer reply is nonzero, 0, or -1. */
-static int script_reply(struct backend_conn *c, const char *what, redisReply *r)
+/* Logs the outcome of an asynchronous release read back later. */
+static void settle_one(const struct pending *p, const redisReply *r)
 {
+	if (r->type == REDIS_REPLY_INTEGER && r->integer == 0)
+		LOG(LOG_WARN, "%.*s was no longer ours at release (expired or taken "
+		    "over); nothing deleted", (int)p->klen, p->key);
+	else if (r->type != REDIS_REPLY_INTEGER)
+		LOG(LOG_ERROR, "release of %.*s failed: %s", (int)p->klen, p->key,
+		    r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+}
+
+/*
+ * Reads the replies of the pending asynchronous commands (they come before
+ * any reply appended after them) and logs failures. Returns 0 or -1.
+ */
+static int settle(struct backend_conn *c)
+{
+	int n = c->npending;
+
+	c->npending = 0;
+	for (int i = 0; i < n; i++) {
+		redisReply *r = NULL;
+
+		if (redisGetReply(c->ctx, (void **)&r) != REDIS_OK) {
+			LOG(LOG_ERROR, "%d release(s) unconfirmed (they expire with their "
+			    "lease): %s", n - i, c->ctx->errstr);
+			return conn_fail(c, "release", NULL);
+		}
+		settle_one(&c->pend[i], r);
+		freeReplyObject(r);
+	}
+	return 0;
+}
+
+/*
+ * Reads the reply of the command just appended, after the pending ones.
+ * Returns it (the caller frees it) or NULL with errstr set.
+ */
+static redisReply *reply_after_pending(struct backend_conn *c, const char *what)
+{
+	redisReply *r = NULL;
+
+	if (settle(c) != 0)
+		return NULL;
+	if (redisGetReply(c->ctx, (void **)&r) != REDIS_OK) {
+		conn_fail(c, what, NULL);
+		return NULL;
+	}
+	return r;
+}
+
+/* Runs script s and returns its reply, retrying as EVAL on NOSCRIPT. */
+static redisReply *run_script(struct backend_conn *c, const char *what, enum script s,
+			      const struct backend_item *it, long long arg, long long arg2,
+			      int nargs)
+{
+	redisReply *r;
+
+	append_script(c, s, it->key, it->klen, it->val, it->vlen, arg, arg2, nargs, 0);
+	r = reply_after_pending(c, what);
+	if (r && is_noscript(r)) {
+		freeReplyObject(r);
+		append_script(c, s, it->key, it->klen, it->val, it->vlen, arg, arg2, nargs, 1);
+		r = reply_after_pending(c, what);
+	}
+	if (r && r->type == REDIS_REPLY_ERROR) {
+		conn_fail(c, what, r);
+		freeReplyObject(r);
+		return NULL;
+	}
+	return r;
+}
+
+static int redis_acquire(struct backend_conn *c, const struct backend_item *it,
+			 long long *wait_ms)
+{
+	redisReply *r = it->fair
+		? run_script(c, "acquire", S_ACQUIRE_FAIR, it, it->lease_ms, it->waiter_ttl_ms, 2)
+		: run_script(c, "acquire", S_ACQUIRE, it, it->lease_ms, 0, 1);
 	int rc;
 
-	if (r->type == REDIS_REPLY_INTEGER)
-		rc = r->integer != 0;
-	else
-		rc = conn_fail(c, what, r);
+	if (!r)
+		return -1;
+	if (r->type != REDIS_REPLY_INTEGER) {
+		rc = conn_fail(c, "acquire", r);
+	} else if (r->integer == -1) {
+		rc = 1;
+	} else {
+		*wait_ms = r->integer;
+		rc = 0;
+	}
 	freeReplyObject(r);
 	return rc;
 }
 
-/* Runs one script for it, falling back to EVAL on NOSCRIPT. */
-static int run_script(struct backend_conn *c, const char *what, const char *sha,
-		      const char *lua, const struct backend_item *it, int with_lease)
+static int redis_flush(struct backend_conn *c)
 {
-	redisReply *r = NULL;
-
-	append_script(c, sha, lua, it, with_lease, 0);
-	if (redisGetReply(c->ctx, (void **)&r) != REDIS_OK)
-		return conn_fail(c, what, NULL);
-	if (is_noscript(r)) {
-		freeReplyObject(r);
-		r = NULL;
-		append_script(c, sha, lua, it, with_lease, 1);
-		if (redisGetReply(c->ctx, (void **)&r) != REDIS_OK)
-			return conn_fail(c, what, NULL);
-	}
-	return script_reply(c, what, r);
+	return settle(c);
 }
 
-static int redis_release(struct backend_conn *c, const struct backend_item *it)
+/*
+ * Writes script s on it at once and remembers it; its reply is read later.
+ * Sent as EVAL with the script text, so it can never meet NOSCRIPT (Redis
+ * caches the script by its SHA1). Flushes first when the queue is full.
+ */
+static int send_async(struct backend_conn *c, enum script s, const struct backend_item *it)
 {
-	return run_script(c, "release", c->release_sha, release_lua, it, 0);
+	struct pending *p;
+	int done = 0;
+
+	if (it->klen > sizeof(p->key) || it->vlen > sizeof(p->val))
+		return conn_fail(c, "release", NULL);
+	if (c->npending == PENDING_MAX && settle(c) != 0)
+		return -1;
+	p = &c->pend[c->npending++];
+	p->klen = it->klen;
+	memcpy(p->key, it->key, it->klen);
+	append_script(c, s, it->key, it->klen, it->val, it->vlen, WAKE_TTL_MS, 0, 1, 1);
+	while (!done && redisBufferWrite(c->ctx, &done) == REDIS_OK)
+		;
+	if (c->ctx->err)
+		return conn_fail(c, "release", NULL);
+	return 1;
+}
+
+static int redis_release(struct backend_conn *c, const struct backend_item *it, int async)
+{
+	enum script s = it->fair ? S_RELEASE_FAIR : S_RELEASE;
+	redisReply *r;
+	int rc;
+
+	if (async)
+		return send_async(c, s, it);
+	r = run_script(c, "release", s, it, WAKE_TTL_MS, 0, 1);
+	if (!r)
+		return -1;
+	rc = r->type == REDIS_REPLY_INTEGER ? r->integer != 0 : conn_fail(c, "release", r);
+	freeReplyObject(r);
+	return rc;
+}
+
+static int redis_leave(struct backend_conn *c, const struct backend_item *it)
+{
+	return it->fair ? send_async(c, S_LEAVE, it) : 1;
+}
+
+static int redis_wait(struct backend_conn *c, const struct backend_item *it,
+		      long long timeout_ms)
+{
+	char list[NAME_MAX_LEN], secs[32];
+	const char *argv[3] = { "BLPOP", list, secs };
+	size_t lens[3] = { 5, 0, 0 };
+	struct timeval tv = ms_tv(timeout_ms);
+	redisReply *r;
+	int rc;
+
+	if (it->klen + it->vlen + 8 > sizeof(list))
+		return conn_fail(c, "wait", NULL);
+	memcpy(list, it->key, it->klen);
+	if (it->fair) {
+		memcpy(list + it->klen, ":w:", 3);
+		memcpy(list + it->klen + 3, it->val, it->vlen);
+		lens[1] = it->klen + 3 + it->vlen;
+	} else {
+		memcpy(list + it->klen, ":wake", 5);
+		lens[1] = it->klen + 5;
+	}
+	lens[2] = (size_t)snprintf(secs, sizeof(secs), "%lld.%03lld", timeout_ms / 1000,
+				   timeout_ms % 1000);
+	tv.tv_sec += c->cmd_tv.tv_sec;
+	tv.tv_usec += c->cmd_tv.tv_usec;
+	if (tv.tv_usec >= 1000000) {
+		tv.tv_sec++;
+		tv.tv_usec -= 1000000;
+	}
+	redisSetTimeout(c->ctx, tv);
+	redisAppendCommandArgv(c->ctx, 3, argv, lens);
+	r = reply_after_pending(c, "BLPOP");
+	redisSetTimeout(c->ctx, c->cmd_tv);
+	if (!r)
+		return -1;
+	if (r->type == REDIS_REPLY_ARRAY)
+		rc = 1;
+	else if (r->type == REDIS_REPLY_NIL)
+		rc = 0;
+	else
+		rc = conn_fail(c, "BLPOP", r);
+	freeReplyObject(r);
+	return rc;
 }
 
 static int redis_renew(struct backend_conn *c, int n, const struct backend_item *items,
@@ -224,28 +426,34 @@ static int redis_renew(struct backend_conn *c, int n, const struct backend_item 
 	int rc = 0;
 
 	for (int i = 0; i < n; i++)
-		append_script(c, c->renew_sha, renew_lua, &items[i], 1, 0);
+		append_script(c, S_RENEW, items[i].key, items[i].klen, items[i].val,
+			      items[i].vlen, items[i].lease_ms, 0, 1, 0);
 	for (int i = 0; i < n; i++) {
 		redisReply *r = NULL;
 
 		if (redisGetReply(c->ctx, (void **)&r) != REDIS_OK)
 			return conn_fail(c, "renew", NULL);
-		if (is_noscript(r)) {
-			freeReplyObject(r);
+		if (is_noscript(r))
 			results[i] = -2; /* redo below, after the pipeline drains */
-			continue;
-		}
-		results[i] = script_reply(c, "renew", r);
-		if (results[i] < 0)
-			rc = -1;
+		else if (r->type == REDIS_REPLY_INTEGER)
+			results[i] = r->integer != 0;
+		else
+			rc = results[i] = conn_fail(c, "renew", r);
+		freeReplyObject(r);
 	}
-	for (int i = 0; i < n && rc == 0; i++)
-		if (results[i] == -2) {
-			results[i] = run_script(c, "renew", c->renew_sha, renew_lua,
-						&items[i], 1);
-			if (results[i] < 0)
-				rc = -1;
-		}
+	for (int i = 0; i < n && rc == 0; i++) {
+		redisReply *r;
+
+		if (results[i] != -2)
+			continue;
+		r = run_script(c, "renew", S_RENEW, &items[i], items[i].lease_ms, 0, 1);
+		if (!r || r->type != REDIS_REPLY_INTEGER)
+			rc = results[i] = -1;
+		else
+			results[i] = r->integer != 0;
+		if (r)
+			freeReplyObject(r);
+	}
 	return rc;
 }
 
@@ -256,9 +464,12 @@ static const char *redis_errstr(const struct backend_conn *c)
 
 static int redis_ping(struct backend_conn *c)
 {
-	redisReply *r = redisCommand(c->ctx, "PING");
-	int rc = r && r->type == REDIS_REPLY_STATUS ? 1 : conn_fail(c, "PING", r);
+	redisReply *r;
+	int rc;
 
+	redisAppendCommand(c->ctx, "PING");
+	r = reply_after_pending(c, "PING");
+	rc = r && r->type == REDIS_REPLY_STATUS ? 1 : conn_fail(c, "PING", r);
 	if (r)
 		freeReplyObject(r);
 	return rc;
@@ -269,6 +480,9 @@ const struct backend_ops backend_redis = {
 	.close = redis_close,
 	.acquire = redis_acquire,
 	.release = redis_release,
+	.wait = redis_wait,
+	.leave = redis_leave,
+	.flush = redis_flush,
 	.renew = redis_renew,
 	.errstr = redis_errstr,
 	.ping = redis_ping,

@@ -204,6 +204,7 @@ static const struct field lock_fields[] = {
 	LOCK_FIELD(kill_signal, F_SIGNAL, 1, NSIG - 1),
 	LOCK_FIELD(kill_grace_ms, F_INT, 0, LLONG_MAX / 4),
 	LOCK_FIELD(reentrant, F_BOOL, 0, 0),
+	LOCK_FIELD(fair, F_BOOL, 0, 0),
 	LOCK_FIELD(stack_args_bytes, F_INT, 0, 65536),
 	LOCK_FIELD(retry_max_ms, F_INT, 1, 60000),
 	{ NULL, 0, 0, 0, 0 }

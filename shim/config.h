@@ -35,6 +35,7 @@ struct lock_spec {
 	int kill_signal;
 	int on_timeout, on_error, on_lost, on_overrun;
 	int reentrant;
+	int fair;                /* waiters enter in arrival order */
 	int stack_args_bytes;    /* caller stack copied for stack arguments */
 	int line;                /* where the lock was defined */
 	int index;

@@ -55,8 +55,10 @@ static void thread_free(void *arg)
 {
 	struct lock_thread *t = arg;
 
-	if (t->conn)
+	if (t->conn) {
+		backend->flush(t->conn);
 		backend->close(t->conn);
+	}
 	self = NULL;
 	free(t);
 }
@@ -112,9 +114,37 @@ static void make_value(struct lock_thread *t, struct lease *l)
 
 static struct backend_item lease_item(const struct lease *l)
 {
-	struct backend_item it = { l->key, l->klen, l->val, l->vlen,
-				   l->spec ? l->spec->lease_ms : 0 };
+	struct backend_item it = { l->key, l->klen, l->val, l->vlen, l->spec->lease_ms,
+				   l->spec->fair,
+				   2 * l->spec->retry_max_ms + redis->command_timeout_ms };
 	return it;
+}
+
+/* Sends a release on the thread's connection, asynchronously. */
+static int send_async(struct backend_conn *c, const struct backend_item *it)
+{
+	return backend->release(c, it, 1);
+}
+
+
+/* Opens the thread's connection if needed. Returns 0 or -1 (err filled). */
+static int conn_get(struct lock_thread *t, char *err, size_t errlen)
+{
+	if (!t->conn)
+		t->conn = backend->open(redis, err, errlen);
+	return t->conn ? 0 : -1;
+}
+
+/* After an operation returned rc: on error, keeps the reason and drops the
+ * connection (the next operation reconnects). Returns rc. */
+static int conn_check(struct lock_thread *t, int rc, char *err, size_t errlen)
+{
+	if (rc < 0 && t->conn) {
+		snprintf(err, errlen, "%s", backend->errstr(t->conn));
+		backend->close(t->conn);
+		t->conn = NULL;
+	}
+	return rc;
 }
 
 /* Runs op on the thread's connection, opening it first if needed. */
@@ -122,20 +152,9 @@ static int with_conn(struct lock_thread *t,
 		     int (*op)(struct backend_conn *, const struct backend_item *),
 		     const struct backend_item *it, char *err, size_t errlen)
 {
-	int rc;
-
-	if (!t->conn) {
-		t->conn = backend->open(redis, err, errlen);
-		if (!t->conn)
-			return -1;
-	}
-	rc = op(t->conn, it);
-	if (rc < 0) {
-		snprintf(err, errlen, "%s", backend->errstr(t->conn));
-		backend->close(t->conn);
-		t->conn = NULL;
-	}
-	return rc;
+	if (conn_get(t, err, errlen) != 0)
+		return -1;
+	return conn_check(t, op(t->conn, it), err, errlen);
 }
 
 /* Returns the next sleep: full jitter over a doubling step capped at max. */
@@ -147,7 +166,21 @@ static int64_t backoff_next(struct lock_thread *t, int64_t *step, int64_t max)
 	return s / 2 + (int64_t)(rng_next(t) % (uint64_t)(s / 2 + 1));
 }
 
-/* The wait path: retry until the deadline. Returns an enum lock_outcome. */
+static int64_t min3(int64_t a, int64_t b, int64_t c)
+{
+	int64_t m = a < b ? a : b;
+
+	return m < c ? m : c;
+}
+
+/*
+ * The wait path. Each attempt is one round trip that either takes the lock
+ * or says how long a wake-up may take at most (the holder's remaining lease,
+ * or the fair queue head's); the thread then blocks on the wake-up list for
+ * at most that, retry_max_ms and the time left, so a release wakes it at
+ * once and a missed wake-up costs at most the lease's remaining TTL. Redis
+ * errors back off with jitter. Returns an enum lock_outcome.
+ */
 static int acquire_wait(struct lock_thread *t, struct lease *l)
 {
 	const struct lock_spec *s = l->spec;
@@ -159,8 +192,11 @@ static int acquire_wait(struct lock_thread *t, struct lease *l)
 	deadline = s->wait_ms < 0 ? INT64_MAX : now + s->wait_ms;
 	for (;;) {
 		int64_t sent = util_now_ms();
-		int rc = with_conn(t, backend->acquire, &it, err, sizeof(err));
+		long long hint = 0;
+		int rc = conn_get(t, err, sizeof(err));
 
+		if (rc == 0)
+			rc = conn_check(t, backend->acquire(t->conn, &it, &hint), err, sizeof(err));
 		tries++;
 		if (rc == 1) {
 			l->acquired_at = l->confirmed_at = sent;
@@ -168,18 +204,29 @@ static int acquire_wait(struct lock_thread *t, struct lease *l)
 			    l->key, s->symbol, tries);
 			return LOCK_OK;
 		}
+		busy |= rc == 0;
 		now = util_now_ms();
+		if (now >= deadline)
+			break;
 		if (rc == 0) {
-			busy = 1;
-		} else if (now - logged >= LOCK_ERROR_LOG_MS) {
+			if (hint > 0 && conn_check(t, backend->wait(t->conn, &it,
+					min3(hint, s->retry_max_ms, deadline - now)),
+					err, sizeof(err)) >= 0)
+				continue;
+		}
+		now = util_now_ms();
+		if (rc < 0 && now - logged >= LOCK_ERROR_LOG_MS) {
 			LOG(LOG_WARN, "%s: Redis error, retrying: %s", s->symbol, err);
 			logged = now;
 		}
-		if (now >= deadline)
-			break;
-		int64_t nap = backoff_next(t, &step, s->retry_max_ms);
-		util_sleep_ms(nap < deadline - now ? nap : deadline - now);
+		if (now < deadline) {
+			int64_t nap = backoff_next(t, &step, s->retry_max_ms);
+
+			util_sleep_ms(nap < deadline - now ? nap : deadline - now);
+		}
 	}
+	if (s->fair && t->conn)
+		conn_check(t, backend->leave(t->conn, &it), err, sizeof(err));
 	if (!busy) {
 		LOG(LOG_ERROR, "%s: Redis unavailable for %lld ms, lock %.*s not taken: %s",
 		    s->symbol, s->wait_ms, (int)l->klen, l->key, err);
@@ -253,25 +300,23 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[6],
 	return LOCK_OK;
 }
 
-/* Stops renewing h and deletes its key in Redis (if still ours; never for a
- * hold inherited through fork). Logs what happened. */
+/*
+ * Stops renewing h and sends the compare-and-delete for its key without
+ * waiting for the reply (read before the connection's next command, where a
+ * failure is logged). Never sent for a hold inherited through fork.
+ */
 static void release_hold(struct lock_thread *t, struct lock_hold *h)
 {
 	struct lease *l = &h->lease;
 	struct backend_item it = lease_item(l);
 	char err[192] = "";
-	int state, rc;
 
-	state = renew_untrack(l);
+	renew_untrack(l);
 	if (h->foreign)
 		return;
-	rc = with_conn(t, backend->release, &it, err, sizeof(err));
-	if (rc < 0)
+	if (with_conn(t, send_async, &it, err, sizeof(err)) < 0)
 		LOG(LOG_ERROR, "%s: release of %.*s failed (it expires within %lld ms): %s",
 		    l->spec->symbol, (int)l->klen, l->key, l->spec->lease_ms, err);
-	else if (rc == 0 && state == LEASE_HELD)
-		LOG(LOG_WARN, "%s: %.*s was no longer ours at release (expired or taken "
-		    "over); nothing deleted", l->spec->symbol, (int)l->klen, l->key);
 	else
 		LOG(LOG_DEBUG, "released %.*s", (int)l->klen, l->key);
 }
@@ -316,12 +361,25 @@ void lock_atfork_child(void)
 	}
 }
 
+void lock_flush(void)
+{
+	struct lock_thread *t = self;
+
+	if (t && t->conn && backend->flush(t->conn) != 0) {
+		backend->close(t->conn);
+		t->conn = NULL;
+	}
+}
+
 void lock_release_all(void)
 {
 	struct lease *copies = NULL;
 	struct backend_conn *c = NULL;
-	int n = renew_drain(&copies);
+	int n;
 	char err[192];
+
+	lock_flush();
+	n = renew_drain(&copies);
 
 	for (int i = 0; i < n; i++) {
 		struct backend_item it = lease_item(&copies[i]);
@@ -330,7 +388,7 @@ void lock_release_all(void)
 			LOG(LOG_ERROR, "exit: cannot release %d lock(s): %s", n - i, err);
 			break;
 		}
-		if (backend->release(c, &it) < 0) {
+		if (backend->release(c, &it, 0) < 0) {
 			LOG(LOG_ERROR, "exit: release of %.*s failed: %s", (int)it.klen,
 			    it.key, backend->errstr(c));
 			backend->close(c);

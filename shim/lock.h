@@ -66,6 +66,10 @@ void lock_unwind_to(uintptr_t sp);
 /* Fork child: forget the parent's holds and connection (never sent to). */
 void lock_atfork_child(void);
 
+/* Reads the replies of this thread's asynchronous releases, logging any
+ * failure (before exec and fork; lock_release_all does it at exit). */
+void lock_flush(void);
+
 /* Releases every lease the process still holds (used at exit). */
 void lock_release_all(void);
 

@@ -171,8 +171,9 @@ static int renew_batch(const struct lease *batch, int n, int *results, char *err
 	if (!conn && !(conn = backend->open(redis, err, errlen)))
 		return -1;
 	for (int i = 0; i < n; i++) {
-		items[i] = (struct backend_item){ batch[i].key, batch[i].klen, batch[i].val,
-						  batch[i].vlen, batch[i].spec->lease_ms };
+		items[i] = (struct backend_item){ .key = batch[i].key, .klen = batch[i].klen,
+						  .val = batch[i].val, .vlen = batch[i].vlen,
+						  .lease_ms = batch[i].spec->lease_ms };
 	}
 	if (backend->renew(conn, n, items, results) == 0)
 		return 0;

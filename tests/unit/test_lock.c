@@ -24,7 +24,7 @@
 #define SLOTS 16
 static struct { char key[KEY_BUF_SIZE]; char val[LOCK_VAL_SIZE]; int used; } store[SLOTS];
 static pthread_mutex_t store_mu = PTHREAD_MUTEX_INITIALIZER;
-static int n_set, n_del, n_renew, fail_all, renew_says_lost;
+static int n_set, n_del, n_renew, n_wait, fail_all, renew_says_lost;
 struct backend_conn { int dummy; };
 static struct backend_conn the_conn;
 
@@ -47,11 +47,12 @@ static struct backend_conn *f_open(const struct redis_spec *r, char *err, size_t
 	return &the_conn;
 }
 static void f_close(struct backend_conn *c) { (void)c; }
-static int f_acquire(struct backend_conn *c, const struct backend_item *it)
+static int f_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait)
 {
 	int rc = 0;
 
 	(void)c;
+	*wait = 1; /* wait at most 1 ms for a wake-up */
 	if (fail_all)
 		return -1;
 	pthread_mutex_lock(&store_mu);
@@ -71,11 +72,12 @@ static int f_acquire(struct backend_conn *c, const struct backend_item *it)
 	pthread_mutex_unlock(&store_mu);
 	return rc;
 }
-static int f_release(struct backend_conn *c, const struct backend_item *it)
+static int f_release(struct backend_conn *c, const struct backend_item *it, int async)
 {
 	int i, rc = 0;
 
 	(void)c;
+	(void)async;
 	pthread_mutex_lock(&store_mu);
 	n_del++;
 	i = slot_of(it);
@@ -100,15 +102,25 @@ static int f_renew(struct backend_conn *c, int n, const struct backend_item *ite
 	pthread_mutex_unlock(&store_mu);
 	return 0;
 }
+static int f_wait(struct backend_conn *c, const struct backend_item *it, long long ms)
+{
+	(void)c;
+	(void)it;
+	n_wait++;
+	util_sleep_ms(ms);
+	return 0;
+}
+static int f_leave(struct backend_conn *c, const struct backend_item *it) { (void)c; (void)it; return 1; }
+static int f_flush(struct backend_conn *c) { (void)c; return 0; }
 static const char *f_errstr(const struct backend_conn *c) { (void)c; return "fake error"; }
 static int f_ping(struct backend_conn *c) { (void)c; return 1; }
 
-static const struct backend_ops fake = { f_open, f_close, f_acquire, f_release,
-					 f_renew, f_errstr, f_ping };
+static const struct backend_ops fake = { f_open, f_close, f_acquire, f_release, f_wait,
+					 f_leave, f_flush, f_renew, f_errstr, f_ping };
 
 static int stored(const char *key)
 {
-	struct backend_item it = { key, strlen(key), "", 0, 0 };
+	struct backend_item it = { .key = key, .klen = strlen(key), .val = "" };
 	int i;
 
 	pthread_mutex_lock(&store_mu);
@@ -129,6 +141,7 @@ static struct lock_spec spec(const char *key, int reentrant, long long wait_ms)
 	s.lease_ms = 30000;
 	s.wait_ms = wait_ms;
 	s.retry_max_ms = 5;
+	s.fair = 0;
 	s.reentrant = reentrant;
 	s.on_lost = HOLD_LOG;
 	s.on_overrun = HOLD_LOG;
@@ -192,14 +205,17 @@ int main(void)
 	test("held by another owner: timeout after wait_ms");
 	{
 		struct lock_spec w = spec("a", 1, 60);
-		struct backend_item other = { "t:a", 3, "someone-else", 12, 1000 };
+		struct backend_item other = { .key = "t:a", .klen = 3, .val = "someone-else",
+					      .vlen = 12, .lease_ms = 1000 };
 		int64_t t0 = util_now_ms();
 
-		f_acquire(&the_conn, &other);
+		long long hint;
+
+		f_acquire(&the_conn, &other, &hint);
 		test_cond(lock_acquire(&w, args, &c1) == LOCK_TIMEOUT);
 		test_cond(util_now_ms() - t0 >= 60);
-		test_cond(n_set > 3); /* retried with backoff */
-		f_release(&the_conn, &other);
+		test_cond(n_set > 3 && n_wait > 3); /* waited for wake-ups between tries */
+		f_release(&the_conn, &other, 0);
 		key_tmpl_release(&w.key);
 	}
 

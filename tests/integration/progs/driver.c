@@ -3,6 +3,8 @@
  *   call:MS    rc = hold_call(MS); prints "rc=R errno=E"
  *   other:X    rc = other_call(X); prints "rc=R errno=E"
  *   exit:N     exit_call(N): exits with status N from inside the call
+ *   log:PATH   log_call(PATH): appends this pid to PATH
+ *   nest:N:MS  nest(N, MS): N nested guarded calls, MS at the bottom
  *   stdin      waits for one line on standard input
  *   write      write(2)s "written" to stdout directly
  *   exec:STEP  execs this program again with the single step STEP
@@ -21,6 +23,8 @@ int hold_call(int ms);
 int other_call(int x);
 int fork_call(void);
 int exit_call(int code);
+int log_call(const char *path);
+int nest(int depth, int ms);
 
 static void at_exit(void)
 {
@@ -47,6 +51,13 @@ int main(int argc, char **argv)
 			report("other", other_call(atoi(argv[i] + 6)));
 		} else if (!strncmp(argv[i], "exit:", 5)) {
 			exit_call(atoi(argv[i] + 5));
+		} else if (!strncmp(argv[i], "log:", 4)) {
+			report("log", log_call(argv[i] + 4));
+		} else if (!strncmp(argv[i], "nest:", 5)) {
+			int depth = atoi(argv[i] + 5);
+			const char *ms = strchr(argv[i] + 5, ':');
+
+			report("nest", nest(depth, ms ? atoi(ms + 1) : 0));
 		} else if (!strcmp(argv[i], "stdin")) {
 			if (!fgets(line, sizeof(line), stdin))
 				return 4;

@@ -1,5 +1,6 @@
 /* A legacy library whose functions the tests guard. */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,4 +38,34 @@ int fork_call(void)
 int exit_call(int code)
 {
 	exit(code);
+}
+
+/* Appends "<pid>\n" to path: the order in which callers entered. */
+int log_call(const char *path)
+{
+	char line[32];
+	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
+	int n = snprintf(line, sizeof(line), "%d\n", (int)getpid());
+
+	if (fd < 0 || write(fd, line, (size_t)n) != n)
+		return -1;
+	close(fd);
+	return 1;
+}
+
+int nest(int depth, int ms);
+/* A data relocation, so every level goes through the shim. */
+static int (*volatile nest_ptr)(int, int) = nest;
+
+/* Recurses depth times through nest_ptr, then works ms at the bottom: with
+ * key "{arg0}" each level holds a different lock. */
+int nest(int depth, int ms)
+{
+	if (depth == 0) {
+		printf("bottom\n");
+		fflush(stdout);
+		usleep((useconds_t)ms * 1000);
+		return 0;
+	}
+	return nest_ptr(depth - 1, ms) + 1;
 }

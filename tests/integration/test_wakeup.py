@@ -1,0 +1,131 @@
+# SPDX-License-Identifier: MIT
+"""Waiting: wake on release, missed wake-ups, fair order, dead waiters,
+asynchronous release, renewal of many keys (issue 3's behaviour)."""
+import signal
+import time
+
+from conftest import MULT, run, wait_for, write_config
+
+KEY = "lockshim:f"
+
+
+def cfg(tmp_path, redis, settings, log=""):
+    return write_config(tmp_path, redis, log + """locks = (
+  { symbol = "hold_call"; key = "f"; %s },
+  { symbol = "log_call"; key = "f"; %s } );
+""" % (settings, settings))
+
+
+def test_waiter_is_woken_by_the_release_not_by_polling(progs, redis, tmp_path, procs):
+    # Fallback re-check interval one minute: only the release can wake it in time.
+    c = cfg(tmp_path, redis, "lease_ms = 30000; wait_ms = 60000; retry_max_ms = 60000;")
+    holder = procs([progs["driver"], "call:700"], c)
+    holder.expect("enter")
+    waiter = procs([progs["driver"], "log:" + str(tmp_path / "order")], c)
+    wait_for(lambda: redis.cmd("CLIENT", "LIST").count("cmd=blpop") == 1, what="waiter blocked")
+    holder.expect("call")
+    released = time.monotonic()
+    assert waiter.expect("log") == "log rc=1 errno=0"
+    assert time.monotonic() - released < 1.0 * MULT  # not the 30 s lease, not 60 s
+    assert waiter.finish()[0] == 0 and holder.finish()[0] == 0
+
+
+def test_missed_wakeup_costs_at_most_the_remaining_lease(progs, redis, tmp_path, procs):
+    # A holder that vanished without releasing: no wake-up will ever come.
+    redis.cmd("SET", KEY, "ghost", "PX", "800")
+    c = cfg(tmp_path, redis, "wait_ms = 60000; retry_max_ms = 60000;")
+    t0 = time.monotonic()
+    r = run([progs["driver"], "call:0"], c)
+    took = time.monotonic() - t0
+    assert r.stdout.splitlines()[-1] == "call rc=42 errno=0"
+    assert 0.6 <= took < 0.8 + 2.0 * MULT
+
+
+def test_fair_mode_orders_waiters_by_arrival(progs, redis, tmp_path, procs):
+    c = cfg(tmp_path, redis, "fair = true; wait_ms = 30000;")
+    order = str(tmp_path / "order")
+    holder = procs([progs["driver"], "call:1500"], c)
+    holder.expect("enter")
+    waiters = []
+    for n in range(1, 4):
+        waiters.append(procs([progs["driver"], "log:" + order], c))
+        wait_for(lambda: redis.cmd("ZCARD", KEY + ":q") == n, what="waiter %d queued" % n)
+    for w in waiters:
+        assert w.expect("log") == "log rc=1 errno=0"
+        assert w.finish()[0] == 0
+    assert open(order).read().split() == [str(w.p.pid) for w in waiters]
+
+
+def test_control_default_mode_is_not_ordered_by_design(progs, redis, tmp_path, procs):
+    """Without fair, waiters do not join a queue at all."""
+    c = cfg(tmp_path, redis, "wait_ms = 30000;")
+    holder = procs([progs["driver"], "call:800"], c)
+    holder.expect("enter")
+    w = procs([progs["driver"], "log:" + str(tmp_path / "o")], c)
+    wait_for(lambda: redis.cmd("CLIENT", "LIST").count("cmd=blpop") == 1, what="waiter blocked")
+    assert redis.cmd("EXISTS", KEY + ":q") == 0
+    assert w.finish()[0] == 0
+
+
+def test_fair_waiter_killed_while_queued_does_not_block_the_next(progs, redis, tmp_path, procs):
+    c = cfg(tmp_path, redis, "fair = true; wait_ms = 30000;")
+    holder = procs([progs["driver"], "call:1000"], c)
+    holder.expect("enter")
+    doomed = procs([progs["driver"], "log:" + str(tmp_path / "o")], c)
+    wait_for(lambda: redis.cmd("ZCARD", KEY + ":q") == 1, what="first waiter queued")
+    nxt = procs([progs["driver"], "log:" + str(tmp_path / "o")], c)
+    wait_for(lambda: redis.cmd("ZCARD", KEY + ":q") == 2, what="second waiter queued")
+    doomed.signal(signal.SIGKILL)
+    doomed.finish()
+    holder.expect("call")
+    released = time.monotonic()
+    assert nxt.expect("log") == "log rc=1 errno=0"
+    # The dead head leaves the queue after the waiter TTL (2 x retry_max_ms +
+    # command timeout = 0.7 s here), not after the 30 s wait.
+    assert time.monotonic() - released < 0.7 + 2.0 * MULT
+    assert nxt.finish()[0] == 0
+
+
+def test_fair_waiter_that_gives_up_leaves_the_queue(progs, redis, tmp_path, procs):
+    c = cfg(tmp_path, redis, "fair = true; wait_ms = 300;")
+    holder = procs([progs["driver"], "call:1500"], c)
+    holder.expect("enter")
+    r = run([progs["driver"], "call:0"], c)
+    assert r.stdout.strip() == "call rc=-1 errno=16"
+    assert redis.cmd("ZCARD", KEY + ":q") == 0
+    assert holder.finish()[0] == 0
+
+
+def test_async_release_is_flushed_when_the_process_exits(progs, redis, tmp_path):
+    c = cfg(tmp_path, redis, "lease_ms = 60000;", log='log_level = "debug";\n')
+    r = run([progs["driver"], "call:0"], c)
+    assert r.returncode == 0
+    assert "released lockshim:f" in r.stderr
+    assert redis.cmd("EXISTS", KEY) == 0  # released at once, not after 60 s
+    assert "unconfirmed" not in r.stderr and "failed" not in r.stderr
+
+
+def test_async_release_failure_is_still_logged_at_exit(progs, redis, tmp_path, procs):
+    c = cfg(tmp_path, redis, "lease_ms = 60000;")
+    p = procs([progs["driver"], "call:500"], c)
+    p.expect("enter")
+    redis.cmd("SET", KEY, "thief", "PX", "60000")
+    rc, _, err = p.finish()
+    assert rc == 0
+    assert "%s was no longer ours at release" % KEY in err
+    assert redis.cmd("GET", KEY) == "thief"
+
+
+def test_renewal_keeps_many_keys_alive(progs, redis, tmp_path, procs):
+    depth = 60
+    c = write_config(tmp_path, redis,
+                     'locks = ( { symbol = "nest"; key = "nest:{arg0}"; lease_ms = 300; } );\n')
+    p = procs([progs["driver"], "nest:%d:1500" % depth], c)
+    p.expect("bottom")
+    end = time.monotonic() + 1.2
+    while time.monotonic() < end:  # every level's lease is 300 ms: only renewal keeps them
+        assert len(redis.cmd("KEYS", "lockshim:nest:*")) == depth + 1
+        time.sleep(0.05)
+    assert p.expect("nest") == "nest rc=%d errno=0" % depth
+    assert p.finish()[0] == 0
+    assert [k for k in redis.cmd("KEYS", "lockshim:nest:*") if not k.endswith(":wake")] == []
