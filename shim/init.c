@@ -46,6 +46,9 @@ static void die_config(const char *msg)
 
 static void atfork_prepare(void)
 {
+	guard_enter();
+	lock_flush();
+	guard_leave();
 	renew_atfork_prepare();
 }
 

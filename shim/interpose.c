@@ -13,9 +13,12 @@
  */
 #include <dlfcn.h>
 #include <link.h>
+#include <alloca.h>
 #include <setjmp.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dlpath.h"
 #include "guard.h"
@@ -143,10 +146,112 @@ static void wrap_longjmp_chk(sigjmp_buf env, int val)
 	__longjmp_chk(env, val);
 }
 
+static void before_exec(void)
+{
+	if (!shim_active())
+		return;
+	guard_enter();
+	lock_flush();
+	guard_leave();
+}
+
+static int wrap_execve(const char *path, char *const argv[], char *const envp[])
+{
+	before_exec();
+	return execve(path, argv, envp);
+}
+
+static int wrap_execv(const char *path, char *const argv[])
+{
+	before_exec();
+	return execv(path, argv);
+}
+
+static int wrap_execvp(const char *file, char *const argv[])
+{
+	before_exec();
+	return execvp(file, argv);
+}
+
+static int wrap_execvpe(const char *file, char *const argv[], char *const envp[])
+{
+	before_exec();
+	return execvpe(file, argv, envp);
+}
+
+static int wrap_fexecve(int fd, char *const argv[], char *const envp[])
+{
+	before_exec();
+	return fexecve(fd, argv, envp);
+}
+
+/*
+ * The list forms: collect the arguments (and execle's environment) into an
+ * array, then call the vector form. Returns -1 with errno set on failure.
+ */
+#define EXEC_LIST(first, ap, argv, envp, with_env)                             \
+	do {                                                                   \
+		size_t n_ = 1;                                                 \
+		va_list c_;                                                    \
+		va_copy(c_, ap);                                               \
+		while (va_arg(c_, char *))                                     \
+			n_++;                                                  \
+		va_end(c_);                                                    \
+		argv = alloca((n_ + 1) * sizeof(char *));                      \
+		argv[0] = (char *)(first);                                     \
+		for (size_t i_ = 1; i_ <= n_; i_++)                            \
+			argv[i_] = i_ < n_ ? va_arg(ap, char *) : NULL;        \
+		if (with_env)                                                  \
+			envp = va_arg(ap, char **);                            \
+	} while (0)
+
+static int wrap_execl(const char *path, const char *arg, ...)
+{
+	char **argv, **envp = NULL;
+	va_list ap;
+
+	va_start(ap, arg);
+	EXEC_LIST(arg, ap, argv, envp, 0);
+	va_end(ap);
+	(void)envp;
+	return wrap_execv(path, argv);
+}
+
+static int wrap_execlp(const char *file, const char *arg, ...)
+{
+	char **argv, **envp = NULL;
+	va_list ap;
+
+	va_start(ap, arg);
+	EXEC_LIST(arg, ap, argv, envp, 0);
+	va_end(ap);
+	(void)envp;
+	return wrap_execvp(file, argv);
+}
+
+static int wrap_execle(const char *path, const char *arg, ...)
+{
+	char **argv, **envp = NULL;
+	va_list ap;
+
+	va_start(ap, arg);
+	EXEC_LIST(arg, ap, argv, envp, 1);
+	va_end(ap);
+	return wrap_execve(path, argv, envp);
+}
+
 static const struct {
 	const char *name;
 	void *fn;
 } wrappers[] = {
+	{ "execve", (void *)wrap_execve },
+	{ "execv", (void *)wrap_execv },
+	{ "execvp", (void *)wrap_execvp },
+	{ "execvpe", (void *)wrap_execvpe },
+	{ "fexecve", (void *)wrap_fexecve },
+	{ "execl", (void *)wrap_execl },
+	{ "execlp", (void *)wrap_execlp },
+	{ "execle", (void *)wrap_execle },
 	{ "dlopen", (void *)wrap_dlopen },
 	{ "dlmopen", (void *)wrap_dlmopen },
 	{ "dlsym", (void *)wrap_dlsym },
@@ -159,7 +264,8 @@ static const struct {
 
 void *interpose_lookup(const char *name)
 {
-	if (name[0] != 'd' && name[0] != 'l' && name[0] != '_' && name[0] != 's')
+	if (name[0] != 'd' && name[0] != 'l' && name[0] != '_' && name[0] != 's' &&
+	    name[0] != 'e' && name[0] != 'f')
 		return NULL;
 	for (size_t i = 0; i < sizeof(wrappers) / sizeof(wrappers[0]); i++)
 		if (strcmp(wrappers[i].name, name) == 0)

@@ -129,3 +129,18 @@ def test_renewal_keeps_many_keys_alive(progs, redis, tmp_path, procs):
     assert p.expect("nest") == "nest rc=%d errno=0" % depth
     assert p.finish()[0] == 0
     assert [k for k in redis.cmd("KEYS", "lockshim:nest:*") if not k.endswith(":wake")] == []
+
+
+def test_async_release_failure_is_logged_before_exec(progs, redis, tmp_path, procs):
+    """The exec'd image never reads the old connection: the reply is read first."""
+    c = cfg(tmp_path, redis, "lease_ms = 60000;")
+    p = procs([progs["driver"], "call:500", "exec:stdin"], c)
+    p.expect("enter")
+    redis.cmd("SET", KEY, "thief", "PX", "60000")
+    p.expect("call")
+    wait_for(lambda: open("/proc/%d/cmdline" % p.p.pid).read().split("\0")[1:2] == ["stdin"],
+             what="exec")
+    p.send()
+    rc, _, err = p.finish()
+    assert rc == 0
+    assert "%s was no longer ours at release" % KEY in err
