@@ -77,6 +77,10 @@ asan:
 test-asan: deps asan
 	LOCKSHIM_BUILD=build/asan LOCKSHIM_TEST_ASAN=1 $(PYTEST) -q tests/integration
 
+bench: all
+	scripts/install-deps.sh --bench
+	/usr/bin/python3 bench/bench.py --make --build $(BUILD)
+
 demo: deps all
 	examples/demo.sh $(BUILD)
 
@@ -93,6 +97,6 @@ uninstall:
 clean:
 	rm -rf build
 
-.PHONY: all deps unit test asan test-asan demo install uninstall clean
+.PHONY: all deps unit test asan test-asan bench demo install uninstall clean
 
 -include $(wildcard $(BUILD)/*/*.d)

@@ -3,9 +3,14 @@
 #
 # As root, installs what is missing with apt-get. Otherwise prints the exact
 # command to run and exits 1. With --print, only lists what is missing.
+# With --bench, also what `make bench` needs (redis-py, the peer it measures).
 set -eu
 
 PKGS="gcc g++ make libc6-dev libhiredis-dev libconfig-dev redis-server python3 python3-pytest"
+if [ "${1:-}" = "--bench" ]; then
+	PKGS="$PKGS python3-redis util-linux"
+	shift
+fi
 
 missing=""
 for p in $PKGS; do

@@ -27,8 +27,11 @@ struct backend_item {
 	const char *val;
 	size_t vlen;
 	long long lease_ms;
-	int fair;                /* queue waiters in arrival order */
-	long long waiter_ttl_ms; /* fair: a waiter silent this long leaves the queue */
+	int fair;                /* waiters enter in arrival order */
+	int waiting;             /* default mode: queued (not the plain fast path) */
+	long long waiter_ttl_ms; /* a waiter silent this long leaves the queue;
+				  * also the TTL of a lock handed to a waiter */
+	long long handoff_ms;    /* default mode: barging allowed this long */
 };
 
 struct backend_ops {
@@ -38,20 +41,23 @@ struct backend_ops {
 	/* Closes c without sending anything (also safe in a fork child). */
 	void (*close)(struct backend_conn *c);
 	/*
-	 * Takes the lock (SET NX PX; fair: only for the head of the queue, and
-	 * joins the queue otherwise). On 0, *wait_ms is how long waiting for a
-	 * wake-up may take at most (the key's remaining TTL, or the queue head's).
+	 * Takes the lock: SET NX PX, or (fair, or waiting) a script that takes
+	 * it when free and nobody is ahead, else joins the queue. On 0, *wait_ms
+	 * is how long a wait for a signal may take at most (the key's remaining
+	 * TTL, or the queue head's); or -1: not queued yet, call again waiting;
+	 * or -1 - d: no signal can come for d ms, sleep that long (Redis fires
+	 * short BLPOP timeouts late) and call again.
 	 */
 	int (*acquire)(struct backend_conn *c, const struct backend_item *it,
 		       long long *wait_ms);
 	/* Deletes key only while it still holds val, and wakes one waiter.
 	 * async: do not wait for the reply. */
 	int (*release)(struct backend_conn *c, const struct backend_item *it, int async);
-	/* Blocks until a release wakes this waiter or timeout_ms passes.
-	 * Returns 1 woken, 0 timed out, -1 error. */
+	/* Blocks until a release signals this waiter or timeout_ms passes.
+	 * Returns 2 when the lock was handed to it, 1 woken, 0 timed out, -1. */
 	int (*wait)(struct backend_conn *c, const struct backend_item *it,
 		    long long timeout_ms);
-	/* fair: leaves the queue (a waiter that gives up). Asynchronous. */
+	/* Leaves the queue (a waiter that gives up). Asynchronous. */
 	int (*leave)(struct backend_conn *c, const struct backend_item *it);
 	/* Reads the replies of asynchronous commands. Returns 0 or -1. */
 	int (*flush)(struct backend_conn *c);

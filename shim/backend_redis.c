@@ -2,16 +2,20 @@
 /*
  * backend_redis.c - the Redis implementation of backend.h, over hiredis.
  *
- * Every operation is one Lua script sent by EVALSHA (EVAL on NOSCRIPT); the
- * SHA1s come from SCRIPT LOAD, pipelined with AUTH and SELECT when a
- * connection opens. Keys and values are separate arguments with lengths,
- * never spliced into command text. Auxiliary keys hang off the lock key:
- *   <key>:wake       default mode: one element per release; waiters BLPOP it,
- *                    so each release wakes one waiter, and a release that
- *                    comes before the waiter blocks is not lost
- *   <key>:q, :qx     fair mode: waiters by arrival (INCR <key>:seq) and by
- *                    expiry; a waiter that stops refreshing leaves the queue
- *   <key>:w:<token>  fair mode: the signal list of one waiter (the head)
+ * An uncontended acquire is a plain SET NX PX; everything else is one Lua
+ * script sent by EVALSHA (EVAL on NOSCRIPT), whose SHA1s come from SCRIPT
+ * LOAD, pipelined with AUTH and SELECT when a connection opens. Keys and
+ * values are separate arguments with lengths, never spliced into command
+ * text. Auxiliary keys hang off the lock key:
+ *   <key>:q, :qx     waiters by arrival and by expiry (a waiter that stops
+ *                    refreshing is purged within its waiter TTL)
+ *   <key>:due        while waiters queue: when a release must hand over
+ *   <key>:w:<token>  a waiter's signal list: "g" (the lock was handed to it)
+ *                    or "w" (it is free: try again); waiters BLPOP it
+ * A release with a waiter due hands the lock straight to the queue head
+ * (fair mode: always; default mode: handoff_ms after the head arrived or
+ * after the last hand-off); otherwise it deletes the key and the releaser
+ * may take it again, which keeps a busy caller fast without starving others.
  * Asynchronous releases are written at once (as EVAL, so NOSCRIPT cannot
  * delay them) and remembered; their replies are read in front of the next
  * command's reply (one round trip for both), or by flush. hiredis is linked
@@ -29,62 +33,88 @@
 #include "config.h"
 #include "log.h"
 
-#define LUA_FAIR_HELPERS                                                        \
-	"local function now_ms() local t = redis.call('time') "                \
-	"return t[1] * 1000 + math.floor(t[2] / 1000) end "                    \
-	"local q, qx = KEYS[1] .. ':q', KEYS[1] .. ':qx' "                     \
-	"local function purge(now) "                                           \
-	"for _, w in ipairs(redis.call('zrangebyscore', qx, '-inf', now)) do " \
-	"redis.call('zrem', q, w) redis.call('zrem', qx, w) end end "          \
-	"local function wake_head(ttl) "                                       \
-	"local h = redis.call('zrange', q, 0, 0)[1] "                          \
-	"if h then local s = KEYS[1] .. ':w:' .. h redis.call('del', s) "      \
-	"redis.call('rpush', s, 1) redis.call('pexpire', s, ttl) end end "
+#define LUA_NOW                                                                 \
+	"local t = redis.call('time') local now = t[1] * 1000 + math.floor(t[2] / 1000) "
+#define LUA_PURGE                                                               \
+	"for _, w in ipairs(redis.call('zrangebyscore', qx, '-inf', now)) do "  \
+	"redis.call('zrem', q, w) redis.call('zrem', qx, w) end "
 
-enum script { S_ACQUIRE, S_ACQUIRE_FAIR, S_RELEASE, S_RELEASE_FAIR, S_RENEW, S_LEAVE,
-	      NSCRIPTS };
+enum script { S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, NSCRIPTS };
 
-/* ARGV: token, lease. Returns -1 when acquired, else the key's TTL. */
 static const char *const scripts[NSCRIPTS] = {
-	[S_ACQUIRE] =
-	"if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return -1 end "
-	"local t = redis.call('pttl', KEYS[1]) if t < 0 then return 0 end return t",
-	/* ARGV: token, lease, waiter ttl. -1 acquired, else the longest wait. */
-	[S_ACQUIRE_FAIR] = LUA_FAIR_HELPERS
-	"local now = now_ms() purge(now) "
+	/*
+	 * ARGV: token, lease, waiter ttl, fair, hand-off ms. Takes the lock when
+	 * free (fair: only with nobody ahead), else joins the queue or refreshes
+	 * our place; the first waiter sets :due, when a release must hand over.
+	 * Returns -1 when the lock is ours; -1 - d for the head not yet due: sleep
+	 * d ms (no signal can come before; an idle holder released without one),
+	 * then ask again; else how long to wait for a signal at most: the lock's
+	 * remaining TTL, or the head's expiry when the lock is free but someone
+	 * else is ahead.
+	 */
+	[S_ENQUEUE] =
+	"local K, tok = KEYS[1], ARGV[1] local q, qx, due = K .. ':q', K .. ':qx', K .. ':due' "
+	"if redis.call('get', K) == tok then redis.call('zrem', q, tok) "
+	"redis.call('zrem', qx, tok) redis.call('del', K .. ':w:' .. tok) return -1 end "
+	LUA_NOW LUA_PURGE
+	"local ttl, lease = tonumber(ARGV[3]), tonumber(ARGV[2]) "
 	"local head = redis.call('zrange', q, 0, 0)[1] "
-	"if (not head or head == ARGV[1]) and "
-	"redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then "
-	"if head then redis.call('zrem', q, head) redis.call('zrem', qx, head) end "
-	"return -1 end "
-	"if not redis.call('zscore', q, ARGV[1]) then "
-	"redis.call('zadd', q, redis.call('incr', KEYS[1] .. ':seq'), ARGV[1]) end "
-	"redis.call('zadd', qx, now + tonumber(ARGV[3]), ARGV[1]) "
-	"local keep = 4 * tonumber(ARGV[3]) + tonumber(ARGV[2]) "
+	"if (ARGV[4] == '0' or not head or head == tok) and "
+	"redis.call('set', K, tok, 'NX', 'PX', lease) then "
+	"redis.call('zrem', q, tok) redis.call('zrem', qx, tok) "
+	"if redis.call('exists', q) == 0 then redis.call('del', due) end return -1 end "
+	"local keep = 4 * ttl + lease "
+	"if not redis.call('zscore', q, tok) then "
+	"if not head then redis.call('set', due, now + tonumber(ARGV[5]), 'PX', keep) end "
+	"redis.call('zadd', q, now, tok) head = head or tok end "
+	"redis.call('zadd', qx, now + ttl, tok) "
 	"redis.call('pexpire', q, keep) redis.call('pexpire', qx, keep) "
-	"redis.call('pexpire', KEYS[1] .. ':seq', keep) "
-	"local t = redis.call('pttl', KEYS[1]) if t > 0 then return t end "
-	"head = redis.call('zrange', q, 0, 0)[1] "
-	"if head == ARGV[1] then return 0 end "
-	"return math.max(tonumber(redis.call('zscore', qx, head)) - now, 1)",
-	/* ARGV: token, wake ttl. 1 released (and one waiter woken), 0 not ours. */
+	"redis.call('pexpire', due, keep) "
+	"local left = redis.call('pttl', K) "
+	"if left <= 0 then return math.max(tonumber(redis.call('zscore', qx, head)) - now, 1) end "
+	"if head == tok then local d = tonumber(redis.call('get', due) or now) - now "
+	"if d > 0 and d < left then return -1 - d end end return left",
+	/*
+	 * ARGV: token, grant ttl, hand-off ms, signal ttl. Releases the lock only
+	 * while it holds our token. No waiter, or none due yet: delete it (the
+	 * releaser may take it again). Else hand it to the queue head: the key
+	 * takes the head's token (for the grant ttl, until its first renewal) and
+	 * the head's list gets "g"; the next waiter, now head, gets "w" so that
+	 * it re-arms its timer for when it is due.
+	 */
 	[S_RELEASE] =
-	"if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
-	"redis.call('del', KEYS[1]) local w = KEYS[1] .. ':wake' "
-	"redis.call('del', w) redis.call('rpush', w, 1) redis.call('pexpire', w, ARGV[2]) "
-	"return 1",
-	[S_RELEASE_FAIR] = LUA_FAIR_HELPERS
-	"if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
-	"redis.call('del', KEYS[1]) purge(now_ms()) wake_head(ARGV[2]) return 1",
+	"local K, tok = KEYS[1], ARGV[1] "
+	"if redis.call('get', K) ~= tok then return 0 end "
+	"local due = redis.call('get', K .. ':due') "
+	"if not due then redis.call('del', K) return 1 end "
+	LUA_NOW
+	"if now < tonumber(due) then redis.call('del', K) return 1 end "
+	"local q, qx = K .. ':q', K .. ':qx' " LUA_PURGE
+	"local head = redis.call('zrange', q, 0, 0)[1] "
+	"if not head then redis.call('del', K, K .. ':due') return 1 end "
+	"redis.call('set', K, head, 'PX', ARGV[2]) "
+	"redis.call('zrem', q, head) redis.call('zrem', qx, head) "
+	"local function signal(w, v) local s = K .. ':w:' .. w redis.call('del', s) "
+	"redis.call('rpush', s, v) redis.call('pexpire', s, ARGV[4]) end "
+	"signal(head, 'g') "
+	"local nxt = redis.call('zrange', q, 0, 0)[1] "
+	"if nxt then redis.call('set', K .. ':due', now + tonumber(ARGV[3]), 'KEEPTTL') "
+	"signal(nxt, 'w') else redis.call('del', K .. ':due') end return 1",
 	/* ARGV: token, lease. 1 renewed, 0 gone or not ours. */
 	[S_RENEW] =
 	"if redis.call('get', KEYS[1]) == ARGV[1] then "
 	"return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end",
-	/* ARGV: token, wake ttl. Leaves the queue; wakes the next head if free. */
-	[S_LEAVE] = LUA_FAIR_HELPERS
-	"redis.call('zrem', q, ARGV[1]) redis.call('zrem', qx, ARGV[1]) "
-	"redis.call('del', KEYS[1] .. ':w:' .. ARGV[1]) "
-	"if redis.call('exists', KEYS[1]) == 0 then wake_head(ARGV[2]) end return 1",
+	/* ARGV: token, signal ttl. Leaves the queue; when the lock is free, the
+	 * next head is woken ("w") to take it. */
+	[S_LEAVE] =
+	"local K, tok = KEYS[1], ARGV[1] local q, qx = K .. ':q', K .. ':qx' "
+	"redis.call('zrem', q, tok) redis.call('zrem', qx, tok) "
+	"redis.call('del', K .. ':w:' .. tok) "
+	"if redis.call('exists', q) == 0 then redis.call('del', K .. ':due') return 1 end "
+	"if redis.call('exists', K) == 0 then "
+	"local s = K .. ':w:' .. redis.call('zrange', q, 0, 0)[1] "
+	"redis.call('del', s) redis.call('rpush', s, 'w') redis.call('pexpire', s, ARGV[2]) end "
+	"return 1",
 };
 
 #define PENDING_MAX 16
@@ -209,18 +239,21 @@ static struct backend_conn *redis_open(const struct redis_spec *r, char *err,
 	return c;
 }
 
-/* Appends EVALSHA (or EVAL) of script s on key/val with one numeric argument. */
-static void append_script(struct backend_conn *c, enum script s, const char *key,
-			  size_t klen, const char *val, size_t vlen, long long arg,
-			  long long arg2, int nargs, int eval)
+/* Appends EVALSHA (or EVAL) of script s on it's key and value, followed by
+ * the numeric arguments args[0..nargs). */
+static void append_script(struct backend_conn *c, enum script s,
+			  const struct backend_item *it, const long long *args, int nargs,
+			  int eval)
 {
-	char a1[24], a2[24];
-	const char *argv[7] = { eval ? "EVAL" : "EVALSHA", eval ? scripts[s] : c->sha[s],
-				"1", key, val, a1, a2 };
-	size_t lens[7] = { strlen(argv[0]), strlen(argv[1]), 1, klen, vlen, 0, 0 };
+	char num[4][24];
+	const char *argv[9] = { eval ? "EVAL" : "EVALSHA", eval ? scripts[s] : c->sha[s],
+				"1", it->key, it->val };
+	size_t lens[9] = { strlen(argv[0]), strlen(argv[1]), 1, it->klen, it->vlen };
 
-	lens[5] = (size_t)snprintf(a1, sizeof(a1), "%lld", arg);
-	lens[6] = (size_t)snprintf(a2, sizeof(a2), "%lld", arg2);
+	for (int i = 0; i < nargs; i++) {
+		lens[5 + i] = (size_t)snprintf(num[i], sizeof(num[i]), "%lld", args[i]);
+		argv[5 + i] = num[i];
+	}
 	redisAppendCommandArgv(c->ctx, 5 + nargs, argv, lens);
 }
 
@@ -282,16 +315,15 @@ static redisReply *reply_after_pending(struct backend_conn *c, const char *what)
 
 /* Runs script s and returns its reply, retrying as EVAL on NOSCRIPT. */
 static redisReply *run_script(struct backend_conn *c, const char *what, enum script s,
-			      const struct backend_item *it, long long arg, long long arg2,
-			      int nargs)
+			      const struct backend_item *it, const long long *args, int nargs)
 {
 	redisReply *r;
 
-	append_script(c, s, it->key, it->klen, it->val, it->vlen, arg, arg2, nargs, 0);
+	append_script(c, s, it, args, nargs, 0);
 	r = reply_after_pending(c, what);
 	if (r && is_noscript(r)) {
 		freeReplyObject(r);
-		append_script(c, s, it->key, it->klen, it->val, it->vlen, arg, arg2, nargs, 1);
+		append_script(c, s, it, args, nargs, 1);
 		r = reply_after_pending(c, what);
 	}
 	if (r && r->type == REDIS_REPLY_ERROR) {
@@ -302,14 +334,44 @@ static redisReply *run_script(struct backend_conn *c, const char *what, enum scr
 	return r;
 }
 
+/* The uncontended path of the default mode: a plain SET NX PX. */
+static int set_nx(struct backend_conn *c, const struct backend_item *it)
+{
+	char px[24];
+	const char *argv[6] = { "SET", it->key, it->val, "NX", "PX", px };
+	size_t lens[6] = { 3, it->klen, it->vlen, 2, 2, 0 };
+	redisReply *r;
+	int rc;
+
+	lens[5] = (size_t)snprintf(px, sizeof(px), "%lld", it->lease_ms);
+	redisAppendCommandArgv(c->ctx, 6, argv, lens);
+	r = reply_after_pending(c, "SET NX");
+	if (!r)
+		return -1;
+	if (r->type == REDIS_REPLY_STATUS)
+		rc = 1;
+	else if (r->type == REDIS_REPLY_NIL)
+		rc = 0;
+	else
+		rc = conn_fail(c, "SET NX", r);
+	freeReplyObject(r);
+	return rc;
+}
+
 static int redis_acquire(struct backend_conn *c, const struct backend_item *it,
 			 long long *wait_ms)
 {
-	redisReply *r = it->fair
-		? run_script(c, "acquire", S_ACQUIRE_FAIR, it, it->lease_ms, it->waiter_ttl_ms, 2)
-		: run_script(c, "acquire", S_ACQUIRE, it, it->lease_ms, 0, 1);
+	long long args[4] = { it->lease_ms, it->waiter_ttl_ms, it->fair,
+			      it->fair ? 0 : it->handoff_ms };
+	redisReply *r;
 	int rc;
 
+	if (!it->fair && !it->waiting) {
+		rc = set_nx(c, it);
+		*wait_ms = -1; /* not queued yet: ask again, queueing */
+		return rc;
+	}
+	r = run_script(c, "acquire", S_ENQUEUE, it, args, 4);
 	if (!r)
 		return -1;
 	if (r->type != REDIS_REPLY_INTEGER) {
@@ -334,7 +396,8 @@ static int redis_flush(struct backend_conn *c)
  * Sent as EVAL with the script text, so it can never meet NOSCRIPT (Redis
  * caches the script by its SHA1). Flushes first when the queue is full.
  */
-static int send_async(struct backend_conn *c, enum script s, const struct backend_item *it)
+static int send_async(struct backend_conn *c, enum script s, const struct backend_item *it,
+		      const long long *args, int nargs)
 {
 	struct pending *p;
 	int done = 0;
@@ -346,7 +409,7 @@ static int send_async(struct backend_conn *c, enum script s, const struct backen
 	p = &c->pend[c->npending++];
 	p->klen = it->klen;
 	memcpy(p->key, it->key, it->klen);
-	append_script(c, s, it->key, it->klen, it->val, it->vlen, WAKE_TTL_MS, 0, 1, 1);
+	append_script(c, s, it, args, nargs, 1);
 	while (!done && redisBufferWrite(c->ctx, &done) == REDIS_OK)
 		;
 	if (c->ctx->err)
@@ -356,13 +419,13 @@ static int send_async(struct backend_conn *c, enum script s, const struct backen
 
 static int redis_release(struct backend_conn *c, const struct backend_item *it, int async)
 {
-	enum script s = it->fair ? S_RELEASE_FAIR : S_RELEASE;
+	long long args[3] = { it->waiter_ttl_ms, it->fair ? 0 : it->handoff_ms, WAKE_TTL_MS };
 	redisReply *r;
 	int rc;
 
 	if (async)
-		return send_async(c, s, it);
-	r = run_script(c, "release", s, it, WAKE_TTL_MS, 0, 1);
+		return send_async(c, S_RELEASE, it, args, 3);
+	r = run_script(c, "release", S_RELEASE, it, args, 3);
 	if (!r)
 		return -1;
 	rc = r->type == REDIS_REPLY_INTEGER ? r->integer != 0 : conn_fail(c, "release", r);
@@ -372,7 +435,9 @@ static int redis_release(struct backend_conn *c, const struct backend_item *it, 
 
 static int redis_leave(struct backend_conn *c, const struct backend_item *it)
 {
-	return it->fair ? send_async(c, S_LEAVE, it) : 1;
+	long long ttl = WAKE_TTL_MS;
+
+	return send_async(c, S_LEAVE, it, &ttl, 1);
 }
 
 static int redis_wait(struct backend_conn *c, const struct backend_item *it,
@@ -388,14 +453,9 @@ static int redis_wait(struct backend_conn *c, const struct backend_item *it,
 	if (it->klen + it->vlen + 8 > sizeof(list))
 		return conn_fail(c, "wait", NULL);
 	memcpy(list, it->key, it->klen);
-	if (it->fair) {
-		memcpy(list + it->klen, ":w:", 3);
-		memcpy(list + it->klen + 3, it->val, it->vlen);
-		lens[1] = it->klen + 3 + it->vlen;
-	} else {
-		memcpy(list + it->klen, ":wake", 5);
-		lens[1] = it->klen + 5;
-	}
+	memcpy(list + it->klen, ":w:", 3);
+	memcpy(list + it->klen + 3, it->val, it->vlen);
+	lens[1] = it->klen + 3 + it->vlen;
 	lens[2] = (size_t)snprintf(secs, sizeof(secs), "%lld.%03lld", timeout_ms / 1000,
 				   timeout_ms % 1000);
 	tv.tv_sec += c->cmd_tv.tv_sec;
@@ -410,8 +470,8 @@ static int redis_wait(struct backend_conn *c, const struct backend_item *it,
 	redisSetTimeout(c->ctx, c->cmd_tv);
 	if (!r)
 		return -1;
-	if (r->type == REDIS_REPLY_ARRAY)
-		rc = 1;
+	if (r->type == REDIS_REPLY_ARRAY && r->elements == 2)
+		rc = r->element[1]->str && r->element[1]->str[0] == 'g' ? 2 : 1;
 	else if (r->type == REDIS_REPLY_NIL)
 		rc = 0;
 	else
@@ -426,8 +486,7 @@ static int redis_renew(struct backend_conn *c, int n, const struct backend_item 
 	int rc = 0;
 
 	for (int i = 0; i < n; i++)
-		append_script(c, S_RENEW, items[i].key, items[i].klen, items[i].val,
-			      items[i].vlen, items[i].lease_ms, 0, 1, 0);
+		append_script(c, S_RENEW, &items[i], &items[i].lease_ms, 1, 0);
 	for (int i = 0; i < n; i++) {
 		redisReply *r = NULL;
 
@@ -446,7 +505,7 @@ static int redis_renew(struct backend_conn *c, int n, const struct backend_item 
 
 		if (results[i] != -2)
 			continue;
-		r = run_script(c, "renew", S_RENEW, &items[i], items[i].lease_ms, 0, 1);
+		r = run_script(c, "renew", S_RENEW, &items[i], &items[i].lease_ms, 1);
 		if (!r || r->type != REDIS_REPLY_INTEGER)
 			rc = results[i] = -1;
 		else

@@ -205,6 +205,7 @@ static const struct field lock_fields[] = {
 	LOCK_FIELD(kill_grace_ms, F_INT, 0, LLONG_MAX / 4),
 	LOCK_FIELD(reentrant, F_BOOL, 0, 0),
 	LOCK_FIELD(fair, F_BOOL, 0, 0),
+	LOCK_FIELD(handoff_ms, F_INT, 0, 60000),
 	LOCK_FIELD(stack_args_bytes, F_INT, 0, 65536),
 	LOCK_FIELD(retry_max_ms, F_INT, 1, 60000),
 	{ NULL, 0, 0, 0, 0 }
@@ -228,6 +229,7 @@ static void lock_builtin_defaults(struct lock_spec *l)
 	l->reentrant = 1;
 	l->stack_args_bytes = 256;
 	l->retry_max_ms = 100;
+	l->handoff_ms = 1;
 }
 
 static int apply_field(struct errbuf *e, const struct field *f,

@@ -114,9 +114,12 @@ static void make_value(struct lock_thread *t, struct lease *l)
 
 static struct backend_item lease_item(const struct lease *l)
 {
-	struct backend_item it = { l->key, l->klen, l->val, l->vlen, l->spec->lease_ms,
-				   l->spec->fair,
-				   2 * l->spec->retry_max_ms + redis->command_timeout_ms };
+	struct backend_item it = {
+		.key = l->key, .klen = l->klen, .val = l->val, .vlen = l->vlen,
+		.lease_ms = l->spec->lease_ms, .fair = l->spec->fair,
+		.waiter_ttl_ms = 2 * l->spec->retry_max_ms + redis->command_timeout_ms,
+		.handoff_ms = l->spec->handoff_ms,
+	};
 	return it;
 }
 
@@ -173,49 +176,71 @@ static int64_t min3(int64_t a, int64_t b, int64_t c)
 	return m < c ? m : c;
 }
 
+/* Records that l is ours since `since` and logs it. */
+static int acquired(struct lease *l, int64_t since, int tries, const char *how)
+{
+	l->acquired_at = l->confirmed_at = since;
+	LOG(LOG_DEBUG, "acquired %.*s for %s (%d tries%s)", (int)l->klen, l->key,
+	    l->spec->symbol, tries, how);
+	return LOCK_OK;
+}
+
 /*
- * The wait path. Each attempt is one round trip that either takes the lock
- * or says how long a wake-up may take at most (the holder's remaining lease,
- * or the fair queue head's); the thread then blocks on the wake-up list for
- * at most that, retry_max_ms and the time left, so a release wakes it at
- * once and a missed wake-up costs at most the lease's remaining TTL. Redis
- * errors back off with jitter. Returns an enum lock_outcome.
+ * The wait path. The first attempt is a plain SET NX; when the lock is busy
+ * the waiter joins the queue in Redis (one script, which also says how long
+ * a signal may take at most: the holder's remaining lease, or the queue
+ * head's expiry) and blocks on its signal list for at most that, retry_max_ms
+ * and the time left. A release either hands the lock over ("g": ours now,
+ * no further round trip, with a short TTL until the first renewal) or wakes
+ * the waiter to try again. A missed signal costs at most the lease's
+ * remaining TTL. Redis errors back off with jitter. Sets *first_renew_ms.
+ * Returns an enum lock_outcome.
  */
-static int acquire_wait(struct lock_thread *t, struct lease *l)
+static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_renew_ms)
 {
 	const struct lock_spec *s = l->spec;
 	struct backend_item it = lease_item(l);
 	int64_t now = util_now_ms(), step = 2, deadline, logged = now - LOCK_ERROR_LOG_MS;
-	int busy = 0, tries = 0;
+	int busy = 0, tries = 0, rc;
 	char err[192] = "";
 
+	*first_renew_ms = s->lease_ms / 3;
 	deadline = s->wait_ms < 0 ? INT64_MAX : now + s->wait_ms;
 	for (;;) {
 		int64_t sent = util_now_ms();
 		long long hint = 0;
-		int rc = conn_get(t, err, sizeof(err));
 
+		rc = conn_get(t, err, sizeof(err));
 		if (rc == 0)
 			rc = conn_check(t, backend->acquire(t->conn, &it, &hint), err, sizeof(err));
 		tries++;
-		if (rc == 1) {
-			l->acquired_at = l->confirmed_at = sent;
-			LOG(LOG_DEBUG, "acquired %.*s for %s (%d tries)", (int)l->klen,
-			    l->key, s->symbol, tries);
-			return LOCK_OK;
-		}
+		if (rc == 1)
+			return acquired(l, sent, tries, "");
 		busy |= rc == 0;
 		now = util_now_ms();
 		if (now >= deadline)
 			break;
 		if (rc == 0) {
-			if (hint > 0 && conn_check(t, backend->wait(t->conn, &it,
+			it.waiting = 1; /* queued from now on (joins at once if not yet) */
+			if (hint == -1)
+				continue;
+			if (hint < -1) {
+				util_sleep_ms(min3(-1 - hint, deadline - now, INT64_MAX));
+				continue;
+			}
+			rc = conn_check(t, backend->wait(t->conn, &it,
 					min3(hint, s->retry_max_ms, deadline - now)),
-					err, sizeof(err)) >= 0)
+					err, sizeof(err));
+			if (rc == 2) {
+				if (it.waiter_ttl_ms / 3 < *first_renew_ms)
+					*first_renew_ms = it.waiter_ttl_ms / 3;
+				return acquired(l, now, tries, ", handed over");
+			}
+			if (rc >= 0)
 				continue;
 		}
 		now = util_now_ms();
-		if (rc < 0 && now - logged >= LOCK_ERROR_LOG_MS) {
+		if (now - logged >= LOCK_ERROR_LOG_MS) {
 			LOG(LOG_WARN, "%s: Redis error, retrying: %s", s->symbol, err);
 			logged = now;
 		}
@@ -225,7 +250,7 @@ static int acquire_wait(struct lock_thread *t, struct lease *l)
 			util_sleep_ms(nap < deadline - now ? nap : deadline - now);
 		}
 	}
-	if (s->fair && t->conn)
+	if (it.waiting && t->conn)
 		conn_check(t, backend->leave(t->conn, &it), err, sizeof(err));
 	if (!busy) {
 		LOG(LOG_ERROR, "%s: Redis unavailable for %lld ms, lock %.*s not taken: %s",
@@ -262,6 +287,7 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[6],
 	struct lock_thread *t = thread_get();
 	char key[KEY_BUF_SIZE];
 	struct lock_hold *h;
+	int64_t first_renew;
 	size_t klen;
 	int rc;
 
@@ -287,13 +313,13 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[6],
 	h->lease.klen = klen;
 	memcpy(h->lease.key, key, klen);
 	make_value(t, &h->lease);
-	rc = acquire_wait(t, &h->lease);
+	rc = acquire_wait(t, &h->lease, &first_renew);
 	if (rc != LOCK_OK)
 		return rc;
 	h->count = 1;
 	h->foreign = 0;
 	t->nholds++;
-	if (renew_track(&h->lease) != 0)
+	if (renew_track(&h->lease, first_renew) != 0)
 		LOG(LOG_ERROR, "%s: cannot start the renewal thread; lease %.*s will "
 		    "expire after %lld ms", spec->symbol, (int)klen, key, spec->lease_ms);
 	push_call(t, call, h);

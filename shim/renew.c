@@ -42,6 +42,7 @@ static pthread_cond_t cv;
 static struct lease head = { .next = &head, .prev = &head };
 static int running, stopping, kill_pending;
 static int64_t kill_at;
+static int64_t thread_wake_at; /* when the sleeping thread wakes up anyway */
 static uint64_t next_id;
 static const struct backend_ops *backend;
 static const struct redis_spec *redis;
@@ -199,10 +200,12 @@ static void *renew_main(void *arg)
 		if (n == 0) {
 			struct timespec ts = { wake / 1000, (wake % 1000) * 1000000 };
 
+			thread_wake_at = wake;
 			if (wake == INT64_MAX)
 				pthread_cond_wait(&cv, &mu);
 			else
 				pthread_cond_timedwait(&cv, &mu, &ts);
+			thread_wake_at = 0; /* awake: it will look at the list again */
 			continue;
 		}
 		pthread_mutex_unlock(&mu);
@@ -236,21 +239,24 @@ static int start_thread(void)
 	return -rc;
 }
 
-int renew_track(struct lease *l)
+int renew_track(struct lease *l, int64_t first_ms)
 {
 	int rc = 0;
 
 	pthread_mutex_lock(&mu);
 	l->id = ++next_id;
 	l->state = LEASE_HELD;
-	l->next_renew_at = l->acquired_at + period(l);
+	l->next_renew_at = l->acquired_at + first_ms;
 	l->next = &head;
 	l->prev = head.prev;
 	head.prev->next = l;
 	head.prev = l;
 	if (!running && !stopping)
 		rc = start_thread();
-	pthread_cond_signal(&cv);
+	/* Only a lease due before the thread's planned wake-up needs a signal:
+	 * a guarded call costs no context switch in the common case. */
+	if (l->next_renew_at < thread_wake_at)
+		pthread_cond_signal(&cv);
 	pthread_mutex_unlock(&mu);
 	return rc;
 }
@@ -315,6 +321,7 @@ void renew_atfork_child(void)
 	}
 	head.next = head.prev = &head;
 	running = kill_pending = 0;
+	thread_wake_at = 0;
 	if (conn) {
 		backend->close(conn);
 		conn = NULL;

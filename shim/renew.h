@@ -11,8 +11,9 @@ struct backend_ops;
 
 void renew_setup(const struct backend_ops *ops, const struct redis_spec *redis);
 
-/* Starts renewing l (starting the thread on first need). Returns 0 or -errno. */
-int renew_track(struct lease *l);
+/* Starts renewing l, first after first_ms (starting the thread on first
+ * need). Returns 0 or -errno. */
+int renew_track(struct lease *l, int64_t first_ms);
 
 /* Stops renewing l. Returns its final enum lease_state. */
 int renew_untrack(struct lease *l);

@@ -11,12 +11,13 @@ the build directory (build/asan for the sanitizer run).
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 
 import pytest
+
+from resp import Resp, RespError, free_port  # noqa: F401 (used by tests)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.path.join(ROOT, os.environ.get("LOCKSHIM_BUILD", "build"))
@@ -35,67 +36,6 @@ def _asan_runtime():
 
 
 PRELOAD = (_asan_runtime() + ":" if ASAN else "") + SHIM
-
-
-# ---- a minimal RESP client -------------------------------------------------
-
-class RespError(Exception):
-    pass
-
-
-class Resp:
-    """One connection to Redis; cmd() sends a command and returns the reply."""
-
-    def __init__(self, port=None, path=None, password=None, timeout=5):
-        if path:
-            self.s = socket.socket(socket.AF_UNIX)
-            self.s.settimeout(timeout)
-            self.s.connect(path)
-        else:
-            self.s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.f = self.s.makefile("rb")
-        if password:
-            self.cmd("AUTH", password)
-
-    def close(self):
-        self.f.close()
-        self.s.close()
-
-    def cmd(self, *args):
-        out = [b"*%d\r\n" % len(args)]
-        for a in args:
-            a = a if isinstance(a, bytes) else str(a).encode()
-            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-        self.s.sendall(b"".join(out))
-        return self._read()
-
-    def _read(self):
-        line = self.f.readline()
-        if not line:
-            raise ConnectionError("connection closed")
-        kind, rest = line[:1], line[1:-2]
-        if kind == b"+":
-            return rest.decode()
-        if kind == b"-":
-            raise RespError(rest.decode())
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            n = int(rest)
-            if n < 0:
-                return None
-            data = self.f.read(n + 2)[:-2]
-            return data.decode(errors="replace")
-        if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self._read() for _ in range(n)]
-        raise ConnectionError("bad reply %r" % line)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(pred, timeout=10.0, what="condition"):
@@ -228,6 +168,16 @@ def progs(tmp_path_factory):
 
 
 # ---- running programs under the shim ----------------------------------------
+
+AUX_SUFFIXES = (":q", ":qx", ":due")
+
+
+def lock_keys(redis, pattern="lockshim:*"):
+    """Lock keys matching pattern, without the short-lived auxiliary keys
+    (waiter queues and signal lists) that hang off them."""
+    return sorted(k for k in redis.cmd("KEYS", pattern)
+                  if not k.endswith(AUX_SUFFIXES) and ":w:" not in k)
+
 
 def write_config(tmp_path, redis, body, redis_extra=""):
     """Writes a config for redis (a RedisServer or None) plus body; returns its path."""

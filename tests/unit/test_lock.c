@@ -52,7 +52,7 @@ static int f_acquire(struct backend_conn *c, const struct backend_item *it, long
 	int rc = 0;
 
 	(void)c;
-	*wait = 1; /* wait at most 1 ms for a wake-up */
+	*wait = it->waiting ? 1 : -1; /* first: join the queue; then wait 1 ms */
 	if (fail_all)
 		return -1;
 	pthread_mutex_lock(&store_mu);

@@ -1,0 +1,372 @@
+# SPDX-License-Identifier: MIT
+"""bench.py - lockshim's benchmark (`make bench`); not a test.
+
+Starts a private redis-server on a free loopback port, builds the benchmark
+programs (bench/*.c) and measures, in one run:
+  floor        plain hiredis: PING, and SET NX PX + EVALSHA compare-and-delete
+  uncontended  a program calling a guarded function N times, minus the same
+               program unguarded, per call; redis-py Lock acquire+release
+  contended    P = 2, 4, 8 processes x K sections of a counter-file
+               read-modify-write on one key: the plain C 1 ms poller,
+               lockshim (default and fair), redis-py Lock (defaults and
+               sleep=0.001)
+  start-up     a program that calls no guarded function, with and without
+               the shim
+The uncontended rows are measured in two placements (taskset): client and
+server on one CPU, and on two CPUs. Prints a markdown report and writes it
+to bench/results/. Usage: bench.py [--build DIR] [--k K] [--n N] [--out FILE]
+"""
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+from resp import Resp, free_port  # noqa: E402
+
+try:
+    import redis  # noqa: F401  (Debian python3-redis, for the peer rows)
+    HAVE_REDIS_PY = True
+except ImportError:
+    HAVE_REDIS_PY = False
+
+
+def cc(out, srcs, *flags):
+    subprocess.run(["gcc", "-O2", "-o", out] + [os.path.join(HERE, s) for s in srcs]
+                   + list(flags), check=True)
+    return out
+
+
+class Server:
+    def __init__(self, work):
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--logfile", os.path.join(work, "redis.log"),
+             "--dir", work], stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.client = Resp(port=self.port)
+                self.client.cmd("PING")
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+
+    def pin(self, cpus):
+        subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(self.proc.pid)], check=True,
+                       capture_output=True)
+
+    def commands(self):
+        """Total commands processed since the last CONFIG RESETSTAT."""
+        info = self.client.cmd("INFO", "commandstats")
+        total = 0
+        for line in info.splitlines():
+            if line.startswith("cmdstat_") and not line.startswith(("cmdstat_config",
+                                                                       "cmdstat_info")):
+                total += int(line.split("calls=")[1].split(",")[0])
+        return total
+
+    def stop(self):
+        self.client.close()
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def pct(values, p):
+    v = sorted(values)
+    return v[min(len(v) - 1, int(p * len(v)))]
+
+
+def run_workers(argvs, env=None):
+    """Starts every argv, releases them at once, returns (wall_s, outputs)."""
+    ps = [subprocess.Popen(a, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env) for a in argvs]
+    time.sleep(0.3)  # let every process reach its barrier (interpreter start-up)
+    t0 = time.monotonic()
+    for p in ps:
+        p.stdin.write("g")
+        p.stdin.flush()
+    outs = []
+    for p in ps:
+        out, err = p.communicate(timeout=600)
+        if p.returncode != 0:
+            raise RuntimeError("%s failed (%d): %s" % (p.args, p.returncode, err[-2000:]))
+        outs.append(out)
+    return time.monotonic() - t0, outs
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.build = os.path.abspath(args.build)
+        self.shim = os.path.join(self.build, "liblockshim.so")
+        self.work = tempfile.mkdtemp(prefix="lockshim-bench.")
+        w = self.work
+        cc(os.path.join(w, "libsection.so"), ["section.c"], "-shared", "-fPIC")
+        lib = ["-L" + w, "-Wl,-rpath," + w, "-lsection"]
+        self.worker = cc(os.path.join(w, "worker"), ["worker.c"], *lib, "-lhiredis")
+        self.floor_bin = cc(os.path.join(w, "floor"), ["floor.c"], "-lhiredis")
+        with open(os.path.join(w, "empty.c"), "w") as f:
+            f.write("int main(void) { return 0; }\n")
+        self.empty = os.path.join(w, "empty")
+        subprocess.run(["gcc", "-O2", "-o", self.empty, os.path.join(w, "empty.c")], check=True)
+        self.server = Server(w)
+        self.counter = os.path.join(w, "counter")
+        self.rows = {}
+
+    def config(self, fair=False, symbol="section"):
+        path = os.path.join(self.work, "%s-%s.cfg" % (symbol, "fair" if fair else "default"))
+        with open(path, "w") as f:
+            f.write('redis = { host = "127.0.0.1"; port = %d; };\n'
+                    'locks = ( { symbol = "%s"; key = "bench"; lease_ms = 10000; '
+                    'wait_ms = 60000; fair = %s; } );\n'
+                    % (self.server.port, symbol, "true" if fair else "false"))
+        return path
+
+    def env(self, cfg):
+        e = dict(os.environ)
+        e.pop("LOCKSHIM_LOG_LEVEL", None)
+        if cfg:
+            e["LD_PRELOAD"] = self.shim
+            e["LOCKSHIM_CONFIG"] = cfg
+        return e
+
+    # ---- uncontended -------------------------------------------------------
+
+    def floor(self, cpu):
+        out = subprocess.run(["taskset", "-c", cpu, self.floor_bin, str(self.server.port),
+                              str(self.args.n)], check=True, capture_output=True, text=True)
+        ping, pair = (int(x) / 1000 for x in out.stdout.split())
+        return ping, pair
+
+    def noop(self, cpu, cfg):
+        """Per-call time of bench_noop in microseconds (best of 3 runs)."""
+        best = None
+        for _ in range(3):
+            _, outs = run_workers([["taskset", "-c", cpu, self.worker, "noop", "-",
+                                    str(self.args.n)]], env=self.env(cfg))
+            us = int(outs[0].split()[0]) / 1000 / self.args.n
+            best = us if best is None else min(best, us)
+        return best
+
+    def redis_py_pair(self, cpu):
+        code = ("import redis,time,sys\nr=redis.Redis(port=%d)\nl=r.lock('py-pair',timeout=10)\n"
+                "ts=[]\nfor _ in range(%d):\n t=time.perf_counter_ns();l.acquire();l.release();"
+                "ts.append(time.perf_counter_ns()-t)\nts.sort();print(ts[len(ts)//2])\n"
+                % (self.server.port, max(1000, self.args.n // 4)))
+        out = subprocess.run(["taskset", "-c", cpu, sys.executable, "-c", code], check=True,
+                             capture_output=True, text=True)
+        return int(out.stdout) / 1000
+
+    def uncontended(self):
+        res = {}
+        cfg = self.config(symbol="bench_noop")
+        for name, server_cpu, client_cpu in [("1 CPU", "0", "0"), ("2 CPUs", "1", "0")]:
+            self.server.pin(server_cpu)
+            ping, pair = self.floor(client_cpu)
+            plain = self.noop(client_cpu, None)
+            guarded = self.noop(client_cpu, cfg)
+            py = self.redis_py_pair(client_cpu) if HAVE_REDIS_PY else None
+            res[name] = dict(ping=ping, pair=pair, guarded=guarded - plain, py=py)
+        self.server.pin("0,1")
+        return res
+
+    # ---- contended ---------------------------------------------------------
+
+    def contended(self, impl, p):
+        k = self.args.k
+        with open(self.counter, "w") as f:
+            f.write("0 0\n")
+        self.server.client.cmd("CONFIG", "RESETSTAT")
+        env = self.env(None)
+        if impl in ("poll", "none"):
+            argv = [self.worker, impl if impl == "poll" else "section", self.counter, str(k),
+                    str(self.server.port)]
+        elif impl.startswith("lockshim"):
+            env = self.env(self.config(fair=impl.endswith("fair")))
+            argv = [self.worker, "section", self.counter, str(k)]
+        else:
+            sleep = "0.1" if impl == "redis-py" else "0.001"
+            argv = [sys.executable, os.path.join(HERE, "peer.py"), str(self.server.port),
+                    self.counter, str(k), sleep]
+        wall, outs = run_workers([argv] * p, env=env)
+        cmds = self.server.commands()
+        waits, handoffs, elapsed = [], 0, []
+        for out in outs:
+            lines = out.splitlines()
+            e, h = lines[0].split()
+            elapsed.append(int(e) / 1e6)
+            handoffs += int(h)
+            waits += [int(x) / 1e6 for x in lines[1].split()]
+        with open(self.counter) as f:
+            final = int(f.read().split()[0])
+        n = p * k
+        return dict(rate=n / wall, med=statistics.median(waits), p99=pct(waits, 0.99),
+                    max=max(waits), handoffs=handoffs / n, pmin=min(elapsed),
+                    pmax=max(elapsed), cmds=cmds / n, exact=final == n, final=final, n=n)
+
+    def startup(self):
+        cfg = self.config(symbol="not_called_anywhere")
+
+        def mean_ms(env):
+            ts = []
+            for _ in range(self.args.startup_runs):
+                t0 = time.perf_counter()
+                subprocess.run([self.empty], env=env, check=True)
+                ts.append(time.perf_counter() - t0)
+            return statistics.mean(sorted(ts)[: len(ts) * 9 // 10]) * 1000
+        plain = mean_ms(self.env(None))
+        shim = mean_ms(self.env(cfg))
+        return plain, shim
+
+    def close(self):
+        self.server.stop()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+IMPLS = [("poll", "plain C, SET NX / 1 ms poll / compare-and-delete"),
+         ("lockshim", "lockshim, default"),
+         ("lockshim-fair", "lockshim, fair = true"),
+         ("redis-py", "redis-py Lock, defaults (sleep 0.1)"),
+         ("redis-py-0.001", "redis-py Lock, sleep=0.001")]
+
+
+def report(b, unc, con, startup, args):
+    lines = []
+    add = lines.append
+    add("# lockshim benchmark")
+    add("")
+    add("%s, %s, %d CPUs, %s, redis-server %s. Command: `%s`." % (
+        datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), platform.machine(), os.cpu_count(),
+        platform.release(), b.server.client.cmd("INFO", "server").split("redis_version:")[1]
+        .split()[0], "make bench" if args.make else " ".join(sys.argv)))
+    add("")
+    add("## Uncontended (medians; guarded call = guarded minus unguarded, per call)")
+    add("")
+    add("| measured | client and server on one CPU | on two CPUs |")
+    add("|---|---:|---:|")
+    u1, u2 = unc["1 CPU"], unc["2 CPUs"]
+    add("| PING round trip | %.1f µs | %.1f µs |" % (u1["ping"], u2["ping"]))
+    add("| plain hiredis SET NX PX + EVALSHA compare-and-delete | %.1f µs | %.1f µs |"
+        % (u1["pair"], u2["pair"]))
+    if u1["py"] is not None:
+        add("| redis-py Lock acquire+release | %.1f µs | %.1f µs |" % (u1["py"], u2["py"]))
+    add("| **lockshim guarded call (overhead)** | **%.1f µs** | **%.1f µs** |"
+        % (u1["guarded"], u2["guarded"]))
+    add("| ratio to the plain pair (target ≤ 0.75) | %.2f | %.2f |"
+        % (u1["guarded"] / u1["pair"], u2["guarded"] / u2["pair"]))
+    if u1["py"] is not None:
+        add("| ratio to redis-py | %.2f | %.2f |" % (u1["guarded"] / u1["py"],
+                                                   u2["guarded"] / u2["py"]))
+    add("")
+    add("## Contended: P processes x %d sections on one key (both CPUs, unpinned)" % args.k)
+    add("")
+    add("| implementation | P | sections/s | wait median | p99 | max | hand-offs/section "
+        "| per-process time min/max | Redis cmds/section | counter exact |")
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for impl, label in IMPLS:
+        for p in (2, 4, 8):
+            r = con.get((impl, p))
+            if not r:
+                continue
+            add("| %s | %d | %.0f | %.2f ms | %.2f ms | %.2f ms | %.2f | %.0f / %.0f ms | %.1f | %s |"
+                % (label, p, r["rate"], r["med"], r["p99"], r["max"], r["handoffs"], r["pmin"],
+                   r["pmax"], r["cmds"], "yes" if r["exact"] else "NO (%d of %d)"
+                   % (r["final"], r["n"])))
+    add("")
+    add("## Start-up of a program that calls no guarded function")
+    add("")
+    add("| | mean wall time per run (fastest 90 %% of %d) |" % args.startup_runs)
+    add("|---|---:|")
+    add("| without the shim | %.2f ms |" % startup[0])
+    add("| with the shim | %.2f ms |" % startup[1])
+    add("| cost of the shim (target < 2 ms) | %.2f ms |" % (startup[1] - startup[0]))
+    add("")
+    add("## Targets")
+    add("")
+    poll8, shim8, fair8 = con.get(("poll", 8)), con.get(("lockshim", 8)), con.get(("lockshim-fair", 8))
+    py8 = con.get(("redis-py", 8))
+    checks = [
+        ("uncontended guarded call ≤ 0.75 x plain pair, one CPU",
+         u1["guarded"] / u1["pair"], "%.2f", lambda v: v <= 0.75),
+        ("uncontended guarded call ≤ 0.75 x plain pair, two CPUs",
+         u2["guarded"] / u2["pair"], "%.2f", lambda v: v <= 0.75),
+        ("P=8 default: sections/s ≥ 1.3 x C poll loop", shim8["rate"] / poll8["rate"], "%.2f",
+         lambda v: v >= 1.3),
+    ]
+    if py8:
+        checks.append(("P=8 default: sections/s ≥ 8 x redis-py defaults",
+                       shim8["rate"] / py8["rate"], "%.1f", lambda v: v >= 8))
+    checks += [
+        ("P=8 default: worst wait < 10 ms", shim8["max"], "%.2f ms", lambda v: v < 10),
+        ("P=8 fair: hand-offs/section ≥ 0.95", fair8["handoffs"], "%.2f", lambda v: v >= 0.95),
+        ("P=8 fair: worst wait ≤ 3 x P x median section time",
+         fair8["max"] / (3 * 8 * (1000.0 / fair8["rate"])), "%.2f of the bound",
+         lambda v: v <= 1),
+        ("P=8 fair: sections/s ≥ 0.5 x C poll loop", fair8["rate"] / poll8["rate"], "%.2f",
+         lambda v: v >= 0.5),
+        ("Redis commands per contended section ≤ 4 (default, P=8)", shim8["cmds"], "%.1f",
+         lambda v: v <= 4),
+        ("Redis commands per contended section ≤ 4 (fair, P=8)", fair8["cmds"], "%.1f",
+         lambda v: v <= 4),
+        ("start-up cost < 2 ms", startup[1] - startup[0], "%.2f ms", lambda v: v < 2),
+    ]
+    add("| target | measured | met |")
+    add("|---|---:|---|")
+    for name, v, fmt, ok in checks:
+        add("| %s | %s | %s |" % (name, fmt % v, "yes" if ok(v) else "**no**"))
+    add("")
+    add("Median section time for the fair bound is taken as 1 / (sections/s). Hand-offs per "
+        "section: sections whose previous section ran in another process. Per-process time: "
+        "how long each process took for its %d sections (a starved process stands out)."
+        % args.k)
+    if not HAVE_REDIS_PY:
+        add("")
+        add("redis-py (Debian python3-redis) is not installed: its rows are missing.")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--k", type=int, default=200, help="sections per process")
+    ap.add_argument("--n", type=int, default=20000, help="uncontended calls")
+    ap.add_argument("--startup-runs", type=int, default=200)
+    ap.add_argument("--out", default=None, help="markdown file (default bench/results/)")
+    ap.add_argument("--make", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    b = Bench(args)
+    try:
+        unc = b.uncontended()
+        con = {}
+        for impl, _ in IMPLS:
+            if impl.startswith("redis-py") and not HAVE_REDIS_PY:
+                continue
+            for p in (2, 4, 8):
+                con[(impl, p)] = b.contended(impl, p)
+        startup = b.startup()
+        text = report(b, unc, con, startup, args)
+    finally:
+        b.close()
+    print(text)
+    out = args.out or os.path.join(HERE, "results", "bench-%s.md" %
+                                   datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        f.write(text)
+    print("written to %s" % os.path.relpath(out, ROOT))
+
+
+if __name__ == "__main__":
+    main()
