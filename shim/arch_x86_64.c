@@ -3,8 +3,8 @@
  * arch_x86_64.c - x86-64 facts for the generic code (see tramp.h).
  *
  * Sizes the trampoline frame from the CPU's XSAVE area (CPUID leaf 0xD)
- * for the enabled user components (x87, SSE, AVX, AVX-512; XCR0), falling
- * back to FXSAVE; writes the 32-byte stubs; demangles the stack pointer of a
+ * for the enabled user components (x87, SSE, AVX, AVX-512; XCR0), uses the
+ * compacted XSAVEC when the CPU has it, and falls back to FXSAVE; writes the 32-byte stubs; demangles the stack pointer of a
  * glibc jmp_buf (PTR_MANGLE: xor with the pointer guard at %fs:0x30, rol 17).
  */
 #include <cpuid.h>
@@ -16,6 +16,7 @@
 
 /* Read by tramp_x86_64.S. */
 __attribute__((visibility("hidden"))) unsigned tramp_xsave_mask;
+__attribute__((visibility("hidden"))) unsigned char tramp_xsavec;
 __attribute__((visibility("hidden"))) unsigned long tramp_frame_size =
 	TF_XSAVE + 512 + 64;
 
@@ -33,7 +34,9 @@ int arch_init(void)
 	__asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
 	__cpuid_count(0xd, 0, a, b, c, d);
 	tramp_xsave_mask = lo & XSTATE_USER_MASK;
-	tramp_frame_size = TF_XSAVE + b + 64;
+	tramp_frame_size = TF_XSAVE + b + 64; /* the standard size bounds XSAVEC's */
+	__cpuid_count(0xd, 1, a, b, c, d);
+	tramp_xsavec = (a & 2) != 0;
 	return 0;
 }
 

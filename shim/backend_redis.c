@@ -79,8 +79,9 @@ static const char *const scripts[NSCRIPTS] = {
 	 * while it holds our token. No waiter, or none due yet: delete it (the
 	 * releaser may take it again). Else hand it to the queue head: the key
 	 * takes the head's token (for the grant ttl, until its first renewal) and
-	 * the head's list gets "g"; the next waiter, now head, gets "w" so that
-	 * it re-arms its timer for when it is due.
+	 * the head's list gets "g"; in default mode the next waiter, now head,
+	 * gets "w" so that it re-arms its timer for when it is due (in fair mode
+	 * every release hands over: it just waits).
 	 */
 	[S_RELEASE] =
 	"local K, tok = KEYS[1], ARGV[1] "
@@ -98,8 +99,9 @@ static const char *const scripts[NSCRIPTS] = {
 	"redis.call('rpush', s, v) redis.call('pexpire', s, ARGV[4]) end "
 	"signal(head, 'g') "
 	"local nxt = redis.call('zrange', q, 0, 0)[1] "
-	"if nxt then redis.call('set', K .. ':due', now + tonumber(ARGV[3]), 'KEEPTTL') "
-	"signal(nxt, 'w') else redis.call('del', K .. ':due') end return 1",
+	"if not nxt then redis.call('del', K .. ':due') return 1 end "
+	"redis.call('set', K .. ':due', now + tonumber(ARGV[3]), 'KEEPTTL') "
+	"if ARGV[3] ~= '0' then signal(nxt, 'w') end return 1",
 	/* ARGV: token, lease. 1 renewed, 0 gone or not ours. */
 	[S_RENEW] =
 	"if redis.call('get', KEYS[1]) == ARGV[1] then "
@@ -125,7 +127,6 @@ static const char *const scripts[NSCRIPTS] = {
 struct pending {
 	size_t klen;
 	char key[KEY_BUF_SIZE];
-	char val[512]; /* bounds what may be sent, for symmetry with key */
 };
 
 struct backend_conn {
@@ -239,22 +240,100 @@ static struct backend_conn *redis_open(const struct redis_spec *r, char *err,
 	return c;
 }
 
-/* Appends EVALSHA (or EVAL) of script s on it's key and value, followed by
- * the numeric arguments args[0..nargs). */
-static void append_script(struct backend_conn *c, enum script s,
-			  const struct backend_item *it, const long long *args, int nargs,
-			  int eval)
-{
-	char num[4][24];
-	const char *argv[9] = { eval ? "EVAL" : "EVALSHA", eval ? scripts[s] : c->sha[s],
-				"1", it->key, it->val };
-	size_t lens[9] = { strlen(argv[0]), strlen(argv[1]), 1, it->klen, it->vlen };
+/*
+ * Commands are written in RESP into a stack buffer and handed to hiredis
+ * ready-made: no format parsing, no allocation on the hot path.
+ */
+struct resp {
+	char *p, *end;
+	char buf[KEY_BUF_SIZE + 3072];
+};
 
-	for (int i = 0; i < nargs; i++) {
-		lens[5 + i] = (size_t)snprintf(num[i], sizeof(num[i]), "%lld", args[i]);
-		argv[5 + i] = num[i];
+/* Writes v in decimal at p; returns the end. */
+static char *put_num(char *p, long long v)
+{
+	char tmp[24];
+	int n = 0;
+	unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+
+	do
+		tmp[n++] = (char)('0' + u % 10);
+	while ((u /= 10) != 0);
+	if (v < 0)
+		*p++ = '-';
+	while (n)
+		*p++ = tmp[--n];
+	return p;
+}
+
+static void resp_start(struct resp *r, int argc)
+{
+	r->p = r->buf;
+	r->end = r->buf + sizeof(r->buf);
+	*r->p++ = '*';
+	r->p = put_num(r->p, argc);
+	*r->p++ = '\r';
+	*r->p++ = '\n';
+}
+
+/* Appends one bulk string; returns -1 when it does not fit. */
+static int resp_arg(struct resp *r, const char *s, size_t n)
+{
+	if (!r->p || (size_t)(r->end - r->p) < n + 32) {
+		r->p = NULL;
+		return -1;
 	}
-	redisAppendCommandArgv(c->ctx, 5 + nargs, argv, lens);
+	*r->p++ = '$';
+	r->p = put_num(r->p, (long long)n);
+	*r->p++ = '\r';
+	*r->p++ = '\n';
+	memcpy(r->p, s, n);
+	r->p += n;
+	*r->p++ = '\r';
+	*r->p++ = '\n';
+	return 0;
+}
+
+static int resp_num(struct resp *r, long long v)
+{
+	char tmp[24];
+
+	return resp_arg(r, tmp, (size_t)(put_num(tmp, v) - tmp));
+}
+
+/* Appends the built command to c's output buffer. Returns 0 or -1. */
+static int resp_append(struct backend_conn *c, struct resp *r)
+{
+	if (!r->p) {
+		snprintf(c->errstr, sizeof(c->errstr), "command too long");
+		return -1;
+	}
+	return redisAppendFormattedCommand(c->ctx, r->buf, (size_t)(r->p - r->buf)) ==
+	       REDIS_OK ? 0 : conn_fail(c, "append", NULL);
+}
+
+/* Appends EVALSHA (or EVAL) of script s on it's key and value, followed by
+ * the numeric arguments args[0..nargs). Returns 0 or -1. */
+static int append_script(struct backend_conn *c, enum script s,
+			 const struct backend_item *it, const long long *args, int nargs,
+			 int eval)
+{
+	struct resp r;
+
+	resp_start(&r, 5 + nargs);
+	if (eval) {
+		resp_arg(&r, "EVAL", 4);
+		resp_arg(&r, scripts[s], strlen(scripts[s]));
+	} else {
+		resp_arg(&r, "EVALSHA", 7);
+		resp_arg(&r, c->sha[s], 40);
+	}
+	resp_arg(&r, "1", 1);
+	resp_arg(&r, it->key, it->klen);
+	resp_arg(&r, it->val, it->vlen);
+	for (int i = 0; i < nargs; i++)
+		resp_num(&r, args[i]);
+	return resp_append(c, &r);
 }
 
 static int is_noscript(const redisReply *r)
@@ -319,11 +398,13 @@ static redisReply *run_script(struct backend_conn *c, const char *what, enum scr
 {
 	redisReply *r;
 
-	append_script(c, s, it, args, nargs, 0);
+	if (append_script(c, s, it, args, nargs, 0) != 0)
+		return NULL;
 	r = reply_after_pending(c, what);
 	if (r && is_noscript(r)) {
 		freeReplyObject(r);
-		append_script(c, s, it, args, nargs, 1);
+		if (append_script(c, s, it, args, nargs, 1) != 0)
+			return NULL;
 		r = reply_after_pending(c, what);
 	}
 	if (r && r->type == REDIS_REPLY_ERROR) {
@@ -337,24 +418,29 @@ static redisReply *run_script(struct backend_conn *c, const char *what, enum scr
 /* The uncontended path of the default mode: a plain SET NX PX. */
 static int set_nx(struct backend_conn *c, const struct backend_item *it)
 {
-	char px[24];
-	const char *argv[6] = { "SET", it->key, it->val, "NX", "PX", px };
-	size_t lens[6] = { 3, it->klen, it->vlen, 2, 2, 0 };
-	redisReply *r;
+	struct resp r;
+	redisReply *rep;
 	int rc;
 
-	lens[5] = (size_t)snprintf(px, sizeof(px), "%lld", it->lease_ms);
-	redisAppendCommandArgv(c->ctx, 6, argv, lens);
-	r = reply_after_pending(c, "SET NX");
-	if (!r)
+	resp_start(&r, 6);
+	resp_arg(&r, "SET", 3);
+	resp_arg(&r, it->key, it->klen);
+	resp_arg(&r, it->val, it->vlen);
+	resp_arg(&r, "NX", 2);
+	resp_arg(&r, "PX", 2);
+	resp_num(&r, it->lease_ms);
+	if (resp_append(c, &r) != 0)
 		return -1;
-	if (r->type == REDIS_REPLY_STATUS)
+	rep = reply_after_pending(c, "SET NX");
+	if (!rep)
+		return -1;
+	if (rep->type == REDIS_REPLY_STATUS)
 		rc = 1;
-	else if (r->type == REDIS_REPLY_NIL)
+	else if (rep->type == REDIS_REPLY_NIL)
 		rc = 0;
 	else
-		rc = conn_fail(c, "SET NX", r);
-	freeReplyObject(r);
+		rc = conn_fail(c, "SET NX", rep);
+	freeReplyObject(rep);
 	return rc;
 }
 
@@ -402,14 +488,15 @@ static int send_async(struct backend_conn *c, enum script s, const struct backen
 	struct pending *p;
 	int done = 0;
 
-	if (it->klen > sizeof(p->key) || it->vlen > sizeof(p->val))
+	if (it->klen > sizeof(p->key))
 		return conn_fail(c, "release", NULL);
 	if (c->npending == PENDING_MAX && settle(c) != 0)
+		return -1;
+	if (append_script(c, s, it, args, nargs, 1) != 0)
 		return -1;
 	p = &c->pend[c->npending++];
 	p->klen = it->klen;
 	memcpy(p->key, it->key, it->klen);
-	append_script(c, s, it, args, nargs, 1);
 	while (!done && redisBufferWrite(c->ctx, &done) == REDIS_OK)
 		;
 	if (c->ctx->err)
@@ -486,7 +573,8 @@ static int redis_renew(struct backend_conn *c, int n, const struct backend_item 
 	int rc = 0;
 
 	for (int i = 0; i < n; i++)
-		append_script(c, S_RENEW, &items[i], &items[i].lease_ms, 1, 0);
+		if (append_script(c, S_RENEW, &items[i], &items[i].lease_ms, 1, 0) != 0)
+			return -1;
 	for (int i = 0; i < n; i++) {
 		redisReply *r = NULL;
 

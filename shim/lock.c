@@ -39,6 +39,10 @@ struct lock_thread {
 	struct backend_conn *conn;
 	struct lock_call *top;
 	uint64_t rng;
+	uint64_t seed[2];   /* random, per thread: tokens derive from it */
+	uint64_t tokens;    /* tokens made so far */
+	size_t suffix_len;
+	char suffix[LOCK_VAL_SIZE - 33]; /* ":host:pid:tid" */
 	int tid;
 	int nholds;
 	struct lock_hold holds[LOCK_MAX_HOLDS];
@@ -74,6 +78,16 @@ int lock_setup(const struct backend_ops *ops, const struct redis_spec *r)
 	return -pthread_key_create(&thread_key, thread_free);
 }
 
+/* Sets the thread id and the ":host:pid:tid" suffix of its lock values. */
+static void set_identity(struct lock_thread *t)
+{
+	t->tid = (int)syscall(SYS_gettid);
+	t->suffix_len = (size_t)snprintf(t->suffix, sizeof(t->suffix), ":%s:%d:%d",
+					 lock_host, lock_pid, t->tid);
+	if (t->suffix_len >= sizeof(t->suffix))
+		t->suffix_len = sizeof(t->suffix) - 1;
+}
+
 /* Returns this thread's state, creating it on first use, or NULL. */
 static struct lock_thread *thread_get(void)
 {
@@ -82,10 +96,13 @@ static struct lock_thread *thread_get(void)
 	self = calloc(1, sizeof(*self));
 	if (!self)
 		return NULL;
-	self->tid = (int)syscall(SYS_gettid);
-	if (getrandom(&self->rng, sizeof(self->rng), GRND_NONBLOCK) != sizeof(self->rng))
-		self->rng = (uint64_t)util_now_ms() ^ ((uint64_t)self->tid << 32);
+	if (getrandom(self->seed, sizeof(self->seed), GRND_NONBLOCK) != sizeof(self->seed)) {
+		self->seed[0] = (uint64_t)util_now_ms() * 0x9e3779b97f4a7c15ULL;
+		self->seed[1] = (uint64_t)(uintptr_t)self ^ (uint64_t)getpid() << 32;
+	}
+	self->rng = self->seed[0] ^ self->seed[1] ^ 0x2545f4914f6cdd1dULL;
 	self->rng |= 1;
+	set_identity(self);
 	pthread_setspecific(thread_key, self);
 	return self;
 }
@@ -98,18 +115,32 @@ static uint64_t rng_next(struct lock_thread *t)
 	return t->rng;
 }
 
-/* Writes "<128-bit random hex>:<host>:<pid>:<tid>" into l->val. */
+/* A bijective 64-bit mixer (the splitmix64 finaliser). */
+static uint64_t mix64(uint64_t x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ULL;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebULL;
+	return x ^ (x >> 31);
+}
+
+/*
+ * Writes "<128-bit token in hex>:<host>:<pid>:<tid>" into l->val. The token
+ * mixes the thread's random seed with a counter: unpredictable without the
+ * seed, never repeated by the thread, and made without a system call.
+ */
 static void make_value(struct lock_thread *t, struct lease *l)
 {
-	uint64_t r[2];
+	static const char hex[] = "0123456789abcdef";
+	uint64_t n = ++t->tokens;
+	uint64_t r[2] = { mix64(t->seed[0] + n * 0x9e3779b97f4a7c15ULL),
+			  mix64(t->seed[1] ^ mix64(n)) };
 
-	if (getrandom(r, sizeof(r), GRND_NONBLOCK) != sizeof(r)) {
-		r[0] = rng_next(t);
-		r[1] = rng_next(t);
-	}
-	l->vlen = (size_t)snprintf(l->val, sizeof(l->val), "%016llx%016llx:%s:%d:%d",
-				   (unsigned long long)r[0], (unsigned long long)r[1],
-				   lock_host, lock_pid, t->tid);
+	for (int i = 0; i < 32; i++)
+		l->val[i] = hex[(r[i / 16] >> (60 - 4 * (i % 16))) & 15];
+	memcpy(l->val + 32, t->suffix, t->suffix_len);
+	l->vlen = 32 + t->suffix_len;
 }
 
 static struct backend_item lease_item(const struct lease *l)
@@ -378,7 +409,8 @@ void lock_atfork_child(void)
 	lock_pid = getpid();
 	if (!t)
 		return;
-	t->tid = (int)syscall(SYS_gettid);
+	set_identity(t);
+	t->seed[0] = mix64(t->seed[0] ^ (uint64_t)lock_pid); /* the child's own tokens */
 	for (int i = 0; i < t->nholds; i++)
 		t->holds[i].foreign = 1;
 	if (t->conn) {

@@ -5,7 +5,8 @@
  * tramp_entry is reached from a per-hook stub with the hook in %r11. It
  * builds a normal frame (full CFI, so C++ exceptions and backtraces unwind
  * through it), saves every argument register and the whole vector/x87 state
- * (XSAVE with the enabled user components, or FXSAVE), and calls
+ * (XSAVEC, which skips components in their initial state, or XSAVE, with
+ * the enabled user components; FXSAVE on CPUs without XSAVE), and calls
  * dispatch_call(frame, hook). The dispatcher calls tramp_invoke, which copies
  * a window of the caller's stack arguments, restores the saved state, calls
  * the real function and saves its return state (rax, rdx and the vector/x87
@@ -30,7 +31,11 @@
 	movq	%rdx, TF_XSAVE_HDR+40(\base)
 	movq	%rdx, TF_XSAVE_HDR+48(\base)
 	movq	%rdx, TF_XSAVE_HDR+56(\base)
-	xsave	TF_XSAVE(\base)
+	cmpb	$0, tramp_xsavec(%rip)
+	je	3f
+	xsavec	TF_XSAVE(\base)
+	jmp	2f
+3:	xsave	TF_XSAVE(\base)
 	jmp	2f
 1:	fxsave	TF_XSAVE(\base)
 2:
