@@ -185,59 +185,65 @@ static int wrap_fexecve(int fd, char *const argv[], char *const envp[])
 	return fexecve(fd, argv, envp);
 }
 
+enum exec_kind { EXEC_L, EXEC_LP, EXEC_LE };
+
 /*
- * The list forms: collect the arguments (and execle's environment) into an
- * array, then call the vector form. Returns -1 with errno set on failure.
+ * The list forms: collects the arguments after arg (up to the terminating
+ * NULL, and for execle the environment after it) into an array on the stack
+ * and calls the vector form. Returns -1 with errno set, like exec.
  */
-#define EXEC_LIST(first, ap, argv, envp, with_env)                             \
-	do {                                                                   \
-		size_t n_ = 1;                                                 \
-		va_list c_;                                                    \
-		va_copy(c_, ap);                                               \
-		while (va_arg(c_, char *))                                     \
-			n_++;                                                  \
-		va_end(c_);                                                    \
-		argv = alloca((n_ + 1) * sizeof(char *));                      \
-		argv[0] = (char *)(first);                                     \
-		for (size_t i_ = 1; i_ <= n_; i_++)                            \
-			argv[i_] = i_ < n_ ? va_arg(ap, char *) : NULL;        \
-		if (with_env)                                                  \
-			envp = va_arg(ap, char **);                            \
-	} while (0)
+static int exec_list(enum exec_kind kind, const char *path, const char *arg, va_list ap)
+{
+	char **argv, **envp;
+	size_t n = 1;
+	va_list count;
+
+	va_copy(count, ap);
+	while (va_arg(count, char *))
+		n++;
+	va_end(count);
+	argv = alloca((n + 1) * sizeof(*argv));
+	argv[0] = (char *)arg;
+	for (size_t i = 1; i <= n; i++)
+		argv[i] = va_arg(ap, char *); /* the last one read is the NULL */
+	if (kind == EXEC_LE) {
+		envp = va_arg(ap, char **);
+		return wrap_execve(path, argv, envp);
+	}
+	return kind == EXEC_LP ? wrap_execvp(path, argv) : wrap_execv(path, argv);
+}
 
 static int wrap_execl(const char *path, const char *arg, ...)
 {
-	char **argv, **envp = NULL;
 	va_list ap;
+	int rc;
 
 	va_start(ap, arg);
-	EXEC_LIST(arg, ap, argv, envp, 0);
+	rc = exec_list(EXEC_L, path, arg, ap);
 	va_end(ap);
-	(void)envp;
-	return wrap_execv(path, argv);
+	return rc;
 }
 
 static int wrap_execlp(const char *file, const char *arg, ...)
 {
-	char **argv, **envp = NULL;
 	va_list ap;
+	int rc;
 
 	va_start(ap, arg);
-	EXEC_LIST(arg, ap, argv, envp, 0);
+	rc = exec_list(EXEC_LP, file, arg, ap);
 	va_end(ap);
-	(void)envp;
-	return wrap_execvp(file, argv);
+	return rc;
 }
 
 static int wrap_execle(const char *path, const char *arg, ...)
 {
-	char **argv, **envp = NULL;
 	va_list ap;
+	int rc;
 
 	va_start(ap, arg);
-	EXEC_LIST(arg, ap, argv, envp, 1);
+	rc = exec_list(EXEC_LE, path, arg, ap);
 	va_end(ap);
-	return wrap_execve(path, argv, envp);
+	return rc;
 }
 
 static const struct {

@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util.h"
+
 #define HASH_HEX 32
 #define LONG_KEEP (KEY_MAX_EXPANDED - 1 - HASH_HEX)
 
@@ -36,15 +38,6 @@ static void sink_put(struct sink *s, const char *p, size_t n)
 	}
 }
 
-static uint64_t mix64(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ULL;
-	return x ^ (x >> 33);
-}
-
 static size_t sink_finish(struct sink *s)
 {
 	static const char hex[] = "0123456789abcdef";
@@ -52,8 +45,8 @@ static size_t sink_finish(struct sink *s)
 
 	if (s->len <= KEY_MAX_EXPANDED)
 		return s->len;
-	a = mix64(s->h1 ^ s->len);
-	b = mix64(s->h2 + a);
+	a = util_mix64(s->h1 ^ s->len);
+	b = util_mix64(s->h2 + a);
 	s->buf[LONG_KEEP] = '#';
 	for (int i = 0; i < 16; i++) {
 		s->buf[LONG_KEEP + 1 + i] = hex[(a >> (60 - 4 * i)) & 15];

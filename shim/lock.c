@@ -115,16 +115,6 @@ static uint64_t rng_next(struct lock_thread *t)
 	return t->rng;
 }
 
-/* A bijective 64-bit mixer (the splitmix64 finaliser). */
-static uint64_t mix64(uint64_t x)
-{
-	x ^= x >> 30;
-	x *= 0xbf58476d1ce4e5b9ULL;
-	x ^= x >> 27;
-	x *= 0x94d049bb133111ebULL;
-	return x ^ (x >> 31);
-}
-
 /*
  * Writes "<128-bit token in hex>:<host>:<pid>:<tid>" into l->val. The token
  * mixes the thread's random seed with a counter: unpredictable without the
@@ -134,8 +124,8 @@ static void make_value(struct lock_thread *t, struct lease *l)
 {
 	static const char hex[] = "0123456789abcdef";
 	uint64_t n = ++t->tokens;
-	uint64_t r[2] = { mix64(t->seed[0] + n * 0x9e3779b97f4a7c15ULL),
-			  mix64(t->seed[1] ^ mix64(n)) };
+	uint64_t r[2] = { util_mix64(t->seed[0] + n * 0x9e3779b97f4a7c15ULL),
+			  util_mix64(t->seed[1] ^ util_mix64(n)) };
 
 	for (int i = 0; i < 32; i++)
 		l->val[i] = hex[(r[i / 16] >> (60 - 4 * (i % 16))) & 15];
@@ -256,7 +246,7 @@ static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_r
 			if (hint == -1)
 				continue;
 			if (hint < -1) {
-				util_sleep_ms(min3(-1 - hint, deadline - now, INT64_MAX));
+				util_sleep_ms(-1 - hint < deadline - now ? -1 - hint : deadline - now);
 				continue;
 			}
 			rc = conn_check(t, backend->wait(t->conn, &it,
@@ -410,7 +400,7 @@ void lock_atfork_child(void)
 	if (!t)
 		return;
 	set_identity(t);
-	t->seed[0] = mix64(t->seed[0] ^ (uint64_t)lock_pid); /* the child's own tokens */
+	t->seed[0] = util_mix64(t->seed[0] ^ (uint64_t)lock_pid); /* the child's own tokens */
 	for (int i = 0; i < t->nholds; i++)
 		t->holds[i].foreign = 1;
 	if (t->conn) {

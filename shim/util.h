@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * util.h - monotonic time and sleeping, shared by the lock and renewal code.
+ * util.h - monotonic time, sleeping and a 64-bit mixer, shared by the lock,
+ * renewal and key code.
  */
 #ifndef LOCKSHIM_UTIL_H
 #define LOCKSHIM_UTIL_H
@@ -16,6 +17,16 @@ static inline int64_t util_now_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A bijective 64-bit mixer (the splitmix64 finaliser): hashing, tokens. */
+static inline uint64_t util_mix64(uint64_t x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ULL;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebULL;
+	return x ^ (x >> 31);
 }
 
 /* Sleeps ms milliseconds, resuming after signal handlers. */

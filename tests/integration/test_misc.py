@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Coexistence and life-cycle details: another hiredis, exec, NOSCRIPT, reports."""
+import pytest
+
 from conftest import run, write_config
 
 LOCK = 'log_level = "debug";\nlocks = ( { symbol = "hold_call"; lease_ms = 60000; } );\n'
@@ -14,9 +16,10 @@ def test_program_with_its_own_hiredis(progs, redis, tmp_path):
     assert redis.cmd("GET", "own-hiredis") == "works"
 
 
-def test_exec_initialises_the_shim_afresh(progs, redis, tmp_path):
+@pytest.mark.parametrize("step", ["exec", "execle"])
+def test_exec_initialises_the_shim_afresh(progs, redis, tmp_path, step):
     cfg = write_config(tmp_path, redis, LOCK)
-    r = run([progs["driver"], "call:0", "exec:call:0"], cfg)
+    r = run([progs["driver"], "call:0", step + ":call:0"], cfg)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("call rc=42 errno=0") == 2
     assert r.stderr.count("acquired lockshim:hold_call") == 2

@@ -7,7 +7,8 @@
  *   nest:N:MS  nest(N, MS): N nested guarded calls, MS at the bottom
  *   stdin      waits for one line on standard input
  *   write      write(2)s "written" to stdout directly
- *   exec:STEP  execs this program again with the single step STEP
+ *   exec:STEP  execs this program again with the single step STEP (execl)
+ *   execle:STEP the same through execle, passing the environment
  *   atexit     registers a handler that calls other_call(5) at exit
  *   ignore-term ignores SIGTERM from now on
  *   fork       fork_call(); the child probes other_call and hold_call
@@ -38,6 +39,8 @@ static void report(const char *what, int rc)
 	fflush(stdout);
 }
 
+extern char **environ;
+
 int main(int argc, char **argv)
 {
 	char line[64];
@@ -66,6 +69,9 @@ int main(int argc, char **argv)
 				return 5;
 		} else if (!strncmp(argv[i], "exec:", 5)) {
 			execl("/proc/self/exe", argv[0], argv[i] + 5, (char *)NULL);
+			return 6;
+		} else if (!strncmp(argv[i], "execle:", 7)) {
+			execle("/proc/self/exe", argv[0], argv[i] + 7, (char *)NULL, environ);
 			return 6;
 		} else if (!strcmp(argv[i], "atexit")) {
 			atexit(at_exit);
