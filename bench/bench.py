@@ -14,7 +14,7 @@ programs (bench/*.c) and measures, in one run:
                the shim
 The uncontended rows are measured in two placements (taskset): client and
 server on one CPU, and on two CPUs. Prints a markdown report and writes it
-to bench/results/. Usage: bench.py [--build DIR] [--k K] [--n N] [--out FILE]
+to bench/results/. Usage: bench.py [--build DIR] [--k K] [--n N] [--out FILE] [--settings S]
 """
 import argparse
 import datetime
@@ -158,8 +158,9 @@ class Bench:
         with open(path, "w") as f:
             f.write('redis = { host = "127.0.0.1"; port = %d; };\n'
                     'locks = ( { symbol = "%s"; key = "bench"; lease_ms = 10000; '
-                    'wait_ms = 60000; fair = %s; } );\n'
-                    % (self.server.port, symbol, "true" if fair else "false"))
+                    'wait_ms = 60000; fair = %s; %s } );\n'
+                    % (self.server.port, symbol, "true" if fair else "false",
+                       self.args.settings))
         return path
 
     def env(self, cfg):
@@ -382,6 +383,8 @@ def main():
     ap.add_argument("--n", type=int, default=20000, help="uncontended calls")
     ap.add_argument("--startup-runs", type=int, default=200)
     ap.add_argument("--out", default=None, help="markdown file (default bench/results/)")
+    ap.add_argument("--settings", default="", help="extra per-lock settings for lockshim, "
+                    "e.g. 'handoff_ms = 2;'")
     ap.add_argument("--make", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     b = Bench(args)
