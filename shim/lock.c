@@ -3,12 +3,14 @@
  * lock.c - acquiring and releasing locks for guarded calls (see lock.h).
  *
  * Hot path: expand the key into a stack buffer, look for a reentrant hold
- * (no round trip), else SET NX PX on the thread's own connection, retrying
- * with capped exponential backoff and jitter until wait_ms. No process-wide
- * lock is taken while talking to Redis; the renewal list's mutex is taken
- * only to link or unlink a lease. Holds form a stack: a key's outermost call
- * always ends after every hold taken inside it, exceptions and longjmp
- * included, so the innermost hold is the one that ends.
+ * (no round trip), else one SET NX PX on the thread's own connection; the
+ * release is sent without waiting for its reply. A busy lock queues the
+ * caller in Redis until a release wakes it or hands it the lock, up to
+ * wait_ms (acquire_wait). No process-wide lock is taken while talking to
+ * Redis; the renewal list's mutex is taken only to link or unlink a lease.
+ * Holds form a stack: a key's outermost call always ends after every hold
+ * taken inside it, exceptions and longjmp included, so the innermost hold
+ * is the one that ends.
  */
 #include "lock.h"
 
@@ -149,7 +151,6 @@ static int send_async(struct backend_conn *c, const struct backend_item *it)
 {
 	return backend->release(c, it, 1);
 }
-
 
 /* Opens the thread's connection if needed. Returns 0 or -1 (err filled). */
 static int conn_get(struct lock_thread *t, char *err, size_t errlen)
