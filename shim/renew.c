@@ -10,7 +10,9 @@
  * trip on its own connection, then retakes the mutex and applies the replies
  * to the leases still tracked (matched by id, so a lease released meanwhile
  * is never touched). Owners only link and unlink under the mutex; nobody
- * holds it across network I/O.
+ * holds it across network I/O. Linking signals the thread only when the new
+ * lease is due before the thread's planned wake-up (thread_wake_at), so a
+ * guarded call normally costs no context switch.
  *
  * Lease states: HELD -> LOST when Redis says the key is gone or someone
  * else's, or when Redis stayed unreachable for a whole lease since the last
