@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Coexistence and life-cycle details: another hiredis, exec, NOSCRIPT, reports."""
+import os
+
 import pytest
 
 from conftest import run, write_config
@@ -45,3 +47,17 @@ def test_symbol_defined_in_the_executable_is_reported(progs, redis, tmp_path):
     assert r.returncode == 0 and r.stdout == "local 42\n"
     assert "local_step is defined in the executable" in r.stderr
     assert "cannot be caught" in r.stderr
+
+
+def test_no_guarded_call_means_no_thread_and_no_connection(progs, redis, tmp_path, procs):
+    """Locks configured, none called: the shim starts nothing (issue 3)."""
+    cfg = write_config(tmp_path, redis, LOCK)
+    p = procs([progs["driver"], "other:1", "stdin", "call:0", "stdin"], cfg)
+    assert p.expect("other") == "other rc=2 errno=0"
+    assert os.listdir("/proc/%d/task" % p.p.pid) == [str(p.p.pid)]  # one thread
+    assert redis.cmd("CLIENT", "LIST").count("\n") == 1  # only this test's client
+    p.send()
+    assert p.expect("call") == "call rc=42 errno=0"  # and it works once called
+    assert len(os.listdir("/proc/%d/task" % p.p.pid)) == 2  # + the renewal thread
+    p.send()
+    assert p.finish()[0] == 0
