@@ -151,7 +151,6 @@ class Bench:
         subprocess.run(["gcc", "-O2", "-o", self.empty, os.path.join(w, "empty.c")], check=True)
         self.server = Server(w)
         self.counter = os.path.join(w, "counter")
-        self.rows = {}
 
     def config(self, fair=False, symbol="section"):
         path = os.path.join(self.work, "%s-%s.cfg" % (symbol, "fair" if fair else "default"))
@@ -219,9 +218,8 @@ class Bench:
             f.write("0 0\n")
         self.server.client.cmd("CONFIG", "RESETSTAT")
         env = self.env(None)
-        if impl in ("poll", "none"):
-            argv = [self.worker, impl if impl == "poll" else "section", self.counter, str(k),
-                    str(self.server.port)]
+        if impl == "poll":
+            argv = [self.worker, "poll", self.counter, str(k), str(self.server.port)]
         elif impl.startswith("lockshim"):
             env = self.env(self.config(fair=impl.endswith("fair")))
             argv = [self.worker, "section", self.counter, str(k)]

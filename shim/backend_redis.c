@@ -131,7 +131,7 @@ struct pending {
 
 struct backend_conn {
 	redisContext *ctx;
-	struct timeval cmd_tv;
+	long long cmd_ms; /* command timeout */
 	int npending;
 	struct pending pend[PENDING_MAX];
 	char sha[NSCRIPTS][41];
@@ -231,8 +231,8 @@ static struct backend_conn *redis_open(const struct redis_spec *r, char *err,
 		return NULL;
 	}
 	fcntl(c->ctx->fd, F_SETFD, FD_CLOEXEC);
-	c->cmd_tv = ms_tv(r->command_timeout_ms);
-	if (redisSetTimeout(c->ctx, c->cmd_tv) != REDIS_OK || conn_setup(c, r) != 0) {
+	c->cmd_ms = r->command_timeout_ms;
+	if (redisSetTimeout(c->ctx, ms_tv(c->cmd_ms)) != REDIS_OK || conn_setup(c, r) != 0) {
 		snprintf(err, errlen, "%s", c->errstr[0] ? c->errstr : "setup failed");
 		redis_close(c);
 		return NULL;
@@ -533,7 +533,6 @@ static int redis_wait(struct backend_conn *c, const struct backend_item *it,
 	char list[NAME_MAX_LEN], secs[32];
 	const char *argv[3] = { "BLPOP", list, secs };
 	size_t lens[3] = { 5, 0, 0 };
-	struct timeval tv = ms_tv(timeout_ms);
 	redisReply *r;
 	int rc;
 
@@ -545,16 +544,11 @@ static int redis_wait(struct backend_conn *c, const struct backend_item *it,
 	lens[1] = it->klen + 3 + it->vlen;
 	lens[2] = (size_t)snprintf(secs, sizeof(secs), "%lld.%03lld", timeout_ms / 1000,
 				   timeout_ms % 1000);
-	tv.tv_sec += c->cmd_tv.tv_sec;
-	tv.tv_usec += c->cmd_tv.tv_usec;
-	if (tv.tv_usec >= 1000000) {
-		tv.tv_sec++;
-		tv.tv_usec -= 1000000;
-	}
-	redisSetTimeout(c->ctx, tv);
+	/* The socket must outwait the server's own timeout. */
+	redisSetTimeout(c->ctx, ms_tv(timeout_ms + c->cmd_ms));
 	redisAppendCommandArgv(c->ctx, 3, argv, lens);
 	r = reply_after_pending(c, "BLPOP");
-	redisSetTimeout(c->ctx, c->cmd_tv);
+	redisSetTimeout(c->ctx, ms_tv(c->cmd_ms));
 	if (!r)
 		return -1;
 	if (r->type == REDIS_REPLY_ARRAY && r->elements == 2)

@@ -135,7 +135,7 @@ static void make_value(struct lock_thread *t, struct lease *l)
 	l->vlen = 32 + t->suffix_len;
 }
 
-static struct backend_item lease_item(const struct lease *l)
+struct backend_item lock_lease_item(const struct lease *l)
 {
 	struct backend_item it = {
 		.key = l->key, .klen = l->klen, .val = l->val, .vlen = l->vlen,
@@ -191,11 +191,9 @@ static int64_t backoff_next(struct lock_thread *t, int64_t *step, int64_t max)
 	return s / 2 + (int64_t)(rng_next(t) % (uint64_t)(s / 2 + 1));
 }
 
-static int64_t min3(int64_t a, int64_t b, int64_t c)
+static int64_t min64(int64_t a, int64_t b)
 {
-	int64_t m = a < b ? a : b;
-
-	return m < c ? m : c;
+	return a < b ? a : b;
 }
 
 /* Records that l is ours since `since` and logs it. */
@@ -221,7 +219,7 @@ static int acquired(struct lease *l, int64_t since, int tries, const char *how)
 static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_renew_ms)
 {
 	const struct lock_spec *s = l->spec;
-	struct backend_item it = lease_item(l);
+	struct backend_item it = lock_lease_item(l);
 	int64_t now = util_now_ms(), step = 2, deadline, logged = now - LOCK_ERROR_LOG_MS;
 	int busy = 0, tries = 0, rc;
 	char err[192] = "";
@@ -247,11 +245,11 @@ static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_r
 			if (hint == -1)
 				continue;
 			if (hint < -1) {
-				util_sleep_ms(-1 - hint < deadline - now ? -1 - hint : deadline - now);
+				util_sleep_ms(min64(-1 - hint, deadline - now));
 				continue;
 			}
 			rc = conn_check(t, backend->wait(t->conn, &it,
-					min3(hint, s->retry_max_ms, deadline - now)),
+					min64(min64(hint, s->retry_max_ms), deadline - now)),
 					err, sizeof(err));
 			if (rc == 2) {
 				if (it.waiter_ttl_ms / 3 < *first_renew_ms)
@@ -266,11 +264,8 @@ static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_r
 			LOG(LOG_WARN, "%s: Redis error, retrying: %s", s->symbol, err);
 			logged = now;
 		}
-		if (now < deadline) {
-			int64_t nap = backoff_next(t, &step, s->retry_max_ms);
-
-			util_sleep_ms(nap < deadline - now ? nap : deadline - now);
-		}
+		if (now < deadline)
+			util_sleep_ms(min64(backoff_next(t, &step, s->retry_max_ms), deadline - now));
 	}
 	if (it.waiting && t->conn)
 		conn_check(t, backend->leave(t->conn, &it), err, sizeof(err));
@@ -356,7 +351,7 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[6],
 static void release_hold(struct lock_thread *t, struct lock_hold *h)
 {
 	struct lease *l = &h->lease;
-	struct backend_item it = lease_item(l);
+	struct backend_item it = lock_lease_item(l);
 	char err[192] = "";
 
 	renew_untrack(l);
@@ -413,11 +408,10 @@ void lock_atfork_child(void)
 void lock_flush(void)
 {
 	struct lock_thread *t = self;
+	char err[192];
 
-	if (t && t->conn && backend->flush(t->conn) != 0) {
-		backend->close(t->conn);
-		t->conn = NULL;
-	}
+	if (t && t->conn)
+		conn_check(t, backend->flush(t->conn), err, sizeof(err));
 }
 
 void lock_release_all(void)
@@ -431,7 +425,7 @@ void lock_release_all(void)
 	n = renew_drain(&copies);
 
 	for (int i = 0; i < n; i++) {
-		struct backend_item it = lease_item(&copies[i]);
+		struct backend_item it = lock_lease_item(&copies[i]);
 
 		if (!c && !(c = backend->open(redis, err, sizeof(err)))) {
 			LOG(LOG_ERROR, "exit: cannot release %d lock(s): %s", n - i, err);

@@ -19,6 +19,7 @@
 #define LOCK_MAX_HOLDS 64
 
 struct backend_ops;
+struct backend_item;
 
 enum lease_state { LEASE_HELD, LEASE_LOST, LEASE_OVERRUN };
 
@@ -72,6 +73,10 @@ void lock_flush(void);
 
 /* Releases every lease the process still holds (used at exit). */
 void lock_release_all(void);
+
+/* Returns the backend's view of l (key, value, lease and waiting settings);
+ * the strings stay owned by l. */
+struct backend_item lock_lease_item(const struct lease *l);
 
 /* Returns the number of holds of the calling thread (for tests). */
 int lock_thread_holds(void);

@@ -174,9 +174,7 @@ static int renew_batch(const struct lease *batch, int n, int *results, char *err
 	if (!conn && !(conn = backend->open(redis, err, errlen)))
 		return -1;
 	for (int i = 0; i < n; i++) {
-		items[i] = (struct backend_item){ .key = batch[i].key, .klen = batch[i].klen,
-						  .val = batch[i].val, .vlen = batch[i].vlen,
-						  .lease_ms = batch[i].spec->lease_ms };
+		items[i] = lock_lease_item(&batch[i]);
 	}
 	if (backend->renew(conn, n, items, results) == 0)
 		return 0;
