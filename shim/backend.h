@@ -31,7 +31,10 @@ struct backend_item {
 	int waiting;             /* default mode: queued (not the plain fast path) */
 	long long waiter_ttl_ms; /* a waiter silent this long leaves the queue;
 				  * also the TTL of a lock handed to a waiter */
-	long long handoff_ms;    /* default mode: barging allowed this long */
+	long long handoff_us;    /* default mode: barging allowed this long */
+	int turn_done;           /* release: the holder has had the lock handoff_us,
+				  * or is idle: a queued waiter gets it even if not
+				  * due yet */
 };
 
 struct backend_ops {
@@ -44,9 +47,7 @@ struct backend_ops {
 	 * Takes the lock: SET NX PX, or (fair, or waiting) a script that takes
 	 * it when free and nobody is ahead, else joins the queue. On 0, *wait_ms
 	 * is how long a wait for a signal may take at most (the key's remaining
-	 * TTL, or the queue head's); or -1: not queued yet, call again waiting;
-	 * or -1 - d: no signal can come for d ms, sleep that long (Redis fires
-	 * short BLPOP timeouts late) and call again.
+	 * TTL, or the queue head's); or -1: not queued yet, call again waiting.
 	 */
 	int (*acquire)(struct backend_conn *c, const struct backend_item *it,
 		       long long *wait_ms);

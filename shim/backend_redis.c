@@ -9,13 +9,15 @@
  * text. Auxiliary keys hang off the lock key:
  *   <key>:q, :qx     waiters by arrival and by expiry (a waiter that stops
  *                    refreshing is purged within its waiter TTL)
- *   <key>:due        while waiters queue: when a release must hand over
+ *   <key>:due        while waiters queue: when a release must hand over (µs, Redis TIME)
  *   <key>:w:<token>  a waiter's signal list: "g" (the lock was handed to it)
  *                    or "w" (it is free: try again); waiters BLPOP it
  * A release with a waiter due hands the lock straight to the queue head
  * (fair mode: always; default mode: handoff_ms after the head arrived or
- * after the last hand-off); otherwise it deletes the key and the releaser
- * may take it again, which keeps a busy caller fast without starving others.
+ * after the last hand-off, or when the releaser has had it that long or is
+ * idle); otherwise it deletes the key and wakes the head, and the releaser
+ * may take it again first, which keeps a busy caller fast without starving
+ * others.
  * Asynchronous releases are written at once (as EVAL, so NOSCRIPT cannot
  * delay them) and remembered; their replies are read in front of the next
  * command's reply (one round trip for both), or by flush. hiredis is linked
@@ -34,7 +36,8 @@
 #include "log.h"
 
 #define LUA_NOW                                                                 \
-	"local t = redis.call('time') local now = t[1] * 1000 + math.floor(t[2] / 1000) "
+	"local t = redis.call('time') local nowu = t[1] * 1000000 + t[2] "      \
+	"local now = math.floor(nowu / 1000) "
 #define LUA_PURGE                                                               \
 	"for _, w in ipairs(redis.call('zrangebyscore', qx, '-inf', now)) do "  \
 	"redis.call('zrem', q, w) redis.call('zrem', qx, w) end "
@@ -43,14 +46,12 @@ enum script { S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, NSCRIPTS };
 
 static const char *const scripts[NSCRIPTS] = {
 	/*
-	 * ARGV: token, lease, waiter ttl, fair, hand-off ms. Takes the lock when
+	 * ARGV: token, lease, waiter ttl, fair, hand-off µs. Takes the lock when
 	 * free (fair: only with nobody ahead), else joins the queue or refreshes
 	 * our place; the first waiter sets :due, when a release must hand over.
-	 * Returns -1 when the lock is ours; -1 - d for the head not yet due: sleep
-	 * d ms (no signal can come before; an idle holder released without one),
-	 * then ask again; else how long to wait for a signal at most: the lock's
-	 * remaining TTL, or the head's expiry when the lock is free but someone
-	 * else is ahead.
+	 * Returns -1 when the lock is ours; else how long to wait for a signal
+	 * at most: the lock's remaining TTL, or the head's expiry when the lock
+	 * is free but someone else is ahead.
 	 */
 	[S_ENQUEUE] =
 	"local K, tok = KEYS[1], ARGV[1] local q, qx, due = K .. ':q', K .. ':qx', K .. ':due' "
@@ -65,23 +66,22 @@ static const char *const scripts[NSCRIPTS] = {
 	"if redis.call('exists', q) == 0 then redis.call('del', due) end return -1 end "
 	"local keep = 4 * ttl + lease "
 	"if not redis.call('zscore', q, tok) then "
-	"if not head then redis.call('set', due, now + tonumber(ARGV[5]), 'PX', keep) end "
+	"if not head then redis.call('set', due, nowu + tonumber(ARGV[5]), 'PX', keep) end "
 	"redis.call('zadd', q, now, tok) head = head or tok end "
 	"redis.call('zadd', qx, now + ttl, tok) "
 	"redis.call('pexpire', q, keep) redis.call('pexpire', qx, keep) "
 	"redis.call('pexpire', due, keep) "
 	"local left = redis.call('pttl', K) "
 	"if left <= 0 then return math.max(tonumber(redis.call('zscore', qx, head)) - now, 1) end "
-	"if head == tok then local d = tonumber(redis.call('get', due) or now) - now "
-	"if d > 0 and d < left then return -1 - d end end return left",
+	"return left",
 	/*
-	 * ARGV: token, grant ttl, hand-off ms, signal ttl. Releases the lock only
-	 * while it holds our token. No waiter, or none due yet: delete it (the
-	 * releaser may take it again). Else hand it to the queue head: the key
-	 * takes the head's token (for the grant ttl, until its first renewal) and
-	 * the head's list gets "g"; in default mode the next waiter, now head,
-	 * gets "w" so that it re-arms its timer for when it is due (in fair mode
-	 * every release hands over: it just waits).
+	 * ARGV: token, grant ttl, hand-off µs, signal ttl, turn done. Releases the
+	 * lock only while it holds our token. Nobody queued: delete it. The head
+	 * not due yet (it has waited less than hand-off µs) and the releaser not
+	 * done with its turn: delete it and wake the head ("w": try again; the
+	 * releaser may take it first). Else hand it to the head: the key takes
+	 * the head's token (for the grant ttl, until its first renewal), the
+	 * head's list gets "g", and the next waiter is due hand-off µs from now.
 	 */
 	[S_RELEASE] =
 	"local K, tok = KEYS[1], ARGV[1] "
@@ -89,19 +89,18 @@ static const char *const scripts[NSCRIPTS] = {
 	"local due = redis.call('get', K .. ':due') "
 	"if not due then redis.call('del', K) return 1 end "
 	LUA_NOW
-	"if now < tonumber(due) then redis.call('del', K) return 1 end "
 	"local q, qx = K .. ':q', K .. ':qx' " LUA_PURGE
 	"local head = redis.call('zrange', q, 0, 0)[1] "
 	"if not head then redis.call('del', K, K .. ':due') return 1 end "
-	"redis.call('set', K, head, 'PX', ARGV[2]) "
-	"redis.call('zrem', q, head) redis.call('zrem', qx, head) "
 	"local function signal(w, v) local s = K .. ':w:' .. w redis.call('del', s) "
 	"redis.call('rpush', s, v) redis.call('pexpire', s, ARGV[4]) end "
+	"if nowu < tonumber(due) and ARGV[5] ~= '1' then "
+	"redis.call('del', K) signal(head, 'w') return 1 end "
+	"redis.call('set', K, head, 'PX', ARGV[2]) "
+	"redis.call('zrem', q, head) redis.call('zrem', qx, head) "
 	"signal(head, 'g') "
-	"local nxt = redis.call('zrange', q, 0, 0)[1] "
-	"if not nxt then redis.call('del', K .. ':due') return 1 end "
-	"redis.call('set', K .. ':due', now + tonumber(ARGV[3]), 'KEEPTTL') "
-	"if ARGV[3] ~= '0' then signal(nxt, 'w') end return 1",
+	"if redis.call('exists', q) == 0 then redis.call('del', K .. ':due') return 1 end "
+	"redis.call('set', K .. ':due', nowu + tonumber(ARGV[3]), 'KEEPTTL') return 1",
 	/* ARGV: token, lease. 1 renewed, 0 gone or not ours. */
 	[S_RENEW] =
 	"if redis.call('get', KEYS[1]) == ARGV[1] then "
@@ -448,7 +447,7 @@ static int redis_acquire(struct backend_conn *c, const struct backend_item *it,
 			 long long *wait_ms)
 {
 	long long args[4] = { it->lease_ms, it->waiter_ttl_ms, it->fair,
-			      it->fair ? 0 : it->handoff_ms };
+			      it->fair ? 0 : it->handoff_us };
 	redisReply *r;
 	int rc;
 
@@ -506,13 +505,14 @@ static int send_async(struct backend_conn *c, enum script s, const struct backen
 
 static int redis_release(struct backend_conn *c, const struct backend_item *it, int async)
 {
-	long long args[3] = { it->waiter_ttl_ms, it->fair ? 0 : it->handoff_ms, WAKE_TTL_MS };
+	long long args[4] = { it->waiter_ttl_ms, it->fair ? 0 : it->handoff_us, WAKE_TTL_MS,
+			      it->turn_done };
 	redisReply *r;
 	int rc;
 
 	if (async)
-		return send_async(c, S_RELEASE, it, args, 3);
-	r = run_script(c, "release", S_RELEASE, it, args, 3);
+		return send_async(c, S_RELEASE, it, args, 4);
+	r = run_script(c, "release", S_RELEASE, it, args, 4);
 	if (!r)
 		return -1;
 	rc = r->type == REDIS_REPLY_INTEGER ? r->integer != 0 : conn_fail(c, "release", r);

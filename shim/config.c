@@ -85,6 +85,29 @@ static int get_int(struct errbuf *e, const config_setting_t *s, const char *what
 	return 0;
 }
 
+/* Accepts milliseconds as an integer or a decimal (0.5) in min..max ms;
+ * stores microseconds. */
+static int get_ms_as_us(struct errbuf *e, const config_setting_t *s, const char *what,
+			long long min, long long max, long long *out_us)
+{
+	int t = config_setting_type(s);
+	double v;
+
+	if (t != CONFIG_TYPE_FLOAT && t != CONFIG_TYPE_INT && t != CONFIG_TYPE_INT64)
+		return fail(e, s, what, "expected a number, got %s", type_name(s));
+	if (t != CONFIG_TYPE_FLOAT) {
+		if (get_int(e, s, what, min, max, out_us))
+			return -1;
+		*out_us *= 1000;
+		return 0;
+	}
+	v = config_setting_get_float(s);
+	if (!(v >= (double)min && v <= (double)max))
+		return fail(e, s, what, "value %g out of range (%lld..%lld)", v, min, max);
+	*out_us = (long long)(v * 1000 + 0.5);
+	return 0;
+}
+
 static int get_str(struct errbuf *e, const config_setting_t *s, const char *what,
 		   const char **out)
 {
@@ -178,7 +201,7 @@ static int get_named_number(struct errbuf *e, const config_setting_t *s,
 
 /* ---- per-lock settings ------------------------------------------------ */
 
-enum field_kind { F_INT, F_BOOL, F_STR, F_CALL, F_HOLD, F_ERRNO, F_SIGNAL, F_RETURN };
+enum field_kind { F_INT, F_USEC, F_BOOL, F_STR, F_CALL, F_HOLD, F_ERRNO, F_SIGNAL, F_RETURN };
 
 struct field {
 	const char *name;
@@ -205,7 +228,8 @@ static const struct field lock_fields[] = {
 	LOCK_FIELD(kill_grace_ms, F_INT, 0, LLONG_MAX / 4),
 	LOCK_FIELD(reentrant, F_BOOL, 0, 0),
 	LOCK_FIELD(fair, F_BOOL, 0, 0),
-	LOCK_FIELD(handoff_ms, F_INT, 0, 60000),
+	{ "handoff_ms", F_USEC, offsetof(struct lock_spec, handoff_us), 0, 60000 },
+	LOCK_FIELD(linger_ms, F_INT, 0, 60000),
 	LOCK_FIELD(stack_args_bytes, F_INT, 0, 65536),
 	LOCK_FIELD(retry_max_ms, F_INT, 1, 60000),
 	{ NULL, 0, 0, 0, 0 }
@@ -229,7 +253,8 @@ static void lock_builtin_defaults(struct lock_spec *l)
 	l->reentrant = 1;
 	l->stack_args_bytes = 256;
 	l->retry_max_ms = 100;
-	l->handoff_ms = 1;
+	l->handoff_us = 500;
+	l->linger_ms = 1;
 }
 
 static int apply_field(struct errbuf *e, const struct field *f,
@@ -251,6 +276,8 @@ static int apply_field(struct errbuf *e, const struct field *f,
 		else
 			*(long long *)dst = v;
 		return 0;
+	case F_USEC:
+		return get_ms_as_us(e, s, what, f->min, f->max, (long long *)dst);
 	case F_BOOL:
 		if (config_setting_type(s) != CONFIG_TYPE_BOOL)
 			return fail(e, s, what, "expected true or false, got %s",

@@ -28,7 +28,8 @@ struct lock_spec {
 	long long max_hold_ms;   /* 0 = unlimited */
 	long long kill_grace_ms;
 	long long retry_max_ms;
-	long long handoff_ms;    /* default mode: waiters let a releaser barge this long */
+	long long handoff_us;    /* default mode: waiters let a releaser barge this long */
+	long long linger_ms;     /* default mode: a released lock kept for the next call */
 	long long ret;           /* value a skipped call returns in rax */
 	double ret_double;       /* ... and in xmm0 */
 	int err;                 /* errno a skipped call sets */

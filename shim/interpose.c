@@ -151,7 +151,7 @@ static void before_exec(void)
 	if (!shim_active())
 		return;
 	guard_enter();
-	lock_flush();
+	lock_before_exec();
 	guard_leave();
 }
 

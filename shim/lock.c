@@ -34,6 +34,7 @@
 struct lock_hold {
 	struct lease lease;
 	int count;
+	int parked;  /* no call runs; kept for the thread's next one (renew_park) */
 	int foreign; /* inherited through fork: never renewed, never released */
 };
 
@@ -57,10 +58,22 @@ static const struct redis_spec *redis;
 static pthread_key_t thread_key;
 static __thread struct lock_thread *self __attribute__((tls_model("initial-exec")));
 
+static int take_back(struct lock_thread *t, struct lock_hold *h);
+static void release_hold(struct lock_thread *t, struct lock_hold *h, int idle);
+
+/* Releases every hold t keeps parked (its thread is ending). */
+static void release_parked(struct lock_thread *t)
+{
+	for (int i = 0; i < t->nholds; i++)
+		if (t->holds[i].parked && take_back(t, &t->holds[i]))
+			release_hold(t, &t->holds[i], 1);
+}
+
 static void thread_free(void *arg)
 {
 	struct lock_thread *t = arg;
 
+	release_parked(t);
 	if (t->conn) {
 		backend->flush(t->conn);
 		backend->close(t->conn);
@@ -141,7 +154,8 @@ struct backend_item lock_lease_item(const struct lease *l)
 		.key = l->key, .klen = l->klen, .val = l->val, .vlen = l->vlen,
 		.lease_ms = l->spec->lease_ms, .fair = l->spec->fair,
 		.waiter_ttl_ms = 2 * l->spec->retry_max_ms + redis->command_timeout_ms,
-		.handoff_ms = l->spec->handoff_ms,
+		.handoff_us = l->spec->handoff_us,
+		.turn_done = l->spec->handoff_us > 0 && util_now_us() >= l->reuse_until_us,
 	};
 	return it;
 }
@@ -196,10 +210,17 @@ static int64_t min64(int64_t a, int64_t b)
 	return a < b ? a : b;
 }
 
+/* Whether spec's lock may stay with its thread between calls. */
+static int lingers(const struct lock_spec *s)
+{
+	return !s->fair && s->handoff_us > 0 && s->linger_ms > 0;
+}
+
 /* Records that l is ours since `since` and logs it. */
 static int acquired(struct lease *l, int64_t since, int tries, const char *how)
 {
 	l->acquired_at = l->confirmed_at = since;
+	l->reuse_until_us = util_now_us() + l->spec->handoff_us;
 	LOG(LOG_DEBUG, "acquired %.*s for %s (%d tries%s)", (int)l->klen, l->key,
 	    l->spec->symbol, tries, how);
 	return LOCK_OK;
@@ -244,10 +265,6 @@ static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_r
 			it.waiting = 1; /* queued from now on (joins at once if not yet) */
 			if (hint == -1)
 				continue;
-			if (hint < -1) {
-				util_sleep_ms(min64(-1 - hint, deadline - now));
-				continue;
-			}
 			rc = conn_check(t, backend->wait(t->conn, &it,
 					min64(min64(hint, s->retry_max_ms), deadline - now)),
 					err, sizeof(err));
@@ -291,11 +308,63 @@ static struct lock_hold *find_hold(struct lock_thread *t, const char *key, size_
 	return NULL;
 }
 
+static struct lock_hold *find_parked(struct lock_thread *t, const char *key, size_t klen)
+{
+	for (int i = 0; i < t->nholds; i++) {
+		struct lock_hold *h = &t->holds[i];
+
+		if (h->parked && h->lease.klen == klen && memcmp(h->lease.key, key, klen) == 0)
+			return h;
+	}
+	return NULL;
+}
+
 static void push_call(struct lock_thread *t, struct lock_call *call, struct lock_hold *h)
 {
 	call->hold = h;
 	call->up = t->top;
 	t->top = call;
+}
+
+static void release_hold(struct lock_thread *t, struct lock_hold *h, int idle);
+
+/*
+ * Takes parked hold h back. Returns 1 when it is ours for a new call (no
+ * round trip); 0 when its slot is free again: the renewal thread released
+ * it, it was lost, or its reuse window closed (then it is released here).
+ */
+static int take_back(struct lock_thread *t, struct lock_hold *h)
+{
+	h->parked = 0;
+	if (!renew_unpark(&h->lease))
+		return 0;
+	if (util_now_us() < h->lease.reuse_until_us)
+		return 1;
+	release_hold(t, h, 0);
+	return 0;
+}
+
+/*
+ * Returns a free hold slot (a parked hold is given up when all are taken),
+ * or NULL. A slot at nholds is not counted until the caller fills it.
+ */
+static struct lock_hold *slot_get(struct lock_thread *t)
+{
+	for (int i = 0; i < t->nholds; i++)
+		if (!t->holds[i].count && !t->holds[i].parked)
+			return &t->holds[i];
+	if (t->nholds < LOCK_MAX_HOLDS)
+		return &t->holds[t->nholds];
+	for (int i = 0; i < t->nholds; i++) {
+		struct lock_hold *h = &t->holds[i];
+
+		if (h->parked) {
+			if (take_back(t, h))
+				release_hold(t, h, 1);
+			return h;
+		}
+	}
+	return NULL;
 }
 
 int lock_acquire(const struct lock_spec *spec, const uint64_t args[6],
@@ -319,12 +388,16 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[6],
 		push_call(t, call, h);
 		return LOCK_OK;
 	}
-	if (t->nholds == LOCK_MAX_HOLDS) {
+	if ((h = find_parked(t, key, klen)) != NULL && take_back(t, h)) {
+		h->count = 1;
+		push_call(t, call, h);
+		return LOCK_OK;
+	}
+	if ((h = slot_get(t)) == NULL) {
 		LOG(LOG_ERROR, "%s: more than %d locks held by one thread", spec->symbol,
 		    LOCK_MAX_HOLDS);
 		return LOCK_ERROR;
 	}
-	h = &t->holds[t->nholds];
 	memset(h, 0, offsetof(struct lock_hold, lease.key));
 	h->lease.spec = spec;
 	h->lease.klen = klen;
@@ -335,7 +408,8 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[6],
 		return rc;
 	h->count = 1;
 	h->foreign = 0;
-	t->nholds++;
+	if (h == &t->holds[t->nholds])
+		t->nholds++;
 	if (renew_track(&h->lease, first_renew) != 0)
 		LOG(LOG_ERROR, "%s: cannot start the renewal thread; lease %.*s will "
 		    "expire after %lld ms", spec->symbol, (int)klen, key, spec->lease_ms);
@@ -344,16 +418,41 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[6],
 }
 
 /*
+ * Keeps h, whose last call just ended, for the thread's next call when its
+ * lock lingers and its reuse window is open: the renewal thread releases it
+ * linger_ms from now or when the window closes, unless the thread takes it
+ * back first. Returns 1 when parked.
+ */
+static int park_hold(struct lock_hold *h)
+{
+	struct lease *l = &h->lease;
+	int64_t now;
+
+	if (h->foreign || !lingers(l->spec))
+		return 0;
+	now = util_now_us();
+	if (now >= l->reuse_until_us ||
+	    renew_park(l, min64(now + l->spec->linger_ms * 1000, l->reuse_until_us)) != 0)
+		return 0;
+	h->parked = 1;
+	LOG(LOG_DEBUG, "kept %.*s for the next call", (int)l->klen, l->key);
+	return 1;
+}
+
+/*
  * Stops renewing h and sends the compare-and-delete for its key without
  * waiting for the reply (read before the connection's next command, where a
- * failure is logged). Never sent for a hold inherited through fork.
+ * failure is logged). idle: the thread is not about to call again, so a
+ * queued waiter gets the lock at once. Never sent for a hold inherited
+ * through fork.
  */
-static void release_hold(struct lock_thread *t, struct lock_hold *h)
+static void release_hold(struct lock_thread *t, struct lock_hold *h, int idle)
 {
 	struct lease *l = &h->lease;
 	struct backend_item it = lock_lease_item(l);
 	char err[192] = "";
 
+	it.turn_done |= idle;
 	renew_untrack(l);
 	if (h->foreign)
 		return;
@@ -375,8 +474,10 @@ void lock_release(struct lock_call *call)
 	call->hold = NULL;
 	if (--h->count > 0)
 		return;
-	release_hold(t, h);
-	while (t->nholds > 0 && t->holds[t->nholds - 1].count == 0)
+	if (!park_hold(h))
+		release_hold(t, h, 0);
+	while (t->nholds > 0 && t->holds[t->nholds - 1].count == 0 &&
+	       !t->holds[t->nholds - 1].parked)
 		t->nholds--;
 }
 
@@ -397,8 +498,12 @@ void lock_atfork_child(void)
 		return;
 	set_identity(t);
 	t->seed[0] = util_mix64(t->seed[0] ^ (uint64_t)lock_pid); /* the child's own tokens */
-	for (int i = 0; i < t->nholds; i++)
+	for (int i = 0; i < t->nholds; i++) {
 		t->holds[i].foreign = 1;
+		t->holds[i].parked = 0; /* the parent's; its renewal thread releases it */
+	}
+	while (t->nholds > 0 && t->holds[t->nholds - 1].count == 0)
+		t->nholds--;
 	if (t->conn) {
 		backend->close(t->conn);
 		t->conn = NULL;
@@ -414,34 +519,58 @@ void lock_flush(void)
 		conn_check(t, backend->flush(t->conn), err, sizeof(err));
 }
 
+/*
+ * Sends the releases of the n leases in rel (copies, of any thread, whose
+ * threads are idle) on t's connection and reads the replies: one round trip.
+ * when names the occasion in messages.
+ */
+static void release_copies(struct lock_thread *t, const struct lease *rel, int n,
+			   const char *when)
+{
+	char err[192] = "";
+
+	for (int i = 0; i < n; i++) {
+		struct backend_item it = lock_lease_item(&rel[i]);
+
+		it.turn_done = 1;
+		if (conn_get(t, err, sizeof(err)) != 0) {
+			LOG(LOG_ERROR, "%s: cannot release %d lock(s) (they expire with their "
+			    "lease): %s", when, n - i, err);
+			return;
+		}
+		if (conn_check(t, send_async(t->conn, &it), err, sizeof(err)) < 0)
+			LOG(LOG_ERROR, "%s: release of %.*s failed (it expires within %lld ms): %s",
+			    when, (int)it.klen, it.key, it.lease_ms, err);
+		else
+			LOG(LOG_DEBUG, "%s: released %.*s", when, (int)it.klen, it.key);
+	}
+	lock_flush();
+}
+
+void lock_before_exec(void)
+{
+	struct lock_thread *t = thread_get();
+	struct lease *rel = malloc(sizeof(*rel) * LOCK_MAX_HOLDS);
+	int n;
+
+	lock_flush();
+	while (t && rel && (n = renew_take_parked(rel, LOCK_MAX_HOLDS)) > 0) {
+		release_copies(t, rel, n, "exec");
+		renew_parked_done(rel, n);
+	}
+	free(rel);
+}
+
 void lock_release_all(void)
 {
 	struct lease *copies = NULL;
-	struct backend_conn *c = NULL;
+	struct lock_thread *t;
 	int n;
-	char err[192];
 
 	lock_flush();
 	n = renew_drain(&copies);
-
-	for (int i = 0; i < n; i++) {
-		struct backend_item it = lock_lease_item(&copies[i]);
-
-		if (!c && !(c = backend->open(redis, err, sizeof(err)))) {
-			LOG(LOG_ERROR, "exit: cannot release %d lock(s): %s", n - i, err);
-			break;
-		}
-		if (backend->release(c, &it, 0) < 0) {
-			LOG(LOG_ERROR, "exit: release of %.*s failed: %s", (int)it.klen,
-			    it.key, backend->errstr(c));
-			backend->close(c);
-			c = NULL;
-		} else {
-			LOG(LOG_DEBUG, "exit: released %.*s", (int)it.klen, it.key);
-		}
-	}
-	if (c)
-		backend->close(c);
+	if (n && (t = thread_get()) != NULL)
+		release_copies(t, copies, n, "exit");
 	free(copies);
 }
 

@@ -23,6 +23,10 @@ struct backend_item;
 
 enum lease_state { LEASE_HELD, LEASE_LOST, LEASE_OVERRUN };
 
+/* A lease whose call ended but which its thread keeps for its next call
+ * (lock.c decides, renew.c releases it when it is not taken back). */
+enum park_state { PARK_NONE, PARK_PARKED, PARK_RELEASING };
+
 /* One Redis lock this process holds; tracked by the renewal thread. */
 struct lease {
 	struct lease *next, *prev; /* renew.c's list, under its mutex */
@@ -32,6 +36,9 @@ struct lease {
 	int64_t confirmed_at;      /* last time Redis confirmed ownership */
 	int64_t next_renew_at;
 	int state;                 /* enum lease_state, under renew.c's mutex */
+	int park;                  /* enum park_state, under renew.c's mutex */
+	int64_t park_until_us;     /* parked: when the renewal thread releases it */
+	int64_t reuse_until_us;    /* the thread may take it back until then */
 	size_t klen, vlen;
 	char key[KEY_BUF_SIZE];
 	char val[LOCK_VAL_SIZE];
@@ -70,6 +77,10 @@ void lock_atfork_child(void);
 /* Reads the replies of this thread's asynchronous releases, logging any
  * failure (before exec and fork; lock_release_all does it at exit). */
 void lock_flush(void);
+
+/* Releases every parked lease of the process and reads the replies of this
+ * thread's asynchronous releases (before exec: the renewal thread dies). */
+void lock_before_exec(void);
 
 /* Releases every lease the process still holds (used at exit). */
 void lock_release_all(void);

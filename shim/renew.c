@@ -11,14 +11,22 @@
  * to the leases still tracked (matched by id, so a lease released meanwhile
  * is never touched). Owners only link and unlink under the mutex; nobody
  * holds it across network I/O. Linking signals the thread only when the new
- * lease is due before the thread's planned wake-up (thread_wake_at), so a
+ * lease is due before the thread's planned wake-up (thread_wake_us), so a
  * guarded call normally costs no context switch.
+ *
+ * Parked leases (lock.c: a call ended, its thread may take the lock back for
+ * its next call) stay in the list and keep being renewed. At park_until the
+ * thread marks one RELEASING, releases it on its own connection (all due
+ * ones in one round trip) and unlinks it; an owner taking it back meanwhile
+ * waits on the second condvar until that is done, so a lease is released by
+ * exactly one thread, and its memory stays valid until its owner has seen it.
  *
  * Lease states: HELD -> LOST when Redis says the key is gone or someone
  * else's, or when Redis stayed unreachable for a whole lease since the last
  * confirmation; HELD -> OVERRUN when max_hold_ms passes (renewal stops).
  * Both apply the lock's policy once: log, kill (kill_signal, then SIGKILL
- * after kill_grace_ms) or abort. The thread blocks all signals and runs with
+ * after kill_grace_ms) or abort; a parked lease has no call to protect, so
+ * losing it is only logged. The thread blocks all signals and runs with
  * the guard set, so it never enters a wrapper. A fork child starts with an
  * empty list and no thread; at exit renew_drain hands the leases back.
  */
@@ -41,10 +49,11 @@
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv;
+static pthread_cond_t done_cv; /* a parked lease's release finished */
 static struct lease head = { .next = &head, .prev = &head };
 static int running, stopping, kill_pending;
 static int64_t kill_at;
-static int64_t thread_wake_at; /* when the sleeping thread wakes up anyway */
+static int64_t thread_wake_us; /* when the sleeping thread wakes up anyway */
 static uint64_t next_id;
 static const struct backend_ops *backend;
 static const struct redis_spec *redis;
@@ -57,6 +66,7 @@ static void cv_init(void)
 	pthread_condattr_init(&a);
 	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
 	pthread_cond_init(&cv, &a);
+	pthread_cond_init(&done_cv, NULL);
 	pthread_condattr_destroy(&a);
 }
 
@@ -111,7 +121,8 @@ static int collect_due(int64_t now, struct lease *batch, int64_t *wake)
 
 		if (l->state != LEASE_HELD)
 			continue;
-		if (s->max_hold_ms && now - l->acquired_at >= s->max_hold_ms) {
+		if (s->max_hold_ms && l->park == PARK_NONE &&
+		    now - l->acquired_at >= s->max_hold_ms) {
 			l->state = LEASE_OVERRUN;
 			act(l, s->on_overrun, "exceeded max_hold_ms; renewal stopped");
 			continue;
@@ -126,6 +137,17 @@ static int collect_due(int64_t now, struct lease *batch, int64_t *wake)
 			*wake = l->next_renew_at;
 	}
 	return n;
+}
+
+/* Marks l lost; applies on_lost unless it is parked (no call runs). */
+static void lost(struct lease *l, const char *why)
+{
+	l->state = LEASE_LOST;
+	if (l->park == PARK_NONE)
+		act(l, l->spec->on_lost, why);
+	else
+		LOG(LOG_WARN, "%s: parked lease on %.*s %s", l->spec->symbol, (int)l->klen,
+		    l->key, why);
 }
 
 static struct lease *find_id(uint64_t id)
@@ -150,11 +172,9 @@ static void apply(const struct lease *batch, const int *results, int n, int rc,
 		if (rc == 0 && results[i] == 1) {
 			l->confirmed_at = sent;
 		} else if (rc == 0 && results[i] == 0) {
-			l->state = LEASE_LOST;
-			act(l, l->spec->on_lost, "was lost (key gone or owned by another)");
+			lost(l, "was lost (key gone or owned by another)");
 		} else if (now - l->confirmed_at >= l->spec->lease_ms) {
-			l->state = LEASE_LOST;
-			act(l, l->spec->on_lost, "expired while Redis was unreachable");
+			lost(l, "expired while Redis was unreachable");
 		} else {
 			int64_t retry = period(l) / 3;
 
@@ -184,9 +204,94 @@ static int renew_batch(const struct lease *batch, int n, int *results, char *err
 	return -1;
 }
 
+/*
+ * Copies up to max parked leases due by upto_us into out, marking them
+ * RELEASING; sets *next_us to the earliest parked deadline left (or leaves
+ * it). Returns how many. Called with mu held.
+ */
+static int take_parked(int64_t upto_us, struct lease *out, int max, int64_t *next_us)
+{
+	int n = 0;
+
+	for (struct lease *l = head.next; l != &head; l = l->next) {
+		if (l->park != PARK_PARKED)
+			continue;
+		if (l->park_until_us <= upto_us && n < max) {
+			l->park = PARK_RELEASING;
+			out[n++] = *l;
+		} else if (l->park_until_us < *next_us) {
+			*next_us = l->park_until_us;
+		}
+	}
+	return n;
+}
+
+static void unlink_lease(struct lease *l)
+{
+	if (l->next) {
+		l->prev->next = l->next;
+		l->next->prev = l->prev;
+		l->next = l->prev = NULL;
+	}
+}
+
+/* Unlinks the released leases in done and wakes owners waiting for them.
+ * Holds mu. */
+static void parked_done(const struct lease *done, int n)
+{
+	for (int i = 0; i < n; i++) {
+		struct lease *l = find_id(done[i].id);
+
+		if (l) {
+			unlink_lease(l);
+			l->park = PARK_NONE;
+		}
+	}
+	if (n)
+		pthread_cond_broadcast(&done_cv);
+}
+
+/* Releases the parked leases in rel on the thread's connection, one round
+ * trip for all; failures are logged (the keys expire with their lease). */
+static void release_parked(const struct lease *rel, int n)
+{
+	char err[192];
+
+	if (!conn && !(conn = backend->open(redis, err, sizeof(err)))) {
+		LOG(LOG_ERROR, "release of %d parked lock(s) failed (they expire with "
+		    "their lease): %s", n, err);
+		return;
+	}
+	for (int i = 0; i < n; i++) {
+		struct backend_item it = lock_lease_item(&rel[i]);
+
+		it.turn_done = 1; /* its thread is idle: a waiter may have it now */
+		if (backend->release(conn, &it, 1) < 0)
+			break;
+	}
+	if (backend->flush(conn) != 0) {
+		LOG(LOG_ERROR, "release of parked lock(s) failed: %s", backend->errstr(conn));
+		backend->close(conn);
+		conn = NULL;
+	}
+}
+
+/* Sleeps until wake_us (monotonic µs; INT64_MAX: until signalled). Holds mu. */
+static void sleep_until(int64_t wake_us)
+{
+	struct timespec ts = { wake_us / 1000000, (wake_us % 1000000) * 1000 };
+
+	thread_wake_us = wake_us;
+	if (wake_us == INT64_MAX)
+		pthread_cond_wait(&cv, &mu);
+	else
+		pthread_cond_timedwait(&cv, &mu, &ts);
+	thread_wake_us = 0; /* awake: it will look at the list again */
+}
+
 static void *renew_main(void *arg)
 {
-	static struct lease batch[RENEW_BATCH];
+	static struct lease batch[RENEW_BATCH], rel[RENEW_BATCH];
 	static int results[RENEW_BATCH];
 	char err[192];
 
@@ -194,24 +299,23 @@ static void *renew_main(void *arg)
 	guard_enter();
 	pthread_mutex_lock(&mu);
 	while (!stopping) {
-		int64_t now = util_now_ms(), wake;
-		int n = collect_due(now, batch, &wake), rc;
+		int64_t now_us = util_now_us(), now = now_us / 1000, wake, wake_us = INT64_MAX;
+		int n = collect_due(now, batch, &wake), rc = 0;
+		int np = take_parked(now_us, rel, RENEW_BATCH, &wake_us);
 
-		if (n == 0) {
-			struct timespec ts = { wake / 1000, (wake % 1000) * 1000000 };
-
-			thread_wake_at = wake;
-			if (wake == INT64_MAX)
-				pthread_cond_wait(&cv, &mu);
-			else
-				pthread_cond_timedwait(&cv, &mu, &ts);
-			thread_wake_at = 0; /* awake: it will look at the list again */
+		if (n == 0 && np == 0) {
+			sleep_until(wake == INT64_MAX || wake * 1000 > wake_us ? wake_us
+									       : wake * 1000);
 			continue;
 		}
 		pthread_mutex_unlock(&mu);
 		err[0] = 0;
-		rc = renew_batch(batch, n, results, err, sizeof(err));
+		if (np)
+			release_parked(rel, np);
+		if (n)
+			rc = renew_batch(batch, n, results, err, sizeof(err));
 		pthread_mutex_lock(&mu);
+		parked_done(rel, np);
 		apply(batch, results, n, rc, now, err);
 	}
 	running = 0;
@@ -246,6 +350,7 @@ int renew_track(struct lease *l, int64_t first_ms)
 	pthread_mutex_lock(&mu);
 	l->id = ++next_id;
 	l->state = LEASE_HELD;
+	l->park = PARK_NONE;
 	l->next_renew_at = l->acquired_at + first_ms;
 	l->next = &head;
 	l->prev = head.prev;
@@ -255,7 +360,7 @@ int renew_track(struct lease *l, int64_t first_ms)
 		rc = start_thread();
 	/* Only a lease due before the thread's planned wake-up needs a signal:
 	 * a guarded call costs no context switch in the common case. */
-	if (l->next_renew_at < thread_wake_at)
+	if (l->next_renew_at * 1000 < thread_wake_us)
 		pthread_cond_signal(&cv);
 	pthread_mutex_unlock(&mu);
 	return rc;
@@ -267,13 +372,74 @@ int renew_untrack(struct lease *l)
 
 	pthread_mutex_lock(&mu);
 	state = l->state;
-	if (l->next) {
-		l->prev->next = l->next;
-		l->next->prev = l->prev;
-		l->next = l->prev = NULL;
-	}
+	unlink_lease(l);
 	pthread_mutex_unlock(&mu);
 	return state;
+}
+
+int renew_park(struct lease *l, int64_t until_us)
+{
+	int rc = -1;
+
+	pthread_mutex_lock(&mu);
+	if (l->next && l->state == LEASE_HELD && !stopping) {
+		l->park = PARK_PARKED;
+		l->park_until_us = until_us;
+		if (until_us < thread_wake_us)
+			pthread_cond_signal(&cv);
+		rc = 0;
+	}
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+/* Waits until no parked lease is being released. Holds mu. */
+static void wait_releases(struct lease *only)
+{
+	for (;;) {
+		struct lease *l = head.next;
+
+		while (l != &head && !(l->park == PARK_RELEASING && (!only || l == only)))
+			l = l->next;
+		if (l == &head)
+			return;
+		pthread_cond_wait(&done_cv, &mu);
+	}
+}
+
+int renew_unpark(struct lease *l)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&mu);
+	wait_releases(l);
+	if (l->park == PARK_PARKED && l->state == LEASE_HELD) {
+		l->acquired_at = util_now_ms(); /* max_hold_ms counts from this call */
+		rc = 1;
+	} else {
+		unlink_lease(l);
+	}
+	l->park = PARK_NONE;
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+int renew_take_parked(struct lease *out, int max)
+{
+	int64_t next = INT64_MAX;
+	int n;
+
+	pthread_mutex_lock(&mu);
+	n = take_parked(INT64_MAX, out, max, &next);
+	pthread_mutex_unlock(&mu);
+	return n;
+}
+
+void renew_parked_done(const struct lease *done, int n)
+{
+	pthread_mutex_lock(&mu);
+	parked_done(done, n);
+	pthread_mutex_unlock(&mu);
 }
 
 int renew_drain(struct lease **copies)
@@ -283,6 +449,7 @@ int renew_drain(struct lease **copies)
 	*copies = NULL;
 	pthread_mutex_lock(&mu);
 	stopping = 1;
+	wait_releases(NULL);
 	for (struct lease *l = head.next; l != &head; l = l->next)
 		n++;
 	if (n && (*copies = malloc(sizeof(**copies) * (size_t)n)) == NULL)
@@ -321,7 +488,7 @@ void renew_atfork_child(void)
 	}
 	head.next = head.prev = &head;
 	running = kill_pending = 0;
-	thread_wake_at = 0;
+	thread_wake_us = 0;
 	if (conn) {
 		backend->close(conn);
 		conn = NULL;

@@ -19,7 +19,31 @@ int renew_track(struct lease *l, int64_t first_ms);
 int renew_untrack(struct lease *l);
 
 /*
- * Untracks every lease and returns copies of them in *copies (malloc'd; the
+ * Parks tracked l: its call ended and its thread may take it back; unless
+ * renew_unpark comes first, the thread releases it at until_us (monotonic
+ * µs) and untracks it. Returns 0, or -1 when l is no longer held (lost,
+ * overrun, or exiting): the caller releases it as usual.
+ */
+int renew_park(struct lease *l, int64_t until_us);
+
+/*
+ * Takes parked l back, waiting while the thread releases it. Returns 1 when
+ * it is still ours and tracked, 0 when it was released or lost (untracked:
+ * its memory is free for reuse).
+ */
+int renew_unpark(struct lease *l);
+
+/*
+ * Marks every parked lease of the process as being released and copies up to
+ * max of them into out; returns how many. The caller releases them and then
+ * calls renew_parked_done (before exec: the thread dies with the image).
+ */
+int renew_take_parked(struct lease *out, int max);
+void renew_parked_done(const struct lease *done, int n);
+
+/*
+ * Untracks every lease (parked ones too, once no release of one is in
+ * flight) and returns copies of them in *copies (malloc'd; the
  * caller frees it). Returns the count, 0 when none. Used once, at exit.
  */
 int renew_drain(struct lease **copies);

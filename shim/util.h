@@ -19,6 +19,15 @@ static inline int64_t util_now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Returns CLOCK_MONOTONIC in microseconds. */
+static inline int64_t util_now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 /* A bijective 64-bit mixer (the splitmix64 finaliser): hashing, tokens. */
 static inline uint64_t util_mix64(uint64_t x)
 {

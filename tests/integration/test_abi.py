@@ -45,7 +45,8 @@ def test_skipped_call_returns_configured_values(progs, redis, tmp_path):
 
 
 def test_exception_releases_the_lock(progs, redis, tmp_path, procs):
-    cfg = write_config(tmp_path, redis, locks(["may_throw"], 'lease_ms = 60000;'))
+    # linger_ms = 0: the unwinding path itself releases, not the renewal thread.
+    cfg = write_config(tmp_path, redis, locks(["may_throw"], 'lease_ms = 60000; linger_ms = 0;'))
     p = procs([progs["throw"]], cfg)
     assert p.expect("caught") == "caught boom"
     assert p.expect("again") == "again 7"
@@ -59,7 +60,8 @@ def test_exception_releases_the_lock(progs, redis, tmp_path, procs):
 @pytest.mark.parametrize("prog,kind", [("jump", "longjmp"), ("jump", "siglongjmp"),
                                        ("jump_fortify", "longjmp")])
 def test_longjmp_releases_the_lock(progs, redis, tmp_path, procs, prog, kind):
-    cfg = write_config(tmp_path, redis, locks(["through"], 'lease_ms = 60000; reentrant = false; wait_ms = 0;'))
+    cfg = write_config(tmp_path, redis, locks(["through"], 'lease_ms = 60000; reentrant = false; '
+                                                         'wait_ms = 0; linger_ms = 0;'))
     p = procs([progs[prog], kind], cfg)
     assert p.expect("jumped") == "jumped"
     # Not reentrant and wait_ms = 0: "again 1" proves the hold was released.

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import RedisServer, Resp, run, write_config
+from conftest import RedisServer, Resp, run, wait_for, write_config
 
 BAD = [
     ('locks = ( { symbol = "hold_call"; on_timeout = "maybe"; } );',
@@ -106,7 +106,9 @@ locks = ( { symbol = "hold_call"; lease_ms = 60000; } );
     assert p.expect("call") == "call rc=42 errno=0"
     c = secured.client()
     c.cmd("SELECT", 1)
-    assert c.cmd("EXISTS", "lockshim:hold_call") == 0  # released after the call
+    # Released after the call (by the renewal thread, on its own connection,
+    # once linger_ms has passed).
+    wait_for(lambda: c.cmd("EXISTS", "lockshim:hold_call") == 0, what="release")
     c.close()
     p.send()
     assert p.finish()[0] == 0

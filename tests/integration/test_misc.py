@@ -29,7 +29,7 @@ def test_exec_initialises_the_shim_afresh(progs, redis, tmp_path, step):
 
 
 def test_release_falls_back_to_eval_after_script_flush(progs, redis, tmp_path, procs):
-    cfg = write_config(tmp_path, redis, LOCK)
+    cfg = write_config(tmp_path, redis, LOCK.replace("60000;", "60000; linger_ms = 0;"))
     p = procs([progs["driver"], "call:0", "stdin", "call:0", "stdin"], cfg)
     assert p.expect("call") == "call rc=42 errno=0"
     redis.cmd("SCRIPT", "FLUSH")

@@ -62,6 +62,7 @@ int main(void)
 		test_cond(l->max_hold_ms == 0 && l->on_overrun == HOLD_LOG);
 		test_cond(l->kill_signal == SIGTERM && l->kill_grace_ms == 5000);
 		test_cond(l->reentrant == 1 && l->stack_args_bytes == 256);
+		test_cond(l->fair == 0 && l->handoff_us == 500 && l->linger_ms == 1);
 	}
 	config_release(&cfg);
 
@@ -89,6 +90,20 @@ int main(void)
 	test_cond(cfg.locks[1].wait_ms == -1 && cfg.locks[1].stack_args_bytes == 48);
 	test_cond(strcmp(cfg.locks[1].key.prefix, "prod:") == 0);
 	config_release(&cfg);
+
+	test("handoff_ms takes whole or decimal milliseconds");
+	test_cond(load_text(&cfg, "locks = ( { symbol = \"a\"; handoff_ms = 2; linger_ms = 0; },\n"
+			    "          { symbol = \"b\"; handoff_ms = 0.25; } );", err,
+			    sizeof(err)) == 0);
+	test_cond(cfg.locks[0].handoff_us == 2000 && cfg.locks[0].linger_ms == 0);
+	test_cond(cfg.locks[1].handoff_us == 250);
+	config_release(&cfg);
+	test_cond(rejects("locks = ( { symbol = \"f\"; handoff_ms = -0.5; } );", "handoff_ms",
+			  "out of range"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; handoff_ms = \"1\"; } );", "handoff_ms",
+			  "expected a number"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; linger_ms = 0.5; } );", "linger_ms",
+			  "expected an integer"));
 
 	test("no locks is valid");
 	test_cond(load_text(&cfg, "namespace = \"x\";", err, sizeof(err)) == 0 && cfg.nlocks == 0);

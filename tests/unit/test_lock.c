@@ -2,7 +2,8 @@
 /*
  * Unit tests for lock.c and renew.c against an in-memory fake backend:
  * values, reentrancy, non-reentrant self-exclusion, LIFO holds, timeouts and
- * errors, longjmp unwinding, fork-child ownership, renewal and lease loss.
+ * errors, longjmp unwinding, fork-child ownership, renewal and lease loss,
+ * and locks kept between calls (linger_ms).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -152,6 +153,99 @@ static struct lock_spec spec(const char *key, int reentrant, long long wait_ms)
 
 static uint64_t args[6] = { 1, 2, 3, 4, 5, 6 };
 
+static void *other_thread_acquire(void *arg)
+{
+	struct lock_call c;
+	long rc = lock_acquire(arg, args, &c);
+
+	if (rc == LOCK_OK)
+		lock_release(&c);
+	return (void *)rc;
+}
+
+/* Waits up to ~2 s for key's presence to become want. */
+static int wait_stored(const char *key, int want)
+{
+	for (int i = 0; i < 400; i++) {
+		if ((stored(key) >= 0) == want)
+			return 1;
+		util_sleep_ms(5);
+	}
+	return 0;
+}
+
+/* linger_ms: a thread keeps a released lock for its next call. */
+static void test_parking(void)
+{
+	struct lock_spec p = spec("p", 1, 0), q = spec("q:{arg1}", 1, 0);
+	struct lock_call c1;
+	pthread_t th;
+	void *rc;
+
+	p.handoff_us = 10000000; /* 10 s: the reuse window */
+	p.linger_ms = 10000;
+	q.handoff_us = 10000000;
+	q.linger_ms = 40;
+
+	test("linger: a released lock stays ours; the next call takes no round trip");
+	n_set = n_del = 0;
+	test_cond(lock_acquire(&p, args, &c1) == LOCK_OK);
+	lock_release(&c1);
+	test_cond(stored("t:p") >= 0 && n_del == 0 && lock_thread_holds() == 1);
+	test_cond(lock_acquire(&p, args, &c1) == LOCK_OK);
+	test_cond(n_set == 1);
+	lock_release(&c1);
+
+	test("linger: another thread of the process does not get the kept lock");
+	test_cond(pthread_create(&th, NULL, other_thread_acquire, &p) == 0);
+	pthread_join(th, &rc);
+	test_cond((long)rc == LOCK_TIMEOUT && stored("t:p") >= 0);
+
+	test("linger: exec releases every kept lock first");
+	test_cond(stored("t:p") >= 0);
+	lock_before_exec();
+	test_cond(stored("t:p") < 0);
+	n_set = 0;
+	test_cond(lock_acquire(&p, args, &c1) == LOCK_OK && n_set == 1); /* taken afresh */
+	lock_release(&c1);
+	lock_before_exec();
+	test_cond(stored("t:p") < 0 && lock_thread_holds() <= 1);
+
+	test("linger: a call that ends after the reuse window releases at once");
+	n_del = 0;
+	q.handoff_us = 20000; /* 20 ms */
+	q.linger_ms = 10000;
+	test_cond(lock_acquire(&q, args, &c1) == LOCK_OK);
+	util_sleep_ms(30);
+	lock_release(&c1);
+	test_cond(stored("t:q:2") < 0 && n_del == 1);
+
+	test("linger: the renewal thread releases a lock not called again");
+	q.handoff_us = 10000000;
+	q.linger_ms = 40;
+	test_cond(lock_acquire(&q, args, &c1) == LOCK_OK);
+	lock_release(&c1);
+	test_cond(stored("t:q:2") >= 0);
+	test_cond(wait_stored("t:q:2", 0));
+	test_cond(lock_acquire(&q, args, &c1) == LOCK_OK); /* the slot is free again */
+	lock_release(&c1);
+	test_cond(wait_stored("t:q:2", 0));
+
+	test("linger: fair locks and linger_ms = 0 release at once");
+	p.handoff_us = 10000000;
+	p.fair = 1;
+	test_cond(lock_acquire(&p, args, &c1) == LOCK_OK);
+	lock_release(&c1);
+	test_cond(stored("t:p") < 0);
+	p.fair = 0;
+	p.linger_ms = 0;
+	test_cond(lock_acquire(&p, args, &c1) == LOCK_OK);
+	lock_release(&c1);
+	test_cond(stored("t:p") < 0);
+	key_tmpl_release(&p.key);
+	key_tmpl_release(&q.key);
+}
+
 int main(void)
 {
 	struct redis_spec redis = { 0 };
@@ -159,7 +253,7 @@ int main(void)
 	struct lock_call c1, c2, c3;
 	char host[256] = "";
 
-	log_threshold = -1; /* the events below are expected; keep the output clean */
+	log_threshold = getenv("TL") ? 3 : -1; /* the events below are expected; keep the output clean */
 	lock_setup(&fake, &redis);
 	gethostname(host, sizeof(host) - 1);
 
@@ -270,6 +364,7 @@ int main(void)
 		test_cond(stored("t:r") < 0);
 		key_tmpl_release(&r.key);
 	}
+	test_parking();
 	key_tmpl_release(&a.key);
 	key_tmpl_release(&b.key);
 	key_tmpl_release(&nr.key);
