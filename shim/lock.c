@@ -7,7 +7,11 @@
  * release is sent without waiting for its reply. A busy lock queues the
  * caller in Redis until a release wakes it or hands it the lock, up to
  * wait_ms (acquire_wait). No process-wide lock is taken while talking to
- * Redis; the renewal list's mutex is taken only to link or unlink a lease.
+ * Redis; the renewal list's mutex is taken only to link, park or unlink a
+ * lease. In default mode a hold whose call ended is kept ("parked") for the
+ * thread's next call on the same key, which takes it back without a round
+ * trip, for at most linger_ms and never past handoff_ms after it was taken;
+ * renew.c releases it otherwise (lock caching).
  * Holds form a stack: a key's outermost call always ends after every hold
  * taken inside it, exceptions and longjmp included, so the innermost hold
  * is the one that ends.
