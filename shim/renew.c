@@ -413,7 +413,7 @@ int renew_unpark(struct lease *l)
 
 	pthread_mutex_lock(&mu);
 	wait_releases(l);
-	if (l->park == PARK_PARKED && l->state == LEASE_HELD) {
+	if (l->park == PARK_PARKED && l->state == LEASE_HELD && l->next) {
 		l->acquired_at = util_now_ms(); /* max_hold_ms counts from this call */
 		rc = 1;
 	} else {
