@@ -10,9 +10,9 @@
  * trip on its own connection, then retakes the mutex and applies the replies
  * to the leases still tracked (matched by id, so a lease released meanwhile
  * is never touched). Owners only link and unlink under the mutex; nobody
- * holds it across network I/O. Linking signals the thread only when the new
- * lease is due before the thread's planned wake-up (thread_wake_us), so a
- * guarded call normally costs no context switch.
+ * holds it across network I/O. Linking or parking signals the thread only
+ * when the lease is due before the thread's planned wake-up
+ * (thread_wake_us), so a burst of guarded calls costs it one wake-up.
  *
  * Parked leases (lock.c: a call ended, its thread may take the lock back for
  * its next call) stay in the list and keep being renewed. At park_until the
