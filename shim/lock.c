@@ -62,15 +62,14 @@ static const struct redis_spec *redis;
 static pthread_key_t thread_key;
 static __thread struct lock_thread *self __attribute__((tls_model("initial-exec")));
 
-static int take_back(struct lock_thread *t, struct lock_hold *h);
-static void release_hold(struct lock_thread *t, struct lock_hold *h, int idle);
+static void give_up(struct lock_thread *t, struct lock_hold *h);
 
 /* Releases every hold t keeps parked (its thread is ending). */
 static void release_parked(struct lock_thread *t)
 {
 	for (int i = 0; i < t->nholds; i++)
-		if (t->holds[i].parked && take_back(t, &t->holds[i]))
-			release_hold(t, &t->holds[i], 1);
+		if (t->holds[i].parked)
+			give_up(t, &t->holds[i]);
 }
 
 static void thread_free(void *arg)
@@ -159,7 +158,6 @@ struct backend_item lock_lease_item(const struct lease *l)
 		.lease_ms = l->spec->lease_ms, .fair = l->spec->fair,
 		.waiter_ttl_ms = 2 * l->spec->retry_max_ms + redis->command_timeout_ms,
 		.handoff_us = l->spec->handoff_us,
-		.turn_done = l->spec->handoff_us > 0 && util_now_us() >= l->reuse_until_us,
 	};
 	return it;
 }
@@ -300,24 +298,16 @@ static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_r
 	return LOCK_TIMEOUT;
 }
 
-static struct lock_hold *find_hold(struct lock_thread *t, const char *key, size_t klen)
+/* Returns t's hold of key that is active (parked = 0: entered, not inherited
+ * through fork) or kept for the next call (parked = 1), or NULL. */
+static struct lock_hold *find_hold(struct lock_thread *t, const char *key, size_t klen,
+				   int parked)
 {
 	for (int i = t->nholds - 1; i >= 0; i--) {
 		struct lock_hold *h = &t->holds[i];
+		int match = parked ? h->parked : h->count > 0 && !h->foreign;
 
-		if (h->count > 0 && !h->foreign && h->lease.klen == klen &&
-		    memcmp(h->lease.key, key, klen) == 0)
-			return h;
-	}
-	return NULL;
-}
-
-static struct lock_hold *find_parked(struct lock_thread *t, const char *key, size_t klen)
-{
-	for (int i = 0; i < t->nholds; i++) {
-		struct lock_hold *h = &t->holds[i];
-
-		if (h->parked && h->lease.klen == klen && memcmp(h->lease.key, key, klen) == 0)
+		if (match && h->lease.klen == klen && memcmp(h->lease.key, key, klen) == 0)
 			return h;
 	}
 	return NULL;
@@ -348,6 +338,14 @@ static int take_back(struct lock_thread *t, struct lock_hold *h)
 	return 0;
 }
 
+/* Releases parked hold h unless the renewal thread already did; its slot
+ * is free afterwards. */
+static void give_up(struct lock_thread *t, struct lock_hold *h)
+{
+	if (take_back(t, h))
+		release_hold(t, h, 1);
+}
+
 /*
  * Returns a free hold slot (a parked hold is given up when all are taken),
  * or NULL. A slot at nholds is not counted until the caller fills it.
@@ -363,8 +361,7 @@ static struct lock_hold *slot_get(struct lock_thread *t)
 		struct lock_hold *h = &t->holds[i];
 
 		if (h->parked) {
-			if (take_back(t, h))
-				release_hold(t, h, 1);
+			give_up(t, h);
 			return h;
 		}
 	}
@@ -387,12 +384,12 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[6],
 		return LOCK_ERROR;
 	}
 	klen = key_expand(&spec->key, args, lock_pid, key);
-	if (spec->reentrant && (h = find_hold(t, key, klen)) != NULL) {
+	if (spec->reentrant && (h = find_hold(t, key, klen, 0)) != NULL) {
 		h->count++;
 		push_call(t, call, h);
 		return LOCK_OK;
 	}
-	if ((h = find_parked(t, key, klen)) != NULL && take_back(t, h)) {
+	if ((h = find_hold(t, key, klen, 1)) != NULL && take_back(t, h)) {
 		h->count = 1;
 		push_call(t, call, h);
 		return LOCK_OK;
@@ -456,7 +453,8 @@ static void release_hold(struct lock_thread *t, struct lock_hold *h, int idle)
 	struct backend_item it = lock_lease_item(l);
 	char err[192] = "";
 
-	it.turn_done |= idle;
+	it.turn_done = idle ||
+		       (l->spec->handoff_us > 0 && util_now_us() >= l->reuse_until_us);
 	renew_untrack(l);
 	if (h->foreign)
 		return;
