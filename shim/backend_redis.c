@@ -3,8 +3,9 @@
  * backend_redis.c - the Redis implementation of backend.h, over hiredis.
  *
  * An uncontended acquire is a plain SET NX PX; everything else is one Lua
- * script sent by EVALSHA (EVAL on NOSCRIPT), whose SHA1s come from SCRIPT
- * LOAD, pipelined with AUTH and SELECT when a connection opens. Keys and
+ * script sent by EVALSHA (EVAL on NOSCRIPT), named by the SHA-1 computed
+ * here, so a new connection sends its first command at once (AUTH and
+ * SELECT, when configured, go ahead of it in one round trip). Keys and
  * values are separate arguments with lengths, never spliced into command
  * text. Auxiliary keys hang off the lock key:
  *   <key>:q, :qx     waiters by arrival and by expiry (a waiter that stops
@@ -27,6 +28,7 @@
 
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +36,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "sha1.h"
 
 #define LUA_NOW                                                                 \
 	"local t = redis.call('time') local nowu = t[1] * 1000000 + t[2] "      \
@@ -128,12 +131,14 @@ struct pending {
 	char key[KEY_BUF_SIZE];
 };
 
+static char script_sha[NSCRIPTS][41];
+static pthread_once_t sha_once = PTHREAD_ONCE_INIT;
+
 struct backend_conn {
 	redisContext *ctx;
 	long long cmd_ms; /* command timeout */
 	int npending;
 	struct pending pend[PENDING_MAX];
-	char sha[NSCRIPTS][41];
 	char errstr[192];
 };
 
@@ -163,12 +168,12 @@ static void redis_close(struct backend_conn *c)
 	free(c);
 }
 
-/* Sends AUTH, SELECT and every SCRIPT LOAD in one round trip. */
+/* Sends AUTH and SELECT, when configured, in one round trip. */
 static int conn_setup(struct backend_conn *c, const struct redis_spec *r)
 {
 	const char *argv[3];
 	size_t lens[3];
-	int n = 0, first_script, rc = 0;
+	int n = 0, rc = 0;
 	char db[16];
 
 	if (r->password) {
@@ -188,23 +193,23 @@ static int conn_setup(struct backend_conn *c, const struct redis_spec *r)
 		redisAppendCommand(c->ctx, "SELECT %s", db);
 		n++;
 	}
-	first_script = n;
-	for (int s = 0; s < NSCRIPTS; s++, n++)
-		redisAppendCommand(c->ctx, "SCRIPT LOAD %s", scripts[s]);
 	for (int i = 0; i < n; i++) {
 		redisReply *rep = NULL;
 
 		if (redisGetReply(c->ctx, (void **)&rep) != REDIS_OK)
 			return conn_fail(c, "setup", NULL);
-		if (rep->type == REDIS_REPLY_ERROR) {
-			if (rc == 0)
-				rc = conn_fail(c, i == 0 && r->password ? "AUTH" : "setup", rep);
-		} else if (i >= first_script && rep->type == REDIS_REPLY_STRING) {
-			snprintf(c->sha[i - first_script], 41, "%s", rep->str);
-		}
+		if (rep->type == REDIS_REPLY_ERROR && rc == 0)
+			rc = conn_fail(c, i == 0 && r->password ? "AUTH" : "SELECT", rep);
 		freeReplyObject(rep);
 	}
 	return rc;
+}
+
+/* Names every script by its SHA-1, as Redis's script cache does. */
+static void sha_init(void)
+{
+	for (int s = 0; s < NSCRIPTS; s++)
+		sha1_hex(scripts[s], strlen(scripts[s]), script_sha[s]);
 }
 
 static struct backend_conn *redis_open(const struct redis_spec *r, char *err,
@@ -217,6 +222,7 @@ static struct backend_conn *redis_open(const struct redis_spec *r, char *err,
 		snprintf(err, errlen, "out of memory");
 		return NULL;
 	}
+	pthread_once(&sha_once, sha_init);
 	c->ctx = r->socket ? redisConnectUnixWithTimeout(r->socket, ct)
 			   : redisConnectWithTimeout(r->host, r->port, ct);
 	if (!c->ctx || c->ctx->err) {
@@ -325,7 +331,7 @@ static int append_script(struct backend_conn *c, enum script s,
 		resp_arg(&r, scripts[s], strlen(scripts[s]));
 	} else {
 		resp_arg(&r, "EVALSHA", 7);
-		resp_arg(&r, c->sha[s], 40);
+		resp_arg(&r, script_sha[s], 40);
 	}
 	resp_arg(&r, "1", 1);
 	resp_arg(&r, it->key, it->klen);

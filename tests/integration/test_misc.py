@@ -41,6 +41,21 @@ def test_release_falls_back_to_eval_after_script_flush(progs, redis, tmp_path, p
     assert rc == 0 and "release of" not in err, err
 
 
+def test_scripts_are_named_without_script_load(progs, redis, tmp_path):
+    """The shim names its scripts by their SHA-1 itself: no SCRIPT LOAD on
+    connect, and once a script is cached, another process's EVALSHA finds it."""
+    cfg = write_config(tmp_path, redis, 'locks = ( { symbol = "hold_call"; fair = true; } );\n')
+    redis.cmd("CONFIG", "RESETSTAT")
+    for _ in range(2):
+        r = run([progs["driver"], "call:0"], cfg)
+        assert "call rc=42 errno=0" in r.stdout, r.stderr
+    stats = redis.cmd("INFO", "commandstats") + redis.cmd("INFO", "errorstats")
+    assert "cmdstat_script:" not in stats
+    assert "cmdstat_evalsha:calls=2," in stats  # the fair acquire, once per process
+    # Only the first process met an empty script cache.
+    assert "errorstat_NOSCRIPT:count=1\r" in stats
+
+
 def test_symbol_defined_in_the_executable_is_reported(progs, redis, tmp_path):
     cfg = write_config(tmp_path, redis, 'locks = ( { symbol = "local_step"; } );\n')
     r = run([progs["local"]], cfg)
