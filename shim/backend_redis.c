@@ -8,8 +8,9 @@
  * SELECT, when configured, go ahead of it in one round trip). Keys and
  * values are separate arguments with lengths, never spliced into command
  * text. Auxiliary keys hang off the lock key:
- *   <key>:q, :qx     waiters by arrival and by expiry (a waiter that stops
- *                    refreshing is purged within its waiter TTL)
+ *   <key>:q, :qx     waiters by arrival (a counter: Redis runs many
+ *                    arrivals in one millisecond) and by expiry (a waiter
+ *                    that stops refreshing is purged within its waiter TTL)
  *   <key>:due        while waiters queue: when a release must hand over (µs, Redis TIME)
  *   <key>:w:<token>  a waiter's signal list: "g" (the lock was handed to it)
  *                    or "w" (it is free: try again); waiters BLPOP it
@@ -70,7 +71,8 @@ static const char *const scripts[NSCRIPTS] = {
 	"local keep = 4 * ttl + lease "
 	"if not redis.call('zscore', q, tok) then "
 	"if not head then redis.call('set', due, nowu + tonumber(ARGV[5]), 'PX', keep) end "
-	"redis.call('zadd', q, now, tok) head = head or tok end "
+	"local last = redis.call('zrange', q, -1, -1, 'WITHSCORES')[2] "
+	"redis.call('zadd', q, (tonumber(last) or 0) + 1, tok) head = head or tok end "
 	"redis.call('zadd', qx, now + ttl, tok) "
 	"redis.call('pexpire', q, keep) redis.call('pexpire', qx, keep) "
 	"redis.call('pexpire', due, keep) "

@@ -56,6 +56,29 @@ def test_fair_mode_orders_waiters_by_arrival(progs, redis, tmp_path, procs):
     assert open(order).read().split() == [str(w.p.pid) for w in waiters]
 
 
+def test_fair_mode_orders_waiters_that_join_within_one_millisecond(progs, redis, tmp_path,
+                                                                 procs):
+    """Arrival order, not token order, even when Redis queues every waiter in
+    the same millisecond: their enqueue commands are held back with CLIENT
+    PAUSE, one waiter at a time, and then run back to back."""
+    c = cfg(tmp_path, redis, "fair = true; wait_ms = 30000;")
+    order = str(tmp_path / "order")
+    run([progs["driver"], "log:" + str(tmp_path / "warm-up")], c)  # scripts cached
+    redis.cmd("CLIENT", "PAUSE", str(int(60000 * MULT)), "WRITE")
+    try:
+        waiters = []
+        for n in range(1, 6):
+            waiters.append(procs([progs["driver"], "log:" + order], c))
+            wait_for(lambda: redis.cmd("CLIENT", "LIST").count("cmd=evalsha") == n,
+                     what="waiter %d held back" % n)
+    finally:
+        redis.cmd("CLIENT", "UNPAUSE")
+    for w in waiters:
+        assert w.expect("log") == "log rc=1 errno=0"
+        assert w.finish()[0] == 0
+    assert open(order).read().split() == [str(w.p.pid) for w in waiters]
+
+
 def test_default_mode_bounds_starvation_by_a_barging_holder(progs, redis, tmp_path, procs):
     """A holder that calls again the moment it releases would win every race;
     after handoff_ms the release hands the lock to the queued waiter instead."""
