@@ -25,7 +25,14 @@
 
 static __thread uintptr_t stack_hi __attribute__((tls_model("initial-exec")));
 
-/* Returns the top of this thread's stack, or UINTPTR_MAX when unknown. */
+extern void *__libc_stack_end; /* ld.so: the initial thread's stack pointer at entry */
+
+/*
+ * Returns the top of this thread's stack, or UINTPTR_MAX when unknown. For
+ * the initial thread, where glibc would parse /proc/self/maps (~0.1 ms), the
+ * stack pointer at process entry: only argv, the environment and the aux
+ * vector lie above it, never a caller's arguments.
+ */
 static uintptr_t thread_stack_top(void)
 {
 	pthread_attr_t a;
@@ -33,6 +40,8 @@ static uintptr_t thread_stack_top(void)
 	size_t size;
 	uintptr_t top = UINTPTR_MAX;
 
+	if (pthread_equal(pthread_self(), shim_initial_thread) && __libc_stack_end)
+		return (uintptr_t)__libc_stack_end;
 	if (pthread_getattr_np(pthread_self(), &a) == 0) {
 		if (pthread_attr_getstack(&a, &addr, &size) == 0)
 			top = (uintptr_t)addr + size;

@@ -28,6 +28,7 @@
 #include "tramp.h"
 
 int shim_state;
+pthread_t shim_initial_thread;
 static struct config cfg;
 
 static void die_config(const char *msg)
@@ -94,6 +95,7 @@ __attribute__((constructor)) static void shim_init(void)
 	char err[768];
 
 	guard_enter();
+	shim_initial_thread = pthread_self();
 	log_set_pid(getpid());
 	if (!path || !*path)
 		path = CONFIG_DEFAULT_PATH;

@@ -31,6 +31,17 @@ def test_every_shape_is_carried_unchanged(progs, redis, tmp_path):
     assert "deep 100000" in plain.stdout
 
 
+def test_a_wide_stack_argument_window_stops_at_the_top_of_the_stack(progs, redis, tmp_path):
+    """64 KiB of "stack arguments" above main's frame run past the end of the
+    process's stack: the copy is clamped there instead of faulting."""
+    cfg = write_config(tmp_path, redis, 'locks = ( { symbol = "hold_call"; '
+                                        'stack_args_bytes = 65536; } );\n')
+    r = run([progs["driver"], "call:0", "fork"], cfg)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "call rc=42 errno=0" in lines and "child-own rc=42 errno=0" in lines, r.stdout
+
+
 def test_skipped_call_returns_configured_values(progs, redis, tmp_path):
     """A skipped call returns `return` in rax and xmm0 and sets errno."""
     redis.cmd("SET", "lockshim:busy", "someone", "PX", "60000")
