@@ -264,6 +264,8 @@ static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_r
 		if (now >= deadline)
 			break;
 		if (rc == 0) {
+			if (!it.waiting)
+				renew_start(); /* while waiting, not while holding */
 			it.waiting = 1; /* queued from now on (joins at once if not yet) */
 			if (hint == -1)
 				continue;

@@ -366,6 +366,17 @@ int renew_track(struct lease *l, int64_t first_ms)
 	return rc;
 }
 
+int renew_start(void)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&mu);
+	if (!running && !stopping)
+		rc = start_thread();
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
 int renew_untrack(struct lease *l)
 {
 	int state;

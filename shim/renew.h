@@ -15,6 +15,10 @@ void renew_setup(const struct backend_ops *ops, const struct redis_spec *redis);
  * need). Returns 0 or -errno. */
 int renew_track(struct lease *l, int64_t first_ms);
 
+/* Starts the thread if it is not running yet, so that a caller about to
+ * wait for a lock does not pay for it once it holds one. Returns 0 or -errno. */
+int renew_start(void);
+
 /* Stops renewing l. Returns its final enum lease_state. */
 int renew_untrack(struct lease *l);
 
