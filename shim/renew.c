@@ -323,7 +323,8 @@ static void *renew_main(void *arg)
 	return NULL;
 }
 
-/* Starts the thread with every signal blocked. Called with mu held. */
+/* Starts the thread, with every signal blocked, unless it runs already or
+ * the process is exiting. Called with mu held. Returns 0 or -errno. */
 static int start_thread(void)
 {
 	sigset_t all, old;
@@ -331,6 +332,8 @@ static int start_thread(void)
 	pthread_t th;
 	int rc;
 
+	if (running || stopping)
+		return 0;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
 	pthread_attr_init(&a);
@@ -345,7 +348,7 @@ static int start_thread(void)
 
 int renew_track(struct lease *l, int64_t first_ms)
 {
-	int rc = 0;
+	int rc;
 
 	pthread_mutex_lock(&mu);
 	l->id = ++next_id;
@@ -356,8 +359,7 @@ int renew_track(struct lease *l, int64_t first_ms)
 	l->prev = head.prev;
 	head.prev->next = l;
 	head.prev = l;
-	if (!running && !stopping)
-		rc = start_thread();
+	rc = start_thread();
 	/* Only a lease due before the thread's planned wake-up needs a signal:
 	 * a guarded call costs no context switch in the common case. */
 	if (l->next_renew_at * 1000 < thread_wake_us)
@@ -368,11 +370,10 @@ int renew_track(struct lease *l, int64_t first_ms)
 
 int renew_start(void)
 {
-	int rc = 0;
+	int rc;
 
 	pthread_mutex_lock(&mu);
-	if (!running && !stopping)
-		rc = start_thread();
+	rc = start_thread();
 	pthread_mutex_unlock(&mu);
 	return rc;
 }
