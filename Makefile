@@ -23,9 +23,11 @@ SHIM_CFLAGS := $(BASE_CFLAGS) -fPIC -fvisibility=hidden -fexceptions \
 # hiredis is linked statically with hidden symbols, so neither the shim nor a
 # program linking another hiredis can see the other's copy. Debian's
 # libconfig.a is not PIC, so libconfig is linked dynamically; it is only
-# used by the constructor, before anything is redirected.
-HIREDIS_A := $(shell $(CC) -print-file-name=libhiredis.a)
-SHIM_LIBS := $(HIREDIS_A) -lconfig -lpthread -ldl
+# used by the constructor, before anything is redirected. The archive's path
+# is asked of the compiler when the link runs (`=`, not `:=`), after the
+# dependency check; `-z defs` makes any unresolved symbol a link error.
+HIREDIS_A = $(shell $(CC) -print-file-name=libhiredis.a)
+SHIM_LIBS = $(HIREDIS_A) -lconfig -lpthread -ldl
 
 SHIM_SRC := guard log config key sha1 backend_redis lock renew hook redirect \
 	redirect_reloc dispatch interpose dlpath init arch_$(ARCH)
@@ -40,7 +42,7 @@ all: $(BUILD)/liblockshim.so $(BUILD)/lockshim
 
 $(BUILD)/liblockshim.so: $(SHIM_OBJ) shim/shim.map
 	$(CC) -shared $(SAN) -o $@ $(SHIM_OBJ) -Wl,--version-script=shim/shim.map \
-		-Wl,--exclude-libs,ALL -Wl,-z,relro,-z,now,-z,noexecstack \
+		-Wl,--exclude-libs,ALL -Wl,-z,defs,-z,relro,-z,now,-z,noexecstack \
 		$(LDFLAGS) $(SHIM_LIBS)
 
 $(BUILD)/lockshim: $(CLI_OBJ)
@@ -59,8 +61,13 @@ $(BUILD)/tests/test_%: tests/unit/test_%.c $(UNIT_OBJ) | $(BUILD)/tests
 	$(CC) $(BASE_CFLAGS) $(CFLAGS) -Itests/unit -o $@ $< $(UNIT_OBJ) $(LDFLAGS) \
 		-lconfig -lpthread
 
-$(BUILD)/shim $(BUILD)/cli $(BUILD)/tests:
-	mkdir -p $@
+# Every build directory waits for the check of the build dependencies, which
+# names the missing Debian packages and the command installing them.
+$(BUILD)/shim $(BUILD)/cli $(BUILD)/tests: build-deps
+	@mkdir -p $@
+
+build-deps:
+	@scripts/install-deps.sh --check --build
 
 deps:
 	scripts/install-deps.sh
@@ -68,20 +75,26 @@ deps:
 unit: $(UNIT_BIN)
 	@for t in $(UNIT_BIN); do $$t || exit 1; done
 
-test: deps all unit
+# Targets that install packages first build in a second make, which reads
+# this file again once the packages are there.
+test: deps
+	$(MAKE) all unit
 	$(PYTEST) -q tests/integration
 
 asan:
 	$(MAKE) BUILD=build/asan SANITIZER=address,undefined all unit
 
-test-asan: deps asan
+test-asan: deps
+	$(MAKE) asan
 	LOCKSHIM_BUILD=build/asan LOCKSHIM_TEST_ASAN=1 $(PYTEST) -q tests/integration
 
-bench: all
+bench:
 	scripts/install-deps.sh --bench
+	$(MAKE) all
 	/usr/bin/python3 bench/bench.py --make --build $(BUILD)
 
-demo: deps all
+demo: deps
+	$(MAKE) all
 	examples/demo.sh $(BUILD)
 
 install: all
@@ -97,6 +110,6 @@ uninstall:
 clean:
 	rm -rf build
 
-.PHONY: all deps unit test asan test-asan bench demo install uninstall clean
+.PHONY: all build-deps deps unit test asan test-asan bench demo install uninstall clean
 
 -include $(wildcard $(BUILD)/*/*.d)

@@ -51,7 +51,7 @@ run_batch() { # $1: "plain" or "guarded"
 	got=$(cat "$work/ledger-$1")
 	printf '%-8s %d processes x %d entries: balance %d of %d expected (%d lost) in %.2f s\n' \
 		"$1" $procs $entries "$got" $expected $((expected - got)) \
-		"$(echo "$end - $start" | bc)"
+		"$(awk "BEGIN { print $end - $start }")"
 }
 
 echo "lockshim demo: $procs copies of a legacy batch job post to one ledger file"
