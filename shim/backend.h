@@ -11,12 +11,16 @@
  * Releases may be sent asynchronously: the command is written at once and
  * its reply read before the next command on that connection (or by flush),
  * so an uncontended guarded call costs one round trip. A failed asynchronous
- * release is logged when its reply is read.
+ * release is logged when its reply is read; one whose reply never comes is
+ * handed back to the caller (unconfirmed), who retries it elsewhere.
  */
 #ifndef LOCKSHIM_BACKEND_H
 #define LOCKSHIM_BACKEND_H
 
 #include <stddef.h>
+
+/* A lock value (token and holder identity) is at most this long. */
+#define BACKEND_VAL_MAX 448
 
 struct redis_spec;
 struct backend_conn;
@@ -45,23 +49,39 @@ struct backend_ops {
 	void (*close)(struct backend_conn *c);
 	/*
 	 * Takes the lock: SET NX PX, or (fair, or waiting) a script that takes
-	 * it when free and nobody is ahead, else joins the queue. On 0, *wait_ms
-	 * is how long a wait for a signal may take at most (the key's remaining
-	 * TTL, or the queue head's); or -1: not queued yet, call again waiting.
+	 * it when free and nobody is ahead, else joins the queue. The key
+	 * holding it->val already (an earlier attempt whose reply was lost)
+	 * counts as taken. On 0, *wait_ms is how long a wait for a signal may
+	 * take at most (the key's remaining TTL, or the queue head's), or -1:
+	 * not queued yet, call again waiting; and holder[0..*holder_len) is the
+	 * holder's value (BACKEND_VAL_MAX bytes at most; length 0 when unknown).
 	 */
 	int (*acquire)(struct backend_conn *c, const struct backend_item *it,
-		       long long *wait_ms);
-	/* Deletes key only while it still holds val, and wakes one waiter.
-	 * async: do not wait for the reply. */
+		       long long *wait_ms, char *holder, size_t *holder_len);
+	/* Deletes key only while it still holds val, or hands it to the queue
+	 * head. async: do not wait for the reply (returns 1 once sent). */
 	int (*release)(struct backend_conn *c, const struct backend_item *it, int async);
 	/* Blocks until a release signals this waiter or timeout_ms passes.
 	 * Returns 2 when the lock was handed to it, 1 woken, 0 timed out, -1. */
 	int (*wait)(struct backend_conn *c, const struct backend_item *it,
 		    long long timeout_ms);
-	/* Leaves the queue (a waiter that gives up). Asynchronous. */
-	int (*leave)(struct backend_conn *c, const struct backend_item *it);
+	/*
+	 * Forgets token it->val: leaves the queue, and deletes the key when it
+	 * holds the token (a grant the waiter will not use, or an acquire whose
+	 * reply was lost), waking the next waiter. Returns 1 when the key held
+	 * it, 0 when not; async: 1 once sent.
+	 */
+	int (*leave)(struct backend_conn *c, const struct backend_item *it, int async);
 	/* Reads the replies of asynchronous commands. Returns 0 or -1. */
 	int (*flush)(struct backend_conn *c);
+	/*
+	 * After a failure of c: passes each asynchronous command whose reply was
+	 * never read (a release or a leave that Redis may or may not have run)
+	 * to fn, as an item to be forgotten later, and drops them. The item's
+	 * strings are valid during the call only.
+	 */
+	void (*unconfirmed)(struct backend_conn *c,
+			    void (*fn)(void *arg, const struct backend_item *it), void *arg);
 	/*
 	 * Extends n keys still holding their values, in one round trip.
 	 * Fills results[i] with 1 (renewed) or 0 (gone or owned by another).

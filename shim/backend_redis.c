@@ -1,8 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * backend_redis.c - the Redis implementation of backend.h, over hiredis.
+ * backend_redis.c - the Redis implementation of backend.h.
  *
- * An uncontended acquire is a plain SET NX PX; everything else is one Lua
+ * Sockets are net.c's (no SIGPIPE, never a descriptor the program took
+ * back); hiredis parses the replies (its redisReader, linked statically
+ * with hidden symbols). An uncontended acquire is a plain SET NX PX GET
+ * (GET tells who holds a busy lock; a server older than Redis 7.0 refuses
+ * NX with GET, and then plain SET NX is sent); everything else is one Lua
  * script sent by EVALSHA (EVAL on NOSCRIPT), named by the SHA-1 computed
  * here, so a new connection sends its first command at once (AUTH and
  * SELECT, when configured, go ahead of it in one round trip). Keys and
@@ -22,21 +26,20 @@
  * others.
  * Asynchronous releases are written at once (as EVAL, so NOSCRIPT cannot
  * delay them) and remembered; their replies are read in front of the next
- * command's reply (one round trip for both), or by flush. hiredis is linked
- * statically with hidden symbols.
+ * command's reply (one round trip for both), or by flush. Those whose reply
+ * never came are handed back by unconfirmed().
  */
 #include "backend.h"
 
-#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include "config.h"
 #include "log.h"
+#include "net.h"
 #include "sha1.h"
 
 #define LUA_NOW                                                                 \
@@ -54,12 +57,13 @@ static const char *const scripts[NSCRIPTS] = {
 	 * free (fair: only with nobody ahead), else joins the queue or refreshes
 	 * our place; the first waiter sets :due, when a release must hand over.
 	 * Returns -1 when the lock is ours; else how long to wait for a signal
-	 * at most: the lock's remaining TTL, or the head's expiry when the lock
-	 * is free but someone else is ahead.
+	 * at most (the lock's remaining TTL, or the head's expiry when the lock
+	 * is free but someone else is ahead) and the holder's value.
 	 */
 	[S_ENQUEUE] =
 	"local K, tok = KEYS[1], ARGV[1] local q, qx, due = K .. ':q', K .. ':qx', K .. ':due' "
-	"if redis.call('get', K) == tok then redis.call('zrem', q, tok) "
+	"local cur = redis.call('get', K) "
+	"if cur == tok then redis.call('zrem', q, tok) "
 	"redis.call('zrem', qx, tok) redis.call('del', K .. ':w:' .. tok) return -1 end "
 	LUA_NOW LUA_PURGE
 	"local ttl, lease = tonumber(ARGV[3]), tonumber(ARGV[2]) "
@@ -77,8 +81,8 @@ static const char *const scripts[NSCRIPTS] = {
 	"redis.call('pexpire', q, keep) redis.call('pexpire', qx, keep) "
 	"redis.call('pexpire', due, keep) "
 	"local left = redis.call('pttl', K) "
-	"if left <= 0 then return math.max(tonumber(redis.call('zscore', qx, head)) - now, 1) end "
-	"return left",
+	"if left <= 0 then return {math.max(tonumber(redis.call('zscore', qx, head)) - now, 1), ''} end "
+	"return {left, cur or ''}",
 	/*
 	 * ARGV: token, grant ttl, hand-off µs, signal ttl, turn done. Releases the
 	 * lock only while it holds our token. Nobody queued: delete it. The head
@@ -110,146 +114,141 @@ static const char *const scripts[NSCRIPTS] = {
 	[S_RENEW] =
 	"if redis.call('get', KEYS[1]) == ARGV[1] then "
 	"return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end",
-	/* ARGV: token, signal ttl. Leaves the queue; when the lock is free, the
-	 * next head is woken ("w") to take it. */
+	/* ARGV: token, signal ttl. Forgets the token: leaves the queue, deletes
+	 * the lock if it holds the token; when the lock is free, the next head
+	 * is woken ("w") to take it. 1 when the lock held the token, else 0. */
 	[S_LEAVE] =
 	"local K, tok = KEYS[1], ARGV[1] local q, qx = K .. ':q', K .. ':qx' "
 	"redis.call('zrem', q, tok) redis.call('zrem', qx, tok) "
-	"redis.call('del', K .. ':w:' .. tok) "
-	"if redis.call('exists', q) == 0 then redis.call('del', K .. ':due') return 1 end "
+	"redis.call('del', K .. ':w:' .. tok) local mine = 0 "
+	"if redis.call('get', K) == tok then redis.call('del', K) mine = 1 end "
+	"if redis.call('exists', q) == 0 then redis.call('del', K .. ':due') return mine end "
 	"if redis.call('exists', K) == 0 then "
 	"local s = K .. ':w:' .. redis.call('zrange', q, 0, 0)[1] "
 	"redis.call('del', s) redis.call('rpush', s, 'w') redis.call('pexpire', s, ARGV[2]) end "
-	"return 1",
+	"return mine",
 };
 
 #define PENDING_MAX 16
 #define WAKE_TTL_MS 1000 /* a wake-up outlives a waiter's race window, no more */
 #define NAME_MAX_LEN (KEY_BUF_SIZE + 512)
+#define RECV_CHUNK 16384
 
 /* An asynchronous command whose reply is still unread. */
 struct pending {
-	size_t klen;
+	enum script script;
+	long long lease_ms;
+	size_t klen, vlen;
 	char key[KEY_BUF_SIZE];
+	char val[BACKEND_VAL_MAX];
 };
 
 static char script_sha[NSCRIPTS][41];
 static pthread_once_t sha_once = PTHREAD_ONCE_INIT;
+static int no_set_get; /* the server refuses SET ... NX GET (before Redis 7.0) */
 
 struct backend_conn {
-	redisContext *ctx;
-	long long cmd_ms; /* command timeout */
+	struct net_sock sock;
+	redisReader *reader;
+	char *out;          /* commands not sent yet */
+	size_t outlen, outcap;
+	long long cmd_ms;   /* command timeout */
 	int npending;
 	struct pending pend[PENDING_MAX];
+	char ioerr[160];    /* the last transport error */
 	char errstr[192];
 };
 
+/* Sets errstr to "what: reason", the reason being r's error text or the
+ * last transport error. Returns -1. */
 static int conn_fail(struct backend_conn *c, const char *what, const redisReply *r)
 {
 	if (r && r->type == REDIS_REPLY_ERROR)
 		snprintf(c->errstr, sizeof(c->errstr), "%s: %s", what, r->str);
-	else if (c->ctx && c->ctx->err)
-		snprintf(c->errstr, sizeof(c->errstr), "%s: %s", what, c->ctx->errstr);
+	else if (c->ioerr[0])
+		snprintf(c->errstr, sizeof(c->errstr), "%s: %s", what, c->ioerr);
 	else
 		snprintf(c->errstr, sizeof(c->errstr), "%s: unexpected reply", what);
 	return -1;
-}
-
-static struct timeval ms_tv(long long ms)
-{
-	struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000 };
-	return tv;
 }
 
 static void redis_close(struct backend_conn *c)
 {
 	if (!c)
 		return;
-	if (c->ctx)
-		redisFree(c->ctx);
+	net_close(&c->sock);
+	if (c->reader)
+		redisReaderFree(c->reader);
+	free(c->out);
 	free(c);
 }
 
-/* Sends AUTH and SELECT, when configured, in one round trip. */
-static int conn_setup(struct backend_conn *c, const struct redis_spec *r)
+/* Queues len bytes for sending. Returns 0 or -1. */
+static int out_add(struct backend_conn *c, const char *buf, size_t len)
 {
-	const char *argv[3];
-	size_t lens[3];
-	int n = 0, rc = 0;
-	char db[16];
+	if (c->outlen + len > c->outcap) {
+		size_t cap = c->outcap ? c->outcap : 4096;
+		char *p;
 
-	if (r->password) {
-		int k = 0;
-
-		argv[k++] = "AUTH";
-		if (r->username)
-			argv[k++] = r->username;
-		argv[k++] = r->password;
-		for (int i = 0; i < k; i++)
-			lens[i] = strlen(argv[i]);
-		redisAppendCommandArgv(c->ctx, k, argv, lens);
-		n++;
+		while (cap < c->outlen + len)
+			cap *= 2;
+		p = realloc(c->out, cap);
+		if (!p) {
+			snprintf(c->ioerr, sizeof(c->ioerr), "out of memory");
+			return -1;
+		}
+		c->out = p;
+		c->outcap = cap;
 	}
-	if (r->db) {
-		snprintf(db, sizeof(db), "%d", r->db);
-		redisAppendCommand(c->ctx, "SELECT %s", db);
-		n++;
-	}
-	for (int i = 0; i < n; i++) {
-		redisReply *rep = NULL;
-
-		if (redisGetReply(c->ctx, (void **)&rep) != REDIS_OK)
-			return conn_fail(c, "setup", NULL);
-		if (rep->type == REDIS_REPLY_ERROR && rc == 0)
-			rc = conn_fail(c, i == 0 && r->password ? "AUTH" : "SELECT", rep);
-		freeReplyObject(rep);
-	}
-	return rc;
+	memcpy(c->out + c->outlen, buf, len);
+	c->outlen += len;
+	return 0;
 }
 
-/* Names every script by its SHA-1, as Redis's script cache does. */
-static void sha_init(void)
+/* Sends what is queued. Returns 0 or -1 (ioerr set). */
+static int out_flush(struct backend_conn *c)
 {
-	for (int s = 0; s < NSCRIPTS; s++)
-		sha1_hex(scripts[s], strlen(scripts[s]), script_sha[s]);
-}
+	size_t n = c->outlen;
 
-static struct backend_conn *redis_open(const struct redis_spec *r, char *err,
-				       size_t errlen)
-{
-	struct backend_conn *c = calloc(1, sizeof(*c));
-	struct timeval ct = ms_tv(r->connect_timeout_ms);
-
-	if (!c) {
-		snprintf(err, errlen, "out of memory");
-		return NULL;
-	}
-	pthread_once(&sha_once, sha_init);
-	c->ctx = r->socket ? redisConnectUnixWithTimeout(r->socket, ct)
-			   : redisConnectWithTimeout(r->host, r->port, ct);
-	if (!c->ctx || c->ctx->err) {
-		const char *why = c->ctx ? c->ctx->errstr : "out of memory";
-
-		if (r->socket)
-			snprintf(err, errlen, "connect to %s: %s", r->socket, why);
-		else
-			snprintf(err, errlen, "connect to %s:%d: %s", r->host, r->port, why);
-		redis_close(c);
-		return NULL;
-	}
-	fcntl(c->ctx->fd, F_SETFD, FD_CLOEXEC);
-	c->cmd_ms = r->command_timeout_ms;
-	if (redisSetTimeout(c->ctx, ms_tv(c->cmd_ms)) != REDIS_OK || conn_setup(c, r) != 0) {
-		snprintf(err, errlen, "%s", c->errstr[0] ? c->errstr : "setup failed");
-		redis_close(c);
-		return NULL;
-	}
-	return c;
+	c->outlen = 0;
+	return n ? net_send(&c->sock, c->out, n, c->ioerr, sizeof(c->ioerr)) : 0;
 }
 
 /*
- * Commands are written in RESP into a stack buffer and handed to hiredis
- * ready-made: no format parsing, no allocation on the hot path.
+ * Sends what is queued, then reads one reply. Returns 0 with *r set (the
+ * caller frees it with freeReplyObject), or -1 with ioerr set.
+ */
+static int get_reply(struct backend_conn *c, redisReply **r)
+{
+	char buf[RECV_CHUNK];
+	void *rep = NULL;
+
+	if (out_flush(c) != 0)
+		return -1;
+	for (;;) {
+		ssize_t n;
+
+		if (redisReaderGetReply(c->reader, &rep) != REDIS_OK) {
+			snprintf(c->ioerr, sizeof(c->ioerr), "protocol error: %s", c->reader->errstr);
+			return -1;
+		}
+		if (rep) {
+			*r = rep;
+			return 0;
+		}
+		n = net_recv(&c->sock, buf, sizeof(buf), c->ioerr, sizeof(c->ioerr));
+		if (n < 0)
+			return -1;
+		if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK) {
+			snprintf(c->ioerr, sizeof(c->ioerr), "protocol error: %s", c->reader->errstr);
+			return -1;
+		}
+	}
+}
+
+/*
+ * Commands are written in RESP into a stack buffer and queued ready-made:
+ * no format parsing, no allocation on the hot path.
  */
 struct resp {
 	char *p, *end;
@@ -301,6 +300,11 @@ static int resp_arg(struct resp *r, const char *s, size_t n)
 	return 0;
 }
 
+static int resp_str(struct resp *r, const char *s)
+{
+	return resp_arg(r, s, strlen(s));
+}
+
 static int resp_num(struct resp *r, long long v)
 {
 	char tmp[24];
@@ -308,15 +312,82 @@ static int resp_num(struct resp *r, long long v)
 	return resp_arg(r, tmp, (size_t)(put_num(tmp, v) - tmp));
 }
 
-/* Appends the built command to c's output buffer. Returns 0 or -1. */
+/* Queues the built command on c. Returns 0 or -1. */
 static int resp_append(struct backend_conn *c, struct resp *r)
 {
 	if (!r->p) {
 		snprintf(c->errstr, sizeof(c->errstr), "command too long");
 		return -1;
 	}
-	return redisAppendFormattedCommand(c->ctx, r->buf, (size_t)(r->p - r->buf)) ==
-	       REDIS_OK ? 0 : conn_fail(c, "append", NULL);
+	return out_add(c, r->buf, (size_t)(r->p - r->buf)) == 0 ? 0 : conn_fail(c, "append", NULL);
+}
+
+/* Sends AUTH and SELECT, when configured, in one round trip. */
+static int conn_setup(struct backend_conn *c, const struct redis_spec *r)
+{
+	struct resp cmd;
+	int n = 0, rc = 0;
+
+	if (r->password) {
+		resp_start(&cmd, r->username ? 3 : 2);
+		resp_str(&cmd, "AUTH");
+		if (r->username)
+			resp_str(&cmd, r->username);
+		resp_str(&cmd, r->password);
+		if (resp_append(c, &cmd) != 0)
+			return -1;
+		n++;
+	}
+	if (r->db) {
+		resp_start(&cmd, 2);
+		resp_str(&cmd, "SELECT");
+		resp_num(&cmd, r->db);
+		if (resp_append(c, &cmd) != 0)
+			return -1;
+		n++;
+	}
+	for (int i = 0; i < n; i++) {
+		redisReply *rep = NULL;
+
+		if (get_reply(c, &rep) != 0)
+			return conn_fail(c, "setup", NULL);
+		if (rep->type == REDIS_REPLY_ERROR && rc == 0)
+			rc = conn_fail(c, i == 0 && r->password ? "AUTH" : "SELECT", rep);
+		freeReplyObject(rep);
+	}
+	return rc;
+}
+
+/* Names every script by its SHA-1, as Redis's script cache does. */
+static void sha_init(void)
+{
+	for (int s = 0; s < NSCRIPTS; s++)
+		sha1_hex(scripts[s], strlen(scripts[s]), script_sha[s]);
+}
+
+static struct backend_conn *redis_open(const struct redis_spec *r, char *err,
+				       size_t errlen)
+{
+	struct backend_conn *c = calloc(1, sizeof(*c));
+
+	if (!c || !(c->reader = redisReaderCreate())) {
+		snprintf(err, errlen, "out of memory");
+		free(c);
+		return NULL;
+	}
+	pthread_once(&sha_once, sha_init);
+	c->cmd_ms = r->command_timeout_ms;
+	if (net_connect(&c->sock, r->host, r->port, r->socket, r->connect_timeout_ms, c->cmd_ms,
+			err, errlen) != 0) {
+		redis_close(c);
+		return NULL;
+	}
+	if (conn_setup(c, r) != 0) {
+		snprintf(err, errlen, "%s", c->errstr[0] ? c->errstr : "setup failed");
+		redis_close(c);
+		return NULL;
+	}
+	return c;
 }
 
 /* Appends EVALSHA (or EVAL) of script s on it's key and value, followed by
@@ -348,37 +419,39 @@ static int is_noscript(const redisReply *r)
 	return r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0;
 }
 
-/* Logs the outcome of an asynchronous release read back later. */
+/* Logs the outcome of an asynchronous command read back later. */
 static void settle_one(const struct pending *p, const redisReply *r)
 {
-	if (r->type == REDIS_REPLY_INTEGER && r->integer == 0)
+	if (r->type == REDIS_REPLY_INTEGER && r->integer == 0 && p->script == S_RELEASE)
 		LOG(LOG_WARN, "%.*s was no longer ours at release (expired or taken "
 		    "over); nothing deleted", (int)p->klen, p->key);
 	else if (r->type != REDIS_REPLY_INTEGER)
-		LOG(LOG_ERROR, "release of %.*s failed: %s", (int)p->klen, p->key,
+		LOG(LOG_ERROR, "%s of %.*s failed: %s",
+		    p->script == S_RELEASE ? "release" : "leave", (int)p->klen, p->key,
 		    r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
 }
 
 /*
  * Reads the replies of the pending asynchronous commands (they come before
- * any reply appended after them) and logs failures. Returns 0 or -1.
+ * any reply appended after them) and logs failures. On a transport error
+ * the unread ones stay pending for unconfirmed(). Returns 0 or -1.
  */
 static int settle(struct backend_conn *c)
 {
-	int n = c->npending;
+	int i;
 
-	c->npending = 0;
-	for (int i = 0; i < n; i++) {
+	for (i = 0; i < c->npending; i++) {
 		redisReply *r = NULL;
 
-		if (redisGetReply(c->ctx, (void **)&r) != REDIS_OK) {
-			LOG(LOG_ERROR, "%d release(s) unconfirmed (they expire with their "
-			    "lease): %s", n - i, c->ctx->errstr);
+		if (get_reply(c, &r) != 0) {
+			memmove(c->pend, c->pend + i, sizeof(c->pend[0]) * (size_t)(c->npending - i));
+			c->npending -= i;
 			return conn_fail(c, "release", NULL);
 		}
 		settle_one(&c->pend[i], r);
 		freeReplyObject(r);
 	}
+	c->npending = 0;
 	return 0;
 }
 
@@ -392,7 +465,7 @@ static redisReply *reply_after_pending(struct backend_conn *c, const char *what)
 
 	if (settle(c) != 0)
 		return NULL;
-	if (redisGetReply(c->ctx, (void **)&r) != REDIS_OK) {
+	if (get_reply(c, &r) != 0) {
 		conn_fail(c, what, NULL);
 		return NULL;
 	}
@@ -422,58 +495,88 @@ static redisReply *run_script(struct backend_conn *c, const char *what, enum scr
 	return r;
 }
 
-/* The uncontended path of the default mode: a plain SET NX PX. */
-static int set_nx(struct backend_conn *c, const struct backend_item *it)
+/* Copies a holder's value (a bulk reply) out. */
+static void holder_copy(const redisReply *r, char *holder, size_t *holder_len)
 {
+	*holder_len = 0;
+	if (r && r->type == REDIS_REPLY_STRING && r->len <= BACKEND_VAL_MAX) {
+		memcpy(holder, r->str, r->len);
+		*holder_len = r->len;
+	}
+}
+
+/*
+ * The uncontended path of the default mode: SET NX PX GET, whose reply is
+ * nil when the key was set, or the holder's value when it was not; the
+ * plain SET NX PX when the server is older than Redis 7.0.
+ */
+static int set_nx(struct backend_conn *c, const struct backend_item *it, char *holder,
+		  size_t *holder_len)
+{
+	int get = !__atomic_load_n(&no_set_get, __ATOMIC_RELAXED);
 	struct resp r;
 	redisReply *rep;
 	int rc;
 
-	resp_start(&r, 6);
+	resp_start(&r, get ? 7 : 6);
 	resp_arg(&r, "SET", 3);
 	resp_arg(&r, it->key, it->klen);
 	resp_arg(&r, it->val, it->vlen);
 	resp_arg(&r, "NX", 2);
 	resp_arg(&r, "PX", 2);
 	resp_num(&r, it->lease_ms);
+	if (get)
+		resp_arg(&r, "GET", 3);
 	if (resp_append(c, &r) != 0)
 		return -1;
 	rep = reply_after_pending(c, "SET NX");
 	if (!rep)
 		return -1;
-	if (rep->type == REDIS_REPLY_STATUS)
+	if (get && rep->type == REDIS_REPLY_ERROR && strstr(rep->str, "syntax error")) {
+		freeReplyObject(rep);
+		__atomic_store_n(&no_set_get, 1, __ATOMIC_RELAXED);
+		return set_nx(c, it, holder, holder_len);
+	}
+	if ((get && rep->type == REDIS_REPLY_NIL) || (!get && rep->type == REDIS_REPLY_STATUS)) {
 		rc = 1;
-	else if (rep->type == REDIS_REPLY_NIL)
+	} else if (rep->type == REDIS_REPLY_NIL) {
 		rc = 0;
-	else
+	} else if (get && rep->type == REDIS_REPLY_STRING) {
+		rc = rep->len == it->vlen && memcmp(rep->str, it->val, it->vlen) == 0;
+		if (!rc)
+			holder_copy(rep, holder, holder_len);
+	} else {
 		rc = conn_fail(c, "SET NX", rep);
+	}
 	freeReplyObject(rep);
 	return rc;
 }
 
 static int redis_acquire(struct backend_conn *c, const struct backend_item *it,
-			 long long *wait_ms)
+			 long long *wait_ms, char *holder, size_t *holder_len)
 {
 	long long args[4] = { it->lease_ms, it->waiter_ttl_ms, it->fair,
 			      it->fair ? 0 : it->handoff_us };
 	redisReply *r;
 	int rc;
 
+	*holder_len = 0;
 	if (!it->fair && !it->waiting) {
-		rc = set_nx(c, it);
 		*wait_ms = -1; /* not queued yet: ask again, queueing */
-		return rc;
+		return set_nx(c, it, holder, holder_len);
 	}
 	r = run_script(c, "acquire", S_ENQUEUE, it, args, 4);
 	if (!r)
 		return -1;
-	if (r->type != REDIS_REPLY_INTEGER) {
-		rc = conn_fail(c, "acquire", r);
-	} else if (r->integer == -1) {
+	if (r->type == REDIS_REPLY_INTEGER && r->integer == -1) {
 		rc = 1;
-	} else {
-		*wait_ms = r->integer;
+	} else if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+		   r->element[0]->type == REDIS_REPLY_INTEGER) {
+		*wait_ms = r->element[0]->integer;
+		holder_copy(r->element[1], holder, holder_len);
 		rc = 0;
+	} else {
+		rc = conn_fail(c, "acquire", r);
 	}
 	freeReplyObject(r);
 	return rc;
@@ -493,70 +596,105 @@ static int send_async(struct backend_conn *c, enum script s, const struct backen
 		      const long long *args, int nargs)
 {
 	struct pending *p;
-	int done = 0;
 
-	if (it->klen > sizeof(p->key))
-		return conn_fail(c, "release", NULL);
+	if (it->klen > sizeof(p->key) || it->vlen > sizeof(p->val)) {
+		snprintf(c->errstr, sizeof(c->errstr), "key or value too long");
+		return -1;
+	}
 	if (c->npending == PENDING_MAX && settle(c) != 0)
 		return -1;
 	if (append_script(c, s, it, args, nargs, 1) != 0)
 		return -1;
 	p = &c->pend[c->npending++];
+	p->script = s;
+	p->lease_ms = it->lease_ms;
 	p->klen = it->klen;
 	memcpy(p->key, it->key, it->klen);
-	while (!done && redisBufferWrite(c->ctx, &done) == REDIS_OK)
-		;
-	if (c->ctx->err)
-		return conn_fail(c, "release", NULL);
+	p->vlen = it->vlen;
+	memcpy(p->val, it->val, it->vlen);
+	if (out_flush(c) != 0)
+		return conn_fail(c, s == S_RELEASE ? "release" : "leave", NULL);
 	return 1;
+}
+
+/* Runs script s on it and returns its integer reply (0 or 1), or -1. */
+static int run_int(struct backend_conn *c, const char *what, enum script s,
+		   const struct backend_item *it, const long long *args, int nargs)
+{
+	redisReply *r = run_script(c, what, s, it, args, nargs);
+	int rc;
+
+	if (!r)
+		return -1;
+	rc = r->type == REDIS_REPLY_INTEGER ? r->integer != 0 : conn_fail(c, what, r);
+	freeReplyObject(r);
+	return rc;
 }
 
 static int redis_release(struct backend_conn *c, const struct backend_item *it, int async)
 {
 	long long args[4] = { it->waiter_ttl_ms, it->fair ? 0 : it->handoff_us, WAKE_TTL_MS,
 			      it->turn_done };
-	redisReply *r;
-	int rc;
 
 	if (async)
 		return send_async(c, S_RELEASE, it, args, 4);
-	r = run_script(c, "release", S_RELEASE, it, args, 4);
-	if (!r)
-		return -1;
-	rc = r->type == REDIS_REPLY_INTEGER ? r->integer != 0 : conn_fail(c, "release", r);
-	freeReplyObject(r);
-	return rc;
+	return run_int(c, "release", S_RELEASE, it, args, 4);
 }
 
-static int redis_leave(struct backend_conn *c, const struct backend_item *it)
+static int redis_leave(struct backend_conn *c, const struct backend_item *it, int async)
 {
 	long long ttl = WAKE_TTL_MS;
 
-	return send_async(c, S_LEAVE, it, &ttl, 1);
+	if (async)
+		return send_async(c, S_LEAVE, it, &ttl, 1);
+	return run_int(c, "leave", S_LEAVE, it, &ttl, 1);
+}
+
+static void redis_unconfirmed(struct backend_conn *c,
+			      void (*fn)(void *arg, const struct backend_item *it), void *arg)
+{
+	for (int i = 0; i < c->npending; i++) {
+		const struct pending *p = &c->pend[i];
+		struct backend_item it = { .key = p->key, .klen = p->klen, .val = p->val,
+					   .vlen = p->vlen, .lease_ms = p->lease_ms };
+
+		fn(arg, &it);
+	}
+	c->npending = 0;
 }
 
 static int redis_wait(struct backend_conn *c, const struct backend_item *it,
 		      long long timeout_ms)
 {
 	char list[NAME_MAX_LEN], secs[32];
-	const char *argv[3] = { "BLPOP", list, secs };
-	size_t lens[3] = { 5, 0, 0 };
+	struct resp cmd;
 	redisReply *r;
+	size_t llen;
 	int rc;
 
-	if (it->klen + it->vlen + 8 > sizeof(list))
-		return conn_fail(c, "wait", NULL);
+	if (it->klen + it->vlen + 8 > sizeof(list)) {
+		snprintf(c->errstr, sizeof(c->errstr), "wait: key too long");
+		return -1;
+	}
 	memcpy(list, it->key, it->klen);
 	memcpy(list + it->klen, ":w:", 3);
 	memcpy(list + it->klen + 3, it->val, it->vlen);
-	lens[1] = it->klen + 3 + it->vlen;
-	lens[2] = (size_t)snprintf(secs, sizeof(secs), "%lld.%03lld", timeout_ms / 1000,
-				   timeout_ms % 1000);
+	llen = it->klen + 3 + it->vlen;
+	resp_start(&cmd, 3);
+	resp_arg(&cmd, "BLPOP", 5);
+	resp_arg(&cmd, list, llen);
+	resp_arg(&cmd, secs, (size_t)snprintf(secs, sizeof(secs), "%lld.%03lld",
+					      timeout_ms / 1000, timeout_ms % 1000));
 	/* The socket must outwait the server's own timeout. */
-	redisSetTimeout(c->ctx, ms_tv(timeout_ms + c->cmd_ms));
-	redisAppendCommandArgv(c->ctx, 3, argv, lens);
+	if (net_timeout(&c->sock, timeout_ms + c->cmd_ms, c->ioerr, sizeof(c->ioerr)) != 0)
+		return conn_fail(c, "BLPOP", NULL);
+	if (resp_append(c, &cmd) != 0)
+		return -1;
 	r = reply_after_pending(c, "BLPOP");
-	redisSetTimeout(c->ctx, ms_tv(c->cmd_ms));
+	if (net_timeout(&c->sock, c->cmd_ms, c->ioerr, sizeof(c->ioerr)) != 0 && r) {
+		freeReplyObject(r);
+		return conn_fail(c, "BLPOP", NULL);
+	}
 	if (!r)
 		return -1;
 	if (r->type == REDIS_REPLY_ARRAY && r->elements == 2)
@@ -574,13 +712,15 @@ static int redis_renew(struct backend_conn *c, int n, const struct backend_item 
 {
 	int rc = 0;
 
+	if (settle(c) != 0)
+		return -1;
 	for (int i = 0; i < n; i++)
 		if (append_script(c, S_RENEW, &items[i], &items[i].lease_ms, 1, 0) != 0)
 			return -1;
 	for (int i = 0; i < n; i++) {
 		redisReply *r = NULL;
 
-		if (redisGetReply(c->ctx, (void **)&r) != REDIS_OK)
+		if (get_reply(c, &r) != 0)
 			return conn_fail(c, "renew", NULL);
 		if (is_noscript(r))
 			results[i] = -2; /* redo below, after the pipeline drains */
@@ -591,17 +731,11 @@ static int redis_renew(struct backend_conn *c, int n, const struct backend_item 
 		freeReplyObject(r);
 	}
 	for (int i = 0; i < n && rc == 0; i++) {
-		redisReply *r;
-
 		if (results[i] != -2)
 			continue;
-		r = run_script(c, "renew", S_RENEW, &items[i], &items[i].lease_ms, 1);
-		if (!r || r->type != REDIS_REPLY_INTEGER)
-			rc = results[i] = -1;
-		else
-			results[i] = r->integer != 0;
-		if (r)
-			freeReplyObject(r);
+		results[i] = run_int(c, "renew", S_RENEW, &items[i], &items[i].lease_ms, 1);
+		if (results[i] < 0)
+			rc = -1;
 	}
 	return rc;
 }
@@ -613,10 +747,14 @@ static const char *redis_errstr(const struct backend_conn *c)
 
 static int redis_ping(struct backend_conn *c)
 {
+	struct resp cmd;
 	redisReply *r;
 	int rc;
 
-	redisAppendCommand(c->ctx, "PING");
+	resp_start(&cmd, 1);
+	resp_str(&cmd, "PING");
+	if (resp_append(c, &cmd) != 0)
+		return -1;
 	r = reply_after_pending(c, "PING");
 	rc = r && r->type == REDIS_REPLY_STATUS ? 1 : conn_fail(c, "PING", r);
 	if (r)
@@ -632,6 +770,7 @@ const struct backend_ops backend_redis = {
 	.wait = redis_wait,
 	.leave = redis_leave,
 	.flush = redis_flush,
+	.unconfirmed = redis_unconfirmed,
 	.renew = redis_renew,
 	.errstr = redis_errstr,
 	.ping = redis_ping,

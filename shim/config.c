@@ -228,6 +228,7 @@ static const struct field lock_fields[] = {
 	LOCK_FIELD(kill_grace_ms, F_INT, 0, LLONG_MAX / 4),
 	LOCK_FIELD(reentrant, F_BOOL, 0, 0),
 	LOCK_FIELD(fair, F_BOOL, 0, 0),
+	{ "break_dead_holders", F_BOOL, offsetof(struct lock_spec, break_dead), 0, 0 },
 	{ "handoff_ms", F_USEC, offsetof(struct lock_spec, handoff_us), 0, 60000 },
 	LOCK_FIELD(linger_ms, F_INT, 0, 60000),
 	LOCK_FIELD(stack_args_bytes, F_INT, 0, 65536),
@@ -251,6 +252,7 @@ static void lock_builtin_defaults(struct lock_spec *l)
 	l->kill_signal = SIGTERM;
 	l->kill_grace_ms = 5000;
 	l->reentrant = 1;
+	l->break_dead = 1;
 	l->stack_args_bytes = 256;
 	l->retry_max_ms = 100;
 	l->handoff_us = 500;

@@ -38,6 +38,7 @@ struct lock_spec {
 	int on_timeout, on_error, on_lost, on_overrun;
 	int reentrant;
 	int fair;                /* waiters enter in arrival order */
+	int break_dead;          /* break a lock whose holder died on this machine */
 	int stack_args_bytes;    /* caller stack copied for stack arguments */
 	int line;                /* where the lock was defined */
 	int index;

@@ -30,6 +30,7 @@
 
 #include "backend.h"
 #include "log.h"
+#include "owner.h"
 #include "renew.h"
 #include "util.h"
 
@@ -49,14 +50,13 @@ struct lock_thread {
 	uint64_t seed[2];   /* random, per thread: tokens derive from it */
 	uint64_t tokens;    /* tokens made so far */
 	size_t suffix_len;
-	char suffix[LOCK_VAL_SIZE - 33]; /* ":host:pid:tid" */
+	char suffix[LOCK_VAL_SIZE - 33]; /* owner.h: ":host:pid:tid:boot:ns:start" */
 	int tid;
 	int nholds;
 	struct lock_hold holds[LOCK_MAX_HOLDS];
 };
 
 int lock_pid;
-static char lock_host[256];
 static const struct backend_ops *backend;
 static const struct redis_spec *redis;
 static pthread_key_t thread_key;
@@ -90,20 +90,15 @@ int lock_setup(const struct backend_ops *ops, const struct redis_spec *r)
 	backend = ops;
 	redis = r;
 	lock_pid = getpid();
-	if (gethostname(lock_host, sizeof(lock_host) - 1) != 0)
-		strcpy(lock_host, "unknown");
 	renew_setup(ops, r);
 	return -pthread_key_create(&thread_key, thread_free);
 }
 
-/* Sets the thread id and the ":host:pid:tid" suffix of its lock values. */
+/* Sets the thread id and the holder identity that ends its lock values. */
 static void set_identity(struct lock_thread *t)
 {
 	t->tid = (int)syscall(SYS_gettid);
-	t->suffix_len = (size_t)snprintf(t->suffix, sizeof(t->suffix), ":%s:%d:%d",
-					 lock_host, lock_pid, t->tid);
-	if (t->suffix_len >= sizeof(t->suffix))
-		t->suffix_len = sizeof(t->suffix) - 1;
+	t->suffix_len = owner_suffix(t->suffix, sizeof(t->suffix), t->tid);
 }
 
 /* Returns this thread's state, creating it on first use, or NULL. */
@@ -134,7 +129,7 @@ static uint64_t rng_next(struct lock_thread *t)
 }
 
 /*
- * Writes "<128-bit token in hex>:<host>:<pid>:<tid>" into l->val. The token
+ * Writes "<128-bit token in hex>" and the holder identity into l->val. The token
  * mixes the thread's random seed with a counter: unpredictable without the
  * seed, never repeated by the thread, and made without a system call.
  */
@@ -176,12 +171,22 @@ static int conn_get(struct lock_thread *t, char *err, size_t errlen)
 	return t->conn ? 0 : -1;
 }
 
-/* After an operation returned rc: on error, keeps the reason and drops the
- * connection (the next operation reconnects). Returns rc. */
+/* Hands a token whose fate Redis did not confirm to the renewal thread,
+ * which deletes it wherever it still holds a lock (backend unconfirmed). */
+static void forget_later(void *arg, const struct backend_item *it)
+{
+	(void)arg;
+	renew_forget(it);
+}
+
+/* After an operation returned rc: on error, keeps the reason, hands the
+ * unconfirmed releases on to the renewal thread and drops the connection
+ * (the next operation reconnects). Returns rc. */
 static int conn_check(struct lock_thread *t, int rc, char *err, size_t errlen)
 {
 	if (rc < 0 && t->conn) {
 		snprintf(err, errlen, "%s", backend->errstr(t->conn));
+		backend->unconfirmed(t->conn, forget_later, NULL);
 		backend->close(t->conn);
 		t->conn = NULL;
 	}
@@ -229,6 +234,30 @@ static int acquired(struct lease *l, int64_t since, int tries, const char *how)
 }
 
 /*
+ * After a refusal by holder[0..hlen): when that holder is a process of this
+ * machine that is gone (owner.c; a full check when the same holder refused
+ * the previous attempt too, or this is the last one), deletes the lock if
+ * it still holds that exact value, says so, and returns 1: try again now.
+ */
+static int break_dead(struct lock_thread *t, const struct backend_item *it,
+		      const char *holder, size_t hlen, int thorough)
+{
+	struct backend_item dead = *it;
+	char err[192];
+	int pid = 0;
+
+	if (!owner_gone(holder, hlen, thorough, &pid))
+		return 0;
+	dead.val = holder;
+	dead.vlen = hlen;
+	dead.turn_done = 1; /* a queued waiter may have it at once */
+	if (conn_check(t, backend->release(t->conn, &dead, 0), err, sizeof(err)) == 1)
+		LOG(LOG_WARN, "%.*s was held by process %d of this machine, which is gone; "
+		    "lock broken", (int)it->klen, it->key, pid);
+	return 1;
+}
+
+/*
  * The wait path. The first attempt is a plain SET NX; when the lock is busy
  * the waiter joins the queue in Redis (one script, which also says how long
  * a signal may take at most: the holder's remaining lease, or the queue
@@ -236,7 +265,10 @@ static int acquired(struct lease *l, int64_t since, int tries, const char *how)
  * and the time left. A release either hands the lock over ("g": ours now,
  * no further round trip, with a short TTL until the first renewal) or wakes
  * the waiter to try again. A missed signal costs at most the lease's
- * remaining TTL. Redis errors back off with jitter. Sets *first_renew_ms.
+ * remaining TTL; a holder that died on this machine, nothing (break_dead).
+ * Redis errors back off with jitter; a call that gives up after an error,
+ * when Redis may have run its command without answering, hands its token
+ * to the renewal thread to be deleted (renew_forget). Sets *first_renew_ms.
  * Returns an enum lock_outcome.
  */
 static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_renew_ms)
@@ -244,8 +276,9 @@ static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_r
 	const struct lock_spec *s = l->spec;
 	struct backend_item it = lock_lease_item(l);
 	int64_t now = util_now_ms(), step = 2, deadline, logged = now - LOCK_ERROR_LOG_MS;
-	int busy = 0, tries = 0, rc;
-	char err[192] = "";
+	int busy = 0, tries = 0, unsure = 0, rc;
+	char err[192] = "", holder[LOCK_VAL_SIZE], seen[LOCK_VAL_SIZE];
+	size_t hlen, seen_len = 0;
 
 	*first_renew_ms = s->lease_ms / 3;
 	deadline = s->wait_ms < 0 ? INT64_MAX : now + s->wait_ms;
@@ -253,14 +286,26 @@ static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_r
 		int64_t sent = util_now_ms();
 		long long hint = 0;
 
+		hlen = 0;
 		rc = conn_get(t, err, sizeof(err));
-		if (rc == 0)
-			rc = conn_check(t, backend->acquire(t->conn, &it, &hint), err, sizeof(err));
+		if (rc == 0) {
+			rc = conn_check(t, backend->acquire(t->conn, &it, &hint, holder, &hlen),
+					err, sizeof(err));
+			unsure |= rc < 0; /* sent, maybe run, unanswered */
+		}
 		tries++;
 		if (rc == 1)
 			return acquired(l, sent, tries, "");
 		busy |= rc == 0;
 		now = util_now_ms();
+		if (rc == 0 && hlen && s->break_dead) {
+			int again = hlen == seen_len && memcmp(holder, seen, hlen) == 0;
+
+			memcpy(seen, holder, hlen);
+			seen_len = hlen;
+			if (break_dead(t, &it, holder, hlen, again || now >= deadline))
+				continue;
+		}
 		if (now >= deadline)
 			break;
 		if (rc == 0) {
@@ -272,6 +317,7 @@ static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_r
 			rc = conn_check(t, backend->wait(t->conn, &it,
 					min64(min64(hint, s->retry_max_ms), deadline - now)),
 					err, sizeof(err));
+			unsure |= rc < 0;
 			if (rc == 2) {
 				if (it.waiter_ttl_ms / 3 < *first_renew_ms)
 					*first_renew_ms = it.waiter_ttl_ms / 3;
@@ -288,8 +334,12 @@ static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_r
 		if (now < deadline)
 			util_sleep_ms(min64(backoff_next(t, &step, s->retry_max_ms), deadline - now));
 	}
-	if (it.waiting && t->conn)
-		conn_check(t, backend->leave(t->conn, &it), err, sizeof(err));
+	if (unsure || (it.waiting && !t->conn)) {
+		renew_forget(&it);
+	} else if (it.waiting && backend->leave(t->conn, &it, 1) < 0) {
+		conn_check(t, -1, err, sizeof(err));
+		renew_forget(&it);
+	}
 	if (!busy) {
 		LOG(LOG_ERROR, "%s: Redis unavailable for %lld ms, lock %.*s not taken: %s",
 		    s->symbol, s->wait_ms, (int)l->klen, l->key, err);
@@ -446,8 +496,9 @@ static int park_hold(struct lock_hold *h)
  * Stops renewing h and sends the compare-and-delete for its key without
  * waiting for the reply (read before the connection's next command, where a
  * failure is logged). idle: the thread is not about to call again, so a
- * queued waiter gets the lock at once. Never sent for a hold inherited
- * through fork.
+ * queued waiter gets the lock at once. A release that cannot be sent is
+ * retried by the renewal thread. Never sent for a hold inherited through
+ * fork.
  */
 static void release_hold(struct lock_thread *t, struct lock_hold *h, int idle)
 {
@@ -460,10 +511,11 @@ static void release_hold(struct lock_thread *t, struct lock_hold *h, int idle)
 	renew_untrack(l);
 	if (h->foreign)
 		return;
-	if (with_conn(t, send_async, &it, err, sizeof(err)) < 0)
-		LOG(LOG_ERROR, "%s: release of %.*s failed (it expires within %lld ms): %s",
-		    l->spec->symbol, (int)l->klen, l->key, l->spec->lease_ms, err);
-	else
+	if (with_conn(t, send_async, &it, err, sizeof(err)) < 0) {
+		LOG(LOG_WARN, "%s: release of %.*s failed, retrying in the background: %s",
+		    l->spec->symbol, (int)l->klen, l->key, err);
+		renew_forget(&it);
+	} else
 		LOG(LOG_DEBUG, "released %.*s", (int)l->klen, l->key);
 }
 
@@ -498,6 +550,7 @@ void lock_atfork_child(void)
 	struct lock_thread *t = self;
 
 	lock_pid = getpid();
+	owner_atfork_child();
 	if (!t)
 		return;
 	set_identity(t);
@@ -565,6 +618,20 @@ void lock_before_exec(void)
 	free(rel);
 }
 
+/* Tries once, on the exiting thread's connection, to forget a token the
+ * renewal thread had not forgotten yet. */
+static void forget_now(void *arg, const struct backend_item *it)
+{
+	struct lock_thread *t = arg;
+	char err[192] = "";
+
+	if (conn_get(t, err, sizeof(err)) == 0 &&
+	    conn_check(t, backend->leave(t->conn, it, 0), err, sizeof(err)) >= 0)
+		return;
+	LOG(LOG_ERROR, "exit: %.*s may keep a token of this process until it expires "
+	    "(within %lld ms): %s", (int)it->klen, it->key, it->lease_ms, err);
+}
+
 void lock_release_all(void)
 {
 	struct lease *copies = NULL;
@@ -573,9 +640,12 @@ void lock_release_all(void)
 
 	lock_flush();
 	n = renew_drain(&copies);
-	if (n && (t = thread_get()) != NULL)
+	t = thread_get();
+	if (n && t)
 		release_copies(t, copies, n, "exit");
 	free(copies);
+	if (t)
+		renew_forget_drain(forget_now, t);
 }
 
 int lock_thread_holds(void)

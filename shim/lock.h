@@ -13,13 +13,11 @@
 
 #include <stdint.h>
 
+#include "backend.h"
 #include "config.h"
 
-#define LOCK_VAL_SIZE 352
+#define LOCK_VAL_SIZE BACKEND_VAL_MAX
 #define LOCK_MAX_HOLDS 64
-
-struct backend_ops;
-struct backend_item;
 
 enum lease_state { LEASE_HELD, LEASE_LOST, LEASE_OVERRUN };
 

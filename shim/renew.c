@@ -29,6 +29,11 @@
  * losing it is only logged. The thread blocks all signals and runs with
  * the guard set, so it never enters a wrapper. A fork child starts with an
  * empty list and no thread; at exit renew_drain hands the leases back.
+ *
+ * Tokens to forget (renew_forget: an acquire or release that Redis may have
+ * run without answering) form a second list: the thread takes the due ones
+ * out, sends each a leave on its own connection, and puts back those not
+ * settled, retrying with a doubling delay.
  */
 #include "renew.h"
 
@@ -46,6 +51,22 @@
 #include "util.h"
 
 #define RENEW_BATCH 256
+#define FORGET_RETRY_MIN_MS 50
+#define FORGET_RETRY_MAX_MS 2000
+#define FORGET_SETTLE_MS 1000 /* asked again this long after "not there" */
+
+/* A token to delete wherever it still holds its lock (renew_forget). */
+struct forget {
+	struct forget *next;
+	int64_t until;         /* its lease has passed by then: drop it (ms) */
+	int64_t next_at;       /* next attempt (ms) */
+	int64_t absent_since;  /* Redis first said the lock did not hold it (0: not yet) */
+	int64_t step;          /* the next retry delay after an error */
+	long long lease_ms;
+	size_t klen, vlen;
+	char key[KEY_BUF_SIZE];
+	char val[LOCK_VAL_SIZE];
+};
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv;
@@ -58,6 +79,14 @@ static uint64_t next_id;
 static const struct backend_ops *backend;
 static const struct redis_spec *redis;
 static struct backend_conn *conn; /* the thread's own */
+static struct forget *forgets;    /* under mu */
+
+/* backend unconfirmed(): a command of the thread's that Redis may have run. */
+static void forget_cb(void *arg, const struct backend_item *it)
+{
+	(void)arg;
+	renew_forget(it);
+}
 
 static void cv_init(void)
 {
@@ -199,6 +228,7 @@ static int renew_batch(const struct lease *batch, int n, int *results, char *err
 	if (backend->renew(conn, n, items, results) == 0)
 		return 0;
 	snprintf(err, errlen, "%s", backend->errstr(conn));
+	backend->unconfirmed(conn, forget_cb, NULL);
 	backend->close(conn);
 	conn = NULL;
 	return -1;
@@ -267,13 +297,97 @@ static void release_parked(const struct lease *rel, int n)
 
 		it.turn_done = 1; /* its thread is idle: a waiter may have it now */
 		if (backend->release(conn, &it, 1) < 0)
-			break;
+			renew_forget(&it);
 	}
 	if (backend->flush(conn) != 0) {
-		LOG(LOG_ERROR, "release of parked lock(s) failed: %s", backend->errstr(conn));
+		LOG(LOG_WARN, "release of parked lock(s) failed, retrying: %s", backend->errstr(conn));
+		backend->unconfirmed(conn, forget_cb, NULL);
 		backend->close(conn);
 		conn = NULL;
 	}
+}
+
+/* Moves up to max forgets due by now into out; lowers *wake to the next
+ * one left. Returns how many. Holds mu. */
+static int take_forgets(int64_t now, struct forget **out, int max, int64_t *wake)
+{
+	struct forget **pp = &forgets;
+	int n = 0;
+
+	while (*pp) {
+		struct forget *f = *pp;
+
+		if (f->next_at <= now && n < max) {
+			*pp = f->next;
+			out[n++] = f;
+			continue;
+		}
+		if (f->next_at < *wake)
+			*wake = f->next_at;
+		pp = &f->next;
+	}
+	return n;
+}
+
+static void forget_item(const struct forget *f, struct backend_item *it)
+{
+	memset(it, 0, sizeof(*it));
+	it->key = f->key;
+	it->klen = f->klen;
+	it->val = f->val;
+	it->vlen = f->vlen;
+	it->lease_ms = f->lease_ms;
+}
+
+/* Sends a leave for each of the n forgets in fs, on the thread's own
+ * connection; frees those settled, leaves the others in fs with their next
+ * attempt set. Returns how many are left (moved to the front). */
+static int forget_batch(struct forget **fs, int n)
+{
+	int64_t now = util_now_ms();
+	int left = 0, down = 0;
+	char err[192];
+
+	for (int i = 0; i < n; i++) {
+		struct forget *f = fs[i];
+		struct backend_item it;
+		int rc = -1;
+
+		forget_item(f, &it);
+		if (now >= f->until) {
+			LOG(LOG_DEBUG, "%.*s: token expired before Redis confirmed it was gone",
+			    (int)f->klen, f->key);
+			free(f);
+			continue;
+		}
+		if (!down && !conn && !(conn = backend->open(redis, err, sizeof(err))))
+			down = 1;
+		if (!down)
+			rc = backend->leave(conn, &it, 0);
+		if (rc == 1 || (rc == 0 && f->absent_since && now - f->absent_since >= FORGET_SETTLE_MS)) {
+			if (rc == 1)
+				LOG(LOG_WARN, "%.*s: deleted the lock a command of this process took "
+				    "without an answer", (int)f->klen, f->key);
+			free(f);
+			continue;
+		}
+		if (rc == 0) {
+			if (!f->absent_since)
+				f->absent_since = now;
+			f->next_at = now + FORGET_SETTLE_MS / 4;
+		} else {
+			if (!down) {
+				backend->unconfirmed(conn, forget_cb, NULL);
+				backend->close(conn);
+				conn = NULL;
+				down = 1;
+			}
+			f->next_at = now + f->step;
+			f->step = f->step * 2 > FORGET_RETRY_MAX_MS ? FORGET_RETRY_MAX_MS : f->step * 2;
+		}
+		fs[left++] = f;
+	}
+	return left;
 }
 
 /* Sleeps until wake_us (monotonic µs; INT64_MAX: until signalled). Holds mu. */
@@ -292,6 +406,7 @@ static void sleep_until(int64_t wake_us)
 static void *renew_main(void *arg)
 {
 	static struct lease batch[RENEW_BATCH], rel[RENEW_BATCH];
+	static struct forget *fs[RENEW_BATCH];
 	static int results[RENEW_BATCH];
 	char err[192];
 
@@ -302,8 +417,9 @@ static void *renew_main(void *arg)
 		int64_t now_us = util_now_us(), now = now_us / 1000, wake, wake_us = INT64_MAX;
 		int n = collect_due(now, batch, &wake), rc = 0;
 		int np = take_parked(now_us, rel, RENEW_BATCH, &wake_us);
+		int nf = take_forgets(now, fs, RENEW_BATCH, &wake);
 
-		if (n == 0 && np == 0) {
+		if (n == 0 && np == 0 && nf == 0) {
 			sleep_until(wake == INT64_MAX || wake * 1000 > wake_us ? wake_us
 									       : wake * 1000);
 			continue;
@@ -314,9 +430,15 @@ static void *renew_main(void *arg)
 			release_parked(rel, np);
 		if (n)
 			rc = renew_batch(batch, n, results, err, sizeof(err));
+		if (nf)
+			nf = forget_batch(fs, nf);
 		pthread_mutex_lock(&mu);
 		parked_done(rel, np);
 		apply(batch, results, n, rc, now, err);
+		while (nf > 0) {
+			fs[nf - 1]->next = forgets;
+			forgets = fs[--nf];
+		}
 	}
 	running = 0;
 	pthread_mutex_unlock(&mu);
@@ -480,6 +602,71 @@ int renew_drain(struct lease **copies)
 	return i;
 }
 
+void renew_forget(const struct backend_item *it)
+{
+	struct forget *f = calloc(1, sizeof(*f));
+	int64_t now = util_now_ms();
+
+	if (!f || it->klen > sizeof(f->key) || it->vlen > sizeof(f->val)) {
+		LOG(LOG_ERROR, "%.*s: cannot keep track of an unconfirmed token (it expires "
+		    "within %lld ms)", (int)it->klen, it->key, it->lease_ms);
+		free(f);
+		return;
+	}
+	memcpy(f->key, it->key, it->klen);
+	f->klen = it->klen;
+	memcpy(f->val, it->val, it->vlen);
+	f->vlen = it->vlen;
+	f->lease_ms = it->lease_ms;
+	f->until = now + it->lease_ms;
+	f->next_at = now;
+	f->step = FORGET_RETRY_MIN_MS;
+	pthread_mutex_lock(&mu);
+	if (stopping) {
+		pthread_mutex_unlock(&mu);
+		free(f);
+		return;
+	}
+	f->next = forgets;
+	forgets = f;
+	start_thread();
+	if (now * 1000 < thread_wake_us)
+		pthread_cond_signal(&cv);
+	pthread_mutex_unlock(&mu);
+}
+
+void renew_forget_drain(void (*fn)(void *arg, const struct backend_item *it), void *arg)
+{
+	struct forget *list;
+	int64_t now = util_now_ms();
+
+	pthread_mutex_lock(&mu);
+	list = forgets;
+	forgets = NULL;
+	pthread_mutex_unlock(&mu);
+	while (list) {
+		struct forget *f = list;
+		struct backend_item it;
+
+		list = f->next;
+		forget_item(f, &it);
+		if (now < f->until)
+			fn(arg, &it);
+		free(f);
+	}
+}
+
+/* Fork child: the parent's tokens are its own business. */
+static void forgets_drop(void)
+{
+	while (forgets) {
+		struct forget *f = forgets;
+
+		forgets = f->next;
+		free(f);
+	}
+}
+
 void renew_atfork_prepare(void)
 {
 	pthread_mutex_lock(&mu);
@@ -499,6 +686,7 @@ void renew_atfork_child(void)
 		l->next = l->prev = NULL;
 	}
 	head.next = head.prev = &head;
+	forgets_drop();
 	running = kill_pending = 0;
 	thread_wake_us = 0;
 	if (conn) {

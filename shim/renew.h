@@ -52,6 +52,19 @@ void renew_parked_done(const struct lease *done, int n);
  */
 int renew_drain(struct lease **copies);
 
+/*
+ * Deletes token it->val from key it->key wherever it still holds the lock
+ * (backend leave), in the background: for an acquire or release whose
+ * reply never came. Retried after reconnecting until Redis has answered,
+ * and once more a while after it said the token was not there (a command
+ * still on its way may run later); dropped once the token's lease (it->
+ * lease_ms) has passed. Copies what it needs.
+ */
+void renew_forget(const struct backend_item *it);
+
+/* At exit: passes every token not forgotten yet to fn once, and drops them. */
+void renew_forget_drain(void (*fn)(void *arg, const struct backend_item *it), void *arg);
+
 void renew_atfork_prepare(void);
 void renew_atfork_parent(void);
 void renew_atfork_child(void);

@@ -48,17 +48,22 @@ static struct backend_conn *f_open(const struct redis_spec *r, char *err, size_t
 	return &the_conn;
 }
 static void f_close(struct backend_conn *c) { (void)c; }
-static int f_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait)
+static int f_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait,
+		     char *holder, size_t *hlen)
 {
-	int rc = 0;
+	int rc = 0, i;
 
 	(void)c;
 	*wait = it->waiting ? 1 : -1; /* first: join the queue; then wait 1 ms */
+	*hlen = 0;
 	if (fail_all)
 		return -1;
 	pthread_mutex_lock(&store_mu);
 	n_set++;
-	if (slot_of(it) < 0) {
+	if ((i = slot_of(it)) >= 0) {
+		*hlen = strlen(store[i].val);
+		memcpy(holder, store[i].val, *hlen);
+	} else {
 		for (int i = 0; i < SLOTS; i++)
 			if (!store[i].used) {
 				memcpy(store[i].key, it->key, it->klen);
@@ -111,13 +116,29 @@ static int f_wait(struct backend_conn *c, const struct backend_item *it, long lo
 	util_sleep_ms(ms);
 	return 0;
 }
-static int f_leave(struct backend_conn *c, const struct backend_item *it) { (void)c; (void)it; return 1; }
+static int f_leave(struct backend_conn *c, const struct backend_item *it, int async)
+{
+	(void)c;
+	(void)it;
+	(void)async;
+	return 0;
+}
 static int f_flush(struct backend_conn *c) { (void)c; return 0; }
+static void f_unconfirmed(struct backend_conn *c,
+			  void (*fn)(void *arg, const struct backend_item *it), void *arg)
+{
+	(void)c;
+	(void)fn;
+	(void)arg;
+}
 static const char *f_errstr(const struct backend_conn *c) { (void)c; return "fake error"; }
 static int f_ping(struct backend_conn *c) { (void)c; return 1; }
 
-static const struct backend_ops fake = { f_open, f_close, f_acquire, f_release, f_wait,
-					 f_leave, f_flush, f_renew, f_errstr, f_ping };
+static const struct backend_ops fake = {
+	.open = f_open, .close = f_close, .acquire = f_acquire, .release = f_release,
+	.wait = f_wait, .leave = f_leave, .flush = f_flush, .unconfirmed = f_unconfirmed,
+	.renew = f_renew, .errstr = f_errstr, .ping = f_ping,
+};
 
 static int stored(const char *key)
 {
@@ -304,8 +325,10 @@ int main(void)
 		int64_t t0 = util_now_ms();
 
 		long long hint;
+		char holder[LOCK_VAL_SIZE];
+		size_t hlen;
 
-		f_acquire(&the_conn, &other, &hint);
+		f_acquire(&the_conn, &other, &hint, holder, &hlen);
 		test_cond(lock_acquire(&w, args, &c1) == LOCK_TIMEOUT);
 		test_cond(util_now_ms() - t0 >= 60);
 		test_cond(n_set > 3 && n_wait > 3); /* waited for wake-ups between tries */

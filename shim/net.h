@@ -1,0 +1,47 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * net.h - the shim's sockets to Redis.
+ *
+ * Connects within a timeout, sends with MSG_NOSIGNAL (a connection that
+ * Redis closed never raises SIGPIPE in the program, and no signal mask or
+ * disposition is touched), receives within a timeout, and never reads,
+ * writes or closes a descriptor that the program closed or replaced
+ * (fdown.h). One socket is used by one thread at a time. Errors are one
+ * line in the caller's buffer.
+ */
+#ifndef LOCKSHIM_NET_H
+#define LOCKSHIM_NET_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "fdown.h"
+
+struct net_sock {
+	struct fdown own;
+	int64_t timeout_ms; /* send/receive timeout currently set */
+};
+
+/*
+ * Connects to the unix socket path, or else to host:port, within
+ * connect_ms, and sets the send and receive timeout to io_ms. Returns 0, or
+ * -1 with "connect to WHERE: REASON" in err (s is then empty).
+ */
+int net_connect(struct net_sock *s, const char *host, int port, const char *path,
+		int64_t connect_ms, int64_t io_ms, char *err, size_t errlen);
+
+/* Sets the send/receive timeout (no system call when unchanged). Returns 0 or -1. */
+int net_timeout(struct net_sock *s, int64_t ms, char *err, size_t errlen);
+
+/* Sends all of buf. Returns 0, or -1 with the reason in err. */
+int net_send(struct net_sock *s, const void *buf, size_t len, char *err, size_t errlen);
+
+/* Receives up to len bytes within the timeout. Returns how many (> 0), or
+ * -1 with the reason in err (closed by the server, timed out, ...). */
+ssize_t net_recv(struct net_sock *s, void *buf, size_t len, char *err, size_t errlen);
+
+/* Closes the socket if it is still ours; s is empty afterwards. */
+void net_close(struct net_sock *s);
+
+#endif
