@@ -9,6 +9,7 @@
  */
 #include <cpuid.h>
 #include <elf.h>
+#include <errno.h>
 #include <string.h>
 
 #include "tramp.h"
@@ -69,6 +70,15 @@ int arch_reloc_kind(unsigned type)
 	case R_X86_64_64: return RELOC_ABS64;
 	}
 	return RELOC_OTHER;
+}
+
+/* tramp_vfork's error path: sets errno to e and returns -1. */
+__attribute__((visibility("hidden"))) int tramp_vfork_failed(int e);
+
+int tramp_vfork_failed(int e)
+{
+	errno = e;
+	return -1;
 }
 
 uintptr_t arch_jmpbuf_sp(const void *env)

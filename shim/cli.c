@@ -3,27 +3,39 @@
  * cli.c - the `lockshim` command.
  *
  *   lockshim run [-c FILE] [--] PROGRAM [ARG...]   run PROGRAM under the shim
- *   lockshim check [-c FILE]                       validate FILE, PING Redis
+ *   lockshim check [-c FILE]                       validate FILE, test Redis
  *   lockshim version | help
  *
  * `run` validates the config first (the shim would refuse it anyway, with
- * the same message and status 78), finds liblockshim.so next to itself, in
- * ../lib, or in the install prefix, prepends it to LD_PRELOAD, exports the
- * config's absolute path as LOCKSHIM_CONFIG and execs PROGRAM, whose exit
- * status is then its own. Exit statuses of the CLI itself follow sysexits:
- * 64 usage, 69 Redis unavailable (check), 78 config error, 126/127 as a
- * shell for a program that cannot be executed or found.
+ * the same message and status 78), refuses a program the shim cannot be
+ * loaded into (static, set-user-ID, file capabilities: the dynamic linker
+ * would run it unguarded in silence), finds liblockshim.so next to itself,
+ * in ../lib, or in the install prefix, prepends it to LD_PRELOAD, exports
+ * the config's absolute path as LOCKSHIM_CONFIG and execs PROGRAM, whose
+ * exit status is then its own. `check` validates exactly what the shim
+ * validates (config, LOCKSHIM_LOG_LEVEL, log_file) and runs the server
+ * self-test (selftest.c). Exit statuses of the CLI itself follow sysexits:
+ * 64 usage, 69 Redis unavailable (check) or the shim cannot be loaded
+ * (run), 78 config error, 126/127 as a shell for a program that cannot be
+ * executed or found.
  */
+#include <elf.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
+#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "backend.h"
 #include "config.h"
+#include "log.h"
+#include "selftest.h"
 
 #ifndef LOCKSHIM_LIBDIR
 #define LOCKSHIM_LIBDIR "/usr/local/lib"
@@ -73,15 +85,116 @@ static const char *default_config(void)
 	return env && *env ? env : CONFIG_DEFAULT_PATH;
 }
 
-/* Loads path; prints the error and returns -1 when unusable. */
+/* Prints "lockshim: <what>" and s with control characters escaped. */
+static void print_escaped(FILE *f, const char *what, const char *s)
+{
+	char buf[4096];
+	size_t n = log_escape(buf, sizeof(buf) - 1, s, strlen(s));
+
+	buf[n] = 0;
+	fprintf(f, "lockshim: %s%s\n", what, buf);
+}
+
+/* Loads path as the shim would; prints the error and returns -1 when
+ * unusable. */
 static int load(struct config *cfg, const char *path)
 {
-	char err[768];
+	char err[1024];
 
-	if (config_load(cfg, path, err, sizeof(err)) == 0)
+	if (config_load(cfg, path, err, sizeof(err)) == 0 &&
+	    config_logging(cfg, 0, err, sizeof(err)) == 0)
 		return 0;
-	fprintf(stderr, "lockshim: config error: %s\n", err);
+	print_escaped(stderr, "config error: ", err);
 	return -1;
+}
+
+/* Finds prog as execvp would. Returns 0 with its path in out, or -1. */
+static int find_program(const char *prog, char *out, size_t len)
+{
+	const char *path = getenv("PATH");
+
+	if (strchr(prog, '/')) {
+		snprintf(out, len, "%s", prog);
+		return 0;
+	}
+	if (!path || !*path)
+		path = "/bin:/usr/bin";
+	while (*path) {
+		const char *end = strchr(path, ':');
+		size_t dlen = end ? (size_t)(end - path) : strlen(path);
+
+		snprintf(out, len, "%.*s/%s", (int)dlen, dlen ? path : ".", prog);
+		if (access(out, X_OK) == 0)
+			return 0;
+		path += dlen + (end != NULL);
+	}
+	return -1;
+}
+
+/*
+ * Returns why the dynamic linker would not load the shim into the program
+ * at path (a static executable, set-user-ID or -group, file capabilities),
+ * or NULL when it would, or when that cannot be told (exec will say). A
+ * "#!" script is judged by its interpreter.
+ */
+static const char *not_loadable(const char *path, int depth)
+{
+	unsigned char buf[sizeof(ElfW(Ehdr))];
+	ElfW(Ehdr) eh;
+	struct stat st;
+	int fd = open(path, O_RDONLY | O_CLOEXEC), has_interp = 0;
+	ssize_t n;
+
+	if (fd < 0 || fstat(fd, &st) != 0)
+		goto unknown;
+	if ((st.st_mode & S_ISUID) && st.st_uid != getuid())
+		goto setid;
+	if ((st.st_mode & S_ISGID) && st.st_gid != getgid())
+		goto setid;
+	if (getuid() != 0 && fgetxattr(fd, "security.capability", NULL, 0) > 0) {
+		close(fd);
+		return "it has file capabilities: the dynamic linker runs it in secure mode "
+		       "and ignores LD_PRELOAD paths with a slash";
+	}
+	n = pread(fd, buf, sizeof(buf), 0);
+	if (n >= 2 && buf[0] == '#' && buf[1] == '!' && depth == 0) {
+		char line[PATH_MAX + 3] = "", *p, *e;
+		ssize_t m = pread(fd, line, sizeof(line) - 1, 2);
+
+		close(fd);
+		if (m <= 0)
+			return NULL;
+		line[m] = 0;
+		for (p = line; *p == ' ' || *p == '\t'; p++)
+			;
+		for (e = p; *e && *e != ' ' && *e != '\t' && *e != '\n'; e++)
+			;
+		*e = 0;
+		return *p ? not_loadable(p, 1) : NULL;
+	}
+	if (n != (ssize_t)sizeof(eh))
+		goto unknown;
+	memcpy(&eh, buf, sizeof(eh));
+	if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_phentsize != sizeof(ElfW(Phdr)))
+		goto unknown;
+	for (int i = 0; i < eh.e_phnum; i++) {
+		ElfW(Phdr) ph;
+
+		if (pread(fd, &ph, sizeof(ph), (off_t)(eh.e_phoff + (size_t)i * sizeof(ph))) !=
+		    (ssize_t)sizeof(ph))
+			goto unknown;
+		has_interp |= ph.p_type == PT_INTERP;
+	}
+	close(fd);
+	return has_interp ? NULL : "it is statically linked: no dynamic linker loads LD_PRELOAD";
+setid:
+	close(fd);
+	return "it is set-user-ID or set-group-ID: the dynamic linker runs it in secure mode "
+	       "and ignores LD_PRELOAD paths with a slash";
+unknown:
+	if (fd >= 0)
+		close(fd);
+	return NULL;
 }
 
 /* Finds liblockshim.so; returns a malloc'd path or NULL. */
@@ -110,9 +223,9 @@ static char *find_shim(void)
 
 static int cmd_run(int argc, char **argv)
 {
-	const char *config = default_config(), *old;
+	const char *config = default_config(), *old, *why;
 	struct config cfg;
-	char *shim, *abs, *preload;
+	char *shim, *abs, *preload, path[PATH_MAX];
 	int i = parse_opts(argc, argv, 2, &config);
 
 	if (i < 0)
@@ -124,6 +237,11 @@ static int cmd_run(int argc, char **argv)
 	if (load(&cfg, config) != 0)
 		return CONFIG_EXIT_CODE;
 	config_release(&cfg);
+	if (find_program(argv[i], path, sizeof(path)) == 0 && (why = not_loadable(path, 0))) {
+		fprintf(stderr, "lockshim: the shim cannot be loaded into %s: %s; not running it "
+			"unguarded\n", path, why);
+		return EX_UNAVAILABLE;
+	}
 	abs = realpath(config, NULL);
 	shim = find_shim();
 	if (!shim) {
@@ -145,9 +263,8 @@ static int cmd_run(int argc, char **argv)
 static int cmd_check(int argc, char **argv)
 {
 	const char *config = default_config();
-	struct backend_conn *c;
 	struct config cfg;
-	char err[256];
+	char msg[1024], line[1536];
 	int i = parse_opts(argc, argv, 2, &config), rc = 0;
 
 	if (i < 0 || i < argc) {
@@ -160,22 +277,22 @@ static int cmd_check(int argc, char **argv)
 	printf("%s: ok, %d lock(s)\n", config, cfg.nlocks);
 	for (int k = 0; k < cfg.nlocks; k++) {
 		const struct lock_spec *l = &cfg.locks[k];
+		size_t n;
 
-		printf("  %s: key %s%s lease %lld ms, wait %lld ms, on_timeout %s, "
-		       "on_error %s, on_lost %s\n", l->symbol, l->key.prefix, l->key_src,
-		       l->lease_ms, l->wait_ms, config_call_policy_name(l->on_timeout),
-		       config_call_policy_name(l->on_error),
-		       config_hold_policy_name(l->on_lost));
+		snprintf(msg, sizeof(msg), "  %s: key %s%s lease %lld ms, wait %lld ms, on_timeout "
+			 "%s, on_error %s, on_lost %s", l->symbol, l->key.prefix, l->key_src,
+			 l->lease_ms, l->wait_ms, config_call_policy_name(l->on_timeout),
+			 config_call_policy_name(l->on_error), config_hold_policy_name(l->on_lost));
+		n = log_escape(line, sizeof(line) - 1, msg, strlen(msg));
+		line[n] = 0;
+		printf("%s\n", line);
 	}
-	c = backend_redis.open(&cfg.redis, err, sizeof(err));
-	if (!c || backend_redis.ping(c) != 1) {
-		fprintf(stderr, "lockshim: redis: %s\n", c ? backend_redis.errstr(c) : err);
+	if (selftest_run(&backend_redis, &cfg, msg, sizeof(msg)) != 0) {
+		print_escaped(stderr, "redis: ", msg);
 		rc = EX_UNAVAILABLE;
 	} else {
-		printf("redis: ok\n");
+		printf("redis: ok (%s)\n", msg);
 	}
-	if (c)
-		backend_redis.close(c);
 	config_release(&cfg);
 	return rc;
 }

@@ -231,8 +231,9 @@ static const struct field lock_fields[] = {
 	{ "break_dead_holders", F_BOOL, offsetof(struct lock_spec, break_dead), 0, 0 },
 	{ "handoff_ms", F_USEC, offsetof(struct lock_spec, handoff_us), 0, 60000 },
 	LOCK_FIELD(linger_ms, F_INT, 0, 60000),
-	LOCK_FIELD(stack_args_bytes, F_INT, 0, 65536),
+	LOCK_FIELD(stack_args_bytes, F_INT, 0, STACK_ARGS_MAX),
 	LOCK_FIELD(retry_max_ms, F_INT, 1, 60000),
+	LOCK_FIELD(strict, F_BOOL, 0, 0),
 	{ NULL, 0, 0, 0, 0 }
 };
 
@@ -348,13 +349,20 @@ static int apply_group(struct errbuf *e, const config_setting_t *g,
 
 /* Functions that return twice, never return, or belong to the dynamic linker. */
 static const char *const forbidden_symbols[] = {
-	"setjmp", "_setjmp", "sigsetjmp", "__sigsetjmp", "savectx", "vfork",
+	"setjmp", "_setjmp", "sigsetjmp", "__sigsetjmp", "savectx", "vfork", "__vfork",
 	"getcontext", "setcontext", "swapcontext", "makecontext",
 	"longjmp", "_longjmp", "siglongjmp", "__longjmp_chk",
 	"exit", "_exit", "_Exit", "quick_exit", "abort", "pthread_exit",
 	"__libc_start_main", "__cxa_throw", "_Unwind_Resume",
 	"dlopen", "dlmopen", "dlsym", "dlvsym", "dlclose", "dlerror",
 	"dladdr", "dladdr1", "dlinfo", "dl_iterate_phdr", NULL
+};
+
+/* Functions that replace the process image: a lock held for the call would
+ * never be released (the call does not return when it succeeds). */
+static const char *const exec_symbols[] = {
+	"execve", "execv", "execvp", "execvpe", "execl", "execlp", "execle",
+	"fexecve", "execveat", NULL
 };
 
 static int check_symbol(struct errbuf *e, const config_setting_t *s,
@@ -372,6 +380,12 @@ static int check_symbol(struct errbuf *e, const config_setting_t *s,
 			return fail(e, s, what,
 				    "\"%s\" cannot be guarded (it returns twice, never "
 				    "returns, or belongs to the dynamic linker)", sym);
+	for (int i = 0; exec_symbols[i]; i++)
+		if (strcmp(sym, exec_symbols[i]) == 0)
+			return fail(e, s, what,
+				    "\"%s\" cannot be guarded: it replaces the program and does "
+				    "not return when it succeeds, so its lock would stay held for "
+				    "the whole lease", sym);
 	return 0;
 }
 
@@ -509,6 +523,12 @@ static int parse_root(struct errbuf *e, config_t *cf, struct config *cfg)
 		} else if (!strcmp(name, "log_file")) {
 			if (get_str(e, s, name, &str) || set_str(&cfg->log_file, str))
 				goto out;
+		} else if (!strcmp(name, "strict")) {
+			if (config_setting_type(s) != CONFIG_TYPE_BOOL) {
+				fail(e, s, name, "expected true or false, got %s", type_name(s));
+				goto out;
+			}
+			cfg->strict = config_setting_get_bool(s);
 		} else if (!strcmp(name, "defaults")) {
 			defaults_g = s;
 		} else if (!strcmp(name, "locks")) {
@@ -518,6 +538,7 @@ static int parse_root(struct errbuf *e, config_t *cf, struct config *cfg)
 			goto out;
 		}
 	}
+	defaults.strict = cfg->strict;
 	if (defaults_g) {
 		if (config_setting_get_member(defaults_g, "symbol")) {
 			fail(e, config_setting_get_member(defaults_g, "symbol"),
@@ -599,6 +620,27 @@ void config_release(struct config *cfg)
 	free(cfg->redis.password);
 	free(cfg->redis.username);
 	memset(cfg, 0, sizeof(*cfg));
+}
+
+int config_logging(const struct config *cfg, int apply, char *err, size_t errlen)
+{
+	const char *env = getenv("LOCKSHIM_LOG_LEVEL");
+	int level = cfg->log_level, rc;
+
+	if (env && *env && (level = log_level_parse(env)) < 0) {
+		snprintf(err, errlen, "LOCKSHIM_LOG_LEVEL: unknown value \"%s\" (expected one "
+			 "of: error, warn, info, debug)", env);
+		return -1;
+	}
+	if (cfg->log_file &&
+	    (rc = apply ? log_open_file(cfg->log_file) : log_check_file(cfg->log_file)) < 0) {
+		snprintf(err, errlen, "%s: log_file: cannot open \"%s\": %s", cfg->path,
+			 cfg->log_file, strerror(-rc));
+		return -1;
+	}
+	if (apply && level >= 0)
+		log_threshold = level;
+	return 0;
 }
 
 const struct lock_spec *config_find(const struct config *cfg, const char *symbol)

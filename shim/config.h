@@ -13,6 +13,7 @@
 
 #define CONFIG_DEFAULT_PATH "/etc/lockshim/lockshim.cfg"
 #define CONFIG_EXIT_CODE 78 /* EX_CONFIG */
+#define STACK_ARGS_MAX 65536 /* largest stack_args_bytes */
 
 /* on_timeout / on_error */
 enum call_policy { POLICY_SKIP, POLICY_EXIT, POLICY_ABORT, POLICY_PROCEED };
@@ -39,6 +40,7 @@ struct lock_spec {
 	int reentrant;
 	int fair;                /* waiters enter in arrival order */
 	int break_dead;          /* break a lock whose holder died on this machine */
+	int strict;              /* stop the program when the lock cannot be guarded */
 	int stack_args_bytes;    /* caller stack copied for stack arguments */
 	int line;                /* where the lock was defined */
 	int index;
@@ -61,6 +63,7 @@ struct config {
 	char *ns;
 	int log_level;      /* -1 when not set */
 	char *log_file;
+	int strict;         /* the default of every lock's `strict` */
 	struct lock_spec *locks;
 	int nlocks;
 };
@@ -73,6 +76,15 @@ struct config {
 int config_load(struct config *cfg, const char *path, char *err, size_t errlen);
 
 void config_release(struct config *cfg);
+
+/*
+ * Checks what the environment adds to cfg's logging: LOCKSHIM_LOG_LEVEL
+ * (a level name in any case) and that log_file can be opened for
+ * appending. apply: also sets the level and sends the log there (the shim);
+ * else the file is only opened and closed (`lockshim check`). Returns 0, or
+ * -1 with one line in err.
+ */
+int config_logging(const struct config *cfg, int apply, char *err, size_t errlen);
 
 /* Returns the lock guarding symbol, or NULL. */
 const struct lock_spec *config_find(const struct config *cfg, const char *symbol);

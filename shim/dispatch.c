@@ -15,6 +15,10 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include "guard.h"
 #include "hook.h"
@@ -23,50 +27,103 @@
 #include "shim.h"
 #include "tramp.h"
 
+/* This thread's stack, [stack_lo, stack_hi); stack_hi 0: not known yet. */
+static __thread uintptr_t stack_lo __attribute__((tls_model("initial-exec")));
 static __thread uintptr_t stack_hi __attribute__((tls_model("initial-exec")));
 
 extern void *__libc_stack_end; /* ld.so: the initial thread's stack pointer at entry */
 
+#define MAIN_STACK_MAX (1UL << 30)
+
 /*
- * Returns the top of this thread's stack, or UINTPTR_MAX when unknown. For
- * the initial thread, where glibc would parse /proc/self/maps (~0.1 ms), the
- * stack pointer at process entry: only argv, the environment and the aux
- * vector lie above it, never a caller's arguments.
+ * Sets this thread's stack bounds. For the initial thread, where glibc
+ * would parse /proc/self/maps (~0.1 ms): from the stack pointer at process
+ * entry (only argv, the environment and the aux vector lie above it, never
+ * a caller's arguments) down by RLIMIT_STACK, at most 1 GiB. For other
+ * threads, what pthread knows. Unknown: an empty range.
  */
-static uintptr_t thread_stack_top(void)
+static void stack_bounds(void)
 {
 	pthread_attr_t a;
+	struct rlimit rl;
 	void *addr;
 	size_t size;
-	uintptr_t top = UINTPTR_MAX;
 
-	if (pthread_equal(pthread_self(), shim_initial_thread) && __libc_stack_end)
-		return (uintptr_t)__libc_stack_end;
+	stack_lo = stack_hi = 1;
+	if (pthread_equal(pthread_self(), shim_initial_thread) && __libc_stack_end) {
+		stack_hi = (uintptr_t)__libc_stack_end;
+		size = getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur < MAIN_STACK_MAX ?
+		       (size_t)rl.rlim_cur : MAIN_STACK_MAX;
+		stack_lo = stack_hi > size ? stack_hi - size : 0;
+		return;
+	}
 	if (pthread_getattr_np(pthread_self(), &a) == 0) {
-		if (pthread_attr_getstack(&a, &addr, &size) == 0)
-			top = (uintptr_t)addr + size;
+		if (pthread_attr_getstack(&a, &addr, &size) == 0) {
+			stack_lo = (uintptr_t)addr;
+			stack_hi = (uintptr_t)addr + size;
+		}
 		pthread_attr_destroy(&a);
 	}
-	return top;
 }
 
-/* Returns how many bytes of stack arguments to copy: want, clamped so the
- * copy never reads past the top of the thread's stack. */
+/*
+ * Returns how many bytes from `from` on, up to want, lie in readable pages,
+ * on a stack the shim does not know (a coroutine's, sigaltstack): one
+ * process_vm_readv(2) reads a byte of each page of the window and stops
+ * at the first one that cannot be read, without a fault. Where that call
+ * is refused (seccomp), mincore(2) finds the unmapped pages instead.
+ */
+static size_t readable(uintptr_t from, size_t want)
+{
+	struct iovec local[STACK_ARGS_MAX / 4096 + 2], remote[STACK_ARGS_MAX / 4096 + 2];
+	char sink[STACK_ARGS_MAX / 4096 + 2];
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), end = from + want, page;
+	int n = 0;
+	ssize_t got;
+	unsigned char in;
+
+	for (page = from & ~(pg - 1); page < end && n < (int)sizeof(sink); page += pg, n++) {
+		local[n].iov_base = &sink[n];
+		local[n].iov_len = 1;
+		remote[n].iov_base = (void *)(page < from ? from : page);
+		remote[n].iov_len = 1;
+	}
+	got = process_vm_readv(getpid(), local, (unsigned long)n, remote, (unsigned long)n, 0);
+	if (got < 0 && errno != EFAULT) {
+		for (got = 0; got < n; got++)
+			if (mincore((void *)((from & ~(pg - 1)) + (uintptr_t)got * pg), pg, &in) != 0)
+				break;
+	}
+	if (got <= 0)
+		return 0;
+	page = (from & ~(pg - 1)) + (uintptr_t)got * pg;
+	return page >= end ? want : page - from;
+}
+
+/* Returns how many bytes of stack arguments to copy: want, cut so that the
+ * copy never reads past the top of the thread's stack, nor, on any other
+ * stack, into a page that cannot be read. */
 static size_t arg_window(const struct tramp_frame *f, size_t want)
 {
 	uintptr_t from = tramp_stack_args(f);
+	size_t n;
+	int saved_errno;
 
-	if (!stack_hi) {
-		int saved_errno = errno;
-
-		guard_enter();
-		stack_hi = thread_stack_top();
-		guard_leave();
-		errno = saved_errno;
-	}
-	if (from < stack_hi && stack_hi - from < want)
-		return (stack_hi - from) & ~(uintptr_t)15;
-	return want;
+	if (from >= stack_lo && from < stack_hi) /* the common case */
+		return (stack_hi - from < want ? stack_hi - from : want) & ~(size_t)15;
+	if (!want)
+		return 0;
+	saved_errno = errno;
+	guard_enter();
+	if (!stack_hi)
+		stack_bounds();
+	if (from >= stack_lo && from < stack_hi)
+		n = stack_hi - from < want ? stack_hi - from : want;
+	else
+		n = readable(from, want);
+	guard_leave();
+	errno = saved_errno;
+	return n & ~(size_t)15;
 }
 
 static void dispatch_leave(struct lock_call *call)

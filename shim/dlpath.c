@@ -1,14 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * dlpath.c - finding a bare library name the way the caller's dlopen would.
+ * dlpath.c - finding a library name the way the caller's dlopen would.
  *
- * glibc's dlopen searches the calling object's DT_RUNPATH (or DT_RPATH). Our
- * dlopen wrapper calls the real dlopen from inside the shim, which has
- * neither, so a program that loads "libplugin.so" through its own
- * "$ORIGIN/plugins" RUNPATH would fail under the shim. dlpath_search looks
- * the name up in the caller's path list first, in glibc's order (RPATH
- * before LD_LIBRARY_PATH, RUNPATH after it), and returns the full path; the
- * rest of the search (cache, default directories) is left to dlopen.
+ * glibc's dlopen expands $ORIGIN in the name to the calling object's
+ * directory and searches the calling object's DT_RUNPATH (or DT_RPATH). Our
+ * dlopen wrapper calls the real dlopen from inside the shim, so the caller
+ * would be the shim: "$ORIGIN/plugins/libp.so" would name the shim's
+ * directory, and a program that loads "libplugin.so" through its own
+ * "$ORIGIN/plugins" RUNPATH would fail. dlpath_search expands $ORIGIN for
+ * the caller, and looks a bare name up in the caller's path list first, in
+ * glibc's order (RPATH before LD_LIBRARY_PATH, RUNPATH after it), and
+ * returns the full path; the rest of the search (cache, default
+ * directories) is left to dlopen.
  */
 #include "dlpath.h"
 
@@ -22,7 +25,8 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Writes dir (with $ORIGIN expanded) + "/" + file into out. */
+/* Writes dir (with $ORIGIN expanded) + "/" + file into out (dir alone
+ * when file is NULL). */
 static void join(char *out, size_t n, const char *dir, size_t dlen, const char *origin,
 		 const char *file)
 {
@@ -41,7 +45,9 @@ static void join(char *out, size_t n, const char *dir, size_t dlen, const char *
 	}
 	if (used >= n)
 		used = n - 1;
-	snprintf(out + used, n - used, "/%s", file);
+	out[used] = 0;
+	if (file)
+		snprintf(out + used, n - used, "/%s", file);
 }
 
 /* Returns a malloc'd path of file in the ':'-separated list, or NULL. */
@@ -63,17 +69,39 @@ static char *search(const char *list, const char *origin, const char *file)
 	return NULL;
 }
 
+/* Writes the directory of the object lm into origin. */
+static void origin_of(const struct link_map *lm, char *origin, size_t n)
+{
+	char *dir;
+
+	if (lm->l_name && lm->l_name[0]) {
+		snprintf(origin, n, "%s", lm->l_name);
+	} else {
+		ssize_t r = readlink("/proc/self/exe", origin, n - 1);
+
+		origin[r > 0 ? r : 0] = 0;
+	}
+	dir = dirname(origin);
+	memmove(origin, dir, strlen(dir) + 1);
+}
+
 char *dlpath_search(const void *caller, const char *file)
 {
 	struct link_map *lm = NULL;
 	const char *strtab = NULL, *env = getenv("LD_LIBRARY_PATH");
 	long runpath = -1, rpath = -1;
-	char origin[PATH_MAX], *found, *dir;
+	char origin[PATH_MAX], path[PATH_MAX], *found;
 	Dl_info di;
 	void *h;
 
-	if (!file || strchr(file, '/') ||
-	    !dladdr1(caller, &di, (void **)&lm, RTLD_DL_LINKMAP) || !lm || !lm->l_ld)
+	if (!file || !dladdr1(caller, &di, (void **)&lm, RTLD_DL_LINKMAP) || !lm || !lm->l_ld)
+		return NULL;
+	if (strstr(file, "$ORIGIN") || strstr(file, "${ORIGIN}")) {
+		origin_of(lm, origin, sizeof(origin));
+		join(path, sizeof(path), file, strlen(file), origin, NULL);
+		return strdup(path);
+	}
+	if (strchr(file, '/'))
 		return NULL;
 	if ((h = dlopen(file, RTLD_LAZY | RTLD_NOLOAD)) != NULL) {
 		dlclose(h); /* already loaded: dlopen finds it by name */
@@ -90,15 +118,7 @@ char *dlpath_search(const void *caller, const char *file)
 	}
 	if (!strtab || (runpath < 0 && rpath < 0))
 		return NULL;
-	if (lm->l_name && lm->l_name[0]) {
-		snprintf(origin, sizeof(origin), "%s", lm->l_name);
-	} else {
-		ssize_t n = readlink("/proc/self/exe", origin, sizeof(origin) - 1);
-
-		origin[n > 0 ? n : 0] = 0;
-	}
-	dir = dirname(origin);
-	memmove(origin, dir, strlen(dir) + 1);
+	origin_of(lm, origin, sizeof(origin));
 	if (runpath >= 0) {
 		if (env && (found = search(env, origin, file)) != NULL) {
 			free(found);

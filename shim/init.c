@@ -2,15 +2,19 @@
 /*
  * init.c - the shim's life cycle: constructor, fork handlers, destructor.
  *
- * The constructor loads the config (LOCKSHIM_CONFIG, else the default path);
- * an unusable config stops the program before main with one message and
- * exit status 78, so nothing runs unguarded by accident. With no lock
- * configured it stops there: no thread, no connection, nothing redirected.
- * Otherwise it sizes the trampoline, prepares the lock layer and redirects
- * every call site it can find. Connections and the renewal thread start
- * lazily, on the first guarded call. The destructor turns wrappers into
- * pass-throughs and releases the locks still held.
+ * The constructor loads the config (LOCKSHIM_CONFIG, else the default path;
+ * a relative LOCKSHIM_CONFIG is made absolute in the environment, so that
+ * children started after a chdir read the same file); an unusable config
+ * stops the program before main with one message and exit status 78, so
+ * nothing runs unguarded by accident; so does a `strict` lock that cannot
+ * be guarded. With no lock configured it stops there: no thread, no
+ * connection, nothing redirected. Otherwise it sizes the trampoline,
+ * prepares the lock layer and redirects every call site it can find.
+ * Connections and the renewal thread start lazily, on the first guarded
+ * call. The destructor turns wrappers into pass-throughs and releases the
+ * locks still held (not in a vfork child, which shares the parent's state).
  */
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,16 +37,31 @@ static struct config cfg;
 
 static void die_config(const char *msg)
 {
-	char line[1024];
-	int n = snprintf(line, sizeof(line), "lockshim[%d]: config error: %s\n",
-			 (int)getpid(), msg);
+	char line[2048];
+	int n = snprintf(line, sizeof(line), "lockshim[%d]: config error: ", (int)getpid());
 
-	if (n > (int)sizeof(line))
-		n = (int)sizeof(line);
+	n += (int)log_escape(line + n, sizeof(line) - (size_t)n - 1, msg, strlen(msg));
+	line[n++] = '\n';
 	if (write(2, line, (size_t)n) < 0) {
 		/* nothing else to tell */
 	}
 	_exit(CONFIG_EXIT_CODE);
+}
+
+/* Returns the config path, made absolute in the environment when it was
+ * relative (children may run in another directory). */
+static const char *config_path(void)
+{
+	const char *path = getenv("LOCKSHIM_CONFIG");
+	char *abs;
+
+	if (!path || !*path)
+		return CONFIG_DEFAULT_PATH;
+	if (path[0] == '/' || !(abs = realpath(path, NULL)))
+		return path;
+	setenv("LOCKSHIM_CONFIG", abs, 1);
+	free(abs);
+	return getenv("LOCKSHIM_CONFIG");
 }
 
 static void atfork_prepare(void)
@@ -65,43 +84,18 @@ static void atfork_child(void)
 	log_set_pid(getpid());
 }
 
-/* Applies log_level / log_file and LOCKSHIM_LOG_LEVEL. */
-static void setup_logging(void)
-{
-	const char *env = getenv("LOCKSHIM_LOG_LEVEL");
-	char msg[512];
-	int rc;
-
-	if (cfg.log_level >= 0)
-		log_threshold = cfg.log_level;
-	if (env && *env) {
-		if (log_level_parse(env) < 0) {
-			snprintf(msg, sizeof(msg), "LOCKSHIM_LOG_LEVEL: unknown value \"%s\" "
-				 "(expected one of: error, warn, info, debug)", env);
-			die_config(msg);
-		}
-		log_threshold = log_level_parse(env);
-	}
-	if (cfg.log_file && (rc = log_open_file(cfg.log_file)) < 0) {
-		snprintf(msg, sizeof(msg), "%s: log_file: cannot open \"%s\": %s", cfg.path,
-			 cfg.log_file, strerror(-rc));
-		die_config(msg);
-	}
-}
-
 __attribute__((constructor)) static void shim_init(void)
 {
-	const char *path = getenv("LOCKSHIM_CONFIG");
-	char err[768];
+	const char *path;
+	char err[1024];
 
 	guard_enter();
 	shim_initial_thread = pthread_self();
 	log_set_pid(getpid());
-	if (!path || !*path)
-		path = CONFIG_DEFAULT_PATH;
-	if (config_load(&cfg, path, err, sizeof(err)) != 0)
+	path = config_path();
+	if (config_load(&cfg, path, err, sizeof(err)) != 0 ||
+	    config_logging(&cfg, 1, err, sizeof(err)) != 0)
 		die_config(err);
-	setup_logging();
 	if (cfg.nlocks == 0) {
 		LOG(LOG_INFO, "%s: no locks configured; nothing is redirected", path);
 		goto out;
@@ -112,8 +106,8 @@ __attribute__((constructor)) static void shim_init(void)
 		goto out;
 	}
 	__atomic_store_n(&shim_state, SHIM_ON, __ATOMIC_RELEASE);
-	if (redirect_init(&cfg) != 0)
-		LOG(LOG_ERROR, "redirection failed; some calls may stay unguarded");
+	if (redirect_init(&cfg, err, sizeof(err)) != 0)
+		die_config(err);
 	LOG(LOG_DEBUG, "%s: %d lock(s) configured", path, cfg.nlocks);
 out:
 	guard_leave();
@@ -121,7 +115,7 @@ out:
 
 __attribute__((destructor)) static void shim_fini(void)
 {
-	if (!shim_active())
+	if (!shim_active() || guard_active()) /* a vfork child calling exit() */
 		return;
 	guard_enter();
 	__atomic_store_n(&shim_state, SHIM_DOWN, __ATOMIC_RELEASE);

@@ -3,13 +3,18 @@
  * interpose.c - wrappers the redirector installs beside the guarded symbols.
  *
  * dlopen/dlmopen: load (a bare name is first looked up in the caller's
- * RUNPATH, see dlpath.c), then rescan so the new objects' slots are
- * redirected (their constructors have already run). dlsym/dlvsym: a guarded name
- * yields its hook's stub; RTLD_NEXT is resolved relative to the real caller,
- * not to the shim. The longjmp family: release the guarded calls whose frames
- * the jump discards, then jump. These are not exported symbols: they are
- * reached only through patched slots, so the shim's own calls to dlopen,
- * dlsym or longjmp go straight to libc.
+ * RUNPATH and $ORIGIN is the caller's directory, see dlpath.c), then rescan
+ * so the new objects' slots are redirected (their constructors have already
+ * run). dlsym/dlvsym: a guarded name yields its hook's stub, a wrapped one
+ * its wrapper; RTLD_NEXT is resolved relative to the real caller, not to
+ * the shim. The longjmp family: release the guarded calls whose frames the
+ * jump discards, then jump. exec family: read the replies of asynchronous
+ * releases and release kept locks first; _exit/_Exit: release every lock of
+ * the process first. close/dup2/dup3/close_range/closefrom: tell fdown.c
+ * that a descriptor of the shim's may be gone. vfork (tramp_*.S): the child
+ * runs with the guard set, so that nothing it calls touches its parent's
+ * lock state. These are not exported symbols: they are reached only
+ * through patched slots, so the shim's own calls go straight to libc.
  */
 #include <dlfcn.h>
 #include <link.h>
@@ -21,6 +26,7 @@
 #include <unistd.h>
 
 #include "dlpath.h"
+#include "fdown.h"
 #include "guard.h"
 #include "lock.h"
 #include "redirect.h"
@@ -70,31 +76,6 @@ static void *wrap_dlmopen(Lmid_t lmid, const char *file, int mode)
 	return h;
 }
 
-/*
- * RTLD_NEXT from the caller's point of view: the first object after the
- * caller's in load order that defines name. Returns NULL if none does.
- */
-static void *next_after(const void *caller, const char *name, const char *version)
-{
-	struct link_map *lm = NULL;
-	Dl_info di;
-
-	if (!dladdr1(caller, &di, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
-		return version ? dlvsym(RTLD_NEXT, name, version) : dlsym(RTLD_NEXT, name);
-	for (struct link_map *l = lm->l_next; l; l = l->l_next) {
-		struct link_map *def = NULL;
-		void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD), *p;
-
-		if (!h)
-			continue;
-		p = version ? dlvsym(h, name, version) : dlsym(h, name);
-		dlclose(h);
-		if (p && dladdr1(p, &di, (void **)&def, RTLD_DL_LINKMAP) && def == l)
-			return p;
-	}
-	return NULL;
-}
-
 static void *lookup(void *handle, const char *name, const char *version,
 		    const void *caller)
 {
@@ -102,11 +83,10 @@ static void *lookup(void *handle, const char *name, const char *version,
 
 	guard_enter();
 	if (handle == RTLD_NEXT)
-		p = next_after(caller, name, version);
+		p = redirect_next_definition(caller, name, version);
 	else
 		p = version ? dlvsym(handle, name, version) : dlsym(handle, name);
-	if (shim_active())
-		p = redirect_resolved(name, p);
+	p = redirect_resolved(name, p);
 	guard_leave();
 	return p;
 }
@@ -146,9 +126,10 @@ static void wrap_longjmp_chk(sigjmp_buf env, int val)
 	__longjmp_chk(env, val);
 }
 
+/* Not in a vfork child (guard set), nor inside the shim's own work. */
 static void before_exec(void)
 {
-	if (!shim_active())
+	if (!shim_active() || guard_active())
 		return;
 	guard_enter();
 	lock_before_exec();
@@ -246,10 +227,66 @@ static int wrap_execle(const char *path, const char *arg, ...)
 	return rc;
 }
 
-static const struct {
-	const char *name;
-	void *fn;
-} wrappers[] = {
+static void before_exit(void)
+{
+	if (!shim_active() || guard_active())
+		return;
+	guard_enter();
+	lock_release_all();
+	guard_leave();
+}
+
+static void wrap__exit(int status)
+{
+	before_exit();
+	_exit(status);
+}
+
+static void wrap__Exit(int status)
+{
+	before_exit();
+	_Exit(status);
+}
+
+static int wrap_close(int fd)
+{
+	int rc = close(fd);
+
+	fdown_note(fd);
+	return rc;
+}
+
+static int wrap_dup2(int old, int fd)
+{
+	int rc = dup2(old, fd);
+
+	fdown_note(fd);
+	return rc;
+}
+
+static int wrap_dup3(int old, int fd, int flags)
+{
+	int rc = dup3(old, fd, flags);
+
+	fdown_note(fd);
+	return rc;
+}
+
+static int wrap_close_range(unsigned lo, unsigned hi, int flags)
+{
+	int rc = close_range(lo, hi, flags);
+
+	fdown_note_all();
+	return rc;
+}
+
+static void wrap_closefrom(int lo)
+{
+	closefrom(lo);
+	fdown_note_all();
+}
+
+const struct interpose_entry interpose_table[] = {
 	{ "execve", (void *)wrap_execve },
 	{ "execv", (void *)wrap_execv },
 	{ "execvp", (void *)wrap_execvp },
@@ -258,6 +295,15 @@ static const struct {
 	{ "execl", (void *)wrap_execl },
 	{ "execlp", (void *)wrap_execlp },
 	{ "execle", (void *)wrap_execle },
+	{ "_exit", (void *)wrap__exit },
+	{ "_Exit", (void *)wrap__Exit },
+	{ "vfork", (void *)tramp_vfork },
+	{ "__vfork", (void *)tramp_vfork },
+	{ "close", (void *)wrap_close },
+	{ "dup2", (void *)wrap_dup2 },
+	{ "dup3", (void *)wrap_dup3 },
+	{ "close_range", (void *)wrap_close_range },
+	{ "closefrom", (void *)wrap_closefrom },
 	{ "dlopen", (void *)wrap_dlopen },
 	{ "dlmopen", (void *)wrap_dlmopen },
 	{ "dlsym", (void *)wrap_dlsym },
@@ -266,15 +312,5 @@ static const struct {
 	{ "_longjmp", (void *)wrap_longjmp },
 	{ "siglongjmp", (void *)wrap_siglongjmp },
 	{ "__longjmp_chk", (void *)wrap_longjmp_chk },
+	{ NULL, NULL }
 };
-
-void *interpose_lookup(const char *name)
-{
-	if (name[0] != 'd' && name[0] != 'l' && name[0] != '_' && name[0] != 's' &&
-	    name[0] != 'e' && name[0] != 'f')
-		return NULL;
-	for (size_t i = 0; i < sizeof(wrappers) / sizeof(wrappers[0]); i++)
-		if (strcmp(wrappers[i].name, name) == 0)
-			return wrappers[i].fn;
-	return NULL;
-}

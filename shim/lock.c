@@ -604,12 +604,23 @@ static void release_copies(struct lock_thread *t, const struct lease *rel, int n
 	lock_flush();
 }
 
+/* Whether the caller is the process this state belongs to, not a child
+ * sharing its memory (vfork, clone with CLONE_VM) that must not touch it. */
+static int own_process(void)
+{
+	return getpid() == lock_pid;
+}
+
 void lock_before_exec(void)
 {
-	struct lock_thread *t = thread_get();
-	struct lease *rel = malloc(sizeof(*rel) * LOCK_MAX_HOLDS);
+	struct lock_thread *t;
+	struct lease *rel;
 	int n;
 
+	if (!own_process())
+		return;
+	t = thread_get();
+	rel = malloc(sizeof(*rel) * LOCK_MAX_HOLDS);
 	lock_flush();
 	while (t && rel && (n = renew_take_parked(rel, LOCK_MAX_HOLDS)) > 0) {
 		release_copies(t, rel, n, "exec");
@@ -638,6 +649,8 @@ void lock_release_all(void)
 	struct lock_thread *t;
 	int n;
 
+	if (!own_process())
+		return;
 	lock_flush();
 	n = renew_drain(&copies);
 	t = thread_get();

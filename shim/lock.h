@@ -77,10 +77,12 @@ void lock_atfork_child(void);
 void lock_flush(void);
 
 /* Releases every parked lease of the process and reads the replies of this
- * thread's asynchronous releases (before exec: the renewal thread dies). */
+ * thread's asynchronous releases (before exec: the renewal thread dies).
+ * Does nothing in a child that shares the process's memory (vfork). */
 void lock_before_exec(void);
 
-/* Releases every lease the process still holds (used at exit). */
+/* Releases every lease the process still holds (at exit, _exit, _Exit).
+ * Does nothing in a child that shares the process's memory (vfork). */
 void lock_release_all(void);
 
 /* Returns the backend's view of l (key, value, lease and waiting settings);

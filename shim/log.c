@@ -5,20 +5,31 @@
  * Everything is formatted with vsnprintf into a stack buffer and emitted with
  * one write(2), so lines from several threads never interleave and no stdio
  * lock is ever taken (stdio is unsafe after fork and may be guarded itself).
- * The shim's own write(2) calls go through its own PLT, which the redirector
- * never patches, so a config that guards `write` cannot loop back here.
+ * Control characters (a key built from program data may hold CR or LF) are
+ * written escaped, so one event is always one line. The log file's
+ * descriptor is the shim's own (fdown.h): when the program closes or
+ * replaces it, the file is opened again, and nothing is written to the
+ * program's file. The shim's own write(2) calls go through its own PLT,
+ * which the redirector never patches, so a config that guards `write`
+ * cannot loop back here.
  */
 #include "log.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
+#include "fdown.h"
+
 int log_threshold = LOG_WARN;
-static int log_fd = 2;
+static struct fdown log_own = { .fd = -1 };
+static char log_path[PATH_MAX];
+static int reopening;
 static int log_pid;
 
 static const char *const level_names[] = { "error", "warn", "info", "debug" };
@@ -26,18 +37,39 @@ static const char *const level_names[] = { "error", "warn", "info", "debug" };
 int log_level_parse(const char *s)
 {
 	for (int i = 0; i <= LOG_DEBUG; i++)
-		if (strcmp(s, level_names[i]) == 0)
+		if (strcasecmp(s, level_names[i]) == 0)
 			return i;
 	return -1;
 }
 
-int log_open_file(const char *path)
+static int open_log(const char *path)
 {
-	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	return open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+}
+
+int log_check_file(const char *path)
+{
+	int fd = open_log(path);
 
 	if (fd < 0)
 		return -errno;
-	log_fd = fd;
+	close(fd);
+	return 0;
+}
+
+int log_open_file(const char *path)
+{
+	int fd = open_log(path), rc;
+
+	if (fd < 0)
+		return -errno;
+	if (strlen(path) >= sizeof(log_path)) {
+		close(fd);
+		return -ENAMETOOLONG;
+	}
+	if ((rc = fdown_adopt(&log_own, fd)) < 0)
+		return rc;
+	memcpy(log_path, path, strlen(path) + 1);
 	return 0;
 }
 
@@ -46,21 +78,72 @@ void log_set_pid(int pid)
 	log_pid = pid;
 }
 
+size_t log_escape(char *dst, size_t cap, const char *src, size_t len)
+{
+	static const char hex[] = "0123456789abcdef";
+	size_t n = 0;
+
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)src[i];
+		char esc = c == '\n' ? 'n' : c == '\r' ? 'r' : c == '\t' ? 't' : 0;
+
+		if (c >= 0x20 && c != 0x7f) {
+			if (n + 1 > cap)
+				break;
+			dst[n++] = (char)c;
+		} else if (esc) {
+			if (n + 2 > cap)
+				break;
+			dst[n++] = '\\';
+			dst[n++] = esc;
+		} else {
+			if (n + 4 > cap)
+				break;
+			dst[n++] = '\\';
+			dst[n++] = 'x';
+			dst[n++] = hex[c >> 4];
+			dst[n++] = hex[c & 15];
+		}
+	}
+	return n;
+}
+
+/* Returns the descriptor lines go to: the log file's (opened again when the
+ * program took its descriptor), or standard error. */
+static int log_fd(void)
+{
+	int fd;
+
+	if (!log_path[0] || fdown_check(&log_own))
+		return log_path[0] ? log_own.fd : 2;
+	if (__atomic_exchange_n(&reopening, 1, __ATOMIC_ACQUIRE))
+		return 2; /* another thread is at it: this line goes to stderr */
+	fd = open_log(log_path);
+	if (fd >= 0)
+		fdown_adopt(&log_own, fd);
+	__atomic_store_n(&reopening, 0, __ATOMIC_RELEASE);
+	return log_own.fd >= 0 ? log_own.fd : 2;
+}
+
 void log_write(int level, const char *fmt, ...)
 {
-	char buf[1024];
+	char msg[1024], line[2048];
 	int saved_errno = errno;
-	int n = snprintf(buf, sizeof(buf), "lockshim[%d]: %s: ", log_pid,
-			 level_names[level]);
+	int n = snprintf(line, sizeof(line), "lockshim[%d]: %s: ", log_pid, level_names[level]);
+	int m, fd;
 	va_list ap;
 
 	va_start(ap, fmt);
-	n += vsnprintf(buf + n, sizeof(buf) - (size_t)n, fmt, ap);
+	m = vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	if (n > (int)sizeof(buf) - 2)
-		n = (int)sizeof(buf) - 2;
-	buf[n++] = '\n';
-	while (write(log_fd, buf, (size_t)n) < 0 && errno == EINTR)
+	if (m < 0)
+		m = 0;
+	if (m >= (int)sizeof(msg))
+		m = (int)sizeof(msg) - 1;
+	n += (int)log_escape(line + n, sizeof(line) - (size_t)n - 1, msg, (size_t)m);
+	line[n++] = '\n';
+	fd = log_fd();
+	while (write(fd, line, (size_t)n) < 0 && errno == EINTR)
 		;
 	errno = saved_errno;
 }

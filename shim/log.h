@@ -10,6 +10,8 @@
 #ifndef LOCKSHIM_LOG_H
 #define LOCKSHIM_LOG_H
 
+#include <stddef.h>
+
 enum log_level { LOG_ERROR = 0, LOG_WARN, LOG_INFO, LOG_DEBUG };
 
 extern int log_threshold;
@@ -23,11 +25,22 @@ extern int log_threshold;
 void log_write(int level, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
-/* Returns the level named by s ("error", "warn", "info", "debug") or -1. */
+/* Returns the level named by s ("error", "warn", "info", "debug", in any
+ * case) or -1. */
 int log_level_parse(const char *s);
 
 /* Sends later lines to path (opened O_APPEND|O_CLOEXEC). Returns 0 or -errno. */
 int log_open_file(const char *path);
+
+/* Opens path as log_open_file would, and closes it. Returns 0 or -errno. */
+int log_check_file(const char *path);
+
+/*
+ * Copies src[0..len) to dst (at most cap bytes), writing control characters
+ * as \n, \r, \t or \xNN, so that one message stays one line. Returns the
+ * bytes written; an escape that does not fit is dropped whole.
+ */
+size_t log_escape(char *dst, size_t cap, const char *src, size_t len);
 
 /* Sets the pid printed in the prefix; called at init and in a fork child. */
 void log_set_pid(int pid);

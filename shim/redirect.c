@@ -1,26 +1,142 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * redirect.c - runs the redirection methods (see redirect.h).
+ * redirect.c - the name table, the methods and the start-up report (see
+ * redirect.h).
  *
- * A mutex serialises scans: dlopen may be called from several threads.
+ * The table holds every guarded symbol and every internal wrapper, in an
+ * open-addressing hash (FNV-1a) sized at init, so a method pays one hash
+ * and, rarely, one strcmp per relocation it looks at. A mutex serialises
+ * scans: dlopen may be called from several threads. The report after the
+ * first scan says, for each lock no call site was found for, whether the
+ * executable defines it (its dynamic or static symbol table: calls inside
+ * it cannot be caught), a library does, or nothing loaded does (a typo, the
+ * wrong program, or a library loaded later); `strict` makes that fatal.
  */
 #include "redirect.h"
 
+#include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "hook.h"
 #include "log.h"
+#include "symfile.h"
 
 static const struct redirect_method *const methods[] = { &redirect_reloc, NULL };
-static const struct config *cfg;
+static struct redirect_name *names; /* open addressing, nslots a power of 2 */
+static unsigned nslots;
+static int ready;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+static unsigned hash(const char *s)
+{
+	unsigned h = 2166136261u;
+
+	while (*s)
+		h = (h ^ (unsigned char)*s++) * 16777619u;
+	return h;
+}
+
+struct redirect_name *redirect_find(const char *name)
+{
+	unsigned h = hash(name);
+
+	if (!nslots)
+		return NULL;
+	for (unsigned i = h & (nslots - 1);; i = (i + 1) & (nslots - 1)) {
+		struct redirect_name *n = &names[i];
+
+		if (!n->name)
+			return NULL;
+		if (n->hash == h && strcmp(n->name, name) == 0)
+			return n;
+	}
+}
+
+/* Adds name, or returns its entry. Returns NULL when out of memory. */
+static struct redirect_name *add(const char *name)
+{
+	unsigned h = hash(name), i;
+
+	for (i = h & (nslots - 1); names[i].name; i = (i + 1) & (nslots - 1))
+		if (names[i].hash == h && strcmp(names[i].name, name) == 0)
+			return &names[i];
+	names[i].name = name;
+	names[i].hash = h;
+	return &names[i];
+}
+
+static int table_init(const struct config *cfg)
+{
+	unsigned want = (unsigned)cfg->nlocks;
+
+	for (const struct interpose_entry *w = interpose_table; w->name; w++)
+		want++;
+	for (nslots = 16; nslots < 4 * want; nslots *= 2)
+		;
+	names = calloc(nslots, sizeof(*names));
+	if (!names) {
+		nslots = 0;
+		return -1;
+	}
+	for (const struct interpose_entry *w = interpose_table; w->name; w++)
+		add(w->name)->wrapper = w->fn;
+	for (int i = 0; i < cfg->nlocks; i++)
+		add(cfg->locks[i].symbol)->spec = &cfg->locks[i];
+	return 0;
+}
+
+void *redirect_target(struct redirect_name *n, void *addr)
+{
+	struct hook *h;
+
+	if (!addr || addr == n->canonical || addr == n->wrapper || hook_by_stub(addr))
+		return addr;
+	if (!n->spec)
+		return n->wrapper;
+	h = hook_get(n->spec, n->wrapper ? n->wrapper : addr);
+	return h ? h->stub : addr;
+}
+
+void *redirect_resolved(const char *name, void *addr)
+{
+	struct redirect_name *n;
+
+	if (!ready || !addr || !name || !(n = redirect_find(name)))
+		return addr;
+	return redirect_target(n, addr);
+}
+
+void *redirect_next_definition(const void *after, const char *name, const char *version)
+{
+	struct link_map *lm = NULL;
+	Dl_info di;
+
+	if (!dladdr1(after, &di, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
+		return version ? dlvsym(RTLD_NEXT, name, version) : dlsym(RTLD_NEXT, name);
+	for (struct link_map *l = lm->l_next; l; l = l->l_next) {
+		struct link_map *def = NULL;
+		void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD), *p;
+
+		if (!h)
+			continue;
+		p = version ? dlvsym(h, name, version) : dlsym(h, name);
+		dlclose(h);
+		if (p && dladdr1(p, &di, (void **)&def, RTLD_DL_LINKMAP) && def == l)
+			return p;
+	}
+	return NULL;
+}
 
 static int scan_all(void)
 {
 	int total = 0;
 
 	for (int i = 0; methods[i]; i++) {
-		int n = methods[i]->scan(cfg);
+		int n = methods[i]->scan();
 
 		if (n < 0)
 			return -1;
@@ -30,30 +146,99 @@ static int scan_all(void)
 	return total;
 }
 
-int redirect_init(const struct config *c)
+/* Returns the object defining name through its dynamic symbols ("the
+ * executable" for the main program), or NULL. */
+static const char *defined_in(const char *name, int *in_exe)
 {
-	cfg = c;
-	return scan_all() < 0 ? -1 : 0;
+	struct link_map *lm = NULL;
+	Dl_info di;
+	void *p = dlsym(RTLD_DEFAULT, name);
+
+	*in_exe = 0;
+	if (!p || !dladdr1(p, &di, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
+		return NULL;
+	*in_exe = !lm->l_prev;
+	return *in_exe ? "the executable" : lm->l_name;
+}
+
+/* Returns 1 when the executable's file defines a function name in its
+ * static symbol table (.symtab). f is opened on first use. */
+static int in_exe_symtab(struct symfile *f, int *opened, const char *name)
+{
+	if (!*opened) {
+		*opened = symfile_open(f, "/proc/self/exe") == 0 ? 1 : -1;
+		if (*opened < 0)
+			return 0;
+	}
+	return *opened > 0 && symfile_find_function(f, name) != NULL;
+}
+
+/*
+ * Says, once, which locks have no call site the methods could redirect,
+ * and why. Returns 0, or -1 with err set for the first such lock that is
+ * `strict`.
+ */
+static int report(const struct config *cfg, char *err, size_t errlen)
+{
+	struct symfile exe;
+	int opened = 0, rc = 0;
+
+	for (int i = 0; i < cfg->nlocks; i++) {
+		const struct lock_spec *l = &cfg->locks[i];
+		const struct redirect_name *n = redirect_find(l->symbol);
+		const char *where;
+		char why[512];
+		int in_exe, level = LOG_WARN;
+
+		if (n && n->sites)
+			continue;
+		where = defined_in(l->symbol, &in_exe);
+		if (in_exe || (!where && in_exe_symtab(&exe, &opened, l->symbol))) {
+			snprintf(why, sizeof(why), "%s is defined in the executable and no loaded "
+				 "object calls it through a relocation: calls inside the executable "
+				 "cannot be caught", l->symbol);
+		} else if (where) {
+			snprintf(why, sizeof(why), "%s is defined in %s and no loaded object calls it "
+				 "through a relocation (calls inside %s cannot be caught); libraries "
+				 "loaded later with dlopen are scanned then", l->symbol, where, where);
+			level = LOG_INFO; /* a library function this program does not use */
+		} else {
+			snprintf(why, sizeof(why), "%s: no loaded object calls or defines it (a "
+				 "typo, or another program?); libraries loaded later with dlopen "
+				 "are scanned then", l->symbol);
+		}
+		if (l->strict) {
+			snprintf(err, errlen, "locks[%d] (%s) cannot be guarded in this program and "
+				 "is strict: %s", i, l->symbol, why);
+			rc = -1;
+			break;
+		}
+		LOG(level, "%s", why);
+	}
+	if (opened > 0)
+		symfile_close(&exe);
+	return rc;
+}
+
+int redirect_init(const struct config *cfg, char *err, size_t errlen)
+{
+	if (table_init(cfg) != 0) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	__atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
+	if (scan_all() < 0) {
+		LOG(LOG_ERROR, "redirection failed; some calls may stay unguarded");
+		return 0;
+	}
+	return report(cfg, err, errlen);
 }
 
 void redirect_refresh(void)
 {
-	if (!cfg)
+	if (!__atomic_load_n(&ready, __ATOMIC_ACQUIRE))
 		return;
 	pthread_mutex_lock(&mu);
 	scan_all();
 	pthread_mutex_unlock(&mu);
-}
-
-void *redirect_resolved(const char *name, void *addr)
-{
-	const struct lock_spec *s;
-	struct hook *h;
-
-	if (!cfg || !addr || !name || !(s = config_find(cfg, name)))
-		return addr;
-	if (hook_by_stub(addr))
-		return addr;
-	h = hook_get(s, addr);
-	return h ? h->stub : addr;
 }

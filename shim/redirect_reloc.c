@@ -2,15 +2,22 @@
 /*
  * redirect_reloc.c - redirection by relocation patching.
  *
- * Walks every loaded object but the shim itself and the dynamic linker, and
- * rewrites the slots that relocations naming a configured symbol filled in:
- * JUMP_SLOT (PLT calls), GLOB_DAT (-fno-plt calls, &f in PIC code) and
- * symbol-named absolute words with addend 0 (function pointers in data).
- * Each slot gets the stub of the hook for (lock, the slot's own target), so
- * symbol versions and RTLD_LOCAL copies keep their own real function. A lazy
- * PLT slot not yet bound is resolved with dlsym first. RELRO pages are made
- * writable for the store and restored. Slots already pointing at a stub or
- * an internal wrapper are left alone, so a rescan after dlopen is cheap.
+ * Walks every loaded object it has not scanned yet, but the shim itself and
+ * the dynamic linker, and rewrites the slots that relocations naming a
+ * configured symbol or an internal wrapper filled in: JUMP_SLOT (PLT
+ * calls), GLOB_DAT (-fno-plt calls, &f in PIC code) and symbol-named
+ * absolute words with addend 0 (function pointers in data). Names are
+ * matched through redirect.c's hash table. Each slot gets the stub of the
+ * hook for (lock, the slot's own target), so symbol versions and RTLD_LOCAL
+ * copies keep their own real function. A lazy PLT slot not yet bound is
+ * resolved first, as the dynamic linker would bind it: never to a non-PIE
+ * executable's canonical PLT entry (the executable's undefined symbol with
+ * a value, which dlsym returns for pointer equality); slots of other
+ * objects that hold that entry are left alone, since calls through it
+ * reach the executable's own redirected slot: every call is wrapped once.
+ * RELRO pages are made writable for the store and restored.
+ * Objects are remembered by their program headers; after a dlclose
+ * everything is scanned again (an address may then be reused).
  * Calls inside one object never pass through a slot and cannot be caught.
  */
 #include <dlfcn.h>
@@ -37,11 +44,36 @@ struct obj {
 };
 
 struct scan {
-	const struct config *cfg;
 	uintptr_t self, rtld;
 	int count;
-	int *per_lock; /* call sites found per lock, first scan only */
 };
+
+/* Objects scanned so far, by their program headers; reset after dlclose. */
+static const void **seen;
+static size_t nseen, capseen;
+static unsigned long long seen_subs;
+
+static int was_seen(const void *phdr)
+{
+	for (size_t i = 0; i < nseen; i++)
+		if (seen[i] == phdr)
+			return 1;
+	return 0;
+}
+
+static void remember(const void *phdr)
+{
+	if (nseen == capseen) {
+		size_t cap = capseen ? capseen * 2 : 64;
+		const void **p = realloc(seen, cap * sizeof(*p));
+
+		if (!p)
+			return; /* scanned again next time: slower, not wrong */
+		seen = p;
+		capseen = cap;
+	}
+	seen[nseen++] = phdr;
+}
 
 static uintptr_t dyn_addr(const struct obj *o, ElfW(Addr) v)
 {
@@ -66,64 +98,62 @@ static int write_slot(const struct obj *o, void **slot, void *val)
 	return 0;
 }
 
-/* Returns the function a lazy slot of o will bind name to, or NULL. */
-static void *resolve_lazy(const struct obj *o, const char *name)
+/* Returns the function a lazy slot of o will bind n to, or NULL. */
+static void *resolve_lazy(const struct obj *o, const struct redirect_name *n)
 {
-	void *p = dlsym(RTLD_DEFAULT, name), *h;
+	void *p = dlsym(RTLD_DEFAULT, n->name), *h;
 
+	if (p && p == n->canonical) /* the dynamic linker skips it for PLT slots */
+		p = redirect_next_definition(n->canonical, n->name, NULL);
 	if (p)
 		return p;
 	h = dlopen(o->name, RTLD_LAZY | RTLD_NOLOAD);
 	if (h) {
-		p = dlsym(h, name);
+		p = dlsym(h, n->name);
 		dlclose(h);
 	}
 	return p;
 }
 
-/* Redirects one relocation of o if it names a configured symbol. */
+static const char *slot_kind(int kind)
+{
+	return kind == RELOC_JUMP_SLOT ? "PLT" : kind == RELOC_GLOB_DAT ? "GOT" : "data";
+}
+
+/* Redirects one relocation of o if it names a symbol in the table. */
 static void patch_rela(struct scan *sc, const struct obj *o, const ElfW(Rela) *r)
 {
 	int kind = arch_reloc_kind((unsigned)ELF64_R_TYPE(r->r_info));
 	size_t si = ELF64_R_SYM(r->r_info);
 	const ElfW(Sym) *sym;
-	const struct lock_spec *spec;
-	const char *name;
+	struct redirect_name *n;
 	void **slot, *cur, *target;
-	struct hook *h;
 
 	if (kind == RELOC_OTHER || si == 0 || (kind == RELOC_ABS64 && r->r_addend))
 		return;
 	sym = &o->symtab[si];
 	if (sym->st_name >= o->strsz || ELF64_ST_TYPE(sym->st_info) == STT_OBJECT ||
-	    ELF64_ST_TYPE(sym->st_info) == STT_TLS)
+	    ELF64_ST_TYPE(sym->st_info) == STT_TLS ||
+	    !(n = redirect_find(o->strtab + sym->st_name)))
 		return;
-	name = o->strtab + sym->st_name;
+	if (sym->st_shndx == SHN_UNDEF && sym->st_value && !n->canonical)
+		n->canonical = (void *)(o->base + sym->st_value);
 	slot = (void **)(o->base + r->r_offset);
-	target = interpose_lookup(name);
-	spec = target ? NULL : config_find(sc->cfg, name);
-	if (!target && !spec)
-		return;
 	cur = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
-	if (cur == target || hook_by_stub(cur))
+	if (n->spec && kind == RELOC_JUMP_SLOT && (uintptr_t)cur >= o->lo &&
+	    (uintptr_t)cur < o->hi)
+		cur = resolve_lazy(o, n);
+	if (!cur && n->spec)
+		return; /* weak and undefined: nothing to call */
+	target = redirect_target(n, cur);
+	if (target == cur || !target)
 		return;
-	if (spec) {
-		if (kind == RELOC_JUMP_SLOT && (uintptr_t)cur >= o->lo &&
-		    (uintptr_t)cur < o->hi)
-			cur = resolve_lazy(o, name);
-		if (!cur)
-			return; /* weak and undefined: nothing to call */
-		if (sc->per_lock)
-			sc->per_lock[spec->index]++;
-		if (!(h = hook_get(spec, cur)))
-			return;
-		target = h->stub;
-	}
 	if (write_slot(o, slot, target) == 0) {
 		sc->count++;
+		if (n->spec)
+			n->sites++;
 		LOG(LOG_DEBUG, "%s: %s slot of %s redirected", o->name[0] ? o->name : "(main)",
-		    kind == RELOC_JUMP_SLOT ? "PLT" : kind == RELOC_GLOB_DAT ? "GOT" : "data",
-		    name);
+		    slot_kind(kind), n->name);
 	}
 }
 
@@ -145,6 +175,9 @@ static int scan_object(struct dl_phdr_info *info, size_t size, void *data)
 	size_t pltsz = 0, relasz = 0;
 
 	(void)size;
+	if (was_seen(info->dlpi_phdr))
+		return 0;
+	remember(info->dlpi_phdr);
 	if (o.base == sc->self || (sc->rtld && o.base == sc->rtld) ||
 	    strncmp(o.name, "linux-vdso", 10) == 0 || strncmp(o.name, "linux-gate", 10) == 0)
 		return 0;
@@ -184,50 +217,27 @@ static int scan_object(struct dl_phdr_info *info, size_t size, void *data)
 	return 0;
 }
 
-/* Returns nonzero when addr lies in the main executable. */
-static int in_executable(void *addr)
+/* Notices a dlclose since the last scan: everything is scanned again. */
+static int check_unloads(struct dl_phdr_info *info, size_t size, void *data)
 {
-	struct link_map *lm = NULL;
-	Dl_info di;
-
-	return dladdr1(addr, &di, (void **)&lm, RTLD_DL_LINKMAP) && lm && !lm->l_prev;
-}
-
-/* Says, once, which guarded symbols have no call site it can redirect. */
-static void report_uncaught(const struct config *cfg, const int *per_lock)
-{
-	for (int i = 0; i < cfg->nlocks; i++) {
-		const char *sym = cfg->locks[i].symbol;
-		void *p;
-
-		if (per_lock[i])
-			continue;
-		p = dlsym(RTLD_DEFAULT, sym);
-		if (p && in_executable(p))
-			LOG(LOG_WARN, "%s is defined in the executable and no loaded "
-			    "object calls it through a relocation: calls inside the "
-			    "executable cannot be caught", sym);
-		else
-			LOG(LOG_INFO, "%s: no call site in the loaded objects yet "
-			    "(libraries loaded later with dlopen are scanned then)", sym);
+	(void)size;
+	(void)data;
+	if (info->dlpi_subs != seen_subs) {
+		nseen = 0;
+		seen_subs = info->dlpi_subs;
 	}
+	return 1; /* the counters are the same in every entry */
 }
 
-static int reloc_scan(const struct config *cfg)
+static int reloc_scan(void)
 {
-	static int first = 1;
 	Dl_info di;
-	struct scan sc = { cfg, 0, getauxval(AT_BASE), 0, NULL };
+	struct scan sc = { 0, getauxval(AT_BASE), 0 };
 
 	if (dladdr((void *)reloc_scan, &di))
 		sc.self = (uintptr_t)di.dli_fbase;
-	if (first && cfg->nlocks)
-		sc.per_lock = calloc((size_t)cfg->nlocks, sizeof(int));
+	dl_iterate_phdr(check_unloads, NULL);
 	dl_iterate_phdr(scan_object, &sc);
-	if (sc.per_lock)
-		report_uncaught(cfg, sc.per_lock);
-	free(sc.per_lock);
-	first = 0;
 	return sc.count;
 }
 

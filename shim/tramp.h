@@ -44,6 +44,13 @@ uintptr_t tramp_stack_args(const struct tramp_frame *f);
 void tramp_set_return(struct tramp_frame *f, long long v, double d);
 
 /*
+ * vfork(2) for the program: returns twice, like vfork, with GUARD_VFORK set
+ * in the child and cleared in the parent once the child has exec'd or
+ * exited (guard.h). Errors set errno and return -1.
+ */
+int tramp_vfork(void);
+
+/*
  * Calls fn with the registers saved in f and `window` bytes (a multiple of
  * 16) of the caller's stack arguments, then saves the return registers in f.
  * Implemented in assembly with unwind info, so exceptions pass through.

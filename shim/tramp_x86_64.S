@@ -13,6 +13,9 @@
  * state: xmm0/xmm1, ymm/zmm, st0/st1). tramp_entry restores that state
  * exactly and returns to the caller. No return address is ever rewritten.
  */
+#include <sys/syscall.h>
+
+#include "guard.h"
 #include "tramp_x86_64.h"
 
 	.text
@@ -136,5 +139,47 @@ tramp_invoke:
 	ret
 	.cfi_endproc
 	.size	tramp_invoke, .-tramp_invoke
+
+/*
+ * int tramp_vfork(void). As in glibc's vfork, the return address is popped
+ * into a register that the system call preserves and pushed back after it:
+ * the child runs on the parent's stack and may overwrite that slot before
+ * the parent resumes. The child sets GUARD_VFORK in the thread's guard
+ * (shared with the parent); the parent, resuming once the child has
+ * exec'd or exited, clears it.
+ */
+	.globl	tramp_vfork
+	.hidden	tramp_vfork
+	.type	tramp_vfork, @function
+tramp_vfork:
+	.cfi_startproc
+	endbr64
+	popq	%rdi
+	.cfi_adjust_cfa_offset -8
+	.cfi_register %rip, %rdi
+	movl	$SYS_vfork, %eax
+	syscall
+	pushq	%rdi
+	.cfi_adjust_cfa_offset 8
+	.cfi_rel_offset %rip, 0
+	movq	guard_depth@gottpoff(%rip), %rcx
+	testq	%rax, %rax
+	jz	1f
+	andl	$~GUARD_VFORK, %fs:(%rcx)
+	cmpq	$-4095, %rax
+	jae	2f
+	ret
+1:	orl	$GUARD_VFORK, %fs:(%rcx)
+	ret
+2:	negl	%eax
+	movl	%eax, %edi
+	subq	$8, %rsp
+	.cfi_adjust_cfa_offset 8
+	call	tramp_vfork_failed
+	addq	$8, %rsp
+	.cfi_adjust_cfa_offset -8
+	ret
+	.cfi_endproc
+	.size	tramp_vfork, .-tramp_vfork
 
 	.section .note.GNU-stack, "", @progbits

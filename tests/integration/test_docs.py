@@ -24,7 +24,7 @@ def test_every_setting_is_documented():
     ref = open(os.path.join(ROOT, "config", "lockshim.cfg")).read()
     for name in lock_settings() + ["host", "port", "socket", "password", "username", "db",
                                    "connect_timeout_ms", "command_timeout_ms",
-                                   "namespace", "log_level", "log_file", "defaults"]:
+                                   "namespace", "log_level", "log_file", "defaults", "strict"]:
         assert "| `%s` |" % name in readme, name
         assert re.search(r"\b%s\s*=" % name, ref), name
 

@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * selftest.c - the lock server's self-test for `lockshim check` (see
+ * selftest.h).
+ *
+ * Every step goes through the backend's table, so it sends byte for byte
+ * what a guarded call sends. The probe key holds a token of the check's
+ * own and is deleted at the end; a step that fails is explained from
+ * Redis's error text or the transport's.
+ */
+#include "selftest.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "config.h"
+
+#define PROBE_LEASE_MS 10000
+
+/* Returns the likely cause of a failure whose text is err, or NULL. */
+static const char *cause(const char *err)
+{
+	static const struct {
+		const char *says, *means;
+	} causes[] = {
+		{ "NOPERM", "the ACL user may not run a command lockshim sends (it needs SET, "
+			    "EVAL, EVALSHA and BLPOP on the keys under the namespace)" },
+		{ "NOAUTH", "the server wants a password: set redis.password" },
+		{ "WRONGPASS", "wrong redis.username or redis.password" },
+		{ "MOVED", "this server is a Redis Cluster node: Cluster is not supported; "
+			   "point lockshim at a standalone server or a primary" },
+		{ "ASK ", "this server is a Redis Cluster node: Cluster is not supported" },
+		{ "CLUSTERDOWN", "this server is a Redis Cluster node (and the cluster is down)" },
+		{ "CROSSSLOT", "this server is a Redis Cluster node: Cluster is not supported" },
+		{ "READONLY", "this server is a read-only replica: point lockshim at the primary" },
+		{ "unknown command", "the server lacks a command lockshim sends (Redis 2.6 or "
+				     "later is needed, 7.0 or later recommended)" },
+		{ "Server closed the connection", "the server closed the connection at the "
+			"first command: a TLS-only port? (lockshim speaks plain TCP)" },
+		{ "Connection reset", "the server reset the connection at the first command: "
+			"a TLS-only port? (lockshim speaks plain TCP)" },
+		{ "timed out", "no answer within redis.command_timeout_ms: a frozen server, a "
+			       "filtered port, or a TLS-only port waiting for a handshake?" },
+	};
+
+	for (size_t i = 0; i < sizeof(causes) / sizeof(causes[0]); i++)
+		if (strstr(err, causes[i].says))
+			return causes[i].means;
+	return NULL;
+}
+
+static int failed(char *msg, size_t len, const char *step, const char *err)
+{
+	const char *why = cause(err);
+
+	snprintf(msg, len, "%s: %s%s%s", step, err, why ? "; likely cause: " : "", why ? why : "");
+	return -1;
+}
+
+int selftest_run(const struct backend_ops *ops, const struct config *cfg, char *msg,
+		 size_t len)
+{
+	char key[KEY_BUF_SIZE], val[64], host[64] = "localhost", err[256];
+	struct backend_item it = { 0 };
+	struct backend_conn *c;
+	long long wait = 0;
+	char holder[BACKEND_VAL_MAX];
+	size_t hlen;
+	int rc, renewed = 0;
+
+	gethostname(host, sizeof(host) - 1);
+	it.key = key;
+	it.klen = (size_t)snprintf(key, sizeof(key), "%s:lockshim-check:%s:%d", cfg->ns, host,
+				   (int)getpid());
+	it.val = val;
+	it.vlen = (size_t)snprintf(val, sizeof(val), "lockshim-check-%d", (int)getpid());
+	it.lease_ms = PROBE_LEASE_MS;
+	it.waiter_ttl_ms = 1000;
+	it.handoff_us = 500;
+	if (!(c = ops->open(&cfg->redis, err, sizeof(err))))
+		return failed(msg, len, "connect", err);
+	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen)) != 1)
+		goto fail_acquire;
+	if (ops->renew(c, 1, &it, &renewed) != 0 || renewed != 1) {
+		rc = failed(msg, len, "renew (EVALSHA)", renewed == 1 ? ops->errstr(c) :
+			    "the probe key was not ours");
+		goto out;
+	}
+	it.waiting = 1;
+	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen)) != 1)
+		goto fail_acquire;
+	if ((rc = ops->wait(c, &it, 10)) < 0) {
+		rc = failed(msg, len, "wait for a wake-up (BLPOP)", ops->errstr(c));
+		goto out;
+	}
+	if ((rc = ops->release(c, &it, 0)) != 1) {
+		rc = failed(msg, len, "release (EVALSHA)", rc < 0 ? ops->errstr(c) :
+			    "the probe key was not ours");
+		goto out;
+	}
+	if (ops->leave(c, &it, 0) < 0) {
+		rc = failed(msg, len, "leave (EVALSHA)", ops->errstr(c));
+		goto out;
+	}
+	snprintf(msg, len, "acquire, renew, queue, wait, release and leave on %.*s",
+		 (int)it.klen, it.key);
+	rc = 0;
+	goto out;
+fail_acquire:
+	rc = failed(msg, len, it.waiting ? "acquire through the queue (EVALSHA)" :
+		    "acquire (SET NX PX)", rc < 0 ? ops->errstr(c) :
+		    "the probe key is held by someone else");
+out:
+	ops->close(c);
+	return rc;
+}
