@@ -12,7 +12,9 @@
  * its reply read before the next command on that connection (or by flush),
  * so an uncontended guarded call costs one round trip. A failed asynchronous
  * release is logged when its reply is read; one whose reply never comes is
- * handed back to the caller (unconfirmed), who retries it elsewhere.
+ * handed back to the caller (unconfirmed), who retries it elsewhere. One
+ * that could not be sent at all returns -1 and is not remembered: its fate
+ * is the caller's.
  */
 #ifndef LOCKSHIM_BACKEND_H
 #define LOCKSHIM_BACKEND_H

@@ -612,8 +612,10 @@ static int send_async(struct backend_conn *c, enum script s, const struct backen
 	memcpy(p->key, it->key, it->klen);
 	p->vlen = it->vlen;
 	memcpy(p->val, it->val, it->vlen);
-	if (out_flush(c) != 0)
+	if (out_flush(c) != 0) {
+		c->npending--; /* the caller owns the fate of a command it could not send */
 		return conn_fail(c, s == S_RELEASE ? "release" : "leave", NULL);
+	}
 	return 1;
 }
 

@@ -126,14 +126,20 @@ static void wrap_longjmp_chk(sigjmp_buf env, int val)
 	__longjmp_chk(env, val);
 }
 
-/* Not in a vfork child (guard set), nor inside the shim's own work. */
-static void before_exec(void)
+/* Runs fn (lock.c) with the guard set; not when the shim is off, nor in
+ * a vfork child (guard set), nor inside the shim's own work. */
+static void in_shim(void (*fn)(void))
 {
 	if (!shim_active() || guard_active())
 		return;
 	guard_enter();
-	lock_before_exec();
+	fn();
 	guard_leave();
+}
+
+static void before_exec(void)
+{
+	in_shim(lock_before_exec);
 }
 
 static int wrap_execve(const char *path, char *const argv[], char *const envp[])
@@ -227,24 +233,15 @@ static int wrap_execle(const char *path, const char *arg, ...)
 	return rc;
 }
 
-static void before_exit(void)
-{
-	if (!shim_active() || guard_active())
-		return;
-	guard_enter();
-	lock_release_all();
-	guard_leave();
-}
-
 static void wrap__exit(int status)
 {
-	before_exit();
+	in_shim(lock_release_all);
 	_exit(status);
 }
 
 static void wrap__Exit(int status)
 {
-	before_exit();
+	in_shim(lock_release_all);
 	_Exit(status);
 }
 

@@ -51,7 +51,6 @@ struct lock_thread {
 	uint64_t tokens;    /* tokens made so far */
 	size_t suffix_len;
 	char suffix[LOCK_VAL_SIZE - 33]; /* owner.h: ":host:pid:tid:boot:ns:start" */
-	int tid;
 	int nholds;
 	struct lock_hold holds[LOCK_MAX_HOLDS];
 };
@@ -94,11 +93,11 @@ int lock_setup(const struct backend_ops *ops, const struct redis_spec *r)
 	return -pthread_key_create(&thread_key, thread_free);
 }
 
-/* Sets the thread id and the holder identity that ends its lock values. */
+/* Sets the holder identity that ends t's lock values (owner.c reads the
+ * process's on first use: only a thread that makes a token pays for it). */
 static void set_identity(struct lock_thread *t)
 {
-	t->tid = (int)syscall(SYS_gettid);
-	t->suffix_len = owner_suffix(t->suffix, sizeof(t->suffix), t->tid);
+	t->suffix_len = owner_suffix(t->suffix, sizeof(t->suffix), (int)syscall(SYS_gettid));
 }
 
 /* Returns this thread's state, creating it on first use, or NULL. */
@@ -115,7 +114,6 @@ static struct lock_thread *thread_get(void)
 	}
 	self->rng = self->seed[0] ^ self->seed[1] ^ 0x2545f4914f6cdd1dULL;
 	self->rng |= 1;
-	set_identity(self);
 	pthread_setspecific(thread_key, self);
 	return self;
 }
@@ -142,6 +140,8 @@ static void make_value(struct lock_thread *t, struct lease *l)
 
 	for (int i = 0; i < 32; i++)
 		l->val[i] = hex[(r[i / 16] >> (60 - 4 * (i % 16))) & 15];
+	if (!t->suffix_len)
+		set_identity(t);
 	memcpy(l->val + 32, t->suffix, t->suffix_len);
 	l->vlen = 32 + t->suffix_len;
 }
@@ -237,7 +237,8 @@ static int acquired(struct lease *l, int64_t since, int tries, const char *how)
  * After a refusal by holder[0..hlen): when that holder is a process of this
  * machine that is gone (owner.c; a full check when the same holder refused
  * the previous attempt too, or this is the last one), deletes the lock if
- * it still holds that exact value, says so, and returns 1: try again now.
+ * it still holds that exact value and says so. Returns 1 when it did: try
+ * again now.
  */
 static int break_dead(struct lock_thread *t, const struct backend_item *it,
 		      const char *holder, size_t hlen, int thorough)
@@ -251,9 +252,10 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
 	dead.val = holder;
 	dead.vlen = hlen;
 	dead.turn_done = 1; /* a queued waiter may have it at once */
-	if (conn_check(t, backend->release(t->conn, &dead, 0), err, sizeof(err)) == 1)
-		LOG(LOG_WARN, "%.*s was held by process %d of this machine, which is gone; "
-		    "lock broken", (int)it->klen, it->key, pid);
+	if (conn_check(t, backend->release(t->conn, &dead, 0), err, sizeof(err)) != 1)
+		return 0;
+	LOG(LOG_WARN, "%.*s was held by process %d of this machine, which is gone; "
+	    "lock broken", (int)it->klen, it->key, pid);
 	return 1;
 }
 
@@ -553,7 +555,7 @@ void lock_atfork_child(void)
 	owner_atfork_child();
 	if (!t)
 		return;
-	set_identity(t);
+	t->suffix_len = 0; /* the child's identity, made on its first token */
 	t->seed[0] = util_mix64(t->seed[0] ^ (uint64_t)lock_pid); /* the child's own tokens */
 	for (int i = 0; i < t->nholds; i++) {
 		t->holds[i].foreign = 1;
@@ -619,11 +621,11 @@ void lock_before_exec(void)
 
 	if (!own_process())
 		return;
-	t = thread_get();
 	rel = malloc(sizeof(*rel) * LOCK_MAX_HOLDS);
 	lock_flush();
-	while (t && rel && (n = renew_take_parked(rel, LOCK_MAX_HOLDS)) > 0) {
-		release_copies(t, rel, n, "exec");
+	while (rel && (n = renew_take_parked(rel, LOCK_MAX_HOLDS)) > 0) {
+		if ((t = thread_get()) != NULL)
+			release_copies(t, rel, n, "exec");
 		renew_parked_done(rel, n);
 	}
 	free(rel);
@@ -633,10 +635,11 @@ void lock_before_exec(void)
  * renewal thread had not forgotten yet. */
 static void forget_now(void *arg, const struct backend_item *it)
 {
-	struct lock_thread *t = arg;
-	char err[192] = "";
+	struct lock_thread *t = thread_get();
+	char err[192] = "out of memory";
 
-	if (conn_get(t, err, sizeof(err)) == 0 &&
+	(void)arg;
+	if (t && conn_get(t, err, sizeof(err)) == 0 &&
 	    conn_check(t, backend->leave(t->conn, it, 0), err, sizeof(err)) >= 0)
 		return;
 	LOG(LOG_ERROR, "exit: %.*s may keep a token of this process until it expires "
@@ -653,12 +656,10 @@ void lock_release_all(void)
 		return;
 	lock_flush();
 	n = renew_drain(&copies);
-	t = thread_get();
-	if (n && t)
+	if (n && (t = thread_get()) != NULL)
 		release_copies(t, copies, n, "exit");
 	free(copies);
-	if (t)
-		renew_forget_drain(forget_now, t);
+	renew_forget_drain(forget_now, NULL);
 }
 
 int lock_thread_holds(void)

@@ -282,24 +282,22 @@ static void parked_done(const struct lease *done, int n)
 }
 
 /* Releases the parked leases in rel on the thread's connection, one round
- * trip for all; failures are logged (the keys expire with their lease). */
+ * trip for all; what fails is retried (renew_forget). */
 static void release_parked(const struct lease *rel, int n)
 {
 	char err[192];
+	int up = conn || (conn = backend->open(redis, err, sizeof(err)));
 
-	if (!conn && !(conn = backend->open(redis, err, sizeof(err)))) {
-		LOG(LOG_ERROR, "release of %d parked lock(s) failed (they expire with "
-		    "their lease): %s", n, err);
-		return;
-	}
+	if (!up)
+		LOG(LOG_WARN, "release of %d parked lock(s) failed, retrying: %s", n, err);
 	for (int i = 0; i < n; i++) {
 		struct backend_item it = lock_lease_item(&rel[i]);
 
 		it.turn_done = 1; /* its thread is idle: a waiter may have it now */
-		if (backend->release(conn, &it, 1) < 0)
+		if (!up || backend->release(conn, &it, 1) < 0)
 			renew_forget(&it);
 	}
-	if (backend->flush(conn) != 0) {
+	if (up && backend->flush(conn) != 0) {
 		LOG(LOG_WARN, "release of parked lock(s) failed, retrying: %s", backend->errstr(conn));
 		backend->unconfirmed(conn, forget_cb, NULL);
 		backend->close(conn);
