@@ -13,7 +13,7 @@
 set -eu
 
 BUILD_PKGS="gcc make libc6-dev libhiredis-dev libconfig-dev"
-TEST_PKGS="g++ redis-server python3 python3-pytest sqlite3 curl"
+TEST_PKGS="g++ redis-server python3 python3-pytest sqlite3 curl openssl"
 BENCH_PKGS="python3-redis util-linux"
 
 mode=install

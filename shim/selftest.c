@@ -83,8 +83,8 @@ int selftest_run(const struct backend_ops *ops, const struct config *cfg, char *
 		return failed(msg, len, "connect", err);
 	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen)) != 1)
 		goto fail_acquire;
-	if (ops->renew(c, 1, &it, &renewed) != 0 || renewed != 1) {
-		rc = failed(msg, len, "renew (EVALSHA)", renewed == 1 ? ops->errstr(c) :
+	if ((rc = ops->renew(c, 1, &it, &renewed)) != 0 || renewed != 1) {
+		rc = failed(msg, len, "renew (EVALSHA)", rc != 0 ? ops->errstr(c) :
 			    "the probe key was not ours");
 		goto out;
 	}
