@@ -29,11 +29,11 @@ SHIM_CFLAGS := $(BASE_CFLAGS) -fPIC -fvisibility=hidden -fexceptions \
 HIREDIS_A = $(shell $(CC) -print-file-name=libhiredis.a)
 SHIM_LIBS = $(HIREDIS_A) -lconfig -lpthread -ldl
 
-SHIM_SRC := guard log fdown net config key sha1 owner backend_redis lock renew hook \
+SHIM_SRC := guard log fdown net config key sha1 owner backend backend_redis lock renew hook \
 	redirect redirect_reloc symfile dispatch interpose dlpath init arch_$(ARCH)
 SHIM_OBJ := $(SHIM_SRC:%=$(BUILD)/shim/%.o) $(BUILD)/shim/tramp_$(ARCH).o
 CLI_OBJ := $(BUILD)/cli/cli.o $(BUILD)/cli/config.o $(BUILD)/cli/key.o \
-	$(BUILD)/cli/log.o $(BUILD)/cli/sha1.o $(BUILD)/cli/backend_redis.o \
+	$(BUILD)/cli/log.o $(BUILD)/cli/sha1.o $(BUILD)/cli/backend.o $(BUILD)/cli/backend_redis.o \
 	$(BUILD)/cli/net.o $(BUILD)/cli/fdown.o $(BUILD)/cli/selftest.o
 UNIT := config key lock sha1
 UNIT_BIN := $(UNIT:%=$(BUILD)/tests/test_%)

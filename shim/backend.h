@@ -3,18 +3,21 @@
  * backend.h - the lock store, as a small table of functions.
  *
  * lock.c and renew.c speak only through this table; all protocol text lives
- * in the implementation (backend_redis.c). A connection is never shared
- * between concurrent callers. Operations return 1 (done), 0 (refused: held
- * by another owner / not ours / nothing happened) or -1 (error: the
- * connection must be closed and reopened; errstr says why).
+ * in the implementations (backend_redis.c: one server). A topology is a
+ * backend of its own: a new file with a `struct backend_ops` and one entry
+ * in backend.c's table, which picks the first backend that serves the
+ * config's `redis` group (backend_init). Callers hold the backend's
+ * settings as an opaque `struct backend_config`, made once at start-up.
+ * A connection is never shared between concurrent callers. Operations
+ * return an enum backend_result.
  *
  * Releases may be sent asynchronously: the command is written at once and
  * its reply read before the next command on that connection (or by flush),
  * so an uncontended guarded call costs one round trip. A failed asynchronous
  * release is logged when its reply is read; one whose reply never comes is
  * handed back to the caller (unconfirmed), who retries it elsewhere. One
- * that could not be sent at all returns -1 and is not remembered: its fate
- * is the caller's.
+ * that could not be sent at all returns BACKEND_ERR and is not remembered:
+ * its fate is the caller's.
  */
 #ifndef LOCKSHIM_BACKEND_H
 #define LOCKSHIM_BACKEND_H
@@ -25,7 +28,19 @@
 #define BACKEND_VAL_MAX 448
 
 struct redis_spec;
-struct backend_conn;
+struct backend_conn;   /* one connection (or set of them), per thread */
+struct backend_config; /* a backend's settings, opaque to its callers */
+
+enum backend_result {
+	BACKEND_ERR = -1,    /* error: close and reopen the connection; errstr says why */
+	BACKEND_NO = 0,      /* refused: held by another owner, not ours, nothing
+			      * happened; wait: timed out */
+	BACKEND_OK = 1,      /* done; wait: woken, try again */
+	BACKEND_GRANTED = 2, /* wait: the lock was handed to this waiter */
+};
+
+/* acquire's *wait_ms when the caller is not queued yet: call again, waiting. */
+#define BACKEND_NOT_QUEUED (-1)
 
 struct backend_item {
 	const char *key;
@@ -44,8 +59,16 @@ struct backend_item {
 };
 
 struct backend_ops {
+	const char *name;
+	/* Returns 1 when this backend serves r's topology, else 0. */
+	int (*serves)(const struct redis_spec *r);
+	/* Returns the backend's settings made from r (which must outlive
+	 * them), freed with config_free; or NULL with a message in err. */
+	struct backend_config *(*config_new)(const struct redis_spec *r, char *err,
+					     size_t errlen);
+	void (*config_free)(struct backend_config *bc);
 	/* Returns a new connection, or NULL with a message in err. */
-	struct backend_conn *(*open)(const struct redis_spec *r, char *err,
+	struct backend_conn *(*open)(const struct backend_config *bc, char *err,
 				     size_t errlen);
 	/* Closes c without sending anything (also safe in a fork child). */
 	void (*close)(struct backend_conn *c);
@@ -53,28 +76,31 @@ struct backend_ops {
 	 * Takes the lock: SET NX PX, or (fair, or waiting) a script that takes
 	 * it when free and nobody is ahead, else joins the queue. The key
 	 * holding it->val already (an earlier attempt whose reply was lost)
-	 * counts as taken. On 0, *wait_ms is how long a wait for a signal may
-	 * take at most (the key's remaining TTL, or the queue head's), or -1:
-	 * not queued yet, call again waiting; and holder[0..*holder_len) is the
+	 * counts as taken. On BACKEND_NO, *wait_ms is how long a wait for a
+	 * signal may take at most (the key's remaining TTL, or the queue
+	 * head's), or BACKEND_NOT_QUEUED; and holder[0..*holder_len) is the
 	 * holder's value (BACKEND_VAL_MAX bytes at most; length 0 when unknown).
 	 */
 	int (*acquire)(struct backend_conn *c, const struct backend_item *it,
 		       long long *wait_ms, char *holder, size_t *holder_len);
 	/* Deletes key only while it still holds val, or hands it to the queue
-	 * head. async: do not wait for the reply (returns 1 once sent). */
+	 * head: BACKEND_OK, or BACKEND_NO when it was not ours. async: do not
+	 * wait for the reply (BACKEND_OK once sent). */
 	int (*release)(struct backend_conn *c, const struct backend_item *it, int async);
 	/* Blocks until a release signals this waiter or timeout_ms passes.
-	 * Returns 2 when the lock was handed to it, 1 woken, 0 timed out, -1. */
+	 * Returns BACKEND_GRANTED, BACKEND_OK (woken), BACKEND_NO (timed out)
+	 * or BACKEND_ERR. */
 	int (*wait)(struct backend_conn *c, const struct backend_item *it,
 		    long long timeout_ms);
 	/*
 	 * Forgets token it->val: leaves the queue, and deletes the key when it
 	 * holds the token (a grant the waiter will not use, or an acquire whose
-	 * reply was lost), waking the next waiter. Returns 1 when the key held
-	 * it, 0 when not; async: 1 once sent.
+	 * reply was lost), waking the next waiter. Returns BACKEND_OK when the
+	 * key held it, BACKEND_NO when not; async: BACKEND_OK once sent.
 	 */
 	int (*leave)(struct backend_conn *c, const struct backend_item *it, int async);
-	/* Reads the replies of asynchronous commands. Returns 0 or -1. */
+	/* Reads the replies of asynchronous commands. Returns BACKEND_OK or
+	 * BACKEND_ERR. */
 	int (*flush)(struct backend_conn *c);
 	/*
 	 * After a failure of c: passes each asynchronous command whose reply was
@@ -86,16 +112,38 @@ struct backend_ops {
 			    void (*fn)(void *arg, const struct backend_item *it), void *arg);
 	/*
 	 * Extends n keys still holding their values, in one round trip.
-	 * Fills results[i] with 1 (renewed) or 0 (gone or owned by another).
-	 * Returns 0, or -1 when the batch could not be completed.
+	 * Fills results[i] with BACKEND_OK (renewed) or BACKEND_NO (gone or
+	 * owned by another). Returns BACKEND_OK, or BACKEND_ERR when the batch
+	 * could not be completed.
 	 */
 	int (*renew)(struct backend_conn *c, int n, const struct backend_item *items,
 		     int *results);
 	/* Returns the last error text of c (never NULL). */
 	const char *(*errstr)(const struct backend_conn *c);
-	/* Sends PING; returns 1 or -1. Used by `lockshim check`. */
+	/* Sends PING; returns BACKEND_OK or BACKEND_ERR. Used by `lockshim check`. */
 	int (*ping)(struct backend_conn *c);
 };
+
+/* The backend serving a config: its table and its settings. */
+struct backend {
+	const struct backend_ops *ops;
+	struct backend_config *cfg;
+};
+
+/*
+ * Picks the backend that serves r (backend.c's table, first match) and makes
+ * its settings. Returns 0, or -1 with a message in err. Release with
+ * backend_release.
+ */
+int backend_init(struct backend *b, const struct redis_spec *r, char *err, size_t errlen);
+void backend_release(struct backend *b);
+
+/* Opens a connection of b's backend; NULL with a message in err. */
+static inline struct backend_conn *backend_open(const struct backend *b, char *err,
+						size_t errlen)
+{
+	return b->ops->open(b->cfg, err, errlen);
+}
 
 extern const struct backend_ops backend_redis;
 

@@ -11,7 +11,10 @@
  * here, so a new connection sends its first command at once (AUTH and
  * SELECT, when configured, go ahead of it in one round trip). Keys and
  * values are separate arguments with lengths, never spliced into command
- * text. Auxiliary keys hang off the lock key:
+ * text. Auxiliary keys hang off the lock key, and every script gets all the
+ * keys it touches in KEYS (built here, by script_keys), as Redis Cluster
+ * requires; a waiter's signal list is named by KEYS[6], the common prefix,
+ * plus its token, since a release learns the head waiter inside the script:
  *   <key>:q, :qx     waiters by arrival (a counter: Redis runs many
  *                    arrivals in one millisecond) and by expiry (a waiter
  *                    that stops refreshing is purged within its waiter TTL)
@@ -49,11 +52,26 @@
 	"for _, w in ipairs(redis.call('zrangebyscore', qx, '-inf', now)) do "  \
 	"redis.call('zrem', q, w) redis.call('zrem', qx, w) end "
 
+/* The queue scripts' KEYS, in this order (script_keys builds them). */
+#define LUA_KEYS                                                                \
+	"local K, q, qx, due, mine, sig = KEYS[1], KEYS[2], KEYS[3], KEYS[4], "  \
+	"KEYS[5], KEYS[6] local tok = ARGV[1] "
+
 enum script { S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, NSCRIPTS };
+
+/* Suffixes of the queue keys after the lock key; the fifth is followed by
+ * the caller's token (its own signal list), the sixth is the bare prefix. */
+static const char *const queue_suffix[] = { "", ":q", ":qx", ":due", ":w:", ":w:" };
+#define QUEUE_KEYS 6
+static const int script_nkeys[NSCRIPTS] = {
+	[S_ENQUEUE] = QUEUE_KEYS, [S_RELEASE] = QUEUE_KEYS, [S_RENEW] = 1,
+	[S_LEAVE] = QUEUE_KEYS,
+};
 
 static const char *const scripts[NSCRIPTS] = {
 	/*
-	 * ARGV: token, lease, waiter ttl, fair, hand-off µs. Takes the lock when
+	 * KEYS: the queue keys (QUEUE_KEYS). ARGV: token, lease, waiter ttl,
+	 * fair, hand-off µs. Takes the lock when
 	 * free (fair: only with nobody ahead), else joins the queue or refreshes
 	 * our place; the first waiter sets :due, when a release must hand over.
 	 * Returns -1 when the lock is ours; else how long to wait for a signal
@@ -61,10 +79,10 @@ static const char *const scripts[NSCRIPTS] = {
 	 * is free but someone else is ahead) and the holder's value.
 	 */
 	[S_ENQUEUE] =
-	"local K, tok = KEYS[1], ARGV[1] local q, qx, due = K .. ':q', K .. ':qx', K .. ':due' "
+	LUA_KEYS
 	"local cur = redis.call('get', K) "
 	"if cur == tok then redis.call('zrem', q, tok) "
-	"redis.call('zrem', qx, tok) redis.call('del', K .. ':w:' .. tok) return -1 end "
+	"redis.call('zrem', qx, tok) redis.call('del', mine) return -1 end "
 	LUA_NOW LUA_PURGE
 	"local ttl, lease = tonumber(ARGV[3]), tonumber(ARGV[2]) "
 	"local head = redis.call('zrange', q, 0, 0)[1] "
@@ -84,7 +102,8 @@ static const char *const scripts[NSCRIPTS] = {
 	"if left <= 0 then return {math.max(tonumber(redis.call('zscore', qx, head)) - now, 1), ''} end "
 	"return {left, cur or ''}",
 	/*
-	 * ARGV: token, grant ttl, hand-off µs, signal ttl, turn done. Releases the
+	 * KEYS: the queue keys. ARGV: token, grant ttl, hand-off µs, signal ttl,
+	 * turn done. Releases the
 	 * lock only while it holds our token. Nobody queued: delete it. The head
 	 * not due yet (it has waited less than hand-off µs) and the releaser not
 	 * done with its turn: delete it and wake the head ("w": try again; the
@@ -93,45 +112,44 @@ static const char *const scripts[NSCRIPTS] = {
 	 * head's list gets "g", and the next waiter is due hand-off µs from now.
 	 */
 	[S_RELEASE] =
-	"local K, tok = KEYS[1], ARGV[1] "
+	LUA_KEYS
 	"if redis.call('get', K) ~= tok then return 0 end "
-	"local due = redis.call('get', K .. ':due') "
-	"if not due then redis.call('del', K) return 1 end "
-	LUA_NOW
-	"local q, qx = K .. ':q', K .. ':qx' " LUA_PURGE
+	"local dueat = redis.call('get', due) "
+	"if not dueat then redis.call('del', K) return 1 end "
+	LUA_NOW LUA_PURGE
 	"local head = redis.call('zrange', q, 0, 0)[1] "
-	"if not head then redis.call('del', K, K .. ':due') return 1 end "
-	"local function signal(w, v) local s = K .. ':w:' .. w redis.call('del', s) "
+	"if not head then redis.call('del', K, due) return 1 end "
+	"local function signal(w, v) local s = sig .. w redis.call('del', s) "
 	"redis.call('rpush', s, v) redis.call('pexpire', s, ARGV[4]) end "
-	"if nowu < tonumber(due) and ARGV[5] ~= '1' then "
+	"if nowu < tonumber(dueat) and ARGV[5] ~= '1' then "
 	"redis.call('del', K) signal(head, 'w') return 1 end "
 	"redis.call('set', K, head, 'PX', ARGV[2]) "
 	"redis.call('zrem', q, head) redis.call('zrem', qx, head) "
 	"signal(head, 'g') "
-	"if redis.call('exists', q) == 0 then redis.call('del', K .. ':due') return 1 end "
-	"redis.call('set', K .. ':due', nowu + tonumber(ARGV[3]), 'KEEPTTL') return 1",
-	/* ARGV: token, lease. 1 renewed, 0 gone or not ours. */
+	"if redis.call('exists', q) == 0 then redis.call('del', due) return 1 end "
+	"redis.call('set', due, nowu + tonumber(ARGV[3]), 'KEEPTTL') return 1",
+	/* KEYS: the lock. ARGV: token, lease. 1 renewed, 0 gone or not ours. */
 	[S_RENEW] =
 	"if redis.call('get', KEYS[1]) == ARGV[1] then "
 	"return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end",
-	/* ARGV: token, signal ttl. Forgets the token: leaves the queue, deletes
+	/* KEYS: the queue keys. ARGV: token, signal ttl. Forgets the token:
+	 * leaves the queue, deletes
 	 * the lock if it holds the token; when the lock is free, the next head
 	 * is woken ("w") to take it. 1 when the lock held the token, else 0. */
 	[S_LEAVE] =
-	"local K, tok = KEYS[1], ARGV[1] local q, qx = K .. ':q', K .. ':qx' "
+	LUA_KEYS
 	"redis.call('zrem', q, tok) redis.call('zrem', qx, tok) "
-	"redis.call('del', K .. ':w:' .. tok) local mine = 0 "
-	"if redis.call('get', K) == tok then redis.call('del', K) mine = 1 end "
-	"if redis.call('exists', q) == 0 then redis.call('del', K .. ':due') return mine end "
+	"redis.call('del', mine) local held = 0 "
+	"if redis.call('get', K) == tok then redis.call('del', K) held = 1 end "
+	"if redis.call('exists', q) == 0 then redis.call('del', due) return held end "
 	"if redis.call('exists', K) == 0 then "
-	"local s = K .. ':w:' .. redis.call('zrange', q, 0, 0)[1] "
+	"local s = sig .. redis.call('zrange', q, 0, 0)[1] "
 	"redis.call('del', s) redis.call('rpush', s, 'w') redis.call('pexpire', s, ARGV[2]) end "
-	"return mine",
+	"return held",
 };
 
 #define PENDING_MAX 16
 #define WAKE_TTL_MS 1000 /* a wake-up outlives a waiter's race window, no more */
-#define NAME_MAX_LEN (KEY_BUF_SIZE + 512)
 #define RECV_CHUNK 16384
 
 /* An asynchronous command whose reply is still unread. */
@@ -147,6 +165,10 @@ static char script_sha[NSCRIPTS][41];
 static pthread_once_t sha_once = PTHREAD_ONCE_INIT;
 static int no_set_get; /* the server refuses SET ... NX GET (before Redis 7.0) */
 
+struct backend_config {
+	const struct redis_spec *r; /* the config's, frozen */
+};
+
 struct backend_conn {
 	struct net_sock sock;
 	redisReader *reader;
@@ -160,7 +182,7 @@ struct backend_conn {
 };
 
 /* Sets errstr to "what: reason", the reason being r's error text or the
- * last transport error. Returns -1. */
+ * last transport error. Returns BACKEND_ERR. */
 static int conn_fail(struct backend_conn *c, const char *what, const redisReply *r)
 {
 	if (r && r->type == REDIS_REPLY_ERROR)
@@ -169,7 +191,7 @@ static int conn_fail(struct backend_conn *c, const char *what, const redisReply 
 		snprintf(c->errstr, sizeof(c->errstr), "%s: %s", what, c->ioerr);
 	else
 		snprintf(c->errstr, sizeof(c->errstr), "%s: unexpected reply", what);
-	return -1;
+	return BACKEND_ERR;
 }
 
 static void redis_close(struct backend_conn *c)
@@ -252,7 +274,7 @@ static int get_reply(struct backend_conn *c, redisReply **r)
  */
 struct resp {
 	char *p, *end;
-	char buf[KEY_BUF_SIZE + 3072];
+	char buf[4096 + QUEUE_KEYS * (KEY_BUF_SIZE + 16) + 2 * BACKEND_VAL_MAX];
 };
 
 /* Writes v in decimal at p; returns the end. */
@@ -294,6 +316,30 @@ static int resp_arg(struct resp *r, const char *s, size_t n)
 	*r->p++ = '\r';
 	*r->p++ = '\n';
 	memcpy(r->p, s, n);
+	r->p += n;
+	*r->p++ = '\r';
+	*r->p++ = '\n';
+	return 0;
+}
+
+/* Appends one bulk string made of key, suffix and (tok) the item's value. */
+static int resp_key(struct resp *r, const struct backend_item *it, const char *suffix,
+		    int tok)
+{
+	size_t sl = strlen(suffix), n = it->klen + sl + (tok ? it->vlen : 0);
+
+	if (!r->p || (size_t)(r->end - r->p) < n + 32) {
+		r->p = NULL;
+		return -1;
+	}
+	*r->p++ = '$';
+	r->p = put_num(r->p, (long long)n);
+	*r->p++ = '\r';
+	*r->p++ = '\n';
+	memcpy(r->p, it->key, it->klen);
+	memcpy(r->p + it->klen, suffix, sl);
+	if (tok)
+		memcpy(r->p + it->klen + sl, it->val, it->vlen);
 	r->p += n;
 	*r->p++ = '\r';
 	*r->p++ = '\n';
@@ -365,9 +411,34 @@ static void sha_init(void)
 		sha1_hex(scripts[s], strlen(scripts[s]), script_sha[s]);
 }
 
-static struct backend_conn *redis_open(const struct redis_spec *r, char *err,
+/* This backend serves a single server (host and port, or socket). */
+static int redis_serves(const struct redis_spec *r)
+{
+	(void)r;
+	return 1;
+}
+
+static struct backend_config *redis_config_new(const struct redis_spec *r, char *err,
+					       size_t errlen)
+{
+	struct backend_config *bc = calloc(1, sizeof(*bc));
+
+	if (!bc)
+		snprintf(err, errlen, "out of memory");
+	else
+		bc->r = r;
+	return bc;
+}
+
+static void redis_config_free(struct backend_config *bc)
+{
+	free(bc);
+}
+
+static struct backend_conn *redis_open(const struct backend_config *bc, char *err,
 				       size_t errlen)
 {
+	const struct redis_spec *r = bc->r;
 	struct backend_conn *c = calloc(1, sizeof(*c));
 
 	if (!c || !(c->reader = redisReaderCreate())) {
@@ -390,15 +461,17 @@ static struct backend_conn *redis_open(const struct redis_spec *r, char *err,
 	return c;
 }
 
-/* Appends EVALSHA (or EVAL) of script s on it's key and value, followed by
- * the numeric arguments args[0..nargs). Returns 0 or -1. */
+/* Appends EVALSHA (or EVAL) of script s with it's keys (script_nkeys of
+ * them) and value, followed by the numeric arguments args[0..nargs).
+ * Returns 0 or -1. */
 static int append_script(struct backend_conn *c, enum script s,
 			 const struct backend_item *it, const long long *args, int nargs,
 			 int eval)
 {
+	int nkeys = script_nkeys[s];
 	struct resp r;
 
-	resp_start(&r, 5 + nargs);
+	resp_start(&r, 4 + nkeys + nargs);
 	if (eval) {
 		resp_arg(&r, "EVAL", 4);
 		resp_arg(&r, scripts[s], strlen(scripts[s]));
@@ -406,8 +479,9 @@ static int append_script(struct backend_conn *c, enum script s,
 		resp_arg(&r, "EVALSHA", 7);
 		resp_arg(&r, script_sha[s], 40);
 	}
-	resp_arg(&r, "1", 1);
-	resp_arg(&r, it->key, it->klen);
+	resp_num(&r, nkeys);
+	for (int k = 0; k < nkeys; k++)
+		resp_key(&r, it, queue_suffix[k], k == 4);
 	resp_arg(&r, it->val, it->vlen);
 	for (int i = 0; i < nargs; i++)
 		resp_num(&r, args[i]);
@@ -528,22 +602,23 @@ static int set_nx(struct backend_conn *c, const struct backend_item *it, char *h
 	if (get)
 		resp_arg(&r, "GET", 3);
 	if (resp_append(c, &r) != 0)
-		return -1;
+		return BACKEND_ERR;
 	rep = reply_after_pending(c, "SET NX");
 	if (!rep)
-		return -1;
+		return BACKEND_ERR;
 	if (get && rep->type == REDIS_REPLY_ERROR && strstr(rep->str, "syntax error")) {
 		freeReplyObject(rep);
 		__atomic_store_n(&no_set_get, 1, __ATOMIC_RELAXED);
 		return set_nx(c, it, holder, holder_len);
 	}
 	if ((get && rep->type == REDIS_REPLY_NIL) || (!get && rep->type == REDIS_REPLY_STATUS)) {
-		rc = 1;
+		rc = BACKEND_OK;
 	} else if (rep->type == REDIS_REPLY_NIL) {
-		rc = 0;
+		rc = BACKEND_NO;
 	} else if (get && rep->type == REDIS_REPLY_STRING) {
-		rc = rep->len == it->vlen && memcmp(rep->str, it->val, it->vlen) == 0;
-		if (!rc)
+		rc = rep->len == it->vlen && memcmp(rep->str, it->val, it->vlen) == 0
+			     ? BACKEND_OK : BACKEND_NO;
+		if (rc == BACKEND_NO)
 			holder_copy(rep, holder, holder_len);
 	} else {
 		rc = conn_fail(c, "SET NX", rep);
@@ -562,19 +637,19 @@ static int redis_acquire(struct backend_conn *c, const struct backend_item *it,
 
 	*holder_len = 0;
 	if (!it->fair && !it->waiting) {
-		*wait_ms = -1; /* not queued yet: ask again, queueing */
+		*wait_ms = BACKEND_NOT_QUEUED;
 		return set_nx(c, it, holder, holder_len);
 	}
 	r = run_script(c, "acquire", S_ENQUEUE, it, args, 4);
 	if (!r)
-		return -1;
+		return BACKEND_ERR;
 	if (r->type == REDIS_REPLY_INTEGER && r->integer == -1) {
-		rc = 1;
+		rc = BACKEND_OK;
 	} else if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
 		   r->element[0]->type == REDIS_REPLY_INTEGER) {
 		*wait_ms = r->element[0]->integer;
 		holder_copy(r->element[1], holder, holder_len);
-		rc = 0;
+		rc = BACKEND_NO;
 	} else {
 		rc = conn_fail(c, "acquire", r);
 	}
@@ -584,7 +659,7 @@ static int redis_acquire(struct backend_conn *c, const struct backend_item *it,
 
 static int redis_flush(struct backend_conn *c)
 {
-	return settle(c);
+	return settle(c) == 0 ? BACKEND_OK : BACKEND_ERR;
 }
 
 /*
@@ -599,12 +674,12 @@ static int send_async(struct backend_conn *c, enum script s, const struct backen
 
 	if (it->klen > sizeof(p->key) || it->vlen > sizeof(p->val)) {
 		snprintf(c->errstr, sizeof(c->errstr), "key or value too long");
-		return -1;
+		return BACKEND_ERR;
 	}
 	if (c->npending == PENDING_MAX && settle(c) != 0)
-		return -1;
+		return BACKEND_ERR;
 	if (append_script(c, s, it, args, nargs, 1) != 0)
-		return -1;
+		return BACKEND_ERR;
 	p = &c->pend[c->npending++];
 	p->script = s;
 	p->lease_ms = it->lease_ms;
@@ -616,10 +691,11 @@ static int send_async(struct backend_conn *c, enum script s, const struct backen
 		c->npending--; /* the caller owns the fate of a command it could not send */
 		return conn_fail(c, s == S_RELEASE ? "release" : "leave", NULL);
 	}
-	return 1;
+	return BACKEND_OK;
 }
 
-/* Runs script s on it and returns its integer reply (0 or 1), or -1. */
+/* Runs script s on it; returns BACKEND_OK or BACKEND_NO (its integer
+ * reply, nonzero or 0), or BACKEND_ERR. */
 static int run_int(struct backend_conn *c, const char *what, enum script s,
 		   const struct backend_item *it, const long long *args, int nargs)
 {
@@ -627,8 +703,11 @@ static int run_int(struct backend_conn *c, const char *what, enum script s,
 	int rc;
 
 	if (!r)
-		return -1;
-	rc = r->type == REDIS_REPLY_INTEGER ? r->integer != 0 : conn_fail(c, what, r);
+		return BACKEND_ERR;
+	if (r->type != REDIS_REPLY_INTEGER)
+		rc = conn_fail(c, what, r);
+	else
+		rc = r->integer != 0 ? BACKEND_OK : BACKEND_NO;
 	freeReplyObject(r);
 	return rc;
 }
@@ -668,23 +747,14 @@ static void redis_unconfirmed(struct backend_conn *c,
 static int redis_wait(struct backend_conn *c, const struct backend_item *it,
 		      long long timeout_ms)
 {
-	char list[NAME_MAX_LEN], secs[32];
+	char secs[32];
 	struct resp cmd;
 	redisReply *r;
-	size_t llen;
 	int rc;
 
-	if (it->klen + it->vlen + 8 > sizeof(list)) {
-		snprintf(c->errstr, sizeof(c->errstr), "wait: key too long");
-		return -1;
-	}
-	memcpy(list, it->key, it->klen);
-	memcpy(list + it->klen, ":w:", 3);
-	memcpy(list + it->klen + 3, it->val, it->vlen);
-	llen = it->klen + 3 + it->vlen;
 	resp_start(&cmd, 3);
 	resp_arg(&cmd, "BLPOP", 5);
-	resp_arg(&cmd, list, llen);
+	resp_key(&cmd, it, queue_suffix[4], 1);
 	resp_arg(&cmd, secs, (size_t)snprintf(secs, sizeof(secs), "%lld.%03lld",
 					      timeout_ms / 1000, timeout_ms % 1000));
 	/* The socket must outwait the server's own timeout. */
@@ -700,9 +770,10 @@ static int redis_wait(struct backend_conn *c, const struct backend_item *it,
 	if (!r)
 		return -1;
 	if (r->type == REDIS_REPLY_ARRAY && r->elements == 2)
-		rc = r->element[1]->str && r->element[1]->str[0] == 'g' ? 2 : 1;
+		rc = r->element[1]->str && r->element[1]->str[0] == 'g' ? BACKEND_GRANTED
+									: BACKEND_OK;
 	else if (r->type == REDIS_REPLY_NIL)
-		rc = 0;
+		rc = BACKEND_NO;
 	else
 		rc = conn_fail(c, "BLPOP", r);
 	freeReplyObject(r);
@@ -712,32 +783,33 @@ static int redis_wait(struct backend_conn *c, const struct backend_item *it,
 static int redis_renew(struct backend_conn *c, int n, const struct backend_item *items,
 		       int *results)
 {
-	int rc = 0;
+	enum { REDO = BACKEND_GRANTED + 1 }; /* NOSCRIPT: run it again as EVAL */
+	int rc = BACKEND_OK;
 
 	if (settle(c) != 0)
-		return -1;
+		return BACKEND_ERR;
 	for (int i = 0; i < n; i++)
 		if (append_script(c, S_RENEW, &items[i], &items[i].lease_ms, 1, 0) != 0)
-			return -1;
+			return BACKEND_ERR;
 	for (int i = 0; i < n; i++) {
 		redisReply *r = NULL;
 
 		if (get_reply(c, &r) != 0)
 			return conn_fail(c, "renew", NULL);
 		if (is_noscript(r))
-			results[i] = -2; /* redo below, after the pipeline drains */
+			results[i] = REDO; /* after the pipeline drains */
 		else if (r->type == REDIS_REPLY_INTEGER)
-			results[i] = r->integer != 0;
+			results[i] = r->integer != 0 ? BACKEND_OK : BACKEND_NO;
 		else
 			rc = results[i] = conn_fail(c, "renew", r);
 		freeReplyObject(r);
 	}
-	for (int i = 0; i < n && rc == 0; i++) {
-		if (results[i] != -2)
+	for (int i = 0; i < n && rc == BACKEND_OK; i++) {
+		if (results[i] != REDO)
 			continue;
 		results[i] = run_int(c, "renew", S_RENEW, &items[i], &items[i].lease_ms, 1);
-		if (results[i] < 0)
-			rc = -1;
+		if (results[i] == BACKEND_ERR)
+			rc = BACKEND_ERR;
 	}
 	return rc;
 }
@@ -756,15 +828,19 @@ static int redis_ping(struct backend_conn *c)
 	resp_start(&cmd, 1);
 	resp_str(&cmd, "PING");
 	if (resp_append(c, &cmd) != 0)
-		return -1;
+		return BACKEND_ERR;
 	r = reply_after_pending(c, "PING");
-	rc = r && r->type == REDIS_REPLY_STATUS ? 1 : conn_fail(c, "PING", r);
+	rc = r && r->type == REDIS_REPLY_STATUS ? BACKEND_OK : conn_fail(c, "PING", r);
 	if (r)
 		freeReplyObject(r);
 	return rc;
 }
 
 const struct backend_ops backend_redis = {
+	.name = "redis",
+	.serves = redis_serves,
+	.config_new = redis_config_new,
+	.config_free = redis_config_free,
 	.open = redis_open,
 	.close = redis_close,
 	.acquire = redis_acquire,

@@ -287,7 +287,7 @@ static int cmd_check(int argc, char **argv)
 		line[n] = 0;
 		printf("%s\n", line);
 	}
-	if (selftest_run(&backend_redis, &cfg, msg, sizeof(msg)) != 0) {
+	if (selftest_run(&cfg, msg, sizeof(msg)) != 0) {
 		print_escaped(stderr, "redis: ", msg);
 		rc = EX_UNAVAILABLE;
 	} else {

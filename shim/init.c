@@ -8,8 +8,9 @@
  * stops the program before main with one message and exit status 78, so
  * nothing runs unguarded by accident; so does a `strict` lock that cannot
  * be guarded. With no lock configured it stops there: no thread, no
- * connection, nothing redirected. Otherwise it sizes the trampoline,
- * prepares the lock layer and redirects every call site it can find.
+ * connection, nothing redirected. Otherwise it picks the backend that
+ * serves the `redis` group (backend.c), sizes the trampoline, prepares the
+ * lock layer and redirects every call site it can find.
  * Connections and the renewal thread start lazily, on the first guarded
  * call. The destructor turns wrappers into pass-throughs and releases the
  * locks still held (not in a vfork child, which shares the parent's state).
@@ -34,6 +35,7 @@
 int shim_state;
 pthread_t shim_initial_thread;
 static struct config cfg;
+static struct backend backend;
 
 static void die_config(const char *msg)
 {
@@ -100,7 +102,9 @@ __attribute__((constructor)) static void shim_init(void)
 		LOG(LOG_INFO, "%s: no locks configured; nothing is redirected", path);
 		goto out;
 	}
-	if (arch_init() != 0 || lock_setup(&backend_redis, &cfg.redis) != 0 ||
+	if (backend_init(&backend, &cfg.redis, err, sizeof(err)) != 0)
+		die_config(err);
+	if (arch_init() != 0 || lock_setup(&backend) != 0 ||
 	    pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0) {
 		LOG(LOG_ERROR, "initialisation failed; calls stay unguarded");
 		goto out;

@@ -11,7 +11,8 @@
  * lease. In default mode a hold whose call ended is kept ("parked") for the
  * thread's next call on the same key, which takes it back without a round
  * trip, for at most linger_ms and never past handoff_ms after it was taken;
- * renew.c releases it otherwise (lock caching).
+ * renew.c releases it otherwise (lock caching). Every release goes through
+ * renew_release.
  * Holds form a stack: a key's outermost call always ends after every hold
  * taken inside it, exceptions and longjmp included, so the innermost hold
  * is the one that ends.
@@ -50,14 +51,13 @@ struct lock_thread {
 	uint64_t seed[2];   /* random, per thread: tokens derive from it */
 	uint64_t tokens;    /* tokens made so far */
 	size_t suffix_len;
-	char suffix[LOCK_VAL_SIZE - 33]; /* owner.h: ":host:pid:tid:boot:ns:start" */
+	char suffix[BACKEND_VAL_MAX - 33]; /* owner.h: ":host:pid:tid:boot:ns:start" */
 	int nholds;
 	struct lock_hold holds[LOCK_MAX_HOLDS];
 };
 
-int lock_pid;
-static const struct backend_ops *backend;
-static const struct redis_spec *redis;
+static int lock_pid; /* the process this state belongs to (see own_process) */
+static const struct backend *backend;
 static pthread_key_t thread_key;
 static __thread struct lock_thread *self __attribute__((tls_model("initial-exec")));
 
@@ -76,20 +76,18 @@ static void thread_free(void *arg)
 	struct lock_thread *t = arg;
 
 	release_parked(t);
-	if (t->conn) {
-		backend->flush(t->conn);
-		backend->close(t->conn);
-	}
+	renew_flush(&t->conn, "thread exit");
+	if (t->conn)
+		backend->ops->close(t->conn);
 	self = NULL;
 	free(t);
 }
 
-int lock_setup(const struct backend_ops *ops, const struct redis_spec *r)
+int lock_setup(const struct backend *b)
 {
-	backend = ops;
-	redis = r;
+	backend = b;
 	lock_pid = getpid();
-	renew_setup(ops, r);
+	renew_setup(b);
 	return -pthread_key_create(&thread_key, thread_free);
 }
 
@@ -146,61 +144,22 @@ static void make_value(struct lock_thread *t, struct lease *l)
 	l->vlen = 32 + t->suffix_len;
 }
 
-struct backend_item lock_lease_item(const struct lease *l)
-{
-	struct backend_item it = {
-		.key = l->key, .klen = l->klen, .val = l->val, .vlen = l->vlen,
-		.lease_ms = l->spec->lease_ms, .fair = l->spec->fair,
-		.waiter_ttl_ms = 2 * l->spec->retry_max_ms + redis->command_timeout_ms,
-		.handoff_us = l->spec->handoff_us,
-	};
-	return it;
-}
-
-/* Sends a release on the thread's connection, asynchronously. */
-static int send_async(struct backend_conn *c, const struct backend_item *it)
-{
-	return backend->release(c, it, 1);
-}
-
 /* Opens the thread's connection if needed. Returns 0 or -1 (err filled). */
 static int conn_get(struct lock_thread *t, char *err, size_t errlen)
 {
 	if (!t->conn)
-		t->conn = backend->open(redis, err, errlen);
+		t->conn = backend_open(backend, err, errlen);
 	return t->conn ? 0 : -1;
 }
 
-/* Hands a token whose fate Redis did not confirm to the renewal thread,
- * which deletes it wherever it still holds a lock (backend unconfirmed). */
-static void forget_later(void *arg, const struct backend_item *it)
-{
-	(void)arg;
-	renew_forget(it);
-}
-
-/* After an operation returned rc: on error, keeps the reason, hands the
- * unconfirmed releases on to the renewal thread and drops the connection
- * (the next operation reconnects). Returns rc. */
+/* After an operation returned rc (enum backend_result): on error, keeps the
+ * reason and drops the connection (renew_conn_failed; the next operation
+ * reconnects). Returns rc. */
 static int conn_check(struct lock_thread *t, int rc, char *err, size_t errlen)
 {
-	if (rc < 0 && t->conn) {
-		snprintf(err, errlen, "%s", backend->errstr(t->conn));
-		backend->unconfirmed(t->conn, forget_later, NULL);
-		backend->close(t->conn);
-		t->conn = NULL;
-	}
+	if (rc == BACKEND_ERR)
+		renew_conn_failed(&t->conn, err, errlen);
 	return rc;
-}
-
-/* Runs op on the thread's connection, opening it first if needed. */
-static int with_conn(struct lock_thread *t,
-		     int (*op)(struct backend_conn *, const struct backend_item *),
-		     const struct backend_item *it, char *err, size_t errlen)
-{
-	if (conn_get(t, err, errlen) != 0)
-		return -1;
-	return conn_check(t, op(t->conn, it), err, errlen);
 }
 
 /* Returns the next sleep: full jitter over a doubling step capped at max. */
@@ -223,10 +182,10 @@ static int lingers(const struct lock_spec *s)
 	return !s->fair && s->handoff_us > 0 && s->linger_ms > 0;
 }
 
-/* Records that l is ours since `since` and logs it. */
+/* Records that l is ours since `since` (µs) and logs it. */
 static int acquired(struct lease *l, int64_t since, int tries, const char *how)
 {
-	l->acquired_at = l->confirmed_at = since;
+	l->acquired_us = since;
 	l->reuse_until_us = util_now_us() + l->spec->handoff_us;
 	LOG(LOG_DEBUG, "acquired %.*s for %s (%d tries%s)", (int)l->klen, l->key,
 	    l->spec->symbol, tries, how);
@@ -252,7 +211,8 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
 	dead.val = holder;
 	dead.vlen = hlen;
 	dead.turn_done = 1; /* a queued waiter may have it at once */
-	if (conn_check(t, backend->release(t->conn, &dead, 0), err, sizeof(err)) != 1)
+	if (conn_check(t, backend->ops->release(t->conn, &dead, 0), err, sizeof(err)) !=
+	    BACKEND_OK)
 		return 0;
 	LOG(LOG_WARN, "%.*s was held by process %d of this machine, which is gone; "
 	    "lock broken", (int)it->klen, it->key, pid);
@@ -270,37 +230,37 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
  * remaining TTL; a holder that died on this machine, nothing (break_dead).
  * Redis errors back off with jitter; a call that gives up after an error,
  * when Redis may have run its command without answering, hands its token
- * to the renewal thread to be deleted (renew_forget). Sets *first_renew_ms.
- * Returns an enum lock_outcome.
+ * to the renewal thread to be deleted (renew_forget). Sets *first_renew_us,
+ * when the first renewal is due. Returns an enum lock_outcome.
  */
-static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_renew_ms)
+static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_renew_us)
 {
 	const struct lock_spec *s = l->spec;
-	struct backend_item it = lock_lease_item(l);
+	struct backend_item it = renew_item(l);
 	int64_t now = util_now_ms(), step = 2, deadline, logged = now - LOCK_ERROR_LOG_MS;
 	int busy = 0, tries = 0, unsure = 0, rc;
-	char err[192] = "", holder[LOCK_VAL_SIZE], seen[LOCK_VAL_SIZE];
+	char err[192] = "", holder[BACKEND_VAL_MAX], seen[BACKEND_VAL_MAX];
 	size_t hlen, seen_len = 0;
 
-	*first_renew_ms = s->lease_ms / 3;
+	*first_renew_us = s->lease_ms * 1000 / 3;
 	deadline = s->wait_ms < 0 ? INT64_MAX : now + s->wait_ms;
 	for (;;) {
-		int64_t sent = util_now_ms();
+		int64_t sent = util_now_us();
 		long long hint = 0;
 
 		hlen = 0;
 		rc = conn_get(t, err, sizeof(err));
 		if (rc == 0) {
-			rc = conn_check(t, backend->acquire(t->conn, &it, &hint, holder, &hlen),
+			rc = conn_check(t, backend->ops->acquire(t->conn, &it, &hint, holder, &hlen),
 					err, sizeof(err));
-			unsure |= rc < 0; /* sent, maybe run, unanswered */
+			unsure |= rc == BACKEND_ERR; /* sent, maybe run, unanswered */
 		}
 		tries++;
-		if (rc == 1)
+		if (rc == BACKEND_OK)
 			return acquired(l, sent, tries, "");
-		busy |= rc == 0;
+		busy |= rc == BACKEND_NO;
 		now = util_now_ms();
-		if (rc == 0 && hlen && s->break_dead) {
+		if (rc == BACKEND_NO && hlen && s->break_dead) {
 			int again = hlen == seen_len && memcmp(holder, seen, hlen) == 0;
 
 			memcpy(seen, holder, hlen);
@@ -310,22 +270,22 @@ static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_r
 		}
 		if (now >= deadline)
 			break;
-		if (rc == 0) {
+		if (rc == BACKEND_NO) {
 			if (!it.waiting)
 				renew_start(); /* while waiting, not while holding */
 			it.waiting = 1; /* queued from now on (joins at once if not yet) */
-			if (hint == -1)
+			if (hint == BACKEND_NOT_QUEUED)
 				continue;
-			rc = conn_check(t, backend->wait(t->conn, &it,
+			rc = conn_check(t, backend->ops->wait(t->conn, &it,
 					min64(min64(hint, s->retry_max_ms), deadline - now)),
 					err, sizeof(err));
-			unsure |= rc < 0;
-			if (rc == 2) {
-				if (it.waiter_ttl_ms / 3 < *first_renew_ms)
-					*first_renew_ms = it.waiter_ttl_ms / 3;
-				return acquired(l, now, tries, ", handed over");
+			unsure |= rc == BACKEND_ERR;
+			if (rc == BACKEND_GRANTED) {
+				if (it.waiter_ttl_ms * 1000 / 3 < *first_renew_us)
+					*first_renew_us = it.waiter_ttl_ms * 1000 / 3;
+				return acquired(l, now * 1000, tries, ", handed over");
 			}
-			if (rc >= 0)
+			if (rc != BACKEND_ERR)
 				continue;
 		}
 		now = util_now_ms();
@@ -338,7 +298,7 @@ static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_r
 	}
 	if (unsure || (it.waiting && !t->conn)) {
 		renew_forget(&it);
-	} else if (it.waiting && backend->leave(t->conn, &it, 1) < 0) {
+	} else if (it.waiting && backend->ops->leave(t->conn, &it, 1) == BACKEND_ERR) {
 		conn_check(t, -1, err, sizeof(err));
 		renew_forget(&it);
 	}
@@ -422,13 +382,13 @@ static struct lock_hold *slot_get(struct lock_thread *t)
 	return NULL;
 }
 
-int lock_acquire(const struct lock_spec *spec, const uint64_t args[6],
+int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS],
 		 struct lock_call *call)
 {
 	struct lock_thread *t = thread_get();
 	char key[KEY_BUF_SIZE];
 	struct lock_hold *h;
-	int64_t first_renew;
+	int64_t first_renew_us;
 	size_t klen;
 	int rc;
 
@@ -458,14 +418,14 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[6],
 	h->lease.klen = klen;
 	memcpy(h->lease.key, key, klen);
 	make_value(t, &h->lease);
-	rc = acquire_wait(t, &h->lease, &first_renew);
+	rc = acquire_wait(t, &h->lease, &first_renew_us);
 	if (rc != LOCK_OK)
 		return rc;
 	h->count = 1;
 	h->foreign = 0;
 	if (h == &t->holds[t->nholds])
 		t->nholds++;
-	if (renew_track(&h->lease, first_renew) != 0)
+	if (renew_track(&h->lease, first_renew_us) != 0)
 		LOG(LOG_ERROR, "%s: cannot start the renewal thread; lease %.*s will "
 		    "expire after %lld ms", spec->symbol, (int)klen, key, spec->lease_ms);
 	push_call(t, call, h);
@@ -495,30 +455,15 @@ static int park_hold(struct lock_hold *h)
 }
 
 /*
- * Stops renewing h and sends the compare-and-delete for its key without
- * waiting for the reply (read before the connection's next command, where a
- * failure is logged). idle: the thread is not about to call again, so a
- * queued waiter gets the lock at once. A release that cannot be sent is
- * retried by the renewal thread. Never sent for a hold inherited through
- * fork.
+ * Stops renewing h and releases it on the thread's connection
+ * (renew_release; idle: the thread is not about to call again). Never sent
+ * for a hold inherited through fork.
  */
 static void release_hold(struct lock_thread *t, struct lock_hold *h, int idle)
 {
-	struct lease *l = &h->lease;
-	struct backend_item it = lock_lease_item(l);
-	char err[192] = "";
-
-	it.turn_done = idle ||
-		       (l->spec->handoff_us > 0 && util_now_us() >= l->reuse_until_us);
-	renew_untrack(l);
-	if (h->foreign)
-		return;
-	if (with_conn(t, send_async, &it, err, sizeof(err)) < 0) {
-		LOG(LOG_WARN, "%s: release of %.*s failed, retrying in the background: %s",
-		    l->spec->symbol, (int)l->klen, l->key, err);
-		renew_forget(&it);
-	} else
-		LOG(LOG_DEBUG, "released %.*s", (int)l->klen, l->key);
+	renew_untrack(&h->lease);
+	if (!h->foreign)
+		renew_release(&t->conn, &h->lease, idle, h->lease.spec->symbol);
 }
 
 void lock_release(struct lock_call *call)
@@ -564,7 +509,7 @@ void lock_atfork_child(void)
 	while (t->nholds > 0 && t->holds[t->nholds - 1].count == 0)
 		t->nholds--;
 	if (t->conn) {
-		backend->close(t->conn);
+		backend->ops->close(t->conn);
 		t->conn = NULL;
 	}
 }
@@ -572,38 +517,9 @@ void lock_atfork_child(void)
 void lock_flush(void)
 {
 	struct lock_thread *t = self;
-	char err[192];
 
-	if (t && t->conn)
-		conn_check(t, backend->flush(t->conn), err, sizeof(err));
-}
-
-/*
- * Sends the releases of the n leases in rel (copies, of any thread, whose
- * threads are idle) on t's connection and reads the replies: one round trip.
- * when names the occasion in messages.
- */
-static void release_copies(struct lock_thread *t, const struct lease *rel, int n,
-			   const char *when)
-{
-	char err[192] = "";
-
-	for (int i = 0; i < n; i++) {
-		struct backend_item it = lock_lease_item(&rel[i]);
-
-		it.turn_done = 1;
-		if (conn_get(t, err, sizeof(err)) != 0) {
-			LOG(LOG_ERROR, "%s: cannot release %d lock(s) (they expire with their "
-			    "lease): %s", when, n - i, err);
-			return;
-		}
-		if (conn_check(t, send_async(t->conn, &it), err, sizeof(err)) < 0)
-			LOG(LOG_ERROR, "%s: release of %.*s failed (it expires within %lld ms): %s",
-			    when, (int)it.klen, it.key, it.lease_ms, err);
-		else
-			LOG(LOG_DEBUG, "%s: released %.*s", when, (int)it.klen, it.key);
-	}
-	lock_flush();
+	if (t)
+		renew_flush(&t->conn, "flush");
 }
 
 /* Whether the caller is the process this state belongs to, not a child
@@ -613,53 +529,28 @@ static int own_process(void)
 	return getpid() == lock_pid;
 }
 
-void lock_before_exec(void)
-{
-	struct lock_thread *t;
-	struct lease *rel;
-	int n;
-
-	if (!own_process())
-		return;
-	rel = malloc(sizeof(*rel) * LOCK_MAX_HOLDS);
-	lock_flush();
-	while (rel && (n = renew_take_parked(rel, LOCK_MAX_HOLDS)) > 0) {
-		if ((t = thread_get()) != NULL)
-			release_copies(t, rel, n, "exec");
-		renew_parked_done(rel, n);
-	}
-	free(rel);
-}
-
-/* Tries once, on the exiting thread's connection, to forget a token the
- * renewal thread had not forgotten yet. */
-static void forget_now(void *arg, const struct backend_item *it)
+/* Runs fn on the calling thread's connection (a short-lived one when the
+ * thread's state cannot be made). */
+static void with_thread_conn(void (*fn)(struct backend_conn **c))
 {
 	struct lock_thread *t = thread_get();
-	char err[192] = "out of memory";
+	struct backend_conn *tmp = NULL;
 
-	(void)arg;
-	if (t && conn_get(t, err, sizeof(err)) == 0 &&
-	    conn_check(t, backend->leave(t->conn, it, 0), err, sizeof(err)) >= 0)
-		return;
-	LOG(LOG_ERROR, "exit: %.*s may keep a token of this process until it expires "
-	    "(within %lld ms): %s", (int)it->klen, it->key, it->lease_ms, err);
+	fn(t ? &t->conn : &tmp);
+	if (tmp)
+		backend->ops->close(tmp);
+}
+
+void lock_before_exec(void)
+{
+	if (own_process())
+		with_thread_conn(renew_before_exec);
 }
 
 void lock_release_all(void)
 {
-	struct lease *copies = NULL;
-	struct lock_thread *t;
-	int n;
-
-	if (!own_process())
-		return;
-	lock_flush();
-	n = renew_drain(&copies);
-	if (n && (t = thread_get()) != NULL)
-		release_copies(t, copies, n, "exit");
-	free(copies);
-	renew_forget_drain(forget_now, NULL);
+	if (own_process())
+		with_thread_conn(renew_exit);
 }
 
 int lock_thread_holds(void)

@@ -3,8 +3,10 @@
  * renew.c - the renewal thread: keeps every lease this process holds alive.
  *
  * DESIGN
- * One thread per process, started on the first acquire, with one mutex and
- * one condvar (CLOCK_MONOTONIC) over a list of leases (redis bio.c style).
+ * One thread per process, started on the first acquire, with one mutex (mu)
+ * and two condvars over a list of leases, its job records (redis bio.c
+ * style): cv (CLOCK_MONOTONIC) wakes the thread, done_cv tells owners that
+ * a parked lease's release finished.
  * The thread sleeps until the earliest due renewal, copies the due leases
  * out of the list, drops the mutex, renews them all in one pipelined round
  * trip on its own connection, then retakes the mutex and applies the replies
@@ -34,6 +36,15 @@
  * run without answering) form a second list: the thread takes the due ones
  * out, sends each a leave on its own connection, and puts back those not
  * settled, retrying with a doubling delay.
+ *
+ * mu guards: the lease list and the fields renew.h marks "mu" (links, id,
+ * confirmed_us, next_renew_us, park_until_us, state, park, and acquired_us
+ * once tracked), the forget list, running, stopping, kill_pending, kill_at,
+ * thread_wake_us and next_id. conn is the thread's alone. All times are
+ * monotonic µs.
+ *
+ * Every release goes through renew_release: a thread's own call ending
+ * (lock.c), a parked lease due (this thread), exec and exit.
  */
 #include "renew.h"
 
@@ -45,48 +56,40 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend.h"
 #include "guard.h"
 #include "log.h"
 #include "util.h"
 
 #define RENEW_BATCH 256
-#define FORGET_RETRY_MIN_MS 50
-#define FORGET_RETRY_MAX_MS 2000
-#define FORGET_SETTLE_MS 1000 /* asked again this long after "not there" */
+#define MS 1000 /* µs */
+#define FORGET_RETRY_MIN_US (50 * MS)
+#define FORGET_RETRY_MAX_US (2000 * MS)
+#define FORGET_SETTLE_US (1000 * MS) /* asked again this long after "not there" */
 
 /* A token to delete wherever it still holds its lock (renew_forget). */
 struct forget {
 	struct forget *next;
-	int64_t until;         /* its lease has passed by then: drop it (ms) */
-	int64_t next_at;       /* next attempt (ms) */
-	int64_t absent_since;  /* Redis first said the lock did not hold it (0: not yet) */
-	int64_t step;          /* the next retry delay after an error */
+	int64_t until_us;        /* its lease has passed by then: drop it */
+	int64_t next_us;         /* next attempt */
+	int64_t absent_since_us; /* Redis first said the lock did not hold it (0: not yet) */
+	int64_t step_us;         /* the next retry delay after an error */
 	long long lease_ms;
 	size_t klen, vlen;
 	char key[KEY_BUF_SIZE];
-	char val[LOCK_VAL_SIZE];
+	char val[BACKEND_VAL_MAX];
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv;
-static pthread_cond_t done_cv; /* a parked lease's release finished */
+static pthread_cond_t done_cv;
 static struct lease head = { .next = &head, .prev = &head };
 static int running, stopping, kill_pending;
-static int64_t kill_at;
+static int64_t kill_at_us;
 static int64_t thread_wake_us; /* when the sleeping thread wakes up anyway */
 static uint64_t next_id;
-static const struct backend_ops *backend;
-static const struct redis_spec *redis;
+static const struct backend *backend;
 static struct backend_conn *conn; /* the thread's own */
-static struct forget *forgets;    /* under mu */
-
-/* backend unconfirmed(): a command of the thread's that Redis may have run. */
-static void forget_cb(void *arg, const struct backend_item *it)
-{
-	(void)arg;
-	renew_forget(it);
-}
+static struct forget *forgets;
 
 static void cv_init(void)
 {
@@ -99,16 +102,71 @@ static void cv_init(void)
 	pthread_condattr_destroy(&a);
 }
 
-void renew_setup(const struct backend_ops *ops, const struct redis_spec *r)
+void renew_setup(const struct backend *b)
 {
-	backend = ops;
-	redis = r;
+	backend = b;
 	cv_init();
 }
 
-static int64_t period(const struct lease *l)
+struct backend_item renew_item(const struct lease *l)
 {
-	return l->spec->lease_ms / 3;
+	struct backend_item it = {
+		.key = l->key, .klen = l->klen, .val = l->val, .vlen = l->vlen,
+		.lease_ms = l->spec->lease_ms, .fair = l->spec->fair,
+		.waiter_ttl_ms = l->spec->waiter_ttl_ms, .handoff_us = l->spec->handoff_us,
+	};
+	return it;
+}
+
+/* backend unconfirmed(): a command that Redis may have run. */
+static void forget_cb(void *arg, const struct backend_item *it)
+{
+	(void)arg;
+	renew_forget(it);
+}
+
+void renew_conn_failed(struct backend_conn **c, char *err, size_t errlen)
+{
+	if (!*c)
+		return;
+	snprintf(err, errlen, "%s", backend->ops->errstr(*c));
+	backend->ops->unconfirmed(*c, forget_cb, NULL);
+	backend->ops->close(*c);
+	*c = NULL;
+}
+
+int renew_release(struct backend_conn **c, const struct lease *l, int idle, const char *when)
+{
+	struct backend_item it = renew_item(l);
+	char err[192] = "";
+
+	it.turn_done = idle || (l->spec->handoff_us > 0 && util_now_us() >= l->reuse_until_us);
+	if (!*c)
+		*c = backend_open(backend, err, sizeof(err));
+	if (*c && backend->ops->release(*c, &it, 1) != BACKEND_ERR) {
+		LOG(LOG_DEBUG, "%s: released %.*s", when, (int)l->klen, l->key);
+		return 0;
+	}
+	renew_conn_failed(c, err, sizeof(err));
+	LOG(LOG_WARN, "%s: release of %.*s failed, retrying in the background: %s", when,
+	    (int)l->klen, l->key, err);
+	renew_forget(&it);
+	return -1;
+}
+
+void renew_flush(struct backend_conn **c, const char *when)
+{
+	char err[192];
+
+	if (!*c || backend->ops->flush(*c) != BACKEND_ERR)
+		return;
+	renew_conn_failed(c, err, sizeof(err));
+	LOG(LOG_WARN, "%s: reading the replies of releases failed: %s", when, err);
+}
+
+static int64_t period_us(const struct lease *l)
+{
+	return l->spec->lease_ms * MS / 3;
 }
 
 /* Applies policy p (enum hold_policy) to l once. Called with mu held. */
@@ -121,54 +179,57 @@ static void act(struct lease *l, int p, const char *why)
 	if (p == HOLD_ABORT)
 		abort();
 	if (p == HOLD_KILL) {
+		int64_t at = util_now_us() + s->kill_grace_ms * MS;
+
 		kill(getpid(), s->kill_signal);
-		if (!kill_pending || util_now_ms() + s->kill_grace_ms < kill_at)
-			kill_at = util_now_ms() + s->kill_grace_ms;
+		if (!kill_pending || at < kill_at_us)
+			kill_at_us = at;
 		kill_pending = 1;
 	}
 }
 
 /*
- * Copies due leases into batch and returns how many; sets *wake to the next
- * time anything is due. Handles max_hold_ms and the SIGKILL deadline.
+ * Copies due leases into batch and returns how many; lowers *wake to the
+ * next time anything is due. Handles max_hold_ms and the SIGKILL deadline.
+ * Holds mu.
  */
 static int collect_due(int64_t now, struct lease *batch, int64_t *wake)
 {
 	int n = 0;
 
-	*wake = INT64_MAX;
 	if (kill_pending) {
-		if (now >= kill_at) {
+		if (now >= kill_at_us) {
 			LOG(LOG_ERROR, "still alive %s after the kill signal; sending SIGKILL",
 			    "kill_grace_ms");
 			kill(getpid(), SIGKILL);
 		}
-		*wake = kill_at;
+		if (kill_at_us < *wake)
+			*wake = kill_at_us;
 	}
 	for (struct lease *l = head.next; l != &head; l = l->next) {
 		const struct lock_spec *s = l->spec;
+		int64_t max_hold_end = l->acquired_us + s->max_hold_ms * MS;
 
 		if (l->state != LEASE_HELD)
 			continue;
-		if (s->max_hold_ms && l->park == PARK_NONE &&
-		    now - l->acquired_at >= s->max_hold_ms) {
+		if (s->max_hold_ms && l->park == PARK_NONE && now >= max_hold_end) {
 			l->state = LEASE_OVERRUN;
 			act(l, s->on_overrun, "exceeded max_hold_ms; renewal stopped");
 			continue;
 		}
-		if (s->max_hold_ms && l->acquired_at + s->max_hold_ms < *wake)
-			*wake = l->acquired_at + s->max_hold_ms;
-		if (l->next_renew_at <= now && n < RENEW_BATCH) {
+		if (s->max_hold_ms && max_hold_end < *wake)
+			*wake = max_hold_end;
+		if (l->next_renew_us <= now && n < RENEW_BATCH) {
 			batch[n++] = *l;
-			l->next_renew_at = now + period(l);
+			l->next_renew_us = now + period_us(l);
 		}
-		if (l->next_renew_at < *wake)
-			*wake = l->next_renew_at;
+		if (l->next_renew_us < *wake)
+			*wake = l->next_renew_us;
 	}
 	return n;
 }
 
-/* Marks l lost; applies on_lost unless it is parked (no call runs). */
+/* Marks l lost; applies on_lost unless it is parked (no call runs). Holds mu. */
 static void lost(struct lease *l, const char *why)
 {
 	l->state = LEASE_LOST;
@@ -187,70 +248,68 @@ static struct lease *find_id(uint64_t id)
 	return NULL;
 }
 
-/* Applies the replies for batch. rc < 0: the round trip failed. Holds mu. */
+/* Applies the replies for batch, sent at sent. rc: the round trip's
+ * enum backend_result. Holds mu. */
 static void apply(const struct lease *batch, const int *results, int n, int rc,
 		  int64_t sent, const char *err)
 {
-	int64_t now = util_now_ms();
+	int64_t now = util_now_us();
 
 	for (int i = 0; i < n; i++) {
 		struct lease *l = find_id(batch[i].id);
 
 		if (!l || l->state != LEASE_HELD)
 			continue;
-		if (rc == 0 && results[i] == 1) {
-			l->confirmed_at = sent;
-		} else if (rc == 0 && results[i] == 0) {
+		if (rc == BACKEND_OK && results[i] == BACKEND_OK) {
+			l->confirmed_us = sent;
+		} else if (rc == BACKEND_OK) {
 			lost(l, "was lost (key gone or owned by another)");
-		} else if (now - l->confirmed_at >= l->spec->lease_ms) {
+		} else if (now - l->confirmed_us >= l->spec->lease_ms * MS) {
 			lost(l, "expired while Redis was unreachable");
 		} else {
-			int64_t retry = period(l) / 3;
+			int64_t retry = period_us(l) / 3;
 
 			LOG(LOG_WARN, "%s: renewal of %.*s failed, retrying: %s",
 			    l->spec->symbol, (int)l->klen, l->key, err);
-			l->next_renew_at = now + (retry < 10 ? 10 : retry);
+			l->next_renew_us = now + (retry < 10 * MS ? 10 * MS : retry);
 		}
 	}
 }
 
-/* Renews batch in one round trip. Returns 0 or -1; fills err on failure. */
+/* Renews batch in one round trip. Returns an enum backend_result; fills
+ * err on failure. */
 static int renew_batch(const struct lease *batch, int n, int *results, char *err,
 		       size_t errlen)
 {
 	struct backend_item items[RENEW_BATCH];
 
-	if (!conn && !(conn = backend->open(redis, err, errlen)))
-		return -1;
-	for (int i = 0; i < n; i++) {
-		items[i] = lock_lease_item(&batch[i]);
-	}
-	if (backend->renew(conn, n, items, results) == 0)
-		return 0;
-	snprintf(err, errlen, "%s", backend->errstr(conn));
-	backend->unconfirmed(conn, forget_cb, NULL);
-	backend->close(conn);
-	conn = NULL;
-	return -1;
+	if (!conn && !(conn = backend_open(backend, err, errlen)))
+		return BACKEND_ERR;
+	for (int i = 0; i < n; i++)
+		items[i] = renew_item(&batch[i]);
+	if (backend->ops->renew(conn, n, items, results) == BACKEND_OK)
+		return BACKEND_OK;
+	renew_conn_failed(&conn, err, errlen);
+	return BACKEND_ERR;
 }
 
 /*
- * Copies up to max parked leases due by upto_us into out, marking them
- * RELEASING; sets *next_us to the earliest parked deadline left (or leaves
- * it). Returns how many. Called with mu held.
+ * Copies up to max parked leases due by upto into out, marking them
+ * RELEASING; lowers *next to the earliest parked deadline left. Returns how
+ * many. Holds mu.
  */
-static int take_parked(int64_t upto_us, struct lease *out, int max, int64_t *next_us)
+static int take_parked(int64_t upto, struct lease *out, int max, int64_t *next)
 {
 	int n = 0;
 
 	for (struct lease *l = head.next; l != &head; l = l->next) {
 		if (l->park != PARK_PARKED)
 			continue;
-		if (l->park_until_us <= upto_us && n < max) {
+		if (l->park_until_us <= upto && n < max) {
 			l->park = PARK_RELEASING;
 			out[n++] = *l;
-		} else if (l->park_until_us < *next_us) {
-			*next_us = l->park_until_us;
+		} else if (l->park_until_us < *next) {
+			*next = l->park_until_us;
 		}
 	}
 	return n;
@@ -281,28 +340,14 @@ static void parked_done(const struct lease *done, int n)
 		pthread_cond_broadcast(&done_cv);
 }
 
-/* Releases the parked leases in rel on the thread's connection, one round
- * trip for all; what fails is retried (renew_forget). */
-static void release_parked(const struct lease *rel, int n)
+/* Releases the n leases in rel (copies; their threads are idle) on *c and
+ * reads the replies: one round trip for all. */
+static void release_copies(struct backend_conn **c, const struct lease *rel, int n,
+			   const char *when)
 {
-	char err[192];
-	int up = conn || (conn = backend->open(redis, err, sizeof(err)));
-
-	if (!up)
-		LOG(LOG_WARN, "release of %d parked lock(s) failed, retrying: %s", n, err);
-	for (int i = 0; i < n; i++) {
-		struct backend_item it = lock_lease_item(&rel[i]);
-
-		it.turn_done = 1; /* its thread is idle: a waiter may have it now */
-		if (!up || backend->release(conn, &it, 1) < 0)
-			renew_forget(&it);
-	}
-	if (up && backend->flush(conn) != 0) {
-		LOG(LOG_WARN, "release of parked lock(s) failed, retrying: %s", backend->errstr(conn));
-		backend->unconfirmed(conn, forget_cb, NULL);
-		backend->close(conn);
-		conn = NULL;
-	}
+	for (int i = 0; i < n; i++)
+		renew_release(c, &rel[i], 1, when);
+	renew_flush(c, when);
 }
 
 /* Moves up to max forgets due by now into out; lowers *wake to the next
@@ -315,13 +360,13 @@ static int take_forgets(int64_t now, struct forget **out, int max, int64_t *wake
 	while (*pp) {
 		struct forget *f = *pp;
 
-		if (f->next_at <= now && n < max) {
+		if (f->next_us <= now && n < max) {
 			*pp = f->next;
 			out[n++] = f;
 			continue;
 		}
-		if (f->next_at < *wake)
-			*wake = f->next_at;
+		if (f->next_us < *wake)
+			*wake = f->next_us;
 		pp = &f->next;
 	}
 	return n;
@@ -342,59 +387,59 @@ static void forget_item(const struct forget *f, struct backend_item *it)
  * attempt set. Returns how many are left (moved to the front). */
 static int forget_batch(struct forget **fs, int n)
 {
-	int64_t now = util_now_ms();
+	int64_t now = util_now_us();
 	int left = 0, down = 0;
 	char err[192];
 
 	for (int i = 0; i < n; i++) {
 		struct forget *f = fs[i];
 		struct backend_item it;
-		int rc = -1;
+		int rc = BACKEND_ERR;
 
 		forget_item(f, &it);
-		if (now >= f->until) {
+		if (now >= f->until_us) {
 			LOG(LOG_DEBUG, "%.*s: token expired before Redis confirmed it was gone",
 			    (int)f->klen, f->key);
 			free(f);
 			continue;
 		}
-		if (!down && !conn && !(conn = backend->open(redis, err, sizeof(err))))
+		if (!down && !conn && !(conn = backend_open(backend, err, sizeof(err))))
 			down = 1;
 		if (!down)
-			rc = backend->leave(conn, &it, 0);
-		if (rc == 1 || (rc == 0 && f->absent_since && now - f->absent_since >= FORGET_SETTLE_MS)) {
-			if (rc == 1)
+			rc = backend->ops->leave(conn, &it, 0);
+		if (rc == BACKEND_OK || (rc == BACKEND_NO && f->absent_since_us &&
+					 now - f->absent_since_us >= FORGET_SETTLE_US)) {
+			if (rc == BACKEND_OK)
 				LOG(LOG_WARN, "%.*s: deleted the lock a command of this process took "
 				    "without an answer", (int)f->klen, f->key);
 			free(f);
 			continue;
 		}
-		if (rc == 0) {
-			if (!f->absent_since)
-				f->absent_since = now;
-			f->next_at = now + FORGET_SETTLE_MS / 4;
+		if (rc == BACKEND_NO) {
+			if (!f->absent_since_us)
+				f->absent_since_us = now;
+			f->next_us = now + FORGET_SETTLE_US / 4;
 		} else {
 			if (!down) {
-				backend->unconfirmed(conn, forget_cb, NULL);
-				backend->close(conn);
-				conn = NULL;
+				renew_conn_failed(&conn, err, sizeof(err));
 				down = 1;
 			}
-			f->next_at = now + f->step;
-			f->step = f->step * 2 > FORGET_RETRY_MAX_MS ? FORGET_RETRY_MAX_MS : f->step * 2;
+			f->next_us = now + f->step_us;
+			f->step_us = f->step_us * 2 > FORGET_RETRY_MAX_US ? FORGET_RETRY_MAX_US
+									 : f->step_us * 2;
 		}
 		fs[left++] = f;
 	}
 	return left;
 }
 
-/* Sleeps until wake_us (monotonic µs; INT64_MAX: until signalled). Holds mu. */
-static void sleep_until(int64_t wake_us)
+/* Sleeps until wake (INT64_MAX: until signalled). Holds mu. */
+static void sleep_until(int64_t wake)
 {
-	struct timespec ts = { wake_us / 1000000, (wake_us % 1000000) * 1000 };
+	struct timespec ts = { wake / 1000000, (wake % 1000000) * 1000 };
 
-	thread_wake_us = wake_us;
-	if (wake_us == INT64_MAX)
+	thread_wake_us = wake;
+	if (wake == INT64_MAX)
 		pthread_cond_wait(&cv, &mu);
 	else
 		pthread_cond_timedwait(&cv, &mu, &ts);
@@ -412,20 +457,19 @@ static void *renew_main(void *arg)
 	guard_enter();
 	pthread_mutex_lock(&mu);
 	while (!stopping) {
-		int64_t now_us = util_now_us(), now = now_us / 1000, wake, wake_us = INT64_MAX;
-		int n = collect_due(now, batch, &wake), rc = 0;
-		int np = take_parked(now_us, rel, RENEW_BATCH, &wake_us);
+		int64_t now = util_now_us(), wake = INT64_MAX;
+		int n = collect_due(now, batch, &wake), rc = BACKEND_OK;
+		int np = take_parked(now, rel, RENEW_BATCH, &wake);
 		int nf = take_forgets(now, fs, RENEW_BATCH, &wake);
 
 		if (n == 0 && np == 0 && nf == 0) {
-			sleep_until(wake == INT64_MAX || wake * 1000 > wake_us ? wake_us
-									       : wake * 1000);
+			sleep_until(wake);
 			continue;
 		}
 		pthread_mutex_unlock(&mu);
 		err[0] = 0;
 		if (np)
-			release_parked(rel, np);
+			release_copies(&conn, rel, np, "parked lock");
 		if (n)
 			rc = renew_batch(batch, n, results, err, sizeof(err));
 		if (nf)
@@ -444,7 +488,7 @@ static void *renew_main(void *arg)
 }
 
 /* Starts the thread, with every signal blocked, unless it runs already or
- * the process is exiting. Called with mu held. Returns 0 or -errno. */
+ * the process is exiting. Holds mu. Returns 0 or -errno. */
 static int start_thread(void)
 {
 	sigset_t all, old;
@@ -466,7 +510,15 @@ static int start_thread(void)
 	return -rc;
 }
 
-int renew_track(struct lease *l, int64_t first_ms)
+/* Wakes the thread when `at` comes before its planned wake-up, so that a
+ * burst of guarded calls costs it no context switch. Holds mu. */
+static void wake_by(int64_t at)
+{
+	if (at < thread_wake_us)
+		pthread_cond_signal(&cv);
+}
+
+int renew_track(struct lease *l, int64_t first_us)
 {
 	int rc;
 
@@ -474,16 +526,14 @@ int renew_track(struct lease *l, int64_t first_ms)
 	l->id = ++next_id;
 	l->state = LEASE_HELD;
 	l->park = PARK_NONE;
-	l->next_renew_at = l->acquired_at + first_ms;
+	l->confirmed_us = l->acquired_us;
+	l->next_renew_us = l->acquired_us + first_us;
 	l->next = &head;
 	l->prev = head.prev;
 	head.prev->next = l;
 	head.prev = l;
 	rc = start_thread();
-	/* Only a lease due before the thread's planned wake-up needs a signal:
-	 * a guarded call costs no context switch in the common case. */
-	if (l->next_renew_at * 1000 < thread_wake_us)
-		pthread_cond_signal(&cv);
+	wake_by(l->next_renew_us);
 	pthread_mutex_unlock(&mu);
 	return rc;
 }
@@ -517,15 +567,14 @@ int renew_park(struct lease *l, int64_t until_us)
 	if (l->next && l->state == LEASE_HELD && !stopping) {
 		l->park = PARK_PARKED;
 		l->park_until_us = until_us;
-		if (until_us < thread_wake_us)
-			pthread_cond_signal(&cv);
+		wake_by(until_us);
 		rc = 0;
 	}
 	pthread_mutex_unlock(&mu);
 	return rc;
 }
 
-/* Waits until no parked lease is being released. Holds mu. */
+/* Waits until no parked lease (only: that one) is being released. Holds mu. */
 static void wait_releases(struct lease *only)
 {
 	for (;;) {
@@ -546,7 +595,7 @@ int renew_unpark(struct lease *l)
 	pthread_mutex_lock(&mu);
 	wait_releases(l);
 	if (l->park == PARK_PARKED && l->state == LEASE_HELD && l->next) {
-		l->acquired_at = util_now_ms(); /* max_hold_ms counts from this call */
+		l->acquired_us = util_now_us(); /* max_hold_ms counts from this call */
 		rc = 1;
 	} else {
 		unlink_lease(l);
@@ -556,25 +605,31 @@ int renew_unpark(struct lease *l)
 	return rc;
 }
 
-int renew_take_parked(struct lease *out, int max)
+void renew_before_exec(struct backend_conn **c)
 {
+	struct lease *rel = malloc(sizeof(*rel) * RENEW_BATCH);
 	int64_t next = INT64_MAX;
 	int n;
 
-	pthread_mutex_lock(&mu);
-	n = take_parked(INT64_MAX, out, max, &next);
-	pthread_mutex_unlock(&mu);
-	return n;
+	renew_flush(c, "exec");
+	for (;;) {
+		pthread_mutex_lock(&mu);
+		n = rel ? take_parked(INT64_MAX, rel, RENEW_BATCH, &next) : 0;
+		pthread_mutex_unlock(&mu);
+		if (n == 0)
+			break;
+		release_copies(c, rel, n, "exec");
+		pthread_mutex_lock(&mu);
+		parked_done(rel, n);
+		pthread_mutex_unlock(&mu);
+	}
+	free(rel);
 }
 
-void renew_parked_done(const struct lease *done, int n)
-{
-	pthread_mutex_lock(&mu);
-	parked_done(done, n);
-	pthread_mutex_unlock(&mu);
-}
-
-int renew_drain(struct lease **copies)
+/* Untracks every lease (parked ones too, once no release of one is in
+ * flight) and stops the thread; returns copies of them in *copies
+ * (malloc'd; the caller frees it) and their count. */
+static int drain(struct lease **copies)
 {
 	int n = 0, i = 0;
 
@@ -600,10 +655,47 @@ int renew_drain(struct lease **copies)
 	return i;
 }
 
+void renew_exit(struct backend_conn **c)
+{
+	struct lease *copies = NULL;
+	struct forget *list;
+	int64_t now = util_now_us();
+	int n;
+
+	renew_flush(c, "exit");
+	n = drain(&copies);
+	if (n)
+		release_copies(c, copies, n, "exit");
+	free(copies);
+	pthread_mutex_lock(&mu);
+	list = forgets;
+	forgets = NULL;
+	pthread_mutex_unlock(&mu);
+	while (list) {
+		struct forget *f = list;
+		struct backend_item it;
+		char err[192] = "";
+
+		list = f->next;
+		forget_item(f, &it);
+		if (now < f->until_us) {
+			if (!*c)
+				*c = backend_open(backend, err, sizeof(err));
+			if (!*c || backend->ops->leave(*c, &it, 0) == BACKEND_ERR) {
+				renew_conn_failed(c, err, sizeof(err));
+				LOG(LOG_ERROR, "exit: %.*s may keep a token of this process until it "
+				    "expires (within %lld ms): %s", (int)it.klen, it.key,
+				    it.lease_ms, err);
+			}
+		}
+		free(f);
+	}
+}
+
 void renew_forget(const struct backend_item *it)
 {
 	struct forget *f = calloc(1, sizeof(*f));
-	int64_t now = util_now_ms();
+	int64_t now = util_now_us();
 
 	if (!f || it->klen > sizeof(f->key) || it->vlen > sizeof(f->val)) {
 		LOG(LOG_ERROR, "%.*s: cannot keep track of an unconfirmed token (it expires "
@@ -616,53 +708,17 @@ void renew_forget(const struct backend_item *it)
 	memcpy(f->val, it->val, it->vlen);
 	f->vlen = it->vlen;
 	f->lease_ms = it->lease_ms;
-	f->until = now + it->lease_ms;
-	f->next_at = now;
-	f->step = FORGET_RETRY_MIN_MS;
+	f->until_us = now + it->lease_ms * MS;
+	f->next_us = now;
+	f->step_us = FORGET_RETRY_MIN_US;
 	pthread_mutex_lock(&mu);
-	if (stopping) {
-		pthread_mutex_unlock(&mu);
-		free(f);
-		return;
-	}
 	f->next = forgets;
 	forgets = f;
-	start_thread();
-	if (now * 1000 < thread_wake_us)
-		pthread_cond_signal(&cv);
-	pthread_mutex_unlock(&mu);
-}
-
-void renew_forget_drain(void (*fn)(void *arg, const struct backend_item *it), void *arg)
-{
-	struct forget *list;
-	int64_t now = util_now_ms();
-
-	pthread_mutex_lock(&mu);
-	list = forgets;
-	forgets = NULL;
-	pthread_mutex_unlock(&mu);
-	while (list) {
-		struct forget *f = list;
-		struct backend_item it;
-
-		list = f->next;
-		forget_item(f, &it);
-		if (now < f->until)
-			fn(arg, &it);
-		free(f);
+	if (!stopping) { /* else renew_exit tries it once */
+		start_thread();
+		wake_by(now);
 	}
-}
-
-/* Fork child: the parent's tokens are its own business. */
-static void forgets_drop(void)
-{
-	while (forgets) {
-		struct forget *f = forgets;
-
-		forgets = f->next;
-		free(f);
-	}
+	pthread_mutex_unlock(&mu);
 }
 
 void renew_atfork_prepare(void)
@@ -675,6 +731,8 @@ void renew_atfork_parent(void)
 	pthread_mutex_unlock(&mu);
 }
 
+/* Fork child: an empty list, no thread; the parent's leases and tokens are
+ * the parent's business. */
 void renew_atfork_child(void)
 {
 	pthread_mutex_init(&mu, NULL);
@@ -684,11 +742,16 @@ void renew_atfork_child(void)
 		l->next = l->prev = NULL;
 	}
 	head.next = head.prev = &head;
-	forgets_drop();
+	while (forgets) {
+		struct forget *f = forgets;
+
+		forgets = f->next;
+		free(f);
+	}
 	running = kill_pending = 0;
 	thread_wake_us = 0;
 	if (conn) {
-		backend->close(conn);
+		backend->ops->close(conn);
 		conn = NULL;
 	}
 }

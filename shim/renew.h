@@ -1,19 +1,61 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * renew.h - the background renewal thread (see renew.c's DESIGN comment).
+ * renew.h - the background renewal thread and the lease records it owns
+ * (see renew.c's DESIGN comment).
+ *
+ * lock.c makes a lease when it takes a lock, hands it to renew_track, and
+ * gives it back with renew_untrack or renew_release; everything that
+ * releases or forgets a token goes through here, so there is one release
+ * path. renew.c speaks to the store only through backend.h.
  */
 #ifndef LOCKSHIM_RENEW_H
 #define LOCKSHIM_RENEW_H
 
-#include "lock.h"
+#include <stdint.h>
 
-struct backend_ops;
+#include "backend.h"
+#include "config.h"
 
-void renew_setup(const struct backend_ops *ops, const struct redis_spec *redis);
+enum lease_state { LEASE_HELD, LEASE_LOST, LEASE_OVERRUN };
 
-/* Starts renewing l, first after first_ms (starting the thread on first
- * need). Returns 0 or -errno. */
-int renew_track(struct lease *l, int64_t first_ms);
+/* A lease whose call ended but which its thread keeps for its next call
+ * (lock.c decides; the renewal thread releases it unless taken back). */
+enum park_state { PARK_NONE, PARK_PARKED, PARK_RELEASING };
+
+/*
+ * One Redis lock this process holds: the renewal thread's job record. Its
+ * owner fills spec, acquired_us, reuse_until_us, key and val before
+ * renew_track, and keeps the memory until renew_untrack, renew_unpark
+ * returning 0, or renew_release. The fields marked "mu" belong to renew.c
+ * and change only under its mutex. Times are monotonic µs.
+ */
+struct lease {
+	struct lease *next, *prev; /* mu: the list of tracked leases */
+	uint64_t id;               /* mu: matches replies to leases */
+	int64_t confirmed_us;      /* mu: when Redis last confirmed ownership */
+	int64_t next_renew_us;     /* mu */
+	int64_t park_until_us;     /* mu: parked: when the thread releases it */
+	int state;                 /* mu: enum lease_state */
+	int park;                  /* mu: enum park_state */
+	const struct lock_spec *spec;
+	int64_t acquired_us;       /* the acquire was sent (mu once tracked:
+				    * max_hold_ms counts from here) */
+	int64_t reuse_until_us;    /* its thread may take it back until then */
+	size_t klen, vlen;
+	char key[KEY_BUF_SIZE];
+	char val[BACKEND_VAL_MAX];
+};
+
+/* Sets the backend the thread connects to. Call once, before any lease. */
+void renew_setup(const struct backend *b);
+
+/* Returns the backend's view of l (key, value, lease and waiting settings);
+ * the strings stay owned by l. */
+struct backend_item renew_item(const struct lease *l);
+
+/* Starts renewing l, first first_us after l->acquired_us (starting the
+ * thread on first need). Returns 0 or -errno. */
+int renew_track(struct lease *l, int64_t first_us);
 
 /* Starts the thread if it is not running yet, so that a caller about to
  * wait for a lock does not pay for it once it holds one. Returns 0 or -errno. */
@@ -24,9 +66,9 @@ int renew_untrack(struct lease *l);
 
 /*
  * Parks tracked l: its call ended and its thread may take it back; unless
- * renew_unpark comes first, the thread releases it at until_us (monotonic
- * µs) and untracks it. Returns 0, or -1 when l is no longer held (lost,
- * overrun, or exiting): the caller releases it as usual.
+ * renew_unpark comes first, the thread releases it at until_us and
+ * untracks it. Returns 0, or -1 when l is no longer held (lost, overrun, or
+ * exiting): the caller releases it as usual.
  */
 int renew_park(struct lease *l, int64_t until_us);
 
@@ -38,19 +80,26 @@ int renew_park(struct lease *l, int64_t until_us);
 int renew_unpark(struct lease *l);
 
 /*
- * Marks every parked lease of the process as being released and copies up to
- * max of them into out; returns how many. The caller releases them and then
- * calls renew_parked_done (before exec: the thread dies with the image).
+ * The release path: sends the compare-and-delete of untracked l on *c
+ * (opened when NULL) without waiting for the reply, which is read before
+ * the connection's next command or by renew_flush. idle: its thread is
+ * not about to call again, so a queued waiter gets the lock at once (also
+ * when l's reuse window has closed). A release that cannot be sent is
+ * logged (prefixed by when) and retried in the background (renew_forget).
+ * Returns 0 or -1.
  */
-int renew_take_parked(struct lease *out, int max);
-void renew_parked_done(const struct lease *done, int n);
+int renew_release(struct backend_conn **c, const struct lease *l, int idle, const char *when);
+
+/* Reads the replies of *c's asynchronous commands; a failure is logged
+ * (prefixed by when) and handled as by renew_conn_failed. */
+void renew_flush(struct backend_conn **c, const char *when);
 
 /*
- * Untracks every lease (parked ones too, once no release of one is in
- * flight) and returns copies of them in *copies (malloc'd; the
- * caller frees it). Returns the count, 0 when none. Used once, at exit.
+ * After an operation on *c failed: copies the reason into err, hands the
+ * commands Redis may have run without answering to renew_forget, and
+ * closes *c (set to NULL: the next operation reconnects).
  */
-int renew_drain(struct lease **copies);
+void renew_conn_failed(struct backend_conn **c, char *err, size_t errlen);
 
 /*
  * Deletes token it->val from key it->key wherever it still holds the lock
@@ -62,8 +111,16 @@ int renew_drain(struct lease **copies);
  */
 void renew_forget(const struct backend_item *it);
 
-/* At exit: passes every token not forgotten yet to fn once, and drops them. */
-void renew_forget_drain(void (*fn)(void *arg, const struct backend_item *it), void *arg);
+/* Before exec (the thread dies with the image): releases every parked
+ * lease of the process on *c and reads the replies. */
+void renew_before_exec(struct backend_conn **c);
+
+/*
+ * At exit: stops the thread, releases on *c every lease still tracked
+ * (parked ones too, once no release of one is in flight), then tries once
+ * to forget each token not forgotten yet, logging those it could not.
+ */
+void renew_exit(struct backend_conn **c);
 
 void renew_atfork_prepare(void);
 void renew_atfork_parent(void);

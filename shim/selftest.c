@@ -59,10 +59,10 @@ static int failed(char *msg, size_t len, const char *step, const char *err)
 	return -1;
 }
 
-int selftest_run(const struct backend_ops *ops, const struct config *cfg, char *msg,
-		 size_t len)
-{
-	char key[KEY_BUF_SIZE], val[64], host[64] = "localhost", err[256];
+/* Runs the probe on ops' backend with settings bc, keys under ns. */
+static int probe(const struct backend_ops *ops, const struct backend_config *bc,
+		 const char *ns, char *msg, size_t len)
+{	char key[KEY_BUF_SIZE], val[64], host[64] = "localhost", err[256];
 	struct backend_item it = { 0 };
 	struct backend_conn *c;
 	long long wait = 0;
@@ -72,35 +72,35 @@ int selftest_run(const struct backend_ops *ops, const struct config *cfg, char *
 
 	gethostname(host, sizeof(host) - 1);
 	it.key = key;
-	it.klen = (size_t)snprintf(key, sizeof(key), "%s:lockshim-check:%s:%d", cfg->ns, host,
+	it.klen = (size_t)snprintf(key, sizeof(key), "%s:lockshim-check:%s:%d", ns, host,
 				   (int)getpid());
 	it.val = val;
 	it.vlen = (size_t)snprintf(val, sizeof(val), "lockshim-check-%d", (int)getpid());
 	it.lease_ms = PROBE_LEASE_MS;
 	it.waiter_ttl_ms = 1000;
 	it.handoff_us = 500;
-	if (!(c = ops->open(&cfg->redis, err, sizeof(err))))
+	if (!(c = ops->open(bc, err, sizeof(err))))
 		return failed(msg, len, "connect", err);
-	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen)) != 1)
+	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen)) != BACKEND_OK)
 		goto fail_acquire;
-	if ((rc = ops->renew(c, 1, &it, &renewed)) != 0 || renewed != 1) {
-		rc = failed(msg, len, "renew (EVALSHA)", rc != 0 ? ops->errstr(c) :
+	if ((rc = ops->renew(c, 1, &it, &renewed)) != BACKEND_OK || renewed != BACKEND_OK) {
+		rc = failed(msg, len, "renew (EVALSHA)", rc != BACKEND_OK ? ops->errstr(c) :
 			    "the probe key was not ours");
 		goto out;
 	}
 	it.waiting = 1;
-	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen)) != 1)
+	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen)) != BACKEND_OK)
 		goto fail_acquire;
-	if ((rc = ops->wait(c, &it, 10)) < 0) {
+	if ((rc = ops->wait(c, &it, 10)) == BACKEND_ERR) {
 		rc = failed(msg, len, "wait for a wake-up (BLPOP)", ops->errstr(c));
 		goto out;
 	}
-	if ((rc = ops->release(c, &it, 0)) != 1) {
-		rc = failed(msg, len, "release (EVALSHA)", rc < 0 ? ops->errstr(c) :
+	if ((rc = ops->release(c, &it, 0)) != BACKEND_OK) {
+		rc = failed(msg, len, "release (EVALSHA)", rc == BACKEND_ERR ? ops->errstr(c) :
 			    "the probe key was not ours");
 		goto out;
 	}
-	if (ops->leave(c, &it, 0) < 0) {
+	if (ops->leave(c, &it, 0) == BACKEND_ERR) {
 		rc = failed(msg, len, "leave (EVALSHA)", ops->errstr(c));
 		goto out;
 	}
@@ -110,9 +110,21 @@ int selftest_run(const struct backend_ops *ops, const struct config *cfg, char *
 	goto out;
 fail_acquire:
 	rc = failed(msg, len, it.waiting ? "acquire through the queue (EVALSHA)" :
-		    "acquire (SET NX PX)", rc < 0 ? ops->errstr(c) :
+		    "acquire (SET NX PX)", rc == BACKEND_ERR ? ops->errstr(c) :
 		    "the probe key is held by someone else");
 out:
 	ops->close(c);
+	return rc;
+}
+
+int selftest_run(const struct config *cfg, char *msg, size_t len)
+{
+	struct backend b;
+	int rc;
+
+	if (backend_init(&b, &cfg->redis, msg, len) != 0)
+		return -1;
+	rc = probe(b.ops, b.cfg, cfg->ns, msg, len);
+	backend_release(&b);
 	return rc;
 }

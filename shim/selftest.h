@@ -8,18 +8,16 @@
 
 #include <stddef.h>
 
-struct backend_ops;
 struct config;
 
 /*
- * Connects as the shim would and runs, on "<namespace>:lockshim-check:
+ * Connects as the shim would (the backend that serves cfg) and runs, on "<namespace>:lockshim-check:
  * <host>:<pid>", an acquire (SET NX PX GET), a renewal, an acquire through
  * the queue script, a short wait for a wake-up (BLPOP), a release and a
  * leave. Returns 0 with what was done in msg, or -1 with the failed step,
  * Redis's words and the likely cause (an ACL user without EVAL, a Cluster
  * node, a read-only replica, a TLS-only port, ...) in msg.
  */
-int selftest_run(const struct backend_ops *ops, const struct config *cfg, char *msg,
-		 size_t len);
+int selftest_run(const struct config *cfg, char *msg, size_t len);
 
 #endif

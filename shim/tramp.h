@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tramp_x86_64.h"
+
 struct tramp_frame; /* saved caller state; layout is per architecture */
 
 enum reloc_kind { RELOC_OTHER, RELOC_JUMP_SLOT, RELOC_GLOB_DAT, RELOC_ABS64 };

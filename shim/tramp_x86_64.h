@@ -15,6 +15,7 @@
 #define TF_RCX 24
 #define TF_R8 32
 #define TF_R9 40
+#define ARCH_INT_ARGS 6 /* integer argument registers (rdi rsi rdx rcx r8 r9) */
 #define TF_RAX 48 /* al: vector registers used by a variadic call */
 #define TF_R10 56 /* static chain */
 #define TF_STACK 64

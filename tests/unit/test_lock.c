@@ -6,6 +6,7 @@
  * and locks kept between calls (linger_ms).
  */
 #include <errno.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +24,7 @@
 /* ---- the fake store ---------------------------------------------------- */
 
 #define SLOTS 16
-static struct { char key[KEY_BUF_SIZE]; char val[LOCK_VAL_SIZE]; int used; } store[SLOTS];
+static struct { char key[KEY_BUF_SIZE]; char val[BACKEND_VAL_MAX]; int used; } store[SLOTS];
 static pthread_mutex_t store_mu = PTHREAD_MUTEX_INITIALIZER;
 static int n_set, n_del, n_renew, n_wait, fail_all, renew_says_lost;
 struct backend_conn { int dummy; };
@@ -38,9 +39,9 @@ static int slot_of(const struct backend_item *it)
 	return -1;
 }
 
-static struct backend_conn *f_open(const struct redis_spec *r, char *err, size_t n)
+static struct backend_conn *f_open(const struct backend_config *bc, char *err, size_t n)
 {
-	(void)r;
+	(void)bc;
 	if (fail_all) {
 		snprintf(err, n, "fake: down");
 		return NULL;
@@ -57,7 +58,7 @@ static int f_acquire(struct backend_conn *c, const struct backend_item *it, long
 	*wait = it->waiting ? 1 : -1; /* first: join the queue; then wait 1 ms */
 	*hlen = 0;
 	if (fail_all)
-		return -1;
+		return BACKEND_ERR;
 	pthread_mutex_lock(&store_mu);
 	n_set++;
 	if ((i = slot_of(it)) >= 0) {
@@ -71,7 +72,7 @@ static int f_acquire(struct backend_conn *c, const struct backend_item *it, long
 				memcpy(store[i].val, it->val, it->vlen);
 				store[i].val[it->vlen] = 0;
 				store[i].used = 1;
-				rc = 1;
+				rc = BACKEND_OK;
 				break;
 			}
 	}
@@ -80,7 +81,7 @@ static int f_acquire(struct backend_conn *c, const struct backend_item *it, long
 }
 static int f_release(struct backend_conn *c, const struct backend_item *it, int async)
 {
-	int i, rc = 0;
+	int i, rc = BACKEND_NO;
 
 	(void)c;
 	(void)async;
@@ -89,7 +90,7 @@ static int f_release(struct backend_conn *c, const struct backend_item *it, int 
 	i = slot_of(it);
 	if (i >= 0 && strncmp(store[i].val, it->val, it->vlen) == 0) {
 		store[i].used = 0;
-		rc = 1;
+		rc = BACKEND_OK;
 	}
 	pthread_mutex_unlock(&store_mu);
 	return rc;
@@ -103,10 +104,11 @@ static int f_renew(struct backend_conn *c, int n, const struct backend_item *ite
 
 		n_renew++;
 		res[k] = !renew_says_lost && i >= 0 &&
-			 strncmp(store[i].val, items[k].val, items[k].vlen) == 0;
+			 strncmp(store[i].val, items[k].val, items[k].vlen) == 0
+			 ? BACKEND_OK : BACKEND_NO;
 	}
 	pthread_mutex_unlock(&store_mu);
-	return 0;
+	return BACKEND_OK;
 }
 static int f_wait(struct backend_conn *c, const struct backend_item *it, long long ms)
 {
@@ -114,16 +116,16 @@ static int f_wait(struct backend_conn *c, const struct backend_item *it, long lo
 	(void)it;
 	n_wait++;
 	util_sleep_ms(ms);
-	return 0;
+	return BACKEND_NO;
 }
 static int f_leave(struct backend_conn *c, const struct backend_item *it, int async)
 {
 	(void)c;
 	(void)it;
 	(void)async;
-	return 0;
+	return BACKEND_NO;
 }
-static int f_flush(struct backend_conn *c) { (void)c; return 0; }
+static int f_flush(struct backend_conn *c) { (void)c; return BACKEND_OK; }
 static void f_unconfirmed(struct backend_conn *c,
 			  void (*fn)(void *arg, const struct backend_item *it), void *arg)
 {
@@ -132,13 +134,21 @@ static void f_unconfirmed(struct backend_conn *c,
 	(void)arg;
 }
 static const char *f_errstr(const struct backend_conn *c) { (void)c; return "fake error"; }
-static int f_ping(struct backend_conn *c) { (void)c; return 1; }
+static int f_ping(struct backend_conn *c) { (void)c; return BACKEND_OK; }
 
 static const struct backend_ops fake = {
-	.open = f_open, .close = f_close, .acquire = f_acquire, .release = f_release,
+	.name = "fake", .open = f_open, .close = f_close, .acquire = f_acquire, .release = f_release,
 	.wait = f_wait, .leave = f_leave, .flush = f_flush, .unconfirmed = f_unconfirmed,
 	.renew = f_renew, .errstr = f_errstr, .ping = f_ping,
 };
+
+static volatile sig_atomic_t lost_signals;
+
+static void on_lost_signal(int sig)
+{
+	(void)sig;
+	lost_signals++;
+}
 
 static int stored(const char *key)
 {
@@ -163,6 +173,7 @@ static struct lock_spec spec(const char *key, int reentrant, long long wait_ms)
 	s.lease_ms = 30000;
 	s.wait_ms = wait_ms;
 	s.retry_max_ms = 5;
+	s.waiter_ttl_ms = 2 * s.retry_max_ms;
 	s.fair = 0;
 	s.reentrant = reentrant;
 	s.on_lost = HOLD_LOG;
@@ -172,7 +183,7 @@ static struct lock_spec spec(const char *key, int reentrant, long long wait_ms)
 	return s;
 }
 
-static uint64_t args[6] = { 1, 2, 3, 4, 5, 6 };
+static uint64_t args[ARCH_INT_ARGS] = { 1, 2, 3, 4, 5, 6 };
 
 static void *other_thread_acquire(void *arg)
 {
@@ -269,13 +280,13 @@ static void test_parking(void)
 
 int main(void)
 {
-	struct redis_spec redis = { 0 };
+	struct backend be = { &fake, NULL };
 	struct lock_spec a = spec("a", 1, 0), nr = spec("nr", 0, 0), b = spec("b:{arg1}", 1, 0);
 	struct lock_call c1, c2, c3;
 	char host[256] = "";
 
 	log_threshold = getenv("TL") ? 3 : -1; /* the events below are expected; keep the output clean */
-	lock_setup(&fake, &redis);
+	lock_setup(&be);
 	gethostname(host, sizeof(host) - 1);
 
 	test("acquire stores a token with host, pid and tid; release deletes it");
@@ -325,7 +336,7 @@ int main(void)
 		int64_t t0 = util_now_ms();
 
 		long long hint;
-		char holder[LOCK_VAL_SIZE];
+		char holder[BACKEND_VAL_MAX];
 		size_t hlen;
 
 		f_acquire(&the_conn, &other, &hint, holder, &hlen);
@@ -374,17 +385,27 @@ int main(void)
 	{
 		struct lock_spec r = spec("r", 1, 0);
 
+		struct sigaction sa = { .sa_handler = on_lost_signal }, old;
+
 		r.lease_ms = 30;
+		r.on_lost = HOLD_KILL; /* observable: on_lost sends kill_signal */
+		r.kill_signal = SIGUSR1;
+		r.kill_grace_ms = 3600000;
+		sigaction(SIGUSR1, &sa, &old);
 		n_renew = 0;
 		test_cond(lock_acquire(&r, args, &c3) == LOCK_OK);
 		for (int i = 0; i < 200 && n_renew < 3; i++)
 			util_sleep_ms(5);
 		test_cond(n_renew >= 3);
+		test_cond(lost_signals == 0);
 		renew_says_lost = 1;
-		util_sleep_ms(60);
-		lock_release(&c3); /* logs: lost; key deleted only if still ours */
+		for (int i = 0; i < 400 && !lost_signals; i++)
+			util_sleep_ms(5);
+		test_cond(lost_signals == 1); /* the next renewal saw the loss, once */
+		lock_release(&c3); /* the key is deleted only if still ours */
 		renew_says_lost = 0;
 		test_cond(stored("t:r") < 0);
+		sigaction(SIGUSR1, &old, NULL);
 		key_tmpl_release(&r.key);
 	}
 	test_parking();
