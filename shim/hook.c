@@ -94,8 +94,3 @@ const struct hook *hook_by_stub(const void *addr)
 			return hooks[i];
 	return NULL;
 }
-
-int hook_count(void)
-{
-	return __atomic_load_n(&nhooks, __ATOMIC_ACQUIRE);
-}

@@ -24,7 +24,4 @@ struct hook *hook_get(const struct lock_spec *spec, void *real);
 /* Returns the hook whose stub is addr, or NULL. */
 const struct hook *hook_by_stub(const void *addr);
 
-/* Returns the number of hooks created (for diagnostics). */
-int hook_count(void);
-
 #endif

@@ -226,10 +226,6 @@ int key_compile(struct key_tmpl *t, const char *ns, const char *src,
 		snprintf(err, errlen, "key expands to an empty string");
 		goto fail;
 	}
-	t->constant = 1;
-	for (int i = 0; i < t->nsegs; i++)
-		if (t->segs[i].kind != KEY_SEG_LIT)
-			t->constant = 0;
 	return 0;
 nomem:
 	snprintf(err, errlen, "out of memory");

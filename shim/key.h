@@ -35,7 +35,6 @@ struct key_tmpl {
 	size_t prefix_len;
 	struct key_seg *segs; /* owned */
 	int nsegs;
-	int constant;  /* no run-time placeholder: expansion is a copy */
 };
 
 /*
