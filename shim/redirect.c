@@ -97,7 +97,8 @@ void *redirect_target(struct redirect_name *n, void *addr)
 		return addr;
 	if (!n->spec)
 		return n->wrapper;
-	h = hook_get(n->spec, n->wrapper ? n->wrapper : addr);
+	/* guarded: the function at addr, run by the shim's wrapper if any */
+	h = hook_get(n->spec, addr, n->wrapper ? n->wrapper : addr);
 	return h ? h->stub : addr;
 }
 

@@ -50,9 +50,10 @@ struct redirect_name *redirect_find(const char *name);
 
 /*
  * Returns what a slot that holds addr for n, or a lookup that found addr for
- * n, must give callers: a guarded name's hook stub (whose real function is
- * the shim's wrapper when there is one, else addr), or the wrapper; addr
- * itself when it is a stub or wrapper already, or n's canonical PLT entry.
+ * n, must give callers: for a guarded name, the stub of the hook whose
+ * target is addr (its call: the shim's wrapper when there is one, else
+ * addr); else the wrapper; addr itself when it is a stub or wrapper
+ * already, or n's canonical PLT entry.
  */
 void *redirect_target(struct redirect_name *n, void *addr);
 

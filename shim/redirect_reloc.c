@@ -8,14 +8,14 @@
  * calls), GLOB_DAT (-fno-plt calls, &f in PIC code) and symbol-named
  * absolute words with addend 0 (function pointers in data). Names are
  * matched through redirect.c's hash table. Each slot gets the stub of the
- * hook for (lock, the slot's own target), so symbol versions and RTLD_LOCAL
- * copies keep their own real function. A lazy PLT slot not yet bound is
- * resolved first, as the dynamic linker would bind it: never to a non-PIE
- * executable's canonical PLT entry (the executable's undefined symbol with
- * a value, which dlsym returns for pointer equality); slots of other
- * objects that hold that entry are left alone, since calls through it
- * reach the executable's own redirected slot: every call is wrapped once.
- * RELRO pages are made writable for the store and restored.
+ * hook whose target is the function the slot held (redirect_target), so
+ * symbol versions and RTLD_LOCAL copies keep their own function. A lazy PLT
+ * slot not yet bound is resolved first, as the dynamic linker would bind
+ * it: never to a non-PIE executable's canonical PLT entry (the executable's
+ * undefined symbol with a value, which dlsym returns for pointer equality);
+ * slots of other objects that hold that entry are left alone, since calls
+ * through it reach the executable's own redirected slot: every call is
+ * wrapped once. RELRO pages are made writable for the store and restored.
  * Objects are remembered by their program headers; after a dlclose
  * everything is scanned again (an address may then be reused).
  * Calls inside one object never pass through a slot and cannot be caught.
