@@ -174,10 +174,45 @@ static int in_exe_symtab(struct symfile *f, int *opened, const char *name)
 	return *opened > 0 && symfile_find_function(f, name) != NULL;
 }
 
+void redirect_caught(struct redirect_name *n)
+{
+	n->caught++;
+}
+
+/* Bytes snprintf wrote into a buffer of len bytes when it returned rc. */
+static size_t wrote(int rc, size_t len)
+{
+	return rc < 0 ? 0 : (size_t)rc < len ? (size_t)rc : len - 1;
+}
+
 /*
- * Says, once, which locks have no call site the methods could redirect,
- * and why. Returns 0, or -1 with err set for the first such lock that is
- * `strict`.
+ * Writes into why (len bytes) what the methods say they miss of n, defined
+ * in def, joined by " and ". Returns the length.
+ */
+static size_t missed(const struct redirect_name *n, const char *def, int in_exe,
+		     char *why, size_t len)
+{
+	size_t k = 0;
+
+	why[0] = 0;
+	for (int i = 0; methods[i]; i++) {
+		size_t sep = k ? wrote(snprintf(why + k, len - k, " and "), len - k) : 0;
+		size_t m = methods[i]->missed ?
+			   methods[i]->missed(n, def, in_exe, why + k + sep, len - k - sep) : 0;
+
+		if (m)
+			k += sep + (m < len - k - sep ? m : len - k - sep - 1);
+		why[k] = 0;
+	}
+	if (!k)
+		k = wrote(snprintf(why, len, "no redirection method reaches it"), len);
+	return k;
+}
+
+/*
+ * Says, once, which locks have no call site (or entry) any method could
+ * redirect, where their function is defined, and what the methods miss.
+ * Returns 0, or -1 with err set for the first such lock that is `strict`.
  */
 static int report(const struct config *cfg, char *err, size_t errlen)
 {
@@ -191,18 +226,23 @@ static int report(const struct config *cfg, char *err, size_t errlen)
 		char why[512];
 		int in_exe, level = LOG_WARN;
 
-		if (n && n->sites)
+		if (n && n->caught)
 			continue;
 		where = defined_in(l->symbol, &in_exe);
-		if (in_exe || (!where && in_exe_symtab(&exe, &opened, l->symbol))) {
-			snprintf(why, sizeof(why), "%s is defined in the executable and no loaded "
-				 "object calls it through a relocation: calls inside the executable "
-				 "cannot be caught", l->symbol);
-		} else if (where) {
-			snprintf(why, sizeof(why), "%s is defined in %s and no loaded object calls it "
-				 "through a relocation (calls inside %s cannot be caught); libraries "
-				 "loaded later with dlopen are scanned then", l->symbol, where, where);
-			level = LOG_INFO; /* a library function this program does not use */
+		if (!where && in_exe_symtab(&exe, &opened, l->symbol)) {
+			where = "the executable";
+			in_exe = 1;
+		}
+		if (where) {
+			size_t k = wrote(snprintf(why, sizeof(why), "%s is defined in %s and ",
+						  l->symbol, where), sizeof(why));
+
+			k += missed(n, where, in_exe, why + k, sizeof(why) - k);
+			if (!in_exe) {
+				snprintf(why + k, sizeof(why) - k, "; libraries loaded later with "
+					 "dlopen are scanned then");
+				level = LOG_INFO; /* a library function this program does not use */
+			}
 		} else {
 			snprintf(why, sizeof(why), "%s: no loaded object calls or defines it (a "
 				 "typo, or another program?); libraries loaded later with dlopen "

@@ -6,16 +6,30 @@
  * reach their hook's stub (a guarded symbol) or the shim's own wrapper
  * (interpose.c: dlopen, dlsym, exec, _exit, close, ...). Today there is one
  * method, relocation patching (redirect_reloc.c). Methods run at init and
- * after every dlopen, serialised by redirect.c, which also keeps the table
- * of names (hashed once at init, read-only afterwards but for the counters)
- * and reports, at start-up, every lock no method could reach.
+ * after every dlopen, in the order of redirect.c's `methods` table,
+ * serialised by redirect.c, which also keeps the table of names (hashed
+ * once at init, read-only afterwards but for the counters and canonical
+ * entries) and reports, at start-up, every lock no method could reach.
+ *
+ * A method tells redirect.c what it caught (redirect_caught, per call site
+ * or function entry it redirected) and what it will miss (its `missed`
+ * callback, asked only about guarded names no method caught); the report
+ * itself (where the function is defined, log level, `strict`) is
+ * redirect.c's. A new method (say entry patching) is a file
+ * redirect_<how>.c defining `const struct redirect_method redirect_<how>`,
+ * its extern line beside redirect_reloc's below, its entry in redirect.c's
+ * `methods` and its name in the Makefile's SHIM_SRC. It gets stubs with
+ * hook_get (hook.h): the function's address as target, what runs it as
+ * call. (Entry patching will also need, from each architecture, a way to
+ * copy and relocate a prologue; tramp.h has none yet.)
  */
 #ifndef LOCKSHIM_REDIRECT_H
 #define LOCKSHIM_REDIRECT_H
 
 #include "config.h"
 
-/* One name the methods look for. */
+/* One name the methods look for: a guarded symbol, an internal wrapper's
+ * name (interpose_table), or both. */
 struct redirect_name {
 	const char *name;
 	const struct lock_spec *spec; /* the lock guarding name, or NULL */
@@ -24,18 +38,33 @@ struct redirect_name {
 				       * name (function pointer equality): calls
 				       * through it reach the executable's redirected
 				       * slot, so it is never wrapped again */
-	int sites;                    /* call sites redirected, for the report */
+	int caught;                   /* call sites or entries redirected by any
+				       * method (redirect_caught), for the report */
 	unsigned hash;
 };
 
 struct redirect_method {
-	const char *name;
+	const char *name; /* in debug lines: "<name>: N call site(s) redirected" */
 	/* Redirects what is not redirected yet in objects it has not seen.
 	 * Returns the number of call sites redirected, or -1. */
 	int (*scan)(void);
+	/*
+	 * For the start-up report, about guarded name n that no method caught
+	 * and that def defines ("the executable" when in_exe, else a library's
+	 * path): writes into why (len bytes, NUL-terminated) what calls of n
+	 * this method cannot catch, as a clause following "<name> is defined
+	 * in <def> and ". Returns its length (like snprintf: a longer one than
+	 * len - 1 counts as cut there), 0 when it has nothing to say.
+	 */
+	size_t (*missed)(const struct redirect_name *n, const char *def, int in_exe,
+			 char *why, size_t len);
 };
 
 extern const struct redirect_method redirect_reloc;
+
+/* Called by a method for each call site (or function entry) of n it
+ * redirected. */
+void redirect_caught(struct redirect_name *n);
 
 /* Builds the name table and runs every method once (constructor,
  * single-threaded), then reports the locks nothing reaches. Returns 0, or

@@ -23,6 +23,7 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <link.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
@@ -150,8 +151,7 @@ static void patch_rela(struct scan *sc, const struct obj *o, const ElfW(Rela) *r
 		return;
 	if (write_slot(o, slot, target) == 0) {
 		sc->count++;
-		if (n->spec)
-			n->sites++;
+		redirect_caught(n);
 		LOG(LOG_DEBUG, "%s: %s slot of %s redirected", o->name[0] ? o->name : "(main)",
 		    slot_kind(kind), n->name);
 	}
@@ -241,4 +241,21 @@ static int reloc_scan(void)
 	return sc.count;
 }
 
-const struct redirect_method redirect_reloc = { "relocations", reloc_scan };
+/* For the report: what relocation patching misses of a function that no
+ * relocation reaches. */
+static size_t reloc_missed(const struct redirect_name *n, const char *def, int in_exe,
+			   char *why, size_t len)
+{
+	int rc;
+
+	(void)n;
+	if (in_exe)
+		rc = snprintf(why, len, "no loaded object calls it through a relocation: "
+			      "calls inside %s cannot be caught", def);
+	else
+		rc = snprintf(why, len, "no loaded object calls it through a relocation "
+			      "(calls inside %s cannot be caught)", def);
+	return rc < 0 ? 0 : (size_t)rc;
+}
+
+const struct redirect_method redirect_reloc = { "relocations", reloc_scan, reloc_missed };
