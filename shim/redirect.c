@@ -3,14 +3,16 @@
  * redirect.c - the name table, the methods and the start-up report (see
  * redirect.h).
  *
- * The table holds every guarded symbol and every internal wrapper, in an
- * open-addressing hash (FNV-1a) sized at init, so a method pays one hash
- * and, rarely, one strcmp per relocation it looks at. A mutex serialises
- * scans: dlopen may be called from several threads. The report after the
- * first scan says, for each lock no call site was found for, whether the
- * executable defines it (its dynamic or static symbol table: calls inside
- * it cannot be caught), a library does, or nothing loaded does (a typo, the
- * wrong program, or a library loaded later); `strict` makes that fatal.
+ * The table holds every guarded symbol and every internal wrapper
+ * (interpose_table) as ordinary entries, in an open-addressing hash
+ * (FNV-1a) sized at init, so a method pays one hash and, rarely, one strcmp
+ * per relocation it looks at; at init every entry is checked to be found
+ * (table_check). A mutex serialises scans: dlopen may be called from
+ * several threads. The report after the first scan says, for each lock no
+ * method caught a call site or entry of, whether the executable defines it
+ * (its dynamic or static symbol table), a library does, or nothing loaded
+ * does (a typo, the wrong program, or a library loaded later), with what
+ * each method says it misses there; `strict` makes that fatal.
  */
 #include "redirect.h"
 
@@ -87,6 +89,34 @@ static int table_init(const struct config *cfg)
 	for (int i = 0; i < cfg->nlocks; i++)
 		add(cfg->locks[i].symbol)->spec = &cfg->locks[i];
 	return 0;
+}
+
+/*
+ * Checks that the methods will find every entry: each internal wrapper and
+ * each lock is in the hashed table with its own wrapper or lock (not lost,
+ * not displaced by a duplicate name), and each wrapper's name is defined
+ * by a loaded object (a misspelt name would match no relocation). Any
+ * failure is an error line: those calls would go unwrapped in silence.
+ */
+static void table_check(const struct config *cfg)
+{
+	for (const struct interpose_entry *w = interpose_table; w->name; w++) {
+		const struct redirect_name *n = redirect_find(w->name);
+		const char *why = !n ? "missing from the name table" :
+				  n->wrapper != w->fn ? "its name has another wrapper" :
+				  !dlsym(RTLD_DEFAULT, w->name) ? "no loaded object defines it" :
+				  NULL;
+
+		if (why)
+			LOG(LOG_ERROR, "internal wrapper %s is not installed: %s", w->name, why);
+	}
+	for (int i = 0; i < cfg->nlocks; i++) {
+		const struct redirect_name *n = redirect_find(cfg->locks[i].symbol);
+
+		if (!n || n->spec != &cfg->locks[i])
+			LOG(LOG_ERROR, "locks[%d] (%s) is not in the name table; its calls stay "
+			    "unguarded", i, cfg->locks[i].symbol);
+	}
 }
 
 void *redirect_target(struct redirect_name *n, void *addr)
@@ -267,6 +297,7 @@ int redirect_init(const struct config *cfg, char *err, size_t errlen)
 		snprintf(err, errlen, "out of memory");
 		return -1;
 	}
+	table_check(cfg);
 	__atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
 	if (scan_all() < 0) {
 		LOG(LOG_ERROR, "redirection failed; some calls may stay unguarded");
