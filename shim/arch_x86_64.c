@@ -4,8 +4,10 @@
  *
  * Sizes the trampoline frame from the CPU's XSAVE area (CPUID leaf 0xD)
  * for the enabled user components (x87, SSE, AVX, AVX-512; XCR0), uses the
- * compacted XSAVEC when the CPU has it, and falls back to FXSAVE; writes the 32-byte stubs; demangles the stack pointer of a
- * glibc jmp_buf (PTR_MANGLE: xor with the pointer guard at %fs:0x30, rol 17).
+ * compacted XSAVEC when the CPU has it, and falls back to FXSAVE; writes
+ * the 32-byte stubs; maps relocation types; demangles the stack pointer of
+ * a glibc jmp_buf (PTR_MANGLE: xor with the pointer guard at %fs:0x30, rol
+ * 17); reads and writes the saved frame (tramp_x86_64.h) for dispatch.c.
  */
 #include <cpuid.h>
 #include <elf.h>

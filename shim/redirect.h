@@ -74,7 +74,8 @@ int redirect_init(const struct config *cfg, char *err, size_t errlen);
 /* Catches objects loaded since the last scan (called after dlopen). */
 void redirect_refresh(void);
 
-/* Returns the entry for name (len bytes), or NULL. */
+/* Returns the entry for name (NUL-terminated), or NULL. One hash, rarely a
+ * strcmp: the methods call it for every relocation they look at. */
 struct redirect_name *redirect_find(const char *name);
 
 /*
@@ -96,8 +97,13 @@ void *redirect_resolved(const char *name, void *addr);
  */
 void *redirect_next_definition(const void *after, const char *name, const char *version);
 
-/* Internal wrappers (interpose.c): their names and functions, a table
- * ending with a NULL name. */
+/*
+ * The shim's internal wrappers (interpose.c), as data: a table ending with
+ * a NULL name. Each becomes an ordinary entry of the name table with fn as
+ * its wrapper, matched by every method like a guarded symbol; a name that
+ * is also guarded gets a hook whose call is fn (the wrapper runs inside the
+ * lock). A new wrapper is one more line in the table, any name.
+ */
 struct interpose_entry {
 	const char *name;
 	void *fn;

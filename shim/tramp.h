@@ -43,7 +43,11 @@ struct tramp_frame; /* saved caller state; only arch_<name>.c and the .S use its
 
 enum reloc_kind { RELOC_OTHER, RELOC_JUMP_SLOT, RELOC_GLOB_DAT, RELOC_ABS64 };
 
-/* Detects CPU features (vector state size). Returns 0 or -1. */
+/*
+ * Detects CPU features (vector state size). Returns 0 when the trampoline
+ * can run on this CPU; init.c leaves every call unguarded otherwise.
+ * x86-64 always can (no XSAVE: FXSAVE) and always returns 0.
+ */
 int arch_init(void);
 
 /* Bytes one stub takes; stubs are written by arch_write_stub. */
