@@ -16,7 +16,8 @@ WARN := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings
 OPT ?= -O2 -g
 SAN := $(if $(SANITIZER),-fsanitize=$(SANITIZER) -fno-omit-frame-pointer)
 BASE_CFLAGS := $(OPT) $(WARN) $(SAN) -D_GNU_SOURCE -MMD -MP -Ishim \
-	-DLOCKSHIM_VERSION='"$(VERSION)"' -DLOCKSHIM_LIBDIR='"$(LIBDIR)"'
+	-DLOCKSHIM_VERSION='"$(VERSION)"' -DLOCKSHIM_LIBDIR='"$(LIBDIR)"' \
+	-DLOCKSHIM_ARCH_H='"tramp_$(ARCH).h"'
 SHIM_CFLAGS := $(BASE_CFLAGS) -fPIC -fvisibility=hidden -fexceptions \
 	-ftls-model=initial-exec $(CFLAGS)
 

@@ -4,16 +4,30 @@
  *
  * Sizes the trampoline frame from the CPU's XSAVE area (CPUID leaf 0xD)
  * for the enabled user components (x87, SSE, AVX, AVX-512; XCR0), uses the
- * compacted XSAVEC when the CPU has it, and falls back to FXSAVE; writes the 32-byte stubs; demangles the stack pointer of a
- * glibc jmp_buf (PTR_MANGLE: xor with the pointer guard at %fs:0x30, rol 17).
+ * compacted XSAVEC when the CPU has it, and falls back to FXSAVE; writes
+ * the 32-byte stubs; maps relocation types; demangles the stack pointer of
+ * a glibc jmp_buf (PTR_MANGLE: xor with the pointer guard at %fs:0x30, rol
+ * 17); reads and writes the saved frame (tramp_x86_64.h) for dispatch.c.
  */
 #include <cpuid.h>
 #include <elf.h>
 #include <errno.h>
+#include <stddef.h>
 #include <string.h>
 
-#include "tramp.h"
-#include "tramp_x86_64.h"
+#include "tramp.h" /* and, through LOCKSHIM_ARCH_H, tramp_x86_64.h */
+
+/* The struct and the offsets tramp_x86_64.S uses describe one layout. */
+_Static_assert(offsetof(struct tramp_frame, gpr) == TF_RDI &&
+	       offsetof(struct tramp_frame, gpr[ARCH_INT_ARGS - 1]) == TF_R9 &&
+	       offsetof(struct tramp_frame, rax) == TF_RAX &&
+	       offsetof(struct tramp_frame, r10) == TF_R10 &&
+	       offsetof(struct tramp_frame, stack_args) == TF_STACK &&
+	       offsetof(struct tramp_frame, ret_rax) == TF_RET_RAX &&
+	       offsetof(struct tramp_frame, ret_rdx) == TF_RET_RDX &&
+	       offsetof(struct tramp_frame, skip) == TF_SKIP &&
+	       offsetof(struct tramp_frame, skip_xmm0) == TF_SKIP_XMM0,
+	       "struct tramp_frame does not match the TF_* offsets");
 
 /* Read by tramp_x86_64.S. */
 __attribute__((visibility("hidden"))) unsigned tramp_xsave_mask;

@@ -167,7 +167,7 @@ void dispatch_call(struct tramp_frame *f, const struct hook *h)
 	int saved_errno, rc;
 
 	if (guard_active() || !shim_active()) {
-		tramp_invoke(f, h->real, window);
+		tramp_invoke(f, h->call, window);
 		return;
 	}
 	saved_errno = errno;
@@ -190,5 +190,5 @@ void dispatch_call(struct tramp_frame *f, const struct hook *h)
 		}
 	}
 	errno = saved_errno;
-	tramp_invoke(f, h->real, window);
+	tramp_invoke(f, h->call, window);
 }

@@ -45,23 +45,23 @@ static unsigned char *stub_slot(void)
 	return page;
 }
 
-static struct hook *find(const struct lock_spec *spec, void *real)
+static struct hook *find(const struct lock_spec *spec, void *target)
 {
 	int n = __atomic_load_n(&nhooks, __ATOMIC_ACQUIRE);
 
 	for (int i = 0; i < n; i++)
-		if (hooks[i]->spec == spec && hooks[i]->real == real)
+		if (hooks[i]->spec == spec && hooks[i]->target == target)
 			return hooks[i];
 	return NULL;
 }
 
-struct hook *hook_get(const struct lock_spec *spec, void *real)
+struct hook *hook_get(const struct lock_spec *spec, void *target, void *call)
 {
 	struct hook *h;
 	unsigned char *at;
 
 	pthread_mutex_lock(&mu);
-	h = find(spec, real);
+	h = find(spec, target);
 	if (h)
 		goto out;
 	if (nhooks == HOOK_MAX || !(h = malloc(sizeof(*h))) || !(at = stub_slot())) {
@@ -72,7 +72,8 @@ struct hook *hook_get(const struct lock_spec *spec, void *real)
 		goto out;
 	}
 	h->spec = spec;
-	h->real = real;
+	h->target = target;
+	h->call = call;
 	h->stub = at;
 	arch_write_stub(at, h);
 	page_used += arch_stub_size();
@@ -93,9 +94,4 @@ const struct hook *hook_by_stub(const void *addr)
 		if (hooks[i]->stub == addr)
 			return hooks[i];
 	return NULL;
-}
-
-int hook_count(void)
-{
-	return __atomic_load_n(&nhooks, __ATOMIC_ACQUIRE);
 }

@@ -14,7 +14,10 @@
  * that a descriptor of the shim's may be gone. vfork (tramp_*.S): the child
  * runs with the guard set, so that nothing it calls touches its parent's
  * lock state. These are not exported symbols: they are reached only
- * through patched slots, so the shim's own calls go straight to libc.
+ * through redirected slots and dlsym results, so the shim's own calls go
+ * straight to libc. They are registered as data, in interpose_table at the
+ * end of this file: redirect.c puts each entry in its name table, like a
+ * guarded symbol, and checks at init that each is found.
  */
 #include <dlfcn.h>
 #include <link.h>

@@ -83,7 +83,7 @@ static void put_arg(struct sink *s, uint64_t v, int fmt)
 	sink_put(s, num, (size_t)n);
 }
 
-size_t key_expand(const struct key_tmpl *t, const uint64_t args[6], int pid,
+size_t key_expand(const struct key_tmpl *t, const uint64_t args[ARCH_INT_ARGS], int pid,
 		  char *out)
 {
 	struct sink s = { out + t->prefix_len, 0, 0xcbf29ce484222325ULL,
@@ -168,20 +168,24 @@ static int add_placeholder(struct key_tmpl *t, const char *name, size_t n,
 		return add_seg(t, KEY_SEG_LIT, 0, 0, v ? v : "", v ? strlen(v) : 0);
 	}
 	if (n >= 4 && memcmp(name, "arg", 3) == 0) {
-		char c = name[3];
+		size_t d = 3;
+		unsigned idx = 0;
 
-		if (c < '0' || c > '9')
+		for (; d < n && name[d] >= '0' && name[d] <= '9'; d++)
+			idx = idx < 1000 ? idx * 10 + (unsigned)(name[d] - '0') : idx;
+		if (d == 3)
 			goto bad;
-		if (c > '5' || (n >= 5 && name[4] >= '0' && name[4] <= '9')) {
+		/* a leading zero ({arg05}) is refused like a number too big */
+		if (idx >= ARCH_INT_ARGS || (d > 4 && name[3] == '0')) {
 			snprintf(err, errlen,
-				 "placeholder {%.*s}: argument index out of range (0..5)",
-				 (int)n, name);
+				 "placeholder {%.*s}: argument index out of range (0..%d)",
+				 (int)n, name, ARCH_INT_ARGS - 1);
 			return -1;
 		}
 		for (int f = 0; f < 4; f++)
-			if (n - 4 == strlen(fmts[f]) &&
-			    memcmp(name + 4, fmts[f], n - 4) == 0)
-				return add_seg(t, KEY_SEG_ARG, c - '0', f, NULL, 0);
+			if (n - d == strlen(fmts[f]) &&
+			    memcmp(name + d, fmts[f], n - d) == 0)
+				return add_seg(t, KEY_SEG_ARG, (int)idx, f, NULL, 0);
 	}
 bad:
 	snprintf(err, errlen,
@@ -226,10 +230,6 @@ int key_compile(struct key_tmpl *t, const char *ns, const char *src,
 		snprintf(err, errlen, "key expands to an empty string");
 		goto fail;
 	}
-	t->constant = 1;
-	for (int i = 0; i < t->nsegs; i++)
-		if (t->segs[i].kind != KEY_SEG_LIT)
-			t->constant = 0;
 	return 0;
 nomem:
 	snprintf(err, errlen, "out of memory");

@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tramp.h" /* ARCH_INT_ARGS */
+
 #define KEY_MAX_EXPANDED 256
 #define KEY_MAX_NAMESPACE 128
 #define KEY_BUF_SIZE (KEY_MAX_NAMESPACE + 1 + KEY_MAX_EXPANDED + 1)
@@ -24,7 +26,7 @@ enum key_arg_fmt { KEY_FMT_DEC, KEY_FMT_UNSIGNED, KEY_FMT_HEX, KEY_FMT_STR };
 
 struct key_seg {
 	unsigned char kind;
-	unsigned char arg; /* KEY_SEG_ARG: argument index 0..5 */
+	unsigned char arg; /* KEY_SEG_ARG: argument index 0..ARCH_INT_ARGS-1 */
 	unsigned char fmt; /* KEY_SEG_ARG: enum key_arg_fmt */
 	size_t len;        /* KEY_SEG_LIT */
 	char *lit;         /* KEY_SEG_LIT, owned by the template */
@@ -35,7 +37,6 @@ struct key_tmpl {
 	size_t prefix_len;
 	struct key_seg *segs; /* owned */
 	int nsegs;
-	int constant;  /* no run-time placeholder: expansion is a copy */
 };
 
 /*
@@ -48,12 +49,12 @@ int key_compile(struct key_tmpl *t, const char *ns, const char *src,
 void key_tmpl_release(struct key_tmpl *t);
 
 /*
- * Expands t for one call: args are the six integer argument registers, pid
- * the current process id. Writes "<namespace>:<key>" into out (KEY_BUF_SIZE
- * bytes, not NUL-terminated beyond the returned length, which excludes it).
- * Returns the length.
+ * Expands t for one call: args are the ARCH_INT_ARGS integer argument
+ * registers, pid the current process id. Writes "<namespace>:<key>" into
+ * out, a buffer of KEY_BUF_SIZE bytes (no NUL is written). Returns the
+ * length.
  */
-size_t key_expand(const struct key_tmpl *t, const uint64_t args[6], int pid,
+size_t key_expand(const struct key_tmpl *t, const uint64_t args[ARCH_INT_ARGS], int pid,
 		  char *out);
 
 #endif

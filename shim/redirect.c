@@ -3,14 +3,16 @@
  * redirect.c - the name table, the methods and the start-up report (see
  * redirect.h).
  *
- * The table holds every guarded symbol and every internal wrapper, in an
- * open-addressing hash (FNV-1a) sized at init, so a method pays one hash
- * and, rarely, one strcmp per relocation it looks at. A mutex serialises
- * scans: dlopen may be called from several threads. The report after the
- * first scan says, for each lock no call site was found for, whether the
- * executable defines it (its dynamic or static symbol table: calls inside
- * it cannot be caught), a library does, or nothing loaded does (a typo, the
- * wrong program, or a library loaded later); `strict` makes that fatal.
+ * The table holds every guarded symbol and every internal wrapper
+ * (interpose_table) as ordinary entries, in an open-addressing hash
+ * (FNV-1a) sized at init, so a method pays one hash and, rarely, one strcmp
+ * per relocation it looks at; at init every entry is checked to be found
+ * (table_check). A mutex serialises scans: dlopen may be called from
+ * several threads. The report after the first scan says, for each lock no
+ * method caught a call site or entry of, whether the executable defines it
+ * (its dynamic or static symbol table), a library does, or nothing loaded
+ * does (a typo, the wrong program, or a library loaded later), with what
+ * each method says it misses there; `strict` makes that fatal.
  */
 #include "redirect.h"
 
@@ -89,6 +91,34 @@ static int table_init(const struct config *cfg)
 	return 0;
 }
 
+/*
+ * Checks that the methods will find every entry: each internal wrapper and
+ * each lock is in the hashed table with its own wrapper or lock (not lost,
+ * not displaced by a duplicate name), and each wrapper's name is defined
+ * by a loaded object (a misspelt name would match no relocation). Any
+ * failure is an error line: those calls would go unwrapped in silence.
+ */
+static void table_check(const struct config *cfg)
+{
+	for (const struct interpose_entry *w = interpose_table; w->name; w++) {
+		const struct redirect_name *n = redirect_find(w->name);
+		const char *why = !n ? "missing from the name table" :
+				  n->wrapper != w->fn ? "its name has another wrapper" :
+				  !dlsym(RTLD_DEFAULT, w->name) ? "no loaded object defines it" :
+				  NULL;
+
+		if (why)
+			LOG(LOG_ERROR, "internal wrapper %s is not installed: %s", w->name, why);
+	}
+	for (int i = 0; i < cfg->nlocks; i++) {
+		const struct redirect_name *n = redirect_find(cfg->locks[i].symbol);
+
+		if (!n || n->spec != &cfg->locks[i])
+			LOG(LOG_ERROR, "locks[%d] (%s) is not in the name table; its calls stay "
+			    "unguarded", i, cfg->locks[i].symbol);
+	}
+}
+
 void *redirect_target(struct redirect_name *n, void *addr)
 {
 	struct hook *h;
@@ -97,7 +127,8 @@ void *redirect_target(struct redirect_name *n, void *addr)
 		return addr;
 	if (!n->spec)
 		return n->wrapper;
-	h = hook_get(n->spec, n->wrapper ? n->wrapper : addr);
+	/* guarded: the function at addr, run by the shim's wrapper if any */
+	h = hook_get(n->spec, addr, n->wrapper ? n->wrapper : addr);
 	return h ? h->stub : addr;
 }
 
@@ -173,10 +204,45 @@ static int in_exe_symtab(struct symfile *f, int *opened, const char *name)
 	return *opened > 0 && symfile_find_function(f, name) != NULL;
 }
 
+void redirect_caught(struct redirect_name *n)
+{
+	n->caught++;
+}
+
+/* Bytes snprintf wrote into a buffer of len bytes when it returned rc. */
+static size_t wrote(int rc, size_t len)
+{
+	return rc < 0 ? 0 : (size_t)rc < len ? (size_t)rc : len - 1;
+}
+
 /*
- * Says, once, which locks have no call site the methods could redirect,
- * and why. Returns 0, or -1 with err set for the first such lock that is
- * `strict`.
+ * Writes into why (len bytes) what the methods say they miss of n, defined
+ * in def, joined by " and ". Returns the length.
+ */
+static size_t missed(const struct redirect_name *n, const char *def, int in_exe,
+		     char *why, size_t len)
+{
+	size_t k = 0;
+
+	why[0] = 0;
+	for (int i = 0; methods[i]; i++) {
+		size_t sep = k ? wrote(snprintf(why + k, len - k, " and "), len - k) : 0;
+		size_t m = methods[i]->missed ?
+			   methods[i]->missed(n, def, in_exe, why + k + sep, len - k - sep) : 0;
+
+		if (m)
+			k += sep + (m < len - k - sep ? m : len - k - sep - 1);
+		why[k] = 0;
+	}
+	if (!k)
+		k = wrote(snprintf(why, len, "no redirection method reaches it"), len);
+	return k;
+}
+
+/*
+ * Says, once, which locks have no call site (or entry) any method could
+ * redirect, where their function is defined, and what the methods miss.
+ * Returns 0, or -1 with err set for the first such lock that is `strict`.
  */
 static int report(const struct config *cfg, char *err, size_t errlen)
 {
@@ -190,18 +256,23 @@ static int report(const struct config *cfg, char *err, size_t errlen)
 		char why[512];
 		int in_exe, level = LOG_WARN;
 
-		if (n && n->sites)
+		if (n && n->caught)
 			continue;
 		where = defined_in(l->symbol, &in_exe);
-		if (in_exe || (!where && in_exe_symtab(&exe, &opened, l->symbol))) {
-			snprintf(why, sizeof(why), "%s is defined in the executable and no loaded "
-				 "object calls it through a relocation: calls inside the executable "
-				 "cannot be caught", l->symbol);
-		} else if (where) {
-			snprintf(why, sizeof(why), "%s is defined in %s and no loaded object calls it "
-				 "through a relocation (calls inside %s cannot be caught); libraries "
-				 "loaded later with dlopen are scanned then", l->symbol, where, where);
-			level = LOG_INFO; /* a library function this program does not use */
+		if (!where && in_exe_symtab(&exe, &opened, l->symbol)) {
+			where = "the executable";
+			in_exe = 1;
+		}
+		if (where) {
+			size_t k = wrote(snprintf(why, sizeof(why), "%s is defined in %s and ",
+						  l->symbol, where), sizeof(why));
+
+			k += missed(n, where, in_exe, why + k, sizeof(why) - k);
+			if (!in_exe) {
+				snprintf(why + k, sizeof(why) - k, "; libraries loaded later with "
+					 "dlopen are scanned then");
+				level = LOG_INFO; /* a library function this program does not use */
+			}
 		} else {
 			snprintf(why, sizeof(why), "%s: no loaded object calls or defines it (a "
 				 "typo, or another program?); libraries loaded later with dlopen "
@@ -226,6 +297,7 @@ int redirect_init(const struct config *cfg, char *err, size_t errlen)
 		snprintf(err, errlen, "out of memory");
 		return -1;
 	}
+	table_check(cfg);
 	__atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
 	if (scan_all() < 0) {
 		LOG(LOG_ERROR, "redirection failed; some calls may stay unguarded");

@@ -6,16 +6,30 @@
  * reach their hook's stub (a guarded symbol) or the shim's own wrapper
  * (interpose.c: dlopen, dlsym, exec, _exit, close, ...). Today there is one
  * method, relocation patching (redirect_reloc.c). Methods run at init and
- * after every dlopen, serialised by redirect.c, which also keeps the table
- * of names (hashed once at init, read-only afterwards but for the counters)
- * and reports, at start-up, every lock no method could reach.
+ * after every dlopen, in the order of redirect.c's `methods` table,
+ * serialised by redirect.c, which also keeps the table of names (hashed
+ * once at init, read-only afterwards but for the counters and canonical
+ * entries) and reports, at start-up, every lock no method could reach.
+ *
+ * A method tells redirect.c what it caught (redirect_caught, per call site
+ * or function entry it redirected) and what it will miss (its `missed`
+ * callback, asked only about guarded names no method caught); the report
+ * itself (where the function is defined, log level, `strict`) is
+ * redirect.c's. A new method (say entry patching) is a file
+ * redirect_<how>.c defining `const struct redirect_method redirect_<how>`,
+ * its extern line beside redirect_reloc's below, its entry in redirect.c's
+ * `methods` and its name in the Makefile's SHIM_SRC. It gets stubs with
+ * hook_get (hook.h): the function's address as target, what runs it as
+ * call. (Entry patching will also need, from each architecture, a way to
+ * copy and relocate a prologue; tramp.h has none yet.)
  */
 #ifndef LOCKSHIM_REDIRECT_H
 #define LOCKSHIM_REDIRECT_H
 
 #include "config.h"
 
-/* One name the methods look for. */
+/* One name the methods look for: a guarded symbol, an internal wrapper's
+ * name (interpose_table), or both. */
 struct redirect_name {
 	const char *name;
 	const struct lock_spec *spec; /* the lock guarding name, or NULL */
@@ -24,18 +38,33 @@ struct redirect_name {
 				       * name (function pointer equality): calls
 				       * through it reach the executable's redirected
 				       * slot, so it is never wrapped again */
-	int sites;                    /* call sites redirected, for the report */
+	int caught;                   /* call sites or entries redirected by any
+				       * method (redirect_caught), for the report */
 	unsigned hash;
 };
 
 struct redirect_method {
-	const char *name;
+	const char *name; /* in debug lines: "<name>: N call site(s) redirected" */
 	/* Redirects what is not redirected yet in objects it has not seen.
 	 * Returns the number of call sites redirected, or -1. */
 	int (*scan)(void);
+	/*
+	 * For the start-up report, about guarded name n that no method caught
+	 * and that def defines ("the executable" when in_exe, else a library's
+	 * path): writes into why (len bytes, NUL-terminated) what calls of n
+	 * this method cannot catch, as a clause following "<name> is defined
+	 * in <def> and ". Returns its length (like snprintf: a longer one than
+	 * len - 1 counts as cut there), 0 when it has nothing to say.
+	 */
+	size_t (*missed)(const struct redirect_name *n, const char *def, int in_exe,
+			 char *why, size_t len);
 };
 
 extern const struct redirect_method redirect_reloc;
+
+/* Called by a method for each call site (or function entry) of n it
+ * redirected. */
+void redirect_caught(struct redirect_name *n);
 
 /* Builds the name table and runs every method once (constructor,
  * single-threaded), then reports the locks nothing reaches. Returns 0, or
@@ -45,14 +74,16 @@ int redirect_init(const struct config *cfg, char *err, size_t errlen);
 /* Catches objects loaded since the last scan (called after dlopen). */
 void redirect_refresh(void);
 
-/* Returns the entry for name (len bytes), or NULL. */
+/* Returns the entry for name (NUL-terminated), or NULL. One hash, rarely a
+ * strcmp: the methods call it for every relocation they look at. */
 struct redirect_name *redirect_find(const char *name);
 
 /*
  * Returns what a slot that holds addr for n, or a lookup that found addr for
- * n, must give callers: a guarded name's hook stub (whose real function is
- * the shim's wrapper when there is one, else addr), or the wrapper; addr
- * itself when it is a stub or wrapper already, or n's canonical PLT entry.
+ * n, must give callers: for a guarded name, the stub of the hook whose
+ * target is addr (its call: the shim's wrapper when there is one, else
+ * addr); else the wrapper; addr itself when it is a stub or wrapper
+ * already, or n's canonical PLT entry.
  */
 void *redirect_target(struct redirect_name *n, void *addr);
 
@@ -66,8 +97,13 @@ void *redirect_resolved(const char *name, void *addr);
  */
 void *redirect_next_definition(const void *after, const char *name, const char *version);
 
-/* Internal wrappers (interpose.c): their names and functions, a table
- * ending with a NULL name. */
+/*
+ * The shim's internal wrappers (interpose.c), as data: a table ending with
+ * a NULL name. Each becomes an ordinary entry of the name table with fn as
+ * its wrapper, matched by every method like a guarded symbol; a name that
+ * is also guarded gets a hook whose call is fn (the wrapper runs inside the
+ * lock). A new wrapper is one more line in the table, any name.
+ */
 struct interpose_entry {
 	const char *name;
 	void *fn;

@@ -8,14 +8,14 @@
  * calls), GLOB_DAT (-fno-plt calls, &f in PIC code) and symbol-named
  * absolute words with addend 0 (function pointers in data). Names are
  * matched through redirect.c's hash table. Each slot gets the stub of the
- * hook for (lock, the slot's own target), so symbol versions and RTLD_LOCAL
- * copies keep their own real function. A lazy PLT slot not yet bound is
- * resolved first, as the dynamic linker would bind it: never to a non-PIE
- * executable's canonical PLT entry (the executable's undefined symbol with
- * a value, which dlsym returns for pointer equality); slots of other
- * objects that hold that entry are left alone, since calls through it
- * reach the executable's own redirected slot: every call is wrapped once.
- * RELRO pages are made writable for the store and restored.
+ * hook whose target is the function the slot held (redirect_target), so
+ * symbol versions and RTLD_LOCAL copies keep their own function. A lazy PLT
+ * slot not yet bound is resolved first, as the dynamic linker would bind
+ * it: never to a non-PIE executable's canonical PLT entry (the executable's
+ * undefined symbol with a value, which dlsym returns for pointer equality);
+ * slots of other objects that hold that entry are left alone, since calls
+ * through it reach the executable's own redirected slot: every call is
+ * wrapped once. RELRO pages are made writable for the store and restored.
  * Objects are remembered by their program headers; after a dlclose
  * everything is scanned again (an address may then be reused).
  * Calls inside one object never pass through a slot and cannot be caught.
@@ -23,6 +23,7 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <link.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
@@ -150,8 +151,7 @@ static void patch_rela(struct scan *sc, const struct obj *o, const ElfW(Rela) *r
 		return;
 	if (write_slot(o, slot, target) == 0) {
 		sc->count++;
-		if (n->spec)
-			n->sites++;
+		redirect_caught(n);
 		LOG(LOG_DEBUG, "%s: %s slot of %s redirected", o->name[0] ? o->name : "(main)",
 		    slot_kind(kind), n->name);
 	}
@@ -241,4 +241,21 @@ static int reloc_scan(void)
 	return sc.count;
 }
 
-const struct redirect_method redirect_reloc = { "relocations", reloc_scan };
+/* For the report: what relocation patching misses of a function that no
+ * relocation reaches. */
+static size_t reloc_missed(const struct redirect_name *n, const char *def, int in_exe,
+			   char *why, size_t len)
+{
+	int rc;
+
+	(void)n;
+	if (in_exe)
+		rc = snprintf(why, len, "no loaded object calls it through a relocation: "
+			      "calls inside %s cannot be caught", def);
+	else
+		rc = snprintf(why, len, "no loaded object calls it through a relocation "
+			      "(calls inside %s cannot be caught)", def);
+	return rc < 0 ? 0 : (size_t)rc;
+}
+
+const struct redirect_method redirect_reloc = { "relocations", reloc_scan, reloc_missed };

@@ -2,12 +2,27 @@
 /*
  * tramp.h - what the generic code needs from an architecture.
  *
- * Each architecture provides arch_<name>.c and tramp_<name>.S implementing
- * this header: the entry that every redirected slot reaches (through a small
- * per-hook stub that loads the hook pointer), the helper that calls the real
- * function from a normal frame with the caller's registers and a window of
- * its stack arguments, and the few facts the redirector and the longjmp
- * wrappers need (relocation types, the stack pointer inside a jmp_buf).
+ * An architecture <name> (the Makefile's ARCH, `uname -m` by default:
+ * x86_64, aarch64, ...) is three files and nothing else:
+ *
+ *   tramp_<name>.h  ARCH_INT_ARGS, the number of integer/pointer argument
+ *                   registers (the {argN} placeholders, key.h; the saved
+ *                   registers tramp_int_args returns), and what its .S and
+ *                   .c share (the layout of struct tramp_frame). Included
+ *                   by every file that includes this one, shim and CLI
+ *                   alike, and by the .S: valid in C and in assembly.
+ *   tramp_<name>.S  tramp_entry, which every stub jumps to and which calls
+ *                   dispatch_call(frame, hook) (dispatch.c); tramp_invoke;
+ *                   tramp_vfork.
+ *   arch_<name>.c   the arch_* and the other tramp_* functions below: CPU
+ *                   features, the per-hook stub, relocation types, the
+ *                   stack pointer inside a jmp_buf, the saved frame.
+ *
+ * The Makefile compiles arch_$(ARCH).c and tramp_$(ARCH).S and passes
+ * -DLOCKSHIM_ARCH_H='"tramp_$(ARCH).h"' to every compilation, which this
+ * header includes: no #ifdef per architecture anywhere. The generic code
+ * assumes a 64-bit ELF target whose objects use RELA relocations
+ * (redirect_reloc.c) and stack arguments copied in 16-byte units.
  */
 #ifndef LOCKSHIM_TRAMP_H
 #define LOCKSHIM_TRAMP_H
@@ -15,13 +30,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tramp_x86_64.h"
+#ifndef LOCKSHIM_ARCH_H
+#error "LOCKSHIM_ARCH_H must name the architecture's header: -DLOCKSHIM_ARCH_H='\"tramp_x86_64.h\"' (the Makefile passes it)"
+#endif
+#include LOCKSHIM_ARCH_H
 
-struct tramp_frame; /* saved caller state; layout is per architecture */
+#ifndef ARCH_INT_ARGS
+#error "the architecture header (LOCKSHIM_ARCH_H) must define ARCH_INT_ARGS"
+#endif
+
+struct tramp_frame; /* saved caller state; only arch_<name>.c and the .S use its fields */
 
 enum reloc_kind { RELOC_OTHER, RELOC_JUMP_SLOT, RELOC_GLOB_DAT, RELOC_ABS64 };
 
-/* Detects CPU features (vector state size). Returns 0 or -1. */
+/*
+ * Detects CPU features (vector state size). Returns 0 when the trampoline
+ * can run on this CPU; init.c leaves every call unguarded otherwise.
+ * x86-64 always can (no XSAVE: FXSAVE) and always returns 0.
+ */
 int arch_init(void);
 
 /* Bytes one stub takes; stubs are written by arch_write_stub. */
@@ -36,7 +62,7 @@ int arch_reloc_kind(unsigned type);
 /* Returns the stack pointer a longjmp to env will restore. */
 uintptr_t arch_jmpbuf_sp(const void *env);
 
-/* The six integer argument registers, for key expansion. */
+/* The ARCH_INT_ARGS integer argument registers saved in f, for the key. */
 const uint64_t *tramp_int_args(const struct tramp_frame *f);
 
 /* Address of the caller's first stack argument. */

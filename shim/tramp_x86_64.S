@@ -7,11 +7,13 @@
  * through it), saves every argument register and the whole vector/x87 state
  * (XSAVEC, which skips components in their initial state, or XSAVE, with
  * the enabled user components; FXSAVE on CPUs without XSAVE), and calls
- * dispatch_call(frame, hook). The dispatcher calls tramp_invoke, which copies
- * a window of the caller's stack arguments, restores the saved state, calls
- * the real function and saves its return state (rax, rdx and the vector/x87
+ * dispatch_call(frame, hook). The dispatcher calls tramp_invoke with the
+ * hook's call (the guarded function, or the shim's wrapper for it), which
+ * copies a window of the caller's stack arguments, restores the saved
+ * state, calls it and saves its return state (rax, rdx and the vector/x87
  * state: xmm0/xmm1, ymm/zmm, st0/st1). tramp_entry restores that state
- * exactly and returns to the caller. No return address is ever rewritten.
+ * exactly and returns to the caller, or, for a skipped call, returns
+ * tramp_set_return's values. No return address is ever rewritten.
  */
 #include <sys/syscall.h>
 
@@ -20,7 +22,11 @@
 
 	.text
 
-/* Saves (or restores) the vector/x87 state at \off(\base). Clobbers eax, edx. */
+/*
+ * SAVE_FP saves the vector/x87 state into the frame at \base (its area at
+ * TF_XSAVE, the XSAVE header cleared first); RESTORE_FP loads it back.
+ * Both clobber eax and edx.
+ */
 .macro SAVE_FP base
 	movl	tramp_xsave_mask(%rip), %eax
 	testl	%eax, %eax

@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tramp_x86_64.h - frame layout shared by tramp_x86_64.S and arch_x86_64.c.
+ * tramp_x86_64.h - the x86-64 SysV facts: ARCH_INT_ARGS for the generic
+ * code (reached through tramp.h, which includes this file as
+ * LOCKSHIM_ARCH_H), and the frame layout shared by tramp_x86_64.S and
+ * arch_x86_64.c. Valid in C and in assembly.
  *
  * The frame sits 64-byte aligned on the stack of tramp_entry: integer
  * argument registers, the caller's stack-argument address, the return
@@ -9,13 +12,15 @@
 #ifndef LOCKSHIM_TRAMP_X86_64_H
 #define LOCKSHIM_TRAMP_X86_64_H
 
+/* Integer/pointer argument registers: rdi, rsi, rdx, rcx, r8, r9. */
+#define ARCH_INT_ARGS 6
+
 #define TF_RDI 0
 #define TF_RSI 8
 #define TF_RDX 16
 #define TF_RCX 24
 #define TF_R8 32
 #define TF_R9 40
-#define ARCH_INT_ARGS 6 /* integer argument registers (rdi rsi rdx rcx r8 r9) */
 #define TF_RAX 48 /* al: vector registers used by a variadic call */
 #define TF_R10 56 /* static chain */
 #define TF_STACK 64
@@ -29,7 +34,7 @@
 #ifndef __ASSEMBLER__
 #include <stdint.h>
 struct tramp_frame {
-	uint64_t gpr[6];
+	uint64_t gpr[ARCH_INT_ARGS]; /* TF_RDI .. TF_R9 */
 	uint64_t rax, r10, stack_args, ret_rax, ret_rdx, skip;
 	double skip_xmm0;
 };

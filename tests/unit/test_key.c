@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /* Unit tests for key.c: placeholders, formats, long-key hashing, errors. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "key.h"
 #include "test.h"
 
-static const char *expand(const char *src, const uint64_t args[6], int pid)
+static const char *expand(const char *src, const uint64_t args[ARCH_INT_ARGS], int pid)
 {
 	static char out[KEY_BUF_SIZE + 1];
 	struct key_tmpl t;
@@ -36,7 +37,8 @@ static int compile_error(const char *src, const char *needle)
 int main(void)
 {
 	char longstr[1000], longstr2[1000];
-	uint64_t args[6] = { (uint64_t)-42, 255, 0, 0, 0, 0 };
+	uint64_t args[ARCH_INT_ARGS] = { (uint64_t)-42, 255, 0, 0, 0, 0 };
+	char last[32];
 	const char *k;
 
 	test("defaults and literals");
@@ -84,9 +86,20 @@ int main(void)
 	longstr[256] = 0;
 	test_cond(strcmp(expand("{arg4:str}", args, 1) + 3, longstr) == 0);
 
+	test("the last integer argument register is {arg<ARCH_INT_ARGS - 1>}");
+	args[ARCH_INT_ARGS - 1] = 31;
+	snprintf(last, sizeof(last), "{arg%d}", ARCH_INT_ARGS - 1);
+	test_cond(strcmp(expand(last, args, 1), "ns:31") == 0);
+
 	test("errors");
-	test_cond(compile_error("{arg6}", "out of range"));
+	snprintf(last, sizeof(last), "{arg%d}", ARCH_INT_ARGS);
+	test_cond(compile_error(last, "out of range"));
+	test_cond(compile_error("{arg6}", "out of range")); /* x86-64: 6 registers */
 	test_cond(compile_error("{arg12}", "out of range"));
+	test_cond(compile_error("{arg05}", "out of range"));
+	test_cond(compile_error("{arg99999999999}", "out of range"));
+	test_cond(compile_error("{arg}", "unknown placeholder"));
+	test_cond(compile_error("{arg1y}", "unknown placeholder"));
 	test_cond(compile_error("{arg0:q}", "unknown placeholder"));
 	test_cond(compile_error("{nope}", "unknown placeholder"));
 	test_cond(compile_error("x{arg0", "unterminated"));
