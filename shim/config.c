@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -199,42 +200,127 @@ static int get_named_number(struct errbuf *e, const config_setting_t *s,
 	return 0;
 }
 
-/* ---- per-lock settings ------------------------------------------------ */
+/* ---- setting tables ---------------------------------------------------- */
 
-enum field_kind { F_INT, F_USEC, F_BOOL, F_STR, F_CALL, F_HOLD, F_ERRNO, F_SIGNAL, F_RETURN };
+/*
+ * A table of settings describes a group of the file: each entry names a
+ * setting, how its value is read (kind), where it is written (offset and
+ * size of the member, taken with offsetof and sizeof by FIELD) and the range
+ * of values it may take. The writer stores integers by the member's size, so
+ * an entry can never write past its member; FIELD refuses at build time a
+ * member whose size the writer does not handle or that cannot hold every
+ * value of the range.
+ */
+enum field_kind {
+	F_INT,    /* integer in min..max */
+	F_USEC,   /* milliseconds, whole or decimal, in min..max; stored as us */
+	F_BOOL,   /* true or false, stored as 0 or 1 */
+	F_STR,    /* string, strdup'd into a char * */
+	F_CALL,   /* on_timeout policy name */
+	F_HOLD,   /* on_lost policy name */
+	F_ERRNO,  /* errno name or number in min..max */
+	F_SIGNAL, /* signal name (with or without SIG) or number in min..max */
+	F_RETURN, /* integer or float: a long long and a double (member2) */
+};
 
 struct field {
 	const char *name;
 	enum field_kind kind;
-	size_t off;
-	long long min, max;
+	size_t off, size;   /* the member written */
+	long long min, max; /* values written (integer kinds) */
+	size_t off2;        /* F_RETURN: the double member */
 };
 
-#define LOCK_FIELD(n, k, lo, hi) { #n, k, offsetof(struct lock_spec, n), lo, hi }
+/* Kinds whose value is an integer stored by the member's size. */
+#define KIND_IS_INT(k) ((k) == F_INT || (k) == F_BOOL || (k) == F_CALL || \
+			(k) == F_HOLD || (k) == F_ERRNO || (k) == F_SIGNAL)
+
+/* Nonzero when a signed integer of sz bytes holds every value in lo..hi. */
+#define INT_FITS(sz, lo, hi)                                                   \
+	(((sz) == 1 && (lo) >= SCHAR_MIN && (hi) <= SCHAR_MAX) ||              \
+	 ((sz) == 2 && (lo) >= SHRT_MIN && (hi) <= SHRT_MAX) ||                \
+	 ((sz) == 4 && (lo) >= INT32_MIN && (hi) <= INT32_MAX) ||              \
+	 (sz) == 8)
+
+/* Nonzero when the writer of kind k handles a member of sz bytes. */
+#define FIELD_OK(k, sz, lo, hi)                                                \
+	(KIND_IS_INT(k) ? INT_FITS(sz, lo, hi) :                                \
+	 (k) == F_USEC ? (sz) == sizeof(long long) && (hi) <= LLONG_MAX / 1000 : \
+	 (k) == F_STR ? (sz) == sizeof(char *) :                                \
+	 (k) == F_RETURN ? (sz) == sizeof(long long) : 0)
+
+/* 0, or a compile error saying why when cond is false. */
+#define BUILD_CHECK(cond, why) (0 * sizeof(struct { _Static_assert(cond, why); int x; }))
+
+#define MEMBER_SIZE(type, member) sizeof(((type *)0)->member)
+
+/* An entry of a table of settings written into a struct type. */
+#define FIELD(type, name, member, kind, lo, hi)                                \
+	{ name, kind, offsetof(type, member),                                  \
+	  MEMBER_SIZE(type, member) +                                          \
+		  BUILD_CHECK(FIELD_OK(kind, MEMBER_SIZE(type, member), lo, hi), \
+			      "setting " name ": the writer of its kind cannot " \
+			      "store its range in a member of this size"),     \
+	  lo, hi, 0 }
+
+/* An integer-or-float setting written to a long long and a double. */
+#define RETURN_FIELD(type, name, member, member2)                              \
+	{ name, F_RETURN, offsetof(type, member),                              \
+	  MEMBER_SIZE(type, member) +                                          \
+		  BUILD_CHECK(MEMBER_SIZE(type, member) == sizeof(long long) &&  \
+			      MEMBER_SIZE(type, member2) == sizeof(double),      \
+			      "setting " name ": needs a long long and a double"), \
+	  LLONG_MIN, LLONG_MAX, offsetof(type, member2) }
+
+_Static_assert(sizeof(call_policies) / sizeof(*call_policies) == POLICY_PROCEED + 2,
+	       "call_policies names every enum call_policy");
+_Static_assert(sizeof(hold_policies) / sizeof(*hold_policies) == HOLD_ABORT + 2,
+	       "hold_policies names every enum hold_policy");
+
+/* Stores v, which FIELD made sure fits, in the size-byte integer at dst. */
+static int store_int(void *dst, size_t size, long long v)
+{
+	int8_t i8 = (int8_t)v;
+	int16_t i16 = (int16_t)v;
+	int32_t i32 = (int32_t)v;
+	int64_t i64 = v;
+
+	switch (size) {
+	case 1: memcpy(dst, &i8, 1); return 0;
+	case 2: memcpy(dst, &i16, 2); return 0;
+	case 4: memcpy(dst, &i32, 4); return 0;
+	case 8: memcpy(dst, &i64, 8); return 0;
+	}
+	return -1;
+}
+
+/* ---- per-lock settings ------------------------------------------------ */
+
+#define LOCK_FIELD(n, k, lo, hi) FIELD(struct lock_spec, #n, n, k, lo, hi)
 static const struct field lock_fields[] = {
 	LOCK_FIELD(symbol, F_STR, 0, 0),
-	{ "key", F_STR, offsetof(struct lock_spec, key_src), 0, 0 },
+	FIELD(struct lock_spec, "key", key_src, F_STR, 0, 0),
 	LOCK_FIELD(lease_ms, F_INT, 30, INT_MAX),
 	LOCK_FIELD(wait_ms, F_INT, -1, LLONG_MAX / 4),
-	LOCK_FIELD(on_timeout, F_CALL, 0, 0),
-	{ "return", F_RETURN, 0, 0, 0 },
-	{ "errno", F_ERRNO, offsetof(struct lock_spec, err), 0, 4095 },
+	LOCK_FIELD(on_timeout, F_CALL, 0, POLICY_PROCEED),
+	RETURN_FIELD(struct lock_spec, "return", ret, ret_double),
+	FIELD(struct lock_spec, "errno", err, F_ERRNO, 0, 4095),
 	LOCK_FIELD(exit_code, F_INT, 0, 255),
-	LOCK_FIELD(on_error, F_CALL, 0, 0),
-	LOCK_FIELD(on_lost, F_HOLD, 0, 0),
+	LOCK_FIELD(on_error, F_CALL, 0, POLICY_PROCEED),
+	LOCK_FIELD(on_lost, F_HOLD, 0, HOLD_ABORT),
 	LOCK_FIELD(max_hold_ms, F_INT, 0, LLONG_MAX / 4),
-	LOCK_FIELD(on_overrun, F_HOLD, 0, 0),
+	LOCK_FIELD(on_overrun, F_HOLD, 0, HOLD_ABORT),
 	LOCK_FIELD(kill_signal, F_SIGNAL, 1, NSIG - 1),
 	LOCK_FIELD(kill_grace_ms, F_INT, 0, LLONG_MAX / 4),
-	LOCK_FIELD(reentrant, F_BOOL, 0, 0),
-	LOCK_FIELD(fair, F_BOOL, 0, 0),
-	{ "break_dead_holders", F_BOOL, offsetof(struct lock_spec, break_dead), 0, 0 },
-	{ "handoff_ms", F_USEC, offsetof(struct lock_spec, handoff_us), 0, 60000 },
+	LOCK_FIELD(reentrant, F_BOOL, 0, 1),
+	LOCK_FIELD(fair, F_BOOL, 0, 1),
+	FIELD(struct lock_spec, "break_dead_holders", break_dead, F_BOOL, 0, 1),
+	FIELD(struct lock_spec, "handoff_ms", handoff_us, F_USEC, 0, 60000),
 	LOCK_FIELD(linger_ms, F_INT, 0, 60000),
 	LOCK_FIELD(stack_args_bytes, F_INT, 0, STACK_ARGS_MAX),
 	LOCK_FIELD(retry_max_ms, F_INT, 1, 60000),
-	LOCK_FIELD(strict, F_BOOL, 0, 0),
-	{ NULL, 0, 0, 0, 0 }
+	LOCK_FIELD(strict, F_BOOL, 0, 1),
+	{ NULL, 0, 0, 0, 0, 0, 0 }
 };
 
 static void lock_builtin_defaults(struct lock_spec *l)
@@ -260,68 +346,77 @@ static void lock_builtin_defaults(struct lock_spec *l)
 	l->linger_ms = 1;
 }
 
+/* Reads s as f says and writes it into the struct at base. */
 static int apply_field(struct errbuf *e, const struct field *f,
-		       const config_setting_t *s, const char *what,
-		       struct lock_spec *l)
+		       const config_setting_t *s, const char *what, void *base)
 {
-	void *dst = (char *)l + f->off;
+	void *dst = (char *)base + f->off;
 	const char *str = NULL;
 	long long v = 0;
-	int t;
+	double d;
+	int iv = 0, t;
 
 	switch (f->kind) {
 	case F_INT:
 		if (get_int(e, s, what, f->min, f->max, &v))
 			return -1;
-		if (f->off == offsetof(struct lock_spec, exit_code) ||
-		    f->off == offsetof(struct lock_spec, stack_args_bytes))
-			*(int *)dst = (int)v;
-		else
-			*(long long *)dst = v;
-		return 0;
+		break;
 	case F_USEC:
-		return get_ms_as_us(e, s, what, f->min, f->max, (long long *)dst);
+		if (get_ms_as_us(e, s, what, f->min, f->max, &v))
+			return -1;
+		break;
 	case F_BOOL:
 		if (config_setting_type(s) != CONFIG_TYPE_BOOL)
 			return fail(e, s, what, "expected true or false, got %s",
 				    type_name(s));
-		*(int *)dst = config_setting_get_bool(s);
-		return 0;
+		v = config_setting_get_bool(s);
+		break;
 	case F_STR:
 		if (get_str(e, s, what, &str))
 			return -1;
 		return set_str((char **)dst, str) ? fail(e, s, what, "out of memory") : 0;
 	case F_CALL:
-		return get_enum(e, s, what, call_policies, (int *)dst);
 	case F_HOLD:
-		return get_enum(e, s, what, hold_policies, (int *)dst);
-	case F_ERRNO:
-		return get_named_number(e, s, what, errno_by_name, 4095, (int *)dst);
-	case F_SIGNAL:
-		if (get_named_number(e, s, what, signal_by_name, NSIG - 1, (int *)dst))
+		if (get_enum(e, s, what, f->kind == F_CALL ? call_policies : hold_policies,
+			     &iv))
 			return -1;
-		if (*(int *)dst == 0)
+		v = iv;
+		break;
+	case F_ERRNO:
+		if (get_named_number(e, s, what, errno_by_name, (int)f->max, &iv))
+			return -1;
+		v = iv;
+		break;
+	case F_SIGNAL:
+		if (get_named_number(e, s, what, signal_by_name, (int)f->max, &iv))
+			return -1;
+		if (iv == 0)
 			return fail(e, s, what, "signal 0 cannot stop a process");
-		return 0;
+		v = iv;
+		break;
 	case F_RETURN:
 		t = config_setting_type(s);
 		if (t == CONFIG_TYPE_FLOAT) {
-			l->ret_double = config_setting_get_float(s);
-			l->ret = (long long)l->ret_double;
-			return 0;
+			d = config_setting_get_float(s);
+			v = (long long)d;
+		} else {
+			if (get_int(e, s, what, LLONG_MIN, LLONG_MAX, &v))
+				return -1;
+			d = (double)v;
 		}
-		if (get_int(e, s, what, LLONG_MIN, LLONG_MAX, &v))
-			return -1;
-		l->ret = v;
-		l->ret_double = (double)v;
-		return 0;
+		memcpy((char *)base + f->off2, &d, sizeof(d));
+		break;
 	}
-	return -1;
+	if (store_int(dst, f->size, v))
+		return fail(e, s, what, "internal error: no writer for a %zu-byte member",
+			    f->size);
+	return 0;
 }
 
-/* Applies every setting of group g to l. where names g in messages. */
+/* Applies every setting of group g, found in fields, to the struct at
+ * base. where names g in messages. */
 static int apply_group(struct errbuf *e, const config_setting_t *g,
-		       const char *where, struct lock_spec *l)
+		       const char *where, const struct field *fields, void *base)
 {
 	int n = config_setting_length(g);
 
@@ -331,7 +426,7 @@ static int apply_group(struct errbuf *e, const config_setting_t *g,
 	for (int i = 0; i < n; i++) {
 		const config_setting_t *s = config_setting_get_elem(g, (unsigned)i);
 		const char *name = config_setting_name(s);
-		const struct field *f = lock_fields;
+		const struct field *f = fields;
 		char what[96];
 
 		snprintf(what, sizeof(what), "%s.%s", where, name);
@@ -339,7 +434,7 @@ static int apply_group(struct errbuf *e, const config_setting_t *g,
 			f++;
 		if (!f->name)
 			return fail(e, s, what, "unknown setting");
-		if (apply_field(e, f, s, what, l))
+		if (apply_field(e, f, s, what, base))
 			return -1;
 	}
 	return 0;
@@ -456,7 +551,7 @@ static int parse_lock(struct errbuf *e, const config_setting_t *g, int idx,
 	l->key_src = defaults->key_src ? strdup(defaults->key_src) : NULL;
 	l->index = idx;
 	l->line = config_setting_source_line(g);
-	if (apply_group(e, g, where, l))
+	if (apply_group(e, g, where, lock_fields, l))
 		return -1;
 	if (!l->symbol)
 		return fail(e, g, where, "missing required setting \"symbol\"");
@@ -545,7 +640,7 @@ static int parse_root(struct errbuf *e, config_t *cf, struct config *cfg)
 			     "defaults.symbol", "symbol is per lock, not a default");
 			goto out;
 		}
-		if (apply_group(e, defaults_g, "defaults", &defaults))
+		if (apply_group(e, defaults_g, "defaults", lock_fields, &defaults))
 			goto out;
 	}
 	if (!locks) {

@@ -105,6 +105,52 @@ int main(void)
 	test_cond(rejects("locks = ( { symbol = \"f\"; linger_ms = 0.5; } );", "linger_ms",
 			  "expected an integer"));
 
+	test("every per-lock setting round-trips into its own member only");
+	/* err, exit_code, kill_signal, on_*, reentrant, fair, break_dead,
+	 * strict and stack_args_bytes are adjacent ints: each is written with
+	 * its own size, so setting one never changes its neighbours. The
+	 * settings are given in an order where a wider write would clobber
+	 * an already written neighbour. */
+	test_cond(load_text(&cfg,
+		"locks = ( { stack_args_bytes = 65536; strict = true; break_dead_holders = false;\n"
+		"            fair = true; reentrant = false; on_overrun = \"abort\";\n"
+		"            on_lost = \"kill\"; on_error = \"exit\"; on_timeout = \"proceed\";\n"
+		"            kill_signal = 9; exit_code = 255; errno = 4095;\n"
+		"            return = -7; linger_ms = 60000; handoff_ms = 60000;\n"
+		"            retry_max_ms = 60000; kill_grace_ms = 12345; max_hold_ms = 777;\n"
+		"            wait_ms = 0; lease_ms = 2147483647; key = \"k{arg0}\";\n"
+		"            symbol = \"f\"; } );", err, sizeof(err)) == 0);
+	{
+		const struct lock_spec *l = &cfg.locks[0];
+
+		test_cond(strcmp(l->symbol, "f") == 0 && strcmp(l->key_src, "k{arg0}") == 0);
+		test_cond(l->lease_ms == 2147483647 && l->wait_ms == 0);
+		test_cond(l->max_hold_ms == 777 && l->kill_grace_ms == 12345);
+		test_cond(l->retry_max_ms == 60000 && l->handoff_us == 60000000);
+		test_cond(l->linger_ms == 60000);
+		test_cond(l->ret == -7 && l->ret_double == -7.0);
+		test_cond(l->err == 4095 && l->exit_code == 255 && l->kill_signal == 9);
+		test_cond(l->on_timeout == POLICY_PROCEED && l->on_error == POLICY_EXIT);
+		test_cond(l->on_lost == HOLD_KILL && l->on_overrun == HOLD_ABORT);
+		test_cond(l->reentrant == 0 && l->fair == 1 && l->break_dead == 0);
+		test_cond(l->strict == 1 && l->stack_args_bytes == 65536 && l->index == 0);
+	}
+	config_release(&cfg);
+	/* The same neighbours, each set alone to its extreme: the others keep
+	 * their defaults. */
+	test_cond(load_text(&cfg,
+		"locks = ( { symbol = \"a\"; exit_code = 0; },\n"
+		"          { symbol = \"b\"; stack_args_bytes = 0; },\n"
+		"          { symbol = \"c\"; kill_signal = \"SIGKILL\"; errno = 0; } );",
+		err, sizeof(err)) == 0);
+	test_cond(cfg.locks[0].exit_code == 0 && cfg.locks[0].err == EBUSY);
+	test_cond(cfg.locks[0].kill_signal == SIGTERM);
+	test_cond(cfg.locks[1].stack_args_bytes == 0 && cfg.locks[1].strict == 0);
+	test_cond(cfg.locks[1].index == 1);
+	test_cond(cfg.locks[2].kill_signal == SIGKILL && cfg.locks[2].err == 0);
+	test_cond(cfg.locks[2].exit_code == 75 && cfg.locks[2].on_timeout == POLICY_SKIP);
+	config_release(&cfg);
+
 	test("no locks is valid");
 	test_cond(load_text(&cfg, "namespace = \"x\";", err, sizeof(err)) == 0 && cfg.nlocks == 0);
 	config_release(&cfg);
