@@ -2,11 +2,13 @@
 /*
  * config.c - parsing and validating the libconfig file (see config.h).
  *
- * Per-lock settings are described by one table (lock_fields); the same table
- * parses the `defaults` group and every entry of `locks`, so a setting is
- * defined, range-checked and documented in one place. A lock starts from the
- * built-in defaults, then `defaults`, then its own settings. Every error is
- * one line: "<file>:<line>: <setting>: <problem>".
+ * Settings are described by tables (see "setting tables" below): top_fields
+ * for the top level, redis_fields for the `redis` group and lock_fields for
+ * the per-lock settings, which parses the `defaults` group and every entry of
+ * `locks`. So a setting is defined, range-checked and written in one place,
+ * and a new one is one line. A lock starts from the built-in defaults, then
+ * `defaults`, then its own settings. Every error is one line:
+ * "<file>:<line>: <setting>: <problem>".
  */
 #include "config.h"
 
@@ -135,11 +137,23 @@ static const char *const hold_policies[] = { "log", "kill", "abort", NULL };
 const char *config_call_policy_name(int p) { return call_policies[p]; }
 const char *config_hold_policy_name(int p) { return hold_policies[p]; }
 
+/* Level names of log.h's enum log_level, for log_level's messages; log.c
+ * parses them (log_level_parse, any case). */
+static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
+
+/* Writes "a, b, c" (names, NULL-terminated) into buf. */
+static void join_names(char *buf, size_t len, const char *const *names)
+{
+	buf[0] = 0;
+	for (int i = 0; names[i]; i++)
+		snprintf(buf + strlen(buf), len - strlen(buf), "%s%s", i ? ", " : "", names[i]);
+}
+
 static int get_enum(struct errbuf *e, const config_setting_t *s, const char *what,
 		    const char *const *names, int *out)
 {
 	const char *v = NULL;
-	char expected[128] = "";
+	char expected[128];
 
 	if (get_str(e, s, what, &v))
 		return -1;
@@ -148,9 +162,24 @@ static int get_enum(struct errbuf *e, const config_setting_t *s, const char *wha
 			*out = i;
 			return 0;
 		}
-		snprintf(expected + strlen(expected), sizeof(expected) - strlen(expected),
-			 "%s%s", i ? ", " : "", names[i]);
 	}
+	join_names(expected, sizeof(expected), names);
+	return fail(e, s, what, "unknown value \"%s\" (expected one of: %s)", v,
+		    expected);
+}
+
+static int get_log_level(struct errbuf *e, const config_setting_t *s, const char *what,
+			 int *out)
+{
+	const char *v = NULL;
+	char expected[128];
+
+	if (get_str(e, s, what, &v))
+		return -1;
+	*out = log_level_parse(v);
+	if (*out >= 0)
+		return 0;
+	join_names(expected, sizeof(expected), log_levels);
 	return fail(e, s, what, "unknown value \"%s\" (expected one of: %s)", v,
 		    expected);
 }
@@ -209,31 +238,45 @@ static int get_named_number(struct errbuf *e, const config_setting_t *s,
  * of values it may take. The writer stores integers by the member's size, so
  * an entry can never write past its member; FIELD refuses at build time a
  * member whose size the writer does not handle or that cannot hold every
- * value of the range.
+ * value of the range. Three tables use this machinery: top_fields (the top
+ * level, written into struct config), redis_fields (struct redis_spec) and
+ * lock_fields (struct lock_spec, for `defaults` and each lock).
  */
 enum field_kind {
-	F_INT,    /* integer in min..max */
-	F_USEC,   /* milliseconds, whole or decimal, in min..max; stored as us */
-	F_BOOL,   /* true or false, stored as 0 or 1 */
-	F_STR,    /* string, strdup'd into a char * */
-	F_CALL,   /* on_timeout policy name */
-	F_HOLD,   /* on_lost policy name */
-	F_ERRNO,  /* errno name or number in min..max */
-	F_SIGNAL, /* signal name (with or without SIG) or number in min..max */
-	F_RETURN, /* integer or float: a long long and a double (member2) */
+	F_INT,      /* integer in min..max */
+	F_USEC,     /* milliseconds, whole or decimal, in min..max; stored as us */
+	F_BOOL,     /* true or false, stored as 0 or 1 */
+	F_STR,      /* string of min..max bytes (max 0: no limit), strdup'd */
+	F_CALL,     /* on_timeout policy name */
+	F_HOLD,     /* on_lost policy name */
+	F_ERRNO,    /* errno name or number in 0..max */
+	F_SIGNAL,   /* signal name (with or without SIG) or number in 1..max */
+	F_RETURN,   /* integer or float: a long long and a double (off2) */
+	F_LOGLEVEL, /* log level name, any case */
+	F_GROUP,    /* a group read with the table sub into the member */
+	F_DEFAULTS, /* the group of per-lock defaults (parse_root) */
+	F_LOCKS,    /* the list of locks (parse_root) */
 };
 
 struct field {
 	const char *name;
 	enum field_kind kind;
 	size_t off, size;   /* the member written */
-	long long min, max; /* values written (integer kinds) */
+	long long min, max; /* values written (integer kinds), bytes (F_STR) */
 	size_t off2;        /* F_RETURN: the double member */
+	const struct field *sub; /* F_GROUP: its settings */
+	/* F_GROUP: checks the member once the group is read */
+	int (*check)(struct errbuf *e, const config_setting_t *g, const void *member);
+	unsigned flags;
 };
 
+#define FL_REQUIRED 1u  /* a lock must set it */
+#define FL_PER_LOCK 2u  /* not allowed in `defaults` */
+
 /* Kinds whose value is an integer stored by the member's size. */
-#define KIND_IS_INT(k) ((k) == F_INT || (k) == F_BOOL || (k) == F_CALL || \
-			(k) == F_HOLD || (k) == F_ERRNO || (k) == F_SIGNAL)
+#define KIND_IS_INT(k) ((k) == F_INT || (k) == F_BOOL || (k) == F_CALL ||      \
+			(k) == F_HOLD || (k) == F_ERRNO || (k) == F_SIGNAL ||   \
+			(k) == F_LOGLEVEL)
 
 /* Nonzero when a signed integer of sz bytes holds every value in lo..hi. */
 #define INT_FITS(sz, lo, hi)                                                   \
@@ -247,35 +290,41 @@ struct field {
 	(KIND_IS_INT(k) ? INT_FITS(sz, lo, hi) :                                \
 	 (k) == F_USEC ? (sz) == sizeof(long long) && (hi) <= LLONG_MAX / 1000 : \
 	 (k) == F_STR ? (sz) == sizeof(char *) :                                \
-	 (k) == F_RETURN ? (sz) == sizeof(long long) : 0)
+	 (k) == F_GROUP)
 
 /* 0, or a compile error saying why when cond is false. */
 #define BUILD_CHECK(cond, why) (0 * sizeof(struct { _Static_assert(cond, why); int x; }))
 
 #define MEMBER_SIZE(type, member) sizeof(((type *)0)->member)
 
-/* An entry of a table of settings written into a struct type. */
-#define FIELD(type, name, member, kind, lo, hi)                                \
-	{ name, kind, offsetof(type, member),                                  \
-	  MEMBER_SIZE(type, member) +                                          \
-		  BUILD_CHECK(FIELD_OK(kind, MEMBER_SIZE(type, member), lo, hi), \
-			      "setting " name ": the writer of its kind cannot " \
-			      "store its range in a member of this size"),     \
-	  lo, hi, 0 }
+/* An entry of a table of settings written into a struct type; optional
+ * designated initializers follow (.flags, .sub, .check). */
+#define FIELD(type, setting, member, k, lo, hi, ...)                           \
+	{ .name = setting, .kind = k, .off = offsetof(type, member),           \
+	  .size = MEMBER_SIZE(type, member) +                                  \
+		  BUILD_CHECK(FIELD_OK(k, MEMBER_SIZE(type, member), lo, hi),  \
+			      "setting " setting ": the writer of its kind "   \
+			      "cannot store its range in a member of this size"), \
+	  .min = lo, .max = hi, __VA_ARGS__ }
 
 /* An integer-or-float setting written to a long long and a double. */
-#define RETURN_FIELD(type, name, member, member2)                              \
-	{ name, F_RETURN, offsetof(type, member),                              \
-	  MEMBER_SIZE(type, member) +                                          \
-		  BUILD_CHECK(MEMBER_SIZE(type, member) == sizeof(long long) &&  \
-			      MEMBER_SIZE(type, member2) == sizeof(double),      \
-			      "setting " name ": needs a long long and a double"), \
-	  LLONG_MIN, LLONG_MAX, offsetof(type, member2) }
+#define RETURN_FIELD(type, setting, member, member2)                           \
+	{ .name = setting, .kind = F_RETURN, .off = offsetof(type, member),    \
+	  .size = MEMBER_SIZE(type, member) +                                  \
+		  BUILD_CHECK(MEMBER_SIZE(type, member) == sizeof(long long) && \
+			      MEMBER_SIZE(type, member2) == sizeof(double),     \
+			      "setting " setting ": needs a long long and a double"), \
+	  .min = LLONG_MIN, .max = LLONG_MAX, .off2 = offsetof(type, member2) }
+
+/* A top-level section that parse_root reads itself. */
+#define SECTION(setting, k) { .name = setting, .kind = k }
 
 _Static_assert(sizeof(call_policies) / sizeof(*call_policies) == POLICY_PROCEED + 2,
 	       "call_policies names every enum call_policy");
 _Static_assert(sizeof(hold_policies) / sizeof(*hold_policies) == HOLD_ABORT + 2,
 	       "hold_policies names every enum hold_policy");
+_Static_assert(sizeof(log_levels) / sizeof(*log_levels) == LOG_DEBUG + 2,
+	       "log_levels names every enum log_level");
 
 /* Stores v, which FIELD made sure fits, in the size-byte integer at dst. */
 static int store_int(void *dst, size_t size, long long v)
@@ -294,11 +343,20 @@ static int store_int(void *dst, size_t size, long long v)
 	return -1;
 }
 
-/* ---- per-lock settings ------------------------------------------------ */
+/* Returns the entry of fields named name, or NULL. */
+static const struct field *field_find(const struct field *fields, const char *name)
+{
+	for (; fields->name; fields++)
+		if (strcmp(fields->name, name) == 0)
+			return fields;
+	return NULL;
+}
 
-#define LOCK_FIELD(n, k, lo, hi) FIELD(struct lock_spec, #n, n, k, lo, hi)
+/* ---- the tables --------------------------------------------------------- */
+
+#define LOCK_FIELD(n, k, lo, hi, ...) FIELD(struct lock_spec, #n, n, k, lo, hi, __VA_ARGS__)
 static const struct field lock_fields[] = {
-	LOCK_FIELD(symbol, F_STR, 0, 0),
+	LOCK_FIELD(symbol, F_STR, 0, 0, .flags = FL_REQUIRED | FL_PER_LOCK),
 	FIELD(struct lock_spec, "key", key_src, F_STR, 0, 0),
 	LOCK_FIELD(lease_ms, F_INT, 30, INT_MAX),
 	LOCK_FIELD(wait_ms, F_INT, -1, LLONG_MAX / 4),
@@ -320,8 +378,48 @@ static const struct field lock_fields[] = {
 	LOCK_FIELD(stack_args_bytes, F_INT, 0, STACK_ARGS_MAX),
 	LOCK_FIELD(retry_max_ms, F_INT, 1, 60000),
 	LOCK_FIELD(strict, F_BOOL, 0, 1),
-	{ NULL, 0, 0, 0, 0, 0, 0 }
+	{ .name = NULL }
 };
+
+#define REDIS_FIELD(n, k, lo, hi) FIELD(struct redis_spec, #n, n, k, lo, hi)
+static const struct field redis_fields[] = {
+	REDIS_FIELD(host, F_STR, 1, 0),
+	REDIS_FIELD(port, F_INT, 1, 65535),
+	REDIS_FIELD(socket, F_STR, 1, 0),
+	REDIS_FIELD(password, F_STR, 1, 0),
+	REDIS_FIELD(username, F_STR, 1, 0),
+	REDIS_FIELD(db, F_INT, 0, INT_MAX),
+	REDIS_FIELD(connect_timeout_ms, F_INT, 1, 600000),
+	REDIS_FIELD(command_timeout_ms, F_INT, 1, 600000),
+	{ .name = NULL }
+};
+
+static int redis_check(struct errbuf *e, const config_setting_t *g, const void *member);
+
+static const struct field top_fields[] = {
+	FIELD(struct config, "redis", redis, F_GROUP, 0, 0, .sub = redis_fields,
+	      .check = redis_check),
+	FIELD(struct config, "namespace", ns, F_STR, 1, KEY_MAX_NAMESPACE),
+	FIELD(struct config, "log_level", log_level, F_LOGLEVEL, LOG_ERROR, LOG_DEBUG),
+	FIELD(struct config, "log_file", log_file, F_STR, 0, 0),
+	FIELD(struct config, "strict", strict, F_BOOL, 0, 1),
+	SECTION("defaults", F_DEFAULTS),
+	SECTION("locks", F_LOCKS),
+	{ .name = NULL }
+};
+
+/* The built-in values of the top level and of redis. */
+static int config_defaults(struct config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->log_level = -1;
+	cfg->redis.port = 6379;
+	cfg->redis.connect_timeout_ms = 500;
+	cfg->redis.command_timeout_ms = 500;
+	if (set_str(&cfg->ns, "lockshim") || set_str(&cfg->redis.host, "127.0.0.1"))
+		return -1;
+	return 0;
+}
 
 static void lock_builtin_defaults(struct lock_spec *l)
 {
@@ -346,6 +444,9 @@ static void lock_builtin_defaults(struct lock_spec *l)
 	l->linger_ms = 1;
 }
 
+static int apply_group(struct errbuf *e, const config_setting_t *g,
+		       const char *where, const struct field *fields, void *base);
+
 /* Reads s as f says and writes it into the struct at base. */
 static int apply_field(struct errbuf *e, const struct field *f,
 		       const config_setting_t *s, const char *what, void *base)
@@ -355,6 +456,7 @@ static int apply_field(struct errbuf *e, const struct field *f,
 	long long v = 0;
 	double d;
 	int iv = 0, t;
+	size_t len;
 
 	switch (f->kind) {
 	case F_INT:
@@ -374,11 +476,21 @@ static int apply_field(struct errbuf *e, const struct field *f,
 	case F_STR:
 		if (get_str(e, s, what, &str))
 			return -1;
+		len = strlen(str);
+		if (f->max && (len < (size_t)f->min || len > (size_t)f->max))
+			return fail(e, s, what, "must be %lld..%lld bytes", f->min, f->max);
+		if (len < (size_t)f->min)
+			return fail(e, s, what, "must not be empty");
 		return set_str((char **)dst, str) ? fail(e, s, what, "out of memory") : 0;
 	case F_CALL:
 	case F_HOLD:
 		if (get_enum(e, s, what, f->kind == F_CALL ? call_policies : hold_policies,
 			     &iv))
+			return -1;
+		v = iv;
+		break;
+	case F_LOGLEVEL:
+		if (get_log_level(e, s, what, &iv))
 			return -1;
 		v = iv;
 		break;
@@ -406,6 +518,13 @@ static int apply_field(struct errbuf *e, const struct field *f,
 		}
 		memcpy((char *)base + f->off2, &d, sizeof(d));
 		break;
+	case F_GROUP:
+		if (apply_group(e, s, what, f->sub, dst))
+			return -1;
+		return f->check ? f->check(e, s, dst) : 0;
+	case F_DEFAULTS:
+	case F_LOCKS:
+		return fail(e, s, what, "internal error: read by parse_root");
 	}
 	if (store_int(dst, f->size, v))
 		return fail(e, s, what, "internal error: no writer for a %zu-byte member",
@@ -426,13 +545,11 @@ static int apply_group(struct errbuf *e, const config_setting_t *g,
 	for (int i = 0; i < n; i++) {
 		const config_setting_t *s = config_setting_get_elem(g, (unsigned)i);
 		const char *name = config_setting_name(s);
-		const struct field *f = fields;
+		const struct field *f = field_find(fields, name);
 		char what[96];
 
 		snprintf(what, sizeof(what), "%s.%s", where, name);
-		while (f->name && strcmp(f->name, name) != 0)
-			f++;
-		if (!f->name)
+		if (!f)
 			return fail(e, s, what, "unknown setting");
 		if (apply_field(e, f, s, what, base))
 			return -1;
@@ -486,52 +603,10 @@ static int check_symbol(struct errbuf *e, const config_setting_t *s,
 
 /* ---- top level ---------------------------------------------------------- */
 
-static int parse_redis(struct errbuf *e, const config_setting_t *g,
-		       struct redis_spec *r)
+static int redis_check(struct errbuf *e, const config_setting_t *g, const void *member)
 {
-	int n = config_setting_length(g);
+	const struct redis_spec *r = member;
 
-	if (!config_setting_is_group(g))
-		return fail(e, g, "redis", "expected a group { ... }, got %s",
-			    type_name(g));
-	for (int i = 0; i < n; i++) {
-		const config_setting_t *s = config_setting_get_elem(g, (unsigned)i);
-		const char *name = config_setting_name(s), *str = NULL;
-		char what[64];
-		long long v = 0;
-
-		snprintf(what, sizeof(what), "redis.%s", name);
-		if (!strcmp(name, "host") || !strcmp(name, "socket") ||
-		    !strcmp(name, "password") || !strcmp(name, "username")) {
-			char **dst = !strcmp(name, "host") ? &r->host :
-				     !strcmp(name, "socket") ? &r->socket :
-				     !strcmp(name, "password") ? &r->password :
-				     &r->username;
-
-			if (get_str(e, s, what, &str))
-				return -1;
-			if (!*str)
-				return fail(e, s, what, "must not be empty");
-			if (set_str(dst, str))
-				return fail(e, s, what, "out of memory");
-		} else if (!strcmp(name, "port")) {
-			if (get_int(e, s, what, 1, 65535, &v))
-				return -1;
-			r->port = (int)v;
-		} else if (!strcmp(name, "db")) {
-			if (get_int(e, s, what, 0, INT_MAX, &v))
-				return -1;
-			r->db = (int)v;
-		} else if (!strcmp(name, "connect_timeout_ms") ||
-			   !strcmp(name, "command_timeout_ms")) {
-			if (get_int(e, s, what, 1, 600000, &v))
-				return -1;
-			*(!strcmp(name, "connect_timeout_ms") ? &r->connect_timeout_ms
-							       : &r->command_timeout_ms) = (int)v;
-		} else {
-			return fail(e, s, what, "unknown setting");
-		}
-	}
 	if (r->username && !r->password)
 		return fail(e, g, "redis.username", "needs redis.password as well");
 	return 0;
@@ -553,8 +628,9 @@ static int parse_lock(struct errbuf *e, const config_setting_t *g, int idx,
 	l->line = config_setting_source_line(g);
 	if (apply_group(e, g, where, lock_fields, l))
 		return -1;
-	if (!l->symbol)
-		return fail(e, g, where, "missing required setting \"symbol\"");
+	for (const struct field *f = lock_fields; f->name; f++)
+		if ((f->flags & FL_REQUIRED) && !config_setting_get_member(g, f->name))
+			return fail(e, g, where, "missing required setting \"%s\"", f->name);
 	snprintf(what, sizeof(what), "%s.symbol", where);
 	if (check_symbol(e, config_setting_get_member(g, "symbol"), what, l->symbol))
 		return -1;
@@ -580,64 +656,44 @@ static int parse_lock(struct errbuf *e, const config_setting_t *g, int idx,
 	return 0;
 }
 
+/* Reads the top level with top_fields; defaults and locks are read after
+ * it, so that they see the whole top level (namespace, strict, redis). */
 static int parse_root(struct errbuf *e, config_t *cf, struct config *cfg)
 {
 	const config_setting_t *root = config_root_setting(cf), *s;
 	const config_setting_t *locks = NULL, *defaults_g = NULL;
 	struct lock_spec defaults;
-	const char *str = NULL;
 	int n = config_setting_length(root), rc = -1;
 
 	lock_builtin_defaults(&defaults);
 	for (int i = 0; i < n; i++) {
 		const char *name;
+		const struct field *f;
 
 		s = config_setting_get_elem(root, (unsigned)i);
 		name = config_setting_name(s);
-		if (!strcmp(name, "redis")) {
-			if (parse_redis(e, s, &cfg->redis))
-				goto out;
-		} else if (!strcmp(name, "namespace")) {
-			if (get_str(e, s, name, &str))
-				goto out;
-			if (!*str || strlen(str) > KEY_MAX_NAMESPACE) {
-				fail(e, s, name, "must be 1..%d bytes", KEY_MAX_NAMESPACE);
-				goto out;
-			}
-			if (set_str(&cfg->ns, str))
-				goto out;
-		} else if (!strcmp(name, "log_level")) {
-			if (get_str(e, s, name, &str))
-				goto out;
-			cfg->log_level = log_level_parse(str);
-			if (cfg->log_level < 0) {
-				fail(e, s, name, "unknown value \"%s\" (expected one of: "
-				     "error, warn, info, debug)", str);
-				goto out;
-			}
-		} else if (!strcmp(name, "log_file")) {
-			if (get_str(e, s, name, &str) || set_str(&cfg->log_file, str))
-				goto out;
-		} else if (!strcmp(name, "strict")) {
-			if (config_setting_type(s) != CONFIG_TYPE_BOOL) {
-				fail(e, s, name, "expected true or false, got %s", type_name(s));
-				goto out;
-			}
-			cfg->strict = config_setting_get_bool(s);
-		} else if (!strcmp(name, "defaults")) {
-			defaults_g = s;
-		} else if (!strcmp(name, "locks")) {
-			locks = s;
-		} else {
+		f = field_find(top_fields, name);
+		if (!f) {
 			fail(e, s, name, "unknown setting");
 			goto out;
 		}
+		if (f->kind == F_DEFAULTS)
+			defaults_g = s;
+		else if (f->kind == F_LOCKS)
+			locks = s;
+		else if (apply_field(e, f, s, name, cfg))
+			goto out;
 	}
 	defaults.strict = cfg->strict;
 	if (defaults_g) {
-		if (config_setting_get_member(defaults_g, "symbol")) {
-			fail(e, config_setting_get_member(defaults_g, "symbol"),
-			     "defaults.symbol", "symbol is per lock, not a default");
+		for (const struct field *f = lock_fields; f->name; f++) {
+			char what[64];
+
+			if (!(f->flags & FL_PER_LOCK) ||
+			    !(s = config_setting_get_member(defaults_g, f->name)))
+				continue;
+			snprintf(what, sizeof(what), "defaults.%s", f->name);
+			fail(e, s, what, "%s is per lock, not a default", f->name);
 			goto out;
 		}
 		if (apply_group(e, defaults_g, "defaults", lock_fields, &defaults))
@@ -675,13 +731,7 @@ int config_load(struct config *cfg, const char *path, char *err, size_t errlen)
 	FILE *f;
 	int rc;
 
-	memset(cfg, 0, sizeof(*cfg));
-	cfg->log_level = -1;
-	cfg->redis.port = 6379;
-	cfg->redis.connect_timeout_ms = 500;
-	cfg->redis.command_timeout_ms = 500;
-	if (set_str(&cfg->path, path) || set_str(&cfg->ns, "lockshim") ||
-	    set_str(&cfg->redis.host, "127.0.0.1"))
+	if (config_defaults(cfg) || set_str(&cfg->path, path))
 		return fail(&e, NULL, "config", "out of memory");
 	f = fopen(path, "re");
 	if (!f)

@@ -151,6 +151,33 @@ int main(void)
 	test_cond(cfg.locks[2].exit_code == 75 && cfg.locks[2].on_timeout == POLICY_SKIP);
 	config_release(&cfg);
 
+	test("every redis setting round-trips into its own member only");
+	/* db, connect_timeout_ms and command_timeout_ms are adjacent ints. */
+	test_cond(load_text(&cfg,
+		"redis = { command_timeout_ms = 600000; connect_timeout_ms = 1; db = 2147483647;\n"
+		"          username = \"u\"; password = \"p\"; socket = \"/s\"; port = 65535;\n"
+		"          host = \"h\"; };", err, sizeof(err)) == 0);
+	test_cond(strcmp(cfg.redis.host, "h") == 0 && cfg.redis.port == 65535);
+	test_cond(strcmp(cfg.redis.socket, "/s") == 0 && strcmp(cfg.redis.password, "p") == 0);
+	test_cond(strcmp(cfg.redis.username, "u") == 0 && cfg.redis.db == 2147483647);
+	test_cond(cfg.redis.connect_timeout_ms == 1 && cfg.redis.command_timeout_ms == 600000);
+	config_release(&cfg);
+	test_cond(load_text(&cfg, "redis = { connect_timeout_ms = 7; };", err, sizeof(err)) == 0);
+	test_cond(cfg.redis.connect_timeout_ms == 7 && cfg.redis.command_timeout_ms == 500);
+	test_cond(cfg.redis.db == 0 && cfg.redis.port == 6379);
+	config_release(&cfg);
+	test_cond(rejects("redis = { host = \"\"; };", "redis.host", "must not be empty"));
+	test_cond(rejects("redis = { username = \"u\"; };", "redis.username",
+			  "needs redis.password as well"));
+	test_cond(rejects("redis = 1;", "redis", "expected a group"));
+	test_cond(rejects("redis = { db = -1; };", "redis.db", "out of range (0..2147483647)"));
+	test_cond(rejects("namespace = \"\";", "namespace", "must be 1..128 bytes"));
+	test_cond(rejects("strict = 1;", "strict", "expected true or false"));
+	test_cond(load_text(&cfg, "log_level = \"INFO\"; log_file = \"/tmp/x\"; strict = true;",
+			    err, sizeof(err)) == 0);
+	test_cond(cfg.log_level == 2 && strcmp(cfg.log_file, "/tmp/x") == 0 && cfg.strict == 1);
+	config_release(&cfg);
+
 	test("no locks is valid");
 	test_cond(load_text(&cfg, "namespace = \"x\";", err, sizeof(err)) == 0 && cfg.nlocks == 0);
 	config_release(&cfg);
