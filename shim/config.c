@@ -625,7 +625,6 @@ static int parse_lock(struct errbuf *e, const config_setting_t *g, int idx,
 	l->symbol = NULL;
 	l->key_src = defaults->key_src ? strdup(defaults->key_src) : NULL;
 	l->index = idx;
-	l->line = config_setting_source_line(g);
 	if (apply_group(e, g, where, lock_fields, l))
 		return -1;
 	for (const struct field *f = lock_fields; f->name; f++)
@@ -718,6 +717,9 @@ static int parse_root(struct errbuf *e, config_t *cf, struct config *cfg)
 			cfg->nlocks = i + 1;
 			goto out;
 		}
+	/* Derived fields, once everything they read is valid and final. */
+	for (int i = 0; i < cfg->nlocks; i++)
+		cfg->locks[i].waiter_ttl_ms = config_waiter_ttl_ms(&cfg->locks[i], &cfg->redis);
 	rc = 0;
 out:
 	free(defaults.key_src);
@@ -786,6 +788,11 @@ int config_logging(const struct config *cfg, int apply, char *err, size_t errlen
 	if (apply && level >= 0)
 		log_threshold = level;
 	return 0;
+}
+
+long long config_waiter_ttl_ms(const struct lock_spec *l, const struct redis_spec *r)
+{
+	return 2 * l->retry_max_ms + r->command_timeout_ms;
 }
 
 const struct lock_spec *config_find(const struct config *cfg, const char *symbol)

@@ -178,6 +178,22 @@ int main(void)
 	test_cond(cfg.log_level == 2 && strcmp(cfg.log_file, "/tmp/x") == 0 && cfg.strict == 1);
 	config_release(&cfg);
 
+	test("waiter_ttl_ms = 2 * retry_max_ms + redis.command_timeout_ms, for every lock");
+	test_cond(load_text(&cfg, "locks = ( { symbol = \"a\"; } );", err, sizeof(err)) == 0);
+	test_cond(cfg.locks[0].waiter_ttl_ms == 2 * 100 + 500);
+	config_release(&cfg);
+	/* locks before redis in the file: the lock still sees the redis group;
+	 * one lock inherits retry_max_ms from defaults, one sets its own. */
+	test_cond(load_text(&cfg,
+		"locks = ( { symbol = \"a\"; }, { symbol = \"b\"; retry_max_ms = 60000; } );\n"
+		"defaults = { retry_max_ms = 7; };\n"
+		"redis = { command_timeout_ms = 20; };", err, sizeof(err)) == 0);
+	test_cond(cfg.locks[0].waiter_ttl_ms == 2 * 7 + 20);
+	test_cond(cfg.locks[1].waiter_ttl_ms == 2 * 60000 + 20);
+	test_cond(cfg.locks[1].waiter_ttl_ms ==
+		  config_waiter_ttl_ms(&cfg.locks[1], &cfg.redis));
+	config_release(&cfg);
+
 	test("no locks is valid");
 	test_cond(load_text(&cfg, "namespace = \"x\";", err, sizeof(err)) == 0 && cfg.nlocks == 0);
 	config_release(&cfg);
