@@ -268,6 +268,9 @@ struct field {
 	/* F_GROUP: checks the member once the group is read */
 	int (*check)(struct errbuf *e, const config_setting_t *g, const void *member);
 	unsigned flags;
+	/* For `lockshim settings`: the default when it is another setting's
+	 * value ("=<group>.<name>"); else it is read from the built-in values. */
+	const char *dflt;
 };
 
 #define FL_REQUIRED 1u  /* a lock must set it */
@@ -298,7 +301,7 @@ struct field {
 #define MEMBER_SIZE(type, member) sizeof(((type *)0)->member)
 
 /* An entry of a table of settings written into a struct type; optional
- * designated initializers follow (.flags, .sub, .check). */
+ * designated initializers follow (.flags, .sub, .check, .dflt). */
 #define FIELD(type, setting, member, k, lo, hi, ...)                           \
 	{ .name = setting, .kind = k, .off = offsetof(type, member),           \
 	  .size = MEMBER_SIZE(type, member) +                                  \
@@ -343,6 +346,23 @@ static int store_int(void *dst, size_t size, long long v)
 	return -1;
 }
 
+/* Returns the size-byte integer at src. */
+static long long load_int(const void *src, size_t size)
+{
+	int8_t i8;
+	int16_t i16;
+	int32_t i32;
+	int64_t i64;
+
+	switch (size) {
+	case 1: memcpy(&i8, src, 1); return i8;
+	case 2: memcpy(&i16, src, 2); return i16;
+	case 4: memcpy(&i32, src, 4); return i32;
+	case 8: memcpy(&i64, src, 8); return i64;
+	}
+	return 0;
+}
+
 /* Returns the entry of fields named name, or NULL. */
 static const struct field *field_find(const struct field *fields, const char *name)
 {
@@ -364,7 +384,7 @@ static const struct field lock_fields[] = {
 	RETURN_FIELD(struct lock_spec, "return", ret, ret_double),
 	FIELD(struct lock_spec, "errno", err, F_ERRNO, 0, 4095),
 	LOCK_FIELD(exit_code, F_INT, 0, 255),
-	LOCK_FIELD(on_error, F_CALL, 0, POLICY_PROCEED),
+	LOCK_FIELD(on_error, F_CALL, 0, POLICY_PROCEED, .dflt = "=lock.on_timeout"),
 	LOCK_FIELD(on_lost, F_HOLD, 0, HOLD_ABORT),
 	LOCK_FIELD(max_hold_ms, F_INT, 0, LLONG_MAX / 4),
 	LOCK_FIELD(on_overrun, F_HOLD, 0, HOLD_ABORT),
@@ -377,7 +397,7 @@ static const struct field lock_fields[] = {
 	LOCK_FIELD(linger_ms, F_INT, 0, 60000),
 	LOCK_FIELD(stack_args_bytes, F_INT, 0, STACK_ARGS_MAX),
 	LOCK_FIELD(retry_max_ms, F_INT, 1, 60000),
-	LOCK_FIELD(strict, F_BOOL, 0, 1),
+	LOCK_FIELD(strict, F_BOOL, 0, 1, .dflt = "=top.strict"),
 	{ .name = NULL }
 };
 
@@ -421,7 +441,9 @@ static int config_defaults(struct config *cfg)
 	return 0;
 }
 
-static void lock_builtin_defaults(struct lock_spec *l)
+/* The built-in values of a lock; strict is then the top level's. Returns 0,
+ * or -1 out of memory. */
+static int lock_builtin_defaults(struct lock_spec *l)
 {
 	memset(l, 0, sizeof(*l));
 	l->lease_ms = 30000;
@@ -442,6 +464,7 @@ static void lock_builtin_defaults(struct lock_spec *l)
 	l->retry_max_ms = 100;
 	l->handoff_us = 500;
 	l->linger_ms = 1;
+	return set_str(&l->key_src, "{symbol}");
 }
 
 static int apply_group(struct errbuf *e, const config_setting_t *g,
@@ -623,8 +646,10 @@ static int parse_lock(struct errbuf *e, const config_setting_t *g, int idx,
 	snprintf(where, sizeof(where), "locks[%d]", idx);
 	*l = *defaults;
 	l->symbol = NULL;
-	l->key_src = defaults->key_src ? strdup(defaults->key_src) : NULL;
+	l->key_src = strdup(defaults->key_src);
 	l->index = idx;
+	if (!l->key_src)
+		return fail(e, g, where, "out of memory");
 	if (apply_group(e, g, where, lock_fields, l))
 		return -1;
 	for (const struct field *f = lock_fields; f->name; f++)
@@ -640,8 +665,6 @@ static int parse_lock(struct errbuf *e, const config_setting_t *g, int idx,
 				    l->symbol, i);
 	if (l->on_error < 0)
 		l->on_error = l->on_timeout;
-	if (!l->key_src && set_str(&l->key_src, "{symbol}"))
-		return fail(e, g, where, "out of memory");
 	l->stack_args_bytes = (l->stack_args_bytes + 15) & ~15;
 	gethostname(host, sizeof(host) - 1);
 	if (key_compile(&l->key, cfg->ns, l->key_src, l->symbol, host, kerr,
@@ -664,7 +687,10 @@ static int parse_root(struct errbuf *e, config_t *cf, struct config *cfg)
 	struct lock_spec defaults;
 	int n = config_setting_length(root), rc = -1;
 
-	lock_builtin_defaults(&defaults);
+	if (lock_builtin_defaults(&defaults)) {
+		fail(e, NULL, "config", "out of memory");
+		goto out;
+	}
 	for (int i = 0; i < n; i++) {
 		const char *name;
 		const struct field *f;
@@ -788,6 +814,192 @@ int config_logging(const struct config *cfg, int apply, char *err, size_t errlen
 	if (apply && level >= 0)
 		log_threshold = level;
 	return 0;
+}
+
+/* ---- describing the settings (lockshim settings) ----------------------- */
+
+/* The tables, with the group names `lockshim settings` prints. */
+static const struct {
+	const char *group;
+	const struct field *fields;
+} tables[] = {
+	{ "top", top_fields },
+	{ "redis", redis_fields },
+	{ "lock", lock_fields },
+};
+
+/* Writes s as a libconfig string literal without blanks: quotes,
+ * backslashes, blanks and control characters escaped (\xNN). */
+static void quote(char *buf, size_t len, const char *s)
+{
+	size_t n = 0;
+
+	buf[n++] = '"';
+	for (; *s && n + 6 < len; s++) {
+		unsigned char c = (unsigned char)*s;
+
+		if (c == '"' || c == '\\')
+			n += (size_t)snprintf(buf + n, len - n, "\\%c", c);
+		else if (c <= ' ' || c >= 0x7f)
+			n += (size_t)snprintf(buf + n, len - n, "\\x%02x", c);
+		else
+			buf[n++] = (char)c;
+	}
+	snprintf(buf + n, len - n, "\"");
+}
+
+/* Writes names as "a,b,c" after prefix. */
+static void type_enum(char *buf, size_t len, const char *const *names)
+{
+	snprintf(buf, len, "enum:");
+	for (int i = 0; names[i]; i++)
+		snprintf(buf + strlen(buf), len - strlen(buf), "%s%s", i ? "," : "", names[i]);
+}
+
+static void describe_type(const struct field *f, char *buf, size_t len)
+{
+	switch (f->kind) {
+	case F_INT: snprintf(buf, len, "integer:%lld..%lld", f->min, f->max); return;
+	case F_USEC: snprintf(buf, len, "decimal:%lld..%lld", f->min, f->max); return;
+	case F_BOOL: snprintf(buf, len, "boolean"); return;
+	case F_STR:
+		if (f->max)
+			snprintf(buf, len, "string:%lld..%lld", f->min, f->max);
+		else if (f->min)
+			snprintf(buf, len, "string:%lld..", f->min);
+		else
+			snprintf(buf, len, "string");
+		return;
+	case F_CALL: type_enum(buf, len, call_policies); return;
+	case F_HOLD: type_enum(buf, len, hold_policies); return;
+	case F_LOGLEVEL: type_enum(buf, len, log_levels); return;
+	case F_ERRNO: snprintf(buf, len, "errno:0..%lld", f->max); return;
+	case F_SIGNAL: snprintf(buf, len, "signal:%lld..%lld", f->min, f->max); return;
+	case F_RETURN: snprintf(buf, len, "number"); return;
+	case F_GROUP:
+	case F_DEFAULTS: snprintf(buf, len, "group"); return;
+	case F_LOCKS: snprintf(buf, len, "list"); return;
+	}
+	snprintf(buf, len, "?");
+}
+
+/* Writes the value of f in the struct at base as a libconfig literal. */
+static void describe_value(const struct field *f, const void *base, char *buf, size_t len)
+{
+	const char *src = (const char *)base + f->off, *name;
+	long long v = KIND_IS_INT(f->kind) || f->kind == F_USEC || f->kind == F_RETURN ?
+		      load_int(src, f->size) : 0;
+	double d;
+	char sig[16];
+
+	switch (f->kind) {
+	case F_INT:
+		snprintf(buf, len, "%lld", v);
+		return;
+	case F_USEC: /* microseconds, written as milliseconds */
+		snprintf(buf, len, "%lld.%03lld", v / 1000, v % 1000);
+		while (buf[strlen(buf) - 1] == '0')
+			buf[strlen(buf) - 1] = 0;
+		if (buf[strlen(buf) - 1] == '.')
+			buf[strlen(buf) - 1] = 0;
+		return;
+	case F_BOOL:
+		snprintf(buf, len, "%s", v ? "true" : "false");
+		return;
+	case F_STR:
+		memcpy(&name, src, sizeof(name));
+		if (name)
+			quote(buf, len, name);
+		else
+			snprintf(buf, len, "none");
+		return;
+	case F_CALL:
+	case F_HOLD:
+		quote(buf, len, (f->kind == F_CALL ? call_policies : hold_policies)[v]);
+		return;
+	case F_LOGLEVEL: /* -1: not set, log.c's threshold stands */
+		quote(buf, len, log_levels[v >= 0 ? v : log_threshold]);
+		return;
+	case F_ERRNO:
+		name = strerrorname_np((int)v);
+		if (name)
+			quote(buf, len, name);
+		else
+			snprintf(buf, len, "%lld", v);
+		return;
+	case F_SIGNAL:
+		name = sigabbrev_np((int)v);
+		snprintf(sig, sizeof(sig), "SIG%s", name ? name : "");
+		if (name)
+			quote(buf, len, sig);
+		else
+			snprintf(buf, len, "%lld", v);
+		return;
+	case F_RETURN:
+		memcpy(&d, (const char *)base + f->off2, sizeof(d));
+		if (d == (double)v)
+			snprintf(buf, len, "%lld", v);
+		else
+			snprintf(buf, len, "%#.17g", d);
+		return;
+	case F_GROUP:
+	case F_DEFAULTS:
+		snprintf(buf, len, "{}");
+		return;
+	case F_LOCKS:
+		snprintf(buf, len, "()");
+		return;
+	}
+	snprintf(buf, len, "?");
+}
+
+int config_setting_describe(int i, struct config_setting_desc *d)
+{
+	struct config cfg;
+	struct lock_spec lock;
+	const struct field *f = NULL;
+	const void *base;
+	size_t t;
+
+	for (t = 0; i >= 0 && t < sizeof(tables) / sizeof(*tables); t++) {
+		int n = 0;
+
+		while (tables[t].fields[n].name)
+			n++;
+		if (i < n) {
+			f = &tables[t].fields[i];
+			break;
+		}
+		i -= n;
+	}
+	if (!f)
+		return 0;
+	memset(d, 0, sizeof(*d));
+	d->group = tables[t].group;
+	d->name = f->name;
+	describe_type(f, d->type, sizeof(d->type));
+	if (f->flags & FL_REQUIRED) {
+		snprintf(d->dflt, sizeof(d->dflt), "required");
+		return 1;
+	}
+	if (f->dflt) {
+		snprintf(d->dflt, sizeof(d->dflt), "%s", f->dflt);
+		return 1;
+	}
+	/* The values a file without this setting gets, as config_load and
+	 * parse_root set them up. */
+	if (config_defaults(&cfg) | lock_builtin_defaults(&lock)) {
+		snprintf(d->dflt, sizeof(d->dflt), "?");
+	} else {
+		lock.strict = cfg.strict;
+		base = tables[t].fields == redis_fields ? (const void *)&cfg.redis :
+		       tables[t].fields == lock_fields ? (const void *)&lock :
+		       (const void *)&cfg;
+		describe_value(f, base, d->dflt, sizeof(d->dflt));
+	}
+	free(lock.key_src);
+	config_release(&cfg);
+	return 1;
 }
 
 long long config_waiter_ttl_ms(const struct lock_spec *l, const struct redis_spec *r)

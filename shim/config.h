@@ -101,6 +101,30 @@ int config_logging(const struct config *cfg, int apply, char *err, size_t errlen
  */
 long long config_waiter_ttl_ms(const struct lock_spec *l, const struct redis_spec *r);
 
+/*
+ * One setting the parser knows, described from the same tables it parses
+ * with (`lockshim settings` prints one per line, "group name type default").
+ *   group: "top" (top level), "redis" (the redis group) or "lock" (an
+ *          entry of locks, and of defaults except symbol)
+ *   type:  integer:MIN..MAX, decimal:MIN..MAX (whole or decimal), boolean,
+ *          string, string:MIN.. or string:MIN..MAX (length in bytes),
+ *          enum:A,B,C, errno:0..MAX and signal:MIN..MAX (a name or a
+ *          number), number (integer or float), group, list
+ *   dflt:  a libconfig literal (30000, 0.5, true, "skip", {}, ()), none
+ *          (not set), required, or =GROUP.NAME (that setting's value);
+ *          never contains a blank.
+ */
+struct config_setting_desc {
+	const char *group;
+	const char *name;
+	char type[96];
+	char dflt[96];
+};
+
+/* Describes the i-th setting (0, 1, ...; top, then redis, then lock, each
+ * in table order) into d. Returns 1, or 0 when i is past the last. */
+int config_setting_describe(int i, struct config_setting_desc *d);
+
 /* Returns the lock guarding symbol, or NULL. */
 const struct lock_spec *config_find(const struct config *cfg, const char *symbol);
 

@@ -37,6 +37,46 @@ static int rejects(const char *text, const char *n1, const char *n2)
 	return 1;
 }
 
+static const char *str_or(const char *s) { return s ? s : "(null)"; }
+
+/* Writes every value config_load produced, for comparing two loads. */
+static void dump(const struct config *cfg, char *buf, size_t len)
+{
+	const struct redis_spec *r = &cfg->redis;
+	size_t n;
+
+	n = (size_t)snprintf(buf, len, "%s %d %s %s %s %d %d %d|%s %d %s %d|%d", r->host, r->port,
+			     str_or(r->socket), str_or(r->password), str_or(r->username), r->db,
+			     r->connect_timeout_ms, r->command_timeout_ms, cfg->ns, cfg->log_level,
+			     str_or(cfg->log_file), cfg->strict, cfg->nlocks);
+	for (int i = 0; i < cfg->nlocks && n < len; i++) {
+		const struct lock_spec *l = &cfg->locks[i];
+
+		n += (size_t)snprintf(buf + n, len - n,
+			"|%s %s %s %lld %lld %lld %lld %lld %lld %lld %lld %a %d %d %d %d %d %d %d "
+			"%d %d %d %d %d %d %lld", l->symbol, l->key_src, l->key.prefix, l->lease_ms,
+			l->wait_ms, l->max_hold_ms, l->kill_grace_ms, l->retry_max_ms,
+			l->handoff_us, l->linger_ms, l->ret, l->ret_double, l->err, l->exit_code,
+			l->kill_signal, l->on_timeout, l->on_error, l->on_lost, l->on_overrun,
+			l->reentrant, l->fair, l->break_dead, l->strict, l->stack_args_bytes,
+			l->index, l->waiter_ttl_ms);
+	}
+}
+
+/* Writes a config of one lock with "name = value;" in group (top, redis or
+ * lock); without name, the same config without the setting. */
+static void config_with(char *buf, size_t len, const char *group, const char *name,
+			const char *value)
+{
+	char set[256] = "";
+
+	if (name)
+		snprintf(set, sizeof(set), "%s = %s;", name, value);
+	snprintf(buf, len, "%s\nredis = { %s };\nlocks = ( { symbol = \"f\"; %s } );\n",
+		 !strcmp(group, "top") ? set : "", !strcmp(group, "redis") ? set : "",
+		 !strcmp(group, "lock") ? set : "");
+}
+
 int main(void)
 {
 	struct config cfg;
@@ -192,6 +232,53 @@ int main(void)
 	test_cond(cfg.locks[1].waiter_ttl_ms == 2 * 60000 + 20);
 	test_cond(cfg.locks[1].waiter_ttl_ms ==
 		  config_waiter_ttl_ms(&cfg.locks[1], &cfg.redis));
+	config_release(&cfg);
+
+	test("config_setting_describe: the tables, their defaults are the built-in values");
+	{
+		struct config_setting_desc d;
+		char text[1024], plain[4096], with[4096];
+		int n = 0, nlock = 0, literal = 0, ok;
+
+		config_with(text, sizeof(text), "lock", NULL, NULL);
+		test_cond(load_text(&cfg, text, err, sizeof(err)) == 0);
+		dump(&cfg, plain, sizeof(plain));
+		config_release(&cfg);
+		for (int i = 0; config_setting_describe(i, &d); i++, n++) {
+			ok = !strcmp(d.group, "top") || !strcmp(d.group, "redis") ||
+			     !strcmp(d.group, "lock");
+			ok = ok && *d.name && *d.type && *d.dflt && !strpbrk(d.dflt, " \t\n") &&
+			     !strpbrk(d.type, " \t\n");
+			if (!ok)
+				fprintf(stderr, "  bad description: %s %s %s %s\n", d.group,
+					d.name, d.type, d.dflt);
+			test_cond(ok);
+			nlock += !strcmp(d.group, "lock");
+			/* A literal default given explicitly changes nothing (log_level
+			 * aside: unset is -1, the log's own threshold, "warn"). */
+			if (!strcmp(d.dflt, "none") || !strcmp(d.dflt, "required") ||
+			    d.dflt[0] == '=' || !strcmp(d.type, "group") ||
+			    !strcmp(d.type, "list") || !strcmp(d.name, "log_level"))
+				continue;
+			literal++;
+			config_with(text, sizeof(text), d.group, d.name, d.dflt);
+			ok = load_text(&cfg, text, err, sizeof(err)) == 0;
+			dump(&cfg, with, sizeof(with));
+			config_release(&cfg);
+			if (!ok || strcmp(plain, with) != 0)
+				fprintf(stderr, "  %s %s = %s: %s\n  %s\n  %s\n", d.group, d.name,
+					d.dflt, ok ? "differs" : err, plain, with);
+			test_cond(ok && strcmp(plain, with) == 0);
+		}
+		test_cond(n == 7 + 8 + 22 && nlock == 22 && literal >= 25);
+		test_cond(!config_setting_describe(n, &d) && !config_setting_describe(-1, &d));
+		test_cond(config_setting_describe(0, &d) && !strcmp(d.group, "top") &&
+			  !strcmp(d.name, "redis"));
+	}
+	/* The non-literal defaults say what they follow. */
+	test_cond(load_text(&cfg, "strict = true; defaults = { on_timeout = \"abort\"; };\n"
+			    "locks = ( { symbol = \"f\"; } );", err, sizeof(err)) == 0);
+	test_cond(cfg.locks[0].strict == 1 && cfg.locks[0].on_error == POLICY_ABORT);
 	config_release(&cfg);
 
 	test("no locks is valid");
