@@ -914,8 +914,11 @@ static void describe_value(const struct field *f, const void *base, char *buf, s
 			snprintf(buf, len, "none");
 		return;
 	case F_CALL:
-	case F_HOLD:
-		quote(buf, len, (f->kind == F_CALL ? call_policies : hold_policies)[v]);
+	case F_HOLD: /* -1: set later from another setting (its entry's .dflt) */
+		if (v >= 0)
+			quote(buf, len, (f->kind == F_CALL ? call_policies : hold_policies)[v]);
+		else
+			snprintf(buf, len, "none");
 		return;
 	case F_LOGLEVEL: /* -1: not set, log.c's threshold stands */
 		quote(buf, len, log_levels[v >= 0 ? v : log_threshold]);
