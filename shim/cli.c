@@ -4,7 +4,13 @@
  *
  *   lockshim run [-c FILE] [--] PROGRAM [ARG...]   run PROGRAM under the shim
  *   lockshim check [-c FILE]                       validate FILE, test Redis
+ *   lockshim settings                              the settings config.c knows
  *   lockshim version | help
+ *
+ * The verbs are one table (commands[], in the style of git's cmd_struct):
+ * name, handler, usage and a one-line description. Dispatch and the usage
+ * text are made from it, and the README's CLI table is checked against
+ * `lockshim help` (tests/integration/test_docs.py).
  *
  * `run` validates the config first (the shim would refuse it anyway, with
  * the same message and status 78), refuses a program the shim cannot be
@@ -14,7 +20,8 @@
  * the config's absolute path as LOCKSHIM_CONFIG and execs PROGRAM, whose
  * exit status is then its own. `check` validates exactly what the shim
  * validates (config, LOCKSHIM_LOG_LEVEL, log_file) and runs the server
- * self-test (selftest.c). Exit statuses of the CLI itself follow sysexits:
+ * self-test (selftest.c). `settings` prints config_setting_describe's
+ * lines. Exit statuses of the CLI itself follow sysexits:
  * 64 usage, 69 Redis unavailable (check) or the shim cannot be loaded
  * (run), 78 config error, 126/127 as a shell for a program that cannot be
  * executed or found.
@@ -25,6 +32,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <link.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,11 +55,70 @@
 #define EX_USAGE 64
 #define EX_UNAVAILABLE 69
 
-static const char usage[] =
-	"usage: lockshim run [-c FILE] [--] PROGRAM [ARG...]\n"
-	"       lockshim check [-c FILE]\n"
-	"       lockshim version | help\n"
-	"FILE defaults to $LOCKSHIM_CONFIG, else " CONFIG_DEFAULT_PATH ".\n";
+/* One verb. commands[] is the only list of them: main dispatches through
+ * it, print_usage prints it, and the README's CLI table is checked against
+ * `lockshim help`, so a new verb is one entry and its handler. */
+struct cmd_struct {
+	const char *name;
+	const char *aliases[3];   /* other spellings, NULL-terminated */
+	int (*fn)(int argc, char **argv); /* argv[1] is the verb */
+	const char *usage;        /* what follows the name */
+	const char *help;         /* one line */
+};
+
+static int cmd_run(int argc, char **argv);
+static int cmd_check(int argc, char **argv);
+static int cmd_settings(int argc, char **argv);
+static int cmd_version(int argc, char **argv);
+static int cmd_help(int argc, char **argv);
+
+static const struct cmd_struct commands[] = {
+	{ "run", { NULL }, cmd_run, "[-c FILE] [--] PROGRAM [ARG...]",
+	  "validate FILE, then run PROGRAM under the shim" },
+	{ "check", { NULL }, cmd_check, "[-c FILE]",
+	  "validate FILE as the shim does, print its locks and test the Redis server" },
+	{ "settings", { NULL }, cmd_settings, "",
+	  "print the settings the shim knows, one per line: group name type default" },
+	{ "version", { "--version", NULL }, cmd_version, "", "print the version" },
+	{ "help", { "--help", "-h", NULL }, cmd_help, "", "print this help" },
+};
+static const size_t ncommands = sizeof(commands) / sizeof(*commands);
+
+/* Prints the usage lines; with help, each command's description too. */
+static void print_usage(FILE *f, int help)
+{
+	int width = 0;
+
+	for (size_t i = 0; i < ncommands; i++) {
+		fprintf(f, "%s lockshim %s%s%s\n", i ? "      " : "usage:", commands[i].name,
+			*commands[i].usage ? " " : "", commands[i].usage);
+		if ((int)strlen(commands[i].name) > width)
+			width = (int)strlen(commands[i].name);
+	}
+	if (help) {
+		fputc('\n', f);
+		for (size_t i = 0; i < ncommands; i++)
+			fprintf(f, "  %-*s  %s\n", width, commands[i].name, commands[i].help);
+		fputc('\n', f);
+	}
+	fputs("FILE defaults to $LOCKSHIM_CONFIG, else " CONFIG_DEFAULT_PATH ".\n", f);
+}
+
+/* Prints "lockshim: <message>" and the usage on stderr; returns EX_USAGE. */
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int usage_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	fputs("lockshim: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	print_usage(stderr, 0);
+	return EX_USAGE;
+}
 
 /* Parses "-c FILE" / "--config FILE" / "--config=FILE". Returns the index of
  * the first operand, or -1 after printing a usage error. */
@@ -62,14 +129,14 @@ static int parse_opts(int argc, char **argv, int i, const char **config)
 			return i + 1;
 		if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "--config")) {
 			if (++i == argc) {
-				fprintf(stderr, "lockshim: %s needs a file\n%s", argv[i - 1], usage);
+				usage_error("%s needs a file", argv[i - 1]);
 				return -1;
 			}
 			*config = argv[i];
 		} else if (!strncmp(argv[i], "--config=", 9)) {
 			*config = argv[i] + 9;
 		} else if (argv[i][0] == '-' && argv[i][1]) {
-			fprintf(stderr, "lockshim: unknown option %s\n%s", argv[i], usage);
+			usage_error("unknown option %s", argv[i]);
 			return -1;
 		} else {
 			return i;
@@ -230,10 +297,8 @@ static int cmd_run(int argc, char **argv)
 
 	if (i < 0)
 		return EX_USAGE;
-	if (i >= argc) {
-		fprintf(stderr, "lockshim: run needs a program\n%s", usage);
-		return EX_USAGE;
-	}
+	if (i >= argc)
+		return usage_error("run needs a program");
 	if (load(&cfg, config) != 0)
 		return CONFIG_EXIT_CODE;
 	config_release(&cfg);
@@ -267,11 +332,10 @@ static int cmd_check(int argc, char **argv)
 	char msg[1024], line[1536];
 	int i = parse_opts(argc, argv, 2, &config), rc = 0;
 
-	if (i < 0 || i < argc) {
-		if (i >= 0)
-			fprintf(stderr, "lockshim: check takes no operand\n%s", usage);
+	if (i < 0)
 		return EX_USAGE;
-	}
+	if (i < argc)
+		return usage_error("check takes no operand");
 	if (load(&cfg, config) != 0)
 		return CONFIG_EXIT_CODE;
 	printf("%s: ok, %d lock(s)\n", config, cfg.nlocks);
@@ -297,24 +361,55 @@ static int cmd_check(int argc, char **argv)
 	return rc;
 }
 
+static int cmd_settings(int argc, char **argv)
+{
+	struct config_setting_desc d;
+
+	if (argc > 2)
+		return argv[2][0] == '-' && argv[2][1] ?
+			usage_error("unknown option %s", argv[2]) :
+			usage_error("settings takes no operand");
+	for (int i = 0; config_setting_describe(i, &d); i++)
+		printf("%s %s %s %s\n", d.group, d.name, d.type, d.dflt);
+	return 0;
+}
+
+static int cmd_version(int argc, char **argv)
+{
+	(void)argc, (void)argv;
+	printf("lockshim %s\n", LOCKSHIM_VERSION);
+	return 0;
+}
+
+static int cmd_help(int argc, char **argv)
+{
+	(void)argc, (void)argv;
+	print_usage(stdout, 1);
+	return 0;
+}
+
+static const struct cmd_struct *find_command(const char *name)
+{
+	for (size_t i = 0; i < ncommands; i++) {
+		if (!strcmp(commands[i].name, name))
+			return &commands[i];
+		for (int k = 0; commands[i].aliases[k]; k++)
+			if (!strcmp(commands[i].aliases[k], name))
+				return &commands[i];
+	}
+	return NULL;
+}
+
 int main(int argc, char **argv)
 {
+	const struct cmd_struct *cmd;
+
 	if (argc < 2) {
-		fputs(usage, stderr);
+		print_usage(stderr, 0);
 		return EX_USAGE;
 	}
-	if (!strcmp(argv[1], "run"))
-		return cmd_run(argc, argv);
-	if (!strcmp(argv[1], "check"))
-		return cmd_check(argc, argv);
-	if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
-		printf("lockshim %s\n", LOCKSHIM_VERSION);
-		return 0;
-	}
-	if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-		fputs(usage, stdout);
-		return 0;
-	}
-	fprintf(stderr, "lockshim: unknown command \"%s\"\n%s", argv[1], usage);
-	return EX_USAGE;
+	cmd = find_command(argv[1]);
+	if (!cmd)
+		return usage_error("unknown command \"%s\"", argv[1]);
+	return cmd->fn(argc, argv);
 }

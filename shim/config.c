@@ -2,11 +2,13 @@
 /*
  * config.c - parsing and validating the libconfig file (see config.h).
  *
- * Per-lock settings are described by one table (lock_fields); the same table
- * parses the `defaults` group and every entry of `locks`, so a setting is
- * defined, range-checked and documented in one place. A lock starts from the
- * built-in defaults, then `defaults`, then its own settings. Every error is
- * one line: "<file>:<line>: <setting>: <problem>".
+ * Settings are described by tables (see "setting tables" below): top_fields
+ * for the top level, redis_fields for the `redis` group and lock_fields for
+ * the per-lock settings, which parses the `defaults` group and every entry of
+ * `locks`. So a setting is defined, range-checked and written in one place,
+ * and a new one is one line. A lock starts from the built-in defaults, then
+ * `defaults`, then its own settings. Every error is one line:
+ * "<file>:<line>: <setting>: <problem>".
  */
 #include "config.h"
 
@@ -17,6 +19,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,11 +137,23 @@ static const char *const hold_policies[] = { "log", "kill", "abort", NULL };
 const char *config_call_policy_name(int p) { return call_policies[p]; }
 const char *config_hold_policy_name(int p) { return hold_policies[p]; }
 
+/* Level names of log.h's enum log_level, for log_level's messages; log.c
+ * parses them (log_level_parse, any case). */
+static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
+
+/* Writes "a, b, c" (names, NULL-terminated) into buf. */
+static void join_names(char *buf, size_t len, const char *const *names)
+{
+	buf[0] = 0;
+	for (int i = 0; names[i]; i++)
+		snprintf(buf + strlen(buf), len - strlen(buf), "%s%s", i ? ", " : "", names[i]);
+}
+
 static int get_enum(struct errbuf *e, const config_setting_t *s, const char *what,
 		    const char *const *names, int *out)
 {
 	const char *v = NULL;
-	char expected[128] = "";
+	char expected[128];
 
 	if (get_str(e, s, what, &v))
 		return -1;
@@ -147,9 +162,24 @@ static int get_enum(struct errbuf *e, const config_setting_t *s, const char *wha
 			*out = i;
 			return 0;
 		}
-		snprintf(expected + strlen(expected), sizeof(expected) - strlen(expected),
-			 "%s%s", i ? ", " : "", names[i]);
 	}
+	join_names(expected, sizeof(expected), names);
+	return fail(e, s, what, "unknown value \"%s\" (expected one of: %s)", v,
+		    expected);
+}
+
+static int get_log_level(struct errbuf *e, const config_setting_t *s, const char *what,
+			 int *out)
+{
+	const char *v = NULL;
+	char expected[128];
+
+	if (get_str(e, s, what, &v))
+		return -1;
+	*out = log_level_parse(v);
+	if (*out >= 0)
+		return 0;
+	join_names(expected, sizeof(expected), log_levels);
 	return fail(e, s, what, "unknown value \"%s\" (expected one of: %s)", v,
 		    expected);
 }
@@ -199,45 +229,221 @@ static int get_named_number(struct errbuf *e, const config_setting_t *s,
 	return 0;
 }
 
-/* ---- per-lock settings ------------------------------------------------ */
+/* ---- setting tables ---------------------------------------------------- */
 
-enum field_kind { F_INT, F_USEC, F_BOOL, F_STR, F_CALL, F_HOLD, F_ERRNO, F_SIGNAL, F_RETURN };
+/*
+ * A table of settings describes a group of the file: each entry names a
+ * setting, how its value is read (kind), where it is written (offset and
+ * size of the member, taken with offsetof and sizeof by FIELD) and the range
+ * of values it may take. The writer stores integers by the member's size, so
+ * an entry can never write past its member; FIELD refuses at build time a
+ * member whose size the writer does not handle or that cannot hold every
+ * value of the range. Three tables use this machinery: top_fields (the top
+ * level, written into struct config), redis_fields (struct redis_spec) and
+ * lock_fields (struct lock_spec, for `defaults` and each lock).
+ */
+enum field_kind {
+	F_INT,      /* integer in min..max */
+	F_USEC,     /* milliseconds, whole or decimal, in min..max; stored as us */
+	F_BOOL,     /* true or false, stored as 0 or 1 */
+	F_STR,      /* string of min..max bytes (max 0: no limit), strdup'd */
+	F_CALL,     /* on_timeout policy name */
+	F_HOLD,     /* on_lost policy name */
+	F_ERRNO,    /* errno name or number in 0..max */
+	F_SIGNAL,   /* signal name (with or without SIG) or number in 1..max */
+	F_RETURN,   /* integer or float: a long long and a double (off2) */
+	F_LOGLEVEL, /* log level name, any case */
+	F_GROUP,    /* a group read with the table sub into the member */
+	F_DEFAULTS, /* the group of per-lock defaults (parse_root) */
+	F_LOCKS,    /* the list of locks (parse_root) */
+};
 
 struct field {
 	const char *name;
 	enum field_kind kind;
-	size_t off;
-	long long min, max;
+	size_t off, size;   /* the member written */
+	long long min, max; /* values written (integer kinds), bytes (F_STR) */
+	size_t off2;        /* F_RETURN: the double member */
+	const struct field *sub; /* F_GROUP: its settings */
+	/* F_GROUP: checks the member once the group is read */
+	int (*check)(struct errbuf *e, const config_setting_t *g, const void *member);
+	unsigned flags;
+	/* For `lockshim settings`: the default when it is another setting's
+	 * value ("=<group>.<name>"); else it is read from the built-in values. */
+	const char *dflt;
 };
 
-#define LOCK_FIELD(n, k, lo, hi) { #n, k, offsetof(struct lock_spec, n), lo, hi }
+#define FL_REQUIRED 1u  /* a lock must set it */
+#define FL_PER_LOCK 2u  /* not allowed in `defaults` */
+
+/* Kinds whose value is an integer stored by the member's size. */
+#define KIND_IS_INT(k) ((k) == F_INT || (k) == F_BOOL || (k) == F_CALL ||      \
+			(k) == F_HOLD || (k) == F_ERRNO || (k) == F_SIGNAL ||   \
+			(k) == F_LOGLEVEL)
+
+/* Nonzero when a signed integer of sz bytes holds every value in lo..hi. */
+#define INT_FITS(sz, lo, hi)                                                   \
+	(((sz) == 1 && (lo) >= SCHAR_MIN && (hi) <= SCHAR_MAX) ||              \
+	 ((sz) == 2 && (lo) >= SHRT_MIN && (hi) <= SHRT_MAX) ||                \
+	 ((sz) == 4 && (lo) >= INT32_MIN && (hi) <= INT32_MAX) ||              \
+	 (sz) == 8)
+
+/* Nonzero when the writer of kind k handles a member of sz bytes. */
+#define FIELD_OK(k, sz, lo, hi)                                                \
+	(KIND_IS_INT(k) ? INT_FITS(sz, lo, hi) :                                \
+	 (k) == F_USEC ? (sz) == sizeof(long long) && (hi) <= LLONG_MAX / 1000 : \
+	 (k) == F_STR ? (sz) == sizeof(char *) :                                \
+	 (k) == F_GROUP)
+
+/* 0, or a compile error saying why when cond is false. */
+#define BUILD_CHECK(cond, why) (0 * sizeof(struct { _Static_assert(cond, why); int x; }))
+
+#define MEMBER_SIZE(type, member) sizeof(((type *)0)->member)
+
+/* An entry of a table of settings written into a struct type; optional
+ * designated initializers follow (.flags, .sub, .check, .dflt). */
+#define FIELD(type, setting, member, k, lo, hi, ...)                           \
+	{ .name = setting, .kind = k, .off = offsetof(type, member),           \
+	  .size = MEMBER_SIZE(type, member) +                                  \
+		  BUILD_CHECK(FIELD_OK(k, MEMBER_SIZE(type, member), lo, hi),  \
+			      "setting " setting ": the writer of its kind "   \
+			      "cannot store its range in a member of this size"), \
+	  .min = lo, .max = hi, __VA_ARGS__ }
+
+/* An integer-or-float setting written to a long long and a double. */
+#define RETURN_FIELD(type, setting, member, member2)                           \
+	{ .name = setting, .kind = F_RETURN, .off = offsetof(type, member),    \
+	  .size = MEMBER_SIZE(type, member) +                                  \
+		  BUILD_CHECK(MEMBER_SIZE(type, member) == sizeof(long long) && \
+			      MEMBER_SIZE(type, member2) == sizeof(double),     \
+			      "setting " setting ": needs a long long and a double"), \
+	  .min = LLONG_MIN, .max = LLONG_MAX, .off2 = offsetof(type, member2) }
+
+/* A top-level section that parse_root reads itself. */
+#define SECTION(setting, k) { .name = setting, .kind = k }
+
+_Static_assert(sizeof(call_policies) / sizeof(*call_policies) == POLICY_PROCEED + 2,
+	       "call_policies names every enum call_policy");
+_Static_assert(sizeof(hold_policies) / sizeof(*hold_policies) == HOLD_ABORT + 2,
+	       "hold_policies names every enum hold_policy");
+_Static_assert(sizeof(log_levels) / sizeof(*log_levels) == LOG_DEBUG + 2,
+	       "log_levels names every enum log_level");
+
+/* Stores v, which FIELD made sure fits, in the size-byte integer at dst. */
+static int store_int(void *dst, size_t size, long long v)
+{
+	int8_t i8 = (int8_t)v;
+	int16_t i16 = (int16_t)v;
+	int32_t i32 = (int32_t)v;
+	int64_t i64 = v;
+
+	switch (size) {
+	case 1: memcpy(dst, &i8, 1); return 0;
+	case 2: memcpy(dst, &i16, 2); return 0;
+	case 4: memcpy(dst, &i32, 4); return 0;
+	case 8: memcpy(dst, &i64, 8); return 0;
+	}
+	return -1;
+}
+
+/* Returns the size-byte integer at src. */
+static long long load_int(const void *src, size_t size)
+{
+	int8_t i8;
+	int16_t i16;
+	int32_t i32;
+	int64_t i64;
+
+	switch (size) {
+	case 1: memcpy(&i8, src, 1); return i8;
+	case 2: memcpy(&i16, src, 2); return i16;
+	case 4: memcpy(&i32, src, 4); return i32;
+	case 8: memcpy(&i64, src, 8); return i64;
+	}
+	return 0;
+}
+
+/* Returns the entry of fields named name, or NULL. */
+static const struct field *field_find(const struct field *fields, const char *name)
+{
+	for (; fields->name; fields++)
+		if (strcmp(fields->name, name) == 0)
+			return fields;
+	return NULL;
+}
+
+/* ---- the tables --------------------------------------------------------- */
+
+#define LOCK_FIELD(n, k, lo, hi, ...) FIELD(struct lock_spec, #n, n, k, lo, hi, __VA_ARGS__)
 static const struct field lock_fields[] = {
-	LOCK_FIELD(symbol, F_STR, 0, 0),
-	{ "key", F_STR, offsetof(struct lock_spec, key_src), 0, 0 },
+	LOCK_FIELD(symbol, F_STR, 0, 0, .flags = FL_REQUIRED | FL_PER_LOCK),
+	FIELD(struct lock_spec, "key", key_src, F_STR, 0, 0),
 	LOCK_FIELD(lease_ms, F_INT, 30, INT_MAX),
 	LOCK_FIELD(wait_ms, F_INT, -1, LLONG_MAX / 4),
-	LOCK_FIELD(on_timeout, F_CALL, 0, 0),
-	{ "return", F_RETURN, 0, 0, 0 },
-	{ "errno", F_ERRNO, offsetof(struct lock_spec, err), 0, 4095 },
+	LOCK_FIELD(on_timeout, F_CALL, 0, POLICY_PROCEED),
+	RETURN_FIELD(struct lock_spec, "return", ret, ret_double),
+	FIELD(struct lock_spec, "errno", err, F_ERRNO, 0, 4095),
 	LOCK_FIELD(exit_code, F_INT, 0, 255),
-	LOCK_FIELD(on_error, F_CALL, 0, 0),
-	LOCK_FIELD(on_lost, F_HOLD, 0, 0),
+	LOCK_FIELD(on_error, F_CALL, 0, POLICY_PROCEED, .dflt = "=lock.on_timeout"),
+	LOCK_FIELD(on_lost, F_HOLD, 0, HOLD_ABORT),
 	LOCK_FIELD(max_hold_ms, F_INT, 0, LLONG_MAX / 4),
-	LOCK_FIELD(on_overrun, F_HOLD, 0, 0),
+	LOCK_FIELD(on_overrun, F_HOLD, 0, HOLD_ABORT),
 	LOCK_FIELD(kill_signal, F_SIGNAL, 1, NSIG - 1),
 	LOCK_FIELD(kill_grace_ms, F_INT, 0, LLONG_MAX / 4),
-	LOCK_FIELD(reentrant, F_BOOL, 0, 0),
-	LOCK_FIELD(fair, F_BOOL, 0, 0),
-	{ "break_dead_holders", F_BOOL, offsetof(struct lock_spec, break_dead), 0, 0 },
-	{ "handoff_ms", F_USEC, offsetof(struct lock_spec, handoff_us), 0, 60000 },
+	LOCK_FIELD(reentrant, F_BOOL, 0, 1),
+	LOCK_FIELD(fair, F_BOOL, 0, 1),
+	FIELD(struct lock_spec, "break_dead_holders", break_dead, F_BOOL, 0, 1),
+	FIELD(struct lock_spec, "handoff_ms", handoff_us, F_USEC, 0, 60000),
 	LOCK_FIELD(linger_ms, F_INT, 0, 60000),
 	LOCK_FIELD(stack_args_bytes, F_INT, 0, STACK_ARGS_MAX),
 	LOCK_FIELD(retry_max_ms, F_INT, 1, 60000),
-	LOCK_FIELD(strict, F_BOOL, 0, 0),
-	{ NULL, 0, 0, 0, 0 }
+	LOCK_FIELD(strict, F_BOOL, 0, 1, .dflt = "=top.strict"),
+	{ .name = NULL }
 };
 
-static void lock_builtin_defaults(struct lock_spec *l)
+#define REDIS_FIELD(n, k, lo, hi) FIELD(struct redis_spec, #n, n, k, lo, hi)
+static const struct field redis_fields[] = {
+	REDIS_FIELD(host, F_STR, 1, 0),
+	REDIS_FIELD(port, F_INT, 1, 65535),
+	REDIS_FIELD(socket, F_STR, 1, 0),
+	REDIS_FIELD(password, F_STR, 1, 0),
+	REDIS_FIELD(username, F_STR, 1, 0),
+	REDIS_FIELD(db, F_INT, 0, INT_MAX),
+	REDIS_FIELD(connect_timeout_ms, F_INT, 1, 600000),
+	REDIS_FIELD(command_timeout_ms, F_INT, 1, 600000),
+	{ .name = NULL }
+};
+
+static int redis_check(struct errbuf *e, const config_setting_t *g, const void *member);
+
+static const struct field top_fields[] = {
+	FIELD(struct config, "redis", redis, F_GROUP, 0, 0, .sub = redis_fields,
+	      .check = redis_check),
+	FIELD(struct config, "namespace", ns, F_STR, 1, KEY_MAX_NAMESPACE),
+	FIELD(struct config, "log_level", log_level, F_LOGLEVEL, LOG_ERROR, LOG_DEBUG),
+	FIELD(struct config, "log_file", log_file, F_STR, 0, 0),
+	FIELD(struct config, "strict", strict, F_BOOL, 0, 1),
+	SECTION("defaults", F_DEFAULTS),
+	SECTION("locks", F_LOCKS),
+	{ .name = NULL }
+};
+
+/* The built-in values of the top level and of redis. */
+static int config_defaults(struct config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->log_level = -1;
+	cfg->redis.port = 6379;
+	cfg->redis.connect_timeout_ms = 500;
+	cfg->redis.command_timeout_ms = 500;
+	if (set_str(&cfg->ns, "lockshim") || set_str(&cfg->redis.host, "127.0.0.1"))
+		return -1;
+	return 0;
+}
+
+/* The built-in values of a lock; strict is then the top level's. Returns 0,
+ * or -1 out of memory. */
+static int lock_builtin_defaults(struct lock_spec *l)
 {
 	memset(l, 0, sizeof(*l));
 	l->lease_ms = 30000;
@@ -258,70 +464,101 @@ static void lock_builtin_defaults(struct lock_spec *l)
 	l->retry_max_ms = 100;
 	l->handoff_us = 500;
 	l->linger_ms = 1;
+	return set_str(&l->key_src, "{symbol}");
 }
 
+static int apply_group(struct errbuf *e, const config_setting_t *g,
+		       const char *where, const struct field *fields, void *base);
+
+/* Reads s as f says and writes it into the struct at base. */
 static int apply_field(struct errbuf *e, const struct field *f,
-		       const config_setting_t *s, const char *what,
-		       struct lock_spec *l)
+		       const config_setting_t *s, const char *what, void *base)
 {
-	void *dst = (char *)l + f->off;
+	void *dst = (char *)base + f->off;
 	const char *str = NULL;
 	long long v = 0;
-	int t;
+	double d;
+	int iv = 0, t;
+	size_t len;
 
 	switch (f->kind) {
 	case F_INT:
 		if (get_int(e, s, what, f->min, f->max, &v))
 			return -1;
-		if (f->off == offsetof(struct lock_spec, exit_code) ||
-		    f->off == offsetof(struct lock_spec, stack_args_bytes))
-			*(int *)dst = (int)v;
-		else
-			*(long long *)dst = v;
-		return 0;
+		break;
 	case F_USEC:
-		return get_ms_as_us(e, s, what, f->min, f->max, (long long *)dst);
+		if (get_ms_as_us(e, s, what, f->min, f->max, &v))
+			return -1;
+		break;
 	case F_BOOL:
 		if (config_setting_type(s) != CONFIG_TYPE_BOOL)
 			return fail(e, s, what, "expected true or false, got %s",
 				    type_name(s));
-		*(int *)dst = config_setting_get_bool(s);
-		return 0;
+		v = config_setting_get_bool(s);
+		break;
 	case F_STR:
 		if (get_str(e, s, what, &str))
 			return -1;
+		len = strlen(str);
+		if (f->max && (len < (size_t)f->min || len > (size_t)f->max))
+			return fail(e, s, what, "must be %lld..%lld bytes", f->min, f->max);
+		if (len < (size_t)f->min)
+			return fail(e, s, what, "must not be empty");
 		return set_str((char **)dst, str) ? fail(e, s, what, "out of memory") : 0;
 	case F_CALL:
-		return get_enum(e, s, what, call_policies, (int *)dst);
 	case F_HOLD:
-		return get_enum(e, s, what, hold_policies, (int *)dst);
-	case F_ERRNO:
-		return get_named_number(e, s, what, errno_by_name, 4095, (int *)dst);
-	case F_SIGNAL:
-		if (get_named_number(e, s, what, signal_by_name, NSIG - 1, (int *)dst))
+		if (get_enum(e, s, what, f->kind == F_CALL ? call_policies : hold_policies,
+			     &iv))
 			return -1;
-		if (*(int *)dst == 0)
+		v = iv;
+		break;
+	case F_LOGLEVEL:
+		if (get_log_level(e, s, what, &iv))
+			return -1;
+		v = iv;
+		break;
+	case F_ERRNO:
+		if (get_named_number(e, s, what, errno_by_name, (int)f->max, &iv))
+			return -1;
+		v = iv;
+		break;
+	case F_SIGNAL:
+		if (get_named_number(e, s, what, signal_by_name, (int)f->max, &iv))
+			return -1;
+		if (iv == 0)
 			return fail(e, s, what, "signal 0 cannot stop a process");
-		return 0;
+		v = iv;
+		break;
 	case F_RETURN:
 		t = config_setting_type(s);
 		if (t == CONFIG_TYPE_FLOAT) {
-			l->ret_double = config_setting_get_float(s);
-			l->ret = (long long)l->ret_double;
-			return 0;
+			d = config_setting_get_float(s);
+			v = (long long)d;
+		} else {
+			if (get_int(e, s, what, LLONG_MIN, LLONG_MAX, &v))
+				return -1;
+			d = (double)v;
 		}
-		if (get_int(e, s, what, LLONG_MIN, LLONG_MAX, &v))
+		memcpy((char *)base + f->off2, &d, sizeof(d));
+		break;
+	case F_GROUP:
+		if (apply_group(e, s, what, f->sub, dst))
 			return -1;
-		l->ret = v;
-		l->ret_double = (double)v;
-		return 0;
+		return f->check ? f->check(e, s, dst) : 0;
+	case F_DEFAULTS:
+	case F_LOCKS:
+		return fail(e, s, what, "internal error: read by parse_root");
 	}
-	return -1;
+	if (store_int(dst, f->size, v))
+		return fail(e, s, what, "internal error: no writer for a %zu-byte member",
+			    f->size);
+	return 0;
 }
 
-/* Applies every setting of group g to l. where names g in messages. */
+/* Applies every setting of group g, found in fields, to the struct at
+ * base. where names g in messages. */
 static int apply_group(struct errbuf *e, const config_setting_t *g,
-		       const char *where, struct lock_spec *l)
+		       const char *where, const struct field *fields, void *base)
 {
 	int n = config_setting_length(g);
 
@@ -331,15 +568,13 @@ static int apply_group(struct errbuf *e, const config_setting_t *g,
 	for (int i = 0; i < n; i++) {
 		const config_setting_t *s = config_setting_get_elem(g, (unsigned)i);
 		const char *name = config_setting_name(s);
-		const struct field *f = lock_fields;
+		const struct field *f = field_find(fields, name);
 		char what[96];
 
 		snprintf(what, sizeof(what), "%s.%s", where, name);
-		while (f->name && strcmp(f->name, name) != 0)
-			f++;
-		if (!f->name)
+		if (!f)
 			return fail(e, s, what, "unknown setting");
-		if (apply_field(e, f, s, what, l))
+		if (apply_field(e, f, s, what, base))
 			return -1;
 	}
 	return 0;
@@ -391,52 +626,10 @@ static int check_symbol(struct errbuf *e, const config_setting_t *s,
 
 /* ---- top level ---------------------------------------------------------- */
 
-static int parse_redis(struct errbuf *e, const config_setting_t *g,
-		       struct redis_spec *r)
+static int redis_check(struct errbuf *e, const config_setting_t *g, const void *member)
 {
-	int n = config_setting_length(g);
+	const struct redis_spec *r = member;
 
-	if (!config_setting_is_group(g))
-		return fail(e, g, "redis", "expected a group { ... }, got %s",
-			    type_name(g));
-	for (int i = 0; i < n; i++) {
-		const config_setting_t *s = config_setting_get_elem(g, (unsigned)i);
-		const char *name = config_setting_name(s), *str = NULL;
-		char what[64];
-		long long v = 0;
-
-		snprintf(what, sizeof(what), "redis.%s", name);
-		if (!strcmp(name, "host") || !strcmp(name, "socket") ||
-		    !strcmp(name, "password") || !strcmp(name, "username")) {
-			char **dst = !strcmp(name, "host") ? &r->host :
-				     !strcmp(name, "socket") ? &r->socket :
-				     !strcmp(name, "password") ? &r->password :
-				     &r->username;
-
-			if (get_str(e, s, what, &str))
-				return -1;
-			if (!*str)
-				return fail(e, s, what, "must not be empty");
-			if (set_str(dst, str))
-				return fail(e, s, what, "out of memory");
-		} else if (!strcmp(name, "port")) {
-			if (get_int(e, s, what, 1, 65535, &v))
-				return -1;
-			r->port = (int)v;
-		} else if (!strcmp(name, "db")) {
-			if (get_int(e, s, what, 0, INT_MAX, &v))
-				return -1;
-			r->db = (int)v;
-		} else if (!strcmp(name, "connect_timeout_ms") ||
-			   !strcmp(name, "command_timeout_ms")) {
-			if (get_int(e, s, what, 1, 600000, &v))
-				return -1;
-			*(!strcmp(name, "connect_timeout_ms") ? &r->connect_timeout_ms
-							       : &r->command_timeout_ms) = (int)v;
-		} else {
-			return fail(e, s, what, "unknown setting");
-		}
-	}
 	if (r->username && !r->password)
 		return fail(e, g, "redis.username", "needs redis.password as well");
 	return 0;
@@ -453,13 +646,15 @@ static int parse_lock(struct errbuf *e, const config_setting_t *g, int idx,
 	snprintf(where, sizeof(where), "locks[%d]", idx);
 	*l = *defaults;
 	l->symbol = NULL;
-	l->key_src = defaults->key_src ? strdup(defaults->key_src) : NULL;
+	l->key_src = strdup(defaults->key_src);
 	l->index = idx;
-	l->line = config_setting_source_line(g);
-	if (apply_group(e, g, where, l))
+	if (!l->key_src)
+		return fail(e, g, where, "out of memory");
+	if (apply_group(e, g, where, lock_fields, l))
 		return -1;
-	if (!l->symbol)
-		return fail(e, g, where, "missing required setting \"symbol\"");
+	for (const struct field *f = lock_fields; f->name; f++)
+		if ((f->flags & FL_REQUIRED) && !config_setting_get_member(g, f->name))
+			return fail(e, g, where, "missing required setting \"%s\"", f->name);
 	snprintf(what, sizeof(what), "%s.symbol", where);
 	if (check_symbol(e, config_setting_get_member(g, "symbol"), what, l->symbol))
 		return -1;
@@ -470,8 +665,6 @@ static int parse_lock(struct errbuf *e, const config_setting_t *g, int idx,
 				    l->symbol, i);
 	if (l->on_error < 0)
 		l->on_error = l->on_timeout;
-	if (!l->key_src && set_str(&l->key_src, "{symbol}"))
-		return fail(e, g, where, "out of memory");
 	l->stack_args_bytes = (l->stack_args_bytes + 15) & ~15;
 	gethostname(host, sizeof(host) - 1);
 	if (key_compile(&l->key, cfg->ns, l->key_src, l->symbol, host, kerr,
@@ -485,67 +678,50 @@ static int parse_lock(struct errbuf *e, const config_setting_t *g, int idx,
 	return 0;
 }
 
+/* Reads the top level with top_fields; defaults and locks are read after
+ * it, so that they see the whole top level (namespace, strict, redis). */
 static int parse_root(struct errbuf *e, config_t *cf, struct config *cfg)
 {
 	const config_setting_t *root = config_root_setting(cf), *s;
 	const config_setting_t *locks = NULL, *defaults_g = NULL;
 	struct lock_spec defaults;
-	const char *str = NULL;
 	int n = config_setting_length(root), rc = -1;
 
-	lock_builtin_defaults(&defaults);
+	if (lock_builtin_defaults(&defaults)) {
+		fail(e, NULL, "config", "out of memory");
+		goto out;
+	}
 	for (int i = 0; i < n; i++) {
 		const char *name;
+		const struct field *f;
 
 		s = config_setting_get_elem(root, (unsigned)i);
 		name = config_setting_name(s);
-		if (!strcmp(name, "redis")) {
-			if (parse_redis(e, s, &cfg->redis))
-				goto out;
-		} else if (!strcmp(name, "namespace")) {
-			if (get_str(e, s, name, &str))
-				goto out;
-			if (!*str || strlen(str) > KEY_MAX_NAMESPACE) {
-				fail(e, s, name, "must be 1..%d bytes", KEY_MAX_NAMESPACE);
-				goto out;
-			}
-			if (set_str(&cfg->ns, str))
-				goto out;
-		} else if (!strcmp(name, "log_level")) {
-			if (get_str(e, s, name, &str))
-				goto out;
-			cfg->log_level = log_level_parse(str);
-			if (cfg->log_level < 0) {
-				fail(e, s, name, "unknown value \"%s\" (expected one of: "
-				     "error, warn, info, debug)", str);
-				goto out;
-			}
-		} else if (!strcmp(name, "log_file")) {
-			if (get_str(e, s, name, &str) || set_str(&cfg->log_file, str))
-				goto out;
-		} else if (!strcmp(name, "strict")) {
-			if (config_setting_type(s) != CONFIG_TYPE_BOOL) {
-				fail(e, s, name, "expected true or false, got %s", type_name(s));
-				goto out;
-			}
-			cfg->strict = config_setting_get_bool(s);
-		} else if (!strcmp(name, "defaults")) {
-			defaults_g = s;
-		} else if (!strcmp(name, "locks")) {
-			locks = s;
-		} else {
+		f = field_find(top_fields, name);
+		if (!f) {
 			fail(e, s, name, "unknown setting");
 			goto out;
 		}
+		if (f->kind == F_DEFAULTS)
+			defaults_g = s;
+		else if (f->kind == F_LOCKS)
+			locks = s;
+		else if (apply_field(e, f, s, name, cfg))
+			goto out;
 	}
 	defaults.strict = cfg->strict;
 	if (defaults_g) {
-		if (config_setting_get_member(defaults_g, "symbol")) {
-			fail(e, config_setting_get_member(defaults_g, "symbol"),
-			     "defaults.symbol", "symbol is per lock, not a default");
+		for (const struct field *f = lock_fields; f->name; f++) {
+			char what[64];
+
+			if (!(f->flags & FL_PER_LOCK) ||
+			    !(s = config_setting_get_member(defaults_g, f->name)))
+				continue;
+			snprintf(what, sizeof(what), "defaults.%s", f->name);
+			fail(e, s, what, "%s is per lock, not a default", f->name);
 			goto out;
 		}
-		if (apply_group(e, defaults_g, "defaults", &defaults))
+		if (apply_group(e, defaults_g, "defaults", lock_fields, &defaults))
 			goto out;
 	}
 	if (!locks) {
@@ -567,6 +743,9 @@ static int parse_root(struct errbuf *e, config_t *cf, struct config *cfg)
 			cfg->nlocks = i + 1;
 			goto out;
 		}
+	/* Derived fields, once everything they read is valid and final. */
+	for (int i = 0; i < cfg->nlocks; i++)
+		cfg->locks[i].waiter_ttl_ms = config_waiter_ttl_ms(&cfg->locks[i], &cfg->redis);
 	rc = 0;
 out:
 	free(defaults.key_src);
@@ -580,13 +759,7 @@ int config_load(struct config *cfg, const char *path, char *err, size_t errlen)
 	FILE *f;
 	int rc;
 
-	memset(cfg, 0, sizeof(*cfg));
-	cfg->log_level = -1;
-	cfg->redis.port = 6379;
-	cfg->redis.connect_timeout_ms = 500;
-	cfg->redis.command_timeout_ms = 500;
-	if (set_str(&cfg->path, path) || set_str(&cfg->ns, "lockshim") ||
-	    set_str(&cfg->redis.host, "127.0.0.1"))
+	if (config_defaults(cfg) || set_str(&cfg->path, path))
 		return fail(&e, NULL, "config", "out of memory");
 	f = fopen(path, "re");
 	if (!f)
@@ -644,6 +817,200 @@ int config_logging(const struct config *cfg, int apply, char *err, size_t errlen
 	if (apply && level >= 0)
 		log_threshold = level;
 	return 0;
+}
+
+/* ---- describing the settings (lockshim settings) ----------------------- */
+
+/* The tables, with the group names `lockshim settings` prints. */
+static const struct {
+	const char *group;
+	const struct field *fields;
+} tables[] = {
+	{ "top", top_fields },
+	{ "redis", redis_fields },
+	{ "lock", lock_fields },
+};
+
+/* Writes s as a libconfig string literal without blanks: quotes,
+ * backslashes, blanks and control characters escaped (\xNN). */
+static void quote(char *buf, size_t len, const char *s)
+{
+	size_t n = 0;
+
+	buf[n++] = '"';
+	for (; *s && n + 6 < len; s++) {
+		unsigned char c = (unsigned char)*s;
+
+		if (c == '"' || c == '\\')
+			n += (size_t)snprintf(buf + n, len - n, "\\%c", c);
+		else if (c <= ' ' || c >= 0x7f)
+			n += (size_t)snprintf(buf + n, len - n, "\\x%02x", c);
+		else
+			buf[n++] = (char)c;
+	}
+	snprintf(buf + n, len - n, "\"");
+}
+
+/* Writes names as "a,b,c" after prefix. */
+static void type_enum(char *buf, size_t len, const char *const *names)
+{
+	snprintf(buf, len, "enum:");
+	for (int i = 0; names[i]; i++)
+		snprintf(buf + strlen(buf), len - strlen(buf), "%s%s", i ? "," : "", names[i]);
+}
+
+static void describe_type(const struct field *f, char *buf, size_t len)
+{
+	switch (f->kind) {
+	case F_INT: snprintf(buf, len, "integer:%lld..%lld", f->min, f->max); return;
+	case F_USEC: snprintf(buf, len, "decimal:%lld..%lld", f->min, f->max); return;
+	case F_BOOL: snprintf(buf, len, "boolean"); return;
+	case F_STR:
+		if (f->max)
+			snprintf(buf, len, "string:%lld..%lld", f->min, f->max);
+		else if (f->min)
+			snprintf(buf, len, "string:%lld..", f->min);
+		else
+			snprintf(buf, len, "string");
+		return;
+	case F_CALL: type_enum(buf, len, call_policies); return;
+	case F_HOLD: type_enum(buf, len, hold_policies); return;
+	case F_LOGLEVEL: type_enum(buf, len, log_levels); return;
+	case F_ERRNO: snprintf(buf, len, "errno:0..%lld", f->max); return;
+	case F_SIGNAL: snprintf(buf, len, "signal:%lld..%lld", f->min, f->max); return;
+	case F_RETURN: snprintf(buf, len, "number"); return;
+	case F_GROUP:
+	case F_DEFAULTS: snprintf(buf, len, "group"); return;
+	case F_LOCKS: snprintf(buf, len, "list"); return;
+	}
+	snprintf(buf, len, "?");
+}
+
+/* Writes the value of f in the struct at base as a libconfig literal. */
+static void describe_value(const struct field *f, const void *base, char *buf, size_t len)
+{
+	const char *src = (const char *)base + f->off, *name;
+	long long v = KIND_IS_INT(f->kind) || f->kind == F_USEC || f->kind == F_RETURN ?
+		      load_int(src, f->size) : 0;
+	double d;
+	char sig[16];
+
+	switch (f->kind) {
+	case F_INT:
+		snprintf(buf, len, "%lld", v);
+		return;
+	case F_USEC: /* microseconds, written as milliseconds */
+		snprintf(buf, len, "%lld.%03lld", v / 1000, v % 1000);
+		while (buf[strlen(buf) - 1] == '0')
+			buf[strlen(buf) - 1] = 0;
+		if (buf[strlen(buf) - 1] == '.')
+			buf[strlen(buf) - 1] = 0;
+		return;
+	case F_BOOL:
+		snprintf(buf, len, "%s", v ? "true" : "false");
+		return;
+	case F_STR:
+		memcpy(&name, src, sizeof(name));
+		if (name)
+			quote(buf, len, name);
+		else
+			snprintf(buf, len, "none");
+		return;
+	case F_CALL:
+	case F_HOLD: /* -1: set later from another setting (its entry's .dflt) */
+		if (v >= 0)
+			quote(buf, len, (f->kind == F_CALL ? call_policies : hold_policies)[v]);
+		else
+			snprintf(buf, len, "none");
+		return;
+	case F_LOGLEVEL: /* -1: not set, log.c's threshold stands */
+		quote(buf, len, log_levels[v >= 0 ? v : log_threshold]);
+		return;
+	case F_ERRNO:
+		name = strerrorname_np((int)v);
+		if (name)
+			quote(buf, len, name);
+		else
+			snprintf(buf, len, "%lld", v);
+		return;
+	case F_SIGNAL:
+		name = sigabbrev_np((int)v);
+		snprintf(sig, sizeof(sig), "SIG%s", name ? name : "");
+		if (name)
+			quote(buf, len, sig);
+		else
+			snprintf(buf, len, "%lld", v);
+		return;
+	case F_RETURN:
+		memcpy(&d, (const char *)base + f->off2, sizeof(d));
+		if (d == (double)v)
+			snprintf(buf, len, "%lld", v);
+		else
+			snprintf(buf, len, "%#.17g", d);
+		return;
+	case F_GROUP:
+	case F_DEFAULTS:
+		snprintf(buf, len, "{}");
+		return;
+	case F_LOCKS:
+		snprintf(buf, len, "()");
+		return;
+	}
+	snprintf(buf, len, "?");
+}
+
+int config_setting_describe(int i, struct config_setting_desc *d)
+{
+	struct config cfg;
+	struct lock_spec lock;
+	const struct field *f = NULL;
+	const void *base;
+	size_t t;
+
+	for (t = 0; i >= 0 && t < sizeof(tables) / sizeof(*tables); t++) {
+		int n = 0;
+
+		while (tables[t].fields[n].name)
+			n++;
+		if (i < n) {
+			f = &tables[t].fields[i];
+			break;
+		}
+		i -= n;
+	}
+	if (!f)
+		return 0;
+	memset(d, 0, sizeof(*d));
+	d->group = tables[t].group;
+	d->name = f->name;
+	describe_type(f, d->type, sizeof(d->type));
+	if (f->flags & FL_REQUIRED) {
+		snprintf(d->dflt, sizeof(d->dflt), "required");
+		return 1;
+	}
+	if (f->dflt) {
+		snprintf(d->dflt, sizeof(d->dflt), "%s", f->dflt);
+		return 1;
+	}
+	/* The values a file without this setting gets, as config_load and
+	 * parse_root set them up. */
+	if (config_defaults(&cfg) | lock_builtin_defaults(&lock)) {
+		snprintf(d->dflt, sizeof(d->dflt), "?");
+	} else {
+		lock.strict = cfg.strict;
+		base = tables[t].fields == redis_fields ? (const void *)&cfg.redis :
+		       tables[t].fields == lock_fields ? (const void *)&lock :
+		       (const void *)&cfg;
+		describe_value(f, base, d->dflt, sizeof(d->dflt));
+	}
+	free(lock.key_src);
+	config_release(&cfg);
+	return 1;
+}
+
+long long config_waiter_ttl_ms(const struct lock_spec *l, const struct redis_spec *r)
+{
+	return 2 * l->retry_max_ms + r->command_timeout_ms;
 }
 
 const struct lock_spec *config_find(const struct config *cfg, const char *symbol)

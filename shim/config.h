@@ -43,8 +43,13 @@ struct lock_spec {
 	int break_dead;          /* break a lock whose holder died on this machine */
 	int strict;              /* stop the program when the lock cannot be guarded */
 	int stack_args_bytes;    /* caller stack copied for stack arguments */
-	int line;                /* where the lock was defined */
 	int index;
+	/*
+	 * Derived at config_load, after validation, for every lock (its own
+	 * settings, `defaults` and the built-in values all applied): not a
+	 * setting of the file. See config_waiter_ttl_ms.
+	 */
+	long long waiter_ttl_ms;
 };
 
 struct redis_spec {
@@ -86,6 +91,40 @@ void config_release(struct config *cfg);
  * -1 with one line in err.
  */
 int config_logging(const struct config *cfg, int apply, char *err, size_t errlen);
+
+/*
+ * Returns 2 * l->retry_max_ms + r->command_timeout_ms: how long a waiter may
+ * stay silent before it leaves the lock's queue, and the TTL of a lock
+ * handed to a waiter (backend_item.waiter_ttl_ms). A waiter asks again at
+ * least every retry_max_ms, and each ask may take up to command_timeout_ms,
+ * so a live waiter is never dropped. config_load stores it in every lock's
+ * waiter_ttl_ms; code building a lock_spec by hand (tests) can call it.
+ */
+long long config_waiter_ttl_ms(const struct lock_spec *l, const struct redis_spec *r);
+
+/*
+ * One setting the parser knows, described from the same tables it parses
+ * with (`lockshim settings` prints one per line, "group name type default").
+ *   group: "top" (top level), "redis" (the redis group) or "lock" (an
+ *          entry of locks, and of defaults except symbol)
+ *   type:  integer:MIN..MAX, decimal:MIN..MAX (whole or decimal), boolean,
+ *          string, string:MIN.. or string:MIN..MAX (length in bytes),
+ *          enum:A,B,C, errno:0..MAX and signal:MIN..MAX (a name or a
+ *          number), number (integer or float), group, list
+ *   dflt:  a libconfig literal (30000, 0.5, true, "skip", {}, ()), none
+ *          (not set), required, or =GROUP.NAME (that setting's value);
+ *          never contains a blank.
+ */
+struct config_setting_desc {
+	const char *group;
+	const char *name;
+	char type[96];
+	char dflt[96];
+};
+
+/* Describes the i-th setting (0, 1, ...; top, then redis, then lock, each
+ * in table order) into d. Returns 1, or 0 when i is past the last. */
+int config_setting_describe(int i, struct config_setting_desc *d);
 
 /* Returns the lock guarding symbol, or NULL. */
 const struct lock_spec *config_find(const struct config *cfg, const char *symbol);

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: MIT
-"""The lockshim command: run, check, exit statuses, LD_PRELOAD handling."""
+"""The lockshim command: run, check, settings, help, exit statuses, LD_PRELOAD
+handling."""
 import os
 import subprocess
 
@@ -67,3 +68,65 @@ def test_check_uses_lockshim_config(tmp_path):
     cfg = write_config(tmp_path, None, "oops = 1;")
     r = cli("check", LOCKSHIM_CONFIG=cfg)
     assert r.returncode == 78 and "oops" in r.stderr
+
+
+def settings():
+    r = cli("settings")
+    assert r.returncode == 0 and r.stderr == ""
+    return [line.split(" ") for line in r.stdout.splitlines()]
+
+
+def test_settings_format():
+    rows = settings()
+    assert all(len(row) == 4 for row in rows)
+    groups = [g for g, _, _, _ in rows]
+    assert set(groups) == {"top", "redis", "lock"}
+    assert groups == sorted(groups, key=["top", "redis", "lock"].index)  # grouped
+    assert ["lock", "lease_ms", "integer:30..2147483647", "30000"] in rows
+    assert ["redis", "port", "integer:1..65535", "6379"] in rows
+    assert ["lock", "symbol", "string", "required"] in rows
+    assert ["lock", "strict", "boolean", "=top.strict"] in rows
+
+
+def test_settings_defaults_are_what_a_missing_setting_gets(redis, tmp_path):
+    """Every default `settings` prints as a value, written into a config,
+    gives the same lock as leaving it out (redis's host and port aside:
+    they point at the test's server)."""
+    given = {"top": [], "redis": [], "lock": []}
+    for group, name, type_, default in settings():
+        if default in ("none", "required") or default.startswith("=") or \
+                type_ in ("group", "list") or (group, name) in (("redis", "host"), ("redis", "port")):
+            continue
+        given[group].append("%s = %s;" % (name, default))
+    assert len(given["lock"]) >= 18 and len(given["redis"]) >= 3 and len(given["top"]) >= 3
+    lock = 'locks = ( { symbol = "transfer"; %s } );\n'
+    full = write_config(tmp_path, redis, "\n".join(given["top"]) + "\n" +
+                        lock % " ".join(given["lock"]), redis_extra=" ".join(given["redis"]))
+    a = cli("check", "-c", full)
+    (tmp_path / "bare").mkdir()
+    bare = write_config(tmp_path / "bare", redis, lock % "")
+    b = cli("check", "-c", bare)
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert a.stdout.splitlines()[1] == b.stdout.splitlines()[1]
+
+
+def test_settings_takes_no_operand():
+    for args in (["settings", "x"], ["settings", "-c", "f.cfg"]):
+        r = cli(*args)
+        assert r.returncode == 64 and r.stdout == ""
+        assert r.stderr.startswith("lockshim: ") and "usage: lockshim run" in r.stderr
+
+
+def test_help_version_and_usage_errors():
+    for spelling in ("help", "--help", "-h"):
+        r = cli(spelling)
+        assert r.returncode == 0 and r.stderr == ""
+        for verb in ("run", "check", "settings", "version", "help"):
+            assert "lockshim %s" % verb in r.stdout
+    for spelling in ("version", "--version"):
+        r = cli(spelling)
+        assert r.returncode == 0 and r.stdout.startswith("lockshim ")
+    r = cli()
+    assert r.returncode == 64 and r.stdout == "" and r.stderr.startswith("usage: lockshim")
+    r = cli("frobnicate")
+    assert r.returncode == 64 and r.stderr.startswith('lockshim: unknown command "frobnicate"')

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: MIT
-"""Documentation matches behaviour: settings, shipped configs, install layout."""
+"""Documentation matches behaviour: settings (as `lockshim settings` prints
+them), the CLI's commands, shipped configs, install layout."""
 import glob
 import os
 import re
@@ -10,23 +11,113 @@ import pytest
 from conftest import ASAN, BUILD, CLI, ROOT, TIMEOUT, run, write_config
 
 
-def lock_settings():
-    src = open(os.path.join(ROOT, "shim", "config.c")).read()
-    table = src[src.index("lock_fields[] = {"):]
-    table = table[:table.index("};")]
-    names = re.findall(r'LOCK_FIELD\((\w+),', table) + re.findall(r'\{ "(\w+)",', table)
-    assert len(names) >= 17
-    return names
+README = os.path.join(ROOT, "README.md")
+
+# The README's configuration reference: heading of each table -> the group
+# `lockshim settings` prints.
+REFERENCE_GROUPS = {"Top level": "top", "`redis`": "redis",
+                    "Per lock (in `locks` entries and in `defaults`)": "lock"}
 
 
-def test_every_setting_is_documented():
-    readme = open(os.path.join(ROOT, "README.md")).read()
+def settings():
+    """`lockshim settings`: {(group, name): (type, default)}, from the tables
+    the parser reads the file with."""
+    r = subprocess.run([CLI, "settings"], capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    known = {}
+    for line in r.stdout.splitlines():
+        group, name, type_, default = line.split(" ")
+        assert (group, name) not in known, line
+        known[(group, name)] = (type_, default)
+    assert len(known) >= 30
+    return known
+
+
+def section(text, heading):
+    """The text under a markdown heading, up to the next heading of the same
+    or a higher level."""
+    level = heading.split(" ")[0]
+    start = text.index("\n" + heading + "\n") + len(heading) + 2
+    ends = [m.start() for m in re.finditer(r"\n#{1,%d} " % len(level), text[start:])]
+    return text[start:start + ends[0]] if ends else text[start:]
+
+
+def table_rows(text):
+    """The cells of each row of the first markdown table in text, header and
+    separator excluded."""
+    rows = [l for l in text.splitlines() if l.startswith("|")]
+    return [[c.strip() for c in re.split(r"(?<!\\)\|", l)[1:-1]] for l in rows[2:]]
+
+
+def documented():
+    """The README's configuration reference: {(group, name): default cell}."""
+    ref = section(open(README).read(), "## Configuration reference")
+    docs = {}
+    for heading, group in REFERENCE_GROUPS.items():
+        for cells in table_rows(section(ref, "### " + heading)):
+            m = re.fullmatch(r"`(\w+)`", cells[0])
+            assert m, (heading, cells)
+            assert (group, m.group(1)) not in docs, cells
+            docs[(group, m.group(1))] = cells[1]
+    return docs
+
+
+def test_readme_reference_matches_the_settings_the_code_knows():
+    known, docs = settings(), documented()
+    assert sorted(set(known) - set(docs)) == [], "known to the code, not in the README"
+    assert sorted(set(docs) - set(known)) == [], "in the README, unknown to the code"
+    for key, (type_, default) in known.items():
+        cell = docs[key]
+        literal = re.match(r"`([^`]+)`", cell)
+        if default == "required":
+            assert cell == "required", (key, cell)
+        elif default.startswith("="):  # follows another setting
+            assert "`%s`" % default.split(".")[-1] in cell, (key, default, cell)
+        elif default == "none":
+            assert "`" not in cell, (key, cell)
+        elif type_ in ("group", "list") and not literal:
+            pass  # "see below", "none": prose for an empty group
+        else:
+            assert literal and literal.group(1) == default, (key, default, cell)
+
+
+def test_every_setting_is_in_the_reference_config():
     ref = open(os.path.join(ROOT, "config", "lockshim.cfg")).read()
-    for name in lock_settings() + ["host", "port", "socket", "password", "username", "db",
-                                   "connect_timeout_ms", "command_timeout_ms",
-                                   "namespace", "log_level", "log_file", "defaults", "strict"]:
-        assert "| `%s` |" % name in readme, name
+    for group, name in settings():
         assert re.search(r"\b%s\s*=" % name, ref), name
+
+
+def test_readme_settings_example_is_real_output():
+    """The sample output under "The CLI" is lines `lockshim settings` prints."""
+    cli = section(open(README).read(), "## The CLI")
+    sample = cli[cli.index("$ lockshim settings\n"):]
+    sample = sample[:sample.index("```")].splitlines()[1:]
+    known = settings()
+    lines = [l for l in sample if l != "..."]
+    assert len(lines) >= 5
+    for line in lines:
+        group, name, type_, default = line.split(" ")
+        assert known.get((group, name)) == (type_, default), line
+
+
+def test_readme_cli_table_is_the_command_table():
+    """Each row of the README's CLI table is a usage line of `lockshim help`
+    (which prints cli.c's command table), and each usage line has a row."""
+    r = subprocess.run([CLI, "help"], capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0
+    usage = []
+    for line in r.stdout.splitlines():
+        m = re.fullmatch(r"(?:usage:| {6}) (lockshim .*)", line)
+        if m:
+            usage.append(m.group(1))
+    assert len(usage) >= 5 and usage[0].startswith("lockshim run ")
+    rows = table_rows(section(open(README).read(), "## The CLI"))
+    documented_usage = []
+    for cells in rows:
+        m = re.fullmatch(r"`(lockshim [^`]+)`", cells[0])
+        assert m, cells
+        documented_usage.append(m.group(1))
+    assert documented_usage == usage
 
 
 def test_shipped_configs_are_valid():

@@ -37,6 +37,46 @@ static int rejects(const char *text, const char *n1, const char *n2)
 	return 1;
 }
 
+static const char *str_or(const char *s) { return s ? s : "(null)"; }
+
+/* Writes every value config_load produced, for comparing two loads. */
+static void dump(const struct config *cfg, char *buf, size_t len)
+{
+	const struct redis_spec *r = &cfg->redis;
+	size_t n;
+
+	n = (size_t)snprintf(buf, len, "%s %d %s %s %s %d %d %d|%s %d %s %d|%d", r->host, r->port,
+			     str_or(r->socket), str_or(r->password), str_or(r->username), r->db,
+			     r->connect_timeout_ms, r->command_timeout_ms, cfg->ns, cfg->log_level,
+			     str_or(cfg->log_file), cfg->strict, cfg->nlocks);
+	for (int i = 0; i < cfg->nlocks && n < len; i++) {
+		const struct lock_spec *l = &cfg->locks[i];
+
+		n += (size_t)snprintf(buf + n, len - n,
+			"|%s %s %s %lld %lld %lld %lld %lld %lld %lld %lld %a %d %d %d %d %d %d %d "
+			"%d %d %d %d %d %d %lld", l->symbol, l->key_src, l->key.prefix, l->lease_ms,
+			l->wait_ms, l->max_hold_ms, l->kill_grace_ms, l->retry_max_ms,
+			l->handoff_us, l->linger_ms, l->ret, l->ret_double, l->err, l->exit_code,
+			l->kill_signal, l->on_timeout, l->on_error, l->on_lost, l->on_overrun,
+			l->reentrant, l->fair, l->break_dead, l->strict, l->stack_args_bytes,
+			l->index, l->waiter_ttl_ms);
+	}
+}
+
+/* Writes a config of one lock with "name = value;" in group (top, redis or
+ * lock); without name, the same config without the setting. */
+static void config_with(char *buf, size_t len, const char *group, const char *name,
+			const char *value)
+{
+	char set[256] = "";
+
+	if (name)
+		snprintf(set, sizeof(set), "%s = %s;", name, value);
+	snprintf(buf, len, "%s\nredis = { %s };\nlocks = ( { symbol = \"f\"; %s } );\n",
+		 !strcmp(group, "top") ? set : "", !strcmp(group, "redis") ? set : "",
+		 !strcmp(group, "lock") ? set : "");
+}
+
 int main(void)
 {
 	struct config cfg;
@@ -104,6 +144,144 @@ int main(void)
 			  "expected a number"));
 	test_cond(rejects("locks = ( { symbol = \"f\"; linger_ms = 0.5; } );", "linger_ms",
 			  "expected an integer"));
+
+	test("every per-lock setting round-trips into its own member only");
+	/* err, exit_code, kill_signal, on_*, reentrant, fair, break_dead,
+	 * strict and stack_args_bytes are adjacent ints: each is written with
+	 * its own size, so setting one never changes its neighbours. The
+	 * settings are given in an order where a wider write would clobber
+	 * an already written neighbour. */
+	test_cond(load_text(&cfg,
+		"locks = ( { stack_args_bytes = 65536; strict = true; break_dead_holders = false;\n"
+		"            fair = true; reentrant = false; on_overrun = \"abort\";\n"
+		"            on_lost = \"kill\"; on_error = \"exit\"; on_timeout = \"proceed\";\n"
+		"            kill_signal = 9; exit_code = 255; errno = 4095;\n"
+		"            return = -7; linger_ms = 60000; handoff_ms = 60000;\n"
+		"            retry_max_ms = 60000; kill_grace_ms = 12345; max_hold_ms = 777;\n"
+		"            wait_ms = 0; lease_ms = 2147483647; key = \"k{arg0}\";\n"
+		"            symbol = \"f\"; } );", err, sizeof(err)) == 0);
+	{
+		const struct lock_spec *l = &cfg.locks[0];
+
+		test_cond(strcmp(l->symbol, "f") == 0 && strcmp(l->key_src, "k{arg0}") == 0);
+		test_cond(l->lease_ms == 2147483647 && l->wait_ms == 0);
+		test_cond(l->max_hold_ms == 777 && l->kill_grace_ms == 12345);
+		test_cond(l->retry_max_ms == 60000 && l->handoff_us == 60000000);
+		test_cond(l->linger_ms == 60000);
+		test_cond(l->ret == -7 && l->ret_double == -7.0);
+		test_cond(l->err == 4095 && l->exit_code == 255 && l->kill_signal == 9);
+		test_cond(l->on_timeout == POLICY_PROCEED && l->on_error == POLICY_EXIT);
+		test_cond(l->on_lost == HOLD_KILL && l->on_overrun == HOLD_ABORT);
+		test_cond(l->reentrant == 0 && l->fair == 1 && l->break_dead == 0);
+		test_cond(l->strict == 1 && l->stack_args_bytes == 65536 && l->index == 0);
+	}
+	config_release(&cfg);
+	/* The same neighbours, each set alone to its extreme: the others keep
+	 * their defaults. */
+	test_cond(load_text(&cfg,
+		"locks = ( { symbol = \"a\"; exit_code = 0; },\n"
+		"          { symbol = \"b\"; stack_args_bytes = 0; },\n"
+		"          { symbol = \"c\"; kill_signal = \"SIGKILL\"; errno = 0; } );",
+		err, sizeof(err)) == 0);
+	test_cond(cfg.locks[0].exit_code == 0 && cfg.locks[0].err == EBUSY);
+	test_cond(cfg.locks[0].kill_signal == SIGTERM);
+	test_cond(cfg.locks[1].stack_args_bytes == 0 && cfg.locks[1].strict == 0);
+	test_cond(cfg.locks[1].index == 1);
+	test_cond(cfg.locks[2].kill_signal == SIGKILL && cfg.locks[2].err == 0);
+	test_cond(cfg.locks[2].exit_code == 75 && cfg.locks[2].on_timeout == POLICY_SKIP);
+	config_release(&cfg);
+
+	test("every redis setting round-trips into its own member only");
+	/* db, connect_timeout_ms and command_timeout_ms are adjacent ints. */
+	test_cond(load_text(&cfg,
+		"redis = { command_timeout_ms = 600000; connect_timeout_ms = 1; db = 2147483647;\n"
+		"          username = \"u\"; password = \"p\"; socket = \"/s\"; port = 65535;\n"
+		"          host = \"h\"; };", err, sizeof(err)) == 0);
+	test_cond(strcmp(cfg.redis.host, "h") == 0 && cfg.redis.port == 65535);
+	test_cond(strcmp(cfg.redis.socket, "/s") == 0 && strcmp(cfg.redis.password, "p") == 0);
+	test_cond(strcmp(cfg.redis.username, "u") == 0 && cfg.redis.db == 2147483647);
+	test_cond(cfg.redis.connect_timeout_ms == 1 && cfg.redis.command_timeout_ms == 600000);
+	config_release(&cfg);
+	test_cond(load_text(&cfg, "redis = { connect_timeout_ms = 7; };", err, sizeof(err)) == 0);
+	test_cond(cfg.redis.connect_timeout_ms == 7 && cfg.redis.command_timeout_ms == 500);
+	test_cond(cfg.redis.db == 0 && cfg.redis.port == 6379);
+	config_release(&cfg);
+	test_cond(rejects("redis = { host = \"\"; };", "redis.host", "must not be empty"));
+	test_cond(rejects("redis = { username = \"u\"; };", "redis.username",
+			  "needs redis.password as well"));
+	test_cond(rejects("redis = 1;", "redis", "expected a group"));
+	test_cond(rejects("redis = { db = -1; };", "redis.db", "out of range (0..2147483647)"));
+	test_cond(rejects("namespace = \"\";", "namespace", "must be 1..128 bytes"));
+	test_cond(rejects("strict = 1;", "strict", "expected true or false"));
+	test_cond(load_text(&cfg, "log_level = \"INFO\"; log_file = \"/tmp/x\"; strict = true;",
+			    err, sizeof(err)) == 0);
+	test_cond(cfg.log_level == 2 && strcmp(cfg.log_file, "/tmp/x") == 0 && cfg.strict == 1);
+	config_release(&cfg);
+
+	test("waiter_ttl_ms = 2 * retry_max_ms + redis.command_timeout_ms, for every lock");
+	test_cond(load_text(&cfg, "locks = ( { symbol = \"a\"; } );", err, sizeof(err)) == 0);
+	test_cond(cfg.locks[0].waiter_ttl_ms == 2 * 100 + 500);
+	config_release(&cfg);
+	/* locks before redis in the file: the lock still sees the redis group;
+	 * one lock inherits retry_max_ms from defaults, one sets its own. */
+	test_cond(load_text(&cfg,
+		"locks = ( { symbol = \"a\"; }, { symbol = \"b\"; retry_max_ms = 60000; } );\n"
+		"defaults = { retry_max_ms = 7; };\n"
+		"redis = { command_timeout_ms = 20; };", err, sizeof(err)) == 0);
+	test_cond(cfg.locks[0].waiter_ttl_ms == 2 * 7 + 20);
+	test_cond(cfg.locks[1].waiter_ttl_ms == 2 * 60000 + 20);
+	test_cond(cfg.locks[1].waiter_ttl_ms ==
+		  config_waiter_ttl_ms(&cfg.locks[1], &cfg.redis));
+	config_release(&cfg);
+
+	test("config_setting_describe: the tables, their defaults are the built-in values");
+	{
+		struct config_setting_desc d;
+		char text[1024], plain[4096], with[4096];
+		int n = 0, nlock = 0, literal = 0, ok;
+
+		config_with(text, sizeof(text), "lock", NULL, NULL);
+		test_cond(load_text(&cfg, text, err, sizeof(err)) == 0);
+		dump(&cfg, plain, sizeof(plain));
+		config_release(&cfg);
+		for (int i = 0; config_setting_describe(i, &d); i++, n++) {
+			ok = !strcmp(d.group, "top") || !strcmp(d.group, "redis") ||
+			     !strcmp(d.group, "lock");
+			ok = ok && *d.name && *d.type && *d.dflt && !strpbrk(d.dflt, " \t\n") &&
+			     !strpbrk(d.type, " \t\n");
+			if (!ok)
+				fprintf(stderr, "  bad description: %s %s %s %s\n", d.group,
+					d.name, d.type, d.dflt);
+			test_cond(ok);
+			nlock += !strcmp(d.group, "lock");
+			/* A literal default given explicitly changes nothing (log_level
+			 * aside: unset is -1, the log's own threshold, "warn"). */
+			if (!strcmp(d.dflt, "none") || !strcmp(d.dflt, "required") ||
+			    d.dflt[0] == '=' || !strcmp(d.type, "group") ||
+			    !strcmp(d.type, "list") || !strcmp(d.name, "log_level"))
+				continue;
+			literal++;
+			config_with(text, sizeof(text), d.group, d.name, d.dflt);
+			ok = load_text(&cfg, text, err, sizeof(err)) == 0;
+			dump(&cfg, with, sizeof(with));
+			config_release(&cfg);
+			if (!ok || strcmp(plain, with) != 0)
+				fprintf(stderr, "  %s %s = %s: %s\n  %s\n  %s\n", d.group, d.name,
+					d.dflt, ok ? "differs" : err, plain, with);
+			test_cond(ok && strcmp(plain, with) == 0);
+		}
+		/* A new setting changes these counts: give it a round trip in
+		 * the tests above, then count it here. */
+		test_cond(n == 7 + 8 + 22 && nlock == 22 && literal >= 25);
+		test_cond(!config_setting_describe(n, &d) && !config_setting_describe(-1, &d));
+		test_cond(config_setting_describe(0, &d) && !strcmp(d.group, "top") &&
+			  !strcmp(d.name, "redis"));
+	}
+	/* The non-literal defaults say what they follow. */
+	test_cond(load_text(&cfg, "strict = true; defaults = { on_timeout = \"abort\"; };\n"
+			    "locks = ( { symbol = \"f\"; } );", err, sizeof(err)) == 0);
+	test_cond(cfg.locks[0].strict == 1 && cfg.locks[0].on_error == POLICY_ABORT);
+	config_release(&cfg);
 
 	test("no locks is valid");
 	test_cond(load_text(&cfg, "namespace = \"x\";", err, sizeof(err)) == 0 && cfg.nlocks == 0);
