@@ -40,7 +40,6 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
-#include "backend.h"
 #include "config.h"
 #include "log.h"
 #include "selftest.h"

@@ -771,9 +771,6 @@ int config_load(struct config *cfg, const char *path, char *err, size_t errlen)
 		rc = -1;
 	} else {
 		rc = parse_root(&e, &cf, cfg);
-		for (int i = 0; rc == 0 && i < cfg->nlocks; i++)
-			cfg->locks[i].waiter_ttl_ms = 2 * cfg->locks[i].retry_max_ms +
-						      cfg->redis.command_timeout_ms;
 	}
 	config_destroy(&cf);
 	fclose(f);
