@@ -9,13 +9,15 @@
   handle or RTLD_NEXT and called through the pointer, runs under its lock;
   readv, looked up and called the same way but not configured, takes none;
 - dlmopen: a library loaded into a new link-map namespace (what the shim
-  does there today is written down in that test).
+  does there today is written down in that test);
+- pthread_cancel: a thread cancelled while blocked inside a guarded call
+  releases its lock at once, and the process goes on using it.
 
 Guarded calls are seen in Redis (the key held by the process during the
 call) and counted by the shim's debug lines ("acquired <key> for"), with
 linger_ms = 0 so that every call takes the lock from Redis. The programs
-are progs/rtld_next_main.c (with wrap.c and biz.c), dlvsym_main.c and
-dlmopen_main.c (with dlmopen_lib.c).
+are progs/rtld_next_main.c (with wrap.c and biz.c), dlvsym_main.c,
+dlmopen_main.c (with dlmopen_lib.c) and cancel_main.c (with cancel_lib.c).
 """
 import os
 
@@ -40,6 +42,9 @@ def interp(tmp_path_factory):
                         "-fPIC", *lib, "-lbiz")
     p["dlmopen"] = cc(os.path.join(d, "dlmopen_main"), ["dlmopen_main.c"], "-O2", *lib,
                       "-lbiz", "-ldl")
+    cc(os.path.join(d, "libcancel.so"), ["cancel_lib.c"], "-O2", "-shared", "-fPIC")
+    p["cancel"] = cc(os.path.join(d, "cancel_main"), ["cancel_main.c"], "-O2", *lib,
+                     "-lcancel", "-lpthread")
     return p
 
 
@@ -183,3 +188,54 @@ def test_dlmopen_namespace(interp, redis, tmp_path):
     assert sets_sent(redis) == 2
     assert "skipped" not in r.stderr
     assert lock_keys(redis) == []
+
+
+# ---- pthread_cancel ----------------------------------------------------------
+
+CANCEL_LOCKS = """
+  { symbol = "block_read"; key = "k"; lease_ms = 30000; },
+  { symbol = "quick_call"; key = "k"; lease_ms = 30000; wait_ms = 0; },
+  { symbol = "hold_call"; key = "k"; lease_ms = 30000; wait_ms = 0; }"""
+
+
+def test_cancelled_thread_releases_its_lock(interp, progs, redis, tmp_path, procs):
+    """A worker blocked in read(2) inside guarded block_read (30 s lease) is
+    cancelled (deferred) and joined: the join yields PTHREAD_CANCELED, the
+    key is gone within seconds (the release runs while the cancellation
+    unwinds through the call, not when the lease expires), another process
+    takes the lock at its first try (wait_ms = 0), and the same process's
+    next guarded call, from its main thread, takes it at the first try too."""
+    cfg = config(tmp_path, redis, CANCEL_LOCKS)
+    p = procs([interp["cancel"]], cfg)
+    assert p.expect("inside") == "inside"
+    value = wait_for(lambda: redis.cmd("GET", "lockshim:k"), what="block_read's lock taken")
+    assert ":%d:" % p.p.pid in value
+    assert redis.cmd("PTTL", "lockshim:k") > 20000
+    p.send()
+    assert p.expect("joined") == "joined canceled"
+    wait_for(lambda: redis.cmd("EXISTS", "lockshim:k") == 0, timeout=5,
+             what="the cancelled call's lock released")
+    other = run([progs["driver"], "call:0"], cfg)
+    assert other.stdout.splitlines()[-1] == "call rc=42 errno=0", other.stderr
+    p.send()
+    assert p.expect("quick") == "quick 41"  # -1 would be a skip: lock not free
+    p.send()
+    rc, out, err = p.finish()
+    assert rc == 0, err
+    assert "returned" not in out
+    assert acquires(err, "k") == 2  # block_read, then quick_call
+    assert "skipped" not in err and "lost" not in err and "error" not in err
+    assert lock_keys(redis) == []
+
+
+def test_cancel_program_without_the_shim(interp, procs):
+    """Control: the same program, unguarded, is cancelled and goes on."""
+    p = procs([interp["cancel"]])
+    assert p.expect("inside") == "inside"
+    p.send()
+    assert p.expect("joined") == "joined canceled"
+    p.send()
+    assert p.expect("quick") == "quick 41"
+    p.send()
+    rc, out, _ = p.finish()
+    assert rc == 0 and "returned" not in out
