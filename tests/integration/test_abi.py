@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: MIT
-"""The wrapper is invisible: every ABI shape, errno, exceptions and longjmp."""
+"""The wrapper is invisible: every ABI shape, errno, exceptions and longjmp;
+functions the shim itself uses can be guarded, and a program with its own
+hiredis works beside the shim's hidden copy."""
 import re
 
 import pytest
@@ -9,6 +11,7 @@ from conftest import run, write_config
 ABI_SYMS = ["many_ints", "many_doubles", "mixed_args", "vmix", "make_big", "take_big",
             "make_pair", "make_dpair", "make_mixed", "ld_mul", "ld_stack", "fsum",
             "set_errno", "deep"]
+LOCK = 'log_level = "debug";\nlocks = ( { symbol = "hold_call"; lease_ms = 60000; } );\n'
 
 
 def locks(syms, extra=""):
@@ -94,3 +97,12 @@ def test_guarding_functions_the_shim_uses(progs, redis, tmp_path):
     assert "acquired lockshim:own:hold_call" in out.stderr
     # The program's own write(2) call went through the guarded write.
     assert "acquired lockshim:own:write" in out.stderr
+
+
+def test_program_with_its_own_hiredis(progs, redis, tmp_path):
+    cfg = write_config(tmp_path, redis, LOCK)
+    r = run([progs["own_hiredis"], str(redis.port)], cfg)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["enter 0", "call rc=42", "get works"]
+    assert "acquired lockshim:hold_call" in r.stderr
+    assert redis.cmd("GET", "own-hiredis") == "works"

@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: MIT
-"""Leases: renewal, holder death, frozen holders, lost leases, max hold time."""
+"""Leases: renewal (of one key and of many nested ones), holder death, frozen
+holders, lost leases, max hold time."""
 import signal
 import time
 
 import pytest
 
-from conftest import MULT, run, wait_for, write_config
+from conftest import MULT, lock_keys, run, wait_for, write_config
 
 KEY = "lockshim:hold_call"
 
@@ -35,6 +36,21 @@ def test_renewal_keeps_short_lease_alive(progs, redis, tmp_path, procs):
     rc, _, err = p.finish()
     assert rc == 0 and "lost" not in err, err
     assert redis.cmd("EXISTS", KEY) == 0
+
+
+def test_renewal_keeps_many_keys_alive(progs, redis, tmp_path, procs):
+    depth = 60
+    c = write_config(tmp_path, redis,
+                     'locks = ( { symbol = "nest"; key = "nest:{arg0}"; lease_ms = 300; } );\n')
+    p = procs([progs["driver"], "nest:%d:1500" % depth], c)
+    p.expect("bottom")
+    end = time.monotonic() + 1.2
+    while time.monotonic() < end:  # every level's lease is 300 ms: only renewal keeps them
+        assert len(redis.cmd("KEYS", "lockshim:nest:*")) == depth + 1
+        time.sleep(0.05)
+    assert p.expect("nest") == "nest rc=%d errno=0" % depth
+    assert p.finish()[0] == 0
+    assert lock_keys(redis, "lockshim:nest:*") == []
 
 
 def test_control_without_renewal_the_lease_expires(progs, redis, tmp_path, procs):

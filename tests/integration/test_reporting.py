@@ -170,6 +170,14 @@ def test_function_of_a_stripped_executable_is_still_a_warning(mine, redis, tmp_p
     assert "internal_step: no loaded object calls or defines it" in warns[0]
 
 
+def test_symbol_defined_in_the_executable_is_reported(progs, redis, tmp_path):
+    cfg = write_config(tmp_path, redis, 'locks = ( { symbol = "local_step"; } );\n')
+    r = run([progs["local"]], cfg)
+    assert r.returncode == 0 and r.stdout == "local 42\n"
+    assert "local_step is defined in the executable" in r.stderr
+    assert "cannot be caught" in r.stderr
+
+
 def test_unused_library_function_is_only_info(progs, redis, tmp_path):
     """A library function the program does not call (fsync for driver) is
     silent at the default level and an info line naming its library at info."""
