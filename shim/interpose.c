@@ -32,6 +32,7 @@
 #include "fdown.h"
 #include "guard.h"
 #include "lock.h"
+#include "log.h"
 #include "redirect.h"
 #include "shim.h"
 #include "tramp.h"
@@ -73,6 +74,10 @@ static void *wrap_dlmopen(Lmid_t lmid, const char *file, int mode)
 
 	if (h && shim_active()) {
 		guard_enter();
+		if (lmid != LM_ID_BASE)
+			LOG(LOG_WARN, "dlmopen(%s) outside the base namespace: calls between "
+			    "the objects loaded there are not guarded (a pointer from dlsym on "
+			    "its handle is)", file ? file : "NULL");
 		redirect_refresh();
 		guard_leave();
 	}
@@ -86,10 +91,10 @@ static void *lookup(void *handle, const char *name, const char *version,
 
 	guard_enter();
 	if (handle == RTLD_NEXT)
-		p = redirect_next_definition(caller, name, version);
+		p = redirect_resolved_next(caller, name, version);
 	else
-		p = version ? dlvsym(handle, name, version) : dlsym(handle, name);
-	p = redirect_resolved(name, p);
+		p = redirect_resolved(name, version ? dlvsym(handle, name, version)
+						    : dlsym(handle, name));
 	guard_leave();
 	return p;
 }

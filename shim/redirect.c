@@ -141,6 +141,36 @@ void *redirect_resolved(const char *name, void *addr)
 	return redirect_target(n, addr);
 }
 
+/* Returns 1 when the object containing `at` defines name itself (what a
+ * lookup from that object finds lies in it), else 0. */
+static int defines(const void *at, const char *name, const char *version)
+{
+	struct link_map *lm = NULL, *def = NULL;
+	void *h, *p = NULL;
+	Dl_info di;
+
+	if (!dladdr1(at, &di, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
+		return 0;
+	h = dlopen(lm->l_name[0] ? lm->l_name : NULL, RTLD_LAZY | RTLD_NOLOAD);
+	if (h) {
+		p = version ? dlvsym(h, name, version) : dlsym(h, name);
+		dlclose(h);
+	}
+	return p && dladdr1(p, &di, (void **)&def, RTLD_DL_LINKMAP) && def == lm;
+}
+
+void *redirect_resolved_next(const void *caller, const char *name, const char *version)
+{
+	void *p = redirect_next_definition(caller, name, version);
+	struct redirect_name *n;
+
+	if (!ready || !p || !name || !(n = redirect_find(name)))
+		return p;
+	if (n->spec && defines(caller, name, version))
+		return p; /* an interposer of a guarded name: wrapped at its own definition */
+	return redirect_target(n, p);
+}
+
 void *redirect_next_definition(const void *after, const char *name, const char *version)
 {
 	struct link_map *lm = NULL;

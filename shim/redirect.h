@@ -98,6 +98,15 @@ void *redirect_resolved(const char *name, void *addr);
 void *redirect_next_definition(const void *after, const char *name, const char *version);
 
 /*
+ * dlsym(RTLD_NEXT) from caller: the next definition, as redirect_resolved
+ * makes it, except that a guarded name looked up by an object that defines
+ * it too (an interposer calling the definition it wraps) gets the
+ * definition itself: calls reach the interposer's definition through
+ * redirected slots already, so each is wrapped once, not twice.
+ */
+void *redirect_resolved_next(const void *caller, const char *name, const char *version);
+
+/*
  * The shim's internal wrappers (interpose.c), as data: a table ending with
  * a NULL name. Each becomes an ordinary entry of the name table with fn as
  * its wrapper, matched by every method like a guarded symbol; a name that
