@@ -233,10 +233,10 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
  * to the renewal thread to be deleted (renew_forget). Sets *first_renew_us,
  * when the first renewal is due. Returns an enum lock_outcome.
  */
-static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_renew_us)
+static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_item *it,
+			int64_t *first_renew_us)
 {
 	const struct lock_spec *s = l->spec;
-	struct backend_item it = renew_item(l);
 	int64_t now = util_now_ms(), step = 2, deadline, logged = now - LOCK_ERROR_LOG_MS;
 	int busy = 0, tries = 0, unsure = 0, rc;
 	char err[192] = "", holder[BACKEND_VAL_MAX], seen[BACKEND_VAL_MAX];
@@ -251,7 +251,7 @@ static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_r
 		hlen = 0;
 		rc = conn_get(t, err, sizeof(err));
 		if (rc == 0) {
-			rc = conn_check(t, backend->ops->acquire(t->conn, &it, &hint, holder, &hlen),
+			rc = conn_check(t, backend->ops->acquire(t->conn, it, &hint, holder, &hlen),
 					err, sizeof(err));
 			unsure |= rc == BACKEND_ERR; /* sent, maybe run, unanswered */
 		}
@@ -265,24 +265,24 @@ static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_r
 
 			memcpy(seen, holder, hlen);
 			seen_len = hlen;
-			if (break_dead(t, &it, holder, hlen, again || now >= deadline))
+			if (break_dead(t, it, holder, hlen, again || now >= deadline))
 				continue;
 		}
 		if (now >= deadline)
 			break;
 		if (rc == BACKEND_NO) {
-			if (!it.waiting)
+			if (!it->waiting)
 				renew_start(); /* while waiting, not while holding */
-			it.waiting = 1; /* queued from now on (joins at once if not yet) */
+			it->waiting = 1; /* queued from now on (joins at once if not yet) */
 			if (hint == BACKEND_NOT_QUEUED)
 				continue;
-			rc = conn_check(t, backend->ops->wait(t->conn, &it,
+			rc = conn_check(t, backend->ops->wait(t->conn, it,
 					min64(min64(hint, s->retry_max_ms), deadline - now)),
 					err, sizeof(err));
 			unsure |= rc == BACKEND_ERR;
 			if (rc == BACKEND_GRANTED) {
-				if (it.waiter_ttl_ms * 1000 / 3 < *first_renew_us)
-					*first_renew_us = it.waiter_ttl_ms * 1000 / 3;
+				if (it->waiter_ttl_ms * 1000 / 3 < *first_renew_us)
+					*first_renew_us = it->waiter_ttl_ms * 1000 / 3;
 				return acquired(l, now * 1000, tries, ", handed over");
 			}
 			if (rc != BACKEND_ERR)
@@ -296,11 +296,11 @@ static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_r
 		if (now < deadline)
 			util_sleep_ms(min64(backoff_next(t, &step, s->retry_max_ms), deadline - now));
 	}
-	if (unsure || (it.waiting && !t->conn)) {
-		renew_forget(&it);
-	} else if (it.waiting && backend->ops->leave(t->conn, &it, 1) == BACKEND_ERR) {
+	if (unsure || (it->waiting && !t->conn)) {
+		renew_forget(it);
+	} else if (it->waiting && backend->ops->leave(t->conn, it, 1) == BACKEND_ERR) {
 		conn_check(t, -1, err, sizeof(err));
-		renew_forget(&it);
+		renew_forget(it);
 	}
 	if (!busy) {
 		LOG(LOG_ERROR, "%s: Redis unavailable for %lld ms, lock %.*s not taken: %s",
@@ -310,6 +310,40 @@ static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_r
 	LOG(LOG_WARN, "%s: lock %.*s still held by another owner after %lld ms",
 	    s->symbol, (int)l->klen, l->key, s->wait_ms);
 	return LOCK_TIMEOUT;
+}
+
+/* The state a cancelled waiter leaves behind (wait_cancelled). */
+struct waiter {
+	struct lock_thread *t;
+	const struct backend_item *it;
+};
+
+/* pthread_cancel of a thread waiting in acquire_loop (BLPOP, connect and
+ * the backoff sleep are cancellation points): its connection may be in the
+ * middle of a command and its token queued or even granted, so the
+ * connection is dropped and the token forgotten (renew_forget), else a
+ * release could hand the lock to a thread that no longer exists. */
+static void wait_cancelled(void *arg)
+{
+	struct waiter *w = arg;
+
+	/* no stack buffer here: ASan has not unpoisoned the frames the
+	 * cancellation unwound when this runs */
+	renew_conn_failed(&w->t->conn, NULL, 0);
+	renew_forget(w->it);
+}
+
+/* acquire_loop, with wait_cancelled armed for a cancellation inside it. */
+static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_renew_us)
+{
+	struct backend_item it = renew_item(l);
+	struct waiter w = { t, &it };
+	int rc;
+
+	pthread_cleanup_push(wait_cancelled, &w);
+	rc = acquire_loop(t, l, &it, first_renew_us);
+	pthread_cleanup_pop(0);
+	return rc;
 }
 
 /* Returns t's hold of key that is active (parked = 0: entered, not inherited

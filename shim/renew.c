@@ -129,7 +129,8 @@ void renew_conn_failed(struct backend_conn **c, char *err, size_t errlen)
 {
 	if (!*c)
 		return;
-	snprintf(err, errlen, "%s", backend->ops->errstr(*c));
+	if (err)
+		snprintf(err, errlen, "%s", backend->ops->errstr(*c));
 	backend->ops->unconfirmed(*c, forget_cb, NULL);
 	backend->ops->close(*c);
 	*c = NULL;

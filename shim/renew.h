@@ -95,7 +95,8 @@ int renew_release(struct backend_conn **c, const struct lease *l, int idle, cons
 void renew_flush(struct backend_conn **c, const char *when);
 
 /*
- * After an operation on *c failed: copies the reason into err, hands the
+ * After an operation on *c failed: copies the reason into err (unless
+ * NULL), hands the
  * commands Redis may have run without answering to renew_forget, and
  * closes *c (set to NULL: the next operation reconnects).
  */

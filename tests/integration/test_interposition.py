@@ -233,3 +233,40 @@ def test_cancel_program_without_the_shim(interp, procs):
     p.send()
     rc, out, _ = p.finish()
     assert rc == 0 and "returned" not in out
+
+
+WAITER_LOCKS = """
+  { symbol = "block_read"; key = "k"; lease_ms = 30000; wait_ms = 60000; },
+  { symbol = "quick_call"; key = "k"; lease_ms = 30000; wait_ms = 0; linger_ms = 0; }"""
+
+
+def test_thread_cancelled_while_waiting_leaves_the_queue(interp, redis, tmp_path, procs):
+    """A worker cancelled while it waits for a lock another process holds
+    (blocked in the shim's BLPOP, a cancellation point) leaves the queue at
+    once, so the holder's release frees the lock instead of handing it to a
+    thread that no longer exists; both processes then take it at the first
+    try (wait_ms = 0)."""
+    cfg = config(tmp_path, redis, WAITER_LOCKS)
+    holder = procs([interp["cancel"]], cfg)
+    assert holder.expect("inside") == "inside"
+    wait_for(lambda: redis.cmd("EXISTS", "lockshim:k") == 1, what="the holder's lock")
+    waiter = procs([interp["cancel"]], cfg)
+    wait_for(lambda: redis.cmd("ZCARD", "lockshim:k:q") == 1, what="the waiter queued")
+    waiter.send()
+    assert waiter.expect("joined") == "joined canceled"
+    wait_for(lambda: redis.cmd("ZCARD", "lockshim:k:q") == 0, timeout=5,
+             what="the cancelled waiter gone from the queue")
+    holder.send()
+    assert holder.expect("joined") == "joined canceled"
+    wait_for(lambda: redis.cmd("EXISTS", "lockshim:k") == 0, timeout=5,
+             what="the holder's lock released, not handed over")
+    waiter.send()
+    assert waiter.expect("quick") == "quick 41"
+    holder.send()
+    assert holder.expect("quick") == "quick 41"
+    for p in (waiter, holder):
+        p.send()
+        rc, out, err = p.finish()
+        assert rc == 0, err
+        assert "returned" not in out
+    assert lock_keys(redis) == []
