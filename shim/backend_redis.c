@@ -304,46 +304,45 @@ static void resp_start(struct resp *r, int argc)
 	*r->p++ = '\n';
 }
 
-/* Appends one bulk string; returns -1 when it does not fit. */
-static int resp_arg(struct resp *r, const char *s, size_t n)
+/* Appends one bulk string made of the k pieces s[i] (n[i] bytes each);
+ * returns -1 when it does not fit. */
+static int resp_cat(struct resp *r, const char *const *s, const size_t *n, int k)
 {
-	if (!r->p || (size_t)(r->end - r->p) < n + 32) {
+	size_t len = 0;
+
+	for (int i = 0; i < k; i++)
+		len += n[i];
+	if (!r->p || (size_t)(r->end - r->p) < len + 32) {
 		r->p = NULL;
 		return -1;
 	}
 	*r->p++ = '$';
-	r->p = put_num(r->p, (long long)n);
+	r->p = put_num(r->p, (long long)len);
 	*r->p++ = '\r';
 	*r->p++ = '\n';
-	memcpy(r->p, s, n);
-	r->p += n;
+	for (int i = 0; i < k; i++) {
+		memcpy(r->p, s[i], n[i]);
+		r->p += n[i];
+	}
 	*r->p++ = '\r';
 	*r->p++ = '\n';
 	return 0;
+}
+
+/* Appends one bulk string; returns -1 when it does not fit. */
+static int resp_arg(struct resp *r, const char *s, size_t n)
+{
+	return resp_cat(r, &s, &n, 1);
 }
 
 /* Appends one bulk string made of key, suffix and (tok) the item's value. */
 static int resp_key(struct resp *r, const struct backend_item *it, const char *suffix,
 		    int tok)
 {
-	size_t sl = strlen(suffix), n = it->klen + sl + (tok ? it->vlen : 0);
+	const char *s[3] = { it->key, suffix, it->val };
+	size_t n[3] = { it->klen, strlen(suffix), it->vlen };
 
-	if (!r->p || (size_t)(r->end - r->p) < n + 32) {
-		r->p = NULL;
-		return -1;
-	}
-	*r->p++ = '$';
-	r->p = put_num(r->p, (long long)n);
-	*r->p++ = '\r';
-	*r->p++ = '\n';
-	memcpy(r->p, it->key, it->klen);
-	memcpy(r->p + it->klen, suffix, sl);
-	if (tok)
-		memcpy(r->p + it->klen + sl, it->val, it->vlen);
-	r->p += n;
-	*r->p++ = '\r';
-	*r->p++ = '\n';
-	return 0;
+	return resp_cat(r, s, n, tok ? 3 : 2);
 }
 
 static int resp_str(struct resp *r, const char *s)
