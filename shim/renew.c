@@ -125,6 +125,14 @@ static void forget_cb(void *arg, const struct backend_item *it)
 	renew_forget(it);
 }
 
+/* Opens *c when it is NULL. Returns whether it is open (err says why not). */
+static int conn_up(struct backend_conn **c, char *err, size_t errlen)
+{
+	if (!*c)
+		*c = backend_open(backend, err, errlen);
+	return *c != NULL;
+}
+
 void renew_conn_failed(struct backend_conn **c, char *err, size_t errlen)
 {
 	if (!*c)
@@ -142,9 +150,7 @@ int renew_release(struct backend_conn **c, const struct lease *l, int idle, cons
 	char err[192] = "";
 
 	it.turn_done = idle || (l->spec->handoff_us > 0 && util_now_us() >= l->reuse_until_us);
-	if (!*c)
-		*c = backend_open(backend, err, sizeof(err));
-	if (*c && backend->ops->release(*c, &it, 1) != BACKEND_ERR) {
+	if (conn_up(c, err, sizeof(err)) && backend->ops->release(*c, &it, 1) != BACKEND_ERR) {
 		LOG(LOG_DEBUG, "%s: released %.*s", when, (int)l->klen, l->key);
 		return 0;
 	}
@@ -284,7 +290,7 @@ static int renew_batch(const struct lease *batch, int n, int *results, char *err
 {
 	struct backend_item items[RENEW_BATCH];
 
-	if (!conn && !(conn = backend_open(backend, err, errlen)))
+	if (!conn_up(&conn, err, errlen))
 		return BACKEND_ERR;
 	for (int i = 0; i < n; i++)
 		items[i] = renew_item(&batch[i]);
@@ -404,7 +410,7 @@ static int forget_batch(struct forget **fs, int n)
 			free(f);
 			continue;
 		}
-		if (!down && !conn && !(conn = backend_open(backend, err, sizeof(err))))
+		if (!down && !conn_up(&conn, err, sizeof(err)))
 			down = 1;
 		if (!down)
 			rc = backend->ops->leave(conn, &it, 0);
@@ -680,9 +686,8 @@ void renew_exit(struct backend_conn **c)
 		list = f->next;
 		forget_item(f, &it);
 		if (now < f->until_us) {
-			if (!*c)
-				*c = backend_open(backend, err, sizeof(err));
-			if (!*c || backend->ops->leave(*c, &it, 0) == BACKEND_ERR) {
+			if (!conn_up(c, err, sizeof(err)) ||
+			    backend->ops->leave(*c, &it, 0) == BACKEND_ERR) {
 				renew_conn_failed(c, err, sizeof(err));
 				LOG(LOG_ERROR, "exit: %.*s may keep a token of this process until it "
 				    "expires (within %lld ms): %s", (int)it.klen, it.key,
