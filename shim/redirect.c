@@ -141,55 +141,58 @@ void *redirect_resolved(const char *name, void *addr)
 	return redirect_target(n, addr);
 }
 
-/* Returns 1 when the object containing `at` defines name itself (what a
- * lookup from that object finds lies in it), else 0. */
-static int defines(const void *at, const char *name, const char *version)
+/* Returns the object containing at, or NULL. */
+static struct link_map *map_of(const void *at)
 {
-	struct link_map *lm = NULL, *def = NULL;
-	void *h, *p = NULL;
+	struct link_map *lm = NULL;
 	Dl_info di;
 
-	if (!dladdr1(at, &di, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
-		return 0;
-	h = dlopen(lm->l_name[0] ? lm->l_name : NULL, RTLD_LAZY | RTLD_NOLOAD);
-	if (h) {
-		p = version ? dlvsym(h, name, version) : dlsym(h, name);
-		dlclose(h);
-	}
-	return p && dladdr1(p, &di, (void **)&def, RTLD_DL_LINKMAP) && def == lm;
+	return dladdr1(at, &di, (void **)&lm, RTLD_DL_LINKMAP) ? lm : NULL;
+}
+
+/* Returns l's own definition of name (of version, when not NULL): what a
+ * lookup in l finds, when it lies in l; else NULL. */
+static void *own_definition(struct link_map *l, const char *name, const char *version)
+{
+	void *h = dlopen(l->l_name[0] ? l->l_name : NULL, RTLD_LAZY | RTLD_NOLOAD), *p;
+
+	if (!h)
+		return NULL;
+	p = version ? dlvsym(h, name, version) : dlsym(h, name);
+	dlclose(h);
+	return p && map_of(p) == l ? p : NULL;
+}
+
+/* The first definition of name in an object after lm in load order. */
+static void *next_after(struct link_map *lm, const char *name, const char *version)
+{
+	void *p = NULL;
+
+	for (struct link_map *l = lm->l_next; l && !p; l = l->l_next)
+		p = own_definition(l, name, version);
+	return p;
 }
 
 void *redirect_resolved_next(const void *caller, const char *name, const char *version)
 {
-	void *p = redirect_next_definition(caller, name, version);
+	struct link_map *lm = map_of(caller);
+	void *p = lm ? next_after(lm, name, version) : redirect_next_definition(caller, name, version);
 	struct redirect_name *n;
 
 	if (!ready || !p || !name || !(n = redirect_find(name)))
 		return p;
-	if (n->spec && defines(caller, name, version))
+	if (n->spec && lm && own_definition(lm, name, version))
 		return p; /* an interposer of a guarded name: wrapped at its own definition */
 	return redirect_target(n, p);
 }
 
 void *redirect_next_definition(const void *after, const char *name, const char *version)
 {
-	struct link_map *lm = NULL;
-	Dl_info di;
+	struct link_map *lm = map_of(after);
 
-	if (!dladdr1(after, &di, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
+	if (!lm)
 		return version ? dlvsym(RTLD_NEXT, name, version) : dlsym(RTLD_NEXT, name);
-	for (struct link_map *l = lm->l_next; l; l = l->l_next) {
-		struct link_map *def = NULL;
-		void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD), *p;
-
-		if (!h)
-			continue;
-		p = version ? dlvsym(h, name, version) : dlsym(h, name);
-		dlclose(h);
-		if (p && dladdr1(p, &di, (void **)&def, RTLD_DL_LINKMAP) && def == l)
-			return p;
-	}
-	return NULL;
+	return next_after(lm, name, version);
 }
 
 static int scan_all(void)
@@ -211,12 +214,11 @@ static int scan_all(void)
  * executable" for the main program), or NULL. */
 static const char *defined_in(const char *name, int *in_exe)
 {
-	struct link_map *lm = NULL;
-	Dl_info di;
 	void *p = dlsym(RTLD_DEFAULT, name);
+	struct link_map *lm = p ? map_of(p) : NULL;
 
 	*in_exe = 0;
-	if (!p || !dladdr1(p, &di, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
+	if (!lm)
 		return NULL;
 	*in_exe = !lm->l_prev;
 	return *in_exe ? "the executable" : lm->l_name;
