@@ -139,6 +139,18 @@ def guarded_second_call(p, redis):
     assert expect(p, "block") == "block rc=7"
 
 
+def finish_with_record(p, data, redis):
+    """The program exits 0; its data file holds exactly its own record; each
+    guarded call took its lock once; no key is left."""
+    rc, _, err = p.finish()
+    assert rc == 0, err
+    with open(data, "rb") as f:
+        assert f.read().decode(errors="replace") == record_of(p), err
+    assert acquisitions(err, "lockshim:quick_call") == 1, err
+    assert acquisitions(err, "lockshim:block_call") == 1, err
+    assert lock_keys(redis) == []
+
+
 def crossed_cfg(tmp_path, redis):
     # wait_ms bounds how long a shim that lost its connection may keep a
     # call waiting: the new shim reconnects at once.
@@ -163,13 +175,7 @@ def test_daemon_closing_every_descriptor_gets_no_redis_commands_in_its_file(
     assert expect(p, "data") == "data fd=3"
     guarded_second_call(p, redis)
     assert expect(p, "record") == "record written"
-    rc, _, err = p.finish()
-    assert rc == 0, err
-    with open(data, "rb") as f:
-        assert f.read().decode(errors="replace") == record_of(p), err
-    assert acquisitions(err, "lockshim:quick_call") == 1, err
-    assert acquisitions(err, "lockshim:block_call") == 1, err
-    assert lock_keys(redis) == []
+    finish_with_record(p, data, redis)
 
 
 @pytest.mark.parametrize("replacer", sorted(REPLACERS))
@@ -190,13 +196,7 @@ def test_data_file_put_on_the_shims_socket_numbers_is_never_written_nor_closed(
     guarded_second_call(p, redis)
     assert expect(p, "record") == "record written"
     assert expect(p, "still-open") == "still-open %d of %d" % (replaced, replaced)
-    rc, _, err = p.finish()
-    assert rc == 0, err
-    with open(data, "rb") as f:
-        assert f.read().decode(errors="replace") == record_of(p), err
-    assert acquisitions(err, "lockshim:quick_call") == 1, err
-    assert acquisitions(err, "lockshim:block_call") == 1, err
-    assert lock_keys(redis) == []
+    finish_with_record(p, data, redis)
 
 
 # ---- coroutine and signal stacks ---------------------------------------------

@@ -396,6 +396,16 @@ def assert_gone_within(redis, seconds):
         time.sleep(0.02)
 
 
+def finish_alive(p, redis):
+    """The program outlived the shim's clean-up; told to end, it exits 0 and
+    leaves no key."""
+    assert p.p.poll() is None
+    p.send()
+    rc, _, err = p.finish()
+    assert rc == 0, err
+    assert lock_keys(redis) == []
+
+
 def test_call_skipped_on_a_frozen_redis_leaves_no_key(progs, redis, tmp_path, procs, monitor):
     """Redis frozen (SIGSTOP) while a call asks for the lock: the call is
     skipped, yet its SET runs once Redis resumes; that token is deleted by
@@ -413,11 +423,7 @@ def test_call_skipped_on_a_frozen_redis_leaves_no_key(progs, redis, tmp_path, pr
         os.kill(redis.proc.pid, signal.SIGCONT)
     monitor.wait_for(SET_OF_KEY)  # the skipped call's SET ran after all
     assert_gone_within(redis, 8)
-    assert p.p.poll() is None
-    p.send()
-    rc, _, err = p.finish()
-    assert rc == 0, err
-    assert lock_keys(redis) == []
+    finish_alive(p, redis)
 
 
 def proxied_cfg(tmp_path, proxy):
@@ -438,11 +444,7 @@ def test_call_whose_reply_was_lost_leaves_no_key(progs, redis, tmp_path, procs, 
     assert proxy.dropped["reply"] > 0
     proxy.set_mode(PASS)
     assert_gone_within(redis, 8)
-    assert p.p.poll() is None
-    p.send()
-    rc, _, err = p.finish()
-    assert rc == 0, err
-    assert lock_keys(redis) == []
+    finish_alive(p, redis)
 
 
 def test_call_into_a_black_hole_leaves_no_key(progs, redis, tmp_path, procs, proxy):
