@@ -134,8 +134,11 @@ static int set_str(char **dst, const char *v)
 static const char *const call_policies[] = { "skip", "exit", "abort", "proceed", NULL };
 static const char *const hold_policies[] = { "log", "kill", "abort", NULL };
 
+static const char *const methods[] = { "auto", "entry", "reloc", NULL };
+
 const char *config_call_policy_name(int p) { return call_policies[p]; }
 const char *config_hold_policy_name(int p) { return hold_policies[p]; }
+const char *config_method_name(int m) { return methods[m]; }
 
 /* Level names of log.h's enum log_level, for log_level's messages; log.c
  * parses them (log_level_parse, any case). */
@@ -208,6 +211,88 @@ static int signal_by_name(const char *name)
 	return -1;
 }
 
+/* Accepts an integer or a string holding one ("0x1a2b", "6699") in 0..max. */
+static int get_address(struct errbuf *e, const config_setting_t *s, const char *what,
+		       long long max, long long *out)
+{
+	const char *v;
+	char *end;
+	unsigned long long u;
+
+	if (config_setting_type(s) != CONFIG_TYPE_STRING)
+		return get_int(e, s, what, 0, max, out);
+	v = config_setting_get_string(s);
+	errno = 0;
+	u = strtoull(v, &end, 0);
+	if (!*v || *v == '-' || *v == '+' || *end || errno)
+		return fail(e, s, what, "\"%s\" is not an address (an integer or \"0x...\")", v);
+	if (u > (unsigned long long)max)
+		return fail(e, s, what, "value %s out of range (0..%lld)", v, max);
+	*out = (long long)u;
+	return 0;
+}
+
+/* Accepts a string of hex digits encoding min..max bytes; *out gets a
+ * malloc'd lowercase copy. */
+static int get_hex(struct errbuf *e, const config_setting_t *s, const char *what,
+		   long long min, long long max, char **out)
+{
+	const char *v = NULL;
+	size_t len;
+	char *p;
+
+	if (get_str(e, s, what, &v))
+		return -1;
+	len = strlen(v);
+	for (size_t i = 0; i < len; i++)
+		if (!isxdigit((unsigned char)v[i]))
+			return fail(e, s, what, "\"%s\" is not hex (digits 0-9 a-f)", v);
+	if (len % 2 || len / 2 < (size_t)min || len / 2 > (size_t)max)
+		return fail(e, s, what, "\"%s\" must be %lld..%lld bytes in hex (an even "
+			    "number of digits)", v, min, max);
+	if (!(p = strdup(v)))
+		return fail(e, s, what, "out of memory");
+	for (size_t i = 0; i < len; i++)
+		p[i] = (char)tolower((unsigned char)p[i]);
+	free(*out);
+	*out = p;
+	return 0;
+}
+
+static void free_strs(char **v)
+{
+	for (size_t i = 0; v && v[i]; i++)
+		free(v[i]);
+	free(v);
+}
+
+/* Accepts a list or array of non-empty strings; *out gets a malloc'd,
+ * NULL-terminated copy (free_strs). */
+static int get_strs(struct errbuf *e, const config_setting_t *s, const char *what,
+		    char ***out)
+{
+	int n = config_setting_length(s);
+	char **v;
+
+	if (!config_setting_is_list(s) && !config_setting_is_array(s))
+		return fail(e, s, what, "expected a list ( \"...\", ... ), got %s", type_name(s));
+	if (!(v = calloc((size_t)n + 1, sizeof(*v))))
+		return fail(e, s, what, "out of memory");
+	for (int i = 0; i < n; i++) {
+		const config_setting_t *x = config_setting_get_elem(s, (unsigned)i);
+		const char *str = NULL;
+
+		if (get_str(e, x, what, &str) || (!*str && fail(e, x, what, "must not be empty")) ||
+		    !(v[i] = strdup(str))) {
+			free_strs(v);
+			return -1;
+		}
+	}
+	free_strs(*out);
+	*out = v;
+	return 0;
+}
+
 /* Accepts a symbolic name (looked up with lookup) or a number in 1..max. */
 static int get_named_number(struct errbuf *e, const config_setting_t *s,
 			    const char *what, int (*lookup)(const char *), int max,
@@ -253,6 +338,10 @@ enum field_kind {
 	F_SIGNAL,   /* signal name (with or without SIG) or number in 1..max */
 	F_RETURN,   /* integer or float: a long long and a double (off2) */
 	F_LOGLEVEL, /* log level name, any case */
+	F_ENUM,     /* one of the names in .names, stored as its index */
+	F_ADDR,     /* integer or "0x..." string in 0..max */
+	F_HEX,      /* hex string of min..max bytes, strdup'd in lowercase */
+	F_STRS,     /* list of non-empty strings, a NULL-terminated char ** */
 	F_GROUP,    /* a group read with the table sub into the member */
 	F_DEFAULTS, /* the group of per-lock defaults (parse_root) */
 	F_LOCKS,    /* the list of locks (parse_root) */
@@ -265,6 +354,7 @@ struct field {
 	long long min, max; /* values written (integer kinds), bytes (F_STR) */
 	size_t off2;        /* F_RETURN: the double member */
 	const struct field *sub; /* F_GROUP: its settings */
+	const char *const *names; /* F_ENUM: the values, NULL-terminated */
 	/* F_GROUP: checks the member once the group is read */
 	int (*check)(struct errbuf *e, const config_setting_t *g, const void *member);
 	unsigned flags;
@@ -279,7 +369,7 @@ struct field {
 /* Kinds whose value is an integer stored by the member's size. */
 #define KIND_IS_INT(k) ((k) == F_INT || (k) == F_BOOL || (k) == F_CALL ||      \
 			(k) == F_HOLD || (k) == F_ERRNO || (k) == F_SIGNAL ||   \
-			(k) == F_LOGLEVEL)
+			(k) == F_LOGLEVEL || (k) == F_ENUM || (k) == F_ADDR)
 
 /* Nonzero when a signed integer of sz bytes holds every value in lo..hi. */
 #define INT_FITS(sz, lo, hi)                                                   \
@@ -292,7 +382,8 @@ struct field {
 #define FIELD_OK(k, sz, lo, hi)                                                \
 	(KIND_IS_INT(k) ? INT_FITS(sz, lo, hi) :                                \
 	 (k) == F_USEC ? (sz) == sizeof(long long) && (hi) <= LLONG_MAX / 1000 : \
-	 (k) == F_STR ? (sz) == sizeof(char *) :                                \
+	 (k) == F_STR || (k) == F_HEX ? (sz) == sizeof(char *) :                \
+	 (k) == F_STRS ? (sz) == sizeof(char **) :                              \
 	 (k) == F_GROUP)
 
 /* 0, or a compile error saying why when cond is false. */
@@ -398,6 +489,10 @@ static const struct field lock_fields[] = {
 	LOCK_FIELD(stack_args_bytes, F_INT, 0, STACK_ARGS_MAX),
 	LOCK_FIELD(retry_max_ms, F_INT, 1, 60000),
 	LOCK_FIELD(strict, F_BOOL, 0, 1, .dflt = "=top.strict"),
+	LOCK_FIELD(method, F_ENUM, 0, METHOD_RELOC, .names = methods),
+	LOCK_FIELD(object, F_STR, 1, 0),
+	LOCK_FIELD(offset, F_ADDR, 0, LLONG_MAX),
+	LOCK_FIELD(build_id, F_HEX, 1, CONFIG_BUILD_ID_MAX),
 	{ .name = NULL }
 };
 
@@ -423,6 +518,7 @@ static const struct field top_fields[] = {
 	FIELD(struct config, "log_level", log_level, F_LOGLEVEL, LOG_ERROR, LOG_DEBUG),
 	FIELD(struct config, "log_file", log_file, F_STR, 0, 0),
 	FIELD(struct config, "strict", strict, F_BOOL, 0, 1),
+	FIELD(struct config, "debug_dirs", debug_dirs, F_STRS, 0, 0),
 	SECTION("defaults", F_DEFAULTS),
 	SECTION("locks", F_LOCKS),
 	{ .name = NULL }
@@ -436,7 +532,9 @@ static int config_defaults(struct config *cfg)
 	cfg->redis.port = 6379;
 	cfg->redis.connect_timeout_ms = 500;
 	cfg->redis.command_timeout_ms = 500;
-	if (set_str(&cfg->ns, "lockshim") || set_str(&cfg->redis.host, "127.0.0.1"))
+	if (set_str(&cfg->ns, "lockshim") || set_str(&cfg->redis.host, "127.0.0.1") ||
+	    !(cfg->debug_dirs = calloc(2, sizeof(char *))) ||
+	    set_str(&cfg->debug_dirs[0], "/usr/lib/debug"))
 		return -1;
 	return 0;
 }
@@ -464,6 +562,7 @@ static int lock_builtin_defaults(struct lock_spec *l)
 	l->retry_max_ms = 100;
 	l->handoff_us = 500;
 	l->linger_ms = 1;
+	l->offset = -1;
 	return set_str(&l->key_src, "{symbol}");
 }
 
@@ -517,6 +616,19 @@ static int apply_field(struct errbuf *e, const struct field *f,
 			return -1;
 		v = iv;
 		break;
+	case F_ENUM:
+		if (get_enum(e, s, what, f->names, &iv))
+			return -1;
+		v = iv;
+		break;
+	case F_ADDR:
+		if (get_address(e, s, what, f->max, &v))
+			return -1;
+		break;
+	case F_HEX:
+		return get_hex(e, s, what, f->min, f->max, (char **)dst);
+	case F_STRS:
+		return get_strs(e, s, what, (char ***)dst);
 	case F_ERRNO:
 		if (get_named_number(e, s, what, errno_by_name, (int)f->max, &iv))
 			return -1;
@@ -647,8 +759,11 @@ static int parse_lock(struct errbuf *e, const config_setting_t *g, int idx,
 	*l = *defaults;
 	l->symbol = NULL;
 	l->key_src = strdup(defaults->key_src);
+	l->object = defaults->object ? strdup(defaults->object) : NULL;
+	l->build_id = defaults->build_id ? strdup(defaults->build_id) : NULL;
 	l->index = idx;
-	if (!l->key_src)
+	if (!l->key_src || (defaults->object && !l->object) ||
+	    (defaults->build_id && !l->build_id))
 		return fail(e, g, where, "out of memory");
 	if (apply_group(e, g, where, lock_fields, l))
 		return -1;
@@ -663,6 +778,11 @@ static int parse_lock(struct errbuf *e, const config_setting_t *g, int idx,
 			return fail(e, config_setting_get_member(g, "symbol"), what,
 				    "symbol \"%s\" is already guarded by locks[%d]",
 				    l->symbol, i);
+	if (l->offset >= 0 && !l->object)
+		return fail(e, g, where, "offset needs object (the file the offset is in)");
+	if (l->offset >= 0 && l->method == METHOD_RELOC)
+		return fail(e, g, where, "offset needs method \"entry\" or \"auto\": relocations "
+			    "are found by name");
 	if (l->on_error < 0)
 		l->on_error = l->on_timeout;
 	l->stack_args_bytes = (l->stack_args_bytes + 15) & ~15;
@@ -749,6 +869,8 @@ static int parse_root(struct errbuf *e, config_t *cf, struct config *cfg)
 	rc = 0;
 out:
 	free(defaults.key_src);
+	free(defaults.object);
+	free(defaults.build_id);
 	return rc;
 }
 
@@ -782,12 +904,15 @@ void config_release(struct config *cfg)
 	for (int i = 0; i < cfg->nlocks; i++) {
 		free(cfg->locks[i].symbol);
 		free(cfg->locks[i].key_src);
+		free(cfg->locks[i].object);
+		free(cfg->locks[i].build_id);
 		key_tmpl_release(&cfg->locks[i].key);
 	}
 	free(cfg->locks);
 	free(cfg->path);
 	free(cfg->ns);
 	free(cfg->log_file);
+	free_strs(cfg->debug_dirs);
 	free(cfg->redis.host);
 	free(cfg->redis.socket);
 	free(cfg->redis.password);
@@ -873,6 +998,10 @@ static void describe_type(const struct field *f, char *buf, size_t len)
 	case F_CALL: type_enum(buf, len, call_policies); return;
 	case F_HOLD: type_enum(buf, len, hold_policies); return;
 	case F_LOGLEVEL: type_enum(buf, len, log_levels); return;
+	case F_ENUM: type_enum(buf, len, f->names); return;
+	case F_ADDR: snprintf(buf, len, "address"); return;
+	case F_HEX: snprintf(buf, len, "hex:%lld..%lld", f->min, f->max); return;
+	case F_STRS: snprintf(buf, len, "strings"); return;
 	case F_ERRNO: snprintf(buf, len, "errno:0..%lld", f->max); return;
 	case F_SIGNAL: snprintf(buf, len, "signal:%lld..%lld", f->min, f->max); return;
 	case F_RETURN: snprintf(buf, len, "number"); return;
@@ -920,6 +1049,39 @@ static void describe_value(const struct field *f, const void *base, char *buf, s
 		else
 			snprintf(buf, len, "none");
 		return;
+	case F_ENUM:
+		quote(buf, len, f->names[v]);
+		return;
+	case F_ADDR: /* -1: not set */
+		if (v >= 0)
+			snprintf(buf, len, "%lld", v);
+		else
+			snprintf(buf, len, "none");
+		return;
+	case F_HEX:
+		memcpy(&name, src, sizeof(name));
+		if (name)
+			quote(buf, len, name);
+		else
+			snprintf(buf, len, "none");
+		return;
+	case F_STRS: {
+		char **v2;
+		size_t k;
+
+		memcpy(&v2, src, sizeof(v2));
+		k = (size_t)snprintf(buf, len, "(");
+		for (size_t i = 0; v2 && v2[i] && k < len; i++) {
+			if (i)
+				k += (size_t)snprintf(buf + k, len - k, ",");
+			if (k < len)
+				quote(buf + k, len - k, v2[i]);
+			k = strlen(buf);
+		}
+		if (k < len)
+			snprintf(buf + k, len - k, ")");
+		return;
+	}
 	case F_LOGLEVEL: /* -1: not set, log.c's threshold stands */
 		quote(buf, len, log_levels[v >= 0 ? v : log_threshold]);
 		return;

@@ -19,6 +19,11 @@
 enum call_policy { POLICY_SKIP, POLICY_EXIT, POLICY_ABORT, POLICY_PROCEED };
 /* on_lost / on_overrun */
 enum hold_policy { HOLD_LOG, HOLD_KILL, HOLD_ABORT };
+/* method: how calls are caught (redirect.h). AUTO: the entry of a function
+ * the executable defines, relocations otherwise. */
+enum catch_method { METHOD_AUTO, METHOD_ENTRY, METHOD_RELOC };
+
+#define CONFIG_BUILD_ID_MAX 64 /* bytes of a GNU build-id (hex digits / 2) */
 
 struct lock_spec {
 	char *symbol;
@@ -42,6 +47,11 @@ struct lock_spec {
 	int break_dead;          /* break a lock whose holder died on this machine */
 	int strict;              /* stop the program when the lock cannot be guarded */
 	int stack_args_bytes;    /* caller stack copied for stack arguments */
+	int method;              /* enum catch_method */
+	char *object;            /* where the definition is looked up; NULL: the
+				  * executable, then the libraries in load order */
+	long long offset;        /* st_value of the function in object; -1: by symbol */
+	char *build_id;          /* object's build-id, lowercase hex; NULL: any */
 	int index;
 	/*
 	 * Derived at config_load, after validation, for every lock (its own
@@ -69,6 +79,7 @@ struct config {
 	int log_level;      /* -1 when not set */
 	char *log_file;
 	int strict;         /* the default of every lock's `strict` */
+	char **debug_dirs;  /* where separate debug files are looked for; NULL-terminated */
 	struct lock_spec *locks;
 	int nlocks;
 };
@@ -109,7 +120,10 @@ long long config_waiter_ttl_ms(const struct lock_spec *l, const struct redis_spe
  *   type:  integer:MIN..MAX, decimal:MIN..MAX (whole or decimal), boolean,
  *          string, string:MIN.. or string:MIN..MAX (length in bytes),
  *          enum:A,B,C, errno:0..MAX and signal:MIN..MAX (a name or a
- *          number), number (integer or float), group, list
+ *          number), number (integer or float), address (an integer or a
+ *          "0x..." string, 0 or more), hex:MIN..MAX (a string of hex
+ *          digits, length in bytes decoded), strings (a list of strings),
+ *          group, list
  *   dflt:  a libconfig literal (30000, 0.5, true, "skip", {}, ()), none
  *          (not set), required, or =GROUP.NAME (that setting's value);
  *          never contains a blank.
@@ -130,6 +144,7 @@ const struct lock_spec *config_find(const struct config *cfg, const char *symbol
 
 /* Returns the policy name for messages. */
 const char *config_call_policy_name(int p);
+const char *config_method_name(int m);
 const char *config_hold_policy_name(int p);
 
 #endif

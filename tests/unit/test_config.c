@@ -191,6 +191,43 @@ int main(void)
 	test_cond(cfg.locks[2].exit_code == 75 && cfg.locks[2].on_timeout == POLICY_SKIP);
 	config_release(&cfg);
 
+	test("where and how a function is caught: method, object, offset, build_id, debug_dirs");
+	test_cond(load_text(&cfg,
+		"debug_dirs = ( \"/a\", \"/b/c\" );\n"
+		"defaults = { method = \"entry\"; object = \"libx.so.1\"; };\n"
+		"locks = ( { symbol = \"f\"; build_id = \"0A1b\"; offset = \"0x1a2b\"; },\n"
+		"          { symbol = \"g\"; method = \"reloc\"; object = \"main\"; },\n"
+		"          { symbol = \"h\"; method = \"auto\"; offset = 4096; } );",
+		err, sizeof(err)) == 0);
+	test_cond(!strcmp(cfg.debug_dirs[0], "/a") && !strcmp(cfg.debug_dirs[1], "/b/c") &&
+		  !cfg.debug_dirs[2]);
+	test_cond(cfg.locks[0].method == METHOD_ENTRY && !strcmp(cfg.locks[0].object, "libx.so.1"));
+	test_cond(cfg.locks[0].offset == 0x1a2b && !strcmp(cfg.locks[0].build_id, "0a1b"));
+	test_cond(cfg.locks[1].method == METHOD_RELOC && !strcmp(cfg.locks[1].object, "main"));
+	test_cond(cfg.locks[1].offset == -1 && !cfg.locks[1].build_id);
+	test_cond(cfg.locks[2].method == METHOD_AUTO && cfg.locks[2].offset == 4096);
+	config_release(&cfg);
+	test_cond(load_text(&cfg, "locks = ( { symbol = \"f\"; } );", err, sizeof(err)) == 0);
+	test_cond(cfg.locks[0].method == METHOD_AUTO && !cfg.locks[0].object &&
+		  cfg.locks[0].offset == -1 && !strcmp(cfg.debug_dirs[0], "/usr/lib/debug"));
+	config_release(&cfg);
+	test_cond(rejects("locks = ( { symbol = \"f\"; offset = 16; } );", "locks[0]",
+			  "offset needs object"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; object = \"main\"; offset = 16; "
+			  "method = \"reloc\"; } );", "locks[0]", "offset needs method"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; object = \"main\"; offset = \"0xz\"; } );",
+			  "offset", "not an address"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; object = \"main\"; offset = -1; } );",
+			  "offset", "out of range"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; build_id = \"abc\"; } );", "build_id",
+			  "even number"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; build_id = \"xy\"; } );", "build_id",
+			  "not hex"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; method = \"plt\"; } );", "method",
+			  "expected one of: auto, entry, reloc"));
+	test_cond(rejects("debug_dirs = \"/x\";", "debug_dirs", "expected a list"));
+	test_cond(rejects("debug_dirs = ( \"\" );", "debug_dirs", "must not be empty"));
+
 	test("every redis setting round-trips into its own member only");
 	/* db, connect_timeout_ms and command_timeout_ms are adjacent ints. */
 	test_cond(load_text(&cfg,
@@ -272,7 +309,7 @@ int main(void)
 		}
 		/* A new setting changes these counts: give it a round trip in
 		 * the tests above, then count it here. */
-		test_cond(n == 7 + 8 + 22 && nlock == 22 && literal >= 25);
+		test_cond(n == 8 + 8 + 26 && nlock == 26 && literal >= 26);
 		test_cond(!config_setting_describe(n, &d) && !config_setting_describe(-1, &d));
 		test_cond(config_setting_describe(0, &d) && !strcmp(d.group, "top") &&
 			  !strcmp(d.name, "redis"));
