@@ -582,13 +582,15 @@ def test_offset_with_a_wrong_build_id_is_refused(ent, redis, tmp_path, pie):
 
 # ---- 5. object = a library -----------------------------------------------------
 
-@pytest.mark.parametrize("obj", ["file name", "path"])
+@pytest.mark.parametrize("obj", ["file name", "path", "default"])
 def test_bsymbolic_inner_call_is_guarded(ent, plain, redis, tmp_path, obj):
     """lib_outer's direct calls of lib_inner go through lib_inner's patched
-    entry: 2 calls of lib_outer, 4 acquires."""
-    name = "libentry_sym.so" if obj == "file name" else ent["libsym"]
+    entry: 2 calls of lib_outer, 4 acquires. object is the library's file
+    name, its path, or not set (the executable, then the libraries)."""
+    where = {"file name": {"object": "libentry_sym.so"}, "path": {"object": ent["libsym"]},
+             "default": {}}[obj]
     cfg = write_config(tmp_path, redis, DEBUG + NO_LINGER +
-                       locks(lock("lib_inner", method="entry", object=name)))
+                       locks(lock("lib_inner", method="entry", **where)))
     r = go([ent["sym"]], cfg)
     assert r.returncode == 0 and r.stdout == plain["sym"] == "lib_outer 23 149\n", r.stderr
     assert acquires(r.stderr, "lib_inner") == 4, r.stderr
@@ -721,6 +723,16 @@ def test_check_program_library_function_auto_without_call_sites(ent, redis, tmp_
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert re.match(r"lib_inner: (unguarded|reloc \(0 call sites\))",
                     verdict(r.stdout, "lib_inner"))
+
+
+def test_check_program_dlopened_library_is_not_loaded_yet(ent, redis, tmp_path):
+    """The library plug_step lives in is dlopened by main, which check never
+    runs: not guarded at that point, exit 1."""
+    cfg = write_config(tmp_path, redis, locks(
+        lock("plug_step", method="entry", object="libentry_plug.so")))
+    r = check_prog(tmp_path, cfg, ent["plug"], ent["libplug"])
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert verdict(r.stdout, "plug_step").startswith("plug_step: unguarded"), r.stdout
 
 
 def test_check_program_typo_is_unguarded(ent, redis, tmp_path):
