@@ -18,6 +18,7 @@
  * when every lock is guarded, 1 when some is not, 78 as above. The destructor turns wrappers into pass-throughs and releases the
  * locks still held (not in a vfork child, which shares the parent's state).
  */
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -106,7 +107,7 @@ __attribute__((constructor)) static void shim_init(void)
 {
 	const char *path;
 	char err[1024];
-	int check = check_fd(), rc;
+	int check = check_fd(), rc, saved_errno = errno;
 
 	guard_enter();
 	shim_initial_thread = pthread_self();
@@ -139,6 +140,7 @@ __attribute__((constructor)) static void shim_init(void)
 	LOG(LOG_DEBUG, "%s: %d lock(s) configured", path, cfg.nlocks);
 out:
 	guard_leave();
+	errno = saved_errno; /* the program starts as it would without the shim */
 }
 
 __attribute__((destructor)) static void shim_fini(void)
