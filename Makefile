@@ -21,17 +21,20 @@ BASE_CFLAGS := $(OPT) $(WARN) $(SAN) -D_GNU_SOURCE -MMD -MP -Ishim \
 SHIM_CFLAGS := $(BASE_CFLAGS) -fPIC -fvisibility=hidden -fexceptions \
 	-ftls-model=initial-exec $(CFLAGS)
 
-# hiredis is linked statically with hidden symbols, so neither the shim nor a
-# program linking another hiredis can see the other's copy. Debian's
+# hiredis and capstone (the instruction decoder of entry patching) are linked
+# statically with hidden symbols, so neither the shim nor a program linking
+# another copy can see or bind the other's. Debian's
 # libconfig.a is not PIC, so libconfig is linked dynamically; it is only
 # used by the constructor, before anything is redirected. The archive's path
 # is asked of the compiler when the link runs (`=`, not `:=`), after the
 # dependency check; `-z defs` makes any unresolved symbol a link error.
 HIREDIS_A = $(shell $(CC) -print-file-name=libhiredis.a)
-SHIM_LIBS = $(HIREDIS_A) -lconfig -lpthread -ldl
+CAPSTONE_A = $(shell $(CC) -print-file-name=libcapstone.a)
+SHIM_LIBS = $(HIREDIS_A) $(CAPSTONE_A) -lconfig -lpthread -ldl
 
 SHIM_SRC := guard log fdown net config key sha1 owner backend backend_redis lock renew hook \
-	redirect redirect_reloc symfile dispatch interpose dlpath init arch_$(ARCH)
+	redirect redirect_entry redirect_reloc symfile symdef patchmem dispatch interpose dlpath \
+	init arch_$(ARCH) arch_$(ARCH)_entry
 SHIM_OBJ := $(SHIM_SRC:%=$(BUILD)/shim/%.o) $(BUILD)/shim/tramp_$(ARCH).o
 CLI_OBJ := $(BUILD)/cli/cli.o $(BUILD)/cli/config.o $(BUILD)/cli/key.o \
 	$(BUILD)/cli/log.o $(BUILD)/cli/sha1.o $(BUILD)/cli/backend.o $(BUILD)/cli/backend_redis.o \

@@ -3,7 +3,8 @@
  * cli.c - the `lockshim` command.
  *
  *   lockshim run [-c FILE] [--] PROGRAM [ARG...]   run PROGRAM under the shim
- *   lockshim check [-c FILE]                       validate FILE, test Redis
+ *   lockshim check [-c FILE] [-- PROGRAM [ARG...]] validate FILE, test Redis,
+ *                                                  say how PROGRAM's locks are caught
  *   lockshim settings                              the settings config.c knows
  *   lockshim version | help
  *
@@ -20,7 +21,11 @@
  * the config's absolute path as LOCKSHIM_CONFIG and execs PROGRAM, whose
  * exit status is then its own. `check` validates exactly what the shim
  * validates (config, LOCKSHIM_LOG_LEVEL, log_file) and runs the server
- * self-test (selftest.c). `settings` prints config_setting_describe's
+ * self-test (selftest.c); with a PROGRAM, it then starts PROGRAM under the
+ * shim with LOCKSHIM_CHECK_FD naming a pipe: the shim's constructor writes
+ * one line per lock there (entry, reloc or unguarded) and ends the process
+ * before main, and `check` prints those lines and exits 1 when some lock
+ * would be unguarded. `settings` prints config_setting_describe's
  * lines. Exit statuses of the CLI itself follow sysexits:
  * 64 usage, 69 Redis unavailable (check) or the shim cannot be loaded
  * (run), 78 config error, 126/127 as a shell for a program that cannot be
@@ -37,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -74,8 +80,9 @@ static int cmd_help(int argc, char **argv);
 static const struct cmd_struct commands[] = {
 	{ "run", { NULL }, cmd_run, "[-c FILE] [--] PROGRAM [ARG...]",
 	  "validate FILE, then run PROGRAM under the shim" },
-	{ "check", { NULL }, cmd_check, "[-c FILE]",
-	  "validate FILE as the shim does, print its locks and test the Redis server" },
+	{ "check", { NULL }, cmd_check, "[-c FILE] [-- PROGRAM [ARG...]]",
+	  "validate FILE as the shim does, print its locks, test the Redis server and say "
+	  "how PROGRAM's calls would be caught" },
 	{ "settings", { NULL }, cmd_settings, "",
 	  "print the settings the shim knows, one per line: group name type default" },
 	{ "version", { "--version", NULL }, cmd_version, "", "print the version" },
@@ -287,12 +294,56 @@ static char *find_shim(void)
 	return NULL;
 }
 
+/*
+ * Makes this process's environment run a program under the shim with
+ * config: the shim first in LD_PRELOAD, LOCKSHIM_CONFIG absolute. Returns
+ * 0, or EX_UNAVAILABLE (said on stderr).
+ */
+static int shim_environment(const char *config)
+{
+	char *shim = find_shim(), *abs = realpath(config, NULL), *preload;
+	const char *old = getenv("LD_PRELOAD");
+
+	if (!shim) {
+		fprintf(stderr, "lockshim: cannot find liblockshim.so next to this "
+			"program or in " LOCKSHIM_LIBDIR "\n");
+		free(abs);
+		return EX_UNAVAILABLE;
+	}
+	if (asprintf(&preload, "%s%s%s", shim, old && *old ? ":" : "",
+		     old && *old ? old : "") < 0) {
+		free(shim);
+		free(abs);
+		return EX_UNAVAILABLE;
+	}
+	setenv("LD_PRELOAD", preload, 1);
+	setenv("LOCKSHIM_CONFIG", abs ? abs : config, 1);
+	free(preload);
+	free(shim);
+	free(abs);
+	return 0;
+}
+
+/* Returns 0 when the shim can be loaded into the program argv0, else
+ * EX_UNAVAILABLE (said on stderr, with what that means). */
+static int loadable(const char *argv0, const char *what)
+{
+	char path[PATH_MAX];
+	const char *why;
+
+	if (find_program(argv0, path, sizeof(path)) == 0 && (why = not_loadable(path, 0))) {
+		fprintf(stderr, "lockshim: the shim cannot be loaded into %s: %s; %s\n", path, why,
+			what);
+		return EX_UNAVAILABLE;
+	}
+	return 0;
+}
+
 static int cmd_run(int argc, char **argv)
 {
-	const char *config = default_config(), *old, *why;
+	const char *config = default_config();
 	struct config cfg;
-	char *shim, *abs, *preload, path[PATH_MAX];
-	int i = parse_opts(argc, argv, 2, &config);
+	int i = parse_opts(argc, argv, 2, &config), rc;
 
 	if (i < 0)
 		return EX_USAGE;
@@ -301,27 +352,72 @@ static int cmd_run(int argc, char **argv)
 	if (load(&cfg, config) != 0)
 		return CONFIG_EXIT_CODE;
 	config_release(&cfg);
-	if (find_program(argv[i], path, sizeof(path)) == 0 && (why = not_loadable(path, 0))) {
-		fprintf(stderr, "lockshim: the shim cannot be loaded into %s: %s; not running it "
-			"unguarded\n", path, why);
-		return EX_UNAVAILABLE;
-	}
-	abs = realpath(config, NULL);
-	shim = find_shim();
-	if (!shim) {
-		fprintf(stderr, "lockshim: cannot find liblockshim.so next to this "
-			"program or in " LOCKSHIM_LIBDIR "\n");
-		return EX_UNAVAILABLE;
-	}
-	old = getenv("LD_PRELOAD");
-	if (asprintf(&preload, "%s%s%s", shim, old && *old ? ":" : "",
-		     old && *old ? old : "") < 0)
-		return EX_UNAVAILABLE;
-	setenv("LD_PRELOAD", preload, 1);
-	setenv("LOCKSHIM_CONFIG", abs ? abs : config, 1);
+	if ((rc = loadable(argv[i], "not running it unguarded")) != 0 ||
+	    (rc = shim_environment(config)) != 0)
+		return rc;
 	execvp(argv[i], argv + i);
 	fprintf(stderr, "lockshim: cannot run %s: %s\n", argv[i], strerror(errno));
 	return errno == ENOENT ? 127 : 126;
+}
+
+/*
+ * Starts argv under the shim in check mode and prints the lines the shim
+ * writes (one per lock). Returns 0 when every lock will be guarded, 1 when
+ * some will not, 78 when the shim refused the config, 126/127 when the
+ * program cannot be run.
+ */
+static int check_program(const char *config, char **argv)
+{
+	int fds[2], status = 0, lines = 0, code;
+	char buf[4096], fdname[16];
+	FILE *in;
+	pid_t pid;
+
+	if (loadable(argv[0], "none of its calls would be guarded") != 0)
+		return 1;
+	if (pipe2(fds, O_CLOEXEC) != 0) {
+		fprintf(stderr, "lockshim: pipe: %s\n", strerror(errno));
+		return 1;
+	}
+	fflush(stdout);
+	pid = fork();
+	if (pid == 0) {
+		close(fds[0]);
+		fcntl(fds[1], F_SETFD, 0);
+		snprintf(fdname, sizeof(fdname), "%d", fds[1]);
+		setenv("LOCKSHIM_CHECK_FD", fdname, 1);
+		if (shim_environment(config) != 0)
+			_exit(EX_UNAVAILABLE);
+		execvp(argv[0], argv);
+		fprintf(stderr, "lockshim: cannot run %s: %s\n", argv[0], strerror(errno));
+		_exit(errno == ENOENT ? 127 : 126);
+	}
+	close(fds[1]);
+	if (pid < 0) {
+		close(fds[0]);
+		fprintf(stderr, "lockshim: fork: %s\n", strerror(errno));
+		return 1;
+	}
+	in = fdopen(fds[0], "r");
+	while (in && fgets(buf, sizeof(buf), in)) {
+		fputs(buf, stdout);
+		lines++;
+	}
+	if (in)
+		fclose(in);
+	else
+		close(fds[0]);
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+	if (code == CONFIG_EXIT_CODE || code >= 126 || (lines && (code == 0 || code == 1)))
+		return code;
+	if (code == 0)
+		return 0; /* no lock configured: the shim had nothing to say */
+	fprintf(stderr, "lockshim: %s ended without a report from the shim (%s %d): was the "
+		"shim loaded?\n", argv[0], code >= 0 ? "exit status" : "signal",
+		code >= 0 ? code : WTERMSIG(status));
+	return 1;
 }
 
 static int cmd_check(int argc, char **argv)
@@ -329,12 +425,12 @@ static int cmd_check(int argc, char **argv)
 	const char *config = default_config();
 	struct config cfg;
 	char msg[1024], line[1536];
-	int i = parse_opts(argc, argv, 2, &config), rc = 0;
+	int i = parse_opts(argc, argv, 2, &config), rc = 0, prc;
 
 	if (i < 0)
 		return EX_USAGE;
-	if (i < argc)
-		return usage_error("check takes no operand");
+	if (i < argc && strcmp(argv[i - 1], "--") != 0)
+		return usage_error("check takes a program only after --");
 	if (load(&cfg, config) != 0)
 		return CONFIG_EXIT_CODE;
 	printf("%s: ok, %d lock(s)\n", config, cfg.nlocks);
@@ -343,9 +439,10 @@ static int cmd_check(int argc, char **argv)
 		size_t n;
 
 		snprintf(msg, sizeof(msg), "  %s: key %s%s lease %lld ms, wait %lld ms, on_timeout "
-			 "%s, on_error %s, on_lost %s", l->symbol, l->key.prefix, l->key_src,
-			 l->lease_ms, l->wait_ms, config_call_policy_name(l->on_timeout),
-			 config_call_policy_name(l->on_error), config_hold_policy_name(l->on_lost));
+			 "%s, on_error %s, on_lost %s, method %s", l->symbol, l->key.prefix,
+			 l->key_src, l->lease_ms, l->wait_ms, config_call_policy_name(l->on_timeout),
+			 config_call_policy_name(l->on_error), config_hold_policy_name(l->on_lost),
+			 config_method_name(l->method));
 		n = log_escape(line, sizeof(line) - 1, msg, strlen(msg));
 		line[n] = 0;
 		printf("%s\n", line);
@@ -357,6 +454,11 @@ static int cmd_check(int argc, char **argv)
 		printf("redis: ok (%s)\n", msg);
 	}
 	config_release(&cfg);
+	if (i < argc) {
+		prc = check_program(config, argv + i);
+		if (rc == 0 || prc == CONFIG_EXIT_CODE)
+			rc = prc;
+	}
 	return rc;
 }
 

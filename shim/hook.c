@@ -75,6 +75,7 @@ struct hook *hook_get(const struct lock_spec *spec, void *target, void *call)
 	h->target = target;
 	h->call = call;
 	h->stub = at;
+	h->entry = 0;
 	arch_write_stub(at, h);
 	page_used += arch_stub_size();
 	mprotect(page, page_size, PROT_READ | PROT_EXEC);

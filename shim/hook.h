@@ -27,6 +27,8 @@ struct hook {
 	void *target;         /* identity: the guarded function's address */
 	void *call;           /* what dispatch_call runs for it */
 	unsigned char *stub;
+	int entry;            /* target's entry is patched to reach a stub of this
+			       * hook: slots and lookups keep target (atomic) */
 };
 
 /*

@@ -12,9 +12,13 @@
  * serves the `redis` group (backend.c), sizes the trampoline, prepares the
  * lock layer and redirects every call site it can find.
  * Connections and the renewal thread start lazily, on the first guarded
- * call. The destructor turns wrappers into pass-throughs and releases the
+ * call. With LOCKSHIM_CHECK_FD set (`lockshim check -- PROGRAM`), it writes
+ * to that descriptor how each lock will be guarded (redirect_init) and
+ * ends the process there, before the program's own code runs: status 0
+ * when every lock is guarded, 1 when some is not, 78 as above. The destructor turns wrappers into pass-throughs and releases the
  * locks still held (not in a vfork child, which shares the parent's state).
  */
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -66,6 +70,19 @@ static const char *config_path(void)
 	return getenv("LOCKSHIM_CONFIG");
 }
 
+/* Returns the descriptor LOCKSHIM_CHECK_FD names, or -1 when it is not set. */
+static int check_fd(void)
+{
+	const char *v = getenv("LOCKSHIM_CHECK_FD");
+	char *end;
+	long fd;
+
+	if (!v || !*v)
+		return -1;
+	fd = strtol(v, &end, 10);
+	return *end || fd < 0 || fd > INT_MAX ? -1 : (int)fd;
+}
+
 static void atfork_prepare(void)
 {
 	guard_enter();
@@ -90,6 +107,7 @@ __attribute__((constructor)) static void shim_init(void)
 {
 	const char *path;
 	char err[1024];
+	int check = check_fd(), rc, saved_errno = errno;
 
 	guard_enter();
 	shim_initial_thread = pthread_self();
@@ -100,6 +118,8 @@ __attribute__((constructor)) static void shim_init(void)
 		die_config(err);
 	if (cfg.nlocks == 0) {
 		LOG(LOG_INFO, "%s: no locks configured; nothing is redirected", path);
+		if (check >= 0)
+			_exit(0);
 		goto out;
 	}
 	if (backend_init(&backend, &cfg.redis, err, sizeof(err)) != 0)
@@ -107,14 +127,20 @@ __attribute__((constructor)) static void shim_init(void)
 	if (arch_init() != 0 || lock_setup(&backend) != 0 ||
 	    pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0) {
 		LOG(LOG_ERROR, "initialisation failed; calls stay unguarded");
+		if (check >= 0)
+			_exit(1);
 		goto out;
 	}
 	__atomic_store_n(&shim_state, SHIM_ON, __ATOMIC_RELEASE);
-	if (redirect_init(&cfg, err, sizeof(err)) != 0)
+	rc = redirect_init(&cfg, check, err, sizeof(err));
+	if (check >= 0)
+		_exit(rc ? 1 : 0);
+	if (rc != 0)
 		die_config(err);
 	LOG(LOG_DEBUG, "%s: %d lock(s) configured", path, cfg.nlocks);
 out:
 	guard_leave();
+	errno = saved_errno; /* the program starts as it would without the shim */
 }
 
 __attribute__((destructor)) static void shim_fini(void)

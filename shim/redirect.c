@@ -19,15 +19,19 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "hook.h"
 #include "log.h"
 #include "symfile.h"
 
-static const struct redirect_method *const methods[] = { &redirect_reloc, NULL };
+static const struct redirect_method *const methods[] = { &redirect_entry, &redirect_reloc,
+							 NULL };
+static const struct config *config; /* frozen at init */
 static struct redirect_name *names; /* open addressing, nslots a power of 2 */
 static unsigned nslots;
 static int ready;
@@ -129,6 +133,8 @@ void *redirect_target(struct redirect_name *n, void *addr)
 		return n->wrapper;
 	/* guarded: the function at addr, run by the shim's wrapper if any */
 	h = hook_get(n->spec, addr, n->wrapper ? n->wrapper : addr);
+	if (h && __atomic_load_n(&h->entry, __ATOMIC_ACQUIRE))
+		return addr; /* its entry is guarded: calls through addr are wrapped there */
 	return h ? h->stub : addr;
 }
 
@@ -200,7 +206,7 @@ static int scan_all(void)
 	int total = 0;
 
 	for (int i = 0; methods[i]; i++) {
-		int n = methods[i]->scan();
+		int n = methods[i]->scan(config);
 
 		if (n < 0)
 			return -1;
@@ -271,44 +277,107 @@ static size_t missed(const struct redirect_name *n, const char *def, int in_exe,
 	return k;
 }
 
+/* Writes one line of `lockshim check -- PROGRAM` to fd. */
+static void check_line(int fd, const char *fmt, ...)
+{
+	char line[1024];
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(line, sizeof(line) - 1, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return;
+	if ((size_t)n > sizeof(line) - 2)
+		n = (int)sizeof(line) - 2;
+	line[n++] = '\n';
+	if (write(fd, line, (size_t)n) < 0) {
+		/* the check's reader is gone: nothing else to tell */
+	}
+}
+
+/*
+ * Writes into why (len bytes) where the unguarded name n is defined and what
+ * the methods miss there. Returns the log level the report uses for it.
+ */
+static int unguarded_why(const struct lock_spec *l, const struct redirect_name *n,
+			 struct symfile *exe, int *opened, char *why, size_t len)
+{
+	const char *where;
+	int in_exe = 0;
+	size_t k;
+
+	where = defined_in(l->symbol, &in_exe);
+	if (!where && in_exe_symtab(exe, opened, l->symbol)) {
+		where = "the executable";
+		in_exe = 1;
+	}
+	if (!where) {
+		snprintf(why, len, "%s: no loaded object calls or defines it (a typo, or another "
+			 "program?); libraries loaded later with dlopen are scanned then",
+			 l->symbol);
+		return LOG_WARN;
+	}
+	k = wrote(snprintf(why, len, "%s is defined in %s and ", l->symbol, where), len);
+	k += missed(n, where, in_exe, why + k, len - k);
+	if (in_exe)
+		return LOG_WARN;
+	snprintf(why + k, len - k, "; libraries loaded later with dlopen are scanned then");
+	return LOG_INFO; /* a library function this program does not use */
+}
+
 /*
  * Says, once, which locks have no call site (or entry) any method could
  * redirect, where their function is defined, and what the methods miss.
- * Returns 0, or -1 with err set for the first such lock that is `strict`.
+ * Returns 0, or -1 with err set for the first such lock that is `strict`,
+ * or whose entry had to be patched (method "entry") and could not be.
+ * With check_fd >= 0: one line per lock there instead (redirect_init),
+ * and returns the number of unguarded locks.
  */
-static int report(const struct config *cfg, char *err, size_t errlen)
+static int report(const struct config *cfg, int check_fd, char *err, size_t errlen)
 {
 	struct symfile exe;
-	int opened = 0, rc = 0;
+	int opened = 0, rc = 0, unguarded = 0;
 
 	for (int i = 0; i < cfg->nlocks; i++) {
 		const struct lock_spec *l = &cfg->locks[i];
 		const struct redirect_name *n = redirect_find(l->symbol);
 		const char *where;
-		char why[512];
-		int in_exe, level = LOG_WARN;
+		char why[768];
+		int level, in_exe;
 
-		if (n && n->caught)
-			continue;
-		where = defined_in(l->symbol, &in_exe);
-		if (!where && in_exe_symtab(&exe, &opened, l->symbol)) {
-			where = "the executable";
-			in_exe = 1;
-		}
-		if (where) {
-			size_t k = wrote(snprintf(why, sizeof(why), "%s is defined in %s and ",
-						  l->symbol, where), sizeof(why));
-
-			k += missed(n, where, in_exe, why + k, sizeof(why) - k);
-			if (!in_exe) {
-				snprintf(why + k, sizeof(why) - k, "; libraries loaded later with "
-					 "dlopen are scanned then");
-				level = LOG_INFO; /* a library function this program does not use */
+		if (n && n->refused) {
+			if (check_fd >= 0) {
+				check_line(check_fd, "%s: unguarded: %s (method \"entry\": the "
+					   "program would stop with status %d)", l->symbol,
+					   n->refused, CONFIG_EXIT_CODE);
+				unguarded++;
+				continue;
 			}
-		} else {
-			snprintf(why, sizeof(why), "%s: no loaded object calls or defines it (a "
-				 "typo, or another program?); libraries loaded later with dlopen "
-				 "are scanned then", l->symbol);
+			snprintf(err, errlen, "locks[%d] (%s): %s", i, l->symbol, n->refused);
+			rc = -1;
+			break;
+		}
+		if (n && n->entry_in) {
+			if (check_fd >= 0)
+				check_line(check_fd, "%s: entry in %s", l->symbol, n->entry_in);
+			continue;
+		}
+		if (n && n->caught) {
+			if (check_fd >= 0) {
+				where = defined_in(l->symbol, &in_exe);
+				check_line(check_fd, "%s: reloc (%d call site%s) in %s", l->symbol,
+					   n->caught, n->caught == 1 ? "" : "s",
+					   where ? where : "an object loaded with it");
+			}
+			continue;
+		}
+		level = unguarded_why(l, n, &exe, &opened, why, sizeof(why));
+		if (check_fd >= 0) {
+			check_line(check_fd, "%s: unguarded: %s", l->symbol, why);
+			unguarded++;
+			continue;
 		}
 		if (l->strict) {
 			snprintf(err, errlen, "locks[%d] (%s) cannot be guarded in this program and "
@@ -320,11 +389,12 @@ static int report(const struct config *cfg, char *err, size_t errlen)
 	}
 	if (opened > 0)
 		symfile_close(&exe);
-	return rc;
+	return check_fd >= 0 ? unguarded : rc;
 }
 
-int redirect_init(const struct config *cfg, char *err, size_t errlen)
+int redirect_init(const struct config *cfg, int check_fd, char *err, size_t errlen)
 {
+	config = cfg;
 	if (table_init(cfg) != 0) {
 		snprintf(err, errlen, "out of memory");
 		return -1;
@@ -333,9 +403,10 @@ int redirect_init(const struct config *cfg, char *err, size_t errlen)
 	__atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
 	if (scan_all() < 0) {
 		LOG(LOG_ERROR, "redirection failed; some calls may stay unguarded");
-		return 0;
+		if (check_fd < 0)
+			return 0;
 	}
-	return report(cfg, err, errlen);
+	return report(cfg, check_fd, err, errlen);
 }
 
 void redirect_refresh(void)

@@ -4,24 +4,26 @@
  *
  * A redirection method makes calls to the names the shim is interested in
  * reach their hook's stub (a guarded symbol) or the shim's own wrapper
- * (interpose.c: dlopen, dlsym, exec, _exit, close, ...). Today there is one
- * method, relocation patching (redirect_reloc.c). Methods run at init and
- * after every dlopen, in the order of redirect.c's `methods` table,
- * serialised by redirect.c, which also keeps the table of names (hashed
- * once at init, read-only afterwards but for the counters and canonical
- * entries) and reports, at start-up, every lock no method could reach.
+ * (interpose.c: dlopen, dlsym, exec, _exit, close, ...). There are two:
+ * entry patching (redirect_entry.c), which rewrites a guarded function's
+ * first instructions so that every call of it, from anywhere, is guarded,
+ * and relocation patching (redirect_reloc.c), which rewrites the slots
+ * through which other objects call it. Methods run at init and after
+ * every dlopen, in the order of redirect.c's `methods` table (entries
+ * first: a hook keeps the call it was created with), serialised by
+ * redirect.c, which also keeps the table of names (hashed once at init,
+ * read-only afterwards but for the counters and what the methods record)
+ * and reports, at start-up, every lock no method could reach.
  *
  * A method tells redirect.c what it caught (redirect_caught, per call site
  * or function entry it redirected) and what it will miss (its `missed`
  * callback, asked only about guarded names no method caught); the report
  * itself (where the function is defined, log level, `strict`) is
- * redirect.c's. A new method (say entry patching) is a file
- * redirect_<how>.c defining `const struct redirect_method redirect_<how>`,
- * its extern line beside redirect_reloc's below, its entry in redirect.c's
- * `methods` and its name in the Makefile's SHIM_SRC. It gets stubs with
- * hook_get (hook.h): the function's address as target, what runs it as
- * call. (Entry patching will also need, from each architecture, a way to
- * copy and relocate a prologue; tramp.h has none yet.)
+ * redirect.c's. A new method is a file redirect_<how>.c defining
+ * `const struct redirect_method redirect_<how>`, its extern line beside the
+ * others below, its entry in redirect.c's `methods` and its name in the
+ * Makefile's SHIM_SRC. It gets stubs with hook_get (hook.h): the
+ * function's address as target, what runs it as call.
  */
 #ifndef LOCKSHIM_REDIRECT_H
 #define LOCKSHIM_REDIRECT_H
@@ -40,14 +42,19 @@ struct redirect_name {
 				       * slot, so it is never wrapped again */
 	int caught;                   /* call sites or entries redirected by any
 				       * method (redirect_caught), for the report */
+	char *entry_in;               /* the object whose definition of name has its
+				       * entry patched (redirect_entry), or NULL */
+	char *refused;                /* "cannot patch the entry of ...": why method
+				       * "entry" cannot guard name; fatal at start-up */
 	unsigned hash;
 };
 
 struct redirect_method {
 	const char *name; /* in debug lines: "<name>: N call site(s) redirected" */
-	/* Redirects what is not redirected yet in objects it has not seen.
-	 * Returns the number of call sites redirected, or -1. */
-	int (*scan)(void);
+	/* Redirects what is not redirected yet in objects it has not seen
+	 * (cfg: the frozen config). Returns the number of call sites or
+	 * entries redirected, or -1. */
+	int (*scan)(const struct config *cfg);
 	/*
 	 * For the start-up report, about guarded name n that no method caught
 	 * and that def defines ("the executable" when in_exe, else a library's
@@ -60,16 +67,23 @@ struct redirect_method {
 			 char *why, size_t len);
 };
 
+extern const struct redirect_method redirect_entry;
 extern const struct redirect_method redirect_reloc;
 
 /* Called by a method for each call site (or function entry) of n it
  * redirected. */
 void redirect_caught(struct redirect_name *n);
 
-/* Builds the name table and runs every method once (constructor,
+/*
+ * Builds the name table and runs every method once (constructor,
  * single-threaded), then reports the locks nothing reaches. Returns 0, or
- * -1 with a message in err when a lock with `strict` cannot be guarded. */
-int redirect_init(const struct config *cfg, char *err, size_t errlen);
+ * -1 with a message in err when a lock with `strict` cannot be guarded or
+ * a lock with method "entry" cannot be patched. With check_fd >= 0
+ * (`lockshim check -- PROGRAM`), writes there instead one line per lock
+ * ("SYMBOL: entry in OBJECT", "SYMBOL: reloc (N call sites) in OBJECT",
+ * "SYMBOL: unguarded: WHY") and returns the number of unguarded locks.
+ */
+int redirect_init(const struct config *cfg, int check_fd, char *err, size_t errlen);
 
 /* Catches objects loaded since the last scan (called after dlopen). */
 void redirect_refresh(void);

@@ -229,10 +229,12 @@ static int check_unloads(struct dl_phdr_info *info, size_t size, void *data)
 	return 1; /* the counters are the same in every entry */
 }
 
-static int reloc_scan(void)
+static int reloc_scan(const struct config *cfg)
 {
 	Dl_info di;
 	struct scan sc = { 0, getauxval(AT_BASE), 0 };
+
+	(void)cfg;
 
 	if (dladdr((void *)reloc_scan, &di))
 		sc.self = (uintptr_t)di.dli_fbase;

@@ -4,7 +4,8 @@
  *
  * Every offset and size read from the file is checked against the mapping
  * before use: a truncated or hostile file yields "no symbols", never a
- * fault.
+ * fault. Also: a section by name (.gnu_debuglink) and the GNU build-id,
+ * from a file's note sections or from a loaded object's note segment.
  */
 #include "symfile.h"
 
@@ -99,4 +100,82 @@ const ElfW(Sym) *symfile_find_function(const struct symfile *f, const char *name
 			return s;
 	}
 	return NULL;
+}
+
+/* Returns the section headers of f, or NULL (checked by symfile_open). */
+static const ElfW(Shdr) *sections(const struct symfile *f, int *n)
+{
+	const ElfW(Ehdr) *eh = f->map;
+
+	if (!eh)
+		return NULL;
+	*n = eh->e_shnum;
+	return (const ElfW(Shdr) *)((const char *)f->map + eh->e_shoff);
+}
+
+const void *symfile_section(const struct symfile *f, const char *name, size_t *size)
+{
+	const ElfW(Ehdr) *eh = f->map;
+	const ElfW(Shdr) *sh, *names;
+	size_t len = strlen(name);
+	int n = 0;
+
+	if (!(sh = sections(f, &n)) || eh->e_shstrndx >= n)
+		return NULL;
+	names = &sh[eh->e_shstrndx];
+	if (!inside(f, names->sh_offset, names->sh_size))
+		return NULL;
+	for (int i = 0; i < n; i++) {
+		if (sh[i].sh_type == SHT_NOBITS || sh[i].sh_name >= names->sh_size ||
+		    names->sh_size - sh[i].sh_name <= len ||
+		    memcmp((const char *)f->map + names->sh_offset + sh[i].sh_name, name,
+			   len + 1) != 0 ||
+		    !inside(f, sh[i].sh_offset, sh[i].sh_size))
+			continue;
+		*size = sh[i].sh_size;
+		return (const char *)f->map + sh[i].sh_offset;
+	}
+	return NULL;
+}
+
+int symfile_note_build_id(const void *notes, size_t len, char *hex, size_t hexlen)
+{
+	const unsigned char *p = notes, *end = p + len;
+
+	while ((size_t)(end - p) >= sizeof(ElfW(Nhdr))) {
+		const ElfW(Nhdr) *nh = (const ElfW(Nhdr) *)p;
+		size_t name = (nh->n_namesz + 3) & ~(size_t)3, desc = (nh->n_descsz + 3) & ~(size_t)3;
+		const unsigned char *d = p + sizeof(*nh) + name;
+
+		if (name > (size_t)(end - p) - sizeof(*nh) ||
+		    desc > (size_t)(end - p) - sizeof(*nh) - name)
+			return 0;
+		if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 &&
+		    memcmp(p + sizeof(*nh), "GNU", 4) == 0 && nh->n_descsz > 0 &&
+		    2 * (size_t)nh->n_descsz < hexlen) {
+			for (size_t i = 0; i < nh->n_descsz; i++) {
+				hex[2 * i] = "0123456789abcdef"[d[i] >> 4];
+				hex[2 * i + 1] = "0123456789abcdef"[d[i] & 15];
+			}
+			hex[2 * nh->n_descsz] = 0;
+			return 1;
+		}
+		p = d + desc;
+	}
+	return 0;
+}
+
+int symfile_build_id(const struct symfile *f, char *hex, size_t hexlen)
+{
+	const ElfW(Shdr) *sh;
+	int n = 0;
+
+	if (!(sh = sections(f, &n)))
+		return 0;
+	for (int i = 0; i < n; i++)
+		if (sh[i].sh_type == SHT_NOTE && inside(f, sh[i].sh_offset, sh[i].sh_size) &&
+		    symfile_note_build_id((const char *)f->map + sh[i].sh_offset, sh[i].sh_size,
+					  hex, hexlen))
+			return 1;
+	return 0;
 }

@@ -32,4 +32,18 @@ void symfile_close(struct symfile *f);
 /* Returns the defined function (or IFUNC) named name, or NULL. */
 const ElfW(Sym) *symfile_find_function(const struct symfile *f, const char *name);
 
+/* Returns the contents of the section named name (its size in *size), or
+ * NULL when the file has none or it lies outside the file (NOBITS). */
+const void *symfile_section(const struct symfile *f, const char *name, size_t *size);
+
+/*
+ * Writes the GNU build-id found in the notes of the ELF image at notes
+ * (len bytes: a PT_NOTE segment or SHT_NOTE section) into hex (lowercase,
+ * NUL-terminated; hexlen >= 2 * 64 + 1). Returns 1 when found, else 0.
+ */
+int symfile_note_build_id(const void *notes, size_t len, char *hex, size_t hexlen);
+
+/* The same for the file's SHT_NOTE sections. */
+int symfile_build_id(const struct symfile *f, char *hex, size_t hexlen);
+
 #endif

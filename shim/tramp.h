@@ -3,22 +3,26 @@
  * tramp.h - what the generic code needs from an architecture.
  *
  * An architecture <name> (the Makefile's ARCH, `uname -m` by default:
- * x86_64, aarch64, ...) is three files and nothing else:
+ * x86_64, aarch64, ...) is four files and nothing else:
  *
  *   tramp_<name>.h  ARCH_INT_ARGS, the number of integer/pointer argument
  *                   registers (the {argN} placeholders, key.h; the saved
- *                   registers tramp_int_args returns), and what its .S and
- *                   .c share (the layout of struct tramp_frame). Included
- *                   by every file that includes this one, shim and CLI
- *                   alike, and by the .S: valid in C and in assembly.
+ *                   registers tramp_int_args returns), ARCH_ENTRY_COPY_MAX
+ *                   and ARCH_ENTRY_PATCH_MAX (entry patching), and what its
+ *                   .S and .c share (the layout of struct tramp_frame).
+ *                   Included by every file that includes this one, shim and
+ *                   CLI alike, and by the .S: valid in C and in assembly.
  *   tramp_<name>.S  tramp_entry, which every stub jumps to and which calls
  *                   dispatch_call(frame, hook) (dispatch.c); tramp_invoke;
  *                   tramp_vfork.
  *   arch_<name>.c   the arch_* and the other tramp_* functions below: CPU
  *                   features, the per-hook stub, relocation types, the
  *                   stack pointer inside a jmp_buf, the saved frame.
+ *   arch_<name>_entry.c  arch_entry_prepare: decoding a function's first
+ *                   instructions and relocating them into a copy (entry
+ *                   patching, redirect_entry.c).
  *
- * The Makefile compiles arch_$(ARCH).c and tramp_$(ARCH).S and passes
+ * The Makefile compiles arch_$(ARCH).c, arch_$(ARCH)_entry.c and tramp_$(ARCH).S and passes
  * -DLOCKSHIM_ARCH_H='"tramp_$(ARCH).h"' to every compilation, which this
  * header includes: no #ifdef per architecture anywhere. The generic code
  * assumes a 64-bit ELF target whose objects use RELA relocations
@@ -35,8 +39,8 @@
 #endif
 #include LOCKSHIM_ARCH_H
 
-#ifndef ARCH_INT_ARGS
-#error "the architecture header (LOCKSHIM_ARCH_H) must define ARCH_INT_ARGS"
+#if !defined(ARCH_INT_ARGS) || !defined(ARCH_ENTRY_COPY_MAX) || !defined(ARCH_ENTRY_PATCH_MAX)
+#error "the architecture header (LOCKSHIM_ARCH_H) must define ARCH_INT_ARGS, ARCH_ENTRY_COPY_MAX and ARCH_ENTRY_PATCH_MAX"
 #endif
 
 struct tramp_frame; /* saved caller state; only arch_<name>.c and the .S use its fields */
@@ -84,5 +88,37 @@ int tramp_vfork(void);
  * Implemented in assembly with unwind info, so exceptions pass through.
  */
 void tramp_invoke(struct tramp_frame *f, void *fn, size_t window);
+
+/*
+ * Entry patching (arch_<name>_entry.c). A patched function's first
+ * instructions are replaced by a direct jump to `to` (a stub entering the
+ * trampoline); they run instead from a copy, relocated for the copy's
+ * address and followed by a jump back to the rest of the function. A
+ * landing pad at the entry (x86-64: endbr64) stays in place, and the copy
+ * starts with one, as an indirect call reaches it.
+ */
+struct arch_entry {
+	unsigned char *at;      /* where the jump is written: the entry, after its landing pad */
+	size_t len;             /* bytes replaced there (whole instructions) */
+	unsigned char jump[ARCH_ENTRY_PATCH_MAX]; /* the len bytes written at `at` */
+	size_t copy_len;        /* bytes of the copy */
+};
+
+/*
+ * Prepares patching the function at fn, size bytes long (0: unknown):
+ * checks that its first instructions can be moved (the function is long
+ * enough, nothing branches back into them, each can be relocated), writes
+ * the copy into copy (ARCH_ENTRY_COPY_MAX bytes, run where they are, within
+ * arch_entry_reach of fn) and fills e with the jump to `to` (within reach
+ * too). Writes nothing at fn. Returns 0, or -1 with the reason in why
+ * ("function is 3 bytes long"). Not thread-safe (one decoder); called under
+ * redirect.c's scan lock.
+ */
+int arch_entry_prepare(const void *fn, size_t size, unsigned char *copy, const void *to,
+		       struct arch_entry *e, char *why, size_t len);
+
+/* The greatest distance between a patched function and its copy or the
+ * stub its entry jumps to (the reach of a direct jump). */
+size_t arch_entry_reach(void);
 
 #endif

@@ -15,6 +15,12 @@
 /* Integer/pointer argument registers: rdi, rsi, rdx, rcx, r8, r9. */
 #define ARCH_INT_ARGS 6
 
+/* Entry patching: a relocated copy (endbr64, up to five instructions of up
+ * to 15 bytes that grow to at most 16, a 14-byte jump back, with room) and
+ * the bytes replaced at the entry (instructions covering a 5-byte jmp). */
+#define ARCH_ENTRY_COPY_MAX 128
+#define ARCH_ENTRY_PATCH_MAX 24
+
 #define TF_RDI 0
 #define TF_RSI 8
 #define TF_RDX 16
