@@ -48,6 +48,7 @@ struct want {
 	int done;              /* patched, or given up */
 	uintptr_t base;        /* the patched object's load bias */
 	void *target;          /* the patched function */
+	void *pending;         /* the function a patch of this scan is prepared for */
 	char why[WHY_MAX];     /* why its entry was not patched, for the report */
 };
 
@@ -161,27 +162,35 @@ static int code_prot(const struct symdef_object *o, uintptr_t a, size_t len)
 }
 
 /*
- * Gives up on w: for method "entry" the report makes it fatal at start-up
- * (n->refused); for "auto" relocations stand in, said at warn.
+ * Gives up on w: for method "entry", a lock with `offset`, or one whose
+ * build-id does not match (must), the report makes it fatal at start-up
+ * (n->refused); else relocations stand in, said at warn. late: after
+ * start-up (dlopen), where nothing is fatal: an error line.
  */
-static void refuse(struct want *w, const char *where, const char *why, int late)
+static void refuse_as(struct want *w, const char *where, const char *why, int late, int must)
 {
 	char line[WHY_MAX + 300];
 
+	must |= w->l->method == METHOD_ENTRY || w->l->offset >= 0;
 	w->done = 1;
 	snprintf(w->why, WHY_MAX, "%s", why);
 	snprintf(line, sizeof(line), "cannot patch the entry of %s in %s: %s", w->l->symbol,
 		 where, why);
-	if (w->l->method == METHOD_ENTRY && !late) {
+	if (must && !late) {
 		free(w->n->refused);
 		w->n->refused = strdup(line);
 		return;
 	}
-	if (w->l->method == METHOD_ENTRY)
+	if (must)
 		LOG(LOG_ERROR, "%s; its calls stay unguarded", line);
 	else
 		LOG(LOG_WARN, "%s; falling back to relocations: calls from inside %s are not "
 		    "guarded", line, where);
+}
+
+static void refuse(struct want *w, const char *where, const char *why, int late)
+{
+	refuse_as(w, where, why, late, 0);
 }
 
 static int set_up(const struct config *cfg)
@@ -225,7 +234,7 @@ static int check_build_id(struct want *w, const struct symdef_object *o, const c
 			 "program?)", id, w->l->build_id);
 	else
 		return 0;
-	refuse(w, where, why, late);
+	refuse_as(w, where, why, late, 1);
 	return -1;
 }
 
@@ -241,6 +250,13 @@ static int prepare(struct want *w, const struct symdef_object *o, const char *wh
 	char why[WHY_MAX];
 	struct hook *h;
 
+	for (int i = 0; i < nwants; i++)
+		if (&wants[i] != w && (wants[i].target == (void *)addr ||
+				       (wants[i].pending == (void *)addr))) {
+			snprintf(why, sizeof(why), "locks[%d] (%s) patches the same function",
+				 wants[i].l->index, wants[i].l->symbol);
+			goto refused;
+		}
 	p->prot = code_prot(o, addr, size ? (size < 16 ? size : 16) : 1);
 	if (p->prot < 0) {
 		snprintf(why, sizeof(why), "0x%zx is not in its code", (size_t)(addr - o->base));
@@ -264,6 +280,7 @@ static int prepare(struct want *w, const struct symdef_object *o, const char *wh
 		goto refused;
 	}
 	arch_write_stub(block, h);
+	w->pending = (void *)addr;
 	p->w = w;
 	p->h = h;
 	snprintf(p->where, sizeof(p->where), "%s", where);
@@ -288,6 +305,7 @@ static int apply(struct patch *p, int alone, int late)
 	p->w->done = 1;
 	p->w->why[0] = 0;
 	p->w->target = p->h->target;
+	p->w->pending = NULL;
 	free(p->w->n->entry_in);
 	p->w->n->entry_in = strdup(p->where);
 	redirect_caught(p->w->n);
