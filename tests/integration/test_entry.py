@@ -70,6 +70,12 @@ def build_id(path):
     return m.group(1)
 
 
+def wrong_id(path):
+    """path's build-id with its first digit changed."""
+    bid = build_id(path)
+    return ("f" if bid[0] != "f" else "e") + bid[1:]
+
+
 def st_value(path, symbol):
     """The symbol's st_value as nm prints it."""
     for line in tool("nm", path).splitlines():
@@ -592,12 +598,12 @@ def test_offset_with_the_right_build_id(ent, redis, tmp_path, pie, form):
 
 @pytest.mark.parametrize("pie", ["", "-nopie"])
 def test_offset_with_a_wrong_build_id_is_refused(ent, redis, tmp_path, pie):
-    bid = build_id(ent["static" + pie])
-    wrong = ("0" if bid[0] != "0" else "1") + bid[1:]
-    cfg = write_config(tmp_path, redis, locks(lock(
-        "scale", method="entry", object="main",
-        offset="0x" + st_value(ent["static" + pie], "scale"), build_id=wrong)))
-    refused(go([ent["stripped" + pie]], cfg), "scale", "build-id")
+    for method in ("entry", "auto"):
+        cfg = write_config(tmp_path, redis, locks(lock(
+            "scale", method=method, object="main",
+            offset="0x" + st_value(ent["static" + pie], "scale"),
+            build_id=wrong_id(ent["static" + pie]))))
+        refused(go([ent["stripped" + pie]], cfg), "scale", "build-id")
 
 
 # ---- 5. object = a library -----------------------------------------------------
@@ -635,10 +641,11 @@ def test_library_build_id(ent, plain, redis, tmp_path):
     r = go([ent["sym"]], cfg)
     assert r.returncode == 0 and r.stdout == plain["sym"], r.stderr
     assert acquires(r.stderr, "lib_inner") == 4, r.stderr
-    wrong = ("0" if bid[0] != "0" else "1") + bid[1:]
-    cfg = write_config(tmp_path, redis, locks(lock(
-        "lib_inner", method="entry", object="libentry_sym.so", build_id=wrong)))
-    refused(go([ent["sym"]], cfg), "lib_inner", "build-id")
+    for method in ("entry", "auto"):
+        cfg = write_config(tmp_path, redis, locks(lock(
+            "lib_inner", method=method, object="libentry_sym.so",
+            build_id=wrong_id(ent["libsym"]))))
+        refused(go([ent["sym"]], cfg), "lib_inner", "build-id")
 
 
 def test_dlopened_library_internal_function(ent, plain, redis, tmp_path):
@@ -711,10 +718,12 @@ def test_check_program_ledger(ent, redis, tmp_path, v):
 
 
 def test_check_program_refused_entry(ent, redis, tmp_path):
+    """method = "entry" on a 3-byte function: check reports it unguarded with
+    the reason and exits 1 (README: where a real run would stop with 78)."""
     cfg = write_config(tmp_path, redis, locks(lock("tiny", method="entry")))
     r = check_prog(tmp_path, cfg, ent["asm"])
-    assert r.returncode == 78, (r.stdout, r.stderr)
-    assert "tiny" in r.stderr and "3 bytes long" in r.stderr
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert re.match(r"tiny: unguarded: .*3 bytes long", verdict(r.stdout, "tiny")), r.stdout
 
 
 def test_check_program_auto_fallback_is_unguarded(ent, redis, tmp_path):
@@ -777,14 +786,15 @@ def test_check_program_stripped_with_debug_file_and_offset(ent, redis, tmp_path)
     assert re.match(r"scale: entry in .*entry_static", verdict(r.stdout, "scale"))
 
 
-def test_check_program_wrong_build_id(ent, redis, tmp_path):
-    bid = build_id(ent["static"])
+@pytest.mark.parametrize("method", ["entry", "auto"])
+def test_check_program_wrong_build_id(ent, redis, tmp_path, method):
+    """A build_id that does not match: unguarded, saying build-id; exit 1."""
     cfg = write_config(tmp_path, redis, locks(lock(
-        "scale", method="entry", object="main", offset="0x" + st_value(ent["static"], "scale"),
-        build_id=("0" if bid[0] != "0" else "1") + bid[1:])))
+        "scale", method=method, object="main", offset="0x" + st_value(ent["static"], "scale"),
+        build_id=wrong_id(ent["static"]))))
     r = check_prog(tmp_path, cfg, ent["stripped"])
-    assert r.returncode == 78, (r.stdout, r.stderr)
-    assert "build-id" in r.stderr
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert re.match(r"scale: unguarded: .*build-id", verdict(r.stdout, "scale")), r.stdout
 
 
 def test_check_program_redis_unreachable(ent, tmp_path):
@@ -794,7 +804,10 @@ def test_check_program_redis_unreachable(ent, tmp_path):
     assert r.returncode == 69, (r.stdout, r.stderr)
 
 
-def test_check_program_usage(redis, tmp_path):
+def test_check_program_usage(ent, redis, tmp_path):
+    """A program without -- before it is a usage error (64); it never runs."""
     cfg = write_config(tmp_path, redis, locks(lock("scale")))
-    r = cli("check", "-c", cfg, "--")
+    mark = str(tmp_path / "main-ran")
+    r = cli("check", "-c", cfg, ent["static"], ENTRY_MARK=mark)
     assert r.returncode == 64, (r.stdout, r.stderr)
+    assert not os.path.exists(mark)
