@@ -16,7 +16,10 @@ library).
   without the shim lose updates; recursion takes the lock once (reentrant)
   or once per level (one key per level);
 - every ABI shape of abi.c linked into the executable, C++ exceptions
-  through a member function, a static function;
+  through a member function, longjmp out of a patched function, a static
+  function, and the registers a -fipa-ra caller keeps across a call of a
+  local function; a function reached by entry and by relocations is
+  wrapped once;
 - stripped executables: the debug file found by build-id under debug_dirs
   or by .gnu_debuglink; the function named by offset, with build_id;
 - object = a library: a -Bsymbolic library's internal call, a dlopened
@@ -211,6 +214,13 @@ def ent(tmp_path_factory):
     p["libplug"] = cc(j("libentry_plug.so"), ["entry_plug.c"], "-O2", "-fno-ipa-ra", "-shared",
                       "-fPIC")
     p["ipara"] = cc(j("entry_ipara"), ["entry_ipara.c"], "-O2")
+    p["libonce"] = cc(j("libentry_once.so"), ["entry_once_lib.c"], "-O2", "-shared", "-fPIC")
+    p["once"] = cc(j("entry_once"), ["entry_once_main.c"], "-O2", "-rdynamic", "-L" + d,
+                   "-Wl,-rpath," + d, "-lentry_once")
+    # jump.c and jump_main.c (test_abi's longjmp programs) in one executable.
+    p["jump-O0"] = cc(j("entry_jump-O0"), ["jump.c", "jump_main.c"], "-O0")
+    p["jump-fortify"] = cc(j("entry_jump-fortify"), ["jump.c", "jump_main.c"], "-O2",
+                           "-D_FORTIFY_SOURCE=2")
     p["plug"] = cc(j("entry_plug_main"), ["entry_plug_main.c"], "-O2", "-ldl")
 
     # Stripped copies of entry_static (strip keeps the build-id note).
@@ -251,7 +261,8 @@ def plain(ent):
     out = {}
     for name, argv in [("asm", [ent["asm"]]), ("static", [ent["static"]]),
                        ("sym", [ent["sym"]]), ("plug", [ent["plug"], ent["libplug"]]),
-                       ("clone", [ent["clone"]]), ("ipara", [ent["ipara"]]), ("abi-O0", [ent["abi-O0"]]),
+                       ("clone", [ent["clone"]]), ("ipara", [ent["ipara"]]),
+                       ("once", [ent["once"]]), ("abi-O0", [ent["abi-O0"]]),
                        ("abi-O2", [ent["abi-O2"]])]:
         r = go(argv)
         assert r.returncode == 0 and r.stderr == "", (name, r.stderr)
@@ -507,6 +518,46 @@ def test_exception_through_a_member_function_releases_the_lock(ent, redis, tmp_p
     rc, _, err = p.finish()
     assert rc == 0, err
     assert acquires(err, CXX_POST) == 2, err
+
+
+@pytest.mark.parametrize("prog,kind", [("jump-O0", "longjmp"), ("jump-O0", "siglongjmp"),
+                                       ("jump-fortify", "longjmp")])
+def test_longjmp_out_of_a_patched_function_releases_the_lock(ent, redis, tmp_path, procs,
+                                                             prog, kind):
+    """through() (in the executable) calls back, and the callback longjmps
+    out of it: "again 1" with reentrant = false and wait_ms = 0 proves the
+    hold was released; the key is gone while the program still runs."""
+    cfg = write_config(tmp_path, redis, DEBUG + locks(lock(
+        "through", method="entry", lease_ms=60000, reentrant=False, wait_ms=0, linger_ms=0)))
+    p = procs([ent[prog], kind], cfg)
+    assert p.expect("jumped") == "jumped"
+    assert p.expect("again") == "again 1"
+    assert redis.cmd("EXISTS", "lockshim:through") == 0
+    p.send()
+    rc, _, err = p.finish()
+    assert rc == 0, err
+    assert acquires(err, "through") == 2, err
+
+
+@pytest.mark.parametrize("lib_method", ["entry", "auto"])
+def test_each_call_is_wrapped_once(ent, plain, redis, tmp_path, lib_method):
+    """exe_cb (entry: defined in the executable) is also called from a library
+    through the PLT; lib_twice (entry or relocations) through the PLT and a
+    stored pointer. Not reentrant and wait_ms = 0: a call wrapped twice
+    would be skipped by its inner wrapper and change the output."""
+    assert re.search(r"JUMP_SLOT\s.*\bexe_cb\b", tool("readelf", "-rW", ent["libonce"]))
+    relocs = tool("readelf", "-rW", ent["once"])
+    assert re.search(r"R_X86_64_64\s.*\blib_twice\b", relocs), relocs
+    once = dict(reentrant=False, wait_ms=0, linger_ms=0)
+    where = {"object": "libentry_once.so"} if lib_method == "entry" else {}
+    cfg = write_config(tmp_path, redis, DEBUG + locks(
+        lock("exe_cb", **once), lock("lib_twice", method=lib_method, **where, **once)))
+    r = go([ent["once"]], cfg)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == plain["once"] == "once 5 11 7 9\n"
+    assert acquires(r.stderr, "exe_cb") == 2, r.stderr
+    assert acquires(r.stderr, "lib_twice") == 2, r.stderr
+    assert lines_at("info", r.stderr) == [] and lines_at("warn", r.stderr) == []
 
 
 @pytest.mark.parametrize("method", ["entry", "auto"])
