@@ -42,7 +42,7 @@ from conftest import CLI, TIMEOUT, cc, free_port, lock_keys, shim_env, write_con
 
 DEBUG = 'log_level = "debug";\n'
 NO_LINGER = "defaults = { linger_ms = 0; };\n"
-ASM_PATCHABLE = ["rip_first", "early_exit", "endbr_first"]
+ASM_PATCHABLE = ["rip_first", "early_exit", "endbr_first", "call_first", "jmp_first"]
 ASM_REFUSED = {"tiny": "3 bytes long", "loop_back": "branches back into",
                "loop_mid": "branches back into"}
 LEDGER_VARIANTS = {
@@ -307,10 +307,16 @@ def test_asm_encodings_are_the_awkward_ones(ent, plain):
         base, loop = insns(path, sym)
         jnz = [i for i in loop if i[1].split()[0] == "75"]  # jne rel8
         assert len(jnz) == 1 and int(jnz[0][2].split()[1], 16) - base == head, loop
+    _, call = insns(path, "call_first")
+    assert call[0][0] == 0 and call[0][1].startswith("e8 ") and "<add_two>" in call[0][2]
+    _, jmp = insns(path, "jmp_first")
+    assert jmp[0][1].startswith("e9 ") and "<add_two>" in jmp[0][2]
+    assert sizes["jmp_first"] == 5
     # Called directly from main, not exported: nothing but the entry reaches them.
     assert "rip_first" not in tool("nm", "-D", path)
     assert plain["asm"] == ("rip_first 8 12\nearly_exit -1 105\nendbr_first 7 22\n"
-                            "tiny 9 11\nloop_back 14 1\nloop_mid 6 2\n")
+                            "tiny 9 11\nloop_back 14 1\nloop_mid 6 2\n"
+                            "call_first 12 0\njmp_first 6 2\n")
 
 
 def test_ledger_variants_are_what_they_claim(ent):
@@ -363,8 +369,8 @@ def test_control_ledger_loses_updates(ent, tmp_path, v):
 @pytest.mark.parametrize("method", ["entry", "auto"])
 @pytest.mark.parametrize("symbol", ASM_PATCHABLE)
 def test_awkward_entry_is_patched(ent, plain, redis, tmp_path, symbol, method):
-    """RIP-relative first instruction, jcc rel8 out of the 5 bytes, endbr64:
-    patched; the results are those of the unpatched program, both calls
+    """RIP-relative first instruction, jcc rel8 out of the 5 bytes, endbr64,
+    a call rel32, a function that is one jmp rel32: patched; the results are those of the unpatched program, both calls
     took the lock."""
     cfg = write_config(tmp_path, redis, DEBUG + NO_LINGER + locks(lock(symbol, method=method)))
     r = go([ent["asm"]], cfg)
@@ -560,6 +566,21 @@ def test_each_call_is_wrapped_once(ent, plain, redis, tmp_path, lib_method):
     assert lines_at("info", r.stderr) == [] and lines_at("warn", r.stderr) == []
 
 
+def test_guarding_a_function_the_shim_uses_by_its_entry(progs, redis, tmp_path):
+    """libc's write patched at its entry: the shim's own writes (its debug
+    lines) reach the patched entry too and must not re-enter a wrapper; the
+    program's write(2) is guarded."""
+    cfg = write_config(tmp_path, redis, DEBUG + locks(
+        lock("write", method="entry", object="libc.so.6", key="own:{symbol}"),
+        lock("hold_call", key="own:{symbol}")))
+    r = go([progs["driver"], "call:0", "write", "call:0"], cfg)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("call rc=42 errno=0") == 2 and "written\n" in r.stdout, r.stdout
+    assert patched(r.stderr, "write"), r.stderr
+    assert acquires(r.stderr, "hold_call", "own:hold_call") >= 1, r.stderr
+    assert acquires(r.stderr, "write", "own:write") >= 1, r.stderr
+
+
 @pytest.mark.parametrize("method", ["entry", "auto"])
 def test_static_function(ent, plain, redis, tmp_path, method):
     """A static function (.symtab only) of the executable is guarded."""
@@ -753,7 +774,7 @@ def test_check_program_entry_locks(ent, redis, tmp_path):
                                                 for s in ASM_PATCHABLE]))
     r = check_prog(tmp_path, cfg, ent["asm"])
     assert r.returncode == 0, (r.stdout, r.stderr)
-    assert "3 lock(s)" in r.stdout and "redis: ok" in r.stdout
+    assert "%d lock(s)" % len(ASM_PATCHABLE) in r.stdout and "redis: ok" in r.stdout
     for s in ASM_PATCHABLE:
         assert re.match(r"%s: entry in .*entry_asm" % s, verdict(r.stdout, s)), r.stdout
 

@@ -10,6 +10,8 @@
  *   tiny(x)         3 bytes long (mov; ret): x
  *   loop_back(n, s) a loop whose jnz rel8 goes back to byte 0: s + n (n >= 1)
  *   loop_mid(n)     the same with the loop head at byte 2: 2 * n (n >= 1)
+ *   call_first(x)   a call rel32 first (to a local helper): x + 2 + x
+ *   jmp_first(x)    nothing but a jmp rel32 to the local add_two (5 bytes): x + 2
  */
 	.text
 
@@ -75,6 +77,29 @@ loop_mid:
 	jnz	1b
 	ret
 	.size	loop_mid, .-loop_mid
+
+	.type	add_two, @function
+	.p2align 4
+add_two:
+	leal	2(%rdi), %eax
+	ret
+	.size	add_two, .-add_two
+
+	.globl	call_first
+	.type	call_first, @function
+	.p2align 4
+call_first:
+	call	add_two
+	addl	%edi, %eax
+	ret
+	.size	call_first, .-call_first
+
+	.globl	jmp_first
+	.type	jmp_first, @function
+	.p2align 4
+jmp_first:
+	jmp.d32	add_two
+	.size	jmp_first, .-jmp_first
 
 	.data
 	.p2align 2

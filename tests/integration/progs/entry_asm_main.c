@@ -12,6 +12,8 @@ int endbr_first(int x);
 int tiny(int x);
 int loop_back(int n, int s);
 int loop_mid(int n);
+int call_first(int x);
+int jmp_first(int x);
 
 int main(void)
 {
@@ -39,5 +41,11 @@ int main(void)
 	a = loop_mid(3);
 	b = loop_mid(1);
 	printf("loop_mid %d %d\n", a, b);
+	a = call_first(5);
+	b = call_first(-1);
+	printf("call_first %d %d\n", a, b);
+	a = jmp_first(4);
+	b = jmp_first(0);
+	printf("jmp_first %d %d\n", a, b);
 	return 0;
 }
