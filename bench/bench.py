@@ -17,15 +17,25 @@ programs (bench/*.c) and measures, in one run:
                from lib-dynload (29 dlopens, each followed by the shim's
                scan of the new objects), without the shim and with it
                and 20 locks on symbols python never calls
-The uncontended rows are measured in two placements (taskset): client and
-server on one CPU, and on two CPUs. Prints a markdown report and writes it
-to bench/results/. `--only PART` (uncontended, contended, startup, imports)
-measures just that part and prints just its section and its targets, written
-only to --out if given. Usage: bench.py [--build DIR] [--k K] [--n N]
-[--reps R] [--startup-runs R] [--import-runs R] [--only PART] [--out FILE]
-[--settings S]
+  entry        the two redirection methods: a guarded uncontended call
+               (default, lock kept) of a library function with method
+               "reloc" and "entry", and of the executable's own function
+               (called directly) with "entry", each minus the same call
+               unguarded; and the start-up of a generated executable with
+               --symtab-funcs functions in its .symtab, without the shim,
+               with it entry-patching 20 of them, and with one lock on a
+               symbol no program defines (each case checked once in a
+               LOCKSHIM_LOG_LEVEL=debug run: patched, and the lock acquired)
+The uncontended and entry call rows are measured in two placements
+(taskset): client and server on one CPU, and on two CPUs. Prints a markdown
+report and writes it to bench/results/. `--only PART` (uncontended,
+contended, startup, imports, entry) measures just that part and prints just
+its section and its targets, written only to --out if given. Usage:
+bench.py [--build DIR] [--k K] [--n N] [--reps R] [--startup-runs R]
+[--import-runs R] [--symtab-funcs F] [--only PART] [--out FILE] [--settings S]
 """
 import argparse
+import concurrent.futures
 import datetime
 import os
 import platform
@@ -55,6 +65,11 @@ IMPORT_MODULES = (
     "_posixshmem", "_queue", "_sqlite3", "_typing", "_uuid", "_zoneinfo", "mmap",
     "resource", "termios", "xxlimited")
 IMPORT_LOCKS = 20
+
+# The entry part's start-up rows: locks on ENTRY_LOCKS of the generated
+# executable's functions, spread over its source files.
+ENTRY_LOCKS = 20
+BIG_SOURCES = 8
 
 try:
     import redis  # noqa: F401  (Debian python3-redis, for the peer rows)
@@ -175,9 +190,11 @@ class Bench:
         self.server = Server(w)
         self.counter = os.path.join(w, "counter")
 
-    def config(self, fair=False, symbol="section", extra=""):
-        path = os.path.join(self.work, "%s-%s-%d.cfg" % (symbol, "fair" if fair else "default",
-                                                          len(extra)))
+    def config(self, fair=False, symbol="section", extra="", tag=None):
+        """A config with one lock on symbol (key "bench"); extra: more settings
+        of that lock; tag names the file where two extras have one length."""
+        path = os.path.join(self.work, "%s-%s-%s.cfg" % (symbol, "fair" if fair else "default",
+                                                          tag or len(extra)))
         with open(path, "w") as f:
             f.write('redis = { host = "127.0.0.1"; port = %d; };\n'
                     'locks = ( { symbol = "%s"; key = "bench"; lease_ms = 10000; '
@@ -186,22 +203,40 @@ class Bench:
                        self.args.settings, extra))
         return path
 
-    def config_many(self, symbols):
+    def config_many(self, symbols, tag="many"):
         """A config with one lock (all defaults) per symbol."""
-        path = os.path.join(self.work, "many-%d.cfg" % len(symbols))
+        path = os.path.join(self.work, "%s-%d.cfg" % (tag, len(symbols)))
         with open(path, "w") as f:
             f.write('redis = { host = "127.0.0.1"; port = %d; };\nlocks = (\n%s\n);\n'
                     % (self.server.port, ",\n".join('  { symbol = "%s"; }' % s
                                                      for s in symbols)))
         return path
 
-    def env(self, cfg):
+    def env(self, cfg, debug=False):
         e = dict(os.environ)
         e.pop("LOCKSHIM_LOG_LEVEL", None)
         if cfg:
             e["LD_PRELOAD"] = self.shim
             e["LOCKSHIM_CONFIG"] = cfg
+            if debug:
+                e["LOCKSHIM_LOG_LEVEL"] = "debug"
         return e
+
+    def check_log(self, what, argv, cfg, want, unwanted=(), counts=None, stdin=""):
+        """Runs argv once under the shim with LOCKSHIM_LOG_LEVEL=debug and fails
+        loudly unless it exits 0, its stderr contains every string of want, none
+        of unwanted, and each string of counts {s: n} exactly n times."""
+        p = subprocess.run(argv, env=self.env(cfg, debug=True), input=stdin,
+                           capture_output=True, text=True, timeout=120)
+        bad = ["exit %d" % p.returncode] if p.returncode != 0 else []
+        bad += ["no %r" % w for w in want if w not in p.stderr]
+        bad += ["%r present" % u for u in unwanted if u in p.stderr]
+        bad += ["%r %d times (expected %d)" % (c, p.stderr.count(c), n)
+                for c, n in (counts or {}).items() if p.stderr.count(c) != n]
+        if bad:
+            raise RuntimeError("%s: the calls are not guarded as measured (%s) in a debug run "
+                               "of %s with %s; stderr:\n%s" % (
+                                   what, "; ".join(bad), " ".join(argv), cfg, p.stderr[-4000:]))
 
     # ---- uncontended -------------------------------------------------------
 
@@ -211,12 +246,19 @@ class Bench:
         ping, pair = (int(x) / 1000 for x in out.stdout.split())
         return ping, pair
 
-    def noop(self, cpu, cfg):
-        """Per-call time of bench_noop in microseconds (best of 3 runs)."""
+    def noop(self, cpu, cfg, mode="noop"):
+        """Per-call time of bench_noop (worker mode noop-wide: bench_noop_wide,
+        noop-exe: bench_noop_exe) in microseconds (best of 3 runs). The shim
+        is preloaded into the worker only, through env after taskset: taskset
+        defines none of the symbols, and a lock with method "entry" stops a
+        program where it cannot patch the entry (exit 78)."""
         best = None
+        pre = ["env"] + ["%s=%s" % (k, v) for k, v in sorted(self.env(cfg).items())
+                         if k in ("LD_PRELOAD", "LOCKSHIM_CONFIG")] if cfg else []
         for _ in range(3):
-            _, outs = run_workers([["taskset", "-c", cpu, self.worker, "noop", "-",
-                                    str(self.args.n)]], env=self.env(cfg))
+            _, outs = run_workers([["taskset", "-c", cpu] + pre + [self.worker, mode, "-",
+                                                                   str(self.args.n)]],
+                                  env=self.env(None))
             us = int(outs[0].split()[0]) / 1000 / self.args.n
             best = us if best is None else min(best, us)
         return best
@@ -351,6 +393,120 @@ class Bench:
         shim = mean_ms(self.env(cfg), "shim")
         return plain, shim
 
+    # ---- entry --------------------------------------------------------------
+
+    def entry(self):
+        return dict(calls=self.entry_calls(), startup=self.entry_startup())
+
+    def entry_calls(self):
+        """Guarded uncontended call (default settings, lock kept) minus the
+        same call unguarded, in µs, per placement: libsection's bench_noop_wide
+        (called through the PLT) with method "reloc" and "entry", and the
+        worker's own bench_noop_exe (a direct call) with "entry"."""
+        cases = [("reloc", "bench_noop_wide", "noop-wide", "reloc"),
+                 ("entry", "bench_noop_wide", "noop-wide", "entry"),
+                 ("exe", "bench_noop_exe", "noop-exe", "entry")]
+        cfgs = {}
+        for name, sym, mode, method in cases:
+            cfgs[name] = cfg = self.config(symbol=sym, extra='method = "%s";' % method,
+                                           tag=method)
+            patched, slot = "%s: entry patched" % sym, "slot of %s redirected" % sym
+            self.check_log("%s with method %s" % (sym, method),
+                           [self.worker, mode, "-", "3"], cfg,
+                           want=[patched if method == "entry" else "PLT " + slot,
+                                 "acquired "],
+                           unwanted=[slot if method == "entry" else patched], stdin="g")
+        res = {}
+        for place, server_cpu, client_cpu in [("1 CPU", "0", "0"), ("2 CPUs", "1", "0")]:
+            self.server.pin(server_cpu)
+            r = res[place] = dict(plain_lib=self.noop(client_cpu, None, "noop-wide"),
+                                  plain_exe=self.noop(client_cpu, None, "noop-exe"))
+            for name, _, mode, _ in cases:
+                r[name] = self.noop(client_cpu, cfgs[name], mode) - r[
+                    "plain_exe" if mode == "noop-exe" else "plain_lib"]
+        self.server.pin("0,1")
+        return res
+
+    def big_program(self):
+        """Generates and builds (once, cached in the temp dir) an executable
+        defining args.symtab_funcs functions (-O0, each > 12 bytes of code):
+        run without arguments it calls none of them, with one it calls the
+        ENTRY_LOCKS returned (spread over the sources) once each. Returns
+        (path, locked function names, FUNC symbols in its .symtab, build s)."""
+        if getattr(self, "_big", None):
+            return self._big
+        t0 = time.monotonic()
+        n = self.args.symtab_funcs
+        d = os.path.join(self.work, "bigsym")
+        os.makedirs(d, exist_ok=True)
+        srcs = []
+        for k in range(BIG_SOURCES):
+            srcs.append(os.path.join(d, "f%d.c" % k))
+            with open(srcs[-1], "w") as f:
+                f.write("".join("__attribute__((noinline, used)) int f%d(int x) "
+                                "{ return (x * %d + (x >> 3)) ^ %d; }\n" % (i, i + 1, i)
+                                for i in range(k * n // BIG_SOURCES,
+                                               (k + 1) * n // BIG_SOURCES)))
+        locked = ["f%d" % (i * n // ENTRY_LOCKS + 7) for i in range(ENTRY_LOCKS)]
+        srcs.append(os.path.join(d, "main.c"))
+        with open(srcs[-1], "w") as f:
+            f.write("".join("int %s(int);\n" % s for s in locked)
+                    + "int main(int argc, char **argv)\n{\n\t(void)argv;\n"
+                    "\tif (argc > 1) {\n"
+                    + "".join("\t\t%s(argc);\n" % s for s in locked)
+                    + "\t}\n\treturn 0;\n}\n")
+        objs = [s[:-2] + ".o" for s in srcs]
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as ex:
+            list(ex.map(lambda so: subprocess.run(["gcc", "-O0", "-c", "-o", so[1], so[0]],
+                                                  check=True), zip(srcs, objs)))
+        path = os.path.join(d, "bigsym")
+        subprocess.run(["gcc", "-O0", "-o", path] + objs, check=True)
+        out = subprocess.run(["readelf", "-sW", path], check=True, capture_output=True,
+                             text=True).stdout
+        funcs, sizes, table = 0, {}, None
+        for line in out.splitlines():
+            if line.startswith("Symbol table"):
+                table = line.split("'")[1]
+                continue
+            f = line.split()
+            if table == ".symtab" and len(f) >= 8 and f[3] == "FUNC":
+                funcs += 1
+                sizes[f[7]] = int(f[2], 0)
+        small = [s for s in locked if sizes.get(s, 0) < 12]
+        if funcs < n or small:
+            raise RuntimeError("%s: %d FUNC symbols in .symtab (expected >= %d); locked "
+                               "functions shorter than 12 bytes: %s" % (path, funcs, n, small))
+        self._big = (path, locked, funcs, time.monotonic() - t0)
+        return self._big
+
+    def entry_startup(self):
+        """Mean start-up wall time in ms (fastest 90 % of --startup-runs) of
+        big_program() calling none of its functions: without the shim, with it
+        and ENTRY_LOCKS locks (method auto: entry) on its functions, and with it
+        and one lock on a symbol no program defines (whose warn line, like all
+        stderr of the timed runs, goes to /dev/null)."""
+        path, locked, funcs, build_s = self.big_program()
+        cfg = self.config_many(locked, tag="entry")
+        cfg0 = self.config(symbol="not_called_anywhere")
+        self.check_log("%d locks on %s's functions" % (len(locked), os.path.basename(path)),
+                       [path, "call"], cfg, want=[],
+                       counts=dict([(": entry patched in", len(locked)),
+                                    ("acquired ", len(locked))]
+                                   + [("%s: entry patched in" % s, 1) for s in locked]))
+
+        def mean_ms(env):
+            ts = []
+            for _ in range(self.args.startup_runs):
+                t0 = time.perf_counter()
+                subprocess.run([path], env=env, check=True, stderr=subprocess.DEVNULL)
+                ts.append(time.perf_counter() - t0)
+            return statistics.mean(sorted(ts)[: len(ts) * 9 // 10]) * 1000
+        plain = mean_ms(self.env(None))
+        shim = mean_ms(self.env(cfg))
+        shim0 = mean_ms(self.env(cfg0))
+        return dict(plain=plain, shim=shim, shim0=shim0, funcs=funcs, locks=len(locked),
+                    build_s=build_s, size=os.path.getsize(path))
+
     def close(self):
         self.server.stop()
         shutil.rmtree(self.work, ignore_errors=True)
@@ -363,10 +519,15 @@ IMPLS = [("poll", "plain C, SET NX / 1 ms poll / compare-and-delete"),
          ("lockshim-fair", "lockshim, fair = true"),
          ("redis-py", "redis-py Lock, defaults (sleep 0.1)"),
          ("redis-py-0.001", "redis-py Lock, sleep=0.001")]
-PARTS = ["uncontended", "contended", "startup", "imports"]
+PARTS = ["uncontended", "contended", "startup", "imports", "entry"]
+ENTRY_CASES = [("reloc", 'library function (bench_noop_wide in libsection.so, through the '
+                'PLT), method = "reloc"'),
+               ("entry", 'the same library function, method = "entry"'),
+               ("exe", 'the executable\'s own function (bench_noop_exe, a direct call), '
+                'method = "entry"')]
 
 
-def report(b, args, unc=None, con=None, startup=None, imports=None):
+def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None):
     """The markdown report of the parts measured (those not None)."""
     lines = []
     add = lines.append
@@ -442,6 +603,48 @@ def report(b, args, unc=None, con=None, startup=None, imports=None):
         add("| with the shim, %d locks | %.2f ms |" % (IMPORT_LOCKS, imports[1]))
         add("| cost of the shim (target < 5 ms) | %.2f ms |" % (imports[1] - imports[0]))
         add("")
+    if entry:
+        ec, es = entry["calls"], entry["startup"]
+        e1, e2 = ec["1 CPU"], ec["2 CPUs"]
+        add("## Entry patching versus relocation patching")
+        add("")
+        add("Guarded uncontended call, default settings (lock kept between calls): guarded "
+            "minus unguarded, per call, best of 3 runs of %d calls. Each lock checked once with "
+            "LOCKSHIM_LOG_LEVEL=debug (\"entry patched\" or \"PLT slot of\", and \"acquired\")."
+            % args.n)
+        add("")
+        add("| measured | client and server on one CPU | on two CPUs |")
+        add("|---|---:|---:|")
+        add("| unguarded call, library function through the PLT | %.4f µs | %.4f µs |"
+            % (e1["plain_lib"], e2["plain_lib"]))
+        add("| unguarded call, the executable's own function | %.4f µs | %.4f µs |"
+            % (e1["plain_exe"], e2["plain_exe"]))
+        for key, label in ENTRY_CASES:
+            add("| **guarded call, %s** | **%.2f µs** | **%.2f µs** |" % (label, e1[key], e2[key]))
+        add("| ratio entry / reloc, library function (same cost: ≤ 1.10) | %.2f | %.2f |"
+            % (e1["entry"] / e1["reloc"], e2["entry"] / e2["reloc"]))
+        add("| ratio entry (executable's function) / reloc (library function) (same cost: "
+            "≤ 1.10) | %.2f | %.2f |" % (e1["exe"] / e1["reloc"], e2["exe"] / e2["reloc"]))
+        add("")
+        add("Start-up of a generated executable (%d -O0 functions, %d FUNC symbols in its "
+            ".symtab, %.1f MB, built in %.0f s) whose main calls none of them; the %d locks "
+            "(method auto, i.e. entry) guard %d of its functions (checked once with "
+            "LOCKSHIM_LOG_LEVEL=debug and an argument making main call them: %d \"entry "
+            "patched\" and %d \"acquired\" lines)."
+            % (args.symtab_funcs, es["funcs"], es["size"] / 1e6, es["build_s"], es["locks"],
+               es["locks"], es["locks"], es["locks"]))
+        add("")
+        add("| | mean wall time per run (fastest 90 %% of %d) |" % args.startup_runs)
+        add("|---|---:|")
+        add("| without the shim | %.2f ms |" % es["plain"])
+        add("| with the shim, %d locks entry-patching its functions | %.2f ms |"
+            % (es["locks"], es["shim"]))
+        add("| with the shim, 1 lock on a function no program defines (reference) | %.2f ms |"
+            % es["shim0"])
+        add("| **cost of entry-patching %d functions (target < 10 ms)** | **%.2f ms** |"
+            % (es["locks"], es["shim"] - es["plain"]))
+        add("| cost of the shim with the reference lock | %.2f ms |" % (es["shim0"] - es["plain"]))
+        add("")
     add("## Targets")
     add("")
     checks = []
@@ -484,6 +687,15 @@ def report(b, args, unc=None, con=None, startup=None, imports=None):
     if imports:
         checks.append(("python3 imports with %d locks: cost < 5 ms" % IMPORT_LOCKS,
                        imports[1] - imports[0], "%.2f ms", lambda v: v < 5))
+    if entry:
+        for place, e in (("one CPU", e1), ("two CPUs", e2)):
+            checks.append(("guarded call, entry / reloc (library function) ≤ 1.10, %s" % place,
+                           e["entry"] / e["reloc"], "%.2f", lambda v: v <= 1.10))
+            checks.append(("guarded call, entry (executable's function) / reloc ≤ 1.10, %s"
+                           % place, e["exe"] / e["reloc"], "%.2f", lambda v: v <= 1.10))
+        checks.append(("start-up, entry-patching %d functions of a %d-symbol executable: "
+                       "cost < 10 ms" % (es["locks"], es["funcs"]),
+                       es["shim"] - es["plain"], "%.2f ms", lambda v: v < 10))
     add("| target | measured | met |")
     add("|---|---:|---|")
     for name, v, fmt, ok in checks:
@@ -511,6 +723,8 @@ def main():
     ap.add_argument("--startup-runs", type=int, default=200)
     ap.add_argument("--import-runs", type=int, default=50,
                     help="runs per python3 imports row")
+    ap.add_argument("--symtab-funcs", type=int, default=50000,
+                    help="functions of the entry part's generated executable")
     ap.add_argument("--only", choices=PARTS, default=None,
                     help="measure and report just this part")
     ap.add_argument("--reps", type=int, default=3, help="timed runs per contended row")
@@ -536,6 +750,8 @@ def main():
             res["startup"] = b.startup()
         if "imports" in wanted:
             res["imports"] = b.imports()
+        if "entry" in wanted:
+            res["entry"] = b.entry()
         text = report(b, args, **res)
     finally:
         b.close()

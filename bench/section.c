@@ -6,6 +6,10 @@
  * add one, write it back with our pid. It records when it was entered and
  * counts hand-offs (the previous section ran in another process).
  * bench_noop(x): a trivial function, for the per-call overhead rows.
+ * bench_noop_wide(x): as trivial, but longer than the 5-byte jump of entry
+ * patching (bench_noop's `lea; ret` is 4 bytes, which entry patching
+ * refuses), for the entry-versus-relocation rows; worker.c's bench_noop_exe
+ * has the same body.
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -49,4 +53,9 @@ long section(const char *path)
 int bench_noop(int x)
 {
 	return x + 1;
+}
+
+int bench_noop_wide(int x)
+{
+	return x * 7 + 13;
 }

@@ -7,6 +7,11 @@
  *   poll      the same, around a plain C lock: SET NX PX, 1 ms sleep between
  *             tries, EVALSHA compare-and-delete (the naive poller)
  *   noop      K calls of bench_noop(), timed as a whole
+ *   noop-wide K calls of libsection's bench_noop_wide() (through the PLT),
+ *             timed as a whole
+ *   noop-exe  K calls of bench_noop_exe(), defined here and called directly
+ *             (not exported, no PLT: only entry patching can guard it),
+ *             timed as a whole
  * Prints "elapsed_ns H handoffs" and, for section/poll, the wait of every
  * section (call to entry, ns) on the next line.
  */
@@ -19,8 +24,16 @@
 
 long section(const char *path);
 int bench_noop(int x);
+int bench_noop_wide(int x);
 extern long long section_entered_ns;
 extern long section_handoffs;
+
+/* noipa: the calls stay real calls of this very function (no inlining, no
+ * clone, no pure/const deduction deleting them). */
+__attribute__((noipa)) int bench_noop_exe(int x)
+{
+	return x * 7 + 13;
+}
 
 static long long now_ns(void)
 {
@@ -57,9 +70,16 @@ int main(int argc, char **argv)
 	if (read(0, &go, 1) != 1)
 		return 4;
 	start = now_ns();
-	if (!strcmp(mode, "noop")) {
-		for (int i = 0; i < k; i++)
-			bench_noop(i);
+	if (!strcmp(mode, "noop") || !strcmp(mode, "noop-wide") || !strcmp(mode, "noop-exe")) {
+		if (!strcmp(mode, "noop"))
+			for (int i = 0; i < k; i++)
+				bench_noop(i);
+		else if (!strcmp(mode, "noop-wide"))
+			for (int i = 0; i < k; i++)
+				bench_noop_wide(i);
+		else
+			for (int i = 0; i < k; i++)
+				bench_noop_exe(i);
 		printf("%lld 0\n", now_ns() - start);
 		return 0;
 	}

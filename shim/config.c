@@ -1036,6 +1036,7 @@ static void describe_value(const struct field *f, const void *base, char *buf, s
 		snprintf(buf, len, "%s", v ? "true" : "false");
 		return;
 	case F_STR:
+	case F_HEX: /* strings, NULL when not set */
 		memcpy(&name, src, sizeof(name));
 		if (name)
 			quote(buf, len, name);
@@ -1055,13 +1056,6 @@ static void describe_value(const struct field *f, const void *base, char *buf, s
 	case F_ADDR: /* -1: not set */
 		if (v >= 0)
 			snprintf(buf, len, "%lld", v);
-		else
-			snprintf(buf, len, "none");
-		return;
-	case F_HEX:
-		memcpy(&name, src, sizeof(name));
-		if (name)
-			quote(buf, len, name);
 		else
 			snprintf(buf, len, "none");
 		return;

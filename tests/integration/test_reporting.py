@@ -148,33 +148,25 @@ def test_typo_symbol_is_a_warning(progs, redis, tmp_path):
     assert "hold_calll: no loaded object calls or defines it" in warns[0]
 
 
-def test_function_inside_the_executable_is_a_warning(mine, redis, tmp_path):
+@pytest.mark.parametrize("method", ["reloc", "auto"])
+def test_function_inside_the_executable_is_a_warning(mine, redis, tmp_path, method):
     """A function of the executable that is not exported and only called from
-    inside it, with method = "reloc": the shim says at warn that its calls
-    cannot be caught."""
-    cfg = write_config(tmp_path, redis, locks('{ symbol = "internal_step"; method = "reloc"; }'))
+    inside it: with method "reloc" the shim says at warn that its calls
+    cannot be caught; with "auto" it first says that its entry (4 bytes:
+    lea; ret) is too short for a jump and that it falls back to relocations.
+    The program runs."""
+    cfg = write_config(tmp_path, redis, locks('{ symbol = "internal_step"; method = "%s"; }'
+                                              % method))
     r = run([mine["internal"]], cfg)
     assert r.returncode == 0 and r.stdout == "internal 42\n", r.stderr
     warns = lines_at("warn", r.stderr)
+    if method == "auto":
+        assert "cannot patch the entry of internal_step" in warns[0]
+        assert "function is 4 bytes long" in warns[0]
+        assert "falling back to relocations" in warns.pop(0)
     assert len(warns) == 1, r.stderr
     assert "internal_step is defined in the executable" in warns[0]
     assert "cannot be caught" in warns[0]
-
-
-def test_a_function_too_short_to_patch_falls_back_with_a_warning(mine, redis, tmp_path):
-    """The same function under method "auto": its entry (4 bytes: lea; ret)
-    is too short for a jump, so the shim says so and falls back to
-    relocations, then reports that nothing reaches it; the program runs."""
-    cfg = write_config(tmp_path, redis, locks('{ symbol = "internal_step"; }'))
-    r = run([mine["internal"]], cfg)
-    assert r.returncode == 0 and r.stdout == "internal 42\n", r.stderr
-    warns = lines_at("warn", r.stderr)
-    assert len(warns) == 2, r.stderr
-    assert "cannot patch the entry of internal_step" in warns[0]
-    assert "function is 4 bytes long" in warns[0]
-    assert "falling back to relocations" in warns[0]
-    assert "internal_step is defined in the executable" in warns[1]
-    assert "cannot be caught" in warns[1]
 
 
 def test_function_of_a_stripped_executable_is_still_a_warning(mine, redis, tmp_path):
