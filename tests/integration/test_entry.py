@@ -591,19 +591,21 @@ def test_static_function(ent, plain, redis, tmp_path, method):
 
 
 @pytest.mark.parametrize("method", ["entry", "auto"])
-def test_caller_registers_survive_a_local_function(ent, plain, redis, tmp_path, method):
-    """-fipa-ra (gcc -O2): sum_mix keeps values in call-clobbered registers
-    that the static mix() is known not to touch; through mix's patched entry
-    they must survive as well (the sums are those of the plain run)."""
-    _, caller = insns(ent["ipara"], "sum_mix")
+@pytest.mark.parametrize("symbol", ["mix", "gmix"])
+def test_caller_registers_survive_a_local_function(ent, plain, redis, tmp_path, symbol, method):
+    """-fipa-ra (gcc -O2): sum_mix / sum_gmix keep values in call-clobbered
+    registers that mix (static) / gmix (global in the executable) are known
+    not to touch; through the patched entry they must survive as well (the
+    sums are those of the plain run)."""
+    _, caller = insns(ent["ipara"], "sum_" + symbol)
     after_call = [i for k, i in enumerate(caller) if k and caller[k - 1][2].startswith("call")]
     assert any(re.search(r"%r(8|9|10|11)|%[re]?(cx|dx|si)", i[2]) for i in after_call), caller
-    assert plain["ipara"] == "sum_mix 412\nsum_mix 23180\n"
-    cfg = write_config(tmp_path, redis, DEBUG + NO_LINGER + locks(lock("mix", method=method)))
+    assert plain["ipara"] == "sum_mix 412 23180\nsum_gmix 427 23240\n"
+    cfg = write_config(tmp_path, redis, DEBUG + NO_LINGER + locks(lock(symbol, method=method)))
     r = go([ent["ipara"]], cfg)
     assert r.returncode == 0, r.stderr
     assert r.stdout == plain["ipara"]
-    assert acquires(r.stderr, "mix") == 6, r.stderr
+    assert acquires(r.stderr, symbol) == 6, r.stderr
 
 
 # ---- 4. stripped executables ---------------------------------------------------
