@@ -5,7 +5,8 @@
  * Sizes the trampoline frame from the CPU's XSAVE area (CPUID leaf 0xD)
  * for the enabled user components (x87, SSE, AVX, AVX-512; XCR0), uses the
  * compacted XSAVEC when the CPU has it, and falls back to FXSAVE; writes
- * the 32-byte stubs; maps relocation types; demangles the stack pointer of
+ * the 48-byte stubs (which keep the caller's r11 below the stack pointer
+ * for tramp_entry); maps relocation types; demangles the stack pointer of
  * a glibc jmp_buf (PTR_MANGLE: xor with the pointer guard at %fs:0x30, rol
  * 17); reads and writes the saved frame (tramp_x86_64.h) for dispatch.c.
  */
@@ -36,7 +37,7 @@ __attribute__((visibility("hidden"))) unsigned long tramp_frame_size =
 	TF_XSAVE + 512 + 64;
 
 #define XSTATE_USER_MASK 0xe7u /* x87, SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM */
-#define STUB_SIZE 32
+#define STUB_SIZE 48
 
 int arch_init(void)
 {
@@ -64,6 +65,7 @@ void arch_write_stub(unsigned char *at, const void *ctx)
 {
 	static const unsigned char code[] = {
 		0xf3, 0x0f, 0x1e, 0xfa,             /* endbr64 */
+		0x4c, 0x89, 0x5c, 0x24, 0xf0,       /* mov %r11, -16(%rsp): the caller's */
 		0x49, 0xbb, 0, 0, 0, 0, 0, 0, 0, 0, /* movabs $ctx, %r11 */
 		0xff, 0x25, 0, 0, 0, 0,             /* jmp *0(%rip) */
 	};
@@ -71,7 +73,7 @@ void arch_write_stub(unsigned char *at, const void *ctx)
 	void (*entry)(void) = tramp_entry;
 
 	memcpy(at, code, sizeof(code));
-	memcpy(at + 6, &ctx, 8);
+	memcpy(at + 11, &ctx, 8);
 	memcpy(at + sizeof(code), &entry, 8);
 	memset(at + sizeof(code) + 8, 0xcc, STUB_SIZE - sizeof(code) - 8);
 }
@@ -118,7 +120,7 @@ uintptr_t tramp_stack_args(const struct tramp_frame *f)
 void tramp_set_return(struct tramp_frame *f, long long v, double d)
 {
 	f->ret_rax = (uint64_t)v;
-	f->ret_rdx = 0;
+	f->ret_rdx = f->gpr[2]; /* rdx as the caller left it (see tramp_x86_64.S) */
 	f->skip = 1;
 	f->skip_xmm0 = d;
 }

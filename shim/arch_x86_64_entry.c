@@ -134,6 +134,35 @@ static size_t emit_jcc(unsigned char *out, uintptr_t addr, unsigned cc, uintptr_
 }
 
 /*
+ * Returns where the 32-bit displacement of the RIP-relative instruction
+ * just decoded (at src) lies in its bytes, or 0 when that cannot be told.
+ * Capstone 4 leaves encoding.disp_offset at 0 for some SSE instructions
+ * (mulpd 0x814(%rip), %xmm0): then it is the byte after the ModRM byte
+ * (RIP-relative addressing has no SIB byte), or else the one place where
+ * the displacement's value appears. Any answer is checked against the
+ * value capstone decoded.
+ */
+static size_t disp_offset(const unsigned char *src)
+{
+	const cs_x86 *x = &insn->detail->x86;
+	int32_t want = (int32_t)x->disp;
+	size_t found = 0, n = 0;
+
+	if (x->encoding.disp_offset && x->encoding.disp_offset + 4u <= insn->size &&
+	    !memcmp(src + x->encoding.disp_offset, &want, 4))
+		return x->encoding.disp_offset;
+	if (x->encoding.modrm_offset && x->encoding.modrm_offset + 5u <= insn->size &&
+	    !memcmp(src + x->encoding.modrm_offset + 1, &want, 4))
+		return x->encoding.modrm_offset + 1u;
+	for (size_t i = 1; i + 4 <= insn->size; i++)
+		if (!memcmp(src + i, &want, 4)) {
+			found = i;
+			n++;
+		}
+	return n == 1 ? found : 0;
+}
+
+/*
  * Writes the instruction just decoded, from src, relocated for the address
  * `addr`, into out. Returns its length, or 0 with why set when it cannot be
  * relocated.
@@ -162,10 +191,11 @@ static size_t relocate(const unsigned char *src, unsigned char *out, uintptr_t a
 	for (int i = 0; i < x->op_count; i++) {
 		intptr_t d;
 		int32_t disp;
+		size_t at;
 
 		if (x->operands[i].type != X86_OP_MEM || x->operands[i].mem.base != X86_REG_RIP)
 			continue;
-		if (!x->encoding.disp_offset || x->encoding.disp_size != 4) {
+		if (!(at = disp_offset(src))) {
 			snprintf(why, len, "cannot find the displacement of `%s %s`", insn->mnemonic,
 				 insn->op_str);
 			return 0;
@@ -179,7 +209,7 @@ static size_t relocate(const unsigned char *src, unsigned char *out, uintptr_t a
 			return 0;
 		}
 		disp = (int32_t)d;
-		memcpy(out + x->encoding.disp_offset, &disp, 4);
+		memcpy(out + at, &disp, 4);
 	}
 	return insn->size;
 }

@@ -349,9 +349,8 @@ static int report(const struct config *cfg, int check_fd, char *err, size_t errl
 
 		if (n && n->refused) {
 			if (check_fd >= 0) {
-				check_line(check_fd, "%s: unguarded: %s (method \"entry\": the "
-					   "program would stop with status %d)", l->symbol,
-					   n->refused, CONFIG_EXIT_CODE);
+				check_line(check_fd, "%s: unguarded: %s (the program would stop "
+					   "with status %d)", l->symbol, n->refused, CONFIG_EXIT_CODE);
 				unguarded++;
 				continue;
 			}

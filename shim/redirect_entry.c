@@ -46,6 +46,7 @@ struct want {
 	struct redirect_name *n;
 	const struct lock_spec *l;
 	int done;              /* patched, or given up */
+	int check_only;        /* relocations catch it: only its object's build-id is checked */
 	uintptr_t base;        /* the patched object's load bias */
 	void *target;          /* the patched function */
 	void *pending;         /* the function a patch of this scan is prepared for */
@@ -202,17 +203,19 @@ static int set_up(const struct config *cfg)
 	for (int i = 0; i < cfg->nlocks; i++) {
 		const struct lock_spec *l = &cfg->locks[i];
 		struct redirect_name *n = redirect_find(l->symbol);
+		struct want *w = &wants[nwants];
+		int reloc = l->method == METHOD_RELOC ||
+			    (l->method == METHOD_AUTO && l->object && strcmp(l->object, "main") != 0);
 
-		if (!n || l->method == METHOD_RELOC ||
-		    (l->method == METHOD_AUTO && l->object && strcmp(l->object, "main") != 0))
+		if (!n || (reloc && !(l->object && l->build_id)) ||
+		    (!reloc && n->wrapper && l->method == METHOD_AUTO))
 			continue;
-		if (n->wrapper && l->method == METHOD_AUTO)
-			continue;
-		wants[nwants].n = n;
-		wants[nwants].l = l;
-		if (n->wrapper)
-			refuse(&wants[nwants], "this program", "the shim wraps it itself (use "
-			       "method = \"reloc\")", 0);
+		w->n = n;
+		w->l = l;
+		w->check_only = reloc;
+		if (!reloc && n->wrapper)
+			refuse(w, "this program", "the shim wraps it itself (use method = "
+			       "\"reloc\")", 0);
 		nwants++;
 	}
 	return 0;
@@ -347,6 +350,10 @@ static void scan_object(const struct objects *os, int k, const struct config *cf
 			continue;
 		if (check_build_id(w, o, path, !first))
 			continue;
+		if (w->check_only) {
+			w->done = 1; /* build-id checked; relocations catch its calls */
+			continue;
+		}
 		if (first && !alone) {
 			snprintf(why, sizeof(why), threads > 1 ? "%d threads are running already "
 				 "(started by a library's constructor?); entries are patched "

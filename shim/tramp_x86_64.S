@@ -14,6 +14,16 @@
  * state: xmm0/xmm1, ymm/zmm, st0/st1). tramp_entry restores that state
  * exactly and returns to the caller, or, for a skipped call, returns
  * tramp_set_return's values. No return address is ever rewritten.
+ *
+ * Every other call-clobbered register (rdi, rsi, rcx, r8-r11) goes back to
+ * the caller as it was at the call, as the vector registers the callee does
+ * not touch do: a caller compiled with gcc's -fipa-ra (the default at -O2)
+ * keeps values in the registers it knows a local callee leaves alone, and
+ * a patched entry (redirect_entry.c) puts the wrapper in such a call. The
+ * stub stores the caller's r11 at -16(%rsp) before loading the hook into
+ * it (below the stack pointer, in the red zone the kernel's signal frames
+ * skip); tramp_entry's frame never reaches that slot, 8 bytes below its
+ * saved %rbp, as the area is 64 bytes larger than the XSAVE image.
  */
 #include <sys/syscall.h>
 
@@ -95,6 +105,13 @@ tramp_entry:
 	movsd	TF_SKIP_XMM0(%rsp), %xmm0
 3:	movq	TF_RET_RAX(%rsp), %rax
 	movq	TF_RET_RDX(%rsp), %rdx
+	movq	TF_RDI(%rsp), %rdi
+	movq	TF_RSI(%rsp), %rsi
+	movq	TF_RCX(%rsp), %rcx
+	movq	TF_R8(%rsp), %r8
+	movq	TF_R9(%rsp), %r9
+	movq	TF_R10(%rsp), %r10
+	movq	-8(%rbp), %r11
 	leave
 	.cfi_def_cfa %rsp, 8
 	ret
