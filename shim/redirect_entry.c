@@ -473,8 +473,12 @@ static int entry_scan(const struct config *cfg)
 	for (int i = 0; first && i < nwants; i++) {
 		struct want *w = &wants[i];
 
-		if (w->done || w->l->object || w->l->method != METHOD_ENTRY)
+		if (w->done || w->l->object)
 			continue;
+		if (w->l->method != METHOD_ENTRY) {
+			w->done = 1; /* auto: not the executable's; relocations catch it */
+			continue;
+		}
 		refuse(w, "any loaded object", "it is not defined there (looked in the dynamic "
 		       "symbols, symbol tables and debug files; name the library in `object` if "
 		       "it is loaded later with dlopen)", 0);
