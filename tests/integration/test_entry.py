@@ -25,6 +25,8 @@ library).
 - object = a library: a -Bsymbolic library's internal call, a dlopened
   library's static function;
 - compiler clones (.constprop.0, .cold) are warned about;
+- refusals that are not about the code: another thread already running
+  (a library's constructor started it), a function the shim wraps itself;
 - `lockshim check -c FILE -- PROGRAM` says per lock entry / reloc /
   unguarded, with its exit status, and never runs the program's main.
 
@@ -209,10 +211,11 @@ def ent(tmp_path_factory):
                      "-Wl,-Bsymbolic", "-Wl,--build-id=sha1")
     p["sym"] = cc(j("entry_sym_main"), ["entry_sym_main.c"], "-O2", "-L" + d,
                   "-Wl,-rpath," + d, "-lentry_sym")
-    # -fno-ipa-ra: what the caller keeps in registers across a call of a
-    # local function is test_caller_registers_survive_a_local_function's subject.
-    p["libplug"] = cc(j("libentry_plug.so"), ["entry_plug.c"], "-O2", "-fno-ipa-ra", "-shared",
-                      "-fPIC")
+    p["libplug"] = cc(j("libentry_plug.so"), ["entry_plug.c"], "-O2", "-shared", "-fPIC")
+    p["libthread"] = cc(j("libentry_thread.so"), ["entry_thread_lib.c"], "-O2", "-shared",
+                        "-fPIC", "-lpthread")
+    p["threaded"] = cc(j("entry_threaded"), ["entry_static.c"], "-O2", "-L" + d,
+                       "-Wl,-rpath," + d, "-Wl,--no-as-needed", "-lentry_thread")
     p["ipara"] = cc(j("entry_ipara"), ["entry_ipara.c"], "-O2")
     p["libonce"] = cc(j("libentry_once.so"), ["entry_once_lib.c"], "-O2", "-shared", "-fPIC")
     p["once"] = cc(j("entry_once"), ["entry_once_main.c"], "-O2", "-rdynamic", "-L" + d,
@@ -588,6 +591,31 @@ def test_static_function(ent, plain, redis, tmp_path, method):
     r = go([ent["static"]], cfg)
     assert r.returncode == 0 and r.stdout == plain["static"] == STATIC_OUT, r.stderr
     assert acquires(r.stderr, "scale") == 3, r.stderr
+
+
+def test_entry_is_not_patched_while_another_thread_runs(ent, plain, redis, tmp_path):
+    """A library's constructor started a thread before the shim's ran: the
+    entry could be executing in it, so method "entry" stops the program
+    (78, one line) and "auto" falls back to relocations with a warn line."""
+    cfg = write_config(tmp_path, redis, locks(lock("scale", method="entry")))
+    r = go([ent["threaded"]], cfg)
+    assert r.returncode == 78 and r.stdout == "", r.stderr
+    assert len(r.stderr.splitlines()) == 1 and "scale" in r.stderr, r.stderr
+    assert "2 threads are running already" in r.stderr, r.stderr
+    cfg = write_config(tmp_path, redis, locks(lock("scale")))
+    r = go([ent["threaded"]], cfg)
+    assert r.returncode == 0 and r.stdout == STATIC_OUT, r.stderr
+    warns = lines_at("warn", r.stderr)
+    assert "threads are running already" in warns[0] and "falling back" in warns[0], r.stderr
+
+
+def test_a_function_the_shim_wraps_is_refused_with_method_entry(progs, redis, tmp_path):
+    """close has a wrapper of the shim's (which runs inside the lock when
+    close is guarded): patching its entry too is refused, with the way out."""
+    cfg = write_config(tmp_path, redis, locks(lock("close", method="entry")))
+    r = go([progs["driver"], "call:0"], cfg)
+    assert r.returncode == 78 and r.stdout == "", r.stderr
+    assert "the shim wraps it itself" in r.stderr and 'method = "reloc"' in r.stderr
 
 
 @pytest.mark.parametrize("method", ["entry", "auto"])
