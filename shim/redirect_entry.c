@@ -326,6 +326,36 @@ static void warn_clones(const struct want *w, const struct symdef *d, const char
 }
 
 /*
+ * Prepares w's patch at the definition d found in o (debug: the debug file
+ * read, or ""), or refuses it. Returns 1 when a patch was prepared into p.
+ */
+static int prepare_found(struct want *w, const struct symdef_object *o, const char *path,
+			 const struct symdef *d, const char *debug, struct patch *p, int late)
+{
+	char why[WHY_MAX];
+	int from_debug = debug[0] && !strcmp(d->source, "debug file");
+
+	w->base = o->base;
+	warn_clones(w, d, path);
+	if (d->more || d->ifunc) {
+		if (d->more)
+			snprintf(why, sizeof(why), "%s has %d more definition(s) in its %s (static "
+				 "functions of several files?); name one with offset", w->l->symbol,
+				 d->more, d->source);
+		else
+			snprintf(why, sizeof(why), "%s is an IFUNC (its implementation is chosen "
+				 "at load time)", w->l->symbol);
+		refuse(w, path, why, late);
+		return 0;
+	}
+	if (prepare(w, o, path, d->addr, d->size, p, late) != 0)
+		return 0;
+	LOG(LOG_DEBUG, "%s: defined in %s at 0x%zx (%s%s%s)", w->l->symbol, path,
+	    (size_t)(d->addr - o->base), d->source, from_debug ? " " : "", from_debug ? debug : "");
+	return 1;
+}
+
+/*
  * Looks the pending wants that consider object k up in it and prepares
  * their patches into ps (*np of them so far). first: the start-up scan.
  */
@@ -387,26 +417,7 @@ static void scan_object(const struct objects *os, int k, const struct config *cf
 			}
 			continue; /* the next object in load order */
 		}
-		w->base = o->base;
-		warn_clones(w, &defs[j], path);
-		if (defs[j].more)
-			snprintf(why, sizeof(why), "%s has %d more definition(s) in its %s (static "
-				 "functions of several files?); name one with offset", w->l->symbol,
-				 defs[j].more, defs[j].source);
-		else if (defs[j].ifunc)
-			snprintf(why, sizeof(why), "%s is an IFUNC (its implementation is chosen "
-				 "at load time)", w->l->symbol);
-		else if (prepare(w, o, path, defs[j].addr, defs[j].size, &ps[*np], !first) == 0) {
-			(*np)++;
-			LOG(LOG_DEBUG, "%s: defined in %s at 0x%zx (%s%s%s)", w->l->symbol, path,
-			    (size_t)(defs[j].addr - o->base), defs[j].source,
-			    debug[0] && !strcmp(defs[j].source, "debug file") ? " " : "",
-			    debug[0] && !strcmp(defs[j].source, "debug file") ? debug : "");
-			continue;
-		} else {
-			continue;
-		}
-		refuse(w, path, why, !first);
+		*np += prepare_found(w, o, path, &defs[j], debug, &ps[*np], !first);
 	}
 out:
 	free(defs);
