@@ -420,8 +420,15 @@ static int redis_serves(const struct redis_spec *r)
 static struct backend_config *redis_config_new(const struct redis_spec *r, char *err,
 					       size_t errlen)
 {
-	struct backend_config *bc = calloc(1, sizeof(*bc));
+	struct backend_config *bc;
+	const char *missing = r->sentinels ? "redis.sentinels" : r->tls.enabled ? "redis.tls" :
+			      r->wait_replicas ? "redis.wait_replicas" : NULL;
 
+	if (missing) { /* never run a setting that is not implemented */
+		snprintf(err, errlen, "%s: not implemented in this build yet", missing);
+		return NULL;
+	}
+	bc = calloc(1, sizeof(*bc));
 	if (!bc)
 		snprintf(err, errlen, "out of memory");
 	else

@@ -496,6 +496,19 @@ static const struct field lock_fields[] = {
 	{ .name = NULL }
 };
 
+#define TLS_FIELD(n, k, lo, hi) FIELD(struct redis_tls, #n, n, k, lo, hi)
+static const struct field tls_fields[] = {
+	TLS_FIELD(ca_file, F_STR, 1, 0),
+	TLS_FIELD(ca_dir, F_STR, 1, 0),
+	TLS_FIELD(cert_file, F_STR, 1, 0),
+	TLS_FIELD(key_file, F_STR, 1, 0),
+	TLS_FIELD(server_name, F_STR, 1, 0),
+	TLS_FIELD(verify, F_BOOL, 0, 1),
+	{ .name = NULL }
+};
+
+static int tls_check(struct errbuf *e, const config_setting_t *g, const void *member);
+
 #define REDIS_FIELD(n, k, lo, hi) FIELD(struct redis_spec, #n, n, k, lo, hi)
 static const struct field redis_fields[] = {
 	REDIS_FIELD(host, F_STR, 1, 0),
@@ -506,6 +519,15 @@ static const struct field redis_fields[] = {
 	REDIS_FIELD(db, F_INT, 0, INT_MAX),
 	REDIS_FIELD(connect_timeout_ms, F_INT, 1, 600000),
 	REDIS_FIELD(command_timeout_ms, F_INT, 1, 600000),
+	REDIS_FIELD(sentinels, F_STRS, 0, 0),
+	REDIS_FIELD(master_name, F_STR, 1, 0),
+	REDIS_FIELD(sentinel_username, F_STR, 1, 0),
+	REDIS_FIELD(sentinel_password, F_STR, 1, 0),
+	REDIS_FIELD(password_file, F_STR, 1, 0),
+	REDIS_FIELD(wait_replicas, F_INT, 0, 64),
+	REDIS_FIELD(wait_replicas_ms, F_INT, 1, 600000),
+	FIELD(struct redis_spec, "tls", tls, F_GROUP, 0, 0, .sub = tls_fields,
+	      .check = tls_check, .dflt = "none"),
 	{ .name = NULL }
 };
 
@@ -532,6 +554,8 @@ static int config_defaults(struct config *cfg)
 	cfg->redis.port = 6379;
 	cfg->redis.connect_timeout_ms = 500;
 	cfg->redis.command_timeout_ms = 500;
+	cfg->redis.wait_replicas_ms = 100;
+	cfg->redis.tls.verify = 1;
 	if (set_str(&cfg->ns, "lockshim") || set_str(&cfg->redis.host, "127.0.0.1") ||
 	    !(cfg->debug_dirs = calloc(2, sizeof(char *))) ||
 	    set_str(&cfg->debug_dirs[0], "/usr/lib/debug"))
@@ -738,12 +762,85 @@ static int check_symbol(struct errbuf *e, const config_setting_t *s,
 
 /* ---- top level ---------------------------------------------------------- */
 
+static int tls_check(struct errbuf *e, const config_setting_t *g, const void *member)
+{
+	struct redis_tls *t = (struct redis_tls *)member;
+
+	if (!!t->cert_file != !!t->key_file)
+		return fail(e, g, "redis.tls", "cert_file and key_file go together");
+	t->enabled = 1;
+	return 0;
+}
+
+/* Checks a "host:port" entry of sentinels. Returns 0, or -1 (said). */
+static int check_endpoint(struct errbuf *e, const config_setting_t *g, const char *v)
+{
+	const char *colon = strrchr(v, ':');
+	char *end;
+	long port;
+
+	if (!colon || colon == v)
+		return fail(e, g, "redis.sentinels", "\"%s\" is not host:port", v);
+	port = strtol(colon + 1, &end, 10);
+	if (*end || port < 1 || port > 65535)
+		return fail(e, g, "redis.sentinels", "\"%s\": port out of range (1..65535)", v);
+	return 0;
+}
+
+/* Reads the first line of r->password_file into r->password. */
+static int read_password_file(struct errbuf *e, const config_setting_t *g, struct redis_spec *r)
+{
+	char line[1024];
+	FILE *f = fopen(r->password_file, "re");
+	size_t n;
+
+	if (!f)
+		return fail(e, g, "redis.password_file", "cannot open \"%s\": %s",
+			    r->password_file, strerror(errno));
+	if (!fgets(line, sizeof(line), f))
+		line[0] = 0;
+	fclose(f);
+	n = strcspn(line, "\r\n");
+	line[n] = 0;
+	if (!n)
+		return fail(e, g, "redis.password_file", "\"%s\" has no password on its first line",
+			    r->password_file);
+	return set_str(&r->password, line) ? fail(e, g, "redis.password_file", "out of memory") : 0;
+}
+
 static int redis_check(struct errbuf *e, const config_setting_t *g, const void *member)
 {
-	const struct redis_spec *r = member;
+	struct redis_spec *r = (struct redis_spec *)member;
+	const char *env = getenv("LOCKSHIM_REDIS_PASSWORD");
 
+	if (r->password && r->password_file)
+		return fail(e, g, "redis.password_file", "give password or password_file, not both");
+	if (r->password_file && read_password_file(e, g, r))
+		return -1;
+	if (env && *env && set_str(&r->password, env))
+		return fail(e, g, "redis", "out of memory");
 	if (r->username && !r->password)
 		return fail(e, g, "redis.username", "needs redis.password as well");
+	if (r->sentinel_username && !r->sentinel_password)
+		return fail(e, g, "redis.sentinel_username", "needs redis.sentinel_password as well");
+	if (r->sentinels) {
+		if (!r->sentinels[0])
+			return fail(e, g, "redis.sentinels", "is empty");
+		for (int i = 0; r->sentinels[i]; i++)
+			if (check_endpoint(e, g, r->sentinels[i]))
+				return -1;
+		if (!r->master_name)
+			return fail(e, g, "redis.master_name", "is required with sentinels");
+		for (const char *const *n = (const char *const[]){ "host", "port", "socket", NULL };
+		     *n; n++)
+			if (config_setting_get_member(g, *n))
+				return fail(e, g, "redis.sentinels", "replaces %s: give one of them", *n);
+	} else if (r->master_name || r->sentinel_username || r->sentinel_password) {
+		return fail(e, g, "redis.master_name", "master_name and the sentinel_* settings "
+			    "need sentinels");
+	}
+	if (r->tls.enabled && r->socket)
+		return fail(e, g, "redis.tls", "TLS is for TCP connections, not the unix socket");
 	return 0;
 }
 
@@ -917,6 +1014,16 @@ void config_release(struct config *cfg)
 	free(cfg->redis.socket);
 	free(cfg->redis.password);
 	free(cfg->redis.username);
+	free_strs(cfg->redis.sentinels);
+	free(cfg->redis.master_name);
+	free(cfg->redis.sentinel_username);
+	free(cfg->redis.sentinel_password);
+	free(cfg->redis.password_file);
+	free(cfg->redis.tls.ca_file);
+	free(cfg->redis.tls.ca_dir);
+	free(cfg->redis.tls.cert_file);
+	free(cfg->redis.tls.key_file);
+	free(cfg->redis.tls.server_name);
 	memset(cfg, 0, sizeof(*cfg));
 }
 
@@ -950,6 +1057,7 @@ static const struct {
 } tables[] = {
 	{ "top", top_fields },
 	{ "redis", redis_fields },
+	{ "tls", tls_fields },
 	{ "lock", lock_fields },
 };
 
@@ -1064,6 +1172,10 @@ static void describe_value(const struct field *f, const void *base, char *buf, s
 		size_t k;
 
 		memcpy(&v2, src, sizeof(v2));
+		if (!v2) {
+			snprintf(buf, len, "none");
+			return;
+		}
 		k = (size_t)snprintf(buf, len, "(");
 		for (size_t i = 0; v2 && v2[i] && k < len; i++) {
 			if (i)
@@ -1152,6 +1264,7 @@ int config_setting_describe(int i, struct config_setting_desc *d)
 	} else {
 		lock.strict = cfg.strict;
 		base = tables[t].fields == redis_fields ? (const void *)&cfg.redis :
+		       tables[t].fields == tls_fields ? (const void *)&cfg.redis.tls :
 		       tables[t].fields == lock_fields ? (const void *)&lock :
 		       (const void *)&cfg;
 		describe_value(f, base, d->dflt, sizeof(d->dflt));

@@ -61,15 +61,34 @@ struct lock_spec {
 	long long waiter_ttl_ms;
 };
 
+/* The `tls` group of `redis`: present (enabled) makes every connection TLS. */
+struct redis_tls {
+	int enabled;
+	char *ca_file;           /* NULL with ca_dir NULL: the system's CA store */
+	char *ca_dir;
+	char *cert_file;         /* client certificate, with key_file */
+	char *key_file;
+	char *server_name;       /* SNI and the name verified; NULL: the host */
+	int verify;              /* verify the certificate and the name */
+};
+
 struct redis_spec {
 	char *host;
 	int port;
 	char *socket;
-	char *password;
+	char *password;          /* LOCKSHIM_REDIS_PASSWORD, password_file, or the file's */
 	char *username;
 	int db;
 	int connect_timeout_ms;
 	int command_timeout_ms;
+	char **sentinels;        /* "host:port" of Redis Sentinels, NULL-terminated; NULL: none */
+	char *master_name;       /* required with sentinels */
+	char *sentinel_username;
+	char *sentinel_password;
+	char *password_file;     /* the password is its first line */
+	int wait_replicas;       /* WAIT for this many replicas after acquires and renewals */
+	int wait_replicas_ms;
+	struct redis_tls tls;
 };
 
 struct config {

@@ -15,7 +15,7 @@ README = os.path.join(ROOT, "README.md")
 
 # The README's configuration reference: heading of each table -> the group
 # `lockshim settings` prints.
-REFERENCE_GROUPS = {"Top level": "top", "`redis`": "redis",
+REFERENCE_GROUPS = {"Top level": "top", "`redis`": "redis", "`redis.tls`": "tls",
                     "Per lock (in `locks` entries and in `defaults`)": "lock"}
 
 

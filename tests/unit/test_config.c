@@ -45,9 +45,10 @@ static void dump(const struct config *cfg, char *buf, size_t len)
 	const struct redis_spec *r = &cfg->redis;
 	size_t n;
 
-	n = (size_t)snprintf(buf, len, "%s %d %s %s %s %d %d %d|%s %d %s %d|%d", r->host, r->port,
-			     str_or(r->socket), str_or(r->password), str_or(r->username), r->db,
-			     r->connect_timeout_ms, r->command_timeout_ms, cfg->ns, cfg->log_level,
+	n = (size_t)snprintf(buf, len, "%s %d %s %s %s %d %d %d %d %d %d|%s %d %s %d|%d", r->host,
+			     r->port, str_or(r->socket), str_or(r->password), str_or(r->username),
+			     r->db, r->connect_timeout_ms, r->command_timeout_ms, r->wait_replicas,
+			     r->wait_replicas_ms, r->tls.verify, cfg->ns, cfg->log_level,
 			     str_or(cfg->log_file), cfg->strict, cfg->nlocks);
 	for (int i = 0; i < cfg->nlocks && n < len; i++) {
 		const struct lock_spec *l = &cfg->locks[i];
@@ -68,12 +69,14 @@ static void dump(const struct config *cfg, char *buf, size_t len)
 static void config_with(char *buf, size_t len, const char *group, const char *name,
 			const char *value)
 {
-	char set[256] = "";
+	char set[256] = "", tls[300] = "";
 
 	if (name)
 		snprintf(set, sizeof(set), "%s = %s;", name, value);
-	snprintf(buf, len, "%s\nredis = { %s };\nlocks = ( { symbol = \"f\"; %s } );\n",
-		 !strcmp(group, "top") ? set : "", !strcmp(group, "redis") ? set : "",
+	if (!strcmp(group, "tls"))
+		snprintf(tls, sizeof(tls), "tls = { %s };", set);
+	snprintf(buf, len, "%s\nredis = { %s %s };\nlocks = ( { symbol = \"f\"; %s } );\n",
+		 !strcmp(group, "top") ? set : "", !strcmp(group, "redis") ? set : "", tls,
 		 !strcmp(group, "lock") ? set : "");
 }
 
@@ -191,6 +194,70 @@ int main(void)
 	test_cond(cfg.locks[2].exit_code == 75 && cfg.locks[2].on_timeout == POLICY_SKIP);
 	config_release(&cfg);
 
+	test("production Redis: sentinels, replica acknowledgement, TLS, password sources");
+	test_cond(load_text(&cfg,
+		"redis = { tls = { verify = false; server_name = \"r.internal\"; key_file = \"/k\";\n"
+		"                  cert_file = \"/c\"; ca_dir = \"/d\"; ca_file = \"/a\"; };\n"
+		"          wait_replicas_ms = 600000; wait_replicas = 64; sentinel_password = \"sp\";\n"
+		"          sentinel_username = \"su\"; master_name = \"locks\";\n"
+		"          sentinels = ( \"10.0.0.5:26379\", \"[::1]:26380\" ); };",
+		err, sizeof(err)) == 0);
+	test_cond(!strcmp(cfg.redis.sentinels[0], "10.0.0.5:26379") &&
+		  !strcmp(cfg.redis.sentinels[1], "[::1]:26380") && !cfg.redis.sentinels[2]);
+	test_cond(!strcmp(cfg.redis.master_name, "locks") &&
+		  !strcmp(cfg.redis.sentinel_username, "su") &&
+		  !strcmp(cfg.redis.sentinel_password, "sp"));
+	test_cond(cfg.redis.wait_replicas == 64 && cfg.redis.wait_replicas_ms == 600000);
+	test_cond(cfg.redis.tls.enabled && !cfg.redis.tls.verify &&
+		  !strcmp(cfg.redis.tls.ca_file, "/a") && !strcmp(cfg.redis.tls.ca_dir, "/d") &&
+		  !strcmp(cfg.redis.tls.cert_file, "/c") && !strcmp(cfg.redis.tls.key_file, "/k") &&
+		  !strcmp(cfg.redis.tls.server_name, "r.internal"));
+	test_cond(cfg.redis.port == 6379 && cfg.redis.command_timeout_ms == 500);
+	config_release(&cfg);
+	test_cond(load_text(&cfg, "redis = { tls = { }; };", err, sizeof(err)) == 0);
+	test_cond(cfg.redis.tls.enabled && cfg.redis.tls.verify && !cfg.redis.tls.ca_file &&
+		  !cfg.redis.sentinels && cfg.redis.wait_replicas == 0 &&
+		  cfg.redis.wait_replicas_ms == 100);
+	config_release(&cfg);
+	test_cond(load_text(&cfg, "redis = { };", err, sizeof(err)) == 0 && !cfg.redis.tls.enabled);
+	config_release(&cfg);
+	test_cond(rejects("redis = { sentinels = ( \"h:1\" ); };", "master_name", "required"));
+	test_cond(rejects("redis = { sentinels = ( \"h\" ); master_name = \"m\"; };", "sentinels",
+			  "not host:port"));
+	test_cond(rejects("redis = { sentinels = ( \"h:0\" ); master_name = \"m\"; };", "sentinels",
+			  "port out of range"));
+	test_cond(rejects("redis = { sentinels = ( \"h:1\" ); master_name = \"m\"; port = 7; };",
+			  "sentinels", "replaces port"));
+	test_cond(rejects("redis = { master_name = \"m\"; };", "master_name", "need sentinels"));
+	test_cond(rejects("redis = { tls = { cert_file = \"/c\"; }; };", "tls", "go together"));
+	test_cond(rejects("redis = { tls = { }; socket = \"/s\"; };", "tls", "not the unix socket"));
+	test_cond(rejects("redis = { wait_replicas = 65; };", "wait_replicas", "out of range"));
+	test_cond(rejects("redis = { password = \"p\"; password_file = \"/x\"; };",
+			  "password_file", "not both"));
+	test_cond(rejects("redis = { password_file = \"/nonexistent/pw\"; };", "password_file",
+			  "cannot open"));
+	{
+		char pw[] = "/tmp/lockshim-test-pw-XXXXXX";
+		int pfd = mkstemp(pw);
+		char text[256];
+
+		test_cond(pfd >= 0 && write(pfd, "s3cret\nsecond line\n", 20) == 20);
+		close(pfd);
+		snprintf(text, sizeof(text), "redis = { password_file = \"%s\"; };", pw);
+		test_cond(load_text(&cfg, text, err, sizeof(err)) == 0 &&
+			  !strcmp(cfg.redis.password, "s3cret"));
+		config_release(&cfg);
+		setenv("LOCKSHIM_REDIS_PASSWORD", "from-env", 1);
+		test_cond(load_text(&cfg, text, err, sizeof(err)) == 0 &&
+			  !strcmp(cfg.redis.password, "from-env"));
+		config_release(&cfg);
+		test_cond(load_text(&cfg, "redis = { password = \"p\"; };", err, sizeof(err)) == 0 &&
+			  !strcmp(cfg.redis.password, "from-env"));
+		config_release(&cfg);
+		unsetenv("LOCKSHIM_REDIS_PASSWORD");
+		unlink(pw);
+	}
+
 	test("where and how a function is caught: method, object, offset, build_id, debug_dirs");
 	test_cond(load_text(&cfg,
 		"debug_dirs = ( \"/a\", \"/b/c\" );\n"
@@ -283,7 +350,7 @@ int main(void)
 		config_release(&cfg);
 		for (int i = 0; config_setting_describe(i, &d); i++, n++) {
 			ok = !strcmp(d.group, "top") || !strcmp(d.group, "redis") ||
-			     !strcmp(d.group, "lock");
+			     !strcmp(d.group, "tls") || !strcmp(d.group, "lock");
 			ok = ok && *d.name && *d.type && *d.dflt && !strpbrk(d.dflt, " \t\n") &&
 			     !strpbrk(d.type, " \t\n");
 			if (!ok)
@@ -309,7 +376,7 @@ int main(void)
 		}
 		/* A new setting changes these counts: give it a round trip in
 		 * the tests above, then count it here. */
-		test_cond(n == 8 + 8 + 26 && nlock == 26 && literal >= 26);
+		test_cond(n == 8 + 16 + 6 + 26 && nlock == 26 && literal >= 29);
 		test_cond(!config_setting_describe(n, &d) && !config_setting_describe(-1, &d));
 		test_cond(config_setting_describe(0, &d) && !strcmp(d.group, "top") &&
 			  !strcmp(d.name, "redis"));
