@@ -454,8 +454,8 @@ static struct backend_conn *redis_open(const struct backend_config *bc, char *er
 	}
 	pthread_once(&sha_once, sha_init);
 	c->cmd_ms = r->command_timeout_ms;
-	if (net_connect(&c->sock, r->host, r->port, r->socket, r->connect_timeout_ms, c->cmd_ms,
-			err, errlen) != 0) {
+	if (net_connect(&c->sock, r->host, r->port, r->socket, &r->tls, r->connect_timeout_ms,
+			c->cmd_ms, err, errlen) != 0) {
 		redis_close(c);
 		return NULL;
 	}

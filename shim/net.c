@@ -86,13 +86,15 @@ static int connect_one(struct net_sock *s, int family, const struct sockaddr *ad
 }
 
 int net_connect(struct net_sock *s, const char *host, int port, const char *path,
-		int64_t connect_ms, int64_t io_ms, char *err, size_t errlen)
+		const struct redis_tls *tls, int64_t connect_ms, int64_t io_ms, char *err,
+		size_t errlen)
 {
 	int64_t deadline = util_now_ms() + connect_ms;
 	char where[300], why[160] = "", service[16];
 	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *res = NULL, *ai;
 	int e = 0, rc;
 
+	(void)tls; /* TLS: refused by the backend until implemented */
 	fdown_init(&s->own);
 	s->timeout_ms = 0;
 	if (path) {

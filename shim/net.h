@@ -23,13 +23,17 @@ struct net_sock {
 	int64_t timeout_ms; /* send/receive timeout currently set */
 };
 
+struct redis_tls; /* config.h */
+
 /*
  * Connects to the unix socket path, or else to host:port, within
- * connect_ms, and sets the send and receive timeout to io_ms. Returns 0, or
- * -1 with "connect to WHERE: REASON" in err (s is then empty).
+ * connect_ms, and sets the send and receive timeout to io_ms. With tls (not
+ * NULL and enabled), the TLS handshake completes within connect_ms too.
+ * Returns 0, or -1 with "connect to WHERE: REASON" in err (s is then empty).
  */
 int net_connect(struct net_sock *s, const char *host, int port, const char *path,
-		int64_t connect_ms, int64_t io_ms, char *err, size_t errlen);
+		const struct redis_tls *tls, int64_t connect_ms, int64_t io_ms, char *err,
+		size_t errlen);
 
 /* Sets the send/receive timeout (no system call when unchanged). Returns 0 or -1. */
 int net_timeout(struct net_sock *s, int64_t ms, char *err, size_t errlen);
