@@ -21,9 +21,10 @@ BASE_CFLAGS := $(OPT) $(WARN) $(SAN) -D_GNU_SOURCE -MMD -MP -Ishim \
 SHIM_CFLAGS := $(BASE_CFLAGS) -fPIC -fvisibility=hidden -fexceptions \
 	-ftls-model=initial-exec $(CFLAGS)
 
-# hiredis and capstone (the instruction decoder of entry patching) are linked
-# statically with hidden symbols, so neither the shim nor a program linking
-# another copy can see or bind the other's. Capstone's tables (every
+# hiredis, capstone (the instruction decoder of entry patching) and mbedTLS
+# (redis.tls) are linked statically with hidden symbols, so neither the shim
+# nor a program linking another copy (or another TLS library) can see or
+# bind the other's. Capstone's tables (every
 # architecture's: its cs.c names them all) bring ~77,000 relative
 # relocations; -z pack-relative-relocs (DT_RELR, glibc 2.36) makes the
 # dynamic linker apply them from a bitmap. Debian's
@@ -33,15 +34,16 @@ SHIM_CFLAGS := $(BASE_CFLAGS) -fPIC -fvisibility=hidden -fexceptions \
 # dependency check; `-z defs` makes any unresolved symbol a link error.
 HIREDIS_A = $(shell $(CC) -print-file-name=libhiredis.a)
 CAPSTONE_A = $(shell $(CC) -print-file-name=libcapstone.a)
-SHIM_LIBS = $(HIREDIS_A) $(CAPSTONE_A) -lconfig -lpthread -ldl
+MBEDTLS_A = $(foreach l,mbedtls mbedx509 mbedcrypto,$(shell $(CC) -print-file-name=lib$(l).a))
+SHIM_LIBS = $(HIREDIS_A) $(CAPSTONE_A) $(MBEDTLS_A) -lconfig -lpthread -ldl
 
-SHIM_SRC := guard log fdown net config key sha1 owner backend backend_redis lock renew hook \
+SHIM_SRC := guard log fdown net net_tls config key sha1 owner backend backend_redis lock renew hook \
 	redirect redirect_entry redirect_reloc symfile symdef patchmem dispatch interpose dlpath \
 	init arch_$(ARCH) arch_$(ARCH)_entry
 SHIM_OBJ := $(SHIM_SRC:%=$(BUILD)/shim/%.o) $(BUILD)/shim/tramp_$(ARCH).o
 CLI_OBJ := $(BUILD)/cli/cli.o $(BUILD)/cli/config.o $(BUILD)/cli/key.o \
 	$(BUILD)/cli/log.o $(BUILD)/cli/sha1.o $(BUILD)/cli/backend.o $(BUILD)/cli/backend_redis.o \
-	$(BUILD)/cli/net.o $(BUILD)/cli/fdown.o $(BUILD)/cli/selftest.o
+	$(BUILD)/cli/net.o $(BUILD)/cli/net_tls.o $(BUILD)/cli/fdown.o $(BUILD)/cli/selftest.o
 UNIT := config key lock sha1
 UNIT_BIN := $(UNIT:%=$(BUILD)/tests/test_%)
 UNIT_OBJ := $(addprefix $(BUILD)/shim/,guard.o config.o key.o log.o lock.o renew.o sha1.o \
@@ -56,7 +58,7 @@ $(BUILD)/liblockshim.so: $(SHIM_OBJ) shim/shim.map
 		$(LDFLAGS) $(SHIM_LIBS)
 
 $(BUILD)/lockshim: $(CLI_OBJ)
-	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(LDFLAGS) -lhiredis -lconfig
+	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(LDFLAGS) -lhiredis -lconfig $(MBEDTLS_A) -lpthread
 
 $(BUILD)/shim/%.o: shim/%.c | $(BUILD)/shim
 	$(CC) $(SHIM_CFLAGS) -c $< -o $@
