@@ -7,7 +7,9 @@
  * does: a command costs one send(2) and one recv(2). Every use first asks
  * fdown_check whether the descriptor is still ours; a send that meets a
  * descriptor that is no socket (or none) re-checks its identity, so an
- * error never leads to closing the program's file.
+ * error never leads to closing the program's file. With redis.tls, the
+ * handshake follows the connect within the same deadline, and sends and
+ * receives go through the session (net_tls.c) after the same checks.
  */
 #include "net.h"
 
@@ -23,6 +25,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "config.h"
+#include "net_tls.h"
 #include "util.h"
 
 static const char not_ours[] = "socket closed or replaced by the program";
@@ -90,13 +94,13 @@ int net_connect(struct net_sock *s, const char *host, int port, const char *path
 		size_t errlen)
 {
 	int64_t deadline = util_now_ms() + connect_ms;
-	char where[300], why[160] = "", service[16];
+	char where[300], why[256] = "", service[16];
 	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *res = NULL, *ai;
 	int e = 0, rc;
 
-	(void)tls; /* TLS: refused by the backend until implemented */
 	fdown_init(&s->own);
 	s->timeout_ms = 0;
+	s->tls = NULL;
 	if (path) {
 		struct sockaddr_un un = { .sun_family = AF_UNIX };
 
@@ -124,6 +128,10 @@ int net_connect(struct net_sock *s, const char *host, int port, const char *path
 			freeaddrinfo(res);
 	}
 	if (e == 0 && net_timeout(s, io_ms, why, sizeof(why)) != 0)
+		e = -1;
+	if (e == 0 && tls && tls->enabled &&
+	    !(s->tls = net_tls_open(&s->own, tls, tls->server_name ? tls->server_name :
+				    host ? host : path, deadline, why, sizeof(why))))
 		e = -1;
 	if (e != 0) {
 		net_close(s);
@@ -175,6 +183,15 @@ int net_send(struct net_sock *s, const void *buf, size_t len, char *err, size_t 
 		set_err(err, errlen, not_ours, 0);
 		return -1;
 	}
+	if (s->tls) {
+		int e = 0;
+
+		if (net_tls_send(s->tls, buf, len, &e, err, errlen) == 0)
+			return 0;
+		if (e)
+			failed(s, e, err, errlen);
+		return -1;
+	}
 	while (len > 0) {
 		ssize_t n = send(s->own.fd, p, len, MSG_NOSIGNAL);
 
@@ -196,6 +213,14 @@ ssize_t net_recv(struct net_sock *s, void *buf, size_t len, char *err, size_t er
 		set_err(err, errlen, not_ours, 0);
 		return -1;
 	}
+	if (s->tls) {
+		int e = 0;
+		ssize_t n = net_tls_recv(s->tls, buf, len, &e, err, errlen);
+
+		if (n < 0 && e)
+			failed(s, e, err, errlen);
+		return n;
+	}
 	for (;;) {
 		ssize_t n = recv(s->own.fd, buf, len, 0);
 
@@ -214,6 +239,8 @@ ssize_t net_recv(struct net_sock *s, void *buf, size_t len, char *err, size_t er
 
 void net_close(struct net_sock *s)
 {
+	net_tls_free(s->tls);
+	s->tls = NULL;
 	fdown_close(&s->own);
 	s->timeout_ms = 0;
 }

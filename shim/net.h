@@ -6,7 +6,8 @@
  * Redis closed never raises SIGPIPE in the program, and no signal mask or
  * disposition is touched), receives within a timeout, and never reads,
  * writes or closes a descriptor that the program closed or replaced
- * (fdown.h). One socket is used by one thread at a time. Errors are one
+ * (fdown.h). With redis.tls, the same calls run TLS over the socket
+ * (net_tls.h). One socket is used by one thread at a time. Errors are one
  * line in the caller's buffer.
  */
 #ifndef LOCKSHIM_NET_H
@@ -18,9 +19,12 @@
 
 #include "fdown.h"
 
+struct net_tls; /* net_tls.h */
+
 struct net_sock {
 	struct fdown own;
-	int64_t timeout_ms; /* send/receive timeout currently set */
+	int64_t timeout_ms;  /* send/receive timeout currently set */
+	struct net_tls *tls; /* the TLS session (redis.tls), or NULL */
 };
 
 struct redis_tls; /* config.h */

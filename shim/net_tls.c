@@ -1,0 +1,587 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * net_tls.c - TLS on the shim's sockets (see net_tls.h), with mbedTLS 2.28
+ * linked statically with hidden symbols: the program's own TLS library
+ * (OpenSSL, GnuTLS, another mbedTLS) never sees or binds these symbols.
+ *
+ * What every connection shares is built once per process, at the first TLS
+ * connect: the mbedtls_ssl_config with the CA chain and the client
+ * certificate, read-only afterwards. It is published by a compare-and-swap
+ * (a thread that loses the race frees its copy), so no lock is ever held
+ * across a fork. Randomness is the kernel's (getrandom): no DRBG state to
+ * seed, lock or reseed in a fork child. Each connection has its own
+ * mbedtls_ssl_context. The handshake reads and writes with MSG_DONTWAIT
+ * and polls up to the connect deadline; afterwards records go through the
+ * blocking socket and its SO_RCVTIMEO/SO_SNDTIMEO, sends with MSG_NOSIGNAL.
+ * mbedTLS 2.28 matches DNS names only, so an IP address is checked here
+ * against the certificate's iPAddress subjectAltNames.
+ */
+#include "net_tls.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <mbedtls/asn1.h>
+#include <mbedtls/error.h>
+#include <mbedtls/net_sockets.h>
+#include <mbedtls/pk.h>
+#include <mbedtls/rsa.h>
+#include <mbedtls/ssl.h>
+#include <mbedtls/x509_crt.h>
+
+#include "config.h"
+#include "fdown.h"
+#include "util.h"
+
+/* Debian's ca-certificates bundle: the system's CA store. */
+#define SYSTEM_CA_FILE "/etc/ssl/certs/ca-certificates.crt"
+
+struct tls_shared {
+	mbedtls_ssl_config conf;
+	mbedtls_x509_crt ca, cert;
+	mbedtls_pk_context key;
+	int has_cert;
+};
+
+struct net_tls {
+	mbedtls_ssl_context ssl;
+	struct fdown *own;
+	int handshaking; /* MSG_DONTWAIT: the handshake polls */
+	int err;         /* errno of the last failed socket call */
+	int first;       /* first byte received, -1 before */
+	int failed;      /* a send or a record failed: the session is unusable */
+	int has_cert;
+	size_t iplen;    /* name is an IP address of iplen bytes (ip) */
+	unsigned char ip[16];
+	char name[256];  /* the name verified */
+};
+
+static struct tls_shared *shared;
+
+/* f_rng: the kernel's CSPRNG. */
+static int rng(void *unused, unsigned char *out, size_t len)
+{
+	(void)unused;
+	while (len > 0) {
+		ssize_t n = getrandom(out, len, 0);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return MBEDTLS_ERR_SSL_INTERNAL_ERROR;
+		}
+		out += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+/* Describes mbedTLS error ret in why after prefix. Returns -1. */
+static int why_mbedtls(char *why, size_t len, const char *prefix, int ret)
+{
+	char text[128];
+
+	mbedtls_strerror(ret, text, sizeof(text));
+	snprintf(why, len, "TLS: %s%s", prefix, text);
+	return -1;
+}
+
+/* Checks that path can be read, naming the setting. Returns 0 or -1. */
+static int readable(const char *path, const char *setting, char *why, size_t len)
+{
+	if (access(path, R_OK) == 0)
+		return 0;
+	snprintf(why, len, "TLS: cannot read redis.tls.%s %s: %s", setting, path, strerror(errno));
+	return -1;
+}
+
+/* Loads the CAs to trust into s->ca. Returns 0 or -1. */
+static int load_ca(struct tls_shared *s, const struct redis_tls *cfg, char *why, size_t len)
+{
+	char what[64];
+	int ret;
+
+	if (!cfg->ca_file && !cfg->ca_dir) {
+		if (access(SYSTEM_CA_FILE, R_OK) != 0) {
+			snprintf(why, len, "TLS: no CA store: %s: %s (install ca-certificates, "
+				 "or set redis.tls.ca_file)", SYSTEM_CA_FILE, strerror(errno));
+			return -1;
+		}
+		ret = mbedtls_x509_crt_parse_file(&s->ca, SYSTEM_CA_FILE);
+		snprintf(what, sizeof(what), "the system's CA store %s", SYSTEM_CA_FILE);
+	} else {
+		ret = 0;
+		if (cfg->ca_file) {
+			if (readable(cfg->ca_file, "ca_file", why, len) != 0)
+				return -1;
+			ret = mbedtls_x509_crt_parse_file(&s->ca, cfg->ca_file);
+			if (ret < 0) {
+				snprintf(what, sizeof(what), "cannot load redis.tls.ca_file: ");
+				return why_mbedtls(why, len, what, ret);
+			}
+		}
+		if (cfg->ca_dir) {
+			if (readable(cfg->ca_dir, "ca_dir", why, len) != 0)
+				return -1;
+			ret = mbedtls_x509_crt_parse_path(&s->ca, cfg->ca_dir);
+		}
+		snprintf(what, sizeof(what), "redis.tls.%s", cfg->ca_dir ? "ca_dir" : "ca_file");
+	}
+	/* A bundle may hold certificates mbedTLS cannot parse (ret > 0 of
+	 * them); what matters is that some CA was loaded. */
+	if (ret < 0 && s->ca.version == 0) {
+		char pre[96];
+
+		snprintf(pre, sizeof(pre), "cannot load %s: ", what);
+		return why_mbedtls(why, len, pre, ret);
+	}
+	if (s->ca.version == 0) {
+		snprintf(why, len, "TLS: no CA certificate in %s", what);
+		return -1;
+	}
+	mbedtls_ssl_conf_ca_chain(&s->conf, &s->ca, NULL);
+	return 0;
+}
+
+/* Loads the client certificate and its key. Returns 0 or -1. */
+static int load_cert(struct tls_shared *s, const struct redis_tls *cfg, char *why, size_t len)
+{
+	int ret;
+
+	if (readable(cfg->cert_file, "cert_file", why, len) != 0 ||
+	    readable(cfg->key_file, "key_file", why, len) != 0)
+		return -1;
+	if ((ret = mbedtls_x509_crt_parse_file(&s->cert, cfg->cert_file)) != 0)
+		return why_mbedtls(why, len, "cannot load redis.tls.cert_file: ", ret);
+	if ((ret = mbedtls_pk_parse_keyfile(&s->key, cfg->key_file, NULL)) != 0)
+		return why_mbedtls(why, len, "cannot load redis.tls.key_file (a PEM or DER key "
+				   "without a passphrase): ", ret);
+	if (mbedtls_pk_check_pair(&s->cert.pk, &s->key) != 0) {
+		snprintf(why, len, "TLS: redis.tls.key_file is not the key of cert_file");
+		return -1;
+	}
+	if ((ret = mbedtls_ssl_conf_own_cert(&s->conf, &s->cert, &s->key)) != 0)
+		return why_mbedtls(why, len, "client certificate: ", ret);
+	s->has_cert = 1;
+	return 0;
+}
+
+static void shared_free(struct tls_shared *s)
+{
+	mbedtls_ssl_config_free(&s->conf);
+	mbedtls_x509_crt_free(&s->ca);
+	mbedtls_x509_crt_free(&s->cert);
+	mbedtls_pk_free(&s->key);
+	free(s);
+}
+
+/* A fork child: a thread of the parent may have been signing with the
+ * client's RSA key, whose mutex the child would then wait on forever. */
+static void atfork_child(void)
+{
+	struct tls_shared *s = __atomic_load_n(&shared, __ATOMIC_ACQUIRE);
+
+	if (s && s->has_cert && mbedtls_pk_get_type(&s->key) == MBEDTLS_PK_RSA)
+		pthread_mutex_init(&mbedtls_pk_rsa(s->key)->mutex.mutex, NULL);
+}
+
+/* Returns the process's shared settings, built from cfg at the first call
+ * (again after a failure), or NULL with the cause in why. */
+static struct tls_shared *shared_get(const struct redis_tls *cfg, char *why, size_t len)
+{
+	static const mbedtls_ecp_group_id curves[] = {
+		MBEDTLS_ECP_DP_CURVE25519, MBEDTLS_ECP_DP_SECP256R1, MBEDTLS_ECP_DP_SECP384R1,
+		MBEDTLS_ECP_DP_SECP521R1, MBEDTLS_ECP_DP_NONE,
+	};
+	struct tls_shared *s = __atomic_load_n(&shared, __ATOMIC_ACQUIRE), *none = NULL;
+	int ret;
+
+	if (s)
+		return s;
+	if (!(s = calloc(1, sizeof(*s)))) {
+		snprintf(why, len, "TLS: out of memory");
+		return NULL;
+	}
+	mbedtls_ssl_config_init(&s->conf);
+	mbedtls_x509_crt_init(&s->ca);
+	mbedtls_x509_crt_init(&s->cert);
+	mbedtls_pk_init(&s->key);
+	ret = mbedtls_ssl_config_defaults(&s->conf, MBEDTLS_SSL_IS_CLIENT,
+					  MBEDTLS_SSL_TRANSPORT_STREAM, MBEDTLS_SSL_PRESET_DEFAULT);
+	if (ret != 0) {
+		why_mbedtls(why, len, "", ret);
+		goto fail;
+	}
+	mbedtls_ssl_conf_min_version(&s->conf, MBEDTLS_SSL_MAJOR_VERSION_3,
+				     MBEDTLS_SSL_MINOR_VERSION_3); /* TLS 1.2 */
+	mbedtls_ssl_conf_rng(&s->conf, rng, NULL);
+	mbedtls_ssl_conf_curves(&s->conf, curves);
+	mbedtls_ssl_conf_authmode(&s->conf, cfg->verify ? MBEDTLS_SSL_VERIFY_REQUIRED
+							: MBEDTLS_SSL_VERIFY_NONE);
+	if ((cfg->verify && load_ca(s, cfg, why, len) != 0) ||
+	    (cfg->cert_file && load_cert(s, cfg, why, len) != 0))
+		goto fail;
+	if (__atomic_compare_exchange_n(&shared, &none, s, 0, __ATOMIC_ACQ_REL,
+					__ATOMIC_ACQUIRE)) {
+		pthread_atfork(NULL, NULL, atfork_child);
+		return s;
+	}
+	shared_free(s); /* another thread was first */
+	return none;
+fail:
+	shared_free(s);
+	return NULL;
+}
+
+/* The BIO: plain send/recv on the descriptor net.c owns. */
+static int bio_send(void *ctx, const unsigned char *buf, size_t len)
+{
+	struct net_tls *t = ctx;
+	int flags = MSG_NOSIGNAL | (t->handshaking ? MSG_DONTWAIT : 0);
+
+	for (;;) {
+		ssize_t n = send(t->own->fd, buf, len, flags);
+
+		if (n >= 0)
+			return (int)n;
+		if (errno == EINTR)
+			continue;
+		t->err = errno;
+		return errno == EAGAIN || errno == EWOULDBLOCK ? MBEDTLS_ERR_SSL_WANT_WRITE
+							       : MBEDTLS_ERR_NET_SEND_FAILED;
+	}
+}
+
+static int bio_recv(void *ctx, unsigned char *buf, size_t len)
+{
+	struct net_tls *t = ctx;
+
+	for (;;) {
+		ssize_t n = recv(t->own->fd, buf, len, t->handshaking ? MSG_DONTWAIT : 0);
+
+		if (n > 0 && t->first < 0)
+			t->first = buf[0];
+		if (n >= 0)
+			return (int)n;
+		if (errno == EINTR)
+			continue;
+		t->err = errno;
+		return errno == EAGAIN || errno == EWOULDBLOCK ? MBEDTLS_ERR_SSL_WANT_READ
+							       : MBEDTLS_ERR_NET_RECV_FAILED;
+	}
+}
+
+/* Whether crt names ip (iplen bytes) in an iPAddress subjectAltName. */
+static int crt_has_ip(const mbedtls_x509_crt *crt, const unsigned char *ip, size_t iplen)
+{
+	static const unsigned char san_oid[] = { 0x55, 0x1d, 0x11 }; /* 2.5.29.17 */
+	unsigned char *p = crt->v3_ext.p, *end, *ext_end, *names_end;
+	size_t len;
+
+	if (!p || mbedtls_asn1_get_tag(&p, p + crt->v3_ext.len, &len,
+				       MBEDTLS_ASN1_CONSTRUCTED | MBEDTLS_ASN1_SEQUENCE) != 0)
+		return 0;
+	for (end = p + len; p < end; p = ext_end) {
+		if (mbedtls_asn1_get_tag(&p, end, &len,
+					 MBEDTLS_ASN1_CONSTRUCTED | MBEDTLS_ASN1_SEQUENCE) != 0)
+			return 0;
+		ext_end = p + len;
+		if (mbedtls_asn1_get_tag(&p, ext_end, &len, MBEDTLS_ASN1_OID) != 0)
+			return 0;
+		if (len != sizeof(san_oid) || memcmp(p, san_oid, len) != 0)
+			continue;
+		p += len;
+		if (p < ext_end && *p == MBEDTLS_ASN1_BOOLEAN && /* critical */
+		    mbedtls_asn1_get_tag(&p, ext_end, &len, MBEDTLS_ASN1_BOOLEAN) == 0)
+			p += len;
+		if (mbedtls_asn1_get_tag(&p, ext_end, &len, MBEDTLS_ASN1_OCTET_STRING) != 0 ||
+		    mbedtls_asn1_get_tag(&p, ext_end, &len,
+					 MBEDTLS_ASN1_CONSTRUCTED | MBEDTLS_ASN1_SEQUENCE) != 0)
+			return 0;
+		for (names_end = p + len; p < names_end; p += len) {
+			int tag = *p++;
+
+			if (mbedtls_asn1_get_len(&p, names_end, &len) != 0)
+				return 0;
+			if (tag == (MBEDTLS_ASN1_CONTEXT_SPECIFIC | 7) && len == iplen &&
+			    memcmp(p, ip, iplen) == 0)
+				return 1;
+		}
+		return 0;
+	}
+	return 0;
+}
+
+/* Verify callback when the name is an IP address: the leaf must hold it. */
+static int verify_ip(void *ctx, mbedtls_x509_crt *crt, int depth, uint32_t *flags)
+{
+	struct net_tls *t = ctx;
+
+	if (depth == 0 && !crt_has_ip(crt, t->ip, t->iplen))
+		*flags |= MBEDTLS_X509_BADCERT_CN_MISMATCH;
+	return 0;
+}
+
+/* Writes the causes of a failed verification (flags) into why. */
+static void why_verify(const struct net_tls *t, uint32_t flags, char *why, size_t len)
+{
+	static const struct {
+		uint32_t flags;
+		const char *text;
+	} causes[] = {
+		{ MBEDTLS_X509_BADCERT_NOT_TRUSTED, "certificate not trusted (unknown CA)" },
+		{ MBEDTLS_X509_BADCERT_EXPIRED, "certificate expired" },
+		{ MBEDTLS_X509_BADCERT_FUTURE, "certificate not valid yet" },
+		{ MBEDTLS_X509_BADCERT_CN_MISMATCH, "certificate name mismatch: expected " },
+		{ MBEDTLS_X509_BADCERT_REVOKED, "certificate revoked" },
+		{ MBEDTLS_X509_BADCERT_KEY_USAGE | MBEDTLS_X509_BADCERT_EXT_KEY_USAGE |
+		  MBEDTLS_X509_BADCERT_NS_CERT_TYPE, "certificate not meant for a TLS server" },
+		{ MBEDTLS_X509_BADCERT_BAD_MD | MBEDTLS_X509_BADCERT_BAD_PK |
+		  MBEDTLS_X509_BADCERT_BAD_KEY, "certificate signed with an algorithm or a key "
+		  "size mbedTLS refuses" },
+	};
+	size_t n = (size_t)snprintf(why, len, "TLS: ");
+
+	for (size_t i = 0; i < sizeof(causes) / sizeof(causes[0]) && n < len; i++) {
+		if (!(flags & causes[i].flags))
+			continue;
+		flags &= ~causes[i].flags;
+		n += (size_t)snprintf(why + n, len - n, "%s%s%s", n > 5 ? "; " : "",
+				      causes[i].text,
+				      causes[i].flags == MBEDTLS_X509_BADCERT_CN_MISMATCH ? t->name
+											 : "");
+	}
+	if (flags && n < len) { /* anything else, in mbedTLS's words */
+		char rest[256], *nl;
+
+		mbedtls_x509_crt_verify_info(rest, sizeof(rest), "", flags);
+		while ((nl = strchr(rest, '\n')))
+			*nl = nl[1] ? ';' : '\0';
+		snprintf(why + n, len - n, "%s%s", n > 5 ? "; " : "", rest);
+	}
+}
+
+static const char *alert_name(int a)
+{
+	switch (a) {
+	case 10: return "unexpected_message";
+	case 20: return "bad_record_mac";
+	case 40: return "handshake_failure";
+	case 42: return "bad_certificate";
+	case 43: return "unsupported_certificate";
+	case 44: return "certificate_revoked";
+	case 45: return "certificate_expired";
+	case 46: return "certificate_unknown";
+	case 47: return "illegal_parameter";
+	case 48: return "unknown_ca";
+	case 49: return "access_denied";
+	case 50: return "decode_error";
+	case 51: return "decrypt_error";
+	case 70: return "protocol_version";
+	case 71: return "insufficient_security";
+	case 80: return "internal_error";
+	case 112: return "unrecognized_name";
+	case 116: return "certificate_required";
+	default: return "unknown alert";
+	}
+}
+
+/* After a send failed during the handshake: the server may have sent a
+ * fatal alert and closed (a client certificate missing, say) while the
+ * client was still writing. Returns the alert's description, or -1. */
+static int alert_left(struct net_tls *t)
+{
+	unsigned char rec[7];
+
+	if (!fdown_check(t->own) || recv(t->own->fd, rec, sizeof(rec), MSG_DONTWAIT) != 7)
+		return -1;
+	return rec[0] == MBEDTLS_SSL_MSG_ALERT && rec[3] == 0 && rec[4] == 2 &&
+	       rec[5] == MBEDTLS_SSL_ALERT_LEVEL_FATAL ? rec[6] : -1;
+}
+
+/* Writes why the handshake failed with ret into why. */
+static void why_handshake(struct net_tls *t, int ret, char *why, size_t len)
+{
+	int alert = ret == MBEDTLS_ERR_SSL_FATAL_ALERT_MESSAGE ? t->ssl.in_msg[1] :
+		    ret == MBEDTLS_ERR_NET_SEND_FAILED ? alert_left(t) : -1;
+
+	if (ret == MBEDTLS_ERR_X509_CERT_VERIFY_FAILED) {
+		why_verify(t, mbedtls_ssl_get_verify_result(&t->ssl), why, len);
+	} else if (t->first >= 0 && (t->first < 20 || t->first > 23)) {
+		/* not a TLS record type: Redis answering "-ERR ..." in plain text */
+		snprintf(why, len, "TLS: the server answered in plain text (a port without TLS?)");
+	} else if (alert >= 0 && t->ssl.client_auth && !t->has_cert) {
+		snprintf(why, len, "TLS: the server requires a client certificate (alert %s): "
+			 "set redis.tls.cert_file and key_file", alert_name(alert));
+	} else if (alert >= 0 && t->ssl.client_auth) {
+		snprintf(why, len, "TLS: the server refused the client certificate (alert %s)",
+			 alert_name(alert));
+	} else if (alert >= 0) {
+		snprintf(why, len, "TLS: the server refused the handshake (alert %s)",
+			 alert_name(alert));
+	} else if (ret == MBEDTLS_ERR_SSL_CONN_EOF || (t->err && ret == MBEDTLS_ERR_NET_RECV_FAILED)) {
+		snprintf(why, len, "TLS: the server closed the connection during the handshake%s",
+			 t->first < 0 ? " (not a TLS port?)" : "");
+	} else if (t->err && ret == MBEDTLS_ERR_NET_SEND_FAILED) {
+		snprintf(why, len, "TLS: handshake: %s", strerror(t->err));
+	} else {
+		why_mbedtls(why, len, "handshake: ", ret);
+	}
+}
+
+/* Runs the handshake by deadline. Returns 0 or -1 (why set). */
+static int handshake(struct net_tls *t, int64_t deadline, char *why, size_t len)
+{
+	int ret;
+
+	t->handshaking = 1;
+	while ((ret = mbedtls_ssl_handshake(&t->ssl)) != 0) {
+		struct pollfd p = { .fd = t->own->fd };
+		int64_t left = deadline - util_now_ms();
+		int n;
+
+		if (ret != MBEDTLS_ERR_SSL_WANT_READ && ret != MBEDTLS_ERR_SSL_WANT_WRITE) {
+			why_handshake(t, ret, why, len);
+			return -1;
+		}
+		p.events = ret == MBEDTLS_ERR_SSL_WANT_READ ? POLLIN : POLLOUT;
+		if (!fdown_check(t->own)) {
+			snprintf(why, len, "socket closed or replaced by the program");
+			return -1;
+		}
+		n = left > 0 ? poll(&p, 1, (int)left) : 0;
+		if (n == 0 && t->first < 0) {
+			snprintf(why, len, "TLS: no answer to the handshake within "
+				 "redis.connect_timeout_ms (a port without TLS?)");
+			return -1;
+		}
+		if (n == 0) {
+			snprintf(why, len, "TLS: handshake timed out (redis.connect_timeout_ms)");
+			return -1;
+		}
+		if (n < 0 && errno != EINTR) {
+			snprintf(why, len, "TLS: handshake: poll: %s", strerror(errno));
+			return -1;
+		}
+	}
+	t->handshaking = 0;
+	return 0;
+}
+
+struct net_tls *net_tls_open(struct fdown *own, const struct redis_tls *cfg, const char *name,
+			     int64_t deadline, char *why, size_t whylen)
+{
+	struct tls_shared *s = shared_get(cfg, why, whylen);
+	struct net_tls *t;
+	int ret;
+
+	if (!s)
+		return NULL;
+	if (!(t = calloc(1, sizeof(*t)))) {
+		snprintf(why, whylen, "TLS: out of memory");
+		return NULL;
+	}
+	mbedtls_ssl_init(&t->ssl);
+	t->own = own;
+	t->first = -1;
+	t->has_cert = s->has_cert;
+	snprintf(t->name, sizeof(t->name), "%s", name);
+	if (inet_pton(AF_INET, name, t->ip) == 1)
+		t->iplen = 4;
+	else if (inet_pton(AF_INET6, name, t->ip) == 1)
+		t->iplen = 16;
+	if ((ret = mbedtls_ssl_setup(&t->ssl, &s->conf)) != 0) {
+		why_mbedtls(why, whylen, "", ret);
+		goto fail;
+	}
+	/* A DNS name goes into SNI and is verified by mbedTLS; an IP address is
+	 * not sent (RFC 6066) and is verified by verify_ip. */
+	if (t->iplen)
+		mbedtls_ssl_set_verify(&t->ssl, verify_ip, t);
+	else if ((ret = mbedtls_ssl_set_hostname(&t->ssl, name)) != 0) {
+		why_mbedtls(why, whylen, "server name: ", ret);
+		goto fail;
+	}
+	mbedtls_ssl_set_bio(&t->ssl, t, bio_send, bio_recv, NULL);
+	if (handshake(t, deadline, why, whylen) != 0)
+		goto fail;
+	return t;
+fail:
+	net_tls_free(t);
+	return NULL;
+}
+
+/* A failed record operation ret: the errno for net.c, or the cause in
+ * why. Returns -1. */
+static int io_failed(struct net_tls *t, int ret, int *e, char *why, size_t len)
+{
+	*e = 0;
+	if (ret != MBEDTLS_ERR_SSL_WANT_READ) /* a timed-out read can be resumed */
+		t->failed = 1;
+	if (ret == MBEDTLS_ERR_SSL_CONN_EOF || ret == MBEDTLS_ERR_SSL_PEER_CLOSE_NOTIFY)
+		snprintf(why, len, "Server closed the connection");
+	else if ((ret == MBEDTLS_ERR_SSL_WANT_READ || ret == MBEDTLS_ERR_SSL_WANT_WRITE ||
+		  ret == MBEDTLS_ERR_NET_SEND_FAILED || ret == MBEDTLS_ERR_NET_RECV_FAILED) && t->err)
+		*e = t->err;
+	else if (ret == MBEDTLS_ERR_SSL_FATAL_ALERT_MESSAGE)
+		snprintf(why, len, "TLS: the server sent alert %s",
+			 alert_name(t->ssl.in_msg ? t->ssl.in_msg[1] : 0));
+	else
+		why_mbedtls(why, len, "", ret);
+	return -1;
+}
+
+int net_tls_send(struct net_tls *t, const void *buf, size_t len, int *e, char *why,
+		 size_t whylen)
+{
+	const unsigned char *p = buf;
+
+	if (t->failed) {
+		*e = 0;
+		snprintf(why, whylen, "TLS: the session failed earlier");
+		return -1;
+	}
+	t->err = 0;
+	while (len > 0) {
+		int n = mbedtls_ssl_write(&t->ssl, p, len);
+
+		if (n < 0)
+			return io_failed(t, n, e, why, whylen);
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+ssize_t net_tls_recv(struct net_tls *t, void *buf, size_t len, int *e, char *why,
+		     size_t whylen)
+{
+	int n;
+
+	if (t->failed) {
+		*e = 0;
+		snprintf(why, whylen, "TLS: the session failed earlier");
+		return -1;
+	}
+	t->err = 0;
+	n = mbedtls_ssl_read(&t->ssl, buf, len);
+	if (n > 0)
+		return n;
+	return io_failed(t, n == 0 ? MBEDTLS_ERR_SSL_CONN_EOF : n, e, why, whylen);
+}
+
+void net_tls_free(struct net_tls *t)
+{
+	if (!t)
+		return;
+	mbedtls_ssl_free(&t->ssl);
+	free(t);
+}
