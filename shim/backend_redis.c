@@ -421,7 +421,7 @@ static struct backend_config *redis_config_new(const struct redis_spec *r, char 
 					       size_t errlen)
 {
 	struct backend_config *bc;
-	const char *missing = r->sentinels ? "redis.sentinels" : r->tls.enabled ? "redis.tls" :
+	const char *missing = r->sentinels ? "redis.sentinels" :
 			      r->wait_replicas ? "redis.wait_replicas" : NULL;
 
 	if (missing) { /* never run a setting that is not implemented */

@@ -6,7 +6,8 @@
  * Every step goes through the backend's table, so it sends byte for byte
  * what a guarded call sends. The probe key holds a token of the check's
  * own and is deleted at the end; a step that fails is explained from
- * Redis's error text or the transport's.
+ * Redis's error text or the transport's (TLS's: unknown CA, name
+ * mismatch, expiry).
  */
 #include "selftest.h"
 
@@ -19,12 +20,29 @@
 
 #define PROBE_LEASE_MS 10000
 
-/* Returns the likely cause of a failure whose text is err, or NULL. */
-static const char *cause(const char *err)
+struct cause {
+	const char *says, *means;
+};
+
+/* With redis.tls, looked up first: a TLS-only port is then no suspect. */
+static const struct cause tls_causes[] = {
+	{ "(unknown CA)", "the server's certificate is not signed by a CA of redis.tls.ca_file "
+			  "or ca_dir (without them: of the system's CA store)" },
+	{ "name mismatch", "the server's certificate does not hold the name connected to: set "
+			   "redis.tls.server_name to a name it holds" },
+	{ "certificate expired", "the server's certificate must be renewed (or this machine's "
+				 "clock is wrong)" },
+	{ "Server closed the connection", "the server closed the TLS connection: see its log" },
+	{ "Connection reset", "the server reset the TLS connection: see its log" },
+	{ "timed out", "no answer within redis.command_timeout_ms: a frozen server or a "
+		       "filtered port?" },
+};
+
+/* Returns the likely cause of a failure whose text is err, or NULL; tls:
+ * the config has redis.tls. */
+static const char *cause(const char *err, int tls)
 {
-	static const struct {
-		const char *says, *means;
-	} causes[] = {
+	static const struct cause causes[] = {
 		{ "NOPERM", "the ACL user may not run a command lockshim sends (it needs SET, "
 			    "EVAL, EVALSHA and BLPOP on the keys under the namespace)" },
 		{ "NOAUTH", "the server wants a password: set redis.password" },
@@ -45,6 +63,9 @@ static const char *cause(const char *err)
 			       "filtered port, or a TLS-only port waiting for a handshake?" },
 	};
 
+	for (size_t i = 0; tls && i < sizeof(tls_causes) / sizeof(tls_causes[0]); i++)
+		if (strstr(err, tls_causes[i].says))
+			return tls_causes[i].means;
 	for (size_t i = 0; i < sizeof(causes) / sizeof(causes[0]); i++)
 		if (strstr(err, causes[i].says))
 			return causes[i].means;
@@ -53,9 +74,7 @@ static const char *cause(const char *err)
 
 static int failed(char *msg, size_t len, const char *step, const char *err)
 {
-	const char *why = cause(err);
-
-	snprintf(msg, len, "%s: %s%s%s", step, err, why ? "; likely cause: " : "", why ? why : "");
+	snprintf(msg, len, "%s: %s", step, err);
 	return -1;
 }
 
@@ -120,11 +139,15 @@ out:
 int selftest_run(const struct config *cfg, char *msg, size_t len)
 {
 	struct backend b;
+	const char *why;
+	size_t n;
 	int rc;
 
 	if (backend_init(&b, &cfg->redis, msg, len) != 0)
 		return -1;
 	rc = probe(b.ops, b.cfg, cfg->ns, msg, len);
 	backend_release(&b);
+	if (rc != 0 && (why = cause(msg, cfg->redis.tls.enabled)) && (n = strlen(msg)) < len)
+		snprintf(msg + n, len - n, "; likely cause: %s", why);
 	return rc;
 }
