@@ -2,19 +2,17 @@
 /*
  * net_tls.c - TLS on the shim's sockets (see net_tls.h), with mbedTLS 2.28
  * linked statically with hidden symbols: the program's own TLS library
- * (OpenSSL, GnuTLS, another mbedTLS) never sees or binds these symbols.
- *
- * What every connection shares is built once per process, at the first TLS
- * connect: the mbedtls_ssl_config with the CA chain and the client
- * certificate, read-only afterwards. It is published by a compare-and-swap
- * (a thread that loses the race frees its copy), so no lock is ever held
- * across a fork. Randomness is the kernel's (getrandom): no DRBG state to
+ * never sees or binds them. What connections share is built once per
+ * process, at the first TLS connect: the mbedtls_ssl_config with the CA
+ * chain and the client certificate, read-only afterwards, published by a
+ * compare-and-swap (a thread losing the race frees its copy), so no lock
+ * is held across a fork. Randomness is the kernel's (getrandom): no DRBG to
  * seed, lock or reseed in a fork child. Each connection has its own
- * mbedtls_ssl_context. The handshake reads and writes with MSG_DONTWAIT
- * and polls up to the connect deadline; afterwards records go through the
- * blocking socket and its SO_RCVTIMEO/SO_SNDTIMEO, sends with MSG_NOSIGNAL.
- * mbedTLS 2.28 matches DNS names only, so an IP address is checked here
- * against the certificate's iPAddress subjectAltNames.
+ * mbedtls_ssl_context and a read-ahead buffer (one recv(2) for a reply's
+ * records). The handshake uses MSG_DONTWAIT and polls up to the connect
+ * deadline; records then go through the blocking socket and its timeouts,
+ * sends with MSG_NOSIGNAL. mbedTLS 2.28 matches DNS names only: an IP
+ * address is checked here against the certificate's iPAddress SANs.
  */
 #include "net_tls.h"
 
@@ -44,12 +42,26 @@
 /* Debian's ca-certificates bundle: the system's CA store. */
 #define SYSTEM_CA_FILE "/etc/ssl/certs/ca-certificates.crt"
 
+/* Cipher suites offered first: AES-GCM runs on AES-NI and PCLMULQDQ, where
+ * mbedTLS's ChaCha20 (preferred by default) is plain C. The server picks. */
+static const int fast_suites[] = {
+	MBEDTLS_TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, MBEDTLS_TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+	MBEDTLS_TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, MBEDTLS_TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+};
+#define NSUITES_MAX 256
+
 struct tls_shared {
 	mbedtls_ssl_config conf;
 	mbedtls_x509_crt ca, cert;
 	mbedtls_pk_context key;
 	int has_cert;
+	int suites[NSUITES_MAX + 1]; /* fast_suites, then the rest of mbedTLS's list */
 };
+
+/* A connection reads ahead into a buffer of this size: mbedTLS asks for a
+ * record's header and then its body, and a reply's records usually come
+ * in one segment, so one recv(2) serves them all. */
+#define READ_AHEAD 4096
 
 struct net_tls {
 	mbedtls_ssl_context ssl;
@@ -59,6 +71,8 @@ struct net_tls {
 	int first;       /* first byte received, -1 before */
 	int failed;      /* a send or a record failed: the session is unusable */
 	int has_cert;
+	size_t rpos, rlen; /* read ahead: rbuf[rpos, rlen) not given to mbedTLS yet */
+	unsigned char rbuf[READ_AHEAD];
 	size_t iplen;    /* name is an IP address of iplen bytes (ip) */
 	unsigned char ip[16];
 	char name[256];  /* the name verified */
@@ -193,6 +207,27 @@ static void atfork_child(void)
 		pthread_mutex_init(&mbedtls_pk_rsa(s->key)->mutex.mutex, NULL);
 }
 
+/* Orders mbedTLS's cipher suites into s->suites, fast_suites first. */
+static void order_suites(struct tls_shared *s)
+{
+	const int *all = mbedtls_ssl_list_ciphersuites();
+	size_t n = 0, k;
+
+	for (k = 0; k < sizeof(fast_suites) / sizeof(fast_suites[0]); k++)
+		for (const int *a = all; *a; a++)
+			if (*a == fast_suites[k])
+				s->suites[n++] = *a;
+	for (const int *a = all; *a && n < NSUITES_MAX; a++) {
+		for (k = 0; k < sizeof(fast_suites) / sizeof(fast_suites[0]); k++)
+			if (*a == fast_suites[k])
+				break;
+		if (k == sizeof(fast_suites) / sizeof(fast_suites[0]))
+			s->suites[n++] = *a;
+	}
+	s->suites[n] = 0;
+	mbedtls_ssl_conf_ciphersuites(&s->conf, s->suites);
+}
+
 /* Returns the process's shared settings, built from cfg at the first call
  * (again after a failure), or NULL with the cause in why. */
 static struct tls_shared *shared_get(const struct redis_tls *cfg, char *why, size_t len)
@@ -224,6 +259,7 @@ static struct tls_shared *shared_get(const struct redis_tls *cfg, char *why, siz
 				     MBEDTLS_SSL_MINOR_VERSION_3); /* TLS 1.2 */
 	mbedtls_ssl_conf_rng(&s->conf, rng, NULL);
 	mbedtls_ssl_conf_curves(&s->conf, curves);
+	order_suites(s);
 	mbedtls_ssl_conf_authmode(&s->conf, cfg->verify ? MBEDTLS_SSL_VERIFY_REQUIRED
 							: MBEDTLS_SSL_VERIFY_NONE);
 	if ((cfg->verify && load_ca(s, cfg, why, len) != 0) ||
@@ -260,23 +296,44 @@ static int bio_send(void *ctx, const unsigned char *buf, size_t len)
 	}
 }
 
-static int bio_recv(void *ctx, unsigned char *buf, size_t len)
+/* Reads what the socket has, up to the free end of rbuf. Returns the
+ * bytes read (0: closed by the server) or a mbedTLS error. */
+static int read_ahead(struct net_tls *t)
 {
-	struct net_tls *t = ctx;
-
 	for (;;) {
-		ssize_t n = recv(t->own->fd, buf, len, t->handshaking ? MSG_DONTWAIT : 0);
+		ssize_t n = recv(t->own->fd, t->rbuf + t->rlen, sizeof(t->rbuf) - t->rlen,
+				 t->handshaking ? MSG_DONTWAIT : 0);
 
 		if (n > 0 && t->first < 0)
-			t->first = buf[0];
-		if (n >= 0)
+			t->first = t->rbuf[t->rlen];
+		if (n >= 0) {
+			t->rlen += (size_t)n;
 			return (int)n;
+		}
 		if (errno == EINTR)
 			continue;
 		t->err = errno;
 		return errno == EAGAIN || errno == EWOULDBLOCK ? MBEDTLS_ERR_SSL_WANT_READ
 							       : MBEDTLS_ERR_NET_RECV_FAILED;
 	}
+}
+
+static int bio_recv(void *ctx, unsigned char *buf, size_t len)
+{
+	struct net_tls *t = ctx;
+	size_t n;
+
+	if (t->rpos == t->rlen) {
+		int rc;
+
+		t->rpos = t->rlen = 0;
+		if ((rc = read_ahead(t)) <= 0)
+			return rc;
+	}
+	n = t->rlen - t->rpos < len ? t->rlen - t->rpos : len;
+	memcpy(buf, t->rbuf + t->rpos, n);
+	t->rpos += n;
+	return (int)n;
 }
 
 /* Whether crt names ip (iplen bytes) in an iPAddress subjectAltName. */
@@ -399,9 +456,11 @@ static const char *alert_name(int a)
  * client was still writing. Returns the alert's description, or -1. */
 static int alert_left(struct net_tls *t)
 {
-	unsigned char rec[7];
+	const unsigned char *rec = t->rbuf + t->rpos;
 
-	if (!fdown_check(t->own) || recv(t->own->fd, rec, sizeof(rec), MSG_DONTWAIT) != 7)
+	if (t->rlen - t->rpos < 7 && fdown_check(t->own) && t->rlen < sizeof(t->rbuf))
+		read_ahead(t);
+	if (t->rlen - t->rpos < 7)
 		return -1;
 	return rec[0] == MBEDTLS_SSL_MSG_ALERT && rec[3] == 0 && rec[4] == 2 &&
 	       rec[5] == MBEDTLS_SSL_ALERT_LEVEL_FATAL ? rec[6] : -1;
