@@ -26,10 +26,14 @@ programs (bench/*.c) and measures, in one run:
                with it entry-patching 20 of them, and with one lock on a
                symbol no program defines (each case checked once in a
                LOCKSHIM_LOG_LEVEL=debug run: patched, and the lock acquired)
-The uncontended and entry call rows are measured in two placements
+  tls          the uncontended guarded call over TLS (redis.tls, the
+               server's TLS port, a CA and certificate made with openssl)
+               against plain TCP to the same server, in the same run:
+               linger_ms = 0 (a round trip per call) and default settings
+The uncontended, entry and tls call rows are measured in two placements
 (taskset): client and server on one CPU, and on two CPUs. Prints a markdown
 report and writes it to bench/results/. `--only PART` (uncontended,
-contended, startup, imports, entry) measures just that part and prints just
+contended, startup, imports, entry, tls) measures just that part and prints just
 its section and its targets, written only to --out if given. Usage:
 bench.py [--build DIR] [--k K] [--n N] [--reps R] [--startup-runs R]
 [--import-runs R] [--symtab-funcs F] [--only PART] [--out FILE] [--settings S]
@@ -84,13 +88,33 @@ def cc(out, srcs, *flags):
     return out
 
 
+def make_certs(work):
+    """A CA and a server certificate for IP:127.0.0.1 signed by it, made with
+    openssl in work; returns (ca, cert, key) paths."""
+    def openssl(*args):
+        subprocess.run(["openssl"] + list(args), cwd=work, check=True, capture_output=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+            "-subj", "/CN=lockshim bench CA")
+    openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    with open(os.path.join(work, "server.ext"), "w") as f:
+        f.write("subjectAltName = IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "server.ext")
+    return [os.path.join(work, f) for f in ("ca.crt", "server.crt", "server.key")]
+
+
 class Server:
     def __init__(self, work):
         self.port = free_port()
+        self.tls_port = free_port()
+        self.ca, cert, key = make_certs(work)
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--logfile", os.path.join(work, "redis.log"),
-             "--dir", work], stdin=subprocess.DEVNULL)
+             "--dir", work, "--tls-port", str(self.tls_port), "--tls-cert-file", cert,
+             "--tls-key-file", key, "--tls-ca-cert-file", self.ca,
+             "--tls-auth-clients", "no"], stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -190,17 +214,19 @@ class Bench:
         self.server = Server(w)
         self.counter = os.path.join(w, "counter")
 
-    def config(self, fair=False, symbol="section", extra="", tag=None):
+    def config(self, fair=False, symbol="section", extra="", tag=None, tls=False):
         """A config with one lock on symbol (key "bench"); extra: more settings
-        of that lock; tag names the file where two extras have one length."""
-        path = os.path.join(self.work, "%s-%s-%s.cfg" % (symbol, "fair" if fair else "default",
-                                                          tag or len(extra)))
+        of that lock; tag names the file where two extras have one length;
+        tls: to the server's TLS port (redis.tls, verified by the bench CA)."""
+        path = os.path.join(self.work, "%s-%s-%s%s.cfg" % (
+            symbol, "fair" if fair else "default", tag or len(extra), "-tls" if tls else ""))
+        redis = ('port = %d; tls = { ca_file = "%s"; };' % (self.server.tls_port, self.server.ca)
+                 if tls else "port = %d;" % self.server.port)
         with open(path, "w") as f:
-            f.write('redis = { host = "127.0.0.1"; port = %d; };\n'
+            f.write('redis = { host = "127.0.0.1"; %s };\n'
                     'locks = ( { symbol = "%s"; key = "bench"; lease_ms = 10000; '
                     'wait_ms = 60000; fair = %s; %s %s } );\n'
-                    % (self.server.port, symbol, "true" if fair else "false",
-                       self.args.settings, extra))
+                    % (redis, symbol, "true" if fair else "false", self.args.settings, extra))
         return path
 
     def config_many(self, symbols, tag="many"):
@@ -285,6 +311,28 @@ class Bench:
             py = self.redis_py_pair(client_cpu) if HAVE_REDIS_PY else None
             res[name] = dict(ping=ping, pair=pair, guarded=guarded - plain,
                              guarded0=guarded0 - plain, py=py)
+        self.server.pin("0,1")
+        return res
+
+    def tls(self):
+        """Guarded uncontended call minus unguarded (µs per call), to the plain
+        port and to the TLS port of the same server, linger_ms = 0 and default
+        settings, per placement; the TLS configs are checked once with
+        LOCKSHIM_LOG_LEVEL=debug (the lock acquired, no error)."""
+        cfgs = {}
+        for linger, extra in (("0", NO_LINGER), ("default", "")):
+            for tls in (False, True):
+                cfgs[(linger, tls)] = cfg = self.config(symbol="bench_noop", extra=extra,
+                                                        tls=tls)
+                if tls:
+                    self.check_log("bench_noop over TLS, linger %s" % linger,
+                                   [self.worker, "noop", "-", "3"], cfg, want=["acquired "],
+                                   unwanted=[" error: ", " warn: "], stdin="g")
+        res = {}
+        for place, server_cpu, client_cpu in [("1 CPU", "0", "0"), ("2 CPUs", "1", "0")]:
+            self.server.pin(server_cpu)
+            plain = self.noop(client_cpu, None)
+            res[place] = {k: self.noop(client_cpu, cfg) - plain for k, cfg in cfgs.items()}
         self.server.pin("0,1")
         return res
 
@@ -519,7 +567,7 @@ IMPLS = [("poll", "plain C, SET NX / 1 ms poll / compare-and-delete"),
          ("lockshim-fair", "lockshim, fair = true"),
          ("redis-py", "redis-py Lock, defaults (sleep 0.1)"),
          ("redis-py-0.001", "redis-py Lock, sleep=0.001")]
-PARTS = ["uncontended", "contended", "startup", "imports", "entry"]
+PARTS = ["uncontended", "contended", "startup", "imports", "entry", "tls"]
 ENTRY_CASES = [("reloc", 'library function (bench_noop_wide in libsection.so, through the '
                 'PLT), method = "reloc"'),
                ("entry", 'the same library function, method = "entry"'),
@@ -527,7 +575,7 @@ ENTRY_CASES = [("reloc", 'library function (bench_noop_wide in libsection.so, th
                 'method = "entry"')]
 
 
-def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None):
+def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, tls=None):
     """The markdown report of the parts measured (those not None)."""
     lines = []
     add = lines.append
@@ -645,6 +693,27 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None):
             % (es["locks"], es["shim"] - es["plain"]))
         add("| cost of the shim with the reference lock | %.2f ms |" % (es["shim0"] - es["plain"]))
         add("")
+    if tls:
+        t1, t2 = tls["1 CPU"], tls["2 CPUs"]
+        add("## Uncontended over TLS against plain TCP (guarded call = guarded minus "
+            "unguarded, per call)")
+        add("")
+        add("The same server's plain port and TLS port (redis.tls, the server verified by "
+            "CA and IP address), best of 3 runs of %d calls each." % args.n)
+        add("")
+        add("| measured | client and server on one CPU | on two CPUs |")
+        add("|---|---:|---:|")
+        for linger, label in (("0", "linger_ms = 0 (acquire and release every call)"),
+                              ("default", "default (lock kept between calls)")):
+            add("| guarded call, %s, plain TCP | %.2f µs | %.2f µs |"
+                % (label, t1[(linger, False)], t2[(linger, False)]))
+            add("| **guarded call, %s, TLS** | **%.2f µs** | **%.2f µs** |"
+                % (label, t1[(linger, True)], t2[(linger, True)]))
+            add("| ratio TLS / plain TCP%s | %.2f | %.2f |"
+                % (" (target < 1.3)" if linger == "0" else "",
+                   t1[(linger, True)] / t1[(linger, False)],
+                   t2[(linger, True)] / t2[(linger, False)]))
+        add("")
     add("## Targets")
     add("")
     checks = []
@@ -696,6 +765,11 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None):
         checks.append(("start-up, entry-patching %d functions of a %d-symbol executable: "
                        "cost < 10 ms" % (es["locks"], es["funcs"]),
                        es["shim"] - es["plain"], "%.2f ms", lambda v: v < 10))
+    if tls:
+        for place, t in (("one CPU", t1), ("two CPUs", t2)):
+            checks.append(("uncontended guarded call over TLS < 1.3 x plain TCP, linger_ms = 0, "
+                           "%s" % place, t[("0", True)] / t[("0", False)], "%.2f",
+                           lambda v: v < 1.3))
     add("| target | measured | met |")
     add("|---|---:|---|")
     for name, v, fmt, ok in checks:
@@ -752,6 +826,8 @@ def main():
             res["imports"] = b.imports()
         if "entry" in wanted:
             res["entry"] = b.entry()
+        if "tls" in wanted:
+            res["tls"] = b.tls()
         text = report(b, args, **res)
     finally:
         b.close()
