@@ -4,15 +4,15 @@
  * linked statically with hidden symbols: the program's own TLS library
  * never sees or binds them. What connections share is built once per
  * process, at the first TLS connect: the mbedtls_ssl_config with the CA
- * chain and the client certificate, read-only afterwards, published by a
- * compare-and-swap (a thread losing the race frees its copy), so no lock
- * is held across a fork. Randomness is the kernel's (getrandom): no DRBG to
- * seed, lock or reseed in a fork child. Each connection has its own
- * mbedtls_ssl_context and a read-ahead buffer (one recv(2) for a reply's
- * records). The handshake uses MSG_DONTWAIT and polls up to the connect
- * deadline; records then go through the blocking socket and its timeouts,
- * sends with MSG_NOSIGNAL. mbedTLS 2.28 matches DNS names only: an IP
- * address is checked here against the certificate's iPAddress SANs.
+ * chain and the client certificate, published by a compare-and-swap (a
+ * thread losing the race frees its copy). Handshakes take turns (hs_mu:
+ * mbedTLS fills caches in shared keys at first use). Randomness is the
+ * kernel's (getrandom): no DRBG to seed, lock or reseed in a fork child.
+ * Each connection has its own mbedtls_ssl_context and a read-ahead buffer.
+ * The handshake uses MSG_DONTWAIT and polls up to the connect deadline;
+ * records then go through the blocking socket and its timeouts, sends with
+ * MSG_NOSIGNAL. mbedTLS 2.28 matches DNS names only: an IP address is
+ * checked here against the certificate's iPAddress SANs.
  */
 #include "net_tls.h"
 
@@ -31,7 +31,6 @@
 #include <mbedtls/error.h>
 #include <mbedtls/net_sockets.h>
 #include <mbedtls/pk.h>
-#include <mbedtls/rsa.h>
 #include <mbedtls/ssl.h>
 #include <mbedtls/x509_crt.h>
 
@@ -197,14 +196,30 @@ static void shared_free(struct tls_shared *s)
 	free(s);
 }
 
-/* A fork child: a thread of the parent may have been signing with the
- * client's RSA key, whose mutex the child would then wait on forever. */
-static void atfork_child(void)
-{
-	struct tls_shared *s = __atomic_load_n(&shared, __ATOMIC_ACQUIRE);
+/*
+ * Handshakes run one at a time: mbedTLS 2.28 writes into shared keys at
+ * their first use (an EC key's group caches its comb table, an RSA key its
+ * Montgomery constant), and the CA chain and the client key are shared. A
+ * handshake call never waits for I/O (MSG_DONTWAIT), so hs_mu is held for
+ * CPU work only; fork takes it first (atfork), so a child never inherits
+ * it held, nor a key half written.
+ */
+static pthread_mutex_t hs_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
-	if (s && s->has_cert && mbedtls_pk_get_type(&s->key) == MBEDTLS_PK_RSA)
-		pthread_mutex_init(&mbedtls_pk_rsa(s->key)->mutex.mutex, NULL);
+static void hs_lock(void)
+{
+	pthread_mutex_lock(&hs_mu);
+}
+
+static void hs_unlock(void)
+{
+	pthread_mutex_unlock(&hs_mu);
+}
+
+static void atfork_register(void)
+{
+	pthread_atfork(hs_lock, hs_unlock, hs_unlock);
 }
 
 /* Orders mbedTLS's cipher suites into s->suites, fast_suites first. */
@@ -241,6 +256,7 @@ static struct tls_shared *shared_get(const struct redis_tls *cfg, char *why, siz
 
 	if (s)
 		return s;
+	pthread_once(&atfork_once, atfork_register);
 	if (!(s = calloc(1, sizeof(*s)))) {
 		snprintf(why, len, "TLS: out of memory");
 		return NULL;
@@ -266,10 +282,8 @@ static struct tls_shared *shared_get(const struct redis_tls *cfg, char *why, siz
 	    (cfg->cert_file && load_cert(s, cfg, why, len) != 0))
 		goto fail;
 	if (__atomic_compare_exchange_n(&shared, &none, s, 0, __ATOMIC_ACQ_REL,
-					__ATOMIC_ACQUIRE)) {
-		pthread_atfork(NULL, NULL, atfork_child);
+					__ATOMIC_ACQUIRE))
 		return s;
-	}
 	shared_free(s); /* another thread was first */
 	return none;
 fail:
@@ -502,10 +516,17 @@ static int handshake(struct net_tls *t, int64_t deadline, char *why, size_t len)
 	int ret;
 
 	t->handshaking = 1;
-	while ((ret = mbedtls_ssl_handshake(&t->ssl)) != 0) {
+	for (;;) {
 		struct pollfd p = { .fd = t->own->fd };
-		int64_t left = deadline - util_now_ms();
+		int64_t left;
 		int n;
+
+		hs_lock();
+		ret = mbedtls_ssl_handshake(&t->ssl);
+		hs_unlock();
+		if (ret == 0)
+			break;
+		left = deadline - util_now_ms();
 
 		if (ret != MBEDTLS_ERR_SSL_WANT_READ && ret != MBEDTLS_ERR_SSL_WANT_WRITE) {
 			why_handshake(t, ret, why, len);

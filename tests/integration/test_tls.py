@@ -7,7 +7,7 @@ certificate for DNS:localhost and IP:127.0.0.1, one for DNS:localhost only,
 an expired one, a client certificate, and a second, unrelated CA with a
 client certificate of its own.
 - mutual exclusion over TLS (processes x threads; the control run without
-  the shim loses updates), client certificates required and given, the
+  the shim loses updates), a fork child's own session, client certificates required and given, the
   server verified by IP address, by name (server_name, SNI) and through
   ca_dir;
 - each failure names its cause, in the shim's log and in `lockshim check`:
@@ -214,6 +214,22 @@ def test_processes_and_threads_exclude_each_other_over_tls(progs, tls_servers, p
     assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
                 threads=3) == 90
     assert int(srv.cmd("INFO", "stats").split("total_connections_received:")[1].split()[0]) > 3
+
+
+def test_fork_child_has_its_own_tls_session(progs, tls_servers, pki, tmp_path):
+    """After the parent's session is up, a fork child's guarded calls open a
+    session of their own (the parent's is never used by both), and the
+    parent's keeps working."""
+    srv = tls_servers()
+    cfg = tls_config(tmp_path, srv.port, 'locks = ( { symbol = "other_call"; key = "tls"; '
+                     'linger_ms = 0; }, { symbol = "hold_call"; key = "own"; } );\n',
+                     ca_file=pki["ca"])
+    r = run([progs["driver"], "other:1", "fork", "other:1"], cfg)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines.count(OTHER_OK) == 2, r.stdout
+    assert "child-other rc=2 errno=0" in lines and "child-own rc=42 errno=0" in lines, r.stdout
+    assert " error: " not in r.stderr and " warn: " not in r.stderr, r.stderr
 
 
 def test_check_passes_over_tls(tls_servers, pki, tmp_path):
