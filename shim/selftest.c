@@ -106,6 +106,14 @@ static int probe(const struct backend_ops *ops, const struct backend_config *bc,
 	}
 	snprintf(msg, len, "acquire, renew, queue, wait, release and leave on %.*s",
 		 (int)it.klen, it.key);
+	if (ops->describe) {
+		size_t k = strlen(msg);
+
+		if (k + 3 < len) {
+			snprintf(msg + k, len - k, " at ");
+			ops->describe(bc, msg + k + 4, len - k - 4);
+		}
+	}
 	rc = 0;
 	goto out;
 fail_acquire:
