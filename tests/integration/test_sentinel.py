@@ -364,13 +364,20 @@ BLOCK_MAIN_C = r"""
 
 int block_call(int x);
 
-int main(void)
+/* block [stay]: one guarded call; with stay, then waits for a line before
+ * exiting. */
+int main(int argc, char **argv)
 {
+	char line[64];
 	int rc;
 
+	(void)argv;
 	errno = 0;
 	rc = block_call(1);
 	printf("call rc=%d errno=%d\n", rc, errno);
+	fflush(stdout);
+	if (argc > 1 && !fgets(line, sizeof(line), stdin))
+		return 4;
 	return 0;
 }
 """
@@ -618,6 +625,49 @@ def test_lease_lost_in_a_failover_is_reported(topo, mine, bg, tmp_path):
     assert new.cmd("PTTL", "lockshim:blk") > 0
 
 
+def test_waiter_queued_on_the_old_primary_gets_the_lock_after_the_failover(topo, mine, bg,
+                                                                          tmp_path):
+    """H holds lockshim:blk (20 s lease, wait_replicas = 1, so the promoted
+    replica has it) and W waits for it in the queue on the old primary. After
+    a SENTINEL FAILOVER, once H's renewal has reached the new primary, H's
+    call ends while H lives on: W re-queued on the new primary and enters
+    within a few seconds, not after H's remaining lease (H's release must
+    reach the new primary, not the connection the failover closed)."""
+    cfg = topo.config(tmp_path, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                      'lease_ms = 20000; wait_ms = 60000; } );\n', "wait_replicas = 1;")
+    old = topo.primary()
+    h = bg([mine["block"], "stay"], cfg)
+    h.expect("enter")
+    value = old.cmd("GET", "lockshim:blk")
+    w = bg([mine["block"], "stay"], cfg)
+    wait_for(lambda: old.cmd("ZCARD", "lockshim:blk:q") == 1, what="W queued on the old primary")
+    assert topo.sentinels[0].cmd("SENTINEL", "FAILOVER", MASTER) == "OK"
+    new = topo.wait_failover(old)
+    # H's renewal (every 6.7 s) refreshed the lease on the new primary.
+    wait_for(lambda: new.cmd("GET", "lockshim:blk") == value and
+             new.cmd("PTTL", "lockshim:blk") > 14000, timeout=30,
+             what="H's lease renewed on the new primary")
+    assert w.lines.empty()  # W has not entered: H still holds the lock
+    h.send()
+    assert h.expect("call") == OK_LINE
+    t0 = time.monotonic()
+    try:
+        w.expect("enter", timeout=5)
+    except AssertionError as e:
+        raise AssertionError("W did not enter within 5 s of H's release; on the new primary "
+                             "the key is %r with %s ms left; H's log:\n%s\n%s"
+                             % (new.cmd("GET", "lockshim:blk"), new.cmd("PTTL", "lockshim:blk"),
+                                h.stderr()[-2000:], e))
+    assert time.monotonic() - t0 < 5 * MULT
+    w.send()
+    assert w.expect("call") == OK_LINE
+    for p in (h, w):
+        p.send()
+        assert p.wait() == 0, p.stderr()
+        assert lost_lines(p.stderr()) == [], p.stderr()
+    assert lock_keys(new) == []
+
+
 # ---- 3. sentinels that do not answer ------------------------------------------------
 
 @pytest.mark.parametrize("how", ["killed", "frozen"])
@@ -709,12 +759,12 @@ def test_check_with_an_unknown_master_fails_naming_the_sentinels(topo, tmp_path)
 def test_unacknowledged_acquire_is_a_redis_error(topo, progs, tmp_path, policy, expect):
     """wait_replicas = 1 with both replicas frozen: no acquire is acknowledged,
     so each is released and counts as a Redis error; after wait_ms on_error
-    applies (on_timeout would exit 3). Once the replicas run again, calls are
+    applies (on_timeout would abort). Once the replicas run again, calls are
     guarded."""
     p = topo.primary()
     reps = topo.replicas()
     body = ('locks = ( { symbol = "hold_call"; key = "k"; lease_ms = 20000; wait_ms = 300; '
-            'on_timeout = "exit"; exit_code = 3; %s } );\n' % policy)
+            'on_timeout = "abort"; %s } );\n' % policy)
     cfg = topo.config(tmp_path, body, "wait_replicas = 1; wait_replicas_ms = 100;")
     try:
         for r in reps:
