@@ -67,8 +67,8 @@ def stop_pid(proc):
 class Node(RedisServer):
     """A redis-server (data node or sentinel) on 127.0.0.1 with extra arguments."""
 
-    def __init__(self, *extra, name="node"):
-        super().__init__()
+    def __init__(self, *extra, name="node", password=None):
+        super().__init__(password=password)
         self.extra = list(extra)
         self.name = name
 
@@ -76,7 +76,9 @@ class Node(RedisServer):
         return ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
                 "--save", "", "--appendonly", "no", "--daemonize", "no",
                 "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
-                "--logfile", self.log, "--dir", self.dir] + self.extra
+                "--logfile", self.log, "--dir", self.dir] + self.extra + \
+            (["--requirepass", self.password, "--masterauth", self.password]
+             if self.password else [])
 
     def start(self):
         self.proc = subprocess.Popen(self.args(), stdin=subprocess.DEVNULL)
@@ -87,7 +89,7 @@ class Node(RedisServer):
         return self.proc is not None and self.proc.poll() is None
 
     def client(self, timeout=2):
-        return Resp(port=self.port, timeout=timeout)
+        return Resp(port=self.port, timeout=timeout, password=self.password)
 
     def cmd(self, *args):
         c = self.client()
@@ -115,8 +117,11 @@ class Node(RedisServer):
 
 
 class Sentinel(Node):
-    def __init__(self, primary_port):
-        super().__init__(name="sentinel")
+    """A sentinel; password: its own requirepass (the sentinels share it);
+    data_password: the data nodes' (auth-pass)."""
+
+    def __init__(self, primary_port, password=None, data_password=None):
+        super().__init__(name="sentinel", password=password)
         self.conf = os.path.join(self.dir, "sentinel.conf")
         with open(self.conf, "w") as f:
             f.write("port %d\nbind 127.0.0.1\ndaemonize no\nlogfile %s\ndir %s\n"
@@ -126,6 +131,10 @@ class Sentinel(Node):
                     "sentinel parallel-syncs %s 2\n"
                     % (self.port, self.log, self.dir, MASTER, primary_port, MASTER, MASTER,
                        MASTER))
+            if password:
+                f.write("requirepass %s\n" % password)
+            if data_password:
+                f.write("sentinel auth-pass %s %s\n" % (MASTER, data_password))
 
     def args(self):
         return ["redis-server", self.conf, "--sentinel"]
@@ -146,23 +155,26 @@ class Topology:
     """A primary, two replicas and three sentinels; processes are recorded as
     soon as they start, so teardown stops whatever was started."""
 
-    def __init__(self):
+    def __init__(self, password=None, sentinel_password=None):
         self.nodes = []
         self.sentinels = []
         self.out = set()   # sentinels killed or frozen by the test: not asked
+        self.password = password
+        self.sentinel_password = sentinel_password
 
     def start(self):
-        primary = Node(name="primary")
+        primary = Node(name="primary", password=self.password)
         self.nodes.append(primary)
         primary.start()
         for i in range(2):
-            r = Node("--replicaof", "127.0.0.1", str(primary.port), name="replica%d" % i)
+            r = Node("--replicaof", "127.0.0.1", str(primary.port), name="replica%d" % i,
+                     password=self.password)
             self.nodes.append(r)
             r.start()
         wait_for(lambda: all(r.info().get("master_link_status") == "up" for r in self.nodes[1:]),
                  timeout=30, what="both replicas linked to the primary")
         for _ in range(3):
-            s = Sentinel(primary.port)
+            s = Sentinel(primary.port, self.sentinel_password, self.password)
             self.sentinels.append(s)
             s.start()
         wait_for(self.healthy, timeout=60, what="every sentinel to see 2 replicas and 2 sentinels")
@@ -243,9 +255,8 @@ class Topology:
             shutil.rmtree(n.dir, ignore_errors=True)
 
 
-@pytest.fixture
-def topo(request):
-    t = Topology()
+def topology(request, **kw):
+    t = Topology(**kw)
     try:
         t.start()
         yield t
@@ -253,6 +264,18 @@ def topo(request):
             print(t.logs())
     finally:
         t.stop()
+
+
+@pytest.fixture
+def topo(request):
+    yield from topology(request)
+
+
+@pytest.fixture
+def secured_topo(request):
+    """The same with a password on the data nodes and another on the sentinels."""
+    yield from topology(request, password="Data-" + secrets.token_hex(8),
+                        sentinel_password="Sent-" + secrets.token_hex(8))
 
 
 # ---- programs of this file -------------------------------------------------------
@@ -902,3 +925,43 @@ def test_no_password_fails_with_noauth(progs, secured, tmp_path):
     assert "NOAUTH" in r.stderr, r.stderr
     c = check(cfg)
     assert c.returncode == 69 and "NOAUTH" in c.stderr, (c.stdout, c.stderr)
+
+
+SECURED_BODY = ('log_level = "debug";\n'
+                'locks = ( { symbol = "hold_call"; key = "k"; wait_ms = 500; } );\n')
+
+
+def secured_extra(t, tmp_path, sentinel_password):
+    return 'sentinel_password = "%s"; password_file = "%s";' % (
+        sentinel_password, pw_file(tmp_path, t.password))
+
+
+def test_passwords_for_sentinels_and_data_nodes(secured_topo, progs, tmp_path):
+    """sentinel_password for the sentinels, password_file for the data nodes:
+    calls are guarded and check finds the primary; at debug level neither
+    password is in any output."""
+    t = secured_topo
+    cfg = t.config(tmp_path, SECURED_BODY, secured_extra(t, tmp_path, t.sentinel_password))
+    r = run([progs["driver"], "call:0"], cfg)
+    assert r.returncode == 0 and last(r.stdout) == OK_LINE, r.stderr
+    assert "acquired lockshim:k" in r.stderr  # debug lines were written
+    c = check(cfg, LOCKSHIM_LOG_LEVEL="debug")
+    assert c.returncode == 0, (c.stdout, c.stderr)
+    assert re.search(r"primary.*127\.0\.0\.1:%d\b" % t.primary().port, c.stdout), c.stdout
+    no_secret([t.password, t.sentinel_password], r.stdout, r.stderr, c.stdout, c.stderr)
+
+
+def test_wrong_sentinel_password_fails_naming_every_sentinel(secured_topo, progs, tmp_path):
+    """A wrong sentinel_password: the call is skipped, check exits 69 with
+    WRONGPASS and names every sentinel it tried; no password is logged."""
+    t = secured_topo
+    wrong = "Wrong-" + secrets.token_hex(8)
+    cfg = t.config(tmp_path, SECURED_BODY, secured_extra(t, tmp_path, wrong))
+    r = run([progs["driver"], "call:0"], cfg)
+    assert r.returncode == 0 and last(r.stdout) == EBUSY_LINE, r.stderr
+    c = check(cfg, LOCKSHIM_LOG_LEVEL="debug")
+    assert c.returncode == 69, (c.stdout, c.stderr)
+    assert "WRONGPASS" in c.stderr, c.stderr
+    no_secret([t.password, t.sentinel_password, wrong], r.stdout, r.stderr, c.stdout, c.stderr)
+    for s in t.sentinels:
+        assert s.addr() in c.stderr, c.stderr
