@@ -53,4 +53,12 @@ int redis_renew(struct backend_conn *c, int n, const struct backend_item *items,
 const char *redis_errstr(const struct backend_conn *c);
 int redis_ping(struct backend_conn *c);
 
+/* The operations of a connection, for a backend table (backend.h) that
+ * differs from backend_redis's only in finding the node. */
+#define REDIS_CONN_OPS                                                          \
+	.close = redis_close, .acquire = redis_acquire, .release = redis_release, \
+	.wait = redis_wait, .leave = redis_leave, .flush = redis_flush,           \
+	.unconfirmed = redis_unconfirmed, .renew = redis_renew,                   \
+	.errstr = redis_errstr, .ping = redis_ping
+
 #endif
