@@ -14,14 +14,15 @@ nodes, never by sleeping.
    through a SIGKILL of the primary (wait_replicas = 1): counters exact,
    nobody dies or hangs, the traffic moves to the new primary;
 2. a lease lost by a failover is reported by on_lost, and the release
-   leaves another owner's key alone;
+   leaves another owner's key alone; a lease kept through a failover is
+   released on the new primary, where a waiter re-queued gets it at once;
 3. a dead or frozen first sentinel is skipped;
 4. `lockshim check` finds the primary through the sentinels, and fails
    (69) naming the sentinels when none answers;
 5. wait_replicas: an acquire no replica acknowledges is released and is a
    Redis error (on_error); an unacknowledged renewal is a warning only;
-6. password_file and LOCKSHIM_REDIS_PASSWORD, and no password ever in a
-   log line or in check's output.
+6. password_file and LOCKSHIM_REDIS_PASSWORD, sentinel_password, and no
+   password ever in a log line or in check's output.
 """
 import errno
 import os
@@ -31,7 +32,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 
@@ -748,8 +748,9 @@ def test_check_follows_a_failover(topo, tmp_path):
 
 def dead_sentinels_cfg(tmp_path, master=MASTER, ports=None):
     ports = ports or [free_port(), free_port()]
-    path = write_config(tmp_path, None, 'redis = { sentinels = ( %s ); master_name = "%s"; %s };\n%s'
-                        % (", ".join('"127.0.0.1:%d"' % p for p in ports), master, FAST, HOLD))
+    listed = ", ".join('"127.0.0.1:%d"' % p for p in ports)
+    path = write_config(tmp_path, None, 'redis = { sentinels = ( %s ); master_name = "%s"; '
+                        '%s };\n%s' % (listed, master, FAST, HOLD))
     return path, ports
 
 
