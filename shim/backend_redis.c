@@ -766,6 +766,12 @@ static int send_async(struct backend_conn *c, enum script s, const struct backen
 	}
 	if (c->npending == PENDING_MAX && settle(c) != 0)
 		return BACKEND_ERR;
+	/* Nobody waits for this reply: on a connection the server closed (a
+	 * failover's CLIENT KILL) the command would be lost in silence. */
+	if (!net_alive(&c->sock)) {
+		snprintf(c->ioerr, sizeof(c->ioerr), "Server closed the connection");
+		return conn_fail(c, s == S_RELEASE ? "release" : "leave", NULL);
+	}
 	if (append_script(c, s, it, args, nargs, 1) != 0)
 		return BACKEND_ERR;
 	p = &c->pend[c->npending++];

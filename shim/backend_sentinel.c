@@ -94,30 +94,33 @@ static int ask(const struct redis_spec *r, int i, char *host, size_t len, int *p
 	int rc = -1;
 
 	if (split(r->sentinels[i], shost, sizeof(shost), &ep.port) != 0) {
-		snprintf(why, whylen, "%s: not host:port", r->sentinels[i]);
+		snprintf(why, whylen, "not host:port");
 		return -1;
 	}
 	ep.host = shost;
 	c = redis_connect(r, &ep, err, sizeof(err));
 	if (!c) {
-		snprintf(why, whylen, "sentinel %s: %s", r->sentinels[i], err);
+		if (strstr(err, "WRONGPASS"))
+			snprintf(why, whylen, "WRONGPASS (sentinel_username, sentinel_password)");
+		else if (strstr(err, "NOAUTH"))
+			snprintf(why, whylen, "NOAUTH (set sentinel_password)");
+		else
+			snprintf(why, whylen, "%s", err);
 		return -1;
 	}
 	rep = redis_command(c, 3, argv);
 	if (!rep)
-		snprintf(why, whylen, "sentinel %s: %s", r->sentinels[i], redis_errstr(c));
+		snprintf(why, whylen, "%s", redis_errstr(c));
 	else if (rep->type == REDIS_REPLY_NIL)
-		snprintf(why, whylen, "sentinel %s does not know master \"%s\"", r->sentinels[i],
-			 r->master_name);
+		snprintf(why, whylen, "does not know master \"%s\"", r->master_name);
 	else if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
 		 rep->element[0]->type != REDIS_REPLY_STRING ||
 		 rep->element[1]->type != REDIS_REPLY_STRING)
-		snprintf(why, whylen, "sentinel %s: unexpected reply to SENTINEL "
-			 "get-master-addr-by-name%s%s", r->sentinels[i],
+		snprintf(why, whylen, "unexpected reply to SENTINEL get-master-addr-by-name%s%s",
 			 rep->type == REDIS_REPLY_ERROR ? ": " : "",
 			 rep->type == REDIS_REPLY_ERROR ? rep->str : "");
 	else if (rep->element[0]->len >= len)
-		snprintf(why, whylen, "sentinel %s: host name too long", r->sentinels[i]);
+		snprintf(why, whylen, "host name too long");
 	else {
 		snprintf(host, len, "%s", rep->element[0]->str);
 		*port = atoi(rep->element[1]->str);
@@ -190,9 +193,16 @@ static struct backend_conn *sentinel_open(const struct backend_config *cbc, char
 				r->master_name);
 	for (int k = 0; k < n; k++) {
 		int i = (first + k) % n;
+		/* every sentinel is named, its reason cut to share err */
+		int room = (int)(errlen / (size_t)n) - (int)strlen(r->sentinels[i]) - 6;
 
-		if (ask(r, i, host, sizeof(host), &port, why, sizeof(why)) == 0 &&
-		    (c = primary(r, host, port, why, sizeof(why)))) {
+		if (ask(r, i, host, sizeof(host), &port, why, sizeof(why)) != 0) {
+			if (used < errlen)
+				used += (size_t)snprintf(err + used, errlen - used, " %s: %.*s;",
+							 r->sentinels[i], room > 8 ? room : 8, why);
+			continue;
+		}
+		if ((c = primary(r, host, port, why, sizeof(why)))) {
 			pthread_mutex_lock(&bc->mu);
 			if (strcmp(bc->host, host) != 0 || bc->port != port)
 				LOG(LOG_INFO, "sentinel %s: the primary of \"%s\" is %s:%d",
@@ -204,12 +214,15 @@ static struct backend_conn *sentinel_open(const struct backend_config *cbc, char
 			return c;
 		}
 		if (used < errlen)
-			used += (size_t)snprintf(err + used, errlen - used, " %s;", why);
+			used += (size_t)snprintf(err + used, errlen - used, " %s gave %s:%d: %.*s;",
+						 r->sentinels[i], host, port, room > 8 ? room : 8, why);
 	}
 	pthread_mutex_lock(&bc->mu);
 	bc->host[0] = 0;
 	pthread_mutex_unlock(&bc->mu);
-	if (used && used < errlen && err[used - 1] == ';')
+	if (used >= errlen)
+		used = errlen - 1;
+	if (used && err[used - 1] == ';')
 		err[used - 1] = 0;
 	return NULL;
 }

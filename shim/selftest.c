@@ -25,6 +25,8 @@ static const char *cause(const char *err)
 	static const struct {
 		const char *says, *means;
 	} causes[] = {
+		/* the sentinels' replies, each already explained by backend_sentinel.c */
+		{ "through the sentinels:", NULL },
 		{ "NOPERM", "the ACL user may not run a command lockshim sends (it needs SET, "
 			    "EVAL, EVALSHA and BLPOP on the keys under the namespace)" },
 		{ "NOAUTH", "the server wants a password: set redis.password" },
