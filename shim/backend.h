@@ -70,6 +70,9 @@ struct backend_ops {
 	/* Returns a new connection, or NULL with a message in err. */
 	struct backend_conn *(*open)(const struct backend_config *bc, char *err,
 				     size_t errlen);
+	/* Optional: writes which node the last open reached, for `lockshim
+	 * check` ("primary HOST:PORT ..."); NULL when the config says it. */
+	void (*describe)(const struct backend_config *bc, char *buf, size_t len);
 	/* Closes c without sending anything (also safe in a fork child). */
 	void (*close)(struct backend_conn *c);
 	/*
@@ -145,6 +148,7 @@ static inline struct backend_conn *backend_open(const struct backend *b, char *e
 	return b->ops->open(b->cfg, err, errlen);
 }
 
+extern const struct backend_ops backend_sentinel;
 extern const struct backend_ops backend_redis;
 
 #endif

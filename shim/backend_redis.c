@@ -32,7 +32,7 @@
  * command's reply (one round trip for both), or by flush. Those whose reply
  * never came are handed back by unconfirmed().
  */
-#include "backend.h"
+#include "backend_redis.h"
 
 #include <hiredis/hiredis.h>
 #include <pthread.h>
@@ -174,7 +174,9 @@ struct backend_conn {
 	redisReader *reader;
 	char *out;          /* commands not sent yet */
 	size_t outlen, outcap;
-	long long cmd_ms;   /* command timeout */
+	long long cmd_ms;   /* command timeout (and the WAIT's, with wait_n) */
+	int wait_n;         /* redis.wait_replicas */
+	int wait_ms;        /* redis.wait_replicas_ms */
 	int npending;
 	struct pending pend[PENDING_MAX];
 	char ioerr[160];    /* the last transport error */
@@ -194,7 +196,7 @@ static int conn_fail(struct backend_conn *c, const char *what, const redisReply 
 	return BACKEND_ERR;
 }
 
-static void redis_close(struct backend_conn *c)
+void redis_close(struct backend_conn *c)
 {
 	if (!c)
 		return;
@@ -368,7 +370,7 @@ static int resp_append(struct backend_conn *c, struct resp *r)
 }
 
 /* Sends AUTH and SELECT, when configured, in one round trip. */
-static int conn_setup(struct backend_conn *c, const struct redis_spec *r)
+static int conn_setup(struct backend_conn *c, const struct redis_endpoint *r)
 {
 	struct resp cmd;
 	int n = 0, rc = 0;
@@ -413,21 +415,14 @@ static void sha_init(void)
 /* This backend serves a single server (host and port, or socket). */
 static int redis_serves(const struct redis_spec *r)
 {
-	(void)r;
-	return 1;
+	return !r->sentinels;
 }
 
 static struct backend_config *redis_config_new(const struct redis_spec *r, char *err,
 					       size_t errlen)
 {
 	struct backend_config *bc;
-	const char *missing = r->sentinels ? "redis.sentinels" :
-			      r->wait_replicas ? "redis.wait_replicas" : NULL;
 
-	if (missing) { /* never run a setting that is not implemented */
-		snprintf(err, errlen, "%s: not implemented in this build yet", missing);
-		return NULL;
-	}
 	bc = calloc(1, sizeof(*bc));
 	if (!bc)
 		snprintf(err, errlen, "out of memory");
@@ -441,10 +436,9 @@ static void redis_config_free(struct backend_config *bc)
 	free(bc);
 }
 
-static struct backend_conn *redis_open(const struct backend_config *bc, char *err,
-				       size_t errlen)
+struct backend_conn *redis_connect(const struct redis_spec *r, const struct redis_endpoint *ep,
+				   char *err, size_t errlen)
 {
-	const struct redis_spec *r = bc->r;
 	struct backend_conn *c = calloc(1, sizeof(*c));
 
 	if (!c || !(c->reader = redisReaderCreate())) {
@@ -453,18 +447,30 @@ static struct backend_conn *redis_open(const struct backend_config *bc, char *er
 		return NULL;
 	}
 	pthread_once(&sha_once, sha_init);
-	c->cmd_ms = r->command_timeout_ms;
-	if (net_connect(&c->sock, r->host, r->port, r->socket, &r->tls, r->connect_timeout_ms,
+	c->wait_n = ep->wait_replicas;
+	c->wait_ms = r->wait_replicas_ms;
+	c->cmd_ms = r->command_timeout_ms + (c->wait_n ? c->wait_ms : 0);
+	if (net_connect(&c->sock, ep->host, ep->port, ep->socket, &r->tls, r->connect_timeout_ms,
 			c->cmd_ms, err, errlen) != 0) {
 		redis_close(c);
 		return NULL;
 	}
-	if (conn_setup(c, r) != 0) {
+	if (conn_setup(c, ep) != 0) {
 		snprintf(err, errlen, "%s", c->errstr[0] ? c->errstr : "setup failed");
 		redis_close(c);
 		return NULL;
 	}
 	return c;
+}
+
+static struct backend_conn *redis_open(const struct backend_config *bc, char *err,
+				       size_t errlen)
+{
+	const struct redis_spec *r = bc->r;
+	struct redis_endpoint ep = { r->host, r->port, r->socket, r->username, r->password,
+				     r->db, r->wait_replicas };
+
+	return redis_connect(r, &ep, err, errlen);
 }
 
 /* Appends EVALSHA (or EVAL) of script s with it's keys (script_nkeys of
@@ -553,6 +559,19 @@ static redisReply *reply_after_pending(struct backend_conn *c, const char *what)
 }
 
 /* Runs script s and returns its reply, retrying as EVAL on NOSCRIPT. */
+redisReply *redis_command(struct backend_conn *c, int argc, const char *const *argv)
+{
+	struct resp cmd;
+
+	resp_start(&cmd, argc);
+	for (int i = 0; i < argc; i++)
+		if (resp_str(&cmd, argv[i]) != 0)
+			return NULL;
+	if (resp_append(c, &cmd) != 0)
+		return NULL;
+	return reply_after_pending(c, argv[0]);
+}
+
 static redisReply *run_script(struct backend_conn *c, const char *what, enum script s,
 			      const struct backend_item *it, const long long *args, int nargs)
 {
@@ -590,6 +609,55 @@ static void holder_copy(const redisReply *r, char *holder, size_t *holder_len)
  * nil when the key was set, or the holder's value when it was not; the
  * plain SET NX PX when the server is older than Redis 7.0.
  */
+/* Appends WAIT for the connection's replicas (redis.wait_replicas).
+ * Returns 0 or -1. */
+static int append_wait(struct backend_conn *c)
+{
+	struct resp cmd;
+
+	resp_start(&cmd, 3);
+	resp_str(&cmd, "WAIT");
+	resp_num(&cmd, c->wait_n);
+	resp_num(&cmd, c->wait_ms);
+	return resp_append(c, &cmd);
+}
+
+/* Reads the reply of an appended WAIT. Returns how many replicas
+ * acknowledged, or -1 (errstr set). */
+static long long read_wait(struct backend_conn *c)
+{
+	redisReply *r = NULL;
+	long long n = -1;
+
+	if (get_reply(c, &r) != 0) {
+		conn_fail(c, "WAIT", NULL);
+		return -1;
+	}
+	if (r->type == REDIS_REPLY_INTEGER)
+		n = r->integer;
+	else
+		conn_fail(c, "WAIT", r);
+	freeReplyObject(r);
+	return n;
+}
+
+/*
+ * After an acquire that took it's key: returns BACKEND_OK when acked (the
+ * WAIT's answer) reaches redis.wait_replicas; else releases the key and
+ * returns BACKEND_ERR, the attempt counting as a Redis error.
+ */
+static int acknowledged(struct backend_conn *c, const struct backend_item *it, long long acked)
+{
+	if (acked >= c->wait_n)
+		return BACKEND_OK;
+	if (acked < 0)
+		return BACKEND_ERR;
+	redis_release(c, it, 0);
+	snprintf(c->errstr, sizeof(c->errstr), "acquire: WAIT: %lld of %d replica(s) "
+		 "acknowledged within %d ms", acked, c->wait_n, c->wait_ms);
+	return BACKEND_ERR;
+}
+
 static int set_nx(struct backend_conn *c, const struct backend_item *it, char *holder,
 		  size_t *holder_len)
 {
@@ -607,13 +675,16 @@ static int set_nx(struct backend_conn *c, const struct backend_item *it, char *h
 	resp_num(&r, it->lease_ms);
 	if (get)
 		resp_arg(&r, "GET", 3);
-	if (resp_append(c, &r) != 0)
+	/* WAIT goes in the same write: one round trip plus the replication */
+	if (resp_append(c, &r) != 0 || (c->wait_n && append_wait(c) != 0))
 		return BACKEND_ERR;
 	rep = reply_after_pending(c, "SET NX");
 	if (!rep)
 		return BACKEND_ERR;
 	if (get && rep->type == REDIS_REPLY_ERROR && strstr(rep->str, "syntax error")) {
 		freeReplyObject(rep);
+		if (c->wait_n && read_wait(c) < 0)
+			return BACKEND_ERR;
 		__atomic_store_n(&no_set_get, 1, __ATOMIC_RELAXED);
 		return set_nx(c, it, holder, holder_len);
 	}
@@ -630,11 +701,16 @@ static int set_nx(struct backend_conn *c, const struct backend_item *it, char *h
 		rc = conn_fail(c, "SET NX", rep);
 	}
 	freeReplyObject(rep);
+	if (c->wait_n && rc != BACKEND_ERR) {
+		long long acked = read_wait(c);
+
+		rc = rc == BACKEND_OK ? acknowledged(c, it, acked) : acked < 0 ? BACKEND_ERR : rc;
+	}
 	return rc;
 }
 
-static int redis_acquire(struct backend_conn *c, const struct backend_item *it,
-			 long long *wait_ms, char *holder, size_t *holder_len)
+int redis_acquire(struct backend_conn *c, const struct backend_item *it,
+		  long long *wait_ms, char *holder, size_t *holder_len)
 {
 	long long args[4] = { it->lease_ms, it->waiter_ttl_ms, it->fair,
 			      it->fair ? 0 : it->handoff_us };
@@ -650,7 +726,8 @@ static int redis_acquire(struct backend_conn *c, const struct backend_item *it,
 	if (!r)
 		return BACKEND_ERR;
 	if (r->type == REDIS_REPLY_INTEGER && r->integer == -1) {
-		rc = BACKEND_OK;
+		rc = !c->wait_n ? BACKEND_OK :
+		     acknowledged(c, it, append_wait(c) == 0 ? read_wait(c) : -1);
 	} else if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
 		   r->element[0]->type == REDIS_REPLY_INTEGER) {
 		*wait_ms = r->element[0]->integer;
@@ -663,7 +740,7 @@ static int redis_acquire(struct backend_conn *c, const struct backend_item *it,
 	return rc;
 }
 
-static int redis_flush(struct backend_conn *c)
+int redis_flush(struct backend_conn *c)
 {
 	return settle(c) == 0 ? BACKEND_OK : BACKEND_ERR;
 }
@@ -684,6 +761,12 @@ static int send_async(struct backend_conn *c, enum script s, const struct backen
 	}
 	if (c->npending == PENDING_MAX && settle(c) != 0)
 		return BACKEND_ERR;
+	/* Nobody waits for this reply: on a connection the server closed (a
+	 * failover's CLIENT KILL) the command would be lost in silence. */
+	if (!net_alive(&c->sock)) {
+		snprintf(c->ioerr, sizeof(c->ioerr), "Server closed the connection");
+		return conn_fail(c, s == S_RELEASE ? "release" : "leave", NULL);
+	}
 	if (append_script(c, s, it, args, nargs, 1) != 0)
 		return BACKEND_ERR;
 	p = &c->pend[c->npending++];
@@ -718,7 +801,7 @@ static int run_int(struct backend_conn *c, const char *what, enum script s,
 	return rc;
 }
 
-static int redis_release(struct backend_conn *c, const struct backend_item *it, int async)
+int redis_release(struct backend_conn *c, const struct backend_item *it, int async)
 {
 	long long args[4] = { it->waiter_ttl_ms, it->fair ? 0 : it->handoff_us, WAKE_TTL_MS,
 			      it->turn_done };
@@ -728,7 +811,7 @@ static int redis_release(struct backend_conn *c, const struct backend_item *it, 
 	return run_int(c, "release", S_RELEASE, it, args, 4);
 }
 
-static int redis_leave(struct backend_conn *c, const struct backend_item *it, int async)
+int redis_leave(struct backend_conn *c, const struct backend_item *it, int async)
 {
 	long long ttl = WAKE_TTL_MS;
 
@@ -737,8 +820,8 @@ static int redis_leave(struct backend_conn *c, const struct backend_item *it, in
 	return run_int(c, "leave", S_LEAVE, it, &ttl, 1);
 }
 
-static void redis_unconfirmed(struct backend_conn *c,
-			      void (*fn)(void *arg, const struct backend_item *it), void *arg)
+void redis_unconfirmed(struct backend_conn *c,
+		       void (*fn)(void *arg, const struct backend_item *it), void *arg)
 {
 	for (int i = 0; i < c->npending; i++) {
 		const struct pending *p = &c->pend[i];
@@ -750,8 +833,8 @@ static void redis_unconfirmed(struct backend_conn *c,
 	c->npending = 0;
 }
 
-static int redis_wait(struct backend_conn *c, const struct backend_item *it,
-		      long long timeout_ms)
+int redis_wait(struct backend_conn *c, const struct backend_item *it,
+	       long long timeout_ms)
 {
 	char secs[32];
 	struct resp cmd;
@@ -786,8 +869,8 @@ static int redis_wait(struct backend_conn *c, const struct backend_item *it,
 	return rc;
 }
 
-static int redis_renew(struct backend_conn *c, int n, const struct backend_item *items,
-		       int *results)
+int redis_renew(struct backend_conn *c, int n, const struct backend_item *items,
+		int *results)
 {
 	enum { REDO = BACKEND_GRANTED + 1 }; /* NOSCRIPT: run it again as EVAL */
 	int rc = BACKEND_OK;
@@ -797,6 +880,8 @@ static int redis_renew(struct backend_conn *c, int n, const struct backend_item 
 	for (int i = 0; i < n; i++)
 		if (append_script(c, S_RENEW, &items[i], &items[i].lease_ms, 1, 0) != 0)
 			return BACKEND_ERR;
+	if (c->wait_n && n && append_wait(c) != 0)
+		return BACKEND_ERR;
 	for (int i = 0; i < n; i++) {
 		redisReply *r = NULL;
 
@@ -810,6 +895,15 @@ static int redis_renew(struct backend_conn *c, int n, const struct backend_item 
 			rc = results[i] = conn_fail(c, "renew", r);
 		freeReplyObject(r);
 	}
+	if (c->wait_n && n && rc == BACKEND_OK) {
+		long long acked = read_wait(c);
+
+		if (acked < 0)
+			return BACKEND_ERR;
+		if (acked < c->wait_n)
+			LOG(LOG_WARN, "renewal of %d lease(s) not acknowledged by %d replica(s) within "
+			    "%d ms (%lld did); the leases are kept", n, c->wait_n, c->wait_ms, acked);
+	}
 	for (int i = 0; i < n && rc == BACKEND_OK; i++) {
 		if (results[i] != REDO)
 			continue;
@@ -820,12 +914,12 @@ static int redis_renew(struct backend_conn *c, int n, const struct backend_item 
 	return rc;
 }
 
-static const char *redis_errstr(const struct backend_conn *c)
+const char *redis_errstr(const struct backend_conn *c)
 {
 	return c->errstr;
 }
 
-static int redis_ping(struct backend_conn *c)
+int redis_ping(struct backend_conn *c)
 {
 	struct resp cmd;
 	redisReply *r;
@@ -848,14 +942,5 @@ const struct backend_ops backend_redis = {
 	.config_new = redis_config_new,
 	.config_free = redis_config_free,
 	.open = redis_open,
-	.close = redis_close,
-	.acquire = redis_acquire,
-	.release = redis_release,
-	.wait = redis_wait,
-	.leave = redis_leave,
-	.flush = redis_flush,
-	.unconfirmed = redis_unconfirmed,
-	.renew = redis_renew,
-	.errstr = redis_errstr,
-	.ping = redis_ping,
+	REDIS_CONN_OPS,
 };

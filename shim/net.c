@@ -244,3 +244,16 @@ void net_close(struct net_sock *s)
 	fdown_close(&s->own);
 	s->timeout_ms = 0;
 }
+
+int net_alive(struct net_sock *s)
+{
+	char c;
+	ssize_t n;
+
+	if (!fdown_check(&s->own))
+		return 0;
+	do
+		n = recv(s->own.fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+	while (n < 0 && errno == EINTR);
+	return n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+}

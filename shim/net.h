@@ -52,4 +52,14 @@ ssize_t net_recv(struct net_sock *s, void *buf, size_t len, char *err, size_t er
 /* Closes the socket if it is still ours; s is empty afterwards. */
 void net_close(struct net_sock *s);
 
+/*
+ * Returns 0 when the server has closed the connection (or it is no longer
+ * the shim's), else 1, without blocking or reading anything: one
+ * recv(MSG_PEEK | MSG_DONTWAIT). A command written to a closed connection
+ * is lost without an error (the first write succeeds locally), and one
+ * whose reply nobody waits for (an asynchronous release) would be lost in
+ * silence.
+ */
+int net_alive(struct net_sock *s);
+
 #endif

@@ -63,6 +63,9 @@ static const char *cause(const char *err, int tls)
 			       "filtered port, or a TLS-only port waiting for a handshake?" },
 	};
 
+	/* the sentinels' replies, each already explained by backend_sentinel.c */
+	if (strstr(err, "through the sentinels:"))
+		return NULL;
 	for (size_t i = 0; tls && i < sizeof(tls_causes) / sizeof(tls_causes[0]); i++)
 		if (strstr(err, tls_causes[i].says))
 			return tls_causes[i].means;
@@ -125,6 +128,14 @@ static int probe(const struct backend_ops *ops, const struct backend_config *bc,
 	}
 	snprintf(msg, len, "acquire, renew, queue, wait, release and leave on %.*s",
 		 (int)it.klen, it.key);
+	if (ops->describe) {
+		size_t k = strlen(msg);
+
+		if (k + 3 < len) {
+			snprintf(msg + k, len - k, " at ");
+			ops->describe(bc, msg + k + 4, len - k - 4);
+		}
+	}
 	rc = 0;
 	goto out;
 fail_acquire:

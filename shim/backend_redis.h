@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * backend_redis.h - what backend_redis.c shares with the backends that
+ * speak the same protocol to a node they find another way (Sentinel:
+ * backend_sentinel.c). Such a backend finds the node, opens it with
+ * redis_connect, and lists backend_redis.c's operations for everything a
+ * connection then does: the commands, scripts, WAIT and error handling
+ * stay in one file. Not for lock.c or renew.c, which see backend.h only.
+ */
+#ifndef LOCKSHIM_BACKEND_REDIS_H
+#define LOCKSHIM_BACKEND_REDIS_H
+
+#include <hiredis/hiredis.h>
+
+#include "backend.h"
+#include "config.h"
+
+/* One node to connect to, and how to log in there. */
+struct redis_endpoint {
+	const char *host;
+	int port;
+	const char *socket;    /* used instead of host and port when not NULL */
+	const char *username;
+	const char *password;
+	int db;
+	int wait_replicas;     /* WAIT after acquires and renewals (0: none) */
+};
+
+/*
+ * Opens a connection to ep with r's timeouts and TLS settings (AUTH and
+ * SELECT sent). Returns it (released with the ops' close), or NULL with
+ * the reason in err.
+ */
+struct backend_conn *redis_connect(const struct redis_spec *r, const struct redis_endpoint *ep,
+				   char *err, size_t errlen);
+
+/* Sends one command of argc strings and returns its reply (the caller
+ * frees it with freeReplyObject), or NULL (the reason in the ops'
+ * errstr). */
+redisReply *redis_command(struct backend_conn *c, int argc, const char *const *argv);
+
+/* backend_redis.c's operations (backend.h), for other tables to list. */
+void redis_close(struct backend_conn *c);
+int redis_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
+		  char *holder, size_t *holder_len);
+int redis_release(struct backend_conn *c, const struct backend_item *it, int async);
+int redis_wait(struct backend_conn *c, const struct backend_item *it, long long timeout_ms);
+int redis_leave(struct backend_conn *c, const struct backend_item *it, int async);
+int redis_flush(struct backend_conn *c);
+void redis_unconfirmed(struct backend_conn *c,
+		       void (*fn)(void *arg, const struct backend_item *it), void *arg);
+int redis_renew(struct backend_conn *c, int n, const struct backend_item *items, int *results);
+const char *redis_errstr(const struct backend_conn *c);
+int redis_ping(struct backend_conn *c);
+
+/* The operations of a connection, for a backend table (backend.h) that
+ * differs from backend_redis's only in finding the node. */
+#define REDIS_CONN_OPS                                                          \
+	.close = redis_close, .acquire = redis_acquire, .release = redis_release, \
+	.wait = redis_wait, .leave = redis_leave, .flush = redis_flush,           \
+	.unconfirmed = redis_unconfirmed, .renew = redis_renew,                   \
+	.errstr = redis_errstr, .ping = redis_ping
+
+#endif

@@ -1,0 +1,249 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * backend_sentinel.c - a primary managed by Redis Sentinel (backend.h).
+ *
+ * Finds the primary as the Sentinel client guidelines say: each sentinel
+ * in turn (starting with the one that answered last), within the connect
+ * and command timeouts, is asked `SENTINEL get-master-addr-by-name`; the
+ * address it gives is connected to (with the data nodes' password, db and
+ * TLS) and must answer `ROLE` with "master", or the next sentinel is
+ * asked. The address found is kept for the next connection, which checks
+ * ROLE again. Everything a connection does afterwards is backend_redis.c's
+ * (the table below lists its operations): any error there, a READONLY
+ * reply from a demoted primary included, drops the connection in lock.c
+ * or renew.c, and the next one is resolved again, so no connection keeps
+ * writing to a node that became a replica.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend_redis.h"
+#include "log.h"
+
+struct backend_config {
+	const struct redis_spec *r;
+	pthread_mutex_t mu;      /* guards what follows */
+	char host[256];          /* the primary found last; "" none */
+	int port;
+	int next;                /* the sentinel to ask first */
+};
+
+static int sentinel_serves(const struct redis_spec *r)
+{
+	return r->sentinels != NULL;
+}
+
+static struct backend_config *sentinel_config_new(const struct redis_spec *r, char *err,
+						  size_t errlen)
+{
+	struct backend_config *bc = calloc(1, sizeof(*bc));
+
+	if (!bc) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	bc->r = r;
+	pthread_mutex_init(&bc->mu, NULL);
+	return bc;
+}
+
+static void sentinel_config_free(struct backend_config *bc)
+{
+	if (!bc)
+		return;
+	pthread_mutex_destroy(&bc->mu);
+	free(bc);
+}
+
+/* Splits "host:port" (the host may be "[v6]"). Returns 0, or -1. */
+static int split(const char *s, char *host, size_t len, int *port)
+{
+	const char *colon = strrchr(s, ':');
+	size_t n;
+
+	if (!colon)
+		return -1;
+	n = (size_t)(colon - s);
+	if (n >= 2 && s[0] == '[' && s[n - 1] == ']') {
+		s++;
+		n -= 2;
+	}
+	if (n >= len)
+		return -1;
+	memcpy(host, s, n);
+	host[n] = 0;
+	*port = atoi(colon + 1);
+	return 0;
+}
+
+/*
+ * Asks sentinel i for the primary's address. Returns 0 with host and port
+ * set, or -1 with the reason in why.
+ */
+static int ask(const struct redis_spec *r, int i, char *host, size_t len, int *port,
+	       char *why, size_t whylen)
+{
+	const char *argv[] = { "SENTINEL", "get-master-addr-by-name", r->master_name };
+	struct redis_endpoint ep = { .username = r->sentinel_username,
+				     .password = r->sentinel_password };
+	char shost[256], err[256];
+	struct backend_conn *c;
+	redisReply *rep;
+	int rc = -1;
+
+	if (split(r->sentinels[i], shost, sizeof(shost), &ep.port) != 0) {
+		snprintf(why, whylen, "not host:port");
+		return -1;
+	}
+	ep.host = shost;
+	c = redis_connect(r, &ep, err, sizeof(err));
+	if (!c) {
+		if (strstr(err, "WRONGPASS"))
+			snprintf(why, whylen, "WRONGPASS (sentinel_username, sentinel_password)");
+		else if (strstr(err, "NOAUTH"))
+			snprintf(why, whylen, "NOAUTH (set sentinel_password)");
+		else
+			snprintf(why, whylen, "%s", err);
+		return -1;
+	}
+	rep = redis_command(c, 3, argv);
+	if (!rep)
+		snprintf(why, whylen, "%s", redis_errstr(c));
+	else if (rep->type == REDIS_REPLY_NIL)
+		snprintf(why, whylen, "does not know master \"%s\"", r->master_name);
+	else if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+		 rep->element[0]->type != REDIS_REPLY_STRING ||
+		 rep->element[1]->type != REDIS_REPLY_STRING)
+		snprintf(why, whylen, "unexpected reply to SENTINEL get-master-addr-by-name%s%s",
+			 rep->type == REDIS_REPLY_ERROR ? ": " : "",
+			 rep->type == REDIS_REPLY_ERROR ? rep->str : "");
+	else if (rep->element[0]->len >= len)
+		snprintf(why, whylen, "host name too long");
+	else {
+		snprintf(host, len, "%s", rep->element[0]->str);
+		*port = atoi(rep->element[1]->str);
+		rc = 0;
+	}
+	if (rep)
+		freeReplyObject(rep);
+	redis_close(c);
+	return rc;
+}
+
+/*
+ * Connects to host:port and checks with ROLE that it is a primary. Returns
+ * the connection, or NULL with the reason in why.
+ */
+static struct backend_conn *primary(const struct redis_spec *r, const char *host, int port,
+				    char *why, size_t whylen)
+{
+	const char *argv[] = { "ROLE" };
+	struct redis_endpoint ep = { host, port, NULL, r->username, r->password, r->db,
+				     r->wait_replicas };
+	char err[256];
+	struct backend_conn *c = redis_connect(r, &ep, err, sizeof(err));
+	redisReply *rep;
+	int ok;
+
+	if (!c) {
+		snprintf(why, whylen, "%s", err);
+		return NULL;
+	}
+	rep = redis_command(c, 1, argv);
+	ok = rep && rep->type == REDIS_REPLY_ARRAY && rep->elements > 0 &&
+	     rep->element[0]->type == REDIS_REPLY_STRING &&
+	     strcmp(rep->element[0]->str, "master") == 0;
+	if (!ok)
+		snprintf(why, whylen, "%s:%d is not a primary (ROLE: %s)", host, port,
+			 !rep ? redis_errstr(c) :
+			 rep->type == REDIS_REPLY_ARRAY && rep->elements > 0 &&
+			 rep->element[0]->type == REDIS_REPLY_STRING ? rep->element[0]->str :
+			 rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+	if (rep)
+		freeReplyObject(rep);
+	if (!ok) {
+		redis_close(c);
+		return NULL;
+	}
+	return c;
+}
+
+static struct backend_conn *sentinel_open(const struct backend_config *cbc, char *err,
+					  size_t errlen)
+{
+	struct backend_config *bc = (struct backend_config *)cbc;
+	const struct redis_spec *r = bc->r;
+	char host[256], why[320] = "";
+	struct backend_conn *c;
+	int port, n = 0, first;
+	size_t used = 0;
+
+	pthread_mutex_lock(&bc->mu);
+	snprintf(host, sizeof(host), "%s", bc->host);
+	port = bc->port;
+	first = bc->next;
+	pthread_mutex_unlock(&bc->mu);
+	if (host[0] && (c = primary(r, host, port, why, sizeof(why))))
+		return c;
+	while (r->sentinels[n])
+		n++;
+	used = (size_t)snprintf(err, errlen, "no primary for \"%s\" through the sentinels:",
+				r->master_name);
+	for (int k = 0; k < n; k++) {
+		int i = (first + k) % n;
+		/* every sentinel is named, its reason cut to share err */
+		int room = (int)(errlen / (size_t)n) - (int)strlen(r->sentinels[i]) - 6;
+
+		if (ask(r, i, host, sizeof(host), &port, why, sizeof(why)) != 0) {
+			if (used < errlen)
+				used += (size_t)snprintf(err + used, errlen - used, " %s: %.*s;",
+							 r->sentinels[i], room > 8 ? room : 8, why);
+			continue;
+		}
+		if ((c = primary(r, host, port, why, sizeof(why)))) {
+			pthread_mutex_lock(&bc->mu);
+			if (strcmp(bc->host, host) != 0 || bc->port != port)
+				LOG(LOG_INFO, "sentinel %s: the primary of \"%s\" is %s:%d",
+				    r->sentinels[i], r->master_name, host, port);
+			snprintf(bc->host, sizeof(bc->host), "%s", host);
+			bc->port = port;
+			bc->next = i;
+			pthread_mutex_unlock(&bc->mu);
+			return c;
+		}
+		if (used < errlen)
+			used += (size_t)snprintf(err + used, errlen - used, " %s gave %s:%d: %.*s;",
+						 r->sentinels[i], host, port, room > 8 ? room : 8, why);
+	}
+	pthread_mutex_lock(&bc->mu);
+	bc->host[0] = 0;
+	pthread_mutex_unlock(&bc->mu);
+	if (used >= errlen)
+		used = errlen - 1;
+	if (used && err[used - 1] == ';')
+		err[used - 1] = 0;
+	return NULL;
+}
+
+/* Writes the primary found last ("HOST:PORT via the sentinels") into buf. */
+static void sentinel_describe(const struct backend_config *cbc, char *buf, size_t len)
+{
+	struct backend_config *bc = (struct backend_config *)cbc;
+
+	pthread_mutex_lock(&bc->mu);
+	snprintf(buf, len, "primary %s:%d of \"%s\", found through sentinel %s", bc->host,
+		 bc->port, bc->r->master_name, bc->r->sentinels[bc->next]);
+	pthread_mutex_unlock(&bc->mu);
+}
+
+const struct backend_ops backend_sentinel = {
+	.name = "sentinel",
+	.serves = sentinel_serves,
+	.config_new = sentinel_config_new,
+	.config_free = sentinel_config_free,
+	.open = sentinel_open,
+	.describe = sentinel_describe,
+	REDIS_CONN_OPS,
+};
