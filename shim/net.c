@@ -252,6 +252,8 @@ int net_alive(struct net_sock *s)
 
 	if (!fdown_check(&s->own))
 		return 0;
+	if (s->tls)
+		return net_tls_alive(s->tls);
 	do
 		n = recv(s->own.fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
 	while (n < 0 && errno == EINTR);

@@ -58,7 +58,7 @@ void net_close(struct net_sock *s);
  * recv(MSG_PEEK | MSG_DONTWAIT). A command written to a closed connection
  * is lost without an error (the first write succeeds locally), and one
  * whose reply nobody waits for (an asynchronous release) would be lost in
- * silence.
+ * silence. Over TLS, an alert next in line (close_notify) counts as closed.
  */
 int net_alive(struct net_sock *s);
 

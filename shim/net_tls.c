@@ -658,6 +658,31 @@ ssize_t net_tls_recv(struct net_tls *t, void *buf, size_t len, int *e, char *why
 	return io_failed(t, n == 0 ? MBEDTLS_ERR_SSL_CONN_EOF : n, e, why, whylen);
 }
 
+int net_tls_alive(struct net_tls *t)
+{
+	unsigned char peek[64];
+	size_t at = t->rpos; /* where the next record starts, counted in rbuf */
+	ssize_t n;
+
+	if (t->failed)
+		return 0;
+	/* Skips the records read ahead and not consumed yet (replies). */
+	while (at + 5 <= t->rlen) {
+		if (t->rbuf[at] == MBEDTLS_SSL_MSG_ALERT)
+			return 0;
+		at += 5 + ((size_t)t->rbuf[at + 3] << 8 | t->rbuf[at + 4]);
+	}
+	if (at < t->rlen)
+		return 1; /* within a record's header: more is on its way */
+	do
+		n = recv(t->own->fd, peek, sizeof(peek), MSG_PEEK | MSG_DONTWAIT);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return errno == EAGAIN || errno == EWOULDBLOCK;
+	at -= t->rlen; /* the next record's start within the socket's bytes */
+	return n > 0 && (at >= (size_t)n || peek[at] != MBEDTLS_SSL_MSG_ALERT);
+}
+
 void net_tls_free(struct net_tls *t)
 {
 	if (!t)

@@ -41,6 +41,14 @@ int net_tls_send(struct net_tls *t, const void *buf, size_t len, int *e, char *w
 ssize_t net_tls_recv(struct net_tls *t, void *buf, size_t len, int *e, char *why,
 		     size_t whylen);
 
+/*
+ * Returns 0 when the server has closed the session (end of stream, or an
+ * alert such as close_notify next in line) or the session failed, else 1,
+ * without blocking or consuming anything (net_alive over TLS). The caller
+ * has checked that the descriptor is still its own.
+ */
+int net_tls_alive(struct net_tls *t);
+
 /* Frees the session without any I/O (no close_notify); NULL is ignored. */
 void net_tls_free(struct net_tls *t);
 

@@ -97,9 +97,18 @@ def test_connection_closed_by_redis_during_a_call_is_no_sigpipe(hostile, redis, 
     The program must finish both calls, the second one guarded (its key
     seen in Redis, held by this pid, within seconds: the first key was not
     stranded for its lease), and see SIGPIPE still at SIG_DFL and unblocked."""
+    cfg = config(tmp_path, redis, DROPPED_LOCK)
+    dropped_during_a_call(hostile, redis, cfg, procs, how)
+
+
+DROPPED_LOCK = ('{ symbol = "block_call"; key = "k"; linger_ms = 0; lease_ms = 60000; '
+                'wait_ms = 60000; }')
+
+
+def dropped_during_a_call(hostile, redis, cfg, procs, how):
+    """The body of the test above, for redis (also a TLS server, test_tls.py)
+    and cfg locking block_call as DROPPED_LOCK does."""
     key = "lockshim:k"
-    cfg = config(tmp_path, redis, '{ symbol = "block_call"; key = "k"; linger_ms = 0; '
-                                  'lease_ms = 60000; wait_ms = 60000; }')
     p = procs([hostile, "sigpipe", "block", "block", "sigpipe"], cfg)
     assert expect(p, "sigpipe") == SIGPIPE_AS_STARTED
     expect(p, "inside")

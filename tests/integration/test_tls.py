@@ -7,7 +7,8 @@ certificate for DNS:localhost and IP:127.0.0.1, one for DNS:localhost only,
 an expired one, a client certificate, and a second, unrelated CA with a
 client certificate of its own.
 - mutual exclusion over TLS (processes x threads; the control run without
-  the shim loses updates), a fork child's own session, client certificates required and given, the
+  the shim loses updates), a fork child's own session, a session Redis
+  closed during a call (no SIGPIPE), client certificates required and given, the
   server verified by IP address, by name (server_name, SNI) and through
   ca_dir;
 - each failure names its cause, in the shim's log and in `lockshim check`:
@@ -35,6 +36,7 @@ from conftest import (CLI, MULT, SHIM, TIMEOUT, RedisServer, run, shim_env, wait
                       write_config)
 from resp import Resp
 from test_exclusion import LOCK, race
+from test_hostile import DROPPED_LOCK, dropped_during_a_call, hostile  # noqa: F401 (fixture)
 
 SAN = "DNS:localhost,IP:127.0.0.1"
 PY = "/usr/bin/python3"  # Debian's, whose ssl module is OpenSSL's
@@ -230,6 +232,17 @@ def test_fork_child_has_its_own_tls_session(progs, tls_servers, pki, tmp_path):
     assert lines.count(OTHER_OK) == 2, r.stdout
     assert "child-other rc=2 errno=0" in lines and "child-own rc=42 errno=0" in lines, r.stdout
     assert " error: " not in r.stderr and " warn: " not in r.stderr, r.stderr
+
+
+def test_connection_closed_by_redis_is_no_sigpipe_over_tls(hostile, tls_servers, pki, tmp_path,
+                                                           procs):
+    """test_hostile's CLIENT KILL during a guarded call, over TLS: no
+    SIGPIPE, and the next call is guarded at once on a new session (the
+    release is not written into the dead one)."""
+    srv = tls_servers()
+    cfg = tls_config(tmp_path, srv.port, 'log_level = "debug";\nlocks = ( %s );\n'
+                     % DROPPED_LOCK, ca_file=pki["ca"])
+    dropped_during_a_call(hostile, srv, cfg, procs, "client-kill")
 
 
 def test_check_passes_over_tls(tls_servers, pki, tmp_path):
