@@ -291,45 +291,41 @@ fail:
 	return NULL;
 }
 
+/* After a send or recv failed with errno: remembers it, and returns want
+ * for EAGAIN (the timeout, or the handshake's turn to poll), else fail. */
+static int sock_failed(struct net_tls *t, int want, int fail)
+{
+	t->err = errno;
+	return errno == EAGAIN || errno == EWOULDBLOCK ? want : fail;
+}
+
 /* The BIO: plain send/recv on the descriptor net.c owns. */
 static int bio_send(void *ctx, const unsigned char *buf, size_t len)
 {
 	struct net_tls *t = ctx;
 	int flags = MSG_NOSIGNAL | (t->handshaking ? MSG_DONTWAIT : 0);
+	ssize_t n;
 
-	for (;;) {
-		ssize_t n = send(t->own->fd, buf, len, flags);
-
-		if (n >= 0)
-			return (int)n;
-		if (errno == EINTR)
-			continue;
-		t->err = errno;
-		return errno == EAGAIN || errno == EWOULDBLOCK ? MBEDTLS_ERR_SSL_WANT_WRITE
-							       : MBEDTLS_ERR_NET_SEND_FAILED;
-	}
+	while ((n = send(t->own->fd, buf, len, flags)) < 0)
+		if (errno != EINTR)
+			return sock_failed(t, MBEDTLS_ERR_SSL_WANT_WRITE, MBEDTLS_ERR_NET_SEND_FAILED);
+	return (int)n;
 }
 
 /* Reads what the socket has, up to the free end of rbuf. Returns the
  * bytes read (0: closed by the server) or a mbedTLS error. */
 static int read_ahead(struct net_tls *t)
 {
-	for (;;) {
-		ssize_t n = recv(t->own->fd, t->rbuf + t->rlen, sizeof(t->rbuf) - t->rlen,
-				 t->handshaking ? MSG_DONTWAIT : 0);
+	ssize_t n;
 
-		if (n > 0 && t->first < 0)
-			t->first = t->rbuf[t->rlen];
-		if (n >= 0) {
-			t->rlen += (size_t)n;
-			return (int)n;
-		}
-		if (errno == EINTR)
-			continue;
-		t->err = errno;
-		return errno == EAGAIN || errno == EWOULDBLOCK ? MBEDTLS_ERR_SSL_WANT_READ
-							       : MBEDTLS_ERR_NET_RECV_FAILED;
-	}
+	while ((n = recv(t->own->fd, t->rbuf + t->rlen, sizeof(t->rbuf) - t->rlen,
+			 t->handshaking ? MSG_DONTWAIT : 0)) < 0)
+		if (errno != EINTR)
+			return sock_failed(t, MBEDTLS_ERR_SSL_WANT_READ, MBEDTLS_ERR_NET_RECV_FAILED);
+	if (n > 0 && t->first < 0)
+		t->first = t->rbuf[t->rlen];
+	t->rlen += (size_t)n;
+	return (int)n;
 }
 
 static int bio_recv(void *ctx, unsigned char *buf, size_t len)

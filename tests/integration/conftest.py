@@ -112,6 +112,25 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def start_servers(request, make, label):
+    """The body of a fixture starting servers: yields start(*args, **kw),
+    which starts make(*args, **kw) and returns it; each one is stopped (by
+    pid) when the test ends, with its log, headed label(server), printed
+    if the test failed."""
+    started = []
+
+    def start(*args, **kw):
+        s = make(*args, **kw)
+        started.append(s)
+        return s.start()
+    yield start
+    failed = getattr(request.node, "rep_call", None) and request.node.rep_call.failed
+    for s in started:
+        if failed:
+            print("---- %s log ----\n%s" % (label(s), s.tail()))
+        s.cleanup()
+
+
 @pytest.fixture
 def redis(request):
     r = RedisServer().start()

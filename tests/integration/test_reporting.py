@@ -29,7 +29,7 @@ import subprocess
 import pytest
 
 from conftest import (ASAN, CLI, ROOT, TIMEOUT, RedisServer, cc, free_port, run, shim_env,
-                      wait_for, write_config)
+                      start_servers, wait_for, write_config)
 
 HOLD = '{ symbol = "hold_call"; }'
 FORGED = "lockshim[1]: error: forged"
@@ -121,18 +121,7 @@ def tls_ping(port, cafile):
 @pytest.fixture
 def servers(request):
     """Starts extra redis-servers; each is stopped (by pid) when the test ends."""
-    started = []
-
-    def start(*extra, tls_ca=None):
-        s = Server(*extra, tls_ca=tls_ca)
-        started.append(s)
-        return s.start()
-    yield start
-    failed = getattr(request.node, "rep_call", None) and request.node.rep_call.failed
-    for s in started:
-        if failed:
-            print("---- redis-server %s log ----\n%s" % (" ".join(s.extra), s.tail()))
-        s.cleanup()
+    yield from start_servers(request, Server, lambda s: "redis-server " + " ".join(s.extra))
 
 
 # ---- 1. the start-up report --------------------------------------------------

@@ -32,8 +32,8 @@ import time
 
 import pytest
 
-from conftest import (CLI, MULT, SHIM, TIMEOUT, RedisServer, run, shim_env, wait_for,
-                      write_config)
+from conftest import (CLI, MULT, SHIM, TIMEOUT, RedisServer, run, shim_env, start_servers,
+                      wait_for, write_config)
 from resp import Resp
 from test_exclusion import LOCK, race
 from test_hostile import DROPPED_LOCK, dropped_during_a_call, hostile  # noqa: F401 (fixture)
@@ -155,18 +155,8 @@ class TlsServer(RedisServer):
 def tls_servers(request, pki):
     """Starts TLS redis-servers (TlsServer's arguments); each is stopped by
     pid when the test ends, its log printed if the test failed."""
-    started = []
-
-    def start(**kw):
-        s = TlsServer(pki, **kw)
-        started.append(s)
-        return s.start()
-    yield start
-    failed = getattr(request.node, "rep_call", None) and request.node.rep_call.failed
-    for s in started:
-        if failed:
-            print("---- redis-server (TLS) log ----\n" + s.tail())
-        s.cleanup()
+    yield from start_servers(request, lambda **kw: TlsServer(pki, **kw),
+                             lambda s: "redis-server (TLS, %s)" % s.cert)
 
 
 def tls_config(tmp_path, port, body=CALL, host="127.0.0.1", redis_extra="", **tls):
