@@ -32,7 +32,7 @@ import time
 
 import pytest
 
-from conftest import (CLI, MULT, SHIM, TIMEOUT, RedisServer, run, shim_env, start_servers,
+from conftest import (ASAN, CLI, MULT, SHIM, TIMEOUT, RedisServer, run, shim_env, start_servers,
                       wait_for, write_config)
 from resp import Resp
 from test_exclusion import LOCK, race
@@ -454,6 +454,8 @@ def test_guarded_program_with_its_own_tls(tls_servers, pki, https, tmp_path, pro
     """Python's ssl (OpenSSL) and curl fetch https://127.0.0.1 while the
     shim guards their own OpenSSL handshake (and python's fsync) over its
     TLS connection: the page arrives and every guarded call took the lock."""
+    if ASAN and prog == "curl":
+        pytest.skip("curl with libasan preloaded hangs in setlocale, with or without the shim")
     srv = tls_servers()
     url = "https://127.0.0.1:%d/" % https
     symbols = ["SSL_do_handshake", "fsync"] if prog == "python3" else ["SSL_connect"]
