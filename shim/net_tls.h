@@ -26,7 +26,9 @@ struct net_tls;   /* one TLS session */
  * Runs the TLS handshake on own's connected socket, verifying the server
  * as cfg says against name (redis.tls.server_name, else the host), by
  * deadline (util_now_ms). Returns the session, or NULL with the cause in
- * why. own must stay where it is while the session lives.
+ * why. own must stay where it is while the session lives. The files cfg
+ * names are loaded at the first successful call of the process and kept:
+ * one redis.tls per process (the config is frozen).
  */
 struct net_tls *net_tls_open(struct fdown *own, const struct redis_tls *cfg, const char *name,
 			     int64_t deadline, char *why, size_t whylen);
