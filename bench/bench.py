@@ -30,10 +30,13 @@ programs (bench/*.c) and measures, in one run:
                server's TLS port, a CA and certificate made with openssl)
                against plain TCP to the same server, in the same run:
                linger_ms = 0 (a round trip per call) and default settings
-The uncontended, entry and tls call rows are measured in two placements
+  replicas     the uncontended guarded call (linger_ms = 0) without and
+               with wait_replicas = 1 against one local replica started
+               for it: the time WAIT adds to each acquire
+The uncontended, entry, tls and replicas call rows are measured in two placements
 (taskset): client and server on one CPU, and on two CPUs. Prints a markdown
 report and writes it to bench/results/. `--only PART` (uncontended,
-contended, startup, imports, entry, tls) measures just that part and prints just
+contended, startup, imports, entry, tls, replicas) measures just that part and prints just
 its section and its targets, written only to --out if given. Usage:
 bench.py [--build DIR] [--k K] [--n N] [--reps R] [--startup-runs R]
 [--import-runs R] [--symtab-funcs F] [--only PART] [--out FILE] [--settings S]
@@ -214,14 +217,16 @@ class Bench:
         self.server = Server(w)
         self.counter = os.path.join(w, "counter")
 
-    def config(self, fair=False, symbol="section", extra="", tag=None, tls=False):
+    def config(self, fair=False, symbol="section", extra="", tag=None, tls=False,
+               redis_extra=""):
         """A config with one lock on symbol (key "bench"); extra: more settings
         of that lock; tag names the file where two extras have one length;
-        tls: to the server's TLS port (redis.tls, verified by the bench CA)."""
+        tls: to the server's TLS port (redis.tls, verified by the bench CA);
+        redis_extra: more settings of the redis group."""
         path = os.path.join(self.work, "%s-%s-%s%s.cfg" % (
             symbol, "fair" if fair else "default", tag or len(extra), "-tls" if tls else ""))
         redis = ('port = %d; tls = { ca_file = "%s"; };' % (self.server.tls_port, self.server.ca)
-                 if tls else "port = %d;" % self.server.port)
+                 if tls else "port = %d;" % self.server.port) + redis_extra
         with open(path, "w") as f:
             f.write('redis = { host = "127.0.0.1"; %s };\n'
                     'locks = ( { symbol = "%s"; key = "bench"; lease_ms = 10000; '
@@ -335,6 +340,42 @@ class Bench:
             res[place] = {k: self.noop(client_cpu, cfg) - plain for k, cfg in cfgs.items()}
         self.server.pin("0,1")
         return res
+
+    def replicas(self):
+        """Guarded uncontended call minus unguarded (µs per call), linger_ms = 0,
+        without and with wait_replicas = 1 against one local replica of the
+        bench's server (started here, stopped by pid), per placement: the
+        difference is what WAIT adds to each acquire. The WAIT config is
+        checked once with LOCKSHIM_LOG_LEVEL=debug (acquired, no error)."""
+        port = free_port()
+        replica = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--replicaof", "127.0.0.1", str(self.server.port),
+             "--logfile", os.path.join(self.work, "replica.log"), "--dir", self.work],
+            stdin=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 20
+            while "state=online" not in self.server.client.cmd("INFO", "replication"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the replica did not connect")
+                time.sleep(0.05)
+            plain_cfg = self.config(symbol="bench_noop", extra=NO_LINGER)
+            wait_cfg = self.config(symbol="bench_noop", extra=NO_LINGER, tag="wait",
+                                   redis_extra="wait_replicas = 1; wait_replicas_ms = 1000;")
+            self.check_log("bench_noop with wait_replicas = 1", [self.worker, "noop", "-", "3"],
+                           wait_cfg, want=["acquired "], unwanted=[" error: ", " warn: "],
+                           stdin="g")
+            res = {}
+            for place, server_cpu, client_cpu in [("1 CPU", "0", "0"), ("2 CPUs", "1", "0")]:
+                self.server.pin(server_cpu)
+                plain = self.noop(client_cpu, None)
+                res[place] = (self.noop(client_cpu, plain_cfg) - plain,
+                              self.noop(client_cpu, wait_cfg) - plain)
+            self.server.pin("0,1")
+            return res
+        finally:
+            replica.terminate()
+            replica.wait()
 
     # ---- contended ---------------------------------------------------------
 
@@ -567,7 +608,7 @@ IMPLS = [("poll", "plain C, SET NX / 1 ms poll / compare-and-delete"),
          ("lockshim-fair", "lockshim, fair = true"),
          ("redis-py", "redis-py Lock, defaults (sleep 0.1)"),
          ("redis-py-0.001", "redis-py Lock, sleep=0.001")]
-PARTS = ["uncontended", "contended", "startup", "imports", "entry", "tls"]
+PARTS = ["uncontended", "contended", "startup", "imports", "entry", "tls", "replicas"]
 ENTRY_CASES = [("reloc", 'library function (bench_noop_wide in libsection.so, through the '
                 'PLT), method = "reloc"'),
                ("entry", 'the same library function, method = "entry"'),
@@ -575,7 +616,8 @@ ENTRY_CASES = [("reloc", 'library function (bench_noop_wide in libsection.so, th
                 'method = "entry"')]
 
 
-def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, tls=None):
+def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, tls=None,
+           replicas=None):
     """The markdown report of the parts measured (those not None)."""
     lines = []
     add = lines.append
@@ -714,6 +756,21 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
                    t1[(linger, True)] / t1[(linger, False)],
                    t2[(linger, True)] / t2[(linger, False)]))
         add("")
+    if replicas:
+        r1, r2 = replicas["1 CPU"], replicas["2 CPUs"]
+        add("## Replica acknowledgement (wait_replicas = 1, one local replica)")
+        add("")
+        add("Guarded uncontended call, linger_ms = 0 (an acquire and a release per call), "
+            "guarded minus unguarded, best of 3 runs of %d calls; WAIT is sent in the same "
+            "write as the SET." % args.n)
+        add("")
+        add("| measured | client and server on one CPU | on two CPUs |")
+        add("|---|---:|---:|")
+        add("| guarded call, wait_replicas = 0 | %.2f µs | %.2f µs |" % (r1[0], r2[0]))
+        add("| guarded call, wait_replicas = 1 | %.2f µs | %.2f µs |" % (r1[1], r2[1]))
+        add("| **added per acquire** | **%.2f µs** | **%.2f µs** |"
+            % (r1[1] - r1[0], r2[1] - r2[0]))
+        add("")
     add("## Targets")
     add("")
     checks = []
@@ -828,6 +885,8 @@ def main():
             res["entry"] = b.entry()
         if "tls" in wanted:
             res["tls"] = b.tls()
+        if "replicas" in wanted:
+            res["replicas"] = b.replicas()
         text = report(b, args, **res)
     finally:
         b.close()
