@@ -332,8 +332,6 @@ enum field_kind {
 	F_USEC,     /* milliseconds, whole or decimal, in min..max; stored as us */
 	F_BOOL,     /* true or false, stored as 0 or 1 */
 	F_STR,      /* string of min..max bytes (max 0: no limit), strdup'd */
-	F_CALL,     /* on_timeout policy name */
-	F_HOLD,     /* on_lost policy name */
 	F_ERRNO,    /* errno name or number in 0..max */
 	F_SIGNAL,   /* signal name (with or without SIG) or number in 1..max */
 	F_RETURN,   /* integer or float: a long long and a double (off2) */
@@ -367,8 +365,8 @@ struct field {
 #define FL_PER_LOCK 2u  /* not allowed in `defaults` */
 
 /* Kinds whose value is an integer stored by the member's size. */
-#define KIND_IS_INT(k) ((k) == F_INT || (k) == F_BOOL || (k) == F_CALL ||      \
-			(k) == F_HOLD || (k) == F_ERRNO || (k) == F_SIGNAL ||   \
+#define KIND_IS_INT(k) ((k) == F_INT || (k) == F_BOOL ||                        \
+			(k) == F_ERRNO || (k) == F_SIGNAL ||                    \
 			(k) == F_LOGLEVEL || (k) == F_ENUM || (k) == F_ADDR)
 
 /* Nonzero when a signed integer of sz bytes holds every value in lo..hi. */
@@ -471,14 +469,15 @@ static const struct field lock_fields[] = {
 	FIELD(struct lock_spec, "key", key_src, F_STR, 0, 0),
 	LOCK_FIELD(lease_ms, F_INT, 30, INT_MAX),
 	LOCK_FIELD(wait_ms, F_INT, -1, LLONG_MAX / 4),
-	LOCK_FIELD(on_timeout, F_CALL, 0, POLICY_PROCEED),
+	LOCK_FIELD(on_timeout, F_ENUM, 0, POLICY_PROCEED, .names = call_policies),
 	RETURN_FIELD(struct lock_spec, "return", ret, ret_double),
 	FIELD(struct lock_spec, "errno", err, F_ERRNO, 0, 4095),
 	LOCK_FIELD(exit_code, F_INT, 0, 255),
-	LOCK_FIELD(on_error, F_CALL, 0, POLICY_PROCEED, .dflt = "=lock.on_timeout"),
-	LOCK_FIELD(on_lost, F_HOLD, 0, HOLD_ABORT),
+	LOCK_FIELD(on_error, F_ENUM, 0, POLICY_PROCEED, .names = call_policies,
+		   .dflt = "=lock.on_timeout"),
+	LOCK_FIELD(on_lost, F_ENUM, 0, HOLD_ABORT, .names = hold_policies),
 	LOCK_FIELD(max_hold_ms, F_INT, 0, LLONG_MAX / 4),
-	LOCK_FIELD(on_overrun, F_HOLD, 0, HOLD_ABORT),
+	LOCK_FIELD(on_overrun, F_ENUM, 0, HOLD_ABORT, .names = hold_policies),
 	LOCK_FIELD(kill_signal, F_SIGNAL, 1, NSIG - 1),
 	LOCK_FIELD(kill_grace_ms, F_INT, 0, LLONG_MAX / 4),
 	LOCK_FIELD(reentrant, F_BOOL, 0, 1),
@@ -628,13 +627,6 @@ static int apply_field(struct errbuf *e, const struct field *f,
 		if (len < (size_t)f->min)
 			return fail(e, s, what, "must not be empty");
 		return set_str((char **)dst, str) ? fail(e, s, what, "out of memory") : 0;
-	case F_CALL:
-	case F_HOLD:
-		if (get_enum(e, s, what, f->kind == F_CALL ? call_policies : hold_policies,
-			     &iv))
-			return -1;
-		v = iv;
-		break;
 	case F_LOGLEVEL:
 		if (get_log_level(e, s, what, &iv))
 			return -1;
@@ -1103,8 +1095,6 @@ static void describe_type(const struct field *f, char *buf, size_t len)
 		else
 			snprintf(buf, len, "string");
 		return;
-	case F_CALL: type_enum(buf, len, call_policies); return;
-	case F_HOLD: type_enum(buf, len, hold_policies); return;
 	case F_LOGLEVEL: type_enum(buf, len, log_levels); return;
 	case F_ENUM: type_enum(buf, len, f->names); return;
 	case F_ADDR: snprintf(buf, len, "address"); return;
@@ -1151,15 +1141,11 @@ static void describe_value(const struct field *f, const void *base, char *buf, s
 		else
 			snprintf(buf, len, "none");
 		return;
-	case F_CALL:
-	case F_HOLD: /* -1: set later from another setting (its entry's .dflt) */
+	case F_ENUM: /* -1: set later from another setting (its entry's .dflt) */
 		if (v >= 0)
-			quote(buf, len, (f->kind == F_CALL ? call_policies : hold_policies)[v]);
+			quote(buf, len, f->names[v]);
 		else
 			snprintf(buf, len, "none");
-		return;
-	case F_ENUM:
-		quote(buf, len, f->names[v]);
 		return;
 	case F_ADDR: /* -1: not set */
 		if (v >= 0)
