@@ -74,10 +74,14 @@ static int thread_count(void)
 	return stat("/proc/self/task", &st) == 0 && st.st_nlink > 2 ? (int)st.st_nlink - 2 : -1;
 }
 
+/* One scan's loaded objects (but the shim and the dynamic linker), and
+ * room for the names asked of one object (nwants each). */
 struct objects {
 	struct symdef_object o[OBJECTS_MAX];
 	int n;
 	uintptr_t self, rtld;
+	struct symdef *defs;
+	struct want **ws;
 };
 
 static int collect(struct dl_phdr_info *info, size_t size, void *data)
@@ -363,14 +367,12 @@ static void scan_object(const struct objects *os, int k, const struct config *cf
 			struct patch *ps, int *np, int first, int alone, int threads)
 {
 	const struct symdef_object *o = &os->o[k];
-	struct symdef *defs = calloc((size_t)nwants, sizeof(*defs));
-	struct want **ws = calloc((size_t)nwants, sizeof(*ws));
+	struct symdef *defs = os->defs;
+	struct want **ws = os->ws;
 	char path[4096], debug[4096], why[WHY_MAX];
-	int m = 0, exe = k == 0;
+	int m = 0, exe = k == 0, have_path = symdef_path(o, path, sizeof(path)) == 0;
 
-	if (!defs || !ws)
-		goto out;
-	if (symdef_path(o, path, sizeof(path)) != 0)
+	if (!have_path)
 		snprintf(path, sizeof(path), "%s", exe ? "the executable" : o->name);
 	for (int i = 0; i < nwants; i++) {
 		struct want *w = &wants[i];
@@ -403,8 +405,8 @@ static void scan_object(const struct objects *os, int k, const struct config *cf
 		ws[m++] = w;
 	}
 	if (!m)
-		goto out;
-	symdef_find(o, defs, m, cfg->debug_dirs, debug, sizeof(debug));
+		return;
+	symdef_find(o, have_path ? path : NULL, defs, m, cfg->debug_dirs, debug, sizeof(debug));
 	for (int j = 0; j < m; j++) {
 		struct want *w = ws[j];
 
@@ -419,9 +421,6 @@ static void scan_object(const struct objects *os, int k, const struct config *cf
 		}
 		*np += prepare_found(w, o, path, &defs[j], debug, &ps[*np], !first);
 	}
-out:
-	free(defs);
-	free(ws);
 }
 
 /* Marks the patched wants whose object was unloaded as pending again. */
@@ -461,10 +460,10 @@ static int entry_scan(const struct config *cfg)
 		return 0;
 	os = calloc(1, sizeof(*os));
 	ps = calloc((size_t)nwants, sizeof(*ps));
-	if (!os || !ps) {
-		free(os);
-		free(ps);
-		return -1;
+	if (!os || !ps || !(os->defs = calloc((size_t)nwants, sizeof(*os->defs))) ||
+	    !(os->ws = calloc((size_t)nwants, sizeof(*os->ws)))) {
+		patched = -1;
+		goto out;
 	}
 	if (dladdr((void *)entry_scan, &di))
 		os->self = (uintptr_t)di.dli_fbase;
@@ -493,6 +492,11 @@ static int entry_scan(const struct config *cfg)
 		refuse(w, "any loaded object", "it is not defined there (looked in the dynamic "
 		       "symbols, symbol tables and debug files; name the library in `object` if "
 		       "it is loaded later with dlopen)", 0);
+	}
+out:
+	if (os) {
+		free(os->defs);
+		free(os->ws);
 	}
 	free(os);
 	free(ps);

@@ -279,12 +279,11 @@ static int find_debug(const struct symdef_object *o, const struct symfile *file,
 	return -1;
 }
 
-int symdef_find(const struct symdef_object *o, struct symdef *defs, int n,
+int symdef_find(const struct symdef_object *o, const char *path, struct symdef *defs, int n,
 		char *const *dirs, char *debug, size_t len)
 {
 	struct wanted w;
 	struct symfile file, dbg;
-	char path[PATH_MAX] = "";
 	int found = 0, missing = 0;
 
 	debug[0] = 0;
@@ -299,13 +298,13 @@ int symdef_find(const struct symdef_object *o, struct symdef *defs, int n,
 		return 0;
 	walk_dynamic(o, &w);
 	memset(&file, 0, sizeof(file));
-	if (symdef_path(o, path, sizeof(path)) == 0 &&
+	if (path && path[0] &&
 	    symfile_open(&file, o->name && o->name[0] ? path : "/proc/self/exe") == 0 &&
 	    file.syms)
 		walk(&w, file.syms, file.nsyms, file.strs, file.strsz, o->base, "symbol table", 1);
 	for (int i = 0; i < n; i++)
 		missing += !defs[i].addr;
-	if ((missing || !file.syms) && path[0] &&
+	if ((missing || !file.syms) && path && path[0] &&
 	    find_debug(o, &file, path, dirs, &dbg, debug, len) == 0) {
 		walk(&w, dbg.syms, dbg.nsyms, dbg.strs, dbg.strsz, o->base, "debug file",
 		     !file.syms);

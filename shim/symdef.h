@@ -45,11 +45,12 @@ struct symdef {
 };
 
 /*
- * Looks defs[0..n) up in o (dirs: the debug directories, NULL-terminated).
- * Returns how many were found. Writes the debug file read, if any, into
- * debug (len bytes; "" when none).
+ * Looks defs[0..n) up in o, whose file is path (symdef_path's; NULL or "":
+ * its dynamic symbols only), dirs being the debug directories
+ * (NULL-terminated). Returns how many were found. Writes the debug file
+ * read, if any, into debug (len bytes; "" when none).
  */
-int symdef_find(const struct symdef_object *o, struct symdef *defs, int n,
+int symdef_find(const struct symdef_object *o, const char *path, struct symdef *defs, int n,
 		char *const *dirs, char *debug, size_t len);
 
 /* Writes the path of o's file into path (len bytes): its name, or the
