@@ -41,6 +41,7 @@ import subprocess
 import pytest
 
 from conftest import CLI, TIMEOUT, cc, free_port, lock_keys, shim_env, write_config
+from test_abi import jumped_out_and_released
 
 DEBUG = 'log_level = "debug";\n'
 NO_LINGER = "defaults = { linger_ms = 0; };\n"
@@ -538,13 +539,7 @@ def test_longjmp_out_of_a_patched_function_releases_the_lock(ent, redis, tmp_pat
     hold was released; the key is gone while the program still runs."""
     cfg = write_config(tmp_path, redis, DEBUG + locks(lock(
         "through", method="entry", lease_ms=60000, reentrant=False, wait_ms=0, linger_ms=0)))
-    p = procs([ent[prog], kind], cfg)
-    assert p.expect("jumped") == "jumped"
-    assert p.expect("again") == "again 1"
-    assert redis.cmd("EXISTS", "lockshim:through") == 0
-    p.send()
-    rc, _, err = p.finish()
-    assert rc == 0, err
+    err = jumped_out_and_released(procs([ent[prog], kind], cfg), redis)
     assert acquires(err, "through") == 2, err
 
 
