@@ -572,20 +572,20 @@ def test_control_workers_lose_updates(mine, tmp_path):
     assert counter(path) < PROCS * THREADS * 50
 
 
-def test_exclusion_through_sentinel_failover(topo, mine, bg, tmp_path):
-    """SENTINEL FAILOVER while 3 processes x 2 threads update one counter, with
-    wait_replicas = 2 (every lock is on both replicas before its call runs):
-    every call succeeds within its bound, the counter is exact, and the
-    calls go on at the new primary."""
-    wait_ms = 30000
-    cfg = topo.config(tmp_path, WORK % wait_ms, "wait_replicas = 2; wait_replicas_ms = 200;")
+def run_through(topo, mine, bg, tmp_path, wait_ms, redis_extra, disrupt):
+    """Runs the counter workload against the topology, starts a failover
+    with disrupt(old primary) once the workers run, waits for the new
+    primary and for lock traffic there, stops the workers and checks that
+    every call succeeded within wait_ms and the counter is exact. Returns
+    the workers' stderr and the new primary."""
+    cfg = topo.config(tmp_path, WORK % wait_ms, redis_extra)
     path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
     old = topo.primary()
     try:
         ws = start_workers(bg, mine, cfg, path, stop)
         before = counter(path)
         assert calls(old, "set") > 0  # the locks were taken at the primary
-        assert topo.sentinels[0].cmd("SENTINEL", "FAILOVER", MASTER) == "OK"
+        disrupt(old)
         new = topo.wait_failover(old)
         traffic_reaches(new, path, before)
     finally:
@@ -593,6 +593,18 @@ def test_exclusion_through_sentinel_failover(topo, mine, bg, tmp_path):
     total, err = finish_workers(ws, wait_ms)
     assert counter(path) == total, err[-3000:]
     assert_lost_format(err, "ledger_update", "lockshim:ledger")
+    return err, new
+
+
+def test_exclusion_through_sentinel_failover(topo, mine, bg, tmp_path):
+    """SENTINEL FAILOVER while 3 processes x 2 threads update one counter, with
+    wait_replicas = 2 (every lock is on both replicas before its call runs):
+    every call succeeds within its bound, the counter is exact, and the
+    calls go on at the new primary."""
+    def failover(old):
+        assert topo.sentinels[0].cmd("SENTINEL", "FAILOVER", MASTER) == "OK"
+    _, new = run_through(topo, mine, bg, tmp_path, 30000,
+                         "wait_replicas = 2; wait_replicas_ms = 200;", failover)
     assert calls(new, "set") > 0
 
 
@@ -602,22 +614,11 @@ def test_exclusion_through_sigkill_of_the_primary(topo, mine, bg, tmp_path):
     highest offset, holding every acknowledged lock); no program dies, no
     call fails, the counter is exact; a lease lost on the way is reported
     by on_lost."""
-    wait_ms = 40000
-    cfg = topo.config(tmp_path, WORK % wait_ms, "wait_replicas = 1; wait_replicas_ms = 200;")
-    path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
-    old = topo.primary()
-    try:
-        ws = start_workers(bg, mine, cfg, path, stop)
-        before = counter(path)
+    def kill(old):
         os.kill(old.proc.pid, signal.SIGKILL)
         old.proc.wait()
-        new = topo.wait_failover(old)
-        traffic_reaches(new, path, before)
-    finally:
-        open(stop, "w").close()
-    total, err = finish_workers(ws, wait_ms)
-    assert counter(path) == total, err[-3000:]
-    assert_lost_format(err, "ledger_update", "lockshim:ledger")
+    run_through(topo, mine, bg, tmp_path, 40000, "wait_replicas = 1; wait_replicas_ms = 200;",
+                kill)
 
 
 # ---- 2. a lease lost in a failover --------------------------------------------------
