@@ -179,6 +179,8 @@ struct backend_conn {
 	int wait_ms;        /* redis.wait_replicas_ms */
 	int npending;
 	struct pending pend[PENDING_MAX];
+	int nredirected;    /* asynchronous commands a cluster node sent elsewhere */
+	struct pending redirected[PENDING_MAX];
 	char ioerr[160];    /* the last transport error */
 	char errstr[192];
 };
@@ -505,10 +507,22 @@ static int is_noscript(const redisReply *r)
 	return r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0;
 }
 
-/* Logs the outcome of an asynchronous command read back later. */
-static void settle_one(const struct pending *p, const redisReply *r)
+int redis_is_redirect(const char *err)
 {
-	if (r->type == REDIS_REPLY_INTEGER && r->integer == 0 && p->script == S_RELEASE)
+	return strncmp(err, "MOVED ", 6) == 0 || strncmp(err, "ASK ", 4) == 0 ||
+	       strncmp(err, "TRYAGAIN", 8) == 0 || strncmp(err, "CLUSTERDOWN", 11) == 0;
+}
+
+/* Logs the outcome of an asynchronous command read back later; keeps one
+ * that a cluster node refused for another node, for redis_redirected. */
+static void settle_one(struct backend_conn *c, const struct pending *p, const redisReply *r)
+{
+	if (r->type == REDIS_REPLY_ERROR && redis_is_redirect(r->str) &&
+	    c->nredirected < PENDING_MAX) {
+		LOG(LOG_DEBUG, "%s of %.*s: %s; sent again", p->script == S_RELEASE ? "release" :
+		    "leave", (int)p->klen, p->key, r->str);
+		c->redirected[c->nredirected++] = *p;
+	} else if (r->type == REDIS_REPLY_INTEGER && r->integer == 0 && p->script == S_RELEASE)
 		LOG(LOG_WARN, "%.*s was no longer ours at release (expired or taken "
 		    "over); nothing deleted", (int)p->klen, p->key);
 	else if (r->type != REDIS_REPLY_INTEGER)
@@ -534,7 +548,7 @@ static int settle(struct backend_conn *c)
 			c->npending -= i;
 			return conn_fail(c, "release", NULL);
 		}
-		settle_one(&c->pend[i], r);
+		settle_one(c, &c->pend[i], r);
 		freeReplyObject(r);
 	}
 	c->npending = 0;
@@ -701,10 +715,13 @@ static int set_nx(struct backend_conn *c, const struct backend_item *it, char *h
 		rc = conn_fail(c, "SET NX", rep);
 	}
 	freeReplyObject(rep);
-	if (c->wait_n && rc != BACKEND_ERR) {
+	if (c->wait_n) {
+		/* read even after an error reply: the connection stays usable */
 		long long acked = read_wait(c);
 
-		rc = rc == BACKEND_OK ? acknowledged(c, it, acked) : acked < 0 ? BACKEND_ERR : rc;
+		if (rc != BACKEND_ERR)
+			rc = rc == BACKEND_OK ? acknowledged(c, it, acked) :
+			     acked < 0 ? BACKEND_ERR : rc;
 	}
 	return rc;
 }
@@ -820,17 +837,34 @@ int redis_leave(struct backend_conn *c, const struct backend_item *it, int async
 	return run_int(c, "leave", S_LEAVE, it, &ttl, 1);
 }
 
-void redis_unconfirmed(struct backend_conn *c,
-		       void (*fn)(void *arg, const struct backend_item *it), void *arg)
+/* Passes each of the n commands of p to fn as an item to forget. */
+static void hand_back(const struct pending *p, int n,
+		      void (*fn)(void *arg, const struct backend_item *it), void *arg)
 {
-	for (int i = 0; i < c->npending; i++) {
-		const struct pending *p = &c->pend[i];
-		struct backend_item it = { .key = p->key, .klen = p->klen, .val = p->val,
-					   .vlen = p->vlen, .lease_ms = p->lease_ms };
+	for (int i = 0; i < n; i++) {
+		struct backend_item it = { .key = p[i].key, .klen = p[i].klen, .val = p[i].val,
+					   .vlen = p[i].vlen, .lease_ms = p[i].lease_ms };
 
 		fn(arg, &it);
 	}
+}
+
+void redis_unconfirmed(struct backend_conn *c,
+		       void (*fn)(void *arg, const struct backend_item *it), void *arg)
+{
+	redis_redirected(c, fn, arg);
+	hand_back(c->pend, c->npending, fn, arg);
 	c->npending = 0;
+}
+
+int redis_redirected(struct backend_conn *c,
+		     void (*fn)(void *arg, const struct backend_item *it), void *arg)
+{
+	int n = c->nredirected;
+
+	c->nredirected = 0;
+	hand_back(c->redirected, n, fn, arg);
+	return n;
 }
 
 int redis_wait(struct backend_conn *c, const struct backend_item *it,

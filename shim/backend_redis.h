@@ -39,6 +39,19 @@ struct backend_conn *redis_connect(const struct redis_spec *r, const struct redi
  * errstr). */
 redisReply *redis_command(struct backend_conn *c, int argc, const char *const *argv);
 
+/* Returns 1 when err, a Redis error reply, sends the command to another
+ * cluster node or asks to retry it (MOVED, ASK, TRYAGAIN, CLUSTERDOWN). */
+int redis_is_redirect(const char *err);
+
+/*
+ * Passes each asynchronous release or leave whose reply was such an error
+ * to fn, as an item to be forgotten on the right node, and drops them
+ * (unconfirmed() hands them back too). The item's strings are valid during
+ * the call only. Returns how many there were.
+ */
+int redis_redirected(struct backend_conn *c,
+		     void (*fn)(void *arg, const struct backend_item *it), void *arg);
+
 /* backend_redis.c's operations (backend.h), for other tables to list. */
 void redis_close(struct backend_conn *c);
 int redis_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
