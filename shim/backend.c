@@ -13,6 +13,7 @@
 
 static const struct backend_ops *const backends[] = {
 	&backend_sentinel,
+	&backend_cluster,
 	&backend_redis,
 };
 
