@@ -1,0 +1,609 @@
+# SPDX-License-Identifier: MIT
+"""Redis Cluster as the backend (`redis = { cluster = ( "host:port", ... ); }`).
+
+Each cluster test gets its own cluster on 127.0.0.1 free ports (each node's
+bus port chosen free too, with --cluster-port): three primaries and three
+replicas joined by `redis-cli --cluster create --cluster-replicas 1`
+(node timeout 1 s), or three primaries alone for the tests that need a
+primary nobody replaces. The fixture waits, by polling, until every node
+says cluster_state:ok with all 16384 slots and every replica's link is up;
+every process is stopped by its pid when the test ends, after a SIGCONT.
+Slot ownership is read from CLUSTER NODES; key slots are computed here
+(CRC16 of the hash tag) and checked against CLUSTER KEYSLOT. The counter
+workload and its programs are test_sentinel's.
+
+1. mutual exclusion across processes and threads on three keys whose slots
+   are on the three primaries (every primary serves lock traffic), against
+   a control run without the shim that loses updates;
+2. the key layout: a lock key is `<namespace>:{<key>}` on the primary that
+   owns its slot, and its queue keys sit next to it; a user hash tag
+   (`{{ledger}}:{pid}`) puts two locks' keys in one slot, on one node;
+3. a slot migrated while workers update a counter guarded by a key of that
+   slot: ASK followed during the migration, MOVED after it, counter exact,
+   no call fails or hangs;
+4. a primary SIGKILLed and its replica promoted while workers run: no
+   program dies, no call fails or hangs beyond wait_ms, the counter is
+   exact unless a lost lease was reported;
+5. fair mode orders waiters by arrival; a waiter is woken by the release,
+   not by its retry_max_ms re-check;
+6. `lockshim check` self-tests every primary and names each; with a primary
+   SIGKILLed (no replicas) it exits 69 naming that node.
+"""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import CLI, MULT, TIMEOUT, RespError, free_port, run, shim_env, wait_for
+from test_sentinel import (Node, assert_lost_format, bg, calls, counter,  # noqa: F401
+                           finish_workers, lost_lines, mine, start_workers, stop_pid,
+                           traffic_reaches)
+
+FAST = "connect_timeout_ms = 500; command_timeout_ms = 500;"
+OK_LINE = "call rc=42 errno=0"
+NSLOTS = 16384
+
+
+# ---- slots ------------------------------------------------------------------------
+
+def crc16(data):
+    """CRC16-CCITT (XMODEM), Redis Cluster's key hash."""
+    crc = 0
+    for b in data:
+        crc ^= b << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def keyslot(key):
+    """The slot of key: the hash of its hash tag (the bytes between the first
+    "{" and the first "}" after it, when not empty), else of the whole key."""
+    k = key.encode() if isinstance(key, str) else key
+    s = k.find(b"{")
+    if s >= 0:
+        e = k.find(b"}", s + 1)
+        if e > s + 1:
+            k = k[s + 1:e]
+    return crc16(k) % NSLOTS
+
+
+def lock_key(expanded, ns="lockshim"):
+    """The cluster layout of a lock key."""
+    return "%s:{%s}" % (ns, expanded)
+
+
+# ---- the cluster --------------------------------------------------------------------
+
+class ClusterNode(Node):
+    """A cluster-enabled redis-server; its bus port is a free port of its own
+    (the default, port + 10000, may be taken or above 65535)."""
+
+    def __init__(self, name):
+        super().__init__(name=name)
+        self.bus = free_port()
+        self.extra = ["--cluster-enabled", "yes", "--cluster-port", str(self.bus),
+                      "--cluster-config-file", os.path.join(self.dir, "nodes-%d.conf" % self.port),
+                      "--cluster-node-timeout", "1000"]
+        self.id = None
+
+    def addr(self):
+        return "127.0.0.1:%d" % self.port
+
+    def cluster_info(self):
+        return dict(l.split(":", 1) for l in self.cmd("CLUSTER", "INFO").splitlines()
+                    if ":" in l)
+
+    def kill(self):
+        """SIGKILL, as a crash."""
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+class Cluster:
+    """primaries primaries with replicas replicas each; nodes are recorded as
+    soon as they start, so teardown stops whatever was started."""
+
+    def __init__(self, primaries=3, replicas=1):
+        self.nprimaries = primaries
+        self.nreplicas = replicas
+        self.nodes = []
+
+    def start(self):
+        for i in range(self.nprimaries * (1 + self.nreplicas)):
+            n = ClusterNode("node%d" % i)
+            self.nodes.append(n)
+            n.start()
+        r = subprocess.run(["redis-cli", "--cluster", "create"] +
+                           [n.addr() for n in self.nodes] +
+                           ["--cluster-replicas", str(self.nreplicas), "--cluster-yes"],
+                           capture_output=True, text=True, timeout=TIMEOUT,
+                           stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        wait_for(self.healthy, timeout=30, what="cluster_state:ok on every node")
+        for n in self.nodes:
+            n.id = n.cmd("CLUSTER", "MYID")
+        return self
+
+    def alive(self):
+        return [n for n in self.nodes if n.alive()]
+
+    def healthy(self):
+        """Every live node says the cluster is ok with every slot served and
+        knows every live node; every live replica's link is up."""
+        try:
+            for n in self.alive():
+                info = n.cluster_info()
+                if (info.get("cluster_state") != "ok" or
+                        info.get("cluster_slots_ok") != str(NSLOTS) or
+                        int(info.get("cluster_known_nodes", 0)) < len(self.nodes)):
+                    return False
+                rep = n.info()
+                if rep["role"] == "slave" and rep.get("master_link_status") != "up":
+                    return False
+            return len(self.primaries()) == self.nprimaries
+        except (OSError, ConnectionError, RespError):
+            return False
+
+    def view(self, asker=None):
+        """CLUSTER NODES as seen by asker (default: the first live node): a
+        list of dicts id, port, flags, master (id or "-"), slots (ints)."""
+        asker = asker or self.alive()[0]
+        out = []
+        for line in asker.cmd("CLUSTER", "NODES").splitlines():
+            f = line.split()
+            slots = set()
+            for r in f[8:]:
+                if r.startswith("["):
+                    continue  # a slot being imported or migrated
+                a, _, b = r.partition("-")
+                slots.update(range(int(a), int(b or a) + 1))
+            out.append(dict(id=f[0], port=int(f[1].split("@")[0].rsplit(":", 1)[1]),
+                            flags=f[2].split(","), master=f[3], slots=slots))
+        return out
+
+    def by_id(self, node_id):
+        return next(n for n in self.nodes if n.id == node_id)
+
+    def by_port(self, port):
+        return next(n for n in self.nodes if n.port == port)
+
+    def primaries(self, asker=None):
+        """The live primaries serving slots, in slot order."""
+        ps = [v for v in self.view(asker) if "master" in v["flags"] and "fail" not in v["flags"]
+              and v["slots"]]
+        return [self.by_port(v["port"]) for v in sorted(ps, key=lambda v: min(v["slots"]))]
+
+    def owner(self, slot, asker=None):
+        for v in self.view(asker):
+            if slot in v["slots"] and "master" in v["flags"] and "fail" not in v["flags"]:
+                return self.by_port(v["port"])
+        raise AssertionError("no primary serves slot %d" % slot)
+
+    def replica_of(self, primary):
+        return next(self.by_port(v["port"]) for v in self.view(primary)
+                    if v["master"] == primary.id)
+
+    def config(self, tmp_path, body, extra="", name="lockshim.cfg", seeds=None):
+        path = os.path.join(str(tmp_path), name)
+        seeds = seeds or self.nodes
+        with open(path, "w") as f:
+            f.write('redis = { cluster = ( %s ); %s %s };\n%s'
+                    % (", ".join('"%s"' % n.addr() for n in seeds), FAST, extra, body))
+        return path
+
+    def keys(self, pattern="lockshim:*"):
+        """{port: sorted keys matching pattern} for every live primary."""
+        return {p.port: sorted(p.cmd("KEYS", pattern)) for p in self.primaries()}
+
+    def logs(self):
+        return "\n".join("---- %s %d ----\n%s" % (n.name, n.port, n.tail()) for n in self.nodes)
+
+    def stop(self):
+        for n in self.nodes:
+            n.stop()
+        for n in self.nodes:
+            shutil.rmtree(n.dir, ignore_errors=True)
+
+
+def cluster_fixture(request, **kw):
+    c = Cluster(**kw)
+    try:
+        c.start()
+        yield c
+        if getattr(request.node, "rep_call", None) and request.node.rep_call.failed:
+            print(c.logs())
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def cluster(request):
+    """Three primaries, each with one replica."""
+    yield from cluster_fixture(request)
+
+
+@pytest.fixture
+def bare_cluster(request):
+    """Three primaries, no replicas: a primary killed stays down."""
+    yield from cluster_fixture(request, replicas=0)
+
+
+def test_keyslot_matches_redis(cluster):
+    """The slot computation the tests rely on is Redis's, hash tags included
+    (the lock-key layout's, and a user tag inside it)."""
+    n = cluster.nodes[0]
+    for key in ("ledger", lock_key("ledger"), lock_key("{ledger}:7"), lock_key("/tmp/x/c0"),
+                lock_key("blk") + ":q", "a{}b", "{}{x}"):
+        assert keyslot(key) == n.cmd("CLUSTER", "KEYSLOT", key), key
+    assert keyslot(lock_key("{ledger}:7")) == keyslot("{ledger")
+    assert sorted(p.port for p in cluster.primaries()) == sorted(
+        v["port"] for v in cluster.view() if "master" in v["flags"])
+
+
+# ---- 1. exclusion over every primary -------------------------------------------------
+
+SPREAD = ('locks = ( { symbol = "ledger_update"; key = "{arg0:str}"; lease_ms = 5000; '
+          'wait_ms = %d; on_timeout = "skip"; return = -7; } );\n')
+GROUP_PROCS, GROUP_THREADS, GROUP_ITER = 2, 2, 40
+
+
+def spread_paths(tmp_path, cluster):
+    """One counter path per primary (in cluster.primaries() order): names
+    c<i> are tried until each primary owns the slot of one path's lock key
+    (the key is the path itself, "{arg0:str}")."""
+    view = [v for v in cluster.view() if "master" in v["flags"]]
+    want = [p.port for p in cluster.primaries()]
+    found = {}
+    for i in range(10000):
+        path = str(tmp_path / ("c%d" % i))
+        assert "{" not in path and "}" not in path, path
+        slot = keyslot(lock_key(path))
+        found.setdefault(next(v["port"] for v in view if slot in v["slots"]), path)
+        if len(found) == len(want):
+            return [found[p] for p in want]
+    raise AssertionError("no paths spreading over %d primaries" % len(want))
+
+
+def test_control_spread_workers_lose_updates(mine, tmp_path):
+    """Without the shim, the workload of the exclusion test below loses
+    updates on every counter: its exact counts mean something."""
+    stop = str(tmp_path / "stop")
+    env = shim_env(None, preload=False)
+    paths = [str(tmp_path / ("c%d" % i)) for i in range(3)]
+    ps = []
+    for path in paths:
+        with open(path, "w") as f:
+            f.write("0\n")
+        ps += [subprocess.Popen([mine["worker"], path, str(GROUP_THREADS), str(GROUP_ITER), stop],
+                                env=env, stdout=subprocess.PIPE, text=True)
+               for _ in range(GROUP_PROCS)]
+    try:
+        outs = [p.communicate(timeout=TIMEOUT)[0] for p in ps]
+    finally:
+        for p in ps:
+            stop_pid(p)
+    assert all(p.returncode == 0 for p in ps), outs
+    for path in paths:
+        assert counter(path) < GROUP_PROCS * GROUP_THREADS * GROUP_ITER, path
+
+
+def test_exclusion_on_keys_over_every_primary(cluster, mine, bg, tmp_path):
+    """Three counters whose lock keys live on the three primaries, each
+    updated by 2 processes x 2 threads x 40 calls at once: every call
+    succeeds, every counter is exact, every primary served lock commands,
+    and no lock key is left behind."""
+    primaries = cluster.primaries()
+    paths = spread_paths(tmp_path, cluster)
+    for path, p in zip(paths, primaries):
+        assert cluster.owner(keyslot(lock_key(path))) is p
+        p.cmd("CONFIG", "RESETSTAT")
+    cfg = cluster.config(tmp_path, SPREAD % 30000)
+    stop = str(tmp_path / "stop")
+    ws = []
+    for path in paths:
+        ws.append(start_workers(bg, mine, cfg, path, stop, procs=GROUP_PROCS,
+                                threads=GROUP_THREADS, maxiter=GROUP_ITER))
+    for path, group in zip(paths, ws):
+        total, err = finish_workers(group, 30000)
+        assert total == GROUP_PROCS * GROUP_THREADS * GROUP_ITER, err[-3000:]
+        assert counter(path) == total, (path, err[-3000:])
+        assert lost_lines(err) == [], err[-3000:]
+    for p in primaries:
+        assert calls(p, "set") > 0, "primary %d served no SET" % p.port
+    wait_for(lambda: all(v == [] for v in cluster.keys().values()), timeout=10,
+             what="every lock key to be released")
+
+
+# ---- 2. key layout ------------------------------------------------------------------
+
+BLK = ('locks = ( { symbol = "block_call"; key = "%s"; lease_ms = 20000; wait_ms = 30000; '
+       '%s } );\n')
+
+
+def test_lock_and_queue_keys_live_on_the_slot_owner(cluster, mine, bg, tmp_path):
+    """While H holds "blk" and W waits for it, lockshim:{blk} (H's value) and
+    its queue lockshim:{blk}:q (W queued) are on the primary that owns the
+    slot of "blk", and no other primary has any lockshim key; once both
+    calls are over no lock key is left."""
+    key = lock_key("blk")
+    slot = keyslot("blk")
+    owner = cluster.owner(slot)
+    others = [p for p in cluster.primaries() if p is not owner]
+    cfg = cluster.config(tmp_path, BLK % ("blk", ""))
+    h = bg([mine["block"]], cfg)
+    h.expect("enter")
+    assert ":%d:" % h.p.pid in owner.cmd("GET", key)
+    w = bg([mine["block"]], cfg)
+    wait_for(lambda: owner.cmd("ZCARD", key + ":q") == 1, what="W queued in %s:q" % key)
+    held = owner.cmd("KEYS", "lockshim:*")
+    assert key in held and key + ":q" in held, held
+    assert all(k.startswith(key) and keyslot(k) == slot for k in held), held
+    for p in others:
+        assert p.cmd("KEYS", "lockshim:*") == [], p.port
+    assert w.lines.empty()
+    h.send()
+    assert h.expect("call") == OK_LINE
+    w.expect("enter")
+    assert ":%d:" % w.p.pid in owner.cmd("GET", key)
+    w.send()
+    assert w.expect("call") == OK_LINE
+    for p in (h, w):
+        assert p.wait() == 0, p.stderr()
+    wait_for(lambda: all(v == [] for v in cluster.keys().values()), timeout=10,
+             what="every lock key to be released")
+
+
+def test_user_hash_tag_keeps_two_locks_on_one_node(cluster, mine, bg, tmp_path):
+    """key = "{{ledger}}:{pid}": two processes hold two different locks,
+    lockshim:{{ledger}:PID}, whose hash tag is "{ledger": one slot, both keys
+    on its primary at once."""
+    cfg = cluster.config(tmp_path, BLK % ("{{ledger}}:{pid}", ""))
+    a = bg([mine["block"]], cfg)
+    a.expect("enter")
+    b = bg([mine["block"]], cfg)
+    b.expect("enter")  # a different key: b does not wait for a
+    keys = [lock_key("{ledger}:%d" % p.p.pid) for p in (a, b)]
+    slot = keyslot("{ledger")
+    owner = cluster.owner(slot)
+    for k, p in zip(keys, (a, b)):
+        assert owner.cmd("CLUSTER", "KEYSLOT", k) == slot, k
+        assert ":%d:" % p.p.pid in (owner.cmd("GET", k) or ""), (k, owner.cmd("KEYS", "*"))
+    for p in (a, b):
+        p.send()
+        assert p.expect("call") == OK_LINE
+        assert p.wait() == 0, p.stderr()
+    wait_for(lambda: owner.cmd("KEYS", "lockshim:*") == [], timeout=10, what="the releases")
+
+
+# ---- 3. slot migration ----------------------------------------------------------------
+
+WORK = ('locks = ( { symbol = "ledger_update"; key = "ledger"; lease_ms = 5000; '
+        'wait_ms = %d; on_timeout = "skip"; return = -7; } );\n')
+
+
+def migrate_slot(cluster, slot, source, target, between=None):
+    """Moves slot from source to target as redis-cli --cluster reshard does:
+    IMPORTING on the target, MIGRATING on the source, between() (if given),
+    MIGRATE of its keys until the source has none, then SETSLOT NODE on
+    the target, the source and every other primary."""
+    assert target.cmd("CLUSTER", "SETSLOT", slot, "IMPORTING", source.id) == "OK"
+    assert source.cmd("CLUSTER", "SETSLOT", slot, "MIGRATING", target.id) == "OK"
+    if between:
+        between()
+
+    def moved_all():
+        keys = source.cmd("CLUSTER", "GETKEYSINSLOT", slot, 100)
+        if keys:
+            r = source.cmd("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+            assert r in ("OK", "NOKEY"), r
+        return not source.cmd("CLUSTER", "GETKEYSINSLOT", slot, 100)
+    wait_for(moved_all, timeout=20, what="slot %d's keys migrated" % slot)
+    others = [p for p in cluster.primaries() if p not in (source, target)]
+    for p in [target, source] + others:
+        assert p.cmd("CLUSTER", "SETSLOT", slot, "NODE", target.id) == "OK"
+
+
+def test_slot_migrated_while_workers_run(cluster, mine, bg, tmp_path):
+    """3 processes x 2 threads update a counter guarded by "ledger" while its
+    slot moves to another primary: during the migration the shim follows ASK
+    (ASKING seen at the target, "cluster: ASK" logged), after it MOVED
+    ("cluster: MOVED"); the calls go on at the target; every call succeeds
+    within its bound and the counter is exact."""
+    slot = keyslot("ledger")
+    source = cluster.owner(slot)
+    target = next(p for p in cluster.primaries() if p is not source)
+    cfg = cluster.config(tmp_path, WORK % 30000)
+    path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
+    target.cmd("CONFIG", "RESETSTAT")
+    try:
+        ws = start_workers(bg, mine, cfg, path, stop, procs=3, threads=2)
+        assert calls(source, "set") > 0
+
+        def asked():
+            # Some lock was taken at the target through ASK before the keys move.
+            base = counter(path)
+            wait_for(lambda: calls(target, "asking") > 0 and counter(path) > base + 5,
+                     timeout=20, what="ASKING at the target during the migration")
+        migrate_slot(cluster, slot, source, target, between=asked)
+        traffic_reaches(target, path, counter(path))
+    finally:
+        open(stop, "w").close()
+    total, err = finish_workers(ws, 30000)
+    assert counter(path) == total, err[-3000:]
+    assert lost_lines(err) == [], err[-3000:]
+    assert cluster.owner(slot) is target
+    wait_for(lambda: all(v == [] for v in cluster.keys().values()), timeout=10,
+             what="every lock key to be released")
+
+
+def test_slot_migration_is_logged_at_debug_level(cluster, mine, bg, tmp_path):
+    """The same migration with LOCKSHIM_LOG_LEVEL=debug: the workers log
+    "cluster: ASK <slot> <target>" while the slot is migrating and
+    "cluster: MOVED <slot> <target>" after it; counter exact."""
+    slot = keyslot("ledger")
+    source = cluster.owner(slot)
+    target = next(p for p in cluster.primaries() if p is not source)
+    cfg = cluster.config(tmp_path, WORK % 30000)
+    path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
+    ask = "cluster: ASK %d %s" % (slot, target.addr())
+    moved = "cluster: MOVED %d %s" % (slot, target.addr())
+    try:
+        with open(path, "w") as f:
+            f.write("0\n")
+        ws = [bg([mine["worker"], path, "2", "0", stop], cfg, LOCKSHIM_LOG_LEVEL="debug")
+              for _ in range(2)]
+        for w in ws:
+            w.expect("started")
+        migrate_slot(cluster, slot, source, target, between=lambda: wait_for(
+            lambda: any(ask in w.stderr() for w in ws), timeout=20, what=repr(ask)))
+        wait_for(lambda: any(moved in w.stderr() for w in ws), timeout=20, what=repr(moved))
+    finally:
+        open(stop, "w").close()
+    total, err = finish_workers(ws, 30000)
+    assert counter(path) == total
+    assert ask in err and moved in err
+
+
+# ---- 4. failover --------------------------------------------------------------------
+
+def promoted(cluster, old, replica):
+    """replica once it is a primary serving old's slots, as every live node
+    sees it, and says so itself."""
+    try:
+        if replica.role() != "master":
+            return None
+        for n in cluster.alive():
+            v = next(v for v in cluster.view(n) if v["id"] == replica.id)
+            if "master" not in v["flags"] or not v["slots"]:
+                return None
+            if n.cluster_info().get("cluster_state") != "ok":
+                return None
+        return replica
+    except (OSError, ConnectionError, RespError, StopIteration):
+        return None
+
+
+def test_primary_killed_and_replica_promoted(cluster, mine, bg, tmp_path):
+    """SIGKILL of the primary serving "ledger" while 3 processes x 2 threads
+    update its counter: its replica is promoted; the calls retry through the
+    gap and go on at the new primary; no program dies, no call fails or
+    takes longer than wait_ms, the counter is exact unless a lost lease was
+    reported by on_lost."""
+    slot = keyslot("ledger")
+    old = cluster.owner(slot)
+    replica = cluster.replica_of(old)
+    cfg = cluster.config(tmp_path, WORK % 30000)
+    path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
+    try:
+        ws = start_workers(bg, mine, cfg, path, stop)
+        before = counter(path)
+        assert calls(old, "set") > 0
+        old.kill()
+        new = wait_for(lambda: promoted(cluster, old, replica), timeout=30,
+                       what="the replica of port %d promoted" % old.port)
+        assert cluster.owner(slot) is new
+        traffic_reaches(new, path, before)
+    finally:
+        open(stop, "w").close()
+    total, err = finish_workers(ws, 30000)
+    assert_lost_format(err, "ledger_update", lock_key("ledger"))
+    assert counter(path) == total or lost_lines(err), err[-3000:]
+
+
+# ---- 5. waiting -----------------------------------------------------------------------
+
+def waiters_cfg(cluster, tmp_path, settings):
+    """block_call (the holder) and log_call (the waiters) on the key "f"."""
+    return cluster.config(tmp_path, """locks = (
+  { symbol = "block_call"; key = "f"; %s },
+  { symbol = "log_call"; key = "f"; %s } );
+""" % (settings, settings))
+
+
+def test_fair_mode_orders_waiters_by_arrival(cluster, mine, progs, bg, tmp_path):
+    """fair = true: three waiters queued one after another (each seen in
+    lockshim:{f}:q on the slot's primary before the next starts) enter in
+    that order once the holder releases."""
+    cfg = waiters_cfg(cluster, tmp_path, "fair = true; wait_ms = 30000; lease_ms = 20000;")
+    key = lock_key("f")
+    owner = cluster.owner(keyslot("f"))
+    order = str(tmp_path / "order")
+    h = bg([mine["block"]], cfg)
+    h.expect("enter")
+    waiters = []
+    for n in range(1, 4):
+        waiters.append(bg([progs["driver"], "log:" + order], cfg))
+        wait_for(lambda: owner.cmd("ZCARD", key + ":q") == n, what="waiter %d queued" % n)
+    h.send()
+    assert h.expect("call") == OK_LINE
+    for w in waiters:
+        assert w.expect("log") == "log rc=1 errno=0"
+        assert w.wait() == 0, w.stderr()
+    assert h.wait() == 0
+    with open(order) as f:
+        assert f.read().split() == [str(w.p.pid) for w in waiters]
+
+
+def test_waiter_is_woken_by_the_release(cluster, mine, progs, bg, tmp_path):
+    """retry_max_ms = 60000: a waiter blocked on the slot's primary enters
+    within a second of the holder's release, so the release woke it."""
+    cfg = waiters_cfg(cluster, tmp_path, "lease_ms = 30000; wait_ms = 60000; "
+                      "retry_max_ms = 60000;")
+    owner = cluster.owner(keyslot("f"))
+    h = bg([mine["block"]], cfg)
+    h.expect("enter")
+    w = bg([progs["driver"], "log:" + str(tmp_path / "order")], cfg)
+    wait_for(lambda: owner.cmd("CLIENT", "LIST").count("cmd=blpop") == 1,
+             what="the waiter blocked at port %d" % owner.port)
+    h.send()
+    assert h.expect("call") == OK_LINE
+    released = time.monotonic()
+    assert w.expect("log", timeout=10) == "log rc=1 errno=0"
+    assert time.monotonic() - released < 1.0 * MULT
+    assert w.wait() == 0 and h.wait() == 0
+
+
+# ---- 6. lockshim check ----------------------------------------------------------------
+
+HOLD = 'locks = ( { symbol = "hold_call"; } );\n'
+
+
+def check(cfg, **env):
+    return subprocess.run([CLI, "check", "-c", cfg], env=shim_env(None, preload=False, **env),
+                          capture_output=True, text=True, timeout=TIMEOUT,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_check_names_every_primary(cluster, tmp_path):
+    r = check(cluster.config(tmp_path, HOLD))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    for p in cluster.primaries():
+        assert re.search(r"127\.0\.0\.1:%d\b" % p.port, r.stdout), (p.port, r.stdout)
+    assert all(v == [] for v in cluster.keys("*").values())  # probe keys cleaned up
+
+
+def test_check_with_a_dead_primary_fails_naming_it(bare_cluster, tmp_path):
+    """Three primaries without replicas, one SIGKILLed: check exits 69 and
+    names the dead node (the others are still listed as seeds)."""
+    dead = bare_cluster.primaries()[1]
+    cfg = bare_cluster.config(tmp_path, HOLD)
+    dead.kill()
+    r = check(cfg)
+    assert r.returncode == 69, (r.stdout, r.stderr)
+    assert re.search(r"127\.0\.0\.1:%d\b" % dead.port, r.stdout + r.stderr), (r.stdout, r.stderr)
+
+
+def test_guarded_call_in_a_cluster(cluster, progs, tmp_path):
+    """The simplest case: one guarded call, its lock taken on the slot's
+    primary (debug line) and released."""
+    cfg = cluster.config(tmp_path, 'locks = ( { symbol = "hold_call"; key = "k"; } );\n')
+    r = run([progs["driver"], "call:0"], cfg, LOCKSHIM_LOG_LEVEL="debug")
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == OK_LINE, r.stderr
+    assert "acquired %s" % lock_key("k") in r.stderr, r.stderr
+    assert all(v == [] for v in cluster.keys().values())
