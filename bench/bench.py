@@ -33,13 +33,25 @@ programs (bench/*.c) and measures, in one run:
   replicas     the uncontended guarded call (linger_ms = 0) without and
                with wait_replicas = 1 against one local replica started
                for it: the time WAIT adds to each acquire
-The uncontended, entry, tls and replicas call rows are measured in two placements
-(taskset): client and server on one CPU, and on two CPUs. Prints a markdown
-report and writes it to bench/results/. `--only PART` (uncontended,
-contended, startup, imports, entry, tls, replicas) measures just that part and prints just
-its section and its targets, written only to --out if given. Usage:
+  cluster      P = 1, 2, 4, 8 processes each guarding its own key (keys
+               spread over the primaries) against a Redis Cluster of three
+               primaries started for it, and against the standalone
+               server: sections/s, commands and server read events per
+               section (default and linger_ms = 0)
+  redlock      the uncontended guarded call with Redlock over three
+               masters (redis.masters, started for it) against one
+               server (ratio), and P = 8 contended sections/s; skipped
+               with a note in the full run when the build has no Redlock
+               backend
+The uncontended, entry, tls, replicas and redlock call rows are measured in
+two placements (taskset): client and server on one CPU, and on two CPUs.
+Prints a markdown report and writes it to bench/results/. `--only PART`
+(uncontended, contended, startup, imports, entry, tls, replicas, cluster,
+redlock) measures just that part and prints just its section and its
+targets, written only to --out if given. Usage:
 bench.py [--build DIR] [--k K] [--n N] [--reps R] [--startup-runs R]
-[--import-runs R] [--symtab-funcs F] [--only PART] [--out FILE] [--settings S]
+[--import-runs R] [--symtab-funcs F] [--cluster-k K] [--only PART] [--out FILE]
+[--settings S]
 """
 import argparse
 import concurrent.futures
@@ -176,6 +188,132 @@ class Server:
         self.proc.wait()
 
 
+def crc16(data):
+    """CRC16-CCITT (XMODEM), Redis Cluster's key hash."""
+    crc = 0
+    for b in data:
+        crc ^= b << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def keyslot(key):
+    """Redis Cluster's slot of key (its hash tag when it has one)."""
+    k = key.encode()
+    s = k.find(b"{")
+    if s >= 0:
+        e = k.find(b"}", s + 1)
+        if e > s + 1:
+            k = k[s + 1:e]
+    return crc16(k) % 16384
+
+
+def server_counts(client):
+    """(commands, read events) a server processed since its last CONFIG
+    RESETSTAT: INFO commandstats calls (but CONFIG and INFO) and INFO
+    stats' total_reads_processed, less the two reads of these INFOs."""
+    total = 0
+    for line in client.cmd("INFO", "commandstats").splitlines():
+        if line.startswith("cmdstat_") and not line.startswith(("cmdstat_config",
+                                                                   "cmdstat_info")):
+            total += int(line.split("calls=")[1].split(",")[0])
+    stats = client.cmd("INFO", "stats")
+    reads = int(stats.split("total_reads_processed:")[1].split()[0])
+    return total, reads - 2
+
+
+class Plain:
+    """A redis-server of a part's own on a free loopback port (a Redlock
+    master, a cluster node with extra arguments), stopped by its pid."""
+
+    def __init__(self, work, name, *extra):
+        self.port = free_port()
+        self.dir = os.path.join(work, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--logfile", os.path.join(self.dir, "redis.log"),
+             "--dir", self.dir] + list(extra), stdin=subprocess.DEVNULL)
+        self.client = None
+        deadline = time.monotonic() + 10
+        while self.client is None:
+            try:
+                c = Resp(port=self.port)
+                c.cmd("PING")
+                self.client = c
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("redis-server %s on port %d did not start: %s"
+                                       % (name, self.port, self.log()))
+                time.sleep(0.01)
+
+    def log(self):
+        try:
+            with open(os.path.join(self.dir, "redis.log")) as f:
+                return f.read()[-2000:]
+        except OSError:
+            return ""
+
+    def pin(self, cpus):
+        subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(self.proc.pid)], check=True,
+                       capture_output=True)
+
+    def stop(self):
+        if self.client:
+            self.client.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Cluster:
+    """n cluster-enabled Plain nodes (bus ports free ports of their own),
+    joined as n primaries without replicas by redis-cli --cluster create."""
+
+    def __init__(self, work, n=3):
+        self.nodes = []
+        try:
+            for i in range(n):
+                self.nodes.append(Plain(
+                    work, "cluster%d" % i, "--cluster-enabled", "yes", "--cluster-port",
+                    str(free_port()), "--cluster-config-file",
+                    os.path.join(work, "cluster%d" % i, "nodes.conf"),
+                    "--cluster-node-timeout", "5000"))
+            subprocess.run(["redis-cli", "--cluster", "create"] +
+                           ["127.0.0.1:%d" % nd.port for nd in self.nodes] +
+                           ["--cluster-replicas", "0", "--cluster-yes"],
+                           check=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+            deadline = time.monotonic() + 30
+            while not all("cluster_state:ok" in nd.client.cmd("CLUSTER", "INFO")
+                          for nd in self.nodes):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the bench cluster did not reach cluster_state:ok")
+                time.sleep(0.05)
+        except BaseException:
+            self.stop()
+            raise
+        self.slots = {}
+        for start, end, node, *_ in self.nodes[0].client.cmd("CLUSTER", "SLOTS"):
+            for s in range(start, end + 1):
+                self.slots[s] = int(node[1])
+
+    def seeds(self):
+        return ", ".join('"127.0.0.1:%d"' % nd.port for nd in self.nodes)
+
+    def owner(self, key):
+        return self.slots[keyslot(key)]
+
+    def stop(self):
+        for nd in self.nodes:
+            nd.stop()
+
+
 def pct(values, p):
     v = sorted(values)
     return v[min(len(v) - 1, int(p * len(v)))]
@@ -218,20 +356,25 @@ class Bench:
         self.counter = os.path.join(w, "counter")
 
     def config(self, fair=False, symbol="section", extra="", tag=None, tls=False,
-               redis_extra=""):
-        """A config with one lock on symbol (key "bench"); extra: more settings
-        of that lock; tag names the file where two extras have one length;
-        tls: to the server's TLS port (redis.tls, verified by the bench CA);
-        redis_extra: more settings of the redis group."""
+               redis_extra="", group=None, key="bench"):
+        """A config with one lock on symbol (key template key); extra: more
+        settings of that lock; tag names the file where two extras have one
+        length; tls: to the server's TLS port (redis.tls, verified by the
+        bench CA); redis_extra: more settings of the redis group; group: the
+        redis group's settings instead of the bench's server (then tag
+        should name the topology)."""
         path = os.path.join(self.work, "%s-%s-%s%s.cfg" % (
             symbol, "fair" if fair else "default", tag or len(extra), "-tls" if tls else ""))
-        redis = ('port = %d; tls = { ca_file = "%s"; };' % (self.server.tls_port, self.server.ca)
-                 if tls else "port = %d;" % self.server.port) + redis_extra
+        if group is None:
+            group = 'host = "127.0.0.1"; ' + (
+                'port = %d; tls = { ca_file = "%s"; };' % (self.server.tls_port, self.server.ca)
+                if tls else "port = %d;" % self.server.port)
         with open(path, "w") as f:
-            f.write('redis = { host = "127.0.0.1"; %s };\n'
-                    'locks = ( { symbol = "%s"; key = "bench"; lease_ms = 10000; '
+            f.write('redis = { %s %s };\n'
+                    'locks = ( { symbol = "%s"; key = "%s"; lease_ms = 10000; '
                     'wait_ms = 60000; fair = %s; %s %s } );\n'
-                    % (redis, symbol, "true" if fair else "false", self.args.settings, extra))
+                    % (group, redis_extra, symbol, key, "true" if fair else "false",
+                       self.args.settings, extra))
         return path
 
     def config_many(self, symbols, tag="many"):
@@ -596,6 +739,128 @@ class Bench:
         return dict(plain=plain, shim=shim, shim0=shim0, funcs=funcs, locks=len(locked),
                     build_s=build_s, size=os.path.getsize(path))
 
+    # ---- cluster and redlock ------------------------------------------------
+
+    def spread_runs(self, cfg, paths, servers):
+        """One run of len(paths) processes, each args.cluster_k sections of
+        its own counter file guarded by its own key (the path, key
+        "{arg0:str}"): (sections/s, commands/section, read events/section,
+        {port: commands}); every counter must be exact."""
+        k = self.args.cluster_k
+        for path in paths:
+            with open(path, "w") as f:
+                f.write("0 0\n")
+        for srv in servers:
+            srv.client.cmd("CONFIG", "RESETSTAT")
+        wall, _ = run_workers([[self.worker, "section", path, str(k)] for path in paths],
+                              env=self.env(cfg))
+        per = {srv.port: server_counts(srv.client) for srv in servers}
+        for path in paths:
+            with open(path) as f:
+                got = int(f.read().split()[0])
+            if got != k:
+                raise RuntimeError("%s: counter %d, expected %d" % (path, got, k))
+        n = k * len(paths)
+        return dict(rate=n / wall, cmds=sum(c for c, _ in per.values()) / n,
+                    reads=sum(r for _, r in per.values()) / n,
+                    per={port: c for port, (c, _) in per.items()})
+
+    def cluster(self):
+        """P = 1, 2, 4, 8 processes each guarding its own key (keys whose
+        slots are on the three primaries in turn), against a cluster of three
+        primaries and against the bench's standalone server, default
+        settings and linger_ms = 0; each row the run with the median
+        sections/s of args.reps."""
+        cl = Cluster(self.work)
+        try:
+            ports = sorted({p for p in cl.slots.values()},
+                           key=lambda p: min(s for s, q in cl.slots.items() if q == p))
+            paths, i = [], 0
+            while len(paths) < max(CLUSTER_PS):
+                path = os.path.join(self.work, "spread-%d" % i)
+                i += 1
+                if cl.owner("lockshim:{%s}" % path) == ports[len(paths) % len(ports)]:
+                    paths.append(path)
+            cfgs = {}
+            for mode, extra in (("default", ""), ("0", NO_LINGER)):
+                cfgs[("cluster", mode)] = self.config(
+                    extra=extra, tag="cluster-" + mode, key="{arg0:str}",
+                    group="cluster = ( %s );" % cl.seeds())
+                cfgs[("single", mode)] = self.config(extra=extra, tag="single-" + mode,
+                                                     key="{arg0:str}")
+            with open(paths[0], "w") as f:
+                f.write("0 0\n")
+            self.check_log("section in a cluster", [self.worker, "section", paths[0], "3"],
+                           cfgs[("cluster", "0")],
+                           want=["acquired lockshim:{%s}" % paths[0]],
+                           unwanted=[" error: ", " warn: "], stdin="g")
+            res = dict(primaries=ports)
+            for (topo, mode), cfg in sorted(cfgs.items()):
+                servers = cl.nodes if topo == "cluster" else [self.server]
+                for p in CLUSTER_PS:
+                    runs = sorted((self.spread_runs(cfg, paths[:p], servers)
+                                   for _ in range(self.args.reps)), key=lambda r: r["rate"])
+                    r = runs[len(runs) // 2]
+                    r["rates"] = [x["rate"] for x in runs]
+                    res[(topo, mode, p)] = r
+            return res
+        finally:
+            cl.stop()
+
+    def redlock(self):
+        """Redlock over three independent masters (redis.masters) against the
+        standard backend on one server (the bench's): the uncontended
+        guarded call minus unguarded (µs, best of 3 runs), linger_ms = 0
+        and default, per placement (all servers on the server CPU); and
+        P = 8 processes x args.k contended sections on one key, median of
+        args.reps runs."""
+        masters = []
+        try:
+            for i in range(3):
+                masters.append(Plain(self.work, "master%d" % i))
+            group = "masters = ( %s );" % ", ".join(
+                '{ host = "127.0.0.1"; port = %d; }' % m.port for m in masters)
+            probe = subprocess.run([os.path.join(self.build, "lockshim"), "check", "-c",
+                                    self.config(tag="redlock-probe", group=group)],
+                                   env=self.env(None), capture_output=True, text=True,
+                                   timeout=60, stdin=subprocess.DEVNULL)
+            if "no backend serves" in probe.stderr:
+                why = "this build has no Redlock backend (lockshim check: %s)" % (
+                    probe.stderr.strip().splitlines()[-1])
+                if self.args.only:
+                    raise RuntimeError(why)
+                return dict(skipped=why)
+            cfgs = {}
+            for linger, extra in (("0", NO_LINGER), ("default", "")):
+                cfgs[(linger, 1)] = self.config(symbol="bench_noop", extra=extra,
+                                                tag="one-" + linger)
+                cfgs[(linger, 3)] = cfg = self.config(symbol="bench_noop", extra=extra,
+                                                      tag="redlock-" + linger, group=group)
+                self.check_log("bench_noop with Redlock, linger %s" % linger,
+                               [self.worker, "noop", "-", "3"], cfg, want=["acquired "],
+                               unwanted=[" error: ", " warn: "], stdin="g")
+            res = {}
+            for place, server_cpu, client_cpu in [("1 CPU", "0", "0"), ("2 CPUs", "1", "0")]:
+                for srv in [self.server] + masters:
+                    srv.pin(server_cpu)
+                plain = self.noop(client_cpu, None)
+                res[place] = {key: self.noop(client_cpu, cfg) - plain
+                              for key, cfg in cfgs.items()}
+            for srv in [self.server] + masters:
+                srv.pin("0,1")
+            argv = [self.worker, "section", self.counter, str(self.args.k)]
+            for n, grp in ((1, None), (3, group)):
+                env = self.env(self.config(tag="contended-%d" % n, group=grp))
+                runs = sorted((self.contended_once(argv, env, 8) for _ in range(self.args.reps)),
+                              key=lambda r: r["rate"])
+                r = runs[len(runs) // 2]
+                r["rates"] = [x["rate"] for x in runs]
+                res[("contended", n)] = r
+            return res
+        finally:
+            for m in masters:
+                m.stop()
+
     def close(self):
         self.server.stop()
         shutil.rmtree(self.work, ignore_errors=True)
@@ -608,7 +873,9 @@ IMPLS = [("poll", "plain C, SET NX / 1 ms poll / compare-and-delete"),
          ("lockshim-fair", "lockshim, fair = true"),
          ("redis-py", "redis-py Lock, defaults (sleep 0.1)"),
          ("redis-py-0.001", "redis-py Lock, sleep=0.001")]
-PARTS = ["uncontended", "contended", "startup", "imports", "entry", "tls", "replicas"]
+PARTS = ["uncontended", "contended", "startup", "imports", "entry", "tls", "replicas",
+         "cluster", "redlock"]
+CLUSTER_PS = (1, 2, 4, 8)
 ENTRY_CASES = [("reloc", 'library function (bench_noop_wide in libsection.so, through the '
                 'PLT), method = "reloc"'),
                ("entry", 'the same library function, method = "entry"'),
@@ -617,7 +884,7 @@ ENTRY_CASES = [("reloc", 'library function (bench_noop_wide in libsection.so, th
 
 
 def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, tls=None,
-           replicas=None):
+           replicas=None, cluster=None, redlock=None):
     """The markdown report of the parts measured (those not None)."""
     lines = []
     add = lines.append
@@ -771,6 +1038,74 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
         add("| **added per acquire** | **%.2f µs** | **%.2f µs** |"
             % (r1[1] - r1[0], r2[1] - r2[0]))
         add("")
+    if cluster:
+        add("## Redis Cluster: P processes, each guarding its own key")
+        add("")
+        add("Three primaries, no replicas (cluster nodes started for this part), against the "
+            "bench's standalone server, same workload in the same run: P processes x %d "
+            "sections of a counter file of their own, each guarded by its own key (key "
+            "\"{arg0:str}\", the path; the paths chosen so that the P keys' slots are on the "
+            "three primaries in turn, P = 1 uses one). Each row the run with the median "
+            "sections/s of %d (min-max in brackets); every counter exact. Commands: INFO "
+            "commandstats calls summed over the servers, per section. Read events: the "
+            "servers' total_reads_processed (INFO stats) summed, per section: each is one "
+            "read of a client's socket by the server, about one per round trip (commands "
+            "written together are one read)." % (args.cluster_k, args.reps))
+        add("")
+        add("| settings | P | standalone sections/s | cluster sections/s | cluster / standalone "
+            "| commands/section standalone / cluster | read events/section standalone / "
+            "cluster | cluster commands per primary |")
+        add("|---|---:|---:|---:|---:|---:|---:|---|")
+        for mode, label in (("default", "default (lock kept between calls)"),
+                            ("0", "linger_ms = 0")):
+            for p in CLUSTER_PS:
+                a, c = cluster[("single", mode, p)], cluster[("cluster", mode, p)]
+                add("| %s | %d | %.0f (%.0f-%.0f) | %.0f (%.0f-%.0f) | %.2f | %.2f / %.2f "
+                    "| %.2f / %.2f | %s |"
+                    % (label, p, a["rate"], a["rates"][0], a["rates"][-1], c["rate"],
+                       c["rates"][0], c["rates"][-1], c["rate"] / a["rate"], a["cmds"],
+                       c["cmds"], a["reads"], c["reads"],
+                       " / ".join("%d" % c["per"][port] for port in cluster["primaries"])))
+        add("")
+    if redlock and "skipped" in redlock:
+        add("## Redlock (redis.masters)")
+        add("")
+        add("Not measured: %s." % redlock["skipped"])
+        add("")
+    elif redlock:
+        r1, r2 = redlock["1 CPU"], redlock["2 CPUs"]
+        add("## Redlock: three independent masters against one server")
+        add("")
+        add("Guarded uncontended call, guarded minus unguarded, best of 3 runs of %d calls; "
+            "one server: the standard backend on the bench's server; Redlock: redis.masters, "
+            "three plain redis-servers started for this part (all servers on the server CPU)."
+            % args.n)
+        add("")
+        add("| measured | client and servers on one CPU | on two CPUs |")
+        add("|---|---:|---:|")
+        for linger, label in (("0", "linger_ms = 0 (acquire and release every call)"),
+                              ("default", "default (lock kept between calls)")):
+            add("| guarded call, %s, one server | %.2f µs | %.2f µs |"
+                % (label, r1[(linger, 1)], r2[(linger, 1)]))
+            add("| **guarded call, %s, Redlock (3 masters)** | **%.2f µs** | **%.2f µs** |"
+                % (label, r1[(linger, 3)], r2[(linger, 3)]))
+            add("| ratio Redlock / one server%s | %.2f | %.2f |"
+                % (" (target < 1.5)" if linger == "0" else "",
+                   r1[(linger, 3)] / r1[(linger, 1)], r2[(linger, 3)] / r2[(linger, 1)]))
+        add("")
+        add("P = 8 processes x %d sections on one key (default settings, unpinned; the run "
+            "with the median sections/s of %d):" % (args.k, args.reps))
+        add("")
+        add("| backend | sections/s (min-max) | wait median | p99 | max | hand-offs/section "
+            "| counter exact |")
+        add("|---|---:|---:|---:|---:|---:|---|")
+        for n, label in ((1, "one server"), (3, "Redlock, 3 masters")):
+            r = redlock[("contended", n)]
+            add("| %s | %.0f (%.0f-%.0f) | %.2f ms | %.2f ms | %.2f ms | %.2f | %s |"
+                % (label, r["rate"], r["rates"][0], r["rates"][-1], r["med"], r["p99"],
+                   r["max"], r["handoffs"],
+                   "yes" if r["exact"] else "NO (%d of %d)" % (r["final"], r["n"])))
+        add("")
     add("## Targets")
     add("")
     checks = []
@@ -827,6 +1162,14 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
             checks.append(("uncontended guarded call over TLS < 1.3 x plain TCP, linger_ms = 0, "
                            "%s" % place, t[("0", True)] / t[("0", False)], "%.2f",
                            lambda v: v < 1.3))
+    if redlock and "skipped" not in redlock:
+        for place, r in (("one CPU", redlock["1 CPU"]), ("two CPUs", redlock["2 CPUs"])):
+            checks.append(("uncontended guarded call with Redlock (3 masters) < 1.5 x one "
+                           "server, linger_ms = 0, %s" % place,
+                           r[("0", 3)] / r[("0", 1)], "%.2f", lambda v: v < 1.5))
+        checks.append(("Redlock P=8 contended: counter exact",
+                       1.0 if redlock[("contended", 3)]["exact"] else 0.0, "%.0f",
+                       lambda v: v == 1))
     add("| target | measured | met |")
     add("|---|---:|---|")
     for name, v, fmt, ok in checks:
@@ -859,6 +1202,8 @@ def main():
     ap.add_argument("--only", choices=PARTS, default=None,
                     help="measure and report just this part")
     ap.add_argument("--reps", type=int, default=3, help="timed runs per contended row")
+    ap.add_argument("--cluster-k", type=int, default=2000,
+                    help="sections per process of the cluster part")
     ap.add_argument("--out", default=None, help="markdown file (default bench/results/)")
     ap.add_argument("--settings", default="", help="extra per-lock settings for lockshim, "
                     "e.g. 'handoff_ms = 2;'")
@@ -887,6 +1232,10 @@ def main():
             res["tls"] = b.tls()
         if "replicas" in wanted:
             res["replicas"] = b.replicas()
+        if "cluster" in wanted:
+            res["cluster"] = b.cluster()
+        if "redlock" in wanted:
+            res["redlock"] = b.redlock()
         text = report(b, args, **res)
     finally:
         b.close()

@@ -39,7 +39,7 @@ import time
 import pytest
 
 from conftest import CLI, MULT, TIMEOUT, RespError, free_port, run, shim_env, wait_for
-from test_sentinel import (Node, assert_lost_format, bg, calls, counter,  # noqa: F401
+from test_sentinel import (Node, assert_lost_format, bg, calls, counter,  # noqa: F401 (fixtures)
                            finish_workers, lost_lines, mine, start_workers, stop_pid,
                            traffic_reaches)
 
