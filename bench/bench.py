@@ -229,25 +229,36 @@ class Plain:
     master, a cluster node with extra arguments), stopped by its pid."""
 
     def __init__(self, work, name, *extra):
-        self.port = free_port()
+        """extra: more arguments; "BUS" among them is replaced by a free port.
+        A port taken between free_port() and the bind: started again on
+        new ports."""
         self.dir = os.path.join(work, name)
         os.makedirs(self.dir, exist_ok=True)
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--logfile", os.path.join(self.dir, "redis.log"),
-             "--dir", self.dir] + list(extra), stdin=subprocess.DEVNULL)
         self.client = None
-        deadline = time.monotonic() + 10
-        while self.client is None:
-            try:
-                c = Resp(port=self.port)
-                c.cmd("PING")
-                self.client = c
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("redis-server %s on port %d did not start: %s"
-                                       % (name, self.port, self.log()))
-                time.sleep(0.01)
+        for attempt in range(5):
+            self.port = free_port()
+            args = [str(free_port()) if a == "BUS" else a for a in extra]
+            self.proc = subprocess.Popen(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--logfile", os.path.join(self.dir, "redis.log"),
+                 "--dir", self.dir] + args, stdin=subprocess.DEVNULL)
+            deadline = time.monotonic() + 10
+            while self.client is None:
+                try:
+                    c = Resp(port=self.port)
+                    c.cmd("PING")
+                    self.client = c
+                except OSError:
+                    if self.proc.poll() is not None or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.01)
+            if self.client:
+                return
+            self.stop()
+            if "Address already in use" not in self.log() or attempt == 4:
+                raise RuntimeError("redis-server %s on port %d did not start: %s"
+                                   % (name, self.port, self.log()))
+            os.unlink(os.path.join(self.dir, "redis.log"))
 
     def log(self):
         try:
@@ -282,7 +293,7 @@ class Cluster:
             for i in range(n):
                 self.nodes.append(Plain(
                     work, "cluster%d" % i, "--cluster-enabled", "yes", "--cluster-port",
-                    str(free_port()), "--cluster-config-file",
+                    "BUS", "--cluster-config-file",
                     os.path.join(work, "cluster%d" % i, "nodes.conf"),
                     "--cluster-node-timeout", "5000"))
             subprocess.run(["redis-cli", "--cluster", "create"] +

@@ -40,8 +40,7 @@ import pytest
 
 from conftest import CLI, MULT, TIMEOUT, RespError, free_port, run, shim_env, wait_for
 from test_sentinel import (Node, assert_lost_format, bg, calls, counter,  # noqa: F401 (fixtures)
-                           finish_workers, lost_lines, mine, start_workers, stop_pid,
-                           traffic_reaches)
+                           finish_workers, lost_lines, mine, start_workers, stop_pid)
 
 FAST = "connect_timeout_ms = 500; command_timeout_ms = 500;"
 OK_LINE = "call rc=42 errno=0"
@@ -86,11 +85,29 @@ class ClusterNode(Node):
 
     def __init__(self, name):
         super().__init__(name=name)
+        self.id = None
+        self.ports()
+
+    def ports(self, new=False):
+        if new:
+            self.port = free_port()
         self.bus = free_port()
         self.extra = ["--cluster-enabled", "yes", "--cluster-port", str(self.bus),
                       "--cluster-config-file", os.path.join(self.dir, "nodes-%d.conf" % self.port),
                       "--cluster-node-timeout", "1000"]
-        self.id = None
+
+    def start(self):
+        """Starts the node; when a port it was given was taken meanwhile
+        (by another program between free_port() and the bind), again on
+        new ports."""
+        for attempt in range(5):
+            try:
+                return super().start()
+            except AssertionError:
+                if self.alive() or "Address already in use" not in self.tail() or attempt == 4:
+                    raise
+            os.unlink(self.log)
+            self.ports(new=True)
 
     def addr(self):
         return "127.0.0.1:%d" % self.port
@@ -387,6 +404,25 @@ WORK = ('locks = ( { symbol = "ledger_update"; key = "ledger"; lease_ms = 5000; 
         'wait_ms = %d; on_timeout = "skip"; return = -7; } );\n')
 
 
+def live_counter(path):
+    """The counter while workers update it: a read between a worker's
+    truncation of the file and its write sees nothing, and is done again."""
+    def read():
+        with open(path) as f:
+            text = f.read().strip()
+        return (int(text),) if text else None
+    return wait_for(read, what="a complete counter in " + path)[0]
+
+
+def traffic_reaches(node, path):
+    """Polls until the workers run calls on node: its SET count grows and the
+    counter moves on by a few more updates."""
+    node.cmd("CONFIG", "RESETSTAT")
+    start = live_counter(path)
+    wait_for(lambda: calls(node, "set") >= 10 and live_counter(path) >= start + 10, timeout=40,
+             what="lock traffic on port %d" % node.port)
+
+
 def migrate_slot(cluster, slot, source, target, between=None):
     """Moves slot from source to target as redis-cli --cluster reshard does:
     IMPORTING on the target, MIGRATING on the source, between() (if given),
@@ -433,7 +469,7 @@ def test_slot_migrated_while_workers_run(cluster, mine, bg, tmp_path):
             wait_for(lambda: calls(target, "asking") > 0, timeout=20,
                      what="ASKING at the target during the migration")
         migrate_slot(cluster, slot, source, target, between=asked)
-        traffic_reaches(target, path, counter(path))
+        traffic_reaches(target, path)
     finally:
         open(stop, "w").close()
     total, err = finish_workers(ws, 30000)
@@ -504,13 +540,12 @@ def test_primary_killed_and_replica_promoted(cluster, mine, bg, tmp_path):
     path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
     try:
         ws = start_workers(bg, mine, cfg, path, stop)
-        before = counter(path)
         assert calls(old, "set") > 0
         old.kill()
         new = wait_for(lambda: promoted(cluster, old, replica), timeout=30,
                        what="the replica of port %d promoted" % old.port)
         assert cluster.owner(slot) is new
-        traffic_reaches(new, path, before)
+        traffic_reaches(new, path)
     finally:
         open(stop, "w").close()
     total, err = finish_workers(ws, 30000)
