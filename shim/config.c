@@ -341,6 +341,8 @@ enum field_kind {
 	F_HEX,      /* hex string of min..max bytes, strdup'd in lowercase */
 	F_STRS,     /* list of non-empty strings, a NULL-terminated char ** */
 	F_GROUP,    /* a group read with the table sub into the member */
+	F_SERVERS,  /* a list of groups read with sub, each into a struct redis_spec:
+		     * the array (member) and its length (the int at off2) */
 	F_DEFAULTS, /* the group of per-lock defaults (parse_root) */
 	F_LOCKS,    /* the list of locks (parse_root) */
 };
@@ -350,8 +352,8 @@ struct field {
 	enum field_kind kind;
 	size_t off, size;   /* the member written */
 	long long min, max; /* values written (integer kinds), bytes (F_STR) */
-	size_t off2;        /* F_RETURN: the double member */
-	const struct field *sub; /* F_GROUP: its settings */
+	size_t off2;        /* F_RETURN: the double member; F_SERVERS: the count */
+	const struct field *sub; /* F_GROUP, F_SERVERS: its settings */
 	const char *const *names; /* F_ENUM: the values, NULL-terminated */
 	/* F_GROUP: checks the member once the group is read */
 	int (*check)(struct errbuf *e, const config_setting_t *g, const void *member);
@@ -382,6 +384,7 @@ struct field {
 	 (k) == F_USEC ? (sz) == sizeof(long long) && (hi) <= LLONG_MAX / 1000 : \
 	 (k) == F_STR || (k) == F_HEX ? (sz) == sizeof(char *) :                \
 	 (k) == F_STRS ? (sz) == sizeof(char **) :                              \
+	 (k) == F_SERVERS ? (sz) == sizeof(struct redis_spec *) :              \
 	 (k) == F_GROUP)
 
 /* 0, or a compile error saying why when cond is false. */
@@ -508,7 +511,22 @@ static const struct field tls_fields[] = {
 
 static int tls_check(struct errbuf *e, const config_setting_t *g, const void *member);
 
-#define REDIS_FIELD(n, k, lo, hi) FIELD(struct redis_spec, #n, n, k, lo, hi)
+#define REDIS_FIELD(n, k, lo, hi, ...) FIELD(struct redis_spec, #n, n, k, lo, hi, __VA_ARGS__)
+/* An entry of redis.masters: one server. What it leaves unset, it takes
+ * from the redis group (redis_check). */
+static const struct field master_fields[] = {
+	REDIS_FIELD(host, F_STR, 1, 0, .dflt = "none"),
+	REDIS_FIELD(port, F_INT, 1, 65535),
+	REDIS_FIELD(socket, F_STR, 1, 0),
+	REDIS_FIELD(password, F_STR, 1, 0, .dflt = "=redis.password"),
+	REDIS_FIELD(username, F_STR, 1, 0, .dflt = "=redis.username"),
+	REDIS_FIELD(password_file, F_STR, 1, 0),
+	REDIS_FIELD(db, F_INT, 0, INT_MAX, .dflt = "=redis.db"),
+	FIELD(struct redis_spec, "tls", tls, F_GROUP, 0, 0, .sub = tls_fields,
+	      .check = tls_check, .dflt = "=redis.tls"),
+	{ .name = NULL }
+};
+
 static const struct field redis_fields[] = {
 	REDIS_FIELD(host, F_STR, 1, 0),
 	REDIS_FIELD(port, F_INT, 1, 65535),
@@ -527,6 +545,9 @@ static const struct field redis_fields[] = {
 	REDIS_FIELD(wait_replicas_ms, F_INT, 1, 600000),
 	FIELD(struct redis_spec, "tls", tls, F_GROUP, 0, 0, .sub = tls_fields,
 	      .check = tls_check, .dflt = "none"),
+	REDIS_FIELD(cluster, F_STRS, 0, 0),
+	FIELD(struct redis_spec, "masters", masters, F_SERVERS, 0, 0, .sub = master_fields,
+	      .off2 = offsetof(struct redis_spec, nmasters)),
 	{ .name = NULL }
 };
 
@@ -593,6 +614,58 @@ static int apply_group(struct errbuf *e, const config_setting_t *g,
 		       const char *where, const struct field *fields, void *base);
 
 /* Reads s as f says and writes it into the struct at base. */
+/* Frees what r owns (its strings, and its masters'), not r itself. */
+static void release_redis(struct redis_spec *r)
+{
+	for (int i = 0; i < r->nmasters; i++)
+		release_redis(&r->masters[i]);
+	free(r->masters);
+	free(r->host);
+	free(r->socket);
+	free(r->password);
+	free(r->username);
+	free_strs(r->sentinels);
+	free_strs(r->cluster);
+	free(r->master_name);
+	free(r->sentinel_username);
+	free(r->sentinel_password);
+	free(r->password_file);
+	free(r->tls.ca_file);
+	free(r->tls.ca_dir);
+	free(r->tls.cert_file);
+	free(r->tls.key_file);
+	free(r->tls.server_name);
+}
+
+/* Reads the list s of server groups (fields) into a new array *out of *n
+ * specs, port and db left at 0 and -1 when not set (redis_check fills
+ * them). The config owns the array (release_redis). Returns 0 or -1. */
+static int get_servers(struct errbuf *e, const config_setting_t *s, const char *what,
+		       const struct field *fields, struct redis_spec **out, int *n)
+{
+	int len = config_setting_length(s);
+
+	if (!config_setting_is_list(s))
+		return fail(e, s, what, "expected a list of groups ( { ... }, ... ), got %s",
+			    type_name(s));
+	*out = calloc((size_t)len + 1, sizeof(**out));
+	if (!*out)
+		return fail(e, s, what, "out of memory");
+	for (*n = 0; *n < len; (*n)++) {
+		struct redis_spec *m = &(*out)[*n];
+		char where[64];
+
+		m->db = -1;
+		m->tls.verify = 1;
+		snprintf(where, sizeof(where), "%s[%d]", what, *n);
+		if (apply_group(e, config_setting_get_elem(s, (unsigned)*n), where, fields, m)) {
+			(*n)++;
+			return -1;
+		}
+	}
+	return 0;
+}
+
 static int apply_field(struct errbuf *e, const struct field *f,
 		       const config_setting_t *s, const char *what, void *base)
 {
@@ -673,6 +746,9 @@ static int apply_field(struct errbuf *e, const struct field *f,
 		if (apply_group(e, s, what, f->sub, dst))
 			return -1;
 		return f->check ? f->check(e, s, dst) : 0;
+	case F_SERVERS:
+		return get_servers(e, s, what, f->sub, (struct redis_spec **)dst,
+				   (int *)((char *)base + f->off2));
 	case F_DEFAULTS:
 	case F_LOCKS:
 		return fail(e, s, what, "internal error: read by parse_root");
@@ -764,21 +840,6 @@ static int tls_check(struct errbuf *e, const config_setting_t *g, const void *me
 	return 0;
 }
 
-/* Checks a "host:port" entry of sentinels. Returns 0, or -1 (said). */
-static int check_endpoint(struct errbuf *e, const config_setting_t *g, const char *v)
-{
-	const char *colon = strrchr(v, ':');
-	char *end;
-	long port;
-
-	if (!colon || colon == v)
-		return fail(e, g, "redis.sentinels", "\"%s\" is not host:port", v);
-	port = strtol(colon + 1, &end, 10);
-	if (*end || port < 1 || port > 65535)
-		return fail(e, g, "redis.sentinels", "\"%s\": port out of range (1..65535)", v);
-	return 0;
-}
-
 /* Reads the first line of r->password_file into r->password. */
 static int read_password_file(struct errbuf *e, const config_setting_t *g, struct redis_spec *r)
 {
@@ -800,6 +861,123 @@ static int read_password_file(struct errbuf *e, const config_setting_t *g, struc
 	return set_str(&r->password, line) ? fail(e, g, "redis.password_file", "out of memory") : 0;
 }
 
+/* Checks the "host:port" entries of the list v, the setting what (at
+ * least one). Returns 0, or -1 (said). */
+static int check_endpoints(struct errbuf *e, const config_setting_t *g, const char *what,
+			   char *const *v)
+{
+	if (!v[0])
+		return fail(e, g, what, "is empty");
+	for (; *v; v++) {
+		const char *colon = strrchr(*v, ':');
+		char *end;
+		long port;
+
+		if (!colon || colon == *v)
+			return fail(e, g, what, "\"%s\" is not host:port", *v);
+		port = strtol(colon + 1, &end, 10);
+		if (*end || port < 1 || port > 65535)
+			return fail(e, g, what, "\"%s\": port out of range (1..65535)", *v);
+	}
+	return 0;
+}
+
+/* Fails when g sets one of the settings (NULL-terminated) besides what,
+ * which replaces them. Returns 0, or -1 (said). */
+static int check_replaces(struct errbuf *e, const config_setting_t *g, const char *what,
+			  const char *const *settings)
+{
+	for (; *settings; settings++)
+		if (config_setting_get_member(g, *settings))
+			return fail(e, g, what, "replaces %s: give one of them", *settings);
+	return 0;
+}
+
+/* Copies what the redis.masters entry m leaves unset from r, the redis
+ * group: port, password, username, db, TLS and the timeouts. Returns 0, or
+ * -1 (said). */
+static int master_inherit(struct errbuf *e, const config_setting_t *g, struct redis_spec *m,
+			  int i, const struct redis_spec *r)
+{
+	const struct redis_tls *t = &r->tls;
+	char what[48];
+
+	snprintf(what, sizeof(what), "redis.masters[%d]", i);
+	if (!m->host == !m->socket)
+		return fail(e, g, what, "give host (and port) or socket");
+	if (m->password && m->password_file)
+		return fail(e, g, what, "give password or password_file, not both");
+	if (m->password_file && read_password_file(e, g, m))
+		return -1;
+	if (!m->port)
+		m->port = 6379;
+	if (m->db < 0)
+		m->db = r->db;
+	if (!m->password && ((r->password && !(m->password = strdup(r->password))) ||
+			     (r->username && !(m->username = strdup(r->username)))))
+		return fail(e, g, what, "out of memory");
+	if (m->username && !m->password)
+		return fail(e, g, what, "username needs a password as well");
+	if (!m->tls.enabled && t->enabled &&
+	    ((t->ca_file && !(m->tls.ca_file = strdup(t->ca_file))) ||
+	     (t->ca_dir && !(m->tls.ca_dir = strdup(t->ca_dir))) ||
+	     (t->cert_file && !(m->tls.cert_file = strdup(t->cert_file))) ||
+	     (t->key_file && !(m->tls.key_file = strdup(t->key_file))) ||
+	     (t->server_name && !(m->tls.server_name = strdup(t->server_name)))))
+		return fail(e, g, what, "out of memory");
+	if (!m->tls.enabled && t->enabled) {
+		m->tls.enabled = 1;
+		m->tls.verify = t->verify;
+	}
+	if (m->tls.enabled && m->socket)
+		return fail(e, g, what, "TLS is for TCP connections, not the unix socket");
+	m->connect_timeout_ms = r->connect_timeout_ms;
+	m->command_timeout_ms = r->command_timeout_ms;
+	m->wait_replicas_ms = r->wait_replicas_ms;
+	return 0;
+}
+
+/* Checks the topology settings of r: sentinels, cluster or masters, each
+ * instead of host, port and socket. Returns 0, or -1 (said). */
+static int check_topology(struct errbuf *e, const config_setting_t *g, struct redis_spec *r)
+{
+	static const char *const single[] = { "host", "port", "socket", NULL };
+	static const char *const not_cluster[] = { "host", "port", "socket", "sentinels",
+						   "masters", NULL };
+	static const char *const not_masters[] = { "host", "port", "socket", "sentinels",
+						   "wait_replicas", NULL };
+
+	if (r->sentinels) {
+		if (check_endpoints(e, g, "redis.sentinels", r->sentinels))
+			return -1;
+		if (!r->master_name)
+			return fail(e, g, "redis.master_name", "is required with sentinels");
+		if (check_replaces(e, g, "redis.sentinels", single))
+			return -1;
+	} else if (r->master_name || r->sentinel_username || r->sentinel_password) {
+		return fail(e, g, "redis.master_name", "master_name and the sentinel_* settings "
+			    "need sentinels");
+	}
+	if (r->cluster) {
+		if (check_endpoints(e, g, "redis.cluster", r->cluster) ||
+		    check_replaces(e, g, "redis.cluster", not_cluster))
+			return -1;
+		if (r->db)
+			return fail(e, g, "redis.db", "a Redis Cluster has database 0 only");
+	}
+	if (r->masters) {
+		if (r->nmasters < 3)
+			return fail(e, g, "redis.masters", "has %d entr%s: Redlock needs 3 or more "
+				    "independent masters", r->nmasters, r->nmasters == 1 ? "y" : "ies");
+		if (check_replaces(e, g, "redis.masters", not_masters))
+			return -1;
+		for (int i = 0; i < r->nmasters; i++)
+			if (master_inherit(e, g, &r->masters[i], i, r))
+				return -1;
+	}
+	return 0;
+}
+
 static int redis_check(struct errbuf *e, const config_setting_t *g, const void *member)
 {
 	struct redis_spec *r = (struct redis_spec *)member;
@@ -815,22 +993,8 @@ static int redis_check(struct errbuf *e, const config_setting_t *g, const void *
 		return fail(e, g, "redis.username", "needs redis.password as well");
 	if (r->sentinel_username && !r->sentinel_password)
 		return fail(e, g, "redis.sentinel_username", "needs redis.sentinel_password as well");
-	if (r->sentinels) {
-		if (!r->sentinels[0])
-			return fail(e, g, "redis.sentinels", "is empty");
-		for (int i = 0; r->sentinels[i]; i++)
-			if (check_endpoint(e, g, r->sentinels[i]))
-				return -1;
-		if (!r->master_name)
-			return fail(e, g, "redis.master_name", "is required with sentinels");
-		for (const char *const *n = (const char *const[]){ "host", "port", "socket", NULL };
-		     *n; n++)
-			if (config_setting_get_member(g, *n))
-				return fail(e, g, "redis.sentinels", "replaces %s: give one of them", *n);
-	} else if (r->master_name || r->sentinel_username || r->sentinel_password) {
-		return fail(e, g, "redis.master_name", "master_name and the sentinel_* settings "
-			    "need sentinels");
-	}
+	if (check_topology(e, g, r))
+		return -1;
 	if (r->tls.enabled && r->socket)
 		return fail(e, g, "redis.tls", "TLS is for TCP connections, not the unix socket");
 	return 0;
@@ -872,12 +1036,19 @@ static int parse_lock(struct errbuf *e, const config_setting_t *g, int idx,
 	if (l->offset >= 0 && l->method == METHOD_RELOC)
 		return fail(e, g, where, "offset needs method \"entry\" or \"auto\": relocations "
 			    "are found by name");
+	if (l->fair && cfg->redis.masters)
+		return fail(e, g, where, "fair = true is not available with redis.masters: "
+			    "Redlock's masters keep no common queue, so arrival order cannot "
+			    "hold while one of them is down");
+	if (cfg->redis.cluster && strpbrk(cfg->ns, "{}"))
+		return fail(e, g, "namespace", "\"%s\": braces in the namespace would change "
+			    "the lock's Redis Cluster hash tag", cfg->ns);
 	if (l->on_error < 0)
 		l->on_error = l->on_timeout;
 	l->stack_args_bytes = (l->stack_args_bytes + 15) & ~15;
 	gethostname(host, sizeof(host) - 1);
-	if (key_compile(&l->key, cfg->ns, l->key_src, l->symbol, host, kerr,
-			sizeof(kerr))) {
+	if (key_compile(&l->key, cfg->ns, l->key_src, l->symbol, host, cfg->redis.cluster != NULL,
+			kerr, sizeof(kerr))) {
 		ks = config_setting_get_member(g, "key");
 		if (!ks)
 			ks = defaults_g ? config_setting_get_member(defaults_g, "key") : g;
@@ -1002,20 +1173,7 @@ void config_release(struct config *cfg)
 	free(cfg->ns);
 	free(cfg->log_file);
 	free_strs(cfg->debug_dirs);
-	free(cfg->redis.host);
-	free(cfg->redis.socket);
-	free(cfg->redis.password);
-	free(cfg->redis.username);
-	free_strs(cfg->redis.sentinels);
-	free(cfg->redis.master_name);
-	free(cfg->redis.sentinel_username);
-	free(cfg->redis.sentinel_password);
-	free(cfg->redis.password_file);
-	free(cfg->redis.tls.ca_file);
-	free(cfg->redis.tls.ca_dir);
-	free(cfg->redis.tls.cert_file);
-	free(cfg->redis.tls.key_file);
-	free(cfg->redis.tls.server_name);
+	release_redis(&cfg->redis);
 	memset(cfg, 0, sizeof(*cfg));
 }
 
@@ -1050,6 +1208,7 @@ static const struct {
 	{ "top", top_fields },
 	{ "redis", redis_fields },
 	{ "tls", tls_fields },
+	{ "master", master_fields },
 	{ "lock", lock_fields },
 };
 
@@ -1105,7 +1264,8 @@ static void describe_type(const struct field *f, char *buf, size_t len)
 	case F_RETURN: snprintf(buf, len, "number"); return;
 	case F_GROUP:
 	case F_DEFAULTS: snprintf(buf, len, "group"); return;
-	case F_LOCKS: snprintf(buf, len, "list"); return;
+	case F_LOCKS:
+	case F_SERVERS: snprintf(buf, len, "list"); return;
 	}
 	snprintf(buf, len, "?");
 }
@@ -1206,6 +1366,9 @@ static void describe_value(const struct field *f, const void *base, char *buf, s
 	case F_LOCKS:
 		snprintf(buf, len, "()");
 		return;
+	case F_SERVERS:
+		snprintf(buf, len, "none");
+		return;
 	}
 	snprintf(buf, len, "?");
 }
@@ -1251,6 +1414,7 @@ int config_setting_describe(int i, struct config_setting_desc *d)
 		lock.strict = cfg.strict;
 		base = tables[t].fields == redis_fields ? (const void *)&cfg.redis :
 		       tables[t].fields == tls_fields ? (const void *)&cfg.redis.tls :
+		       tables[t].fields == master_fields ? (const void *)&cfg.redis :
 		       tables[t].fields == lock_fields ? (const void *)&lock :
 		       (const void *)&cfg;
 		describe_value(f, base, d->dflt, sizeof(d->dflt));

@@ -89,6 +89,10 @@ struct redis_spec {
 	int wait_replicas;       /* WAIT for this many replicas after acquires and renewals */
 	int wait_replicas_ms;
 	struct redis_tls tls;
+	char **cluster;          /* "host:port" seed nodes of a Redis Cluster, NULL-terminated */
+	struct redis_spec *masters; /* Redlock: nmasters independent masters, each a whole
+				     * single-server spec (unset settings taken from this one) */
+	int nmasters;
 };
 
 struct config {

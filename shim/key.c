@@ -6,6 +6,10 @@
  * the first KEY_MAX_EXPANDED bytes and hashes all of them (two FNV-1a 64-bit
  * lanes with different offsets, mixed at the end). Long keys become
  * "<first 223 bytes>#<32 hex digits>"; short keys are kept verbatim.
+ * For a Redis Cluster (tagged) the expansion goes inside braces,
+ * "<namespace>:{<key>}", so that the lock's queue keys, which append to it,
+ * share its slot; a key that is empty or starts with '}' (which would make
+ * the hash tag empty) gets a leading '~'.
  */
 #include "key.h"
 
@@ -89,6 +93,7 @@ size_t key_expand(const struct key_tmpl *t, const uint64_t args[ARCH_INT_ARGS], 
 	struct sink s = { out + t->prefix_len, 0, 0xcbf29ce484222325ULL,
 			  0x84222325cbf29ce4ULL };
 	char num[16];
+	size_t n;
 
 	memcpy(out, t->prefix, t->prefix_len);
 	for (int i = 0; i < t->nsegs; i++) {
@@ -101,7 +106,17 @@ size_t key_expand(const struct key_tmpl *t, const uint64_t args[ARCH_INT_ARGS], 
 		else
 			put_arg(&s, args[g->arg], g->fmt);
 	}
-	return t->prefix_len + sink_finish(&s);
+	n = sink_finish(&s);
+	if (!t->tagged)
+		return t->prefix_len + n;
+	/* "<ns>:{<key>}": Redis hashes what lies between the first '{' and the
+	 * first '}' after it, when that is not empty. */
+	if (n == 0 || s.buf[0] == '}') {
+		memmove(s.buf + 1, s.buf, n++);
+		s.buf[0] = '~';
+	}
+	s.buf[n++] = '}';
+	return t->prefix_len + n;
 }
 
 /* Appends a segment; literal text is copied. Returns 0 or -1 (no memory). */
@@ -196,32 +211,39 @@ bad:
 }
 
 int key_compile(struct key_tmpl *t, const char *ns, const char *src,
-		const char *symbol, const char *host, char *err, size_t errlen)
+		const char *symbol, const char *host, int tagged, char *err, size_t errlen)
 {
 	const char *p = src;
 
 	memset(t, 0, sizeof(*t));
-	t->prefix_len = strlen(ns) + 1;
+	t->tagged = tagged;
+	t->prefix_len = strlen(ns) + (tagged ? 2 : 1);
 	t->prefix = malloc(t->prefix_len + 1);
 	if (!t->prefix)
 		goto nomem;
-	snprintf(t->prefix, t->prefix_len + 1, "%s:", ns);
+	snprintf(t->prefix, t->prefix_len + 1, "%s:%s", ns, tagged ? "{" : "");
 	while (*p) {
-		const char *open = strchr(p, '{'), *close;
+		size_t lit = strcspn(p, "{}");
+		const char *close;
 
-		if (!open) {
-			if (add_seg(t, KEY_SEG_LIT, 0, 0, p, strlen(p)))
-				goto nomem;
-			break;
-		}
-		if (add_seg(t, KEY_SEG_LIT, 0, 0, p, (size_t)(open - p)))
+		if (add_seg(t, KEY_SEG_LIT, 0, 0, p, lit))
 			goto nomem;
-		close = strchr(open, '}');
+		p += lit;
+		if (!*p)
+			break;
+		if (p[0] == p[1] || p[0] == '}') { /* "{{", "}}": a brace; a lone '}' too */
+			if (add_seg(t, KEY_SEG_LIT, 0, 0, p, 1))
+				goto nomem;
+			p += p[0] == p[1] ? 2 : 1;
+			continue;
+		}
+		close = strchr(p, '}');
 		if (!close) {
-			snprintf(err, errlen, "unterminated placeholder \"%s\"", open);
+			snprintf(err, errlen, "unterminated placeholder \"%s\" (write {{ for a "
+				 "literal brace)", p);
 			goto fail;
 		}
-		if (add_placeholder(t, open + 1, (size_t)(close - open - 1), symbol,
+		if (add_placeholder(t, p + 1, (size_t)(close - p - 1), symbol,
 				    host, err, errlen))
 			goto fail;
 		p = close + 1;

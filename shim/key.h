@@ -18,7 +18,7 @@
 
 #define KEY_MAX_EXPANDED 256
 #define KEY_MAX_NAMESPACE 128
-#define KEY_BUF_SIZE (KEY_MAX_NAMESPACE + 1 + KEY_MAX_EXPANDED + 1)
+#define KEY_BUF_SIZE (KEY_MAX_NAMESPACE + 2 + KEY_MAX_EXPANDED + 3) /* ":{" "~}" */
 #define KEY_STR_SCAN_MAX 65536 /* bytes read from an {argN:str} argument */
 
 enum key_seg_kind { KEY_SEG_LIT, KEY_SEG_ARG, KEY_SEG_PID };
@@ -33,24 +33,28 @@ struct key_seg {
 };
 
 struct key_tmpl {
-	char *prefix; /* "<namespace>:", owned */
+	char *prefix; /* "<namespace>:", or "<namespace>:{" when tagged; owned */
 	size_t prefix_len;
+	int tagged;   /* Redis Cluster: the key goes inside a hash tag */
 	struct key_seg *segs; /* owned */
 	int nsegs;
 };
 
 /*
  * Compiles src. symbol and host fill {symbol} and {host}; {env:NAME} is read
- * now. Returns 0, or -1 with a message in err. Release with key_tmpl_release.
+ * now; "{{" and "}}" are literal braces. tagged: keys expand to
+ * "<namespace>:{<key>}" (Redis Cluster). Returns 0, or -1 with a message in
+ * err. Release with key_tmpl_release.
  */
 int key_compile(struct key_tmpl *t, const char *ns, const char *src,
-		const char *symbol, const char *host, char *err, size_t errlen);
+		const char *symbol, const char *host, int tagged, char *err, size_t errlen);
 
 void key_tmpl_release(struct key_tmpl *t);
 
 /*
  * Expands t for one call: args are the ARCH_INT_ARGS integer argument
- * registers, pid the current process id. Writes "<namespace>:<key>" into
+ * registers, pid the current process id. Writes "<namespace>:<key>" (or
+ * "<namespace>:{<key>}", tagged) into
  * out, a buffer of KEY_BUF_SIZE bytes (no NUL is written). Returns the
  * length.
  */

@@ -80,8 +80,8 @@ def test_settings_format():
     rows = settings()
     assert all(len(row) == 4 for row in rows)
     groups = [g for g, _, _, _ in rows]
-    assert set(groups) == {"top", "redis", "tls", "lock"}
-    assert groups == sorted(groups, key=["top", "redis", "tls", "lock"].index)  # grouped
+    assert set(groups) == {"top", "redis", "tls", "master", "lock"}
+    assert groups == sorted(groups, key=["top", "redis", "tls", "master", "lock"].index)
     assert ["lock", "lease_ms", "integer:30..2147483647", "30000"] in rows
     assert ["redis", "port", "integer:1..65535", "6379"] in rows
     assert ["lock", "symbol", "string", "required"] in rows
@@ -95,7 +95,7 @@ def test_settings_defaults_are_what_a_missing_setting_gets(redis, tmp_path):
     when the group is there, which turns TLS on)."""
     given = {"top": [], "redis": [], "lock": []}
     for group, name, type_, default in settings():
-        if group == "tls" or default in ("none", "required") or default.startswith("=") or \
+        if group in ("tls", "master") or default in ("none", "required") or default.startswith("=") or \
                 type_ in ("group", "list") or (group, name) in (("redis", "host"), ("redis", "port")):
             continue
         given[group].append("%s = %s;" % (name, default))

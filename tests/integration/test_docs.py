@@ -16,6 +16,7 @@ README = os.path.join(ROOT, "README.md")
 # The README's configuration reference: heading of each table -> the group
 # `lockshim settings` prints.
 REFERENCE_GROUPS = {"Top level": "top", "`redis`": "redis", "`redis.tls`": "tls",
+                    "`redis.masters` entries": "master",
                     "Per lock (in `locks` entries and in `defaults`)": "lock"}
 
 

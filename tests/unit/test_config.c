@@ -338,6 +338,56 @@ int main(void)
 		  config_waiter_ttl_ms(&cfg.locks[1], &cfg.redis));
 	config_release(&cfg);
 
+	test("scaling out: Redis Cluster seeds, Redlock masters");
+	test_cond(load_text(&cfg, "redis = { cluster = ( \"10.0.0.5:7000\", \"h:7001\" ); };",
+			    err, sizeof(err)) == 0);
+	test_cond(!strcmp(cfg.redis.cluster[0], "10.0.0.5:7000") &&
+		  !strcmp(cfg.redis.cluster[1], "h:7001") && !cfg.redis.cluster[2] &&
+		  !cfg.redis.masters);
+	config_release(&cfg);
+	test_cond(load_text(&cfg,
+		"redis = { password = \"top\"; db = 3; command_timeout_ms = 77;\n"
+		"          tls = { ca_file = \"/a\"; server_name = \"n\"; };\n"
+		"          masters = ( { host = \"10.0.0.5\"; },\n"
+		"                      { host = \"10.0.0.6\"; port = 7000; password = \"own\";\n"
+		"                        username = \"u\"; db = 0; tls = { verify = false; }; },\n"
+		"                      { host = \"10.0.0.7\"; port = 7001; } ); };",
+		err, sizeof(err)) == 0);
+	test_cond(cfg.redis.nmasters == 3 && !cfg.redis.cluster);
+	{
+		const struct redis_spec *m = cfg.redis.masters;
+
+		test_cond(!strcmp(m[0].host, "10.0.0.5") && m[0].port == 6379 &&
+			  !strcmp(m[0].password, "top") && !m[0].username && m[0].db == 3 &&
+			  m[0].tls.enabled && m[0].tls.verify && !strcmp(m[0].tls.ca_file, "/a") &&
+			  !strcmp(m[0].tls.server_name, "n") && m[0].command_timeout_ms == 77);
+		test_cond(m[1].port == 7000 && !strcmp(m[1].password, "own") &&
+			  !strcmp(m[1].username, "u") && m[1].db == 0 && m[1].tls.enabled &&
+			  !m[1].tls.verify && !m[1].tls.ca_file);
+		test_cond(!strcmp(m[2].host, "10.0.0.7") && m[2].port == 7001);
+	}
+	config_release(&cfg);
+	test_cond(rejects("redis = { cluster = ( ); };", "cluster", "is empty"));
+	test_cond(rejects("redis = { cluster = ( \"h\" ); };", "cluster", "not host:port"));
+	test_cond(rejects("redis = { cluster = ( \"h:1\" ); host = \"x\"; };", "cluster",
+			  "replaces host"));
+	test_cond(rejects("redis = { cluster = ( \"h:1\" ); db = 1; };", "db", "database 0"));
+	test_cond(rejects("namespace = \"a{b}\"; redis = { cluster = ( \"h:1\" ); };\n"
+			  "locks = ( { symbol = \"f\"; } );", "namespace", "hash tag"));
+	test_cond(rejects("redis = { masters = ( { host = \"a\"; }, { host = \"b\"; } ); };",
+			  "masters", "3 or more"));
+	test_cond(rejects("redis = { masters = ( { host = \"a\"; }, { host = \"b\"; },\n"
+			  "{ port = 1; } ); };", "masters[2]", "host (and port) or socket"));
+	test_cond(rejects("redis = { masters = ( { host = \"a\"; }, { host = \"b\"; },\n"
+			  "{ host = \"c\"; wait_replicas = 1; } ); };", "masters[2].wait_replicas",
+			  "unknown setting"));
+	test_cond(rejects("redis = { port = 7; masters = ( { host = \"a\"; }, { host = \"b\"; },\n"
+			  "{ host = \"c\"; } ); };", "masters", "replaces port"));
+	test_cond(rejects("redis = { masters = ( { host = \"a\"; }, { host = \"b\"; },\n"
+			  "{ host = \"c\"; } ); };\nlocks = ( { symbol = \"f\"; fair = true; } );",
+			  "locks[0]", "not available with redis.masters"));
+	test_cond(rejects("redis = { masters = { host = \"a\"; }; };", "masters", "list of groups"));
+
 	test("config_setting_describe: the tables, their defaults are the built-in values");
 	{
 		struct config_setting_desc d;
@@ -350,7 +400,8 @@ int main(void)
 		config_release(&cfg);
 		for (int i = 0; config_setting_describe(i, &d); i++, n++) {
 			ok = !strcmp(d.group, "top") || !strcmp(d.group, "redis") ||
-			     !strcmp(d.group, "tls") || !strcmp(d.group, "lock");
+			     !strcmp(d.group, "tls") || !strcmp(d.group, "master") ||
+			     !strcmp(d.group, "lock");
 			ok = ok && *d.name && *d.type && *d.dflt && !strpbrk(d.dflt, " \t\n") &&
 			     !strpbrk(d.type, " \t\n");
 			if (!ok)
@@ -362,7 +413,8 @@ int main(void)
 			 * aside: unset is -1, the log's own threshold, "warn"). */
 			if (!strcmp(d.dflt, "none") || !strcmp(d.dflt, "required") ||
 			    d.dflt[0] == '=' || !strcmp(d.type, "group") ||
-			    !strcmp(d.type, "list") || !strcmp(d.name, "log_level"))
+			    !strcmp(d.type, "list") || !strcmp(d.name, "log_level") ||
+			    !strcmp(d.group, "master"))
 				continue;
 			literal++;
 			config_with(text, sizeof(text), d.group, d.name, d.dflt);
@@ -376,7 +428,7 @@ int main(void)
 		}
 		/* A new setting changes these counts: give it a round trip in
 		 * the tests above, then count it here. */
-		test_cond(n == 8 + 16 + 6 + 26 && nlock == 26 && literal >= 29);
+		test_cond(n == 8 + 18 + 6 + 8 + 26 && nlock == 26 && literal >= 29);
 		test_cond(!config_setting_describe(n, &d) && !config_setting_describe(-1, &d));
 		test_cond(config_setting_describe(0, &d) && !strcmp(d.group, "top") &&
 			  !strcmp(d.name, "redis"));

@@ -14,9 +14,25 @@ static const char *expand(const char *src, const uint64_t args[ARCH_INT_ARGS], i
 	char err[256];
 	size_t n;
 
-	if (key_compile(&t, "ns", src, "transfer", "hostA", err, sizeof(err)) != 0)
+	if (key_compile(&t, "ns", src, "transfer", "hostA", 0, err, sizeof(err)) != 0)
 		return NULL;
 	n = key_expand(&t, args, pid, out);
+	out[n] = 0;
+	key_tmpl_release(&t);
+	return out;
+}
+
+/* Expands src for a Redis Cluster ("ns:{<key>}"). */
+static const char *expand_tagged(const char *src, const uint64_t args[ARCH_INT_ARGS])
+{
+	static char out[KEY_BUF_SIZE + 1];
+	struct key_tmpl t;
+	char err[256];
+	size_t n;
+
+	if (key_compile(&t, "ns", src, "transfer", "hostA", 1, err, sizeof(err)) != 0)
+		return NULL;
+	n = key_expand(&t, args, 1, out);
 	out[n] = 0;
 	key_tmpl_release(&t);
 	return out;
@@ -27,7 +43,7 @@ static int compile_error(const char *src, const char *needle)
 	struct key_tmpl t;
 	char err[256] = "";
 
-	if (key_compile(&t, "ns", src, "sym", "h", err, sizeof(err)) == 0) {
+	if (key_compile(&t, "ns", src, "sym", "h", 0, err, sizeof(err)) == 0) {
 		key_tmpl_release(&t);
 		return 0;
 	}
@@ -62,6 +78,21 @@ int main(void)
 	test("binary-safe: bytes after a brace-free literal are kept");
 	test_cond(strcmp(expand("a b\tc}", args, 1), "ns:a b\tc}") == 0);
 
+	test("{{ and }} are literal braces: a Redis hash tag");
+	args[0] = 7;
+	test_cond(strcmp(expand("{{ledger}}:{arg0}", args, 1), "ns:{ledger}:7") == 0);
+	test_cond(strcmp(expand("{{{arg0}}}", args, 1), "ns:{7}") == 0);
+	test_cond(strcmp(expand("a}b", args, 1), "ns:a}b") == 0);
+
+	test("cluster layout: the key inside the hash tag, never an empty tag");
+	test_cond(strcmp(expand_tagged("{symbol}:{arg0}", args), "ns:{transfer:7}") == 0);
+	test_cond(strcmp(expand_tagged("{{ledger}}:{arg0}", args), "ns:{{ledger}:7}") == 0);
+	args[3] = (uint64_t)(uintptr_t)"";
+	test_cond(strcmp(expand_tagged("{arg3:str}", args), "ns:{~}") == 0);
+	args[3] = (uint64_t)(uintptr_t)"}x";
+	test_cond(strcmp(expand_tagged("{arg3:str}", args), "ns:{~}x}") == 0);
+	args[0] = (uint64_t)-42;
+
 	test("long keys keep a prefix and a hash, and stay distinct");
 	memset(longstr, 'a', sizeof(longstr) - 1);
 	longstr[sizeof(longstr) - 1] = 0;
@@ -81,6 +112,9 @@ int main(void)
 		test_cond(strcmp(k, first) != 0);
 		args[4] = (uint64_t)(uintptr_t)longstr;
 		test_cond(strcmp(expand("{arg4:str}", args, 1), first) == 0);
+		k = expand_tagged("}{arg4:str}", args);
+		test_cond(strlen(k) == 3 + KEY_MAX_EXPANDED + 3 && k[4] == '~' &&
+			  k[strlen(k) - 1] == '}');
 	}
 	test("exactly 256 bytes is kept verbatim");
 	longstr[256] = 0;
@@ -103,6 +137,7 @@ int main(void)
 	test_cond(compile_error("{arg0:q}", "unknown placeholder"));
 	test_cond(compile_error("{nope}", "unknown placeholder"));
 	test_cond(compile_error("x{arg0", "unterminated"));
+	test_cond(compile_error("{{a}{b", "unterminated"));
 	test_cond(compile_error("", "empty"));
 	return test_report("key");
 }

@@ -178,7 +178,7 @@ static struct lock_spec spec(const char *key, int reentrant, long long wait_ms)
 	s.reentrant = reentrant;
 	s.on_lost = HOLD_LOG;
 	s.on_overrun = HOLD_LOG;
-	if (key_compile(&s.key, "t", key, "f", "h", err, sizeof(err)))
+	if (key_compile(&s.key, "t", key, "f", "h", 0, err, sizeof(err)))
 		abort();
 	return s;
 }
