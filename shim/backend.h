@@ -125,6 +125,16 @@ struct backend_ops {
 	const char *(*errstr)(const struct backend_conn *c);
 	/* Sends PING; returns BACKEND_OK or BACKEND_ERR. Used by `lockshim check`. */
 	int (*ping)(struct backend_conn *c);
+	/* Optional, for topologies of several nodes (`lockshim check` self-tests
+	 * each): returns how many nodes bc has (after an open). */
+	int (*node_count)(const struct backend_config *bc);
+	/* Optional, with node_count: opens node i as a connection of backend_redis's
+	 * operations; writes its name ("HOST:PORT" and what it serves) into name,
+	 * and into tag a hash tag routing a key to it ("" when none is needed).
+	 * Returns the connection or NULL with err. */
+	struct backend_conn *(*node_open)(const struct backend_config *bc, int i, char *name,
+					  size_t namelen, char *tag, size_t taglen, char *err,
+					  size_t errlen);
 };
 
 /* The backend serving a config: its table and its settings. */
@@ -148,6 +158,7 @@ static inline struct backend_conn *backend_open(const struct backend *b, char *e
 	return b->ops->open(b->cfg, err, errlen);
 }
 
+extern const struct backend_ops backend_redlock;
 extern const struct backend_ops backend_sentinel;
 extern const struct backend_ops backend_redis;
 
