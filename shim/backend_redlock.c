@@ -403,19 +403,21 @@ static int redlock_acquire(struct backend_conn *c, const struct backend_item *it
 	struct backend_item it = item_for(it0);
 	int st[MASTERS_MAX], taken = 0, refused = 0;
 	long long hint[MASTERS_MAX];
-	int64_t t0 = util_now_us(), left;
+	int64_t t0, left;
 
 	*holder_len = 0;
 	*wait_ms = BACKEND_NOT_QUEUED;
 	op_start(c);
+	for (int i = 0; i < bc->n; i++)
+		st[i] = master_up(c, i) ? M_SENT : M_SKIP;
+	t0 = util_now_us(); /* the validity counts from the first write */
 	for (int i = 0; i < bc->n; i++) {
-		st[i] = M_SKIP;
-		if (!master_up(c, i))
+		if (st[i] == M_SKIP)
 			continue;
-		if (redis_acquire_send(c->m[i], &it) == BACKEND_OK)
-			st[i] = M_SENT;
-		else
+		if (redis_acquire_send(c->m[i], &it) != BACKEND_OK) {
+			st[i] = M_SKIP;
 			fail_conn(c, i, &it);
+		}
 	}
 	for (int i = 0; i < bc->n; i++) {
 		char h[BACKEND_VAL_MAX];
