@@ -14,6 +14,7 @@
 static const struct backend_ops *const backends[] = {
 	&backend_redlock,
 	&backend_sentinel,
+	&backend_cluster,
 	&backend_redis,
 };
 

@@ -372,6 +372,26 @@ static int resp_append(struct backend_conn *c, struct resp *r)
 	return out_add(c, r->buf, (size_t)(r->p - r->buf)) == 0 ? 0 : conn_fail(c, "append", NULL);
 }
 
+int redis_split_addr(const char *s, char *host, size_t len, int *port)
+{
+	const char *colon = strrchr(s, ':');
+	size_t n;
+
+	if (!colon)
+		return -1;
+	n = (size_t)(colon - s);
+	if (n >= 2 && s[0] == '[' && s[n - 1] == ']') {
+		s++;
+		n -= 2;
+	}
+	if (n >= len)
+		return -1;
+	memcpy(host, s, n);
+	host[n] = 0;
+	*port = atoi(colon + 1);
+	return 0;
+}
+
 /* Sends AUTH and SELECT, when configured, in one round trip. */
 static int conn_setup(struct backend_conn *c, const struct redis_endpoint *r)
 {
@@ -418,7 +438,7 @@ static void sha_init(void)
 /* This backend serves a single server (host and port, or socket). */
 static int redis_serves(const struct redis_spec *r)
 {
-	return !r->sentinels;
+	return !r->sentinels && !r->cluster && !r->masters;
 }
 
 static struct backend_config *redis_config_new(const struct redis_spec *r, char *err,

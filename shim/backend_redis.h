@@ -39,6 +39,10 @@ struct backend_conn *redis_connect(const struct redis_spec *r, const struct redi
  * errstr). */
 redisReply *redis_command(struct backend_conn *c, int argc, const char *const *argv);
 
+/* Splits s, "host:port" (the host may be "[v6]"), into host (len bytes)
+ * and port. Returns 0, or -1 when s is not host:port or host is too long. */
+int redis_split_addr(const char *s, char *host, size_t len, int *port);
+
 /* Returns 1 when err, a Redis error reply, sends the command to another
  * cluster node or asks to retry it (MOVED, ASK, TRYAGAIN, CLUSTERDOWN). */
 int redis_is_redirect(const char *err);

@@ -57,27 +57,6 @@ static void sentinel_config_free(struct backend_config *bc)
 	free(bc);
 }
 
-/* Splits "host:port" (the host may be "[v6]"). Returns 0, or -1. */
-static int split(const char *s, char *host, size_t len, int *port)
-{
-	const char *colon = strrchr(s, ':');
-	size_t n;
-
-	if (!colon)
-		return -1;
-	n = (size_t)(colon - s);
-	if (n >= 2 && s[0] == '[' && s[n - 1] == ']') {
-		s++;
-		n -= 2;
-	}
-	if (n >= len)
-		return -1;
-	memcpy(host, s, n);
-	host[n] = 0;
-	*port = atoi(colon + 1);
-	return 0;
-}
-
 /*
  * Asks sentinel i for the primary's address. Returns 0 with host and port
  * set, or -1 with the reason in why.
@@ -93,7 +72,7 @@ static int ask(const struct redis_spec *r, int i, char *host, size_t len, int *p
 	redisReply *rep;
 	int rc = -1;
 
-	if (split(r->sentinels[i], shost, sizeof(shost), &ep.port) != 0) {
+	if (redis_split_addr(r->sentinels[i], shost, sizeof(shost), &ep.port) != 0) {
 		snprintf(why, whylen, "not host:port");
 		return -1;
 	}

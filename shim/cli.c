@@ -438,9 +438,11 @@ static int cmd_check(int argc, char **argv)
 		const struct lock_spec *l = &cfg.locks[k];
 		size_t n;
 
-		snprintf(msg, sizeof(msg), "  %s: key %s%s lease %lld ms, wait %lld ms, on_timeout "
-			 "%s, on_error %s, on_lost %s, method %s", l->symbol, l->key.prefix,
-			 l->key_src, l->lease_ms, l->wait_ms, config_call_policy_name(l->on_timeout),
+		/* the Redis key, in template syntax: a cluster's braces are literal */
+		snprintf(msg, sizeof(msg), "  %s: key %.*s%s%s%s lease %lld ms, wait %lld ms, "
+			 "on_timeout %s, on_error %s, on_lost %s, method %s", l->symbol,
+			 (int)l->key.prefix_len - l->key.tagged, l->key.prefix,
+			 l->key.tagged ? "{{" : "", l->key_src, l->key.tagged ? "}}" : "", l->lease_ms, l->wait_ms, config_call_policy_name(l->on_timeout),
 			 config_call_policy_name(l->on_error), config_hold_policy_name(l->on_lost),
 			 config_method_name(l->method));
 		n = log_escape(line, sizeof(line) - 1, msg, strlen(msg));

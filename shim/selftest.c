@@ -47,11 +47,14 @@ static const char *cause(const char *err, int tls)
 			    "EVAL, EVALSHA and BLPOP on the keys under the namespace)" },
 		{ "NOAUTH", "the server wants a password: set redis.password" },
 		{ "WRONGPASS", "wrong redis.username or redis.password" },
-		{ "MOVED", "this server is a Redis Cluster node: Cluster is not supported; "
-			   "point lockshim at a standalone server or a primary" },
-		{ "ASK ", "this server is a Redis Cluster node: Cluster is not supported" },
-		{ "CLUSTERDOWN", "this server is a Redis Cluster node (and the cluster is down)" },
-		{ "CROSSSLOT", "this server is a Redis Cluster node: Cluster is not supported" },
+		{ "MOVED", "this server is a Redis Cluster node: list the cluster's nodes in "
+			   "redis.cluster instead of host and port" },
+		{ "ASK ", "this server is a Redis Cluster node: list the cluster's nodes in "
+			  "redis.cluster instead of host and port" },
+		{ "CLUSTERDOWN", "the Redis Cluster is down (slots not served, or a failover "
+				 "in progress)" },
+		{ "CROSSSLOT", "this server is a Redis Cluster node: list the cluster's nodes "
+			       "in redis.cluster instead of host and port" },
 		{ "READONLY", "this server is a read-only replica: point lockshim at the primary" },
 		{ "unknown command", "the server lacks a command lockshim sends (Redis 2.6 or "
 				     "later is needed, 7.0 or later recommended)" },
@@ -81,70 +84,99 @@ static int failed(char *msg, size_t len, const char *step, const char *err)
 	return -1;
 }
 
-/* Runs the probe on ops' backend with settings bc, keys under ns. */
-static int probe(const struct backend_ops *ops, const struct backend_config *bc,
-		 const char *ns, char *msg, size_t len)
-{	char key[KEY_BUF_SIZE], val[64], host[64] = "localhost", err[256];
-	struct backend_item it = { 0 };
-	struct backend_conn *c;
+/* Runs the probe steps on c, a connection of ops, with key. Returns 0, or
+ * -1 with the failed step in msg. */
+static int probe(const struct backend_ops *ops, struct backend_conn *c, const char *key,
+		 size_t klen, char *msg, size_t len)
+{
+	struct backend_item it = { .key = key, .klen = klen };
+	char val[64], holder[BACKEND_VAL_MAX];
 	long long wait = 0;
-	char holder[BACKEND_VAL_MAX];
 	size_t hlen;
 	int rc, renewed = 0;
 
-	gethostname(host, sizeof(host) - 1);
-	it.key = key;
-	it.klen = (size_t)snprintf(key, sizeof(key), "%s:lockshim-check:%s:%d", ns, host,
-				   (int)getpid());
 	it.val = val;
 	it.vlen = (size_t)snprintf(val, sizeof(val), "lockshim-check-%d", (int)getpid());
 	it.lease_ms = PROBE_LEASE_MS;
 	it.waiter_ttl_ms = 1000;
 	it.handoff_us = 500;
-	if (!(c = ops->open(bc, err, sizeof(err))))
-		return failed(msg, len, "connect", err);
 	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen)) != BACKEND_OK)
 		goto fail_acquire;
-	if ((rc = ops->renew(c, 1, &it, &renewed)) != BACKEND_OK || renewed != BACKEND_OK) {
-		rc = failed(msg, len, "renew (EVALSHA)", rc != BACKEND_OK ? ops->errstr(c) :
-			    "the probe key was not ours");
-		goto out;
-	}
+	if ((rc = ops->renew(c, 1, &it, &renewed)) != BACKEND_OK || renewed != BACKEND_OK)
+		return failed(msg, len, "renew (EVALSHA)", rc != BACKEND_OK ? ops->errstr(c) :
+			      "the probe key was not ours");
 	it.waiting = 1;
 	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen)) != BACKEND_OK)
 		goto fail_acquire;
-	if ((rc = ops->wait(c, &it, 10)) == BACKEND_ERR) {
-		rc = failed(msg, len, "wait for a wake-up (BLPOP)", ops->errstr(c));
-		goto out;
-	}
-	if ((rc = ops->release(c, &it, 0)) != BACKEND_OK) {
-		rc = failed(msg, len, "release (EVALSHA)", rc == BACKEND_ERR ? ops->errstr(c) :
-			    "the probe key was not ours");
-		goto out;
-	}
-	if (ops->leave(c, &it, 0) == BACKEND_ERR) {
-		rc = failed(msg, len, "leave (EVALSHA)", ops->errstr(c));
-		goto out;
-	}
-	snprintf(msg, len, "acquire, renew, queue, wait, release and leave on %.*s",
-		 (int)it.klen, it.key);
-	if (ops->describe) {
-		size_t k = strlen(msg);
-
-		if (k + 3 < len) {
-			snprintf(msg + k, len - k, " at ");
-			ops->describe(bc, msg + k + 4, len - k - 4);
-		}
-	}
-	rc = 0;
-	goto out;
+	if (ops->wait(c, &it, 10) == BACKEND_ERR)
+		return failed(msg, len, "wait for a wake-up (BLPOP)", ops->errstr(c));
+	if ((rc = ops->release(c, &it, 0)) != BACKEND_OK)
+		return failed(msg, len, "release (EVALSHA)", rc == BACKEND_ERR ? ops->errstr(c) :
+			      "the probe key was not ours");
+	if (ops->leave(c, &it, 0) == BACKEND_ERR)
+		return failed(msg, len, "leave (EVALSHA)", ops->errstr(c));
+	return 0;
 fail_acquire:
-	rc = failed(msg, len, it.waiting ? "acquire through the queue (EVALSHA)" :
-		    "acquire (SET NX PX)", rc == BACKEND_ERR ? ops->errstr(c) :
-		    "the probe key is held by someone else");
-out:
+	return failed(msg, len, it.waiting ? "acquire through the queue (EVALSHA)" :
+		      "acquire (SET NX PX)", rc == BACKEND_ERR ? ops->errstr(c) :
+		      "the probe key is held by someone else");
+}
+
+/* Writes the probe key into key (KEY_BUF_SIZE bytes): under ns, in the
+ * cluster layout (a hash tag: tag when given, else the key's own), with
+ * this host and pid. Returns its length. */
+static size_t probe_key(char *key, const char *ns, const char *tag)
+{
+	char host[64] = "localhost";
+
+	gethostname(host, sizeof(host) - 1);
+	return (size_t)snprintf(key, KEY_BUF_SIZE, "%s:{%s%slockshim-check:%s:%d}", ns, tag,
+				*tag ? "}" : "", host, (int)getpid());
+}
+
+/* Runs the probe through the topology (ops, bc), then on each of its
+ * nodes when it has several. Returns 0 with what was done in msg, or -1
+ * with the failed step in msg. */
+static int probe_all(const struct backend_ops *ops, const struct backend_config *bc,
+		     const char *ns, char *msg, size_t len)
+{
+	char key[KEY_BUF_SIZE], err[256], name[160], tag[16];
+	size_t klen = probe_key(key, ns, ""), k;
+	struct backend_conn *c;
+	int rc, n;
+
+	if (!(c = ops->open(bc, err, sizeof(err))))
+		return failed(msg, len, "connect", err);
+	rc = probe(ops, c, key, klen, msg, len);
 	ops->close(c);
-	return rc;
+	if (rc != 0)
+		return rc;
+	k = (size_t)snprintf(msg, len, "acquire, renew, queue, wait, release and leave on "
+			     "%.*s", (int)klen, key);
+	if (ops->describe && k + 4 < len) {
+		k += (size_t)snprintf(msg + k, len - k, " at ");
+		ops->describe(bc, msg + k, len - k);
+	}
+	n = ops->node_count ? ops->node_count(bc) : 0;
+	for (int i = 0; i < n; i++) {
+		char step[200];
+
+		c = ops->node_open(bc, i, name, sizeof(name), tag, sizeof(tag), err, sizeof(err));
+		snprintf(step, sizeof(step), "node %s: connect", name);
+		if (!c)
+			return failed(msg, len, step, err);
+		klen = probe_key(key, ns, tag);
+		rc = probe(&backend_redis, c, key, klen, err, sizeof(err));
+		backend_redis.close(c);
+		if (rc != 0) {
+			snprintf(step, sizeof(step), "node %s", name);
+			return failed(msg, len, step, err);
+		}
+		k = strlen(msg);
+		if (k + 2 < len)
+			snprintf(msg + k, len - k, "%s %s", i ? "," : "; each node too:", name);
+	}
+	return 0;
 }
 
 int selftest_run(const struct config *cfg, char *msg, size_t len)
@@ -156,7 +188,7 @@ int selftest_run(const struct config *cfg, char *msg, size_t len)
 
 	if (backend_init(&b, &cfg->redis, msg, len) != 0)
 		return -1;
-	rc = probe(b.ops, b.cfg, cfg->ns, msg, len);
+	rc = probe_all(b.ops, b.cfg, cfg->ns, msg, len);
 	backend_release(&b);
 	if (rc != 0 && (why = cause(msg, cfg->redis.tls.enabled)) && (n = strlen(msg)) < len)
 		snprintf(msg + n, len - n, "; likely cause: %s", why);

@@ -312,8 +312,6 @@ def test_check_names_every_master(masters, tmp_path):
         assert ms.addr(i) in p.stdout, p.stdout
 
 
-@pytest.mark.xfail(reason="needs selftest.c's check of each node (node_count/node_open), "
-                   "the lead's half of issue 12", strict=False)
 def test_check_names_a_dead_master(masters, tmp_path):
     ms = masters(3)
     cfg = ms.config(tmp_path, BLOCK % (5000, 1000, 100, ""))
