@@ -38,13 +38,14 @@ MBEDTLS_A = $(foreach l,mbedtls mbedx509 mbedcrypto,$(shell $(CC) -print-file-na
 SHIM_LIBS = $(HIREDIS_A) $(CAPSTONE_A) $(MBEDTLS_A) -lconfig -lpthread -ldl
 
 SHIM_SRC := guard log fdown net net_tls config key sha1 owner backend backend_redis \
-	backend_sentinel backend_cluster lock renew hook \
+	backend_sentinel backend_cluster backend_redlock lock renew hook \
 	redirect redirect_entry redirect_reloc symfile symdef patchmem dispatch interpose dlpath \
 	init arch_$(ARCH) arch_$(ARCH)_entry
 SHIM_OBJ := $(SHIM_SRC:%=$(BUILD)/shim/%.o) $(BUILD)/shim/tramp_$(ARCH).o
 CLI_OBJ := $(BUILD)/cli/cli.o $(BUILD)/cli/config.o $(BUILD)/cli/key.o \
 	$(BUILD)/cli/log.o $(BUILD)/cli/sha1.o $(BUILD)/cli/backend.o $(BUILD)/cli/backend_redis.o \
 	$(BUILD)/cli/backend_sentinel.o $(BUILD)/cli/backend_cluster.o \
+	$(BUILD)/cli/backend_redlock.o \
 	$(BUILD)/cli/net.o $(BUILD)/cli/net_tls.o $(BUILD)/cli/fdown.o $(BUILD)/cli/selftest.o
 UNIT := config key lock sha1
 UNIT_BIN := $(UNIT:%=$(BUILD)/tests/test_%)

@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 static const struct backend_ops *const backends[] = {
+	&backend_redlock,
 	&backend_sentinel,
 	&backend_cluster,
 	&backend_redis,

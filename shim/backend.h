@@ -159,6 +159,7 @@ static inline struct backend_conn *backend_open(const struct backend *b, char *e
 }
 
 extern const struct backend_ops backend_cluster;
+extern const struct backend_ops backend_redlock;
 extern const struct backend_ops backend_sentinel;
 extern const struct backend_ops backend_redis;
 

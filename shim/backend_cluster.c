@@ -184,19 +184,18 @@ static int refresh(struct backend_config *bc, char *err, size_t errlen)
 	while (r->cluster[nseeds])
 		nseeds++;
 	used = (size_t)snprintf(err, errlen, "no slot map from the cluster:");
-	for (int i = 0;; i++) {
+	for (int i = 0; i < NODES_MAX + nseeds; i++) {
 		struct node n;
 		char why[256];
+		int known;
 
 		pthread_mutex_lock(&bc->mu);
-		if (i < bc->nnodes)
+		known = bc->nnodes;
+		if (i < known)
 			n = bc->nodes[i];
 		pthread_mutex_unlock(&bc->mu);
-		if (i >= bc->nnodes && (i - bc->nnodes >= nseeds || ntried == NODES_MAX ||
-		    redis_split_addr(r->cluster[i - bc->nnodes], n.host, sizeof(n.host),
-				     &n.port) != 0))
-			break;
-		if (i >= NODES_MAX + nseeds)
+		if (i >= known && (i - known >= nseeds ||
+		    redis_split_addr(r->cluster[i - known], n.host, sizeof(n.host), &n.port) != 0))
 			break;
 		for (int k = 0; k < ntried; k++)
 			if (tried[k].port == n.port && strcmp(tried[k].host, n.host) == 0)

@@ -177,6 +177,7 @@ struct backend_conn {
 	long long cmd_ms;   /* command timeout (and the WAIT's, with wait_n) */
 	int wait_n;         /* redis.wait_replicas */
 	int wait_ms;        /* redis.wait_replicas_ms */
+	int set_get;        /* the last SET NX appended has GET */
 	int npending;
 	struct pending pend[PENDING_MAX];
 	int nredirected;    /* asynchronous commands a cluster node sent elsewhere */
@@ -606,14 +607,16 @@ redisReply *redis_command(struct backend_conn *c, int argc, const char *const *a
 	return reply_after_pending(c, argv[0]);
 }
 
-static redisReply *run_script(struct backend_conn *c, const char *what, enum script s,
-			      const struct backend_item *it, const long long *args, int nargs)
+/*
+ * Reads the reply of script s, appended by EVALSHA on it, after those of the
+ * pending commands, sending it again as EVAL on NOSCRIPT. Returns the reply
+ * (the caller frees it), or NULL with errstr set (an error reply too).
+ */
+static redisReply *script_reply(struct backend_conn *c, const char *what, enum script s,
+				const struct backend_item *it, const long long *args, int nargs)
 {
-	redisReply *r;
+	redisReply *r = reply_after_pending(c, what);
 
-	if (append_script(c, s, it, args, nargs, 0) != 0)
-		return NULL;
-	r = reply_after_pending(c, what);
 	if (r && is_noscript(r)) {
 		freeReplyObject(r);
 		if (append_script(c, s, it, args, nargs, 1) != 0)
@@ -628,6 +631,14 @@ static redisReply *run_script(struct backend_conn *c, const char *what, enum scr
 	return r;
 }
 
+static redisReply *run_script(struct backend_conn *c, const char *what, enum script s,
+			      const struct backend_item *it, const long long *args, int nargs)
+{
+	if (append_script(c, s, it, args, nargs, 0) != 0)
+		return NULL;
+	return script_reply(c, what, s, it, args, nargs);
+}
+
 /* Copies a holder's value (a bulk reply) out. */
 static void holder_copy(const redisReply *r, char *holder, size_t *holder_len)
 {
@@ -638,11 +649,6 @@ static void holder_copy(const redisReply *r, char *holder, size_t *holder_len)
 	}
 }
 
-/*
- * The uncontended path of the default mode: SET NX PX GET, whose reply is
- * nil when the key was set, or the holder's value when it was not; the
- * plain SET NX PX when the server is older than Redis 7.0.
- */
 /* Appends WAIT for the connection's replicas (redis.wait_replicas).
  * Returns 0 or -1. */
 static int append_wait(struct backend_conn *c)
@@ -692,14 +698,18 @@ static int acknowledged(struct backend_conn *c, const struct backend_item *it, l
 	return BACKEND_ERR;
 }
 
-static int set_nx(struct backend_conn *c, const struct backend_item *it, char *holder,
-		  size_t *holder_len)
+/*
+ * The uncontended path of the default mode: SET NX PX GET, whose reply is
+ * nil when the key was set, or the holder's value when it was not; the
+ * plain SET NX PX when the server is older than Redis 7.0 (c->set_get says
+ * which was sent). WAIT follows when configured. Returns 0 or -1.
+ */
+static int set_nx_append(struct backend_conn *c, const struct backend_item *it)
 {
 	int get = !__atomic_load_n(&no_set_get, __ATOMIC_RELAXED);
 	struct resp r;
-	redisReply *rep;
-	int rc;
 
+	c->set_get = get;
 	resp_start(&r, get ? 7 : 6);
 	resp_arg(&r, "SET", 3);
 	resp_arg(&r, it->key, it->klen);
@@ -711,7 +721,22 @@ static int set_nx(struct backend_conn *c, const struct backend_item *it, char *h
 		resp_arg(&r, "GET", 3);
 	/* WAIT goes in the same write: one round trip plus the replication */
 	if (resp_append(c, &r) != 0 || (c->wait_n && append_wait(c) != 0))
-		return BACKEND_ERR;
+		return -1;
+	return 0;
+}
+
+static int set_nx(struct backend_conn *c, const struct backend_item *it, char *holder,
+		  size_t *holder_len);
+
+/* Reads the replies of set_nx_append's commands. Returns an enum
+ * backend_result; holder as acquire's. */
+static int set_nx_read(struct backend_conn *c, const struct backend_item *it, char *holder,
+		       size_t *holder_len)
+{
+	int get = c->set_get;
+	redisReply *rep;
+	int rc;
+
 	rep = reply_after_pending(c, "SET NX");
 	if (!rep)
 		return BACKEND_ERR;
@@ -746,20 +771,55 @@ static int set_nx(struct backend_conn *c, const struct backend_item *it, char *h
 	return rc;
 }
 
-int redis_acquire(struct backend_conn *c, const struct backend_item *it,
-		  long long *wait_ms, char *holder, size_t *holder_len)
+static int set_nx(struct backend_conn *c, const struct backend_item *it, char *holder,
+		  size_t *holder_len)
 {
-	long long args[4] = { it->lease_ms, it->waiter_ttl_ms, it->fair,
-			      it->fair ? 0 : it->handoff_us };
+	if (set_nx_append(c, it) != 0)
+		return BACKEND_ERR;
+	return set_nx_read(c, it, holder, holder_len);
+}
+
+/* The queue script's numeric arguments for it (S_ENQUEUE). */
+static void enqueue_args(const struct backend_item *it, long long args[4])
+{
+	args[0] = it->lease_ms;
+	args[1] = it->waiter_ttl_ms;
+	args[2] = it->fair;
+	args[3] = it->fair ? 0 : it->handoff_us;
+}
+
+/* Whether acquire takes it with the plain SET NX (else the queue script). */
+static int plain_acquire(const struct backend_item *it)
+{
+	return !it->fair && !it->waiting;
+}
+
+/* Appends acquire's commands for it. Returns 0 or -1 (errstr set). */
+static int acquire_append(struct backend_conn *c, const struct backend_item *it)
+{
+	long long args[4];
+
+	if (plain_acquire(it))
+		return set_nx_append(c, it);
+	enqueue_args(it, args);
+	return append_script(c, S_ENQUEUE, it, args, 4, 0);
+}
+
+/* Reads the replies of acquire_append's commands; as redis_acquire. */
+static int acquire_read(struct backend_conn *c, const struct backend_item *it,
+			long long *wait_ms, char *holder, size_t *holder_len)
+{
+	long long args[4];
 	redisReply *r;
 	int rc;
 
 	*holder_len = 0;
-	if (!it->fair && !it->waiting) {
+	if (plain_acquire(it)) {
 		*wait_ms = BACKEND_NOT_QUEUED;
-		return set_nx(c, it, holder, holder_len);
+		return set_nx_read(c, it, holder, holder_len);
 	}
-	r = run_script(c, "acquire", S_ENQUEUE, it, args, 4);
+	enqueue_args(it, args);
+	r = script_reply(c, "acquire", S_ENQUEUE, it, args, 4);
 	if (!r)
 		return BACKEND_ERR;
 	if (r->type == REDIS_REPLY_INTEGER && r->integer == -1) {
@@ -775,6 +835,28 @@ int redis_acquire(struct backend_conn *c, const struct backend_item *it,
 	}
 	freeReplyObject(r);
 	return rc;
+}
+
+int redis_acquire(struct backend_conn *c, const struct backend_item *it,
+		  long long *wait_ms, char *holder, size_t *holder_len)
+{
+	*holder_len = 0;
+	if (acquire_append(c, it) != 0)
+		return BACKEND_ERR;
+	return acquire_read(c, it, wait_ms, holder, holder_len);
+}
+
+int redis_acquire_send(struct backend_conn *c, const struct backend_item *it)
+{
+	if (acquire_append(c, it) != 0)
+		return BACKEND_ERR;
+	return out_flush(c) == 0 ? BACKEND_OK : conn_fail(c, "acquire", NULL);
+}
+
+int redis_acquire_recv(struct backend_conn *c, const struct backend_item *it,
+		       long long *wait_ms, char *holder, size_t *holder_len)
+{
+	return acquire_read(c, it, wait_ms, holder, holder_len);
 }
 
 int redis_flush(struct backend_conn *c)
@@ -923,19 +1005,26 @@ int redis_wait(struct backend_conn *c, const struct backend_item *it,
 	return rc;
 }
 
-int redis_renew(struct backend_conn *c, int n, const struct backend_item *items,
-		int *results)
+/* Appends a renewal of each of the n items (and WAIT when configured).
+ * Returns 0 or -1 (errstr set). */
+static int renew_append(struct backend_conn *c, int n, const struct backend_item *items)
+{
+	for (int i = 0; i < n; i++)
+		if (append_script(c, S_RENEW, &items[i], &items[i].lease_ms, 1, 0) != 0)
+			return -1;
+	if (c->wait_n && n && append_wait(c) != 0)
+		return -1;
+	return 0;
+}
+
+/* Reads the replies of renew_append's commands (the pending ones read
+ * already); as redis_renew. */
+static int renew_read(struct backend_conn *c, int n, const struct backend_item *items,
+		      int *results)
 {
 	enum { REDO = BACKEND_GRANTED + 1 }; /* NOSCRIPT: run it again as EVAL */
 	int rc = BACKEND_OK;
 
-	if (settle(c) != 0)
-		return BACKEND_ERR;
-	for (int i = 0; i < n; i++)
-		if (append_script(c, S_RENEW, &items[i], &items[i].lease_ms, 1, 0) != 0)
-			return BACKEND_ERR;
-	if (c->wait_n && n && append_wait(c) != 0)
-		return BACKEND_ERR;
 	for (int i = 0; i < n; i++) {
 		redisReply *r = NULL;
 
@@ -966,6 +1055,29 @@ int redis_renew(struct backend_conn *c, int n, const struct backend_item *items,
 			rc = BACKEND_ERR;
 	}
 	return rc;
+}
+
+int redis_renew(struct backend_conn *c, int n, const struct backend_item *items,
+		int *results)
+{
+	if (settle(c) != 0 || renew_append(c, n, items) != 0)
+		return BACKEND_ERR;
+	return renew_read(c, n, items, results);
+}
+
+int redis_renew_send(struct backend_conn *c, int n, const struct backend_item *items)
+{
+	if (renew_append(c, n, items) != 0)
+		return BACKEND_ERR;
+	return out_flush(c) == 0 ? BACKEND_OK : conn_fail(c, "renew", NULL);
+}
+
+int redis_renew_recv(struct backend_conn *c, int n, const struct backend_item *items,
+		     int *results)
+{
+	if (settle(c) != 0)
+		return BACKEND_ERR;
+	return renew_read(c, n, items, results);
 }
 
 const char *redis_errstr(const struct backend_conn *c)

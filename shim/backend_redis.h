@@ -56,6 +56,22 @@ int redis_is_redirect(const char *err);
 int redis_redirected(struct backend_conn *c,
 		     void (*fn)(void *arg, const struct backend_item *it), void *arg);
 
+/*
+ * Pipelined halves of acquire and renew, for a backend that sends one
+ * command to several nodes before reading any reply (backend_redlock.c):
+ * *_send appends the command and writes it, reading nothing; *_recv reads
+ * its replies, after those of the pending asynchronous commands, and
+ * interprets them as the whole operation would. redis_acquire and
+ * redis_renew are the two halves in a row, in one round trip. Each returns
+ * an enum backend_result; after BACKEND_ERR the connection is closed.
+ */
+int redis_acquire_send(struct backend_conn *c, const struct backend_item *it);
+int redis_acquire_recv(struct backend_conn *c, const struct backend_item *it,
+		       long long *wait_ms, char *holder, size_t *holder_len);
+int redis_renew_send(struct backend_conn *c, int n, const struct backend_item *items);
+int redis_renew_recv(struct backend_conn *c, int n, const struct backend_item *items,
+		     int *results);
+
 /* backend_redis.c's operations (backend.h), for other tables to list. */
 void redis_close(struct backend_conn *c);
 int redis_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,

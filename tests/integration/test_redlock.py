@@ -1,0 +1,322 @@
+# SPDX-License-Identifier: MIT
+"""Redlock: `redis.masters`, one lock over 3 or 5 independent masters.
+
+Every master is a redis-server of its own on a free 127.0.0.1 port (no
+persistence), stopped by its pid when the test ends (after a SIGCONT in
+case a test froze it). The counter workload and the blocking program are
+test_sentinel.py's; disruptions (SIGKILL, SIGSTOP, a restart with no data,
+a black-holing proxy) start once the workers have said they run, and their
+effects are waited for by polling the masters and the counter file.
+
+1. exclusion with 3 and with 5 masters (3 processes x 2 threads, counter
+   exact; the same workload without the shim loses updates);
+2. one master SIGKILLed, SIGSTOPped, restarted empty, or behind a proxy
+   that black-holes its traffic, mid-run: the counter stays exact, no call
+   fails, and the locks keep coming (a frozen master costs its command
+   timeout about once per quarantine period, not per call);
+3. a waiter is woken by the release, well before retry_max_ms;
+4. a renewal confirmed by less than a quorum is a lost lease (on_lost);
+5. fair = true is refused at config load (78);
+6. `lockshim check` names every master (0) and a dead one (69).
+"""
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import CLI, MULT, TIMEOUT, lock_keys, run, shim_env, wait_for
+from proxy import BLACK_HOLE, PASS, Proxy
+from test_sentinel import (Node, bg, counter, finish_workers, lost_lines, mine,  # noqa: F401
+                           start_workers)
+
+CMD_MS = 500
+FAST = "connect_timeout_ms = %d; command_timeout_ms = %d;" % (CMD_MS, CMD_MS)
+WORK = ('locks = ( { symbol = "ledger_update"; key = "ledger"; lease_ms = 5000; '
+        'wait_ms = %d; on_timeout = "skip"; return = -7; } );\n')
+BLOCK = ('locks = ( { symbol = "block_call"; key = "blk"; lease_ms = %d; wait_ms = %d; '
+         'retry_max_ms = %d; on_timeout = "skip"; return = -7; %s } );\n')
+
+
+class Masters:
+    """n masters; each is a Node (test_sentinel.py) recorded as it starts."""
+
+    def __init__(self):
+        self.nodes = []
+
+    def start(self, n):
+        for i in range(n):
+            m = Node(name="master%d" % i)
+            self.nodes.append(m)
+            m.start()
+        return self
+
+    def addr(self, i):
+        return "127.0.0.1:%d" % self.nodes[i].port
+
+    def config(self, tmp_path, body, ports=None, extra=FAST, name="lockshim.cfg"):
+        """Writes a config naming every master (ports: their ports, in order,
+        for a proxy in front of one); returns its path."""
+        ports = ports or [m.port for m in self.nodes]
+        masters = ", ".join('{ host = "127.0.0.1"; port = %d; }' % p for p in ports)
+        path = os.path.join(str(tmp_path), name)
+        with open(path, "w") as f:
+            f.write("redis = { masters = ( %s ); %s };\n%s" % (masters, extra, body))
+        return path
+
+    def restart(self, i):
+        """SIGKILLs master i and starts it again, empty, on the same port."""
+        m = self.nodes[i]
+        m.proc.kill()
+        m.proc.wait()
+        m.start()
+
+    def logs(self):
+        return "\n".join("---- %s %d ----\n%s" % (m.name, m.port, m.tail())
+                         for m in self.nodes)
+
+    def stop(self):
+        for m in self.nodes:
+            m.cleanup()
+
+
+@pytest.fixture
+def masters(request):
+    started = []
+
+    def start(n):
+        ms = Masters()
+        started.append(ms)
+        return ms.start(n)
+    yield start
+    failed = getattr(request.node, "rep_call", None) and request.node.rep_call.failed
+    for ms in started:
+        if failed:
+            print(ms.logs())
+        ms.stop()
+
+
+def sets(node):
+    m = re.search(r"^cmdstat_set:calls=(\d+),", node.cmd("INFO", "commandstats"), re.M)
+    return int(m.group(1)) if m else 0
+
+
+def progress(path, n, timeout, what):
+    """Polls until the counter has moved n updates past its value now;
+    returns how long that took (s)."""
+    start, t0 = counter(path), time.monotonic()
+    wait_for(lambda: counter(path) >= start + n, timeout=timeout, what=what)
+    return time.monotonic() - t0
+
+
+def run_with(ms, mine, bg, tmp_path, disrupt, cfg=None, wait_ms=10000, after=100,
+             within=30):
+    """Runs the counter workload on ms, calls disrupt() once it runs, then
+    waits for `after` more updates (within `within` s) and checks that every
+    call succeeded within wait_ms and the counter is exact. Returns (the
+    time those updates took, the workers' stderr)."""
+    cfg = cfg or ms.config(tmp_path, WORK % wait_ms)
+    path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
+    try:
+        ws = start_workers(bg, mine, cfg, path, stop)
+        progress(path, 20, 30, "the workers to update the counter")
+        disrupt()
+        took = progress(path, after, within, "%d updates after the disruption" % after)
+    finally:
+        open(stop, "w").close()
+    total, err = finish_workers(ws, wait_ms)
+    assert counter(path) == total, err[-3000:]
+    return took, err
+
+
+# ---- 1. exclusion -------------------------------------------------------------------
+
+
+def test_control_loses_updates(mine, tmp_path):
+    """Without the shim the workload loses updates: the exact counts below mean something."""
+    path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
+    with open(path, "w") as f:
+        f.write("0\n")
+    env = shim_env(None, preload=False)
+    ps = [subprocess.Popen([mine["worker"], path, "2", "50", stop], env=env,
+                           stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=TIMEOUT)[0] for p in ps]
+    assert all(p.returncode == 0 for p in ps), outs
+    assert counter(path) < 3 * 2 * 50
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_exclusion(masters, mine, bg, tmp_path, n):
+    """3 processes x 2 threads, 60 updates each: exact, and the lock was
+    taken on every master (the same token: one SET NX each)."""
+    ms = masters(n)
+    cfg = ms.config(tmp_path, WORK % 10000)
+    path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
+    ws = start_workers(bg, mine, cfg, path, stop, maxiter=60)
+    total, err = finish_workers(ws, 10000)
+    assert total == 3 * 2 * 60
+    assert counter(path) == total, err[-3000:]
+    assert all(sets(m) >= total for m in ms.nodes)
+    assert not lost_lines(err), err[-3000:]
+    assert all(not lock_keys(m) for m in ms.nodes)
+
+
+# ---- 2. a master down, frozen, restarted, partitioned ---------------------------------
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_master_killed(masters, mine, bg, tmp_path, n):
+    """SIGKILL of the first master (every waiter's home) mid-run."""
+    ms = masters(n)
+    _, err = run_with(ms, mine, bg, tmp_path, lambda: ms.nodes[0].proc.kill())
+    assert "redlock master %s failed" % ms.addr(0) in err
+
+
+def test_master_frozen(masters, mine, bg, tmp_path):
+    """SIGSTOP of the first master mid-run: no call hangs, and 300 updates
+    take far less than the 300 command timeouts (150 s) they would cost if
+    the frozen master were asked every call."""
+    ms = masters(3)
+    took, err = run_with(ms, mine, bg, tmp_path, ms.nodes[0].freeze, after=300, within=60)
+    assert took < 30 * MULT, took
+    assert "redlock master %s failed" % ms.addr(0) in err
+    assert "timed out" in err
+
+
+def test_master_restarted_empty(masters, mine, bg, tmp_path):
+    """The second master restarted with no data mid-run: the locks it lost
+    are still held on a quorum, and it takes locks again once back."""
+    ms = masters(3)
+    m = ms.nodes[1]
+
+    def restart():
+        ms.restart(1)
+        wait_for(lambda: sets(m) >= 10, timeout=30, what="locks on the restarted master")
+    run_with(ms, mine, bg, tmp_path, restart)
+
+
+def test_minority_partition(masters, mine, bg, tmp_path):
+    """The third master behind a proxy that starts black-holing every byte
+    mid-run (connections stay open, nothing answers): no call blocks."""
+    ms = masters(3)
+    with Proxy(ms.nodes[2].port) as px:
+        ports = [ms.nodes[0].port, ms.nodes[1].port, px.port]
+        cfg = ms.config(tmp_path, WORK % 10000, ports=ports)
+        took, err = run_with(ms, mine, bg, tmp_path, lambda: px.set_mode(BLACK_HOLE),
+                             cfg=cfg, after=300, within=60)
+        px.set_mode(PASS)
+    assert took < 30 * MULT, took
+    assert "redlock master 127.0.0.1:%d failed" % px.port in err
+
+
+# ---- 3. waiting ------------------------------------------------------------------------
+
+
+def test_waiter_woken_by_release(masters, mine, bg, tmp_path):
+    """A waiter queued on the masters gets the lock soon after the holder's
+    release, not at its next ask (retry_max_ms = 5000, the lease 30 s)."""
+    ms = masters(3)
+    cfg = ms.config(tmp_path, BLOCK % (30000, 20000, 5000, ""))
+    holder = bg([mine["block"]], cfg)
+    holder.expect("enter")
+    waiter = bg([mine["block"]], cfg)
+    home = ms.nodes[0]
+    wait_for(lambda: home.cmd("ZCARD", "lockshim:blk:q") == 1, timeout=10,
+             what="the waiter queued at the first master")
+    t0 = time.monotonic()
+    holder.send()
+    holder.expect("call rc=42")
+    waiter.expect("enter")
+    woken = time.monotonic() - t0
+    waiter.send()
+    waiter.expect("call rc=42")
+    assert holder.wait() == 0 and waiter.wait() == 0
+    assert woken < 2.0 * MULT, woken
+
+
+def test_waiter_without_home(masters, mine, bg, tmp_path):
+    """The first master (the waiters' home) killed while a waiter waits: it
+    still gets the lock after the release, within a capped backoff."""
+    ms = masters(3)
+    cfg = ms.config(tmp_path, BLOCK % (30000, 20000, 1000, ""))
+    holder = bg([mine["block"]], cfg)
+    holder.expect("enter")
+    waiter = bg([mine["block"]], cfg)
+    wait_for(lambda: ms.nodes[0].cmd("ZCARD", "lockshim:blk:q") == 1, timeout=10,
+             what="the waiter queued at the first master")
+    ms.nodes[0].proc.kill()
+    t0 = time.monotonic()
+    holder.send()
+    holder.expect("call rc=42")
+    waiter.expect("enter", timeout=10)
+    assert time.monotonic() - t0 < 5.0 * MULT
+    waiter.send()
+    waiter.expect("call rc=42")
+
+
+# ---- 4. renewal -----------------------------------------------------------------------
+
+
+def test_renewal_refused_by_quorum_is_lost(masters, mine, bg, tmp_path):
+    """The key deleted on 2 of 3 masters while the call runs: the next
+    renewal is confirmed by one master only, and on_lost reports it."""
+    ms = masters(3)
+    cfg = ms.config(tmp_path, BLOCK % (600, 1000, 100, ""))
+    holder = bg([mine["block"]], cfg)
+    holder.expect("enter")
+    for m in ms.nodes[:2]:
+        assert m.cmd("DEL", "lockshim:blk") == 1
+    wait_for(lambda: lost_lines(holder.stderr()), timeout=10, what="the lost lease reported")
+    assert "lockshim:blk was lost" in holder.stderr() or "lease on lockshim:blk" in \
+        holder.stderr()
+    holder.send()
+    holder.expect("call rc=42")
+
+
+def test_renewal_with_quorum_down_is_lost(masters, mine, bg, tmp_path):
+    """2 of 3 masters killed while the call runs: the lease cannot be
+    confirmed by a quorum and is reported lost within about a lease."""
+    ms = masters(3)
+    cfg = ms.config(tmp_path, BLOCK % (600, 1000, 100, ""))
+    holder = bg([mine["block"]], cfg)
+    holder.expect("enter")
+    for m in ms.nodes[1:]:
+        m.proc.kill()
+    wait_for(lambda: lost_lines(holder.stderr()), timeout=10, what="the lost lease reported")
+    holder.send()
+    holder.expect("call rc=42")
+
+
+# ---- 5. config ---------------------------------------------------------------------------
+
+
+def test_fair_refused(masters, mine, tmp_path):
+    ms = masters(3)
+    cfg = ms.config(tmp_path, BLOCK % (5000, 1000, 100, "fair = true;"))
+    p = run([mine["block"]], cfg)
+    assert p.returncode == 78, p.stderr
+    assert "fair" in p.stderr and "masters" in p.stderr, p.stderr
+
+
+# ---- 6. lockshim check -------------------------------------------------------------------
+
+
+def test_check_names_every_master(masters, tmp_path):
+    ms = masters(3)
+    cfg = ms.config(tmp_path, BLOCK % (5000, 1000, 100, ""))
+    p = run([CLI, "check", "-c", cfg])
+    assert p.returncode == 0, p.stdout + p.stderr
+    for i in range(3):
+        assert ms.addr(i) in p.stdout, p.stdout
+
+
+def test_check_names_a_dead_master(masters, tmp_path):
+    ms = masters(3)
+    cfg = ms.config(tmp_path, BLOCK % (5000, 1000, 100, ""))
+    ms.nodes[1].proc.kill()
+    ms.nodes[1].proc.wait()
+    p = run([CLI, "check", "-c", cfg])
+    assert p.returncode == 69, p.stdout + p.stderr
+    assert ms.addr(1) in p.stdout + p.stderr
