@@ -20,7 +20,9 @@ workload and its programs are test_sentinel's.
    (`{{ledger}}:{pid}`) puts two locks' keys in one slot, on one node;
 3. a slot migrated while workers update a counter guarded by a key of that
    slot: ASK followed during the migration, MOVED after it, counter exact,
-   no call fails or hangs;
+   no call fails or hangs; a lease held while its key migrates follows it
+   (renewed at the target, released there); a lease lost is reported by
+   on_lost with the cluster key;
 4. a primary SIGKILLed and its replica promoted while workers run: no
    program dies, no call fails or hangs beyond wait_ms, the counter is
    exact unless a lost lease was reported;
@@ -339,8 +341,7 @@ def test_exclusion_on_keys_over_every_primary(cluster, mine, bg, tmp_path):
 
 # ---- 2. key layout ------------------------------------------------------------------
 
-BLK = ('locks = ( { symbol = "block_call"; key = "%s"; lease_ms = 20000; wait_ms = 30000; '
-       '%s } );\n')
+BLK = 'locks = ( { symbol = "block_call"; key = "%s"; wait_ms = 30000; %s } );\n'
 
 
 def test_lock_and_queue_keys_live_on_the_slot_owner(cluster, mine, bg, tmp_path):
@@ -352,7 +353,7 @@ def test_lock_and_queue_keys_live_on_the_slot_owner(cluster, mine, bg, tmp_path)
     slot = keyslot("blk")
     owner = cluster.owner(slot)
     others = [p for p in cluster.primaries() if p is not owner]
-    cfg = cluster.config(tmp_path, BLK % ("blk", ""))
+    cfg = cluster.config(tmp_path, BLK % ("blk", "lease_ms = 20000;"))
     h = bg([mine["block"]], cfg)
     h.expect("enter")
     assert ":%d:" % h.p.pid in owner.cmd("GET", key)
@@ -380,7 +381,7 @@ def test_user_hash_tag_keeps_two_locks_on_one_node(cluster, mine, bg, tmp_path):
     """key = "{{ledger}}:{pid}": two processes hold two different locks,
     lockshim:{{ledger}:PID}, whose hash tag is "{ledger": one slot, both keys
     on its primary at once."""
-    cfg = cluster.config(tmp_path, BLK % ("{{ledger}}:{pid}", ""))
+    cfg = cluster.config(tmp_path, BLK % ("{{ledger}}:{pid}", "lease_ms = 20000;"))
     a = bg([mine["block"]], cfg)
     a.expect("enter")
     b = bg([mine["block"]], cfg)
@@ -506,6 +507,59 @@ def test_slot_migration_is_logged_at_debug_level(cluster, mine, bg, tmp_path):
     total, err = finish_workers(ws, 30000)
     assert counter(path) == total
     assert ask in err and moved in err
+
+
+def test_a_held_lease_follows_its_key_to_another_node(cluster, mine, bg, tmp_path):
+    """H holds "blk" (600 ms lease, renewed every 200 ms) while the slot moves,
+    key and all, to another primary: the renewals follow it (the key keeps
+    H's value and is renewed at the target; no lost lease), and H's release
+    deletes it there."""
+    key = lock_key("blk")
+    slot = keyslot("blk")
+    source = cluster.owner(slot)
+    target = next(p for p in cluster.primaries() if p is not source)
+    cfg = cluster.config(tmp_path, BLK % ("blk", "lease_ms = 600; on_lost = \"log\";"))
+    h = bg([mine["block"]], cfg, LOCKSHIM_LOG_LEVEL="debug")
+    h.expect("enter")
+    value = source.cmd("GET", key)
+    assert ":%d:" % h.p.pid in value
+    migrate_slot(cluster, slot, source, target)
+    assert source.cmd("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+    assert target.cmd("GET", key) == value
+    # Past the lease it had when it moved: only renewals at the target keep it.
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        assert target.cmd("GET", key) == value, h.stderr()[-3000:]
+        time.sleep(0.05)
+    h.send()
+    assert h.expect("call") == OK_LINE
+    assert h.wait() == 0
+    err = h.stderr()
+    assert lost_lines(err) == [], err[-3000:]
+    assert "cluster: MOVED %d %s" % (slot, target.addr()) in err, err[-3000:]
+    wait_for(lambda: target.cmd("EXISTS", key) == 0, timeout=5, what="the release at the target")
+
+
+def test_lost_lease_is_reported_with_the_cluster_key(cluster, mine, bg, tmp_path):
+    """H holds "blk"; its key is then another owner's on the slot's primary
+    (as after a failover that lost it): the renewal reports the lost lease
+    naming lockshim:{blk}, the call ends normally, and the release leaves
+    the other owner's key alone."""
+    key = lock_key("blk")
+    owner = cluster.owner(keyslot("blk"))
+    cfg = cluster.config(tmp_path, BLK % ("blk", "lease_ms = 600; on_lost = \"log\";"))
+    h = bg([mine["block"]], cfg)
+    h.expect("enter")
+    assert ":%d:" % h.p.pid in owner.cmd("GET", key)
+    other = "0123456789abcdef0123456789abcdef:elsewhere:1:1:x:1:1"
+    owner.cmd("SET", key, other, "PX", 60000)
+    wait_for(lambda: lost_lines(h.stderr()), timeout=10, what="the lost lease to be reported")
+    assert h.p.poll() is None
+    h.send()
+    assert h.expect("call") == OK_LINE
+    assert h.wait() == 0
+    assert_lost_format(h.stderr(), "block_call", key)
+    assert owner.cmd("GET", key) == other
 
 
 # ---- 4. failover --------------------------------------------------------------------
