@@ -13,9 +13,10 @@
  * taken and the caller gets BACKEND_NO ("busy": lock.c waits and retries).
  * Renewals go to every master the same way; a lease confirmed by less than
  * a quorum is lost. Releases and leaves are written to every master without
- * waiting (backend_redis's asynchronous release), always with the hand-off
- * disabled, so a lock is never handed over on one master alone: a release
- * deletes and wakes the head of that master's queue.
+ * waiting (backend_redis's asynchronous release). A master's release may
+ * hand the key to its queue head (after handoff_ms, as on one server), but
+ * a grant is only a wake-up here: the head takes the lock like anyone else,
+ * by a quorum, and the masters that handed it over count as taken.
  *
  * Waiting: each master keeps its own queue; a waiter blocks on its signal
  * list at the "home" master, the first one in config order that is not
@@ -47,7 +48,6 @@
 #define WAIT_BACKOFF_MIN_MS 10  /* wait() with no home master: the first sleep */
 #define WAIT_BACKOFF_MAX_MS 200
 #define SPLIT_RETRY_MS 20       /* after a split vote: retry within this, at random */
-#define NO_HANDOFF_US (1LL << 50) /* ~35 years: a queue never hands the lock over */
 #define ORPHANS_MAX 32
 #define NAME_LEN 128
 #define MASTERS_MAX 31          /* a quorum of 16 is plenty */
@@ -75,7 +75,7 @@ struct orphan {
 	char val[BACKEND_VAL_MAX];
 };
 
-struct backend_conn {
+struct redlock_conn {
 	const struct backend_config *bc;
 	uint64_t rng;
 	int64_t wait_step_ms;  /* wait()'s backoff without a home master */
@@ -86,6 +86,9 @@ struct backend_conn {
 	char errstr[512];
 	struct backend_conn *m[]; /* one per master (backend_redis's); NULL: closed */
 };
+
+/* The connection of backend.h's operations is a struct redlock_conn. */
+#define RC(c) ((struct redlock_conn *)(void *)(c))
 
 static int redlock_serves(const struct redis_spec *r)
 {
@@ -139,7 +142,7 @@ static void redlock_config_free(struct backend_config *bc)
 	free(bc);
 }
 
-static uint64_t rng_next(struct backend_conn *c)
+static uint64_t rng_next(struct redlock_conn *c)
 {
 	c->rng ^= c->rng << 13;
 	c->rng ^= c->rng >> 7;
@@ -148,7 +151,7 @@ static uint64_t rng_next(struct backend_conn *c)
 }
 
 /* Returns base plus up to half of it, at random. */
-static int64_t jitter(struct backend_conn *c, int64_t base)
+static int64_t jitter(struct redlock_conn *c, int64_t base)
 {
 	return base + (int64_t)(rng_next(c) % (uint64_t)(base / 2 + 1));
 }
@@ -188,7 +191,7 @@ static void health_ok(const struct backend_config *bc, int i)
 
 /* Master i failed: quarantines it for its next step, with jitter, and
  * doubles the step. Returns the quarantine's length (µs). */
-static int64_t health_failed(struct backend_conn *c, int i)
+static int64_t health_failed(struct redlock_conn *c, int i)
 {
 	struct health *h = &c->bc->health[i];
 	int64_t step = __atomic_load_n(&h->step_us, __ATOMIC_RELAXED), q;
@@ -203,7 +206,7 @@ static int64_t health_failed(struct backend_conn *c, int i)
 }
 
 /* Keeps key+token of it for unconfirmed(), once (the oldest goes when full). */
-static void orphan_add(struct backend_conn *c, const struct backend_item *it)
+static void orphan_add(struct redlock_conn *c, const struct backend_item *it)
 {
 	struct orphan *o;
 
@@ -232,14 +235,14 @@ static void orphan_cb(void *arg, const struct backend_item *it)
 }
 
 /* Starts an operation: no failure noted yet. */
-static void op_start(struct backend_conn *c)
+static void op_start(struct redlock_conn *c)
 {
 	c->failed_len = 0;
 	c->failed[0] = 0;
 }
 
 /* Notes that master i did not answer this operation, and why. */
-static void note(struct backend_conn *c, int i, const char *why)
+static void note(struct redlock_conn *c, int i, const char *why)
 {
 	if (c->failed_len < sizeof(c->failed))
 		c->failed_len += (size_t)snprintf(c->failed + c->failed_len,
@@ -249,7 +252,7 @@ static void note(struct backend_conn *c, int i, const char *why)
 
 /* Closes master i's connection; what it may have run unanswered is kept
  * for unconfirmed(). */
-static void drop(struct backend_conn *c, int i)
+static void drop(struct redlock_conn *c, int i)
 {
 	if (!c->m[i])
 		return;
@@ -263,7 +266,7 @@ static void drop(struct backend_conn *c, int i)
  * run: NULL for none) and its connection's unanswered commands for
  * unconfirmed(), closes it and quarantines it.
  */
-static void fail(struct backend_conn *c, int i, const char *why,
+static void fail(struct redlock_conn *c, int i, const char *why,
 		 const struct backend_item *unsure)
 {
 	int64_t q;
@@ -278,7 +281,7 @@ static void fail(struct backend_conn *c, int i, const char *why,
 }
 
 /* Fails master i with its connection's error text. */
-static void fail_conn(struct backend_conn *c, int i, const struct backend_item *unsure)
+static void fail_conn(struct redlock_conn *c, int i, const struct backend_item *unsure)
 {
 	char why[192];
 
@@ -292,7 +295,7 @@ static void fail_conn(struct backend_conn *c, int i, const struct backend_item *
  * a PING first, so that a master still frozen costs its timeout here,
  * before anything is taken, and not while a lock is held elsewhere.
  */
-static int master_up(struct backend_conn *c, int i)
+static int master_up(struct redlock_conn *c, int i)
 {
 	const struct redis_spec *m = &c->bc->r->masters[i];
 	struct redis_endpoint ep = { m->host, m->port, m->socket, m->username, m->password,
@@ -322,7 +325,7 @@ static int master_up(struct backend_conn *c, int i)
 /* Ends an operation that answered masters took part in. Returns
  * BACKEND_OK when they are a quorum, else BACKEND_ERR with errstr naming
  * the masters that failed. */
-static int op_end(struct backend_conn *c, int answered, const char *what)
+static int op_end(struct redlock_conn *c, int answered, const char *what)
 {
 	if (answered >= c->bc->quorum)
 		return BACKEND_OK;
@@ -331,19 +334,25 @@ static int op_end(struct backend_conn *c, int answered, const char *what)
 	return BACKEND_ERR;
 }
 
-/* Returns it as sent to every master: never fair, never handed over. */
+/*
+ * Returns it as sent to every master: never fair. A release may hand the
+ * key over to a master's queue head (after handoff_ms, as on one server),
+ * which keeps a caller that releases and takes again from starving the
+ * waiters; a grant on one master is only a wake-up here (wait), and the
+ * head still needs a quorum: its acquire finds its token on the masters
+ * that handed over and gives those keys the whole lease.
+ */
 static struct backend_item item_for(const struct backend_item *it)
 {
 	struct backend_item o = *it;
 
 	o.fair = 0;
-	o.handoff_us = NO_HANDOFF_US;
-	o.turn_done = 0;
 	return o;
 }
 
-static void redlock_close(struct backend_conn *c)
+static void redlock_close(struct backend_conn *conn)
 {
+	struct redlock_conn *c = RC(conn);
 	if (!c)
 		return;
 	for (int i = 0; i < c->bc->n; i++)
@@ -354,7 +363,7 @@ static void redlock_close(struct backend_conn *c)
 static struct backend_conn *redlock_open(const struct backend_config *bc, char *err,
 					 size_t errlen)
 {
-	struct backend_conn *c = calloc(1, sizeof(*c) + sizeof(c->m[0]) * (size_t)bc->n);
+	struct redlock_conn *c = calloc(1, sizeof(*c) + sizeof(c->m[0]) * (size_t)bc->n);
 	int up = 0;
 
 	if (!c) {
@@ -370,10 +379,10 @@ static struct backend_conn *redlock_open(const struct backend_config *bc, char *
 		up += master_up(c, i);
 	if (op_end(c, up, "connect") != BACKEND_OK) {
 		snprintf(err, errlen, "%s", c->errstr);
-		redlock_close(c);
+		redlock_close((struct backend_conn *)(void *)c);
 		return NULL;
 	}
-	return c;
+	return (struct backend_conn *)(void *)c;
 }
 
 /* Per master, during an acquire. */
@@ -386,7 +395,7 @@ enum { M_SKIP, M_SENT, M_TAKEN, M_REFUSED };
  * does (a split vote, or masters down): a short random delay, so that
  * contenders do not collide again.
  */
-static long long busy_hint(struct backend_conn *c, const int *st, const long long *hint,
+static long long busy_hint(struct redlock_conn *c, const int *st, const long long *hint,
 			   int refused)
 {
 	if (refused >= c->bc->quorum)
@@ -396,9 +405,10 @@ static long long busy_hint(struct backend_conn *c, const int *st, const long lon
 	return 1 + (long long)(rng_next(c) % SPLIT_RETRY_MS);
 }
 
-static int redlock_acquire(struct backend_conn *c, const struct backend_item *it0,
+static int redlock_acquire(struct backend_conn *conn, const struct backend_item *it0,
 			   long long *wait_ms, char *holder, size_t *holder_len)
 {
+	struct redlock_conn *c = RC(conn);
 	const struct backend_config *bc = c->bc;
 	struct backend_item it = item_for(it0);
 	int st[MASTERS_MAX], taken = 0, refused = 0;
@@ -470,7 +480,7 @@ static int redlock_acquire(struct backend_conn *c, const struct backend_item *it
  * (the rare paths: a dead holder's lock broken, the forget list, `lockshim
  * check`): BACKEND_OK when some master held the token, BACKEND_NO when none.
  */
-static int on_all(struct backend_conn *c, const struct backend_item *it0, int async,
+static int on_all(struct redlock_conn *c, const struct backend_item *it0, int async,
 		  int (*op)(struct backend_conn *, const struct backend_item *, int),
 		  const char *what)
 {
@@ -498,13 +508,15 @@ static int on_all(struct backend_conn *c, const struct backend_item *it0, int as
 	return async || held ? BACKEND_OK : BACKEND_NO;
 }
 
-static int redlock_release(struct backend_conn *c, const struct backend_item *it, int async)
+static int redlock_release(struct backend_conn *conn, const struct backend_item *it, int async)
 {
+	struct redlock_conn *c = RC(conn);
 	return on_all(c, it, async, redis_release, "release");
 }
 
-static int redlock_leave(struct backend_conn *c, const struct backend_item *it, int async)
+static int redlock_leave(struct backend_conn *conn, const struct backend_item *it, int async)
 {
+	struct redlock_conn *c = RC(conn);
 	return on_all(c, it, async, redis_leave, "leave");
 }
 
@@ -514,9 +526,10 @@ static int redlock_leave(struct backend_conn *c, const struct backend_item *it, 
  * fails, sleeps a capped backoff with jitter within timeout_ms and returns
  * BACKEND_OK: try again.
  */
-static int redlock_wait(struct backend_conn *c, const struct backend_item *it0,
+static int redlock_wait(struct backend_conn *conn, const struct backend_item *it0,
 			long long timeout_ms)
 {
+	struct redlock_conn *c = RC(conn);
 	struct backend_item it = item_for(it0);
 	int64_t t0 = util_now_ms();
 	long long sleep_ms;
@@ -547,8 +560,9 @@ static int redlock_wait(struct backend_conn *c, const struct backend_item *it0,
 	return BACKEND_OK;
 }
 
-static int redlock_flush(struct backend_conn *c)
+static int redlock_flush(struct backend_conn *conn)
 {
+	struct redlock_conn *c = RC(conn);
 	int failed = 0;
 
 	op_start(c);
@@ -561,9 +575,10 @@ static int redlock_flush(struct backend_conn *c)
 	return op_end(c, c->bc->n - failed, "flush");
 }
 
-static void redlock_unconfirmed(struct backend_conn *c,
+static void redlock_unconfirmed(struct backend_conn *conn,
 				void (*fn)(void *arg, const struct backend_item *it), void *arg)
 {
+	struct redlock_conn *c = RC(conn);
 	int64_t now = util_now_us();
 
 	for (int i = 0; i < c->bc->n; i++)
@@ -582,9 +597,10 @@ static void redlock_unconfirmed(struct backend_conn *c,
 
 /* Renews on every usable master; a lease counts as renewed when a quorum
  * confirmed it. */
-static int redlock_renew(struct backend_conn *c, int n, const struct backend_item *items,
+static int redlock_renew(struct backend_conn *conn, int n, const struct backend_item *items,
 			 int *results)
 {
+	struct redlock_conn *c = RC(conn);
 	const struct backend_config *bc = c->bc;
 	int sent[MASTERS_MAX], answered = 0, rc;
 	int *res = calloc((size_t)n + 1, sizeof(*res)), *count = calloc((size_t)n + 1, sizeof(*count));
@@ -621,13 +637,16 @@ static int redlock_renew(struct backend_conn *c, int n, const struct backend_ite
 	return rc;
 }
 
-static const char *redlock_errstr(const struct backend_conn *c)
+static const char *redlock_errstr(const struct backend_conn *conn)
 {
+	const struct redlock_conn *c = (const struct redlock_conn *)(const void *)conn;
+
 	return c->errstr;
 }
 
-static int redlock_ping(struct backend_conn *c)
+static int redlock_ping(struct backend_conn *conn)
 {
+	struct redlock_conn *c = RC(conn);
 	int answered = 0;
 
 	op_start(c);
