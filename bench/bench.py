@@ -1089,7 +1089,8 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
         add("")
         add("Guarded uncontended call, guarded minus unguarded, best of 3 runs of %d calls; "
             "one server: the standard backend on the bench's server; Redlock: redis.masters, "
-            "three plain redis-servers started for this part (all servers on the server CPU)."
+            "three plain redis-servers started for this part (all servers on the server CPU: "
+            "the three masters' server work adds up there, while their round trips overlap)."
             % args.n)
         add("")
         add("| measured | client and servers on one CPU | on two CPUs |")
