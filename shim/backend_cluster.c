@@ -12,7 +12,9 @@
  * queue keys add suffixes after the brace), so each operation is
  * backend_redis's on one node, wrapped in on_slot: MOVED updates the slot
  * and refreshes the map, ASK sends ASKING and asks the other node once,
- * TRYAGAIN and CLUSTERDOWN are retried for up to command_timeout_ms. A
+ * TRYAGAIN and CLUSTERDOWN are retried for up to command_timeout_ms (a
+ * release or leave meeting TRYAGAIN, its keys split by a migration,
+ * deletes the lock key alone instead, waking nobody). A
  * transport error refreshes the map (a failover) and is returned, which
  * drops the whole connection in lock.c or renew.c. Renewals are batched
  * per node. Asynchronous releases that a node redirects (a slot that
@@ -311,6 +313,9 @@ struct op {
 	size_t *holder_len;
 	int async;            /* release, leave */
 	int result;           /* renew */
+	/* release, leave: run instead on TRYAGAIN (the lock's keys split by a
+	 * migration), so that a lock is not left held until its lease ends */
+	int (*fallback)(struct backend_conn *nc, struct op *o);
 };
 
 static int run_acquire(struct backend_conn *nc, struct op *o)
@@ -331,6 +336,11 @@ static int run_leave(struct backend_conn *nc, struct op *o)
 static int run_wait(struct backend_conn *nc, struct op *o)
 {
 	return redis_wait(nc, o->it, o->wait_ms);
+}
+
+static int run_unlock(struct backend_conn *nc, struct op *o)
+{
+	return redis_unlock(nc, o->it);
 }
 
 static int run_renew(struct backend_conn *nc, struct op *o)
@@ -404,13 +414,18 @@ static int on_slot(struct cluster_conn *cc, const char *key, size_t klen, struct
 			return rc;
 		snprintf(cc->errstr, sizeof(cc->errstr), "%s", redis_errstr(nc));
 		idx = redirected(cc, cc->errstr, &ask);
-		if (idx == -2) {
+		if (idx == -2) { /* from the slot's owner again, after a pause */
+			idx = route(cc, key, klen);
+			ask = hops = 0;
+			if (o->fallback && strstr(cc->errstr, "TRYAGAIN")) {
+				o->run = o->fallback;
+				o->fallback = NULL;
+				continue;
+			}
 			if (util_now_ms() >= deadline)
 				return BACKEND_ERR;
 			util_sleep_ms(step);
 			step = step < 80 ? step * 2 : step;
-			idx = route(cc, key, klen);
-			ask = 0;
 			continue;
 		}
 		if (idx == -1) {
@@ -440,7 +455,7 @@ static void send_moved(struct cluster_conn *cc)
 		struct redo u = cc->moved.r[--cc->moved.n];
 		struct backend_item it = { .key = u.key, .klen = u.klen, .val = u.val,
 					   .vlen = u.vlen, .lease_ms = u.lease_ms };
-		struct op o = { .run = run_leave, .it = &it };
+		struct op o = { .run = run_leave, .it = &it, .fallback = run_unlock };
 
 		if (on_slot(cc, it.key, it.klen, &o) == BACKEND_ERR)
 			LOG(LOG_ERROR, "release of %.*s could not be sent again: %s; it expires "
@@ -536,14 +551,14 @@ static int cluster_acquire(struct backend_conn *c, const struct backend_item *it
 
 static int cluster_release(struct backend_conn *c, const struct backend_item *it, int async)
 {
-	struct op o = { .run = run_release, .it = it, .async = async };
+	struct op o = { .run = run_release, .it = it, .async = async, .fallback = run_unlock };
 
 	return slot_op(c, it->key, it->klen, &o);
 }
 
 static int cluster_leave(struct backend_conn *c, const struct backend_item *it, int async)
 {
-	struct op o = { .run = run_leave, .it = it, .async = async };
+	struct op o = { .run = run_leave, .it = it, .async = async, .fallback = run_unlock };
 
 	return slot_op(c, it->key, it->klen, &o);
 }

@@ -57,7 +57,7 @@
 	"local K, q, qx, due, mine, sig = KEYS[1], KEYS[2], KEYS[3], KEYS[4], "  \
 	"KEYS[5], KEYS[6] local tok = ARGV[1] "
 
-enum script { S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, NSCRIPTS };
+enum script { S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, S_UNLOCK, NSCRIPTS };
 
 /* Suffixes of the queue keys after the lock key; the fifth is followed by
  * the caller's token (its own signal list), the sixth is the bare prefix. */
@@ -65,7 +65,7 @@ static const char *const queue_suffix[] = { "", ":q", ":qx", ":due", ":w:", ":w:
 #define QUEUE_KEYS 6
 static const int script_nkeys[NSCRIPTS] = {
 	[S_ENQUEUE] = QUEUE_KEYS, [S_RELEASE] = QUEUE_KEYS, [S_RENEW] = 1,
-	[S_LEAVE] = QUEUE_KEYS,
+	[S_LEAVE] = QUEUE_KEYS, [S_UNLOCK] = 1,
 };
 
 static const char *const scripts[NSCRIPTS] = {
@@ -130,6 +130,11 @@ static const char *const scripts[NSCRIPTS] = {
 	"signal(head, 'g') "
 	"if redis.call('exists', q) == 0 then redis.call('del', due) return 1 end "
 	"redis.call('set', due, nowu + tonumber(ARGV[3]), 'KEEPTTL') return 1",
+	/* KEYS: the lock. ARGV: token. Deletes it while it holds the token,
+	 * touching nothing else: 1 deleted, 0 gone or not ours. */
+	[S_UNLOCK] =
+	"if redis.call('get', KEYS[1]) == ARGV[1] then "
+	"return redis.call('del', KEYS[1]) else return 0 end",
 	/* KEYS: the lock. ARGV: token, lease. 1 renewed, 0 gone or not ours. */
 	[S_RENEW] =
 	"if redis.call('get', KEYS[1]) == ARGV[1] then "
@@ -939,6 +944,11 @@ int redis_leave(struct backend_conn *c, const struct backend_item *it, int async
 	if (async)
 		return send_async(c, S_LEAVE, it, &ttl, 1);
 	return run_int(c, "leave", S_LEAVE, it, &ttl, 1);
+}
+
+int redis_unlock(struct backend_conn *c, const struct backend_item *it)
+{
+	return run_int(c, "unlock", S_UNLOCK, it, NULL, 0);
 }
 
 /* Passes each of the n commands of p to fn as an item to forget. */

@@ -63,7 +63,8 @@ int redis_redirected(struct backend_conn *c,
  * its replies, after those of the pending asynchronous commands, and
  * interprets them as the whole operation would. redis_acquire and
  * redis_renew are the two halves in a row, in one round trip. Each returns
- * an enum backend_result; after BACKEND_ERR the connection is closed.
+ * an enum backend_result; after a transport error (not an error reply)
+ * the connection must be closed.
  */
 int redis_acquire_send(struct backend_conn *c, const struct backend_item *it);
 int redis_acquire_recv(struct backend_conn *c, const struct backend_item *it,
@@ -71,6 +72,14 @@ int redis_acquire_recv(struct backend_conn *c, const struct backend_item *it,
 int redis_renew_send(struct backend_conn *c, int n, const struct backend_item *items);
 int redis_renew_recv(struct backend_conn *c, int n, const struct backend_item *items,
 		     int *results);
+
+/*
+ * Deletes it->key only while it holds it->val, naming no other key: no
+ * waiter is woken. For a Redis Cluster slot in migration, where the queue
+ * scripts' keys are split between two nodes and get TRYAGAIN. Returns
+ * BACKEND_OK (deleted), BACKEND_NO (not ours) or BACKEND_ERR.
+ */
+int redis_unlock(struct backend_conn *c, const struct backend_item *it);
 
 /* backend_redis.c's operations (backend.h), for other tables to list. */
 void redis_close(struct backend_conn *c);
