@@ -3,8 +3,9 @@
  * backend.h - the lock store, as a small table of functions.
  *
  * lock.c and renew.c speak only through this table; all protocol text lives
- * in the implementations (backend_redis.c: one server). A topology is a
- * backend of its own: a new file with a `struct backend_ops` and one entry
+ * in the implementations (backend_redis.c: one server; backend_sentinel.c,
+ * backend_cluster.c and backend_redlock.c build on its connections). A
+ * topology is a backend of its own: a new file with a `struct backend_ops` and one entry
  * in backend.c's table, which picks the first backend that serves the
  * config's `redis` group (backend_init). Callers hold the backend's
  * settings as an opaque `struct backend_config`, made once at start-up.

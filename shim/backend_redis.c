@@ -30,7 +30,9 @@
  * Asynchronous releases are written at once (as EVAL, so NOSCRIPT cannot
  * delay them) and remembered; their replies are read in front of the next
  * command's reply (one round trip for both), or by flush. Those whose reply
- * never came are handed back by unconfirmed().
+ * never came are handed back by unconfirmed(); those a cluster node
+ * redirected, by redis_redirected(). For the backends of several nodes,
+ * acquire and renew also come as send and receive halves (backend_redis.h).
  */
 #include "backend_redis.h"
 
