@@ -205,8 +205,16 @@ class Cluster:
         raise AssertionError("no primary serves slot %d" % slot)
 
     def replica_of(self, primary):
-        return next(self.by_port(v["port"]) for v in self.view(primary)
-                    if v["master"] == primary.id)
+        """The replica of primary, as the replica itself says (the
+        primary's own view of its replicas can lag behind the gossip)."""
+        def find():
+            for n in self.alive():
+                me = next(v for v in self.view(n) if "myself" in v["flags"])
+                if me["master"] == primary.id:
+                    return n
+            return None
+        wait_for(lambda: find() is not None, what="a replica of %d" % primary.port)
+        return find()
 
     def config(self, tmp_path, body, extra="", name="lockshim.cfg", seeds=None):
         path = os.path.join(str(tmp_path), name)
