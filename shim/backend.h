@@ -24,6 +24,9 @@
 #define LOCKSHIM_BACKEND_H
 
 #include <stddef.h>
+#include <string.h>
+
+#include "key.h" /* KEY_BUF_SIZE */
 
 /* A lock value (token and holder identity) is at most this long. */
 #define BACKEND_VAL_MAX 448
@@ -58,6 +61,38 @@ struct backend_item {
 				  * or is idle: a queued waiter gets it even if not
 				  * due yet */
 };
+
+/* A backend_item kept past the call that gave it (an asynchronous command
+ * whose reply is unread, a token to forget later): key, value and lease. */
+struct backend_copy {
+	long long lease_ms;
+	size_t klen, vlen;
+	char key[KEY_BUF_SIZE];
+	char val[BACKEND_VAL_MAX];
+};
+
+/* Copies it's key, value and lease into c. Returns 0, or -1 when the key
+ * or the value is too long. */
+static inline int backend_copy_set(struct backend_copy *c, const struct backend_item *it)
+{
+	if (it->klen > sizeof(c->key) || it->vlen > sizeof(c->val))
+		return -1;
+	c->lease_ms = it->lease_ms;
+	c->klen = it->klen;
+	memcpy(c->key, it->key, it->klen);
+	c->vlen = it->vlen;
+	memcpy(c->val, it->val, it->vlen);
+	return 0;
+}
+
+/* Returns the item c holds (its strings are c's; the other fields 0). */
+static inline struct backend_item backend_copy_item(const struct backend_copy *c)
+{
+	struct backend_item it = { .key = c->key, .klen = c->klen, .val = c->val,
+				   .vlen = c->vlen, .lease_ms = c->lease_ms };
+
+	return it;
+}
 
 struct backend_ops {
 	const char *name;

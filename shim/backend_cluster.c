@@ -48,17 +48,10 @@ struct backend_config {
 	int mapped;               /* a map was learnt */
 };
 
-/* An item copied out of a connection, to be sent again. */
-struct redo {
-	long long lease_ms;
-	size_t klen, vlen;
-	char key[KEY_BUF_SIZE];
-	char val[BACKEND_VAL_MAX];
-};
-
+/* Items copied out of node connections, to be sent again or handed back. */
 struct redos {
 	int n;
-	struct redo r[REDO_MAX];
+	struct backend_copy r[REDO_MAX];
 };
 
 struct cluster_conn {
@@ -253,19 +246,13 @@ static int route(struct cluster_conn *cc, const char *key, size_t klen)
 static void keep(void *arg, const struct backend_item *it)
 {
 	struct redos *l = arg;
-	struct redo *u;
 
-	if (l->n == REDO_MAX) {
+	if (l->n == REDO_MAX || backend_copy_set(&l->r[l->n], it) != 0) {
 		LOG(LOG_ERROR, "release of %.*s not sent again (too many); it expires with its "
 		    "lease", (int)it->klen, it->key);
 		return;
 	}
-	u = &l->r[l->n++];
-	u->lease_ms = it->lease_ms;
-	u->klen = it->klen;
-	memcpy(u->key, it->key, it->klen);
-	u->vlen = it->vlen;
-	memcpy(u->val, it->val, it->vlen);
+	l->n++;
 }
 
 /* Closes node i's connection after a failure, keeping its unanswered
@@ -452,9 +439,8 @@ static int on_slot(struct cluster_conn *cc, const char *key, size_t klen, struct
 static void send_moved(struct cluster_conn *cc)
 {
 	while (cc->moved.n > 0) {
-		struct redo u = cc->moved.r[--cc->moved.n];
-		struct backend_item it = { .key = u.key, .klen = u.klen, .val = u.val,
-					   .vlen = u.vlen, .lease_ms = u.lease_ms };
+		struct backend_copy u = cc->moved.r[--cc->moved.n];
+		struct backend_item it = backend_copy_item(&u);
 		struct op o = { .run = run_leave, .it = &it, .fallback = run_unlock };
 
 		if (on_slot(cc, it.key, it.klen, &o) == BACKEND_ERR)
@@ -599,9 +585,7 @@ static void hand_over(struct redos *lst, void (*fn)(void *arg, const struct back
 		      void *arg)
 {
 	for (int i = 0; i < lst->n; i++) {
-		const struct redo *u = &lst->r[i];
-		struct backend_item it = { .key = u->key, .klen = u->klen, .val = u->val,
-					   .vlen = u->vlen, .lease_ms = u->lease_ms };
+		struct backend_item it = backend_copy_item(&lst->r[i]);
 
 		fn(arg, &it);
 	}
@@ -793,8 +777,9 @@ static struct backend_conn *cluster_node_open(const struct backend_config *cbc, 
 /* Writes "a cluster of N primaries" into buf. */
 static void cluster_describe(const struct backend_config *bc, char *buf, size_t len)
 {
-	snprintf(buf, len, "a cluster of %d primar%s", cluster_node_count(bc),
-		 cluster_node_count(bc) == 1 ? "y" : "ies");
+	int n = cluster_node_count(bc);
+
+	snprintf(buf, len, "a cluster of %d primar%s", n, n == 1 ? "y" : "ies");
 }
 
 const struct backend_ops backend_cluster = {

@@ -164,10 +164,7 @@ static const char *const scripts[NSCRIPTS] = {
 /* An asynchronous command whose reply is still unread. */
 struct pending {
 	enum script script;
-	long long lease_ms;
-	size_t klen, vlen;
-	char key[KEY_BUF_SIZE];
-	char val[BACKEND_VAL_MAX];
+	struct backend_copy c;
 };
 
 static char script_sha[NSCRIPTS][41];
@@ -550,14 +547,14 @@ static void settle_one(struct backend_conn *c, const struct pending *p, const re
 	if (r->type == REDIS_REPLY_ERROR && redis_is_redirect(r->str) &&
 	    c->nredirected < PENDING_MAX) {
 		LOG(LOG_DEBUG, "%s of %.*s: %s; sent again", p->script == S_RELEASE ? "release" :
-		    "leave", (int)p->klen, p->key, r->str);
+		    "leave", (int)p->c.klen, p->c.key, r->str);
 		c->redirected[c->nredirected++] = *p;
 	} else if (r->type == REDIS_REPLY_INTEGER && r->integer == 0 && p->script == S_RELEASE)
 		LOG(LOG_WARN, "%.*s was no longer ours at release (expired or taken "
-		    "over); nothing deleted", (int)p->klen, p->key);
+		    "over); nothing deleted", (int)p->c.klen, p->c.key);
 	else if (r->type != REDIS_REPLY_INTEGER)
 		LOG(LOG_ERROR, "%s of %.*s failed: %s",
-		    p->script == S_RELEASE ? "release" : "leave", (int)p->klen, p->key,
+		    p->script == S_RELEASE ? "release" : "leave", (int)p->c.klen, p->c.key,
 		    r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
 }
 
@@ -883,12 +880,13 @@ static int send_async(struct backend_conn *c, enum script s, const struct backen
 {
 	struct pending *p;
 
-	if (it->klen > sizeof(p->key) || it->vlen > sizeof(p->val)) {
+	if (c->npending == PENDING_MAX && settle(c) != 0)
+		return BACKEND_ERR;
+	p = &c->pend[c->npending];
+	if (backend_copy_set(&p->c, it) != 0) {
 		snprintf(c->errstr, sizeof(c->errstr), "key or value too long");
 		return BACKEND_ERR;
 	}
-	if (c->npending == PENDING_MAX && settle(c) != 0)
-		return BACKEND_ERR;
 	/* Nobody waits for this reply: on a connection the server closed (a
 	 * failover's CLIENT KILL) the command would be lost in silence. */
 	if (!net_alive(&c->sock)) {
@@ -897,13 +895,8 @@ static int send_async(struct backend_conn *c, enum script s, const struct backen
 	}
 	if (append_script(c, s, it, args, nargs, 1) != 0)
 		return BACKEND_ERR;
-	p = &c->pend[c->npending++];
 	p->script = s;
-	p->lease_ms = it->lease_ms;
-	p->klen = it->klen;
-	memcpy(p->key, it->key, it->klen);
-	p->vlen = it->vlen;
-	memcpy(p->val, it->val, it->vlen);
+	c->npending++;
 	if (out_flush(c) != 0) {
 		c->npending--; /* the caller owns the fate of a command it could not send */
 		return conn_fail(c, s == S_RELEASE ? "release" : "leave", NULL);
@@ -958,8 +951,7 @@ static void hand_back(const struct pending *p, int n,
 		      void (*fn)(void *arg, const struct backend_item *it), void *arg)
 {
 	for (int i = 0; i < n; i++) {
-		struct backend_item it = { .key = p[i].key, .klen = p[i].klen, .val = p[i].val,
-					   .vlen = p[i].vlen, .lease_ms = p[i].lease_ms };
+		struct backend_item it = backend_copy_item(&p[i].c);
 
 		fn(arg, &it);
 	}

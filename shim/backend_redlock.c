@@ -69,10 +69,7 @@ struct backend_config {
  * run: handed back by unconfirmed(). */
 struct orphan {
 	int64_t until_us; /* its lease has passed by then */
-	long long lease_ms;
-	size_t klen, vlen;
-	char key[KEY_BUF_SIZE];
-	char val[BACKEND_VAL_MAX];
+	struct backend_copy c;
 };
 
 struct redlock_conn {
@@ -210,23 +207,20 @@ static void orphan_add(struct redlock_conn *c, const struct backend_item *it)
 {
 	struct orphan *o;
 
-	if (it->klen > sizeof(o->key) || it->vlen > sizeof(o->val))
+	if (it->klen > sizeof(o->c.key) || it->vlen > sizeof(o->c.val))
 		return;
 	for (int i = 0; i < c->norphans; i++) {
 		o = &c->orphans[i];
-		if (o->klen == it->klen && o->vlen == it->vlen &&
-		    memcmp(o->key, it->key, it->klen) == 0 && memcmp(o->val, it->val, it->vlen) == 0)
+		if (o->c.klen == it->klen && o->c.vlen == it->vlen &&
+		    memcmp(o->c.key, it->key, it->klen) == 0 &&
+		    memcmp(o->c.val, it->val, it->vlen) == 0)
 			return;
 	}
 	if (c->norphans == ORPHANS_MAX)
 		memmove(c->orphans, c->orphans + 1, sizeof(c->orphans[0]) * --c->norphans);
 	o = &c->orphans[c->norphans++];
 	o->until_us = util_now_us() + it->lease_ms * 1000;
-	o->lease_ms = it->lease_ms;
-	o->klen = it->klen;
-	memcpy(o->key, it->key, it->klen);
-	o->vlen = it->vlen;
-	memcpy(o->val, it->val, it->vlen);
+	backend_copy_set(&o->c, it);
 }
 
 static void orphan_cb(void *arg, const struct backend_item *it)
@@ -586,8 +580,7 @@ static void redlock_unconfirmed(struct backend_conn *conn,
 			redis_unconfirmed(c->m[i], orphan_cb, c);
 	for (int i = 0; i < c->norphans; i++) {
 		const struct orphan *o = &c->orphans[i];
-		struct backend_item it = { .key = o->key, .klen = o->klen, .val = o->val,
-					   .vlen = o->vlen, .lease_ms = o->lease_ms };
+		struct backend_item it = backend_copy_item(&o->c);
 
 		if (now < o->until_us)
 			fn(arg, &it);

@@ -73,10 +73,7 @@ struct forget {
 	int64_t next_us;         /* next attempt */
 	int64_t absent_since_us; /* Redis first said the lock did not hold it (0: not yet) */
 	int64_t step_us;         /* the next retry delay after an error */
-	long long lease_ms;
-	size_t klen, vlen;
-	char key[KEY_BUF_SIZE];
-	char val[BACKEND_VAL_MAX];
+	struct backend_copy c;
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -379,16 +376,6 @@ static int take_forgets(int64_t now, struct forget **out, int max, int64_t *wake
 	return n;
 }
 
-static void forget_item(const struct forget *f, struct backend_item *it)
-{
-	memset(it, 0, sizeof(*it));
-	it->key = f->key;
-	it->klen = f->klen;
-	it->val = f->val;
-	it->vlen = f->vlen;
-	it->lease_ms = f->lease_ms;
-}
-
 /* Sends a leave for each of the n forgets in fs, on the thread's own
  * connection; frees those settled, leaves the others in fs with their next
  * attempt set. Returns how many are left (moved to the front). */
@@ -400,13 +387,12 @@ static int forget_batch(struct forget **fs, int n)
 
 	for (int i = 0; i < n; i++) {
 		struct forget *f = fs[i];
-		struct backend_item it;
+		struct backend_item it = backend_copy_item(&f->c);
 		int rc = BACKEND_ERR;
 
-		forget_item(f, &it);
 		if (now >= f->until_us) {
 			LOG(LOG_DEBUG, "%.*s: token expired before Redis confirmed it was gone",
-			    (int)f->klen, f->key);
+			    (int)f->c.klen, f->c.key);
 			free(f);
 			continue;
 		}
@@ -418,7 +404,7 @@ static int forget_batch(struct forget **fs, int n)
 					 now - f->absent_since_us >= FORGET_SETTLE_US)) {
 			if (rc == BACKEND_OK)
 				LOG(LOG_WARN, "%.*s: deleted the lock a command of this process took "
-				    "without an answer", (int)f->klen, f->key);
+				    "without an answer", (int)f->c.klen, f->c.key);
 			free(f);
 			continue;
 		}
@@ -680,11 +666,10 @@ void renew_exit(struct backend_conn **c)
 	pthread_mutex_unlock(&mu);
 	while (list) {
 		struct forget *f = list;
-		struct backend_item it;
+		struct backend_item it = backend_copy_item(&f->c);
 		char err[192] = "";
 
 		list = f->next;
-		forget_item(f, &it);
 		if (now < f->until_us) {
 			if (!conn_up(c, err, sizeof(err)) ||
 			    backend->ops->leave(*c, &it, 0) == BACKEND_ERR) {
@@ -703,17 +688,12 @@ void renew_forget(const struct backend_item *it)
 	struct forget *f = calloc(1, sizeof(*f));
 	int64_t now = util_now_us();
 
-	if (!f || it->klen > sizeof(f->key) || it->vlen > sizeof(f->val)) {
+	if (!f || backend_copy_set(&f->c, it) != 0) {
 		LOG(LOG_ERROR, "%.*s: cannot keep track of an unconfirmed token (it expires "
 		    "within %lld ms)", (int)it->klen, it->key, it->lease_ms);
 		free(f);
 		return;
 	}
-	memcpy(f->key, it->key, it->klen);
-	f->klen = it->klen;
-	memcpy(f->val, it->val, it->vlen);
-	f->vlen = it->vlen;
-	f->lease_ms = it->lease_ms;
 	f->until_us = now + it->lease_ms * MS;
 	f->next_us = now;
 	f->step_us = FORGET_RETRY_MIN_US;
