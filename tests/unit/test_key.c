@@ -7,14 +7,16 @@
 #include "key.h"
 #include "test.h"
 
-static const char *expand(const char *src, const uint64_t args[ARCH_INT_ARGS], int pid)
+/* Expands src under namespace "ns"; tagged: in the cluster layout. */
+static const char *expand_as(const char *src, const uint64_t args[ARCH_INT_ARGS], int pid,
+			     int tagged)
 {
 	static char out[KEY_BUF_SIZE + 1];
 	struct key_tmpl t;
 	char err[256];
 	size_t n;
 
-	if (key_compile(&t, "ns", src, "transfer", "hostA", 0, err, sizeof(err)) != 0)
+	if (key_compile(&t, "ns", src, "transfer", "hostA", tagged, err, sizeof(err)) != 0)
 		return NULL;
 	n = key_expand(&t, args, pid, out);
 	out[n] = 0;
@@ -22,20 +24,15 @@ static const char *expand(const char *src, const uint64_t args[ARCH_INT_ARGS], i
 	return out;
 }
 
+static const char *expand(const char *src, const uint64_t args[ARCH_INT_ARGS], int pid)
+{
+	return expand_as(src, args, pid, 0);
+}
+
 /* Expands src for a Redis Cluster ("ns:{<key>}"). */
 static const char *expand_tagged(const char *src, const uint64_t args[ARCH_INT_ARGS])
 {
-	static char out[KEY_BUF_SIZE + 1];
-	struct key_tmpl t;
-	char err[256];
-	size_t n;
-
-	if (key_compile(&t, "ns", src, "transfer", "hostA", 1, err, sizeof(err)) != 0)
-		return NULL;
-	n = key_expand(&t, args, 1, out);
-	out[n] = 0;
-	key_tmpl_release(&t);
-	return out;
+	return expand_as(src, args, 1, 1);
 }
 
 static int compile_error(const char *src, const char *needle)
