@@ -918,16 +918,15 @@ static int master_inherit(struct errbuf *e, const config_setting_t *g, struct re
 		return fail(e, g, what, "out of memory");
 	if (m->username && !m->password)
 		return fail(e, g, what, "username needs a password as well");
-	if (!m->tls.enabled && t->enabled &&
-	    ((t->ca_file && !(m->tls.ca_file = strdup(t->ca_file))) ||
-	     (t->ca_dir && !(m->tls.ca_dir = strdup(t->ca_dir))) ||
-	     (t->cert_file && !(m->tls.cert_file = strdup(t->cert_file))) ||
-	     (t->key_file && !(m->tls.key_file = strdup(t->key_file))) ||
-	     (t->server_name && !(m->tls.server_name = strdup(t->server_name)))))
-		return fail(e, g, what, "out of memory");
 	if (!m->tls.enabled && t->enabled) {
 		m->tls.enabled = 1;
 		m->tls.verify = t->verify;
+		if ((t->ca_file && !(m->tls.ca_file = strdup(t->ca_file))) ||
+		    (t->ca_dir && !(m->tls.ca_dir = strdup(t->ca_dir))) ||
+		    (t->cert_file && !(m->tls.cert_file = strdup(t->cert_file))) ||
+		    (t->key_file && !(m->tls.key_file = strdup(t->key_file))) ||
+		    (t->server_name && !(m->tls.server_name = strdup(t->server_name))))
+			return fail(e, g, what, "out of memory");
 	}
 	if (m->tls.enabled && m->socket)
 		return fail(e, g, what, "TLS is for TCP connections, not the unix socket");
