@@ -74,8 +74,7 @@ static const char *const scripts[NSCRIPTS] = {
 	/*
 	 * KEYS: the queue keys (QUEUE_KEYS). ARGV: token, lease, waiter ttl,
 	 * fair, hand-off µs. Takes the lock when
-	 * free (fair: only with nobody ahead; a key already holding the token,
-	 * handed over, gets the whole lease), else joins the queue or refreshes
+	 * free (fair: only with nobody ahead), else joins the queue or refreshes
 	 * our place; the first waiter sets :due, when a release must hand over.
 	 * Returns -1 when the lock is ours; else how long to wait for a signal
 	 * at most (the lock's remaining TTL, or the head's expiry when the lock
@@ -85,8 +84,7 @@ static const char *const scripts[NSCRIPTS] = {
 	LUA_KEYS
 	"local cur = redis.call('get', K) "
 	"if cur == tok then redis.call('zrem', q, tok) "
-	"redis.call('zrem', qx, tok) redis.call('del', mine) "
-	"redis.call('pexpire', K, ARGV[2]) return -1 end "
+	"redis.call('zrem', qx, tok) redis.call('del', mine) return -1 end "
 	LUA_NOW LUA_PURGE
 	"local ttl, lease = tonumber(ARGV[3]), tonumber(ARGV[2]) "
 	"local head = redis.call('zrange', q, 0, 0)[1] "

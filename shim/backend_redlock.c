@@ -13,10 +13,9 @@
  * taken and the caller gets BACKEND_NO ("busy": lock.c waits and retries).
  * Renewals go to every master the same way; a lease confirmed by less than
  * a quorum is lost. Releases and leaves are written to every master without
- * waiting (backend_redis's asynchronous release). A master's release may
- * hand the key to its queue head (after handoff_ms, as on one server), but
- * a grant is only a wake-up here: the head takes the lock like anyone else,
- * by a quorum, and the masters that handed it over count as taken.
+ * waiting (backend_redis's asynchronous release), always with the hand-off
+ * disabled, so a lock is never handed over on one master alone: a release
+ * deletes and wakes the head of that master's queue.
  *
  * Waiting: each master keeps its own queue; a waiter blocks on its signal
  * list at the "home" master, the first one in config order that is not
@@ -48,6 +47,7 @@
 #define WAIT_BACKOFF_MIN_MS 10  /* wait() with no home master: the first sleep */
 #define WAIT_BACKOFF_MAX_MS 200
 #define SPLIT_RETRY_MS 20       /* after a split vote: retry within this, at random */
+#define NO_HANDOFF_US (1LL << 50) /* ~35 years: a queue never hands the lock over */
 #define ORPHANS_MAX 32
 #define NAME_LEN 128
 #define MASTERS_MAX 31          /* a quorum of 16 is plenty */
@@ -328,19 +328,14 @@ static int op_end(struct redlock_conn *c, int answered, const char *what)
 	return BACKEND_ERR;
 }
 
-/*
- * Returns it as sent to every master: never fair. A release may hand the
- * key over to a master's queue head (after handoff_ms, as on one server),
- * which keeps a caller that releases and takes again from starving the
- * waiters; a grant on one master is only a wake-up here (wait), and the
- * head still needs a quorum: its acquire finds its token on the masters
- * that handed over and gives those keys the whole lease.
- */
+/* Returns it as sent to every master: never fair, never handed over. */
 static struct backend_item item_for(const struct backend_item *it)
 {
 	struct backend_item o = *it;
 
 	o.fair = 0;
+	o.handoff_us = NO_HANDOFF_US;
+	o.turn_done = 0;
 	return o;
 }
 
