@@ -495,8 +495,16 @@ def last(stdout):
 
 
 def counter(path):
-    with open(path) as f:
-        return int(f.read() or 0)
+    """The counter's value. A worker rewrites the file (truncate, then
+    write) outside any lock the reader holds, so an empty read means "being
+    written": read again."""
+    for _ in range(1000):
+        with open(path) as f:
+            text = f.read()
+        if text:
+            return int(text)
+        time.sleep(0.001)
+    return 0
 
 
 def calls(node, command):
