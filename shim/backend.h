@@ -60,6 +60,8 @@ struct backend_item {
 	int turn_done;           /* release: the holder has had the lock handoff_us,
 				  * or is idle: a queued waiter gets it even if not
 				  * due yet */
+	long long ticket;        /* waiting: the waiter's place in the queue, the
+				  * same on every server (0: its arrival order) */
 };
 
 /* A backend_item kept past the call that gave it (an asynchronous command

@@ -65,6 +65,7 @@ enum script { S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, S_UNLOCK, NSCRIPTS };
  * the caller's token (its own signal list), the sixth is the bare prefix. */
 static const char *const queue_suffix[] = { "", ":q", ":qx", ":due", ":w:", ":w:" };
 #define QUEUE_KEYS 6
+#define ENQUEUE_ARGS 5 /* S_ENQUEUE's numeric arguments (enqueue_args) */
 static const int script_nkeys[NSCRIPTS] = {
 	[S_ENQUEUE] = QUEUE_KEYS, [S_RELEASE] = QUEUE_KEYS, [S_RENEW] = 1,
 	[S_LEAVE] = QUEUE_KEYS, [S_UNLOCK] = 1,
@@ -73,9 +74,12 @@ static const int script_nkeys[NSCRIPTS] = {
 static const char *const scripts[NSCRIPTS] = {
 	/*
 	 * KEYS: the queue keys (QUEUE_KEYS). ARGV: token, lease, waiter ttl,
-	 * fair, hand-off µs. Takes the lock when
-	 * free (fair: only with nobody ahead), else joins the queue or refreshes
-	 * our place; the first waiter sets :due, when a release must hand over.
+	 * fair, hand-off µs, ticket. Takes the lock when free (fair: only with
+	 * nobody ahead; a key that holds the token already, handed over or
+	 * taken by an attempt whose reply was lost, gets the whole lease), else
+	 * joins the queue (at the ticket, or after the last waiter when it is
+	 * 0) or refreshes our place; the first waiter sets :due, when a release
+	 * must hand over.
 	 * Returns -1 when the lock is ours; else how long to wait for a signal
 	 * at most (the lock's remaining TTL, or the head's expiry when the lock
 	 * is free but someone else is ahead) and the holder's value.
@@ -84,7 +88,8 @@ static const char *const scripts[NSCRIPTS] = {
 	LUA_KEYS
 	"local cur = redis.call('get', K) "
 	"if cur == tok then redis.call('zrem', q, tok) "
-	"redis.call('zrem', qx, tok) redis.call('del', mine) return -1 end "
+	"redis.call('zrem', qx, tok) redis.call('del', mine) "
+	"redis.call('pexpire', K, ARGV[2]) return -1 end "
 	LUA_NOW LUA_PURGE
 	"local ttl, lease = tonumber(ARGV[3]), tonumber(ARGV[2]) "
 	"local head = redis.call('zrange', q, 0, 0)[1] "
@@ -95,8 +100,9 @@ static const char *const scripts[NSCRIPTS] = {
 	"local keep = 4 * ttl + lease "
 	"if not redis.call('zscore', q, tok) then "
 	"if not head then redis.call('set', due, nowu + tonumber(ARGV[5]), 'PX', keep) end "
-	"local last = redis.call('zrange', q, -1, -1, 'WITHSCORES')[2] "
-	"redis.call('zadd', q, (tonumber(last) or 0) + 1, tok) head = head or tok end "
+	"local at = tonumber(ARGV[6]) if at == 0 then "
+	"at = (tonumber(redis.call('zrange', q, -1, -1, 'WITHSCORES')[2]) or 0) + 1 end "
+	"redis.call('zadd', q, at, tok) head = redis.call('zrange', q, 0, 0)[1] end "
 	"redis.call('zadd', qx, now + ttl, tok) "
 	"redis.call('pexpire', q, keep) redis.call('pexpire', qx, keep) "
 	"redis.call('pexpire', due, keep) "
@@ -180,6 +186,7 @@ struct backend_conn {
 	size_t outlen, outcap;
 	long long cmd_ms;   /* command timeout (and the WAIT's, with wait_n) */
 	int wait_n;         /* redis.wait_replicas */
+	int one_of_many;    /* redis_one_of_many */
 	int wait_ms;        /* redis.wait_replicas_ms */
 	int set_get;        /* the last SET NX appended has GET */
 	int npending;
@@ -532,6 +539,11 @@ static int is_noscript(const redisReply *r)
 	return r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0;
 }
 
+void redis_one_of_many(struct backend_conn *c)
+{
+	c->one_of_many = 1;
+}
+
 int redis_is_redirect(const char *err)
 {
 	return strncmp(err, "MOVED ", 6) == 0 || strncmp(err, "ASK ", 4) == 0 ||
@@ -548,8 +560,8 @@ static void settle_one(struct backend_conn *c, const struct pending *p, const re
 		    "leave", (int)p->c.klen, p->c.key, r->str);
 		c->redirected[c->nredirected++] = *p;
 	} else if (r->type == REDIS_REPLY_INTEGER && r->integer == 0 && p->script == S_RELEASE)
-		LOG(LOG_WARN, "%.*s was no longer ours at release (expired or taken "
-		    "over); nothing deleted", (int)p->c.klen, p->c.key);
+		LOG(c->one_of_many ? LOG_DEBUG : LOG_WARN, "%.*s was no longer ours at release "
+		    "(expired or taken over); nothing deleted", (int)p->c.klen, p->c.key);
 	else if (r->type != REDIS_REPLY_INTEGER)
 		LOG(LOG_ERROR, "%s of %.*s failed: %s",
 		    p->script == S_RELEASE ? "release" : "leave", (int)p->c.klen, p->c.key,
@@ -784,12 +796,13 @@ static int set_nx(struct backend_conn *c, const struct backend_item *it, char *h
 }
 
 /* The queue script's numeric arguments for it (S_ENQUEUE). */
-static void enqueue_args(const struct backend_item *it, long long args[4])
+static void enqueue_args(const struct backend_item *it, long long args[ENQUEUE_ARGS])
 {
 	args[0] = it->lease_ms;
 	args[1] = it->waiter_ttl_ms;
 	args[2] = it->fair;
 	args[3] = it->fair ? 0 : it->handoff_us;
+	args[4] = it->ticket;
 }
 
 /* Whether acquire takes it with the plain SET NX (else the queue script). */
@@ -801,19 +814,19 @@ static int plain_acquire(const struct backend_item *it)
 /* Appends acquire's commands for it. Returns 0 or -1 (errstr set). */
 static int acquire_append(struct backend_conn *c, const struct backend_item *it)
 {
-	long long args[4];
+	long long args[ENQUEUE_ARGS];
 
 	if (plain_acquire(it))
 		return set_nx_append(c, it);
 	enqueue_args(it, args);
-	return append_script(c, S_ENQUEUE, it, args, 4, 0);
+	return append_script(c, S_ENQUEUE, it, args, ENQUEUE_ARGS, 0);
 }
 
 /* Reads the replies of acquire_append's commands; as redis_acquire. */
 static int acquire_read(struct backend_conn *c, const struct backend_item *it,
 			long long *wait_ms, char *holder, size_t *holder_len)
 {
-	long long args[4];
+	long long args[ENQUEUE_ARGS];
 	redisReply *r;
 	int rc;
 
@@ -823,7 +836,7 @@ static int acquire_read(struct backend_conn *c, const struct backend_item *it,
 		return set_nx_read(c, it, holder, holder_len);
 	}
 	enqueue_args(it, args);
-	r = script_reply(c, "acquire", S_ENQUEUE, it, args, 4);
+	r = script_reply(c, "acquire", S_ENQUEUE, it, args, ENQUEUE_ARGS);
 	if (!r)
 		return BACKEND_ERR;
 	if (r->type == REDIS_REPLY_INTEGER && r->integer == -1) {

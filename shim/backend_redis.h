@@ -34,6 +34,10 @@ struct redis_endpoint {
 struct backend_conn *redis_connect(const struct redis_spec *r, const struct redis_endpoint *ep,
 				   char *err, size_t errlen);
 
+/* Marks c as one master of several (Redlock): an asynchronous release that
+ * finds the key not ours there is no news, logged at debug, not warn. */
+void redis_one_of_many(struct backend_conn *c);
+
 /* Sends one command of argc strings and returns its reply (the caller
  * frees it with freeReplyObject), or NULL (the reason in the ops'
  * errstr). */
