@@ -13,15 +13,23 @@
  * taken and the caller gets BACKEND_NO ("busy": lock.c waits and retries).
  * Renewals go to every master the same way; a lease confirmed by less than
  * a quorum is lost. Releases and leaves are written to every master without
- * waiting (backend_redis's asynchronous release), always with the hand-off
- * disabled, so a lock is never handed over on one master alone: a release
- * deletes and wakes the head of that master's queue.
+ * waiting (backend_redis's asynchronous release).
  *
- * Waiting: each master keeps its own queue; a waiter blocks on its signal
- * list at the "home" master, the first one in config order that is not
- * quarantined, the same for every client of the same config; with none, it
- * sleeps a capped backoff with jitter. When nobody holds a quorum (a split
- * vote), the next attempt comes after a short random delay instead.
+ * Waiting: each master keeps its own queue, but all in one order: a waiter
+ * joins every queue at the same ticket, the wall-clock time (µs) at which
+ * its call first queued (ties go by token). A master's release therefore
+ * hands the key to the same head as the others (after handoff_ms, as on one
+ * server), so a caller that releases and takes again at once cannot starve
+ * the waiters. A grant is only a wake-up here: the head takes the lock by a
+ * quorum like anyone else, and the masters that handed it over count as
+ * taken (their key gets the whole lease then); a grant that no quorum
+ * backs is released again, and a grant its waiter never hears of (on a
+ * master where it is not queued first) lapses after GRANT_TTL_MS at most.
+ * A waiter blocks on its signal list at the "home" master, the first one
+ * in config order that is not quarantined, the same for every client of
+ * the same config; with none, it sleeps a capped backoff with jitter. When
+ * nobody holds a quorum (a split vote), the next attempt comes after a
+ * short random delay instead.
  *
  * A master that fails (transport error, timeout, error reply) is closed and
  * quarantined for the whole process (atomics in the config: threads share
@@ -37,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 
 #include "backend_redis.h"
 #include "log.h"
@@ -47,7 +56,7 @@
 #define WAIT_BACKOFF_MIN_MS 10  /* wait() with no home master: the first sleep */
 #define WAIT_BACKOFF_MAX_MS 200
 #define SPLIT_RETRY_MS 20       /* after a split vote: retry within this, at random */
-#define NO_HANDOFF_US (1LL << 50) /* ~35 years: a queue never hands the lock over */
+#define GRANT_TTL_MS 1000       /* a key handed to a waiter, until it takes it */
 #define ORPHANS_MAX 32
 #define NAME_LEN 128
 #define MASTERS_MAX 31          /* a quorum of 16 is plenty */
@@ -75,6 +84,9 @@ struct orphan {
 struct redlock_conn {
 	const struct backend_config *bc;
 	uint64_t rng;
+	long long ticket;      /* the waiting call's place in every queue, */
+	size_t ticket_vlen;    /* and its token (ticket_val[0..ticket_vlen)) */
+	char ticket_val[BACKEND_VAL_MAX];
 	int64_t wait_step_ms;  /* wait()'s backoff without a home master */
 	int norphans;
 	struct orphan orphans[ORPHANS_MAX];
@@ -302,9 +314,12 @@ static int master_up(struct redlock_conn *c, int i)
 		note(c, i, "quarantined after a recent failure");
 		return 0;
 	}
-	if (!c->m[i] && !(c->m[i] = redis_connect(m, &ep, err, sizeof(err)))) {
-		fail(c, i, err, NULL);
-		return 0;
+	if (!c->m[i]) {
+		if (!(c->m[i] = redis_connect(m, &ep, err, sizeof(err)))) {
+			fail(c, i, err, NULL);
+			return 0;
+		}
+		redis_one_of_many(c->m[i]);
 	}
 	if (usable == 2) {
 		if (redis_ping(c->m[i]) != BACKEND_OK) {
@@ -328,15 +343,37 @@ static int op_end(struct redlock_conn *c, int answered, const char *what)
 	return BACKEND_ERR;
 }
 
-/* Returns it as sent to every master: never fair, never handed over. */
-static struct backend_item item_for(const struct backend_item *it)
+/*
+ * Returns it as sent to every master: never fair; a waiter queues at its
+ * call's ticket, the wall-clock time at which the call (its token) first
+ * queued on this connection.
+ */
+static struct backend_item item_for(struct redlock_conn *c, const struct backend_item *it)
 {
 	struct backend_item o = *it;
 
 	o.fair = 0;
-	o.handoff_us = NO_HANDOFF_US;
-	o.turn_done = 0;
+	if (!it->waiting)
+		return o;
+	if (c->ticket_vlen != it->vlen || memcmp(c->ticket_val, it->val, it->vlen) != 0) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		c->ticket = ts.tv_sec * 1000000LL + ts.tv_nsec / 1000;
+		memcpy(c->ticket_val, it->val, it->vlen);
+		c->ticket_vlen = it->vlen;
+	}
+	o.ticket = c->ticket;
 	return o;
+}
+
+/* Returns it as released: a key handed over lives GRANT_TTL_MS at most
+ * until its waiter takes it (with the whole lease). */
+static struct backend_item release_item(struct backend_item it)
+{
+	if (it.waiter_ttl_ms > GRANT_TTL_MS)
+		it.waiter_ttl_ms = GRANT_TTL_MS;
+	return it;
 }
 
 static void redlock_close(struct backend_conn *conn)
@@ -399,7 +436,7 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 {
 	struct redlock_conn *c = RC(conn);
 	const struct backend_config *bc = c->bc;
-	struct backend_item it = item_for(it0);
+	struct backend_item it = item_for(c, it0);
 	int st[MASTERS_MAX], taken = 0, refused = 0;
 	long long hint[MASTERS_MAX];
 	int64_t t0, left;
@@ -453,6 +490,7 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 		LOG(LOG_WARN, "%.*s: taken on %d masters but only after %lld ms of a %lld ms "
 		    "lease; released", (int)it.klen, it.key, taken,
 		    (long long)(util_now_us() - t0) / 1000, it.lease_ms);
+	it = release_item(it);
 	for (int i = 0; i < bc->n; i++)
 		if (st[i] == M_TAKEN && redis_release(c->m[i], &it, 1) == BACKEND_ERR)
 			fail_conn(c, i, &it);
@@ -473,7 +511,7 @@ static int on_all(struct redlock_conn *c, const struct backend_item *it0, int as
 		  int (*op)(struct backend_conn *, const struct backend_item *, int),
 		  const char *what)
 {
-	struct backend_item it = item_for(it0);
+	struct backend_item it = release_item(item_for(c, it0));
 	int answered = 0, held = 0;
 
 	op_start(c);
@@ -519,7 +557,7 @@ static int redlock_wait(struct backend_conn *conn, const struct backend_item *it
 			long long timeout_ms)
 {
 	struct redlock_conn *c = RC(conn);
-	struct backend_item it = item_for(it0);
+	struct backend_item it = item_for(c, it0);
 	int64_t t0 = util_now_ms();
 	long long sleep_ms;
 

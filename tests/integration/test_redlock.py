@@ -14,7 +14,9 @@ effects are waited for by polling the masters and the counter file.
    that black-holes its traffic, mid-run: the counter stays exact, no call
    fails, and the locks keep coming (a frozen master costs its command
    timeout about once per quarantine period, not per call);
-3. a waiter is woken by the release, well before retry_max_ms;
+3. a waiter is woken by the release, well before retry_max_ms, and a
+   caller that releases and takes again at once cannot starve a farther
+   waiter (with a control run that starves it when the hand-off is off);
 4. a renewal confirmed by less than a quorum is a lost lease (on_lost);
 5. fair = true is refused at config load (78);
 6. `lockshim check` names every master (0) and a dead one (69).
@@ -254,6 +256,61 @@ def test_waiter_without_home(masters, mine, bg, tmp_path):
     assert time.monotonic() - t0 < 5.0 * MULT
     waiter.send()
     waiter.expect("call rc=42")
+
+
+STARVE = ('locks = ( { symbol = "ledger_update"; key = "ledger"; lease_ms = 5000; '
+          'wait_ms = %d; on_timeout = "skip"; return = -7; linger_ms = 0; %s } );\n')
+
+
+def starve_run(ms, mine, bg, tmp_path, wait_ms, calls, extra=""):
+    """A caller that takes the lock again the moment it releases it (one
+    thread, linger_ms = 0), for as long as a farther caller (its masters
+    behind proxy.py, a hop slower) makes `calls` calls; returns the farther
+    caller's "done" fields and how many tries each of its calls took (from
+    its debug log)."""
+    body = STARVE % (wait_ms, extra)
+    path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
+    pxs = [Proxy(m.port).start() for m in ms.nodes]
+    try:
+        near = ms.config(tmp_path, body, name="near.cfg")
+        far = ms.config(tmp_path, body, ports=[px.port for px in pxs], name="far.cfg")
+        hogs = start_workers(bg, mine, near, path, stop, procs=1, threads=1)
+        w = bg([mine["worker"], path, "1", str(calls), str(tmp_path / "never")], far,
+               LOCKSHIM_LOG_LEVEL="debug")
+        assert w.wait(timeout=calls * wait_ms / 1000 + 60) == 0, w.stderr()[-3000:]
+    finally:
+        open(stop, "w").close()
+        for px in pxs:
+            px.stop()
+    for h in hogs:
+        assert h.wait() == 0, h.stderr()[-3000:]
+    done = w.expect("done")
+    tries = [int(n) for n in re.findall(r"acquired lockshim:ledger for ledger_update "
+                                        r"\((\d+) tries", w.stderr())]
+    return dict(f.split("=") for f in done.split()[1:]), tries
+
+
+def test_waiter_not_starved(masters, mine, bg, tmp_path):
+    """A near caller that releases and takes again at once cannot starve a
+    farther waiter: every master's queue orders the waiter alike, so the
+    masters hand the key to it together after handoff_ms, at the near
+    caller's next release, and each of the waiter's 20 calls takes a few
+    tries (plain SET NX, queued, handed over)."""
+    ms = masters(3)
+    fields, tries = starve_run(ms, mine, bg, tmp_path, 20000, 20)
+    assert int(fields["failed"]) == 0 and int(fields["ok"]) == 20, fields
+    assert len(tries) == 20 and max(tries) <= 10, tries
+    assert int(fields["max_ms"]) < 5000 * MULT, fields
+
+
+def test_waiter_starved_without_handoff(masters, mine, bg, tmp_path):
+    """Control: with the hand-off put off for a minute, the same run has the
+    farther waiter woken by each release and beaten to the key by the near
+    caller again and again (hundreds of tries for one call), so the bound
+    above is the hand-off's doing."""
+    ms = masters(3)
+    fields, tries = starve_run(ms, mine, bg, tmp_path, 3000, 3, "handoff_ms = 60000;")
+    assert int(fields["failed"]) > 0 or max(tries, default=0) >= 50, (fields, tries)
 
 
 # ---- 4. renewal -----------------------------------------------------------------------
