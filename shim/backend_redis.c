@@ -111,8 +111,11 @@ static const char *const scripts[NSCRIPTS] = {
 	"return {left, cur or ''}",
 	/*
 	 * KEYS: the queue keys. ARGV: token, grant ttl, hand-off µs, signal ttl,
-	 * turn done. Releases the
-	 * lock only while it holds our token. Nobody queued: delete it. The head
+	 * turn done, ticket. Releases the lock only while it holds our token.
+	 * A ticket (a waiter giving back what it took without a quorum) puts
+	 * the releaser back in the queue at it first, so that the key goes to
+	 * whoever comes first by ticket, maybe the releaser itself, and the
+	 * queue keeps everyone it had. Nobody queued: delete it. The head
 	 * not due yet (it has waited less than hand-off µs) and the releaser not
 	 * done with its turn: delete it and wake the head ("w": try again; the
 	 * releaser may take it first). Else hand it to the head: the key takes
@@ -122,6 +125,11 @@ static const char *const scripts[NSCRIPTS] = {
 	[S_RELEASE] =
 	LUA_KEYS
 	"if redis.call('get', K) ~= tok then return 0 end "
+	"if ARGV[6] ~= '0' then " LUA_NOW
+	"local ttl = tonumber(ARGV[2]) redis.call('zadd', q, ARGV[6], tok) "
+	"redis.call('zadd', qx, now + ttl, tok) redis.call('set', due, 0, 'NX', 'PX', 4 * ttl) "
+	"for _, k in ipairs({q, qx}) do if redis.call('pttl', k) < 0 then "
+	"redis.call('pexpire', k, 4 * ttl) end end end "
 	"local dueat = redis.call('get', due) "
 	"if not dueat then redis.call('del', K) return 1 end "
 	LUA_NOW LUA_PURGE
@@ -935,12 +943,12 @@ static int run_int(struct backend_conn *c, const char *what, enum script s,
 
 int redis_release(struct backend_conn *c, const struct backend_item *it, int async)
 {
-	long long args[4] = { it->waiter_ttl_ms, it->fair ? 0 : it->handoff_us, WAKE_TTL_MS,
-			      it->turn_done };
+	long long args[5] = { it->waiter_ttl_ms, it->fair ? 0 : it->handoff_us, WAKE_TTL_MS,
+			      it->turn_done, it->ticket };
 
 	if (async)
-		return send_async(c, S_RELEASE, it, args, 4);
-	return run_int(c, "release", S_RELEASE, it, args, 4);
+		return send_async(c, S_RELEASE, it, args, 5);
+	return run_int(c, "release", S_RELEASE, it, args, 5);
 }
 
 int redis_leave(struct backend_conn *c, const struct backend_item *it, int async)

@@ -15,21 +15,19 @@
  * a quorum is lost. Releases and leaves are written to every master without
  * waiting (backend_redis's asynchronous release).
  *
- * Waiting: each master keeps its own queue, but all in one order: a waiter
- * joins every queue at the same ticket, the wall-clock time (µs) at which
- * its call first queued (ties go by token). A master's release therefore
- * hands the key to the same head as the others (after handoff_ms, as on one
- * server), so a caller that releases and takes again at once cannot starve
- * the waiters. A grant is only a wake-up here: the head takes the lock by a
- * quorum like anyone else, and the masters that handed it over count as
- * taken (their key gets the whole lease then); a grant that no quorum
- * backs is released again, and a grant its waiter never hears of (on a
- * master where it is not queued first) lapses after GRANT_TTL_MS at most.
- * A waiter blocks on its signal list at the "home" master, the first one
- * in config order that is not quarantined, the same for every client of
- * the same config; with none, it sleeps a capped backoff with jitter. When
- * nobody holds a quorum (a split vote), the next attempt comes after a
- * short random delay instead.
+ * Waiting: every master orders its queue alike, by ticket: the wall-clock
+ * time (µs) at which the call first queued (ties by token). A release with
+ * waiters always hands the key to the head (no handoff_ms: "due" is each
+ * master's own clock), so every master picks the same waiter and a caller
+ * that releases and takes again cannot starve it. A grant is only a
+ * wake-up: the head still takes the lock by a quorum (a key handed over
+ * counts as taken and gets the whole lease). A waiter that took some
+ * masters but no quorum gives them back at its ticket (the release script
+ * queues it again first), so the key goes to whoever is first, maybe
+ * itself, and tries again once after a short random delay, which finds the
+ * grants of masters whose release was still on its way. A waiter blocks on
+ * its signal list at the "home" master, the first one in config order that
+ * is not quarantined; with none, it sleeps a capped backoff with jitter.
  *
  * A master that fails (transport error, timeout, error reply) is closed and
  * quarantined for the whole process (atomics in the config: threads share
@@ -56,7 +54,6 @@
 #define WAIT_BACKOFF_MIN_MS 10  /* wait() with no home master: the first sleep */
 #define WAIT_BACKOFF_MAX_MS 200
 #define SPLIT_RETRY_MS 20       /* after a split vote: retry within this, at random */
-#define GRANT_TTL_MS 1000       /* a key handed to a waiter, until it takes it */
 #define ORPHANS_MAX 32
 #define NAME_LEN 128
 #define MASTERS_MAX 31          /* a quorum of 16 is plenty */
@@ -88,6 +85,7 @@ struct redlock_conn {
 	size_t ticket_vlen;    /* and its token (ticket_val[0..ticket_vlen)) */
 	char ticket_val[BACKEND_VAL_MAX];
 	int64_t wait_step_ms;  /* wait()'s backoff without a home master */
+	int partial;           /* the last busy acquire took some masters */
 	int norphans;
 	struct orphan orphans[ORPHANS_MAX];
 	size_t failed_len;     /* the failures of the current operation, */
@@ -367,12 +365,15 @@ static struct backend_item item_for(struct redlock_conn *c, const struct backend
 	return o;
 }
 
-/* Returns it as released: a key handed over lives GRANT_TTL_MS at most
- * until its waiter takes it (with the whole lease). */
+/*
+ * Returns it as released: a release with waiters always hands the key to
+ * the queue head, since "due" is each master's own clock and the masters
+ * must agree; a holder's release is never queued again (no ticket).
+ */
 static struct backend_item release_item(struct backend_item it)
 {
-	if (it.waiter_ttl_ms > GRANT_TTL_MS)
-		it.waiter_ttl_ms = GRANT_TTL_MS;
+	it.turn_done = 1;
+	it.ticket = 0;
 	return it;
 }
 
@@ -416,15 +417,20 @@ enum { M_SKIP, M_SENT, M_TAKEN, M_REFUSED };
 
 /*
  * After an acquire that did not get the lock: how long a wait for a signal
- * may take (acquire's *wait_ms). Others hold a quorum: the home master's
- * hint (the first that refused), which a release there cuts short. Nobody
- * does (a split vote, or masters down): a short random delay, so that
- * contenders do not collide again.
+ * may take (acquire's *wait_ms). A quorum refused it and it took nothing,
+ * or it took something last time too: the home master's hint (the first
+ * that refused), which a release there cuts short. Else (a split vote, a
+ * release still on its way to some masters, or one handing it the key
+ * there, masters down): a short random delay, so that contenders do not
+ * collide again and a grant it was not told of is found at once.
  */
 static long long busy_hint(struct redlock_conn *c, const int *st, const long long *hint,
-			   int refused)
+			   int taken, int refused)
 {
-	if (refused >= c->bc->quorum)
+	int partial = c->partial;
+
+	c->partial = taken > 0;
+	if (refused >= c->bc->quorum && (!taken || partial))
 		for (int i = 0; i < c->bc->n; i++)
 			if (st[i] == M_REFUSED && hint[i] > 0)
 				return hint[i];
@@ -436,7 +442,7 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 {
 	struct redlock_conn *c = RC(conn);
 	const struct backend_config *bc = c->bc;
-	struct backend_item it = item_for(c, it0);
+	struct backend_item it = item_for(c, it0), back;
 	int st[MASTERS_MAX], taken = 0, refused = 0;
 	long long hint[MASTERS_MAX];
 	int64_t t0, left;
@@ -490,14 +496,15 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 		LOG(LOG_WARN, "%.*s: taken on %d masters but only after %lld ms of a %lld ms "
 		    "lease; released", (int)it.klen, it.key, taken,
 		    (long long)(util_now_us() - t0) / 1000, it.lease_ms);
-	it = release_item(it);
+	back = release_item(it);
+	back.ticket = it.ticket; /* a waiter gives back and stays queued */
 	for (int i = 0; i < bc->n; i++)
-		if (st[i] == M_TAKEN && redis_release(c->m[i], &it, 1) == BACKEND_ERR)
-			fail_conn(c, i, &it);
+		if (st[i] == M_TAKEN && redis_release(c->m[i], &back, 1) == BACKEND_ERR)
+			fail_conn(c, i, &back);
 	if (op_end(c, taken + refused, "acquire") != BACKEND_OK)
 		return BACKEND_ERR;
 	if (it.waiting)
-		*wait_ms = busy_hint(c, st, hint, refused);
+		*wait_ms = busy_hint(c, st, hint, taken, refused);
 	return BACKEND_NO;
 }
 
