@@ -366,15 +366,19 @@ static struct backend_item item_for(struct redlock_conn *c, const struct backend
 }
 
 /*
- * Returns it as released: a release with waiters always hands the key to
- * the queue head, since "due" is each master's own clock and the masters
- * must agree; a holder's release is never queued again (no ticket).
+ * Returns it as released (or left) on every master: never fair; with
+ * waiters the key always goes to the queue head, since "due" is each
+ * master's own clock and the masters must agree; no ticket (a holder's
+ * release does not queue it again).
  */
-static struct backend_item release_item(struct backend_item it)
+static struct backend_item release_item(const struct backend_item *it)
 {
-	it.turn_done = 1;
-	it.ticket = 0;
-	return it;
+	struct backend_item o = *it;
+
+	o.fair = 0;
+	o.turn_done = 1;
+	o.ticket = 0;
+	return o;
 }
 
 static void redlock_close(struct backend_conn *conn)
@@ -496,7 +500,7 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 		LOG(LOG_WARN, "%.*s: taken on %d masters but only after %lld ms of a %lld ms "
 		    "lease; released", (int)it.klen, it.key, taken,
 		    (long long)(util_now_us() - t0) / 1000, it.lease_ms);
-	back = release_item(it);
+	back = release_item(&it);
 	back.ticket = it.ticket; /* a waiter gives back and stays queued */
 	for (int i = 0; i < bc->n; i++)
 		if (st[i] == M_TAKEN && redis_release(c->m[i], &back, 1) == BACKEND_ERR)
@@ -518,7 +522,7 @@ static int on_all(struct redlock_conn *c, const struct backend_item *it0, int as
 		  int (*op)(struct backend_conn *, const struct backend_item *, int),
 		  const char *what)
 {
-	struct backend_item it = release_item(item_for(c, it0));
+	struct backend_item it = release_item(it0);
 	int answered = 0, held = 0;
 
 	op_start(c);
