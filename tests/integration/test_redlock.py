@@ -16,7 +16,8 @@ effects are waited for by polling the masters and the counter file.
    timeout about once per quarantine period, not per call);
 3. a waiter is woken by the release, well before retry_max_ms, and a
    caller that releases and takes again at once cannot starve a farther
-   waiter (with a control run that starves it when the hand-off is off);
+   waiter (a control run against one server with the hand-off put off
+   starves it);
 4. a renewal confirmed by less than a quorum is a lost lease (on_lost);
 5. fair = true is refused at config load (78);
 6. `lockshim check` names every master (0) and a dead one (69).

@@ -121,9 +121,10 @@ class TlsResp(Resp):
 class TlsServer(RedisServer):
     """A redis-server on 127.0.0.1 whose only port speaks TLS."""
 
-    def __init__(self, pki, cert="server", auth_clients=False):
+    def __init__(self, pki, cert="server", auth_clients=False, extra=()):
         super().__init__()
         self.pki, self.cert, self.auth_clients = pki, cert, auth_clients
+        self.extra = list(extra)  # more redis-server arguments
 
     def start(self):
         p = self.pki
@@ -132,7 +133,7 @@ class TlsServer(RedisServer):
              "--tls-cert-file", p[self.cert], "--tls-key-file", p[self.cert + ".key"],
              "--tls-ca-cert-file", p["ca"], "--tls-auth-clients",
              "yes" if self.auth_clients else "no", "--save", "", "--appendonly", "no",
-             "--daemonize", "no", "--logfile", self.log, "--dir", self.dir],
+             "--daemonize", "no", "--logfile", self.log, "--dir", self.dir] + self.extra,
             stdin=subprocess.DEVNULL)
         wait_for(self._ready, what="redis-server with TLS on port %d" % self.port)
         return self
