@@ -9,7 +9,8 @@ a black-holing proxy) start once the workers have said they run, and their
 effects are waited for by polling the masters and the counter file.
 
 1. exclusion with 3 and with 5 masters (3 processes x 2 threads, counter
-   exact; the same workload without the shim loses updates);
+   exact; the same workload without the shim loses updates), and with
+   masters given as unix sockets;
 2. one master SIGKILLed, SIGSTOPped, restarted empty, or behind a proxy
    that black-holes its traffic, mid-run: the counter stays exact, no call
    fails, and the locks keep coming (a frozen master costs its command
@@ -24,13 +25,14 @@ effects are waited for by polling the masters and the counter file.
 """
 import os
 import re
-import signal
 import subprocess
 import time
 
 import pytest
 
-from conftest import CLI, MULT, TIMEOUT, lock_keys, run, shim_env, wait_for
+from conftest import (CLI, MULT, TIMEOUT, RedisServer, lock_keys, run, shim_env, start_servers,
+                      wait_for)
+from test_exclusion import LOCK, race
 from proxy import BLACK_HOLE, PASS, Proxy
 from test_sentinel import (Node, bg, counter, finish_workers, lost_lines, mine,  # noqa: F401
                            start_workers)
@@ -164,6 +166,32 @@ def test_exclusion(masters, mine, bg, tmp_path, n):
     assert all(sets(m) >= total for m in ms.nodes)
     assert not lost_lines(err), err[-3000:]
     assert all(not lock_keys(m) for m in ms.nodes)
+
+
+@pytest.fixture
+def socket_masters(request):
+    """Starts conftest's redis-servers (each also on a unix socket),
+    stopped by pid when the test ends."""
+    yield from start_servers(request, RedisServer, lambda s: "redis-server %d" % s.port)
+
+
+def test_exclusion_over_unix_sockets(progs, socket_masters, tmp_path):
+    """Masters given by `socket`: 3 processes x 2 threads on one counter,
+    exact, every master reached through its socket, and `lockshim check`
+    names each socket."""
+    servers = [socket_masters() for _ in range(3)]
+    cfg = str(tmp_path / "lockshim.cfg")
+    with open(cfg, "w") as f:
+        f.write('redis = { masters = ( %s ); %s };\n%s'
+                % (", ".join('{ socket = "%s"; }' % s.sock for s in servers), FAST, LOCK))
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
+                threads=2) == 60
+    for s in servers:  # the config names no TCP address: these came by the socket
+        assert int(s.cmd("INFO", "stats").split("total_connections_received:")[1].split()[0]) > 3
+    p = run([CLI, "check", "-c", cfg])
+    assert p.returncode == 0, p.stdout + p.stderr
+    for s in servers:
+        assert s.sock in p.stdout, p.stdout
 
 
 # ---- 2. a master down, frozen, restarted, partitioned ---------------------------------
