@@ -1037,8 +1037,8 @@ static int parse_lock(struct errbuf *e, const config_setting_t *g, int idx,
 			    "are found by name");
 	if (l->fair && cfg->redis.masters)
 		return fail(e, g, where, "fair = true is not available with redis.masters: "
-			    "Redlock's masters keep no common queue, so arrival order cannot "
-			    "hold while one of them is down");
+			    "the masters order their queues alike, but a free key can still go "
+			    "to a caller not queued yet, so strict arrival order is not promised");
 	if (cfg->redis.cluster && strpbrk(cfg->ns, "{}"))
 		return fail(e, g, "namespace", "\"%s\": braces in the namespace would change "
 			    "the lock's Redis Cluster hash tag", cfg->ns);
