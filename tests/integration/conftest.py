@@ -112,6 +112,30 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def connections(server):
+    """How many connections server (anything with cmd()) has accepted."""
+    stats = server.cmd("INFO", "stats")
+    return int(stats.split("total_connections_received:")[1].split()[0])
+
+
+def call_failed(request):
+    """Whether the test of a fixture's request failed in its call phase."""
+    return bool(getattr(request.node, "rep_call", None) and request.node.rep_call.failed)
+
+
+def started(request, thing):
+    """The body of a fixture around thing (start(), logs(), stop()): yields
+    it once started; prints its logs if the test failed; stops it, also
+    when start() failed half-way."""
+    try:
+        thing.start()
+        yield thing
+        if call_failed(request):
+            print(thing.logs())
+    finally:
+        thing.stop()
+
+
 def start_servers(request, make, label):
     """The body of a fixture starting servers: yields start(*args, **kw),
     which starts make(*args, **kw) and returns it; each one is stopped (by
@@ -124,7 +148,7 @@ def start_servers(request, make, label):
         started.append(s)
         return s.start()
     yield start
-    failed = getattr(request.node, "rep_call", None) and request.node.rep_call.failed
+    failed = call_failed(request)
     for s in started:
         if failed:
             print("---- %s log ----\n%s" % (label(s), s.tail()))
@@ -135,7 +159,7 @@ def start_servers(request, make, label):
 def redis(request):
     r = RedisServer().start()
     yield r
-    if getattr(request.node, "rep_call", None) and request.node.rep_call.failed:
+    if call_failed(request):
         print("---- redis-server log ----\n" + r.tail())
     r.cleanup()
 

@@ -40,7 +40,8 @@ import time
 
 import pytest
 
-from conftest import CLI, MULT, TIMEOUT, RespError, free_port, run, shim_env, wait_for
+from conftest import (CLI, MULT, TIMEOUT, RespError, free_port, run, shim_env, started,
+                      wait_for)
 from test_sentinel import (Node, assert_lost_format, bg, calls, counter,  # noqa: F401 (fixtures)
                            finish_workers, lost_lines, mine, start_workers, stop_pid)
 
@@ -238,27 +239,16 @@ class Cluster:
             shutil.rmtree(n.dir, ignore_errors=True)
 
 
-def cluster_fixture(request, **kw):
-    c = Cluster(**kw)
-    try:
-        c.start()
-        yield c
-        if getattr(request.node, "rep_call", None) and request.node.rep_call.failed:
-            print(c.logs())
-    finally:
-        c.stop()
-
-
 @pytest.fixture
 def cluster(request):
     """Three primaries, each with one replica."""
-    yield from cluster_fixture(request)
+    yield from started(request, Cluster())
 
 
 @pytest.fixture
 def bare_cluster(request):
     """Three primaries, no replicas: a primary killed stays down."""
-    yield from cluster_fixture(request, replicas=0)
+    yield from started(request, Cluster(replicas=0))
 
 
 def test_keyslot_matches_redis(cluster):

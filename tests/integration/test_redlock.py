@@ -30,11 +30,11 @@ import time
 
 import pytest
 
-from conftest import (CLI, MULT, TIMEOUT, RedisServer, lock_keys, run, shim_env, start_servers,
-                      wait_for)
+from conftest import (CLI, MULT, TIMEOUT, RedisServer, call_failed, connections, lock_keys,
+                      run, shim_env, start_servers, wait_for)
 from test_exclusion import LOCK, race
 from proxy import BLACK_HOLE, PASS, Proxy
-from test_sentinel import (Node, bg, counter, finish_workers, lost_lines, mine,  # noqa: F401
+from test_sentinel import (Node, bg, calls, counter, finish_workers, lost_lines, mine,  # noqa: F401
                            start_workers)
 
 CMD_MS = 500
@@ -96,16 +96,11 @@ def masters(request):
         started.append(ms)
         return ms.start(n)
     yield start
-    failed = getattr(request.node, "rep_call", None) and request.node.rep_call.failed
+    failed = call_failed(request)
     for ms in started:
         if failed:
             print(ms.logs())
         ms.stop()
-
-
-def sets(node):
-    m = re.search(r"^cmdstat_set:calls=(\d+),", node.cmd("INFO", "commandstats"), re.M)
-    return int(m.group(1)) if m else 0
 
 
 def progress(path, n, timeout, what):
@@ -163,7 +158,7 @@ def test_exclusion(masters, mine, bg, tmp_path, n):
     total, err = finish_workers(ws, 10000)
     assert total == 3 * 2 * 60
     assert counter(path) == total, err[-3000:]
-    assert all(sets(m) >= total for m in ms.nodes)
+    assert all(calls(m, "set") >= total for m in ms.nodes)
     assert not lost_lines(err), err[-3000:]
     assert all(not lock_keys(m) for m in ms.nodes)
 
@@ -187,7 +182,7 @@ def test_exclusion_over_unix_sockets(progs, socket_masters, tmp_path):
     assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
                 threads=2) == 60
     for s in servers:  # the config names no TCP address: these came by the socket
-        assert int(s.cmd("INFO", "stats").split("total_connections_received:")[1].split()[0]) > 3
+        assert connections(s) > 3
     p = run([CLI, "check", "-c", cfg])
     assert p.returncode == 0, p.stdout + p.stderr
     for s in servers:
@@ -224,7 +219,7 @@ def test_master_restarted_empty(masters, mine, bg, tmp_path):
 
     def restart():
         ms.restart(1)
-        wait_for(lambda: sets(m) >= 10, timeout=30, what="locks on the restarted master")
+        wait_for(lambda: calls(m, "set") >= 10, timeout=30, what="locks on the restarted master")
     run_with(ms, mine, bg, tmp_path, restart)
 
 

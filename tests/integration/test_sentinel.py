@@ -38,7 +38,7 @@ import time
 import pytest
 
 from conftest import (CLI, MULT, TIMEOUT, RedisServer, Resp, RespError, free_port,
-                      lock_keys, run, shim_env, wait_for, write_config)
+                      lock_keys, run, shim_env, started, wait_for, write_config)
 
 MASTER = "locks"
 FAST = "connect_timeout_ms = 500; command_timeout_ms = 500;"
@@ -256,14 +256,7 @@ class Topology:
 
 
 def topology(request, **kw):
-    t = Topology(**kw)
-    try:
-        t.start()
-        yield t
-        if getattr(request.node, "rep_call", None) and request.node.rep_call.failed:
-            print(t.logs())
-    finally:
-        t.stop()
+    yield from started(request, Topology(**kw))
 
 
 @pytest.fixture

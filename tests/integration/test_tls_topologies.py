@@ -18,10 +18,11 @@ import subprocess
 
 import pytest
 
-from conftest import TIMEOUT, start_servers, wait_for
+from conftest import TIMEOUT, connections, start_servers, wait_for
 from resp import free_port
 from test_cluster import NSLOTS, keyslot, lock_key
 from test_exclusion import race
+from test_sentinel import calls
 from test_tls import TlsServer, check, pki  # noqa: F401 (fixture)
 
 LOCK = ('locks = ( { symbol = "ledger_update"; key = "{arg0:str}"; lease_ms = 5000; '
@@ -34,16 +35,6 @@ def tls_nodes(request, pki):  # noqa: F811 (the fixture above)
     when the test ends, its log printed if the test failed."""
     yield from start_servers(request, lambda *extra: TlsServer(pki, extra=extra),
                              lambda s: "redis-server (TLS) %d" % s.port)
-
-
-def connections(server):
-    stats = server.cmd("INFO", "stats")
-    return int(stats.split("total_connections_received:")[1].split()[0])
-
-
-def sets(server):
-    stats = server.cmd("INFO", "commandstats")
-    return int(stats.split("cmdstat_set:calls=")[1].split(",")[0]) if "cmdstat_set:" in stats else 0
 
 
 def write_cfg(tmp_path, topology, tls):
@@ -116,7 +107,7 @@ def test_cluster_over_tls(progs, tls_nodes, pki, tmp_path):  # noqa: F811
     paths = spread_paths(tmp_path, nodes)
     for p in paths:
         assert race(progs["ledger"], "direct", p, cfg, procs=2, iters=10, threads=2) == 40
-    assert all(sets(n) >= 40 for n in nodes), [sets(n) for n in nodes]
+    assert all(calls(n, "set") >= 40 for n in nodes), [calls(n, "set") for n in nodes]
     r = check(cfg)
     assert r.returncode == 0, (r.stdout, r.stderr)
     for n in nodes:
