@@ -15,9 +15,9 @@ VERSION := 0.1.0
 WARN := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings
 OPT ?= -O2 -g
 SAN := $(if $(SANITIZER),-fsanitize=$(SANITIZER) -fno-omit-frame-pointer)
-BASE_CFLAGS := $(OPT) $(WARN) $(SAN) -D_GNU_SOURCE -MMD -MP -Ishim \
-	-DLOCKSHIM_VERSION='"$(VERSION)"' -DLOCKSHIM_LIBDIR='"$(LIBDIR)"' \
-	-DLOCKSHIM_ARCH_H='"tramp_$(ARCH).h"'
+BASE_CFLAGS := $(OPT) $(WARN) $(SAN) -D_GNU_SOURCE -MMD -MP \
+	-iquote shim -iquote backend -iquote common -iquote arch -iquote arch/$(ARCH) \
+	-DLOCKSHIM_VERSION='"$(VERSION)"' -DLOCKSHIM_LIBDIR='"$(LIBDIR)"'
 SHIM_CFLAGS := $(BASE_CFLAGS) -fPIC -fvisibility=hidden -fexceptions \
 	-ftls-model=initial-exec $(CFLAGS)
 
@@ -37,20 +37,19 @@ CAPSTONE_A = $(shell $(CC) -print-file-name=libcapstone.a)
 MBEDTLS_A = $(foreach l,mbedtls mbedx509 mbedcrypto,$(shell $(CC) -print-file-name=lib$(l).a))
 SHIM_LIBS = $(HIREDIS_A) $(CAPSTONE_A) $(MBEDTLS_A) -lconfig -lpthread -ldl
 
-SHIM_SRC := guard log fdown net net_tls config key sha1 owner backend backend_redis \
-	backend_sentinel backend_cluster backend_redlock lock renew hook \
-	redirect redirect_entry redirect_reloc symfile symdef patchmem dispatch interpose dlpath \
-	init arch_$(ARCH) arch_$(ARCH)_entry
-SHIM_OBJ := $(SHIM_SRC:%=$(BUILD)/shim/%.o) $(BUILD)/shim/tramp_$(ARCH).o
-CLI_OBJ := $(BUILD)/cli/cli.o $(BUILD)/cli/config.o $(BUILD)/cli/key.o \
-	$(BUILD)/cli/log.o $(BUILD)/cli/sha1.o $(BUILD)/cli/backend.o $(BUILD)/cli/backend_redis.o \
-	$(BUILD)/cli/backend_sentinel.o $(BUILD)/cli/backend_cluster.o \
-	$(BUILD)/cli/backend_redlock.o \
-	$(BUILD)/cli/net.o $(BUILD)/cli/net_tls.o $(BUILD)/cli/fdown.o $(BUILD)/cli/selftest.o
+# The folders are the architecture (doc/design.md): shim/ is the preload
+# library proper, backend/ speaks to lock servers, common/ is what both
+# products link, arch/$(ARCH)/ is one architecture, cli/ is the command.
+# Object lists come from the folders, so a new file needs no edit here.
+COMMON_SRC := $(wildcard common/*.c backend/*.c)
+SHIM_SRC := $(wildcard shim/*.c) $(COMMON_SRC) $(wildcard arch/$(ARCH)/*.c arch/$(ARCH)/*.S)
+CLI_SRC := $(wildcard cli/*.c) $(COMMON_SRC)
+SHIM_OBJ := $(patsubst %,$(BUILD)/shim/%.o,$(basename $(SHIM_SRC)))
+CLI_OBJ := $(patsubst %,$(BUILD)/cli/%.o,$(basename $(CLI_SRC)))
 UNIT := config key lock sha1
 UNIT_BIN := $(UNIT:%=$(BUILD)/tests/test_%)
-UNIT_OBJ := $(addprefix $(BUILD)/shim/,guard.o config.o key.o log.o lock.o renew.o sha1.o \
-	owner.o fdown.o)
+UNIT_OBJ := $(addprefix $(BUILD)/shim/,shim/guard.o common/config.o common/key.o \
+	common/log.o shim/lock.o shim/renew.o common/sha1.o shim/owner.o common/fdown.o)
 
 all: $(BUILD)/liblockshim.so $(BUILD)/lockshim
 
@@ -63,13 +62,16 @@ $(BUILD)/liblockshim.so: $(SHIM_OBJ) shim/shim.map
 $(BUILD)/lockshim: $(CLI_OBJ)
 	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(LDFLAGS) -lhiredis -lconfig $(MBEDTLS_A) -lpthread
 
-$(BUILD)/shim/%.o: shim/%.c | $(BUILD)/shim
+$(BUILD)/shim/%.o: %.c | $(BUILD)/shim
+	@mkdir -p $(@D)
 	$(CC) $(SHIM_CFLAGS) -c $< -o $@
 
-$(BUILD)/shim/%.o: shim/%.S | $(BUILD)/shim
+$(BUILD)/shim/%.o: %.S | $(BUILD)/shim
+	@mkdir -p $(@D)
 	$(CC) $(SHIM_CFLAGS) -c $< -o $@
 
-$(BUILD)/cli/%.o: shim/%.c | $(BUILD)/cli
+$(BUILD)/cli/%.o: %.c | $(BUILD)/cli
+	@mkdir -p $(@D)
 	$(CC) $(BASE_CFLAGS) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/tests/test_%: tests/unit/test_%.c $(UNIT_OBJ) | $(BUILD)/tests
@@ -127,4 +129,4 @@ clean:
 
 .PHONY: all build-deps deps unit test asan test-asan bench demo install uninstall clean
 
--include $(wildcard $(BUILD)/*/*.d)
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

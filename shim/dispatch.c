@@ -25,7 +25,7 @@
 #include "lock.h"
 #include "log.h"
 #include "shim.h"
-#include "tramp.h"
+#include "arch.h"
 
 /* This thread's stack, [stack_lo, stack_hi); stack_hi 0: not known yet. */
 static __thread uintptr_t stack_lo __attribute__((tls_model("initial-exec")));

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "tramp.h"
+#include "arch.h"
 
 #define HOOK_MAX 4096
 

@@ -34,7 +34,7 @@
 #include "redirect.h"
 #include "renew.h"
 #include "shim.h"
-#include "tramp.h"
+#include "arch.h"
 
 int shim_state;
 pthread_t shim_initial_thread;

@@ -35,7 +35,7 @@
 #include "log.h"
 #include "redirect.h"
 #include "shim.h"
-#include "tramp.h"
+#include "arch.h"
 
 extern void __longjmp_chk(sigjmp_buf env, int val) __attribute__((noreturn));
 

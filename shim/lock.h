@@ -17,7 +17,7 @@
 
 #include "backend.h"
 #include "config.h"
-#include "tramp.h"
+#include "arch.h"
 
 #define LOCK_MAX_HOLDS 64
 

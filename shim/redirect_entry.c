@@ -36,7 +36,7 @@
 #include "patchmem.h"
 #include "redirect.h"
 #include "symdef.h"
-#include "tramp.h"
+#include "arch.h"
 
 #define WHY_MAX 384
 #define OBJECTS_MAX 1024

@@ -33,7 +33,7 @@
 #include "hook.h"
 #include "log.h"
 #include "redirect.h"
-#include "tramp.h"
+#include "arch.h"
 
 struct obj {
 	uintptr_t base, lo, hi;         /* load bias; mapped range */

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "tramp.h" /* and, through LOCKSHIM_ARCH_H, tramp_x86_64.h */
+#include "arch.h" /* and, through LOCKSHIM_ARCH_H, tramp_x86_64.h */
 
 /* The struct and the offsets tramp_x86_64.S uses describe one layout. */
 _Static_assert(offsetof(struct tramp_frame, gpr) == TF_RDI &&

@@ -34,10 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#ifndef LOCKSHIM_ARCH_H
-#error "LOCKSHIM_ARCH_H must name the architecture's header: -DLOCKSHIM_ARCH_H='\"tramp_x86_64.h\"' (the Makefile passes it)"
-#endif
-#include LOCKSHIM_ARCH_H
+#include "machine.h" /* arch/$(ARCH)/machine.h: the Makefile's -iquote */
 
 #if !defined(ARCH_INT_ARGS) || !defined(ARCH_ENTRY_COPY_MAX) || !defined(ARCH_ENTRY_PATCH_MAX)
 #error "the architecture header (LOCKSHIM_ARCH_H) must define ARCH_INT_ARGS, ARCH_ENTRY_COPY_MAX and ARCH_ENTRY_PATCH_MAX"

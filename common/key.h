@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tramp.h" /* ARCH_INT_ARGS */
+#include "arch.h" /* ARCH_INT_ARGS */
 
 #define KEY_MAX_EXPANDED 256
 #define KEY_MAX_NAMESPACE 128

@@ -21,7 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "tramp.h"
+#include "arch.h"
 
 #define JMP_REL32 5
 #define SCAN_UNKNOWN 512 /* bytes scanned when the function's size is unknown */

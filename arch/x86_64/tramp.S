@@ -28,7 +28,7 @@
 #include <sys/syscall.h>
 
 #include "guard.h"
-#include "tramp_x86_64.h"
+#include "machine.h"
 
 	.text
 
