@@ -1,35 +1,36 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tramp.h - what the generic code needs from an architecture.
+ * arch.h - what the generic code needs from an architecture: the seam,
+ * whose functions all carry the prefix arch_.
  *
  * An architecture <name> (the Makefile's ARCH, `uname -m` by default:
- * x86_64, aarch64, ...) is four files and nothing else:
+ * x86_64, aarch64, ...) is one folder, arch/<name>/, and nothing else:
  *
- *   tramp_<name>.h  ARCH_INT_ARGS, the number of integer/pointer argument
- *                   registers (the {argN} placeholders, key.h; the saved
- *                   registers tramp_int_args returns), ARCH_ENTRY_COPY_MAX
- *                   and ARCH_ENTRY_PATCH_MAX (entry patching), and what its
- *                   .S and .c share (the layout of struct tramp_frame).
- *                   Included by every file that includes this one, shim and
- *                   CLI alike, and by the .S: valid in C and in assembly.
- *   tramp_<name>.S  tramp_entry, which every stub jumps to and which calls
- *                   dispatch_call(frame, hook) (dispatch.c); tramp_invoke;
- *                   tramp_vfork.
- *   arch_<name>.c   the arch_* and the other tramp_* functions below: CPU
- *                   features, the per-hook stub, relocation types, the
- *                   stack pointer inside a jmp_buf, the saved frame.
- *   arch_<name>_entry.c  arch_entry_prepare: decoding a function's first
- *                   instructions and relocating them into a copy (entry
- *                   patching, redirect_entry.c).
+ *   machine.h  ARCH_INT_ARGS, the number of integer/pointer argument
+ *              registers (the {argN} placeholders, key.h; the saved
+ *              registers arch_int_args returns), ARCH_ENTRY_COPY_MAX and
+ *              ARCH_ENTRY_PATCH_MAX (entry patching), and what its .S and
+ *              .c share (the layout of struct arch_frame). Included by
+ *              this header, for the shim and the CLI alike, and by the .S:
+ *              valid in C and in assembly.
+ *   tramp.S    arch_tramp_entry, which every stub jumps to and which calls
+ *              dispatch_call(frame, hook) (dispatch.c); arch_invoke;
+ *              arch_vfork.
+ *   arch.c     the other arch_* functions below: CPU features, the
+ *              per-hook stub, relocation types, the stack pointer inside a
+ *              jmp_buf, the saved frame.
+ *   entry.c    arch_entry_prepare: decoding a function's first
+ *              instructions and relocating them into a copy (entry
+ *              patching, redirect_entry.c).
  *
- * The Makefile compiles arch_$(ARCH).c, arch_$(ARCH)_entry.c and tramp_$(ARCH).S and passes
- * -DLOCKSHIM_ARCH_H='"tramp_$(ARCH).h"' to every compilation, which this
- * header includes: no #ifdef per architecture anywhere. The generic code
+ * The Makefile compiles every .c and .S of arch/$(ARCH)/ and puts that
+ * folder on the include path (-iquote), so "machine.h" below is the
+ * architecture's: no #ifdef per architecture anywhere. The generic code
  * assumes a 64-bit ELF target whose objects use RELA relocations
  * (redirect_reloc.c) and stack arguments copied in 16-byte units.
  */
-#ifndef LOCKSHIM_TRAMP_H
-#define LOCKSHIM_TRAMP_H
+#ifndef LOCKSHIM_ARCH_H
+#define LOCKSHIM_ARCH_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -37,10 +38,10 @@
 #include "machine.h" /* arch/$(ARCH)/machine.h: the Makefile's -iquote */
 
 #if !defined(ARCH_INT_ARGS) || !defined(ARCH_ENTRY_COPY_MAX) || !defined(ARCH_ENTRY_PATCH_MAX)
-#error "the architecture header (LOCKSHIM_ARCH_H) must define ARCH_INT_ARGS, ARCH_ENTRY_COPY_MAX and ARCH_ENTRY_PATCH_MAX"
+#error "the architecture header (arch/$(ARCH)/machine.h) must define ARCH_INT_ARGS, ARCH_ENTRY_COPY_MAX and ARCH_ENTRY_PATCH_MAX"
 #endif
 
-struct tramp_frame; /* saved caller state; only arch_<name>.c and the .S use its fields */
+struct arch_frame; /* saved caller state; only arch/<name>/ uses its fields */
 
 enum reloc_kind { RELOC_OTHER, RELOC_JUMP_SLOT, RELOC_GLOB_DAT, RELOC_ABS64 };
 
@@ -64,27 +65,27 @@ int arch_reloc_kind(unsigned type);
 uintptr_t arch_jmpbuf_sp(const void *env);
 
 /* The ARCH_INT_ARGS integer argument registers saved in f, for the key. */
-const uint64_t *tramp_int_args(const struct tramp_frame *f);
+const uint64_t *arch_int_args(const struct arch_frame *f);
 
 /* Address of the caller's first stack argument. */
-uintptr_t tramp_stack_args(const struct tramp_frame *f);
+uintptr_t arch_stack_args(const struct arch_frame *f);
 
 /* Makes the call return v (integer registers) and d (first FP register). */
-void tramp_set_return(struct tramp_frame *f, long long v, double d);
+void arch_set_return(struct arch_frame *f, long long v, double d);
 
 /*
  * vfork(2) for the program: returns twice, like vfork, with GUARD_VFORK set
  * in the child and cleared in the parent once the child has exec'd or
  * exited (guard.h). Errors set errno and return -1.
  */
-int tramp_vfork(void);
+int arch_vfork(void);
 
 /*
  * Calls fn with the registers saved in f and `window` bytes (a multiple of
  * 16) of the caller's stack arguments, then saves the return registers in f.
  * Implemented in assembly with unwind info, so exceptions pass through.
  */
-void tramp_invoke(struct tramp_frame *f, void *fn, size_t window);
+void arch_invoke(struct arch_frame *f, void *fn, size_t window);
 
 /*
  * Entry patching (arch_<name>_entry.c). A patched function's first

@@ -117,15 +117,15 @@ static int ask_slots(struct backend_config *bc, const char *host, int port, shor
 	const struct redis_spec *r = bc->r;
 	const char *argv[] = { "CLUSTER", "SLOTS" };
 	struct redis_endpoint ep = { host, port, NULL, r->username, r->password, 0, 0 };
-	struct backend_conn *c = redis_connect(r, &ep, why, whylen);
+	struct backend_conn *c = backend_redis_connect(r, &ep, why, whylen);
 	redisReply *rep;
 	int rc = -1;
 
 	if (!c)
 		return -1;
-	rep = redis_command(c, 2, argv);
+	rep = backend_redis_command(c, 2, argv);
 	if (!rep || rep->type != REDIS_REPLY_ARRAY) {
-		snprintf(why, whylen, "CLUSTER SLOTS: %s", !rep ? redis_errstr(c) :
+		snprintf(why, whylen, "CLUSTER SLOTS: %s", !rep ? backend_redis_errstr(c) :
 			 rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
 		goto out;
 	}
@@ -156,7 +156,7 @@ static int ask_slots(struct backend_config *bc, const char *host, int port, shor
 out:
 	if (rep)
 		freeReplyObject(rep);
-	redis_close(c);
+	backend_redis_close(c);
 	return rc;
 }
 
@@ -190,7 +190,7 @@ static int refresh(struct backend_config *bc, char *err, size_t errlen)
 			n = bc->nodes[i];
 		pthread_mutex_unlock(&bc->mu);
 		if (i >= known && (i - known >= nseeds ||
-		    redis_split_addr(r->cluster[i - known], n.host, sizeof(n.host), &n.port) != 0))
+		    backend_redis_split_addr(r->cluster[i - known], n.host, sizeof(n.host), &n.port) != 0))
 			break;
 		for (int k = 0; k < ntried; k++)
 			if (tried[k].port == n.port && strcmp(tried[k].host, n.host) == 0)
@@ -261,8 +261,8 @@ static void node_drop(struct cluster_conn *cc, int i)
 {
 	if (!cc->node[i])
 		return;
-	redis_unconfirmed(cc->node[i], keep, &cc->unsure);
-	redis_close(cc->node[i]);
+	backend_redis_unconfirmed(cc->node[i], keep, &cc->unsure);
+	backend_redis_close(cc->node[i]);
 	cc->node[i] = NULL;
 }
 
@@ -282,7 +282,7 @@ static struct backend_conn *node_conn(struct cluster_conn *cc, int i)
 	pthread_mutex_unlock(&cc->bc->mu);
 	ep.host = n.host;
 	ep.port = n.port;
-	cc->node[i] = redis_connect(r, &ep, err, sizeof(err));
+	cc->node[i] = backend_redis_connect(r, &ep, err, sizeof(err));
 	if (!cc->node[i])
 		snprintf(cc->errstr, sizeof(cc->errstr), "node %.64s:%d: %.240s", n.host, n.port,
 			 err);
@@ -307,32 +307,32 @@ struct op {
 
 static int run_acquire(struct backend_conn *nc, struct op *o)
 {
-	return redis_acquire(nc, o->it, &o->wait_ms, o->holder, o->holder_len);
+	return backend_redis_acquire(nc, o->it, &o->wait_ms, o->holder, o->holder_len);
 }
 
 static int run_release(struct backend_conn *nc, struct op *o)
 {
-	return redis_release(nc, o->it, o->async);
+	return backend_redis_release(nc, o->it, o->async);
 }
 
 static int run_leave(struct backend_conn *nc, struct op *o)
 {
-	return redis_leave(nc, o->it, o->async);
+	return backend_redis_leave(nc, o->it, o->async);
 }
 
 static int run_wait(struct backend_conn *nc, struct op *o)
 {
-	return redis_wait(nc, o->it, o->wait_ms);
+	return backend_redis_wait(nc, o->it, o->wait_ms);
 }
 
 static int run_unlock(struct backend_conn *nc, struct op *o)
 {
-	return redis_unlock(nc, o->it);
+	return backend_redis_unlock(nc, o->it);
 }
 
 static int run_renew(struct backend_conn *nc, struct op *o)
 {
-	return redis_renew(nc, 1, o->it, &o->result);
+	return backend_redis_renew(nc, 1, o->it, &o->result);
 }
 
 /*
@@ -347,7 +347,7 @@ static int redirected(struct cluster_conn *cc, const char *err, int *ask)
 	char addr[300], host[256];
 	int slot, port, idx;
 
-	while (p && !redis_is_redirect(p + 2))
+	while (p && !backend_redis_is_redirect(p + 2))
 		p = strstr(p + 2, ": ");
 	if (!p)
 		return -1;
@@ -356,7 +356,7 @@ static int redirected(struct cluster_conn *cc, const char *err, int *ask)
 		return -2;
 	*ask = p[0] == 'A';
 	if (sscanf(strchr(p, ' '), " %d %299s", &slot, addr) != 2 || slot < 0 ||
-	    slot >= SLOTS || redis_split_addr(addr, host, sizeof(host), &port) != 0)
+	    slot >= SLOTS || backend_redis_split_addr(addr, host, sizeof(host), &port) != 0)
 		return -1;
 	LOG(LOG_DEBUG, "cluster: %s %d %s:%d", *ask ? "ASK" : "MOVED", slot, host, port);
 	pthread_mutex_lock(&cc->bc->mu);
@@ -388,18 +388,18 @@ static int on_slot(struct cluster_conn *cc, const char *key, size_t klen, struct
 
 		if (!nc)
 			break;
-		if (ask && !(rep = redis_command(nc, 1, asking))) {
-			snprintf(cc->errstr, sizeof(cc->errstr), "%s", redis_errstr(nc));
+		if (ask && !(rep = backend_redis_command(nc, 1, asking))) {
+			snprintf(cc->errstr, sizeof(cc->errstr), "%s", backend_redis_errstr(nc));
 			node_drop(cc, cur);
 			break;
 		}
 		if (rep)
 			freeReplyObject(rep);
 		rc = o->run(nc, o);
-		redis_redirected(nc, keep, &cc->moved);
+		backend_redis_redirected(nc, keep, &cc->moved);
 		if (rc != BACKEND_ERR)
 			return rc;
-		snprintf(cc->errstr, sizeof(cc->errstr), "%s", redis_errstr(nc));
+		snprintf(cc->errstr, sizeof(cc->errstr), "%s", backend_redis_errstr(nc));
 		idx = redirected(cc, cc->errstr, &ask);
 		if (idx == -2) { /* from the slot's owner again, after a pause */
 			idx = route(cc, key, klen);
@@ -520,7 +520,7 @@ static void cluster_close(struct backend_conn *c)
 	if (!cc)
 		return;
 	for (int i = 0; i < NODES_MAX; i++)
-		redis_close(cc->node[i]);
+		backend_redis_close(cc->node[i]);
 	free(cc);
 }
 
@@ -568,13 +568,13 @@ static int cluster_flush(struct backend_conn *c)
 	for (int i = 0; i < NODES_MAX; i++) {
 		if (!cc->node[i])
 			continue;
-		if (redis_flush(cc->node[i]) != BACKEND_OK) {
-			snprintf(cc->errstr, sizeof(cc->errstr), "%s", redis_errstr(cc->node[i]));
+		if (backend_redis_flush(cc->node[i]) != BACKEND_OK) {
+			snprintf(cc->errstr, sizeof(cc->errstr), "%s", backend_redis_errstr(cc->node[i]));
 			node_drop(cc, i);
 			rc = BACKEND_ERR;
 			continue;
 		}
-		redis_redirected(cc->node[i], keep, &cc->moved);
+		backend_redis_redirected(cc->node[i], keep, &cc->moved);
 	}
 	send_moved(cc);
 	return rc;
@@ -599,7 +599,7 @@ static void cluster_unconfirmed(struct backend_conn *c,
 
 	for (int i = 0; i < NODES_MAX; i++)
 		if (cc->node[i])
-			redis_unconfirmed(cc->node[i], fn, arg);
+			backend_redis_unconfirmed(cc->node[i], fn, arg);
 	hand_over(&cc->unsure, fn, arg);
 	hand_over(&cc->moved, fn, arg);
 }
@@ -640,11 +640,11 @@ static int cluster_renew(struct backend_conn *c, int n, const struct backend_ite
 			}
 		nc = node >= 0 ? node_conn(cc, node) : NULL;
 		if (nc) {
-			brc = redis_renew(nc, m, batch, res);
-			redis_redirected(nc, keep, &cc->moved);
+			brc = backend_redis_renew(nc, m, batch, res);
+			backend_redis_redirected(nc, keep, &cc->moved);
 		}
 		if (nc && brc == BACKEND_ERR) {
-			snprintf(cc->errstr, sizeof(cc->errstr), "%s", redis_errstr(nc));
+			snprintf(cc->errstr, sizeof(cc->errstr), "%s", backend_redis_errstr(nc));
 			redir = redirected(cc, cc->errstr, &ask) != -1;
 			if (!redir)
 				node_drop(cc, node);
@@ -706,8 +706,8 @@ static int cluster_ping(struct backend_conn *c)
 
 		if (!nc)
 			return BACKEND_ERR;
-		if (redis_ping(nc) != BACKEND_OK) {
-			snprintf(cc->errstr, sizeof(cc->errstr), "%s", redis_errstr(nc));
+		if (backend_redis_ping(nc) != BACKEND_OK) {
+			snprintf(cc->errstr, sizeof(cc->errstr), "%s", backend_redis_errstr(nc));
 			node_drop(cc, idx[i]);
 			return BACKEND_ERR;
 		}
@@ -771,7 +771,7 @@ static struct backend_conn *cluster_node_open(const struct backend_config *cbc, 
 	snprintf(name, namelen, "%s:%d (slots %s)", nd.host, nd.port, ranges);
 	ep.host = nd.host;
 	ep.port = nd.port;
-	return redis_connect(r, &ep, err, errlen);
+	return backend_redis_connect(r, &ep, err, errlen);
 }
 
 /* Writes "a cluster of N primaries" into buf. */

@@ -31,7 +31,7 @@
  * delay them) and remembered; their replies are read in front of the next
  * command's reply (one round trip for both), or by flush. Those whose reply
  * never came are handed back by unconfirmed(); those a cluster node
- * redirected, by redis_redirected(). For the backends of several nodes,
+ * redirected, by backend_redis_redirected(). For the backends of several nodes,
  * acquire and renew also come as send and receive halves (backend_redis.h).
  */
 #include "backend_redis.h"
@@ -194,7 +194,7 @@ struct backend_conn {
 	size_t outlen, outcap;
 	long long cmd_ms;   /* command timeout (and the WAIT's, with wait_n) */
 	int wait_n;         /* redis.wait_replicas */
-	int one_of_many;    /* redis_one_of_many */
+	int one_of_many;    /* backend_redis_one_of_many */
 	int wait_ms;        /* redis.wait_replicas_ms */
 	int set_get;        /* the last SET NX appended has GET */
 	int npending;
@@ -218,7 +218,7 @@ static int conn_fail(struct backend_conn *c, const char *what, const redisReply 
 	return BACKEND_ERR;
 }
 
-void redis_close(struct backend_conn *c)
+void backend_redis_close(struct backend_conn *c)
 {
 	if (!c)
 		return;
@@ -391,7 +391,7 @@ static int resp_append(struct backend_conn *c, struct resp *r)
 	return out_add(c, r->buf, (size_t)(r->p - r->buf)) == 0 ? 0 : conn_fail(c, "append", NULL);
 }
 
-int redis_split_addr(const char *s, char *host, size_t len, int *port)
+int backend_redis_split_addr(const char *s, char *host, size_t len, int *port)
 {
 	const char *colon = strrchr(s, ':');
 	size_t n;
@@ -455,12 +455,12 @@ static void sha_init(void)
 }
 
 /* This backend serves a single server (host and port, or socket). */
-static int redis_serves(const struct redis_spec *r)
+static int backend_redis_serves(const struct redis_spec *r)
 {
 	return !r->sentinels && !r->cluster && !r->masters;
 }
 
-static struct backend_config *redis_config_new(const struct redis_spec *r, char *err,
+static struct backend_config *backend_redis_config_new(const struct redis_spec *r, char *err,
 					       size_t errlen)
 {
 	struct backend_config *bc;
@@ -473,13 +473,14 @@ static struct backend_config *redis_config_new(const struct redis_spec *r, char 
 	return bc;
 }
 
-static void redis_config_free(struct backend_config *bc)
+static void backend_redis_config_free(struct backend_config *bc)
 {
 	free(bc);
 }
 
-struct backend_conn *redis_connect(const struct redis_spec *r, const struct redis_endpoint *ep,
-				   char *err, size_t errlen)
+struct backend_conn *backend_redis_connect(const struct redis_spec *r,
+					   const struct redis_endpoint *ep,
+					   char *err, size_t errlen)
 {
 	struct backend_conn *c = calloc(1, sizeof(*c));
 
@@ -494,25 +495,25 @@ struct backend_conn *redis_connect(const struct redis_spec *r, const struct redi
 	c->cmd_ms = r->command_timeout_ms + (c->wait_n ? c->wait_ms : 0);
 	if (net_connect(&c->sock, ep->host, ep->port, ep->socket, &r->tls, r->connect_timeout_ms,
 			c->cmd_ms, err, errlen) != 0) {
-		redis_close(c);
+		backend_redis_close(c);
 		return NULL;
 	}
 	if (conn_setup(c, ep) != 0) {
 		snprintf(err, errlen, "%s", c->errstr[0] ? c->errstr : "setup failed");
-		redis_close(c);
+		backend_redis_close(c);
 		return NULL;
 	}
 	return c;
 }
 
-static struct backend_conn *redis_open(const struct backend_config *bc, char *err,
+static struct backend_conn *backend_redis_open(const struct backend_config *bc, char *err,
 				       size_t errlen)
 {
 	const struct redis_spec *r = bc->r;
 	struct redis_endpoint ep = { r->host, r->port, r->socket, r->username, r->password,
 				     r->db, r->wait_replicas };
 
-	return redis_connect(r, &ep, err, errlen);
+	return backend_redis_connect(r, &ep, err, errlen);
 }
 
 /* Appends EVALSHA (or EVAL) of script s with it's keys (script_nkeys of
@@ -547,22 +548,22 @@ static int is_noscript(const redisReply *r)
 	return r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0;
 }
 
-void redis_one_of_many(struct backend_conn *c)
+void backend_redis_one_of_many(struct backend_conn *c)
 {
 	c->one_of_many = 1;
 }
 
-int redis_is_redirect(const char *err)
+int backend_redis_is_redirect(const char *err)
 {
 	return strncmp(err, "MOVED ", 6) == 0 || strncmp(err, "ASK ", 4) == 0 ||
 	       strncmp(err, "TRYAGAIN", 8) == 0 || strncmp(err, "CLUSTERDOWN", 11) == 0;
 }
 
 /* Logs the outcome of an asynchronous command read back later; keeps one
- * that a cluster node refused for another node, for redis_redirected. */
+ * that a cluster node refused for another node, for backend_redis_redirected. */
 static void settle_one(struct backend_conn *c, const struct pending *p, const redisReply *r)
 {
-	if (r->type == REDIS_REPLY_ERROR && redis_is_redirect(r->str) &&
+	if (r->type == REDIS_REPLY_ERROR && backend_redis_is_redirect(r->str) &&
 	    c->nredirected < PENDING_MAX) {
 		LOG(LOG_DEBUG, "%s of %.*s: %s; sent again", p->script == S_RELEASE ? "release" :
 		    "leave", (int)p->c.klen, p->c.key, r->str);
@@ -618,7 +619,7 @@ static redisReply *reply_after_pending(struct backend_conn *c, const char *what)
 }
 
 /* Runs script s and returns its reply, retrying as EVAL on NOSCRIPT. */
-redisReply *redis_command(struct backend_conn *c, int argc, const char *const *argv)
+redisReply *backend_redis_command(struct backend_conn *c, int argc, const char *const *argv)
 {
 	struct resp cmd;
 
@@ -716,7 +717,7 @@ static int acknowledged(struct backend_conn *c, const struct backend_item *it, l
 		return BACKEND_OK;
 	if (acked < 0)
 		return BACKEND_ERR;
-	redis_release(c, it, 0);
+	backend_redis_release(c, it, 0);
 	snprintf(c->errstr, sizeof(c->errstr), "acquire: WAIT: %lld of %d replica(s) "
 		 "acknowledged within %d ms", acked, c->wait_n, c->wait_ms);
 	return BACKEND_ERR;
@@ -830,7 +831,7 @@ static int acquire_append(struct backend_conn *c, const struct backend_item *it)
 	return append_script(c, S_ENQUEUE, it, args, ENQUEUE_ARGS, 0);
 }
 
-/* Reads the replies of acquire_append's commands; as redis_acquire. */
+/* Reads the replies of acquire_append's commands; as backend_redis_acquire. */
 static int acquire_read(struct backend_conn *c, const struct backend_item *it,
 			long long *wait_ms, char *holder, size_t *holder_len)
 {
@@ -862,7 +863,7 @@ static int acquire_read(struct backend_conn *c, const struct backend_item *it,
 	return rc;
 }
 
-int redis_acquire(struct backend_conn *c, const struct backend_item *it,
+int backend_redis_acquire(struct backend_conn *c, const struct backend_item *it,
 		  long long *wait_ms, char *holder, size_t *holder_len)
 {
 	*holder_len = 0;
@@ -871,20 +872,20 @@ int redis_acquire(struct backend_conn *c, const struct backend_item *it,
 	return acquire_read(c, it, wait_ms, holder, holder_len);
 }
 
-int redis_acquire_send(struct backend_conn *c, const struct backend_item *it)
+int backend_redis_acquire_send(struct backend_conn *c, const struct backend_item *it)
 {
 	if (acquire_append(c, it) != 0)
 		return BACKEND_ERR;
 	return out_flush(c) == 0 ? BACKEND_OK : conn_fail(c, "acquire", NULL);
 }
 
-int redis_acquire_recv(struct backend_conn *c, const struct backend_item *it,
+int backend_redis_acquire_recv(struct backend_conn *c, const struct backend_item *it,
 		       long long *wait_ms, char *holder, size_t *holder_len)
 {
 	return acquire_read(c, it, wait_ms, holder, holder_len);
 }
 
-int redis_flush(struct backend_conn *c)
+int backend_redis_flush(struct backend_conn *c)
 {
 	return settle(c) == 0 ? BACKEND_OK : BACKEND_ERR;
 }
@@ -941,7 +942,7 @@ static int run_int(struct backend_conn *c, const char *what, enum script s,
 	return rc;
 }
 
-int redis_release(struct backend_conn *c, const struct backend_item *it, int async)
+int backend_redis_release(struct backend_conn *c, const struct backend_item *it, int async)
 {
 	long long args[5] = { it->waiter_ttl_ms, it->fair ? 0 : it->handoff_us, WAKE_TTL_MS,
 			      it->turn_done, it->ticket };
@@ -951,7 +952,7 @@ int redis_release(struct backend_conn *c, const struct backend_item *it, int asy
 	return run_int(c, "release", S_RELEASE, it, args, 5);
 }
 
-int redis_leave(struct backend_conn *c, const struct backend_item *it, int async)
+int backend_redis_leave(struct backend_conn *c, const struct backend_item *it, int async)
 {
 	long long ttl = WAKE_TTL_MS;
 
@@ -960,7 +961,7 @@ int redis_leave(struct backend_conn *c, const struct backend_item *it, int async
 	return run_int(c, "leave", S_LEAVE, it, &ttl, 1);
 }
 
-int redis_unlock(struct backend_conn *c, const struct backend_item *it)
+int backend_redis_unlock(struct backend_conn *c, const struct backend_item *it)
 {
 	return run_int(c, "unlock", S_UNLOCK, it, NULL, 0);
 }
@@ -976,15 +977,15 @@ static void hand_back(const struct pending *p, int n,
 	}
 }
 
-void redis_unconfirmed(struct backend_conn *c,
+void backend_redis_unconfirmed(struct backend_conn *c,
 		       void (*fn)(void *arg, const struct backend_item *it), void *arg)
 {
-	redis_redirected(c, fn, arg);
+	backend_redis_redirected(c, fn, arg);
 	hand_back(c->pend, c->npending, fn, arg);
 	c->npending = 0;
 }
 
-int redis_redirected(struct backend_conn *c,
+int backend_redis_redirected(struct backend_conn *c,
 		     void (*fn)(void *arg, const struct backend_item *it), void *arg)
 {
 	int n = c->nredirected;
@@ -994,7 +995,7 @@ int redis_redirected(struct backend_conn *c,
 	return n;
 }
 
-int redis_wait(struct backend_conn *c, const struct backend_item *it,
+int backend_redis_wait(struct backend_conn *c, const struct backend_item *it,
 	       long long timeout_ms)
 {
 	char secs[32];
@@ -1043,7 +1044,7 @@ static int renew_append(struct backend_conn *c, int n, const struct backend_item
 }
 
 /* Reads the replies of renew_append's commands (the pending ones read
- * already); as redis_renew. */
+ * already); as backend_redis_renew. */
 static int renew_read(struct backend_conn *c, int n, const struct backend_item *items,
 		      int *results)
 {
@@ -1082,7 +1083,7 @@ static int renew_read(struct backend_conn *c, int n, const struct backend_item *
 	return rc;
 }
 
-int redis_renew(struct backend_conn *c, int n, const struct backend_item *items,
+int backend_redis_renew(struct backend_conn *c, int n, const struct backend_item *items,
 		int *results)
 {
 	if (settle(c) != 0 || renew_append(c, n, items) != 0)
@@ -1090,14 +1091,14 @@ int redis_renew(struct backend_conn *c, int n, const struct backend_item *items,
 	return renew_read(c, n, items, results);
 }
 
-int redis_renew_send(struct backend_conn *c, int n, const struct backend_item *items)
+int backend_redis_renew_send(struct backend_conn *c, int n, const struct backend_item *items)
 {
 	if (renew_append(c, n, items) != 0)
 		return BACKEND_ERR;
 	return out_flush(c) == 0 ? BACKEND_OK : conn_fail(c, "renew", NULL);
 }
 
-int redis_renew_recv(struct backend_conn *c, int n, const struct backend_item *items,
+int backend_redis_renew_recv(struct backend_conn *c, int n, const struct backend_item *items,
 		     int *results)
 {
 	if (settle(c) != 0)
@@ -1105,12 +1106,12 @@ int redis_renew_recv(struct backend_conn *c, int n, const struct backend_item *i
 	return renew_read(c, n, items, results);
 }
 
-const char *redis_errstr(const struct backend_conn *c)
+const char *backend_redis_errstr(const struct backend_conn *c)
 {
 	return c->errstr;
 }
 
-int redis_ping(struct backend_conn *c)
+int backend_redis_ping(struct backend_conn *c)
 {
 	struct resp cmd;
 	redisReply *r;
@@ -1129,9 +1130,9 @@ int redis_ping(struct backend_conn *c)
 
 const struct backend_ops backend_redis = {
 	.name = "redis",
-	.serves = redis_serves,
-	.config_new = redis_config_new,
-	.config_free = redis_config_free,
-	.open = redis_open,
+	.serves = backend_redis_serves,
+	.config_new = backend_redis_config_new,
+	.config_free = backend_redis_config_free,
+	.open = backend_redis_open,
 	REDIS_CONN_OPS,
 };

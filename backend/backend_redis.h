@@ -3,9 +3,12 @@
  * backend_redis.h - what backend_redis.c shares with the backends that
  * speak the same protocol to a node they find another way (Sentinel:
  * backend_sentinel.c). Such a backend finds the node, opens it with
- * redis_connect, and lists backend_redis.c's operations for everything a
- * connection then does: the commands, scripts, WAIT and error handling
- * stay in one file. Not for lock.c or renew.c, which see backend.h only.
+ * backend_redis_connect, and lists backend_redis.c's operations for
+ * everything a connection then does: the commands, scripts, WAIT and
+ * error handling stay in one file. Not for lock.c or renew.c, which see
+ * backend.h only.
+ *
+ * The prefix is the module's, backend_redis_; hiredis owns redis*.
  */
 #ifndef LOCKSHIM_BACKEND_REDIS_H
 #define LOCKSHIM_BACKEND_REDIS_H
@@ -31,25 +34,26 @@ struct redis_endpoint {
  * SELECT sent). Returns it (released with the ops' close), or NULL with
  * the reason in err.
  */
-struct backend_conn *redis_connect(const struct redis_spec *r, const struct redis_endpoint *ep,
-				   char *err, size_t errlen);
+struct backend_conn *backend_redis_connect(const struct redis_spec *r,
+					   const struct redis_endpoint *ep,
+					   char *err, size_t errlen);
 
 /* Marks c as one master of several (Redlock): an asynchronous release that
  * finds the key not ours there is no news, logged at debug, not warn. */
-void redis_one_of_many(struct backend_conn *c);
+void backend_redis_one_of_many(struct backend_conn *c);
 
 /* Sends one command of argc strings and returns its reply (the caller
  * frees it with freeReplyObject), or NULL (the reason in the ops'
  * errstr). */
-redisReply *redis_command(struct backend_conn *c, int argc, const char *const *argv);
+redisReply *backend_redis_command(struct backend_conn *c, int argc, const char *const *argv);
 
 /* Splits s, "host:port" (the host may be "[v6]"), into host (len bytes)
  * and port. Returns 0, or -1 when s is not host:port or host is too long. */
-int redis_split_addr(const char *s, char *host, size_t len, int *port);
+int backend_redis_split_addr(const char *s, char *host, size_t len, int *port);
 
 /* Returns 1 when err, a Redis error reply, sends the command to another
  * cluster node or asks to retry it (MOVED, ASK, TRYAGAIN, CLUSTERDOWN). */
-int redis_is_redirect(const char *err);
+int backend_redis_is_redirect(const char *err);
 
 /*
  * Passes each asynchronous release or leave whose reply was such an error
@@ -57,7 +61,7 @@ int redis_is_redirect(const char *err);
  * (unconfirmed() hands them back too). The item's strings are valid during
  * the call only. Returns how many there were.
  */
-int redis_redirected(struct backend_conn *c,
+int backend_redis_redirected(struct backend_conn *c,
 		     void (*fn)(void *arg, const struct backend_item *it), void *arg);
 
 /*
@@ -65,16 +69,16 @@ int redis_redirected(struct backend_conn *c,
  * command to several nodes before reading any reply (backend_redlock.c):
  * *_send appends the command and writes it, reading nothing; *_recv reads
  * its replies, after those of the pending asynchronous commands, and
- * interprets them as the whole operation would. redis_acquire and
- * redis_renew are the two halves in a row, in one round trip. Each returns
+ * interprets them as the whole operation would. backend_redis_acquire and
+ * backend_redis_renew are the two halves in a row, in one round trip. Each returns
  * an enum backend_result; after a transport error (not an error reply)
  * the connection must be closed.
  */
-int redis_acquire_send(struct backend_conn *c, const struct backend_item *it);
-int redis_acquire_recv(struct backend_conn *c, const struct backend_item *it,
+int backend_redis_acquire_send(struct backend_conn *c, const struct backend_item *it);
+int backend_redis_acquire_recv(struct backend_conn *c, const struct backend_item *it,
 		       long long *wait_ms, char *holder, size_t *holder_len);
-int redis_renew_send(struct backend_conn *c, int n, const struct backend_item *items);
-int redis_renew_recv(struct backend_conn *c, int n, const struct backend_item *items,
+int backend_redis_renew_send(struct backend_conn *c, int n, const struct backend_item *items);
+int backend_redis_renew_recv(struct backend_conn *c, int n, const struct backend_item *items,
 		     int *results);
 
 /*
@@ -83,28 +87,29 @@ int redis_renew_recv(struct backend_conn *c, int n, const struct backend_item *i
  * scripts' keys are split between two nodes and get TRYAGAIN. Returns
  * BACKEND_OK (deleted), BACKEND_NO (not ours) or BACKEND_ERR.
  */
-int redis_unlock(struct backend_conn *c, const struct backend_item *it);
+int backend_redis_unlock(struct backend_conn *c, const struct backend_item *it);
 
 /* backend_redis.c's operations (backend.h), for other tables to list. */
-void redis_close(struct backend_conn *c);
-int redis_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
+void backend_redis_close(struct backend_conn *c);
+int backend_redis_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
 		  char *holder, size_t *holder_len);
-int redis_release(struct backend_conn *c, const struct backend_item *it, int async);
-int redis_wait(struct backend_conn *c, const struct backend_item *it, long long timeout_ms);
-int redis_leave(struct backend_conn *c, const struct backend_item *it, int async);
-int redis_flush(struct backend_conn *c);
-void redis_unconfirmed(struct backend_conn *c,
+int backend_redis_release(struct backend_conn *c, const struct backend_item *it, int async);
+int backend_redis_wait(struct backend_conn *c, const struct backend_item *it, long long timeout_ms);
+int backend_redis_leave(struct backend_conn *c, const struct backend_item *it, int async);
+int backend_redis_flush(struct backend_conn *c);
+void backend_redis_unconfirmed(struct backend_conn *c,
 		       void (*fn)(void *arg, const struct backend_item *it), void *arg);
-int redis_renew(struct backend_conn *c, int n, const struct backend_item *items, int *results);
-const char *redis_errstr(const struct backend_conn *c);
-int redis_ping(struct backend_conn *c);
+int backend_redis_renew(struct backend_conn *c, int n, const struct backend_item *items,
+			int *results);
+const char *backend_redis_errstr(const struct backend_conn *c);
+int backend_redis_ping(struct backend_conn *c);
 
 /* The operations of a connection, for a backend table (backend.h) that
  * differs from backend_redis's only in finding the node. */
 #define REDIS_CONN_OPS                                                          \
-	.close = redis_close, .acquire = redis_acquire, .release = redis_release, \
-	.wait = redis_wait, .leave = redis_leave, .flush = redis_flush,           \
-	.unconfirmed = redis_unconfirmed, .renew = redis_renew,                   \
-	.errstr = redis_errstr, .ping = redis_ping
+	.close = backend_redis_close, .acquire = backend_redis_acquire, .release = backend_redis_release, \
+	.wait = backend_redis_wait, .leave = backend_redis_leave, .flush = backend_redis_flush,           \
+	.unconfirmed = backend_redis_unconfirmed, .renew = backend_redis_renew,                   \
+	.errstr = backend_redis_errstr, .ping = backend_redis_ping
 
 #endif

@@ -7,7 +7,7 @@
  * needed; backend_redis.c owns that struct, never dereferenced here). An
  * acquire writes the same command with the same token to every usable
  * master (SET NX PX GET, or the queue script while waiting), then reads
- * every reply (redis_acquire_send/recv): the lock is held when a quorum
+ * every reply (backend_redis_acquire_send/recv): the lock is held when a quorum
  * (N/2+1) took it and the validity left, lease - elapsed - drift (drift =
  * lease/100 + 2 ms), is positive; otherwise it is released wherever it was
  * taken and the caller gets BACKEND_NO ("busy": lock.c waits and retries).
@@ -260,8 +260,8 @@ static void drop(struct redlock_conn *c, int i)
 {
 	if (!c->m[i])
 		return;
-	redis_unconfirmed(c->m[i], orphan_cb, c);
-	redis_close(c->m[i]);
+	backend_redis_unconfirmed(c->m[i], orphan_cb, c);
+	backend_redis_close(c->m[i]);
 	c->m[i] = NULL;
 }
 
@@ -289,7 +289,7 @@ static void fail_conn(struct redlock_conn *c, int i, const struct backend_item *
 {
 	char why[192];
 
-	snprintf(why, sizeof(why), "%s", redis_errstr(c->m[i]));
+	snprintf(why, sizeof(why), "%s", backend_redis_errstr(c->m[i]));
 	fail(c, i, why, unsure);
 }
 
@@ -313,14 +313,14 @@ static int master_up(struct redlock_conn *c, int i)
 		return 0;
 	}
 	if (!c->m[i]) {
-		if (!(c->m[i] = redis_connect(m, &ep, err, sizeof(err)))) {
+		if (!(c->m[i] = backend_redis_connect(m, &ep, err, sizeof(err)))) {
 			fail(c, i, err, NULL);
 			return 0;
 		}
-		redis_one_of_many(c->m[i]);
+		backend_redis_one_of_many(c->m[i]);
 	}
 	if (usable == 2) {
-		if (redis_ping(c->m[i]) != BACKEND_OK) {
+		if (backend_redis_ping(c->m[i]) != BACKEND_OK) {
 			fail_conn(c, i, NULL);
 			return 0;
 		}
@@ -387,7 +387,7 @@ static void redlock_close(struct backend_conn *conn)
 	if (!c)
 		return;
 	for (int i = 0; i < c->bc->n; i++)
-		redis_close(c->m[i]);
+		backend_redis_close(c->m[i]);
 	free(c);
 }
 
@@ -460,7 +460,7 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 	for (int i = 0; i < bc->n; i++) {
 		if (st[i] == M_SKIP)
 			continue;
-		if (redis_acquire_send(c->m[i], &it) != BACKEND_OK) {
+		if (backend_redis_acquire_send(c->m[i], &it) != BACKEND_OK) {
 			st[i] = M_SKIP;
 			fail_conn(c, i, &it);
 		}
@@ -473,7 +473,7 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 		if (st[i] != M_SENT)
 			continue;
 		hint[i] = 0;
-		rc = redis_acquire_recv(c->m[i], &it, &hint[i], h, &hl);
+		rc = backend_redis_acquire_recv(c->m[i], &it, &hint[i], h, &hl);
 		if (rc == BACKEND_ERR) {
 			st[i] = M_SKIP;
 			fail_conn(c, i, &it);
@@ -492,7 +492,7 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 	if (taken >= bc->quorum && left > 0) {
 		/* the queues where it waited in vain: leave them */
 		for (int i = 0; it.waiting && i < bc->n; i++)
-			if (st[i] == M_REFUSED && redis_leave(c->m[i], &it, 1) == BACKEND_ERR)
+			if (st[i] == M_REFUSED && backend_redis_leave(c->m[i], &it, 1) == BACKEND_ERR)
 				fail_conn(c, i, NULL);
 		return BACKEND_OK;
 	}
@@ -503,7 +503,7 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 	back = release_item(&it);
 	back.ticket = it.ticket; /* a waiter gives back and stays queued */
 	for (int i = 0; i < bc->n; i++)
-		if (st[i] == M_TAKEN && redis_release(c->m[i], &back, 1) == BACKEND_ERR)
+		if (st[i] == M_TAKEN && backend_redis_release(c->m[i], &back, 1) == BACKEND_ERR)
 			fail_conn(c, i, &back);
 	if (op_end(c, taken + refused, "acquire") != BACKEND_OK)
 		return BACKEND_ERR;
@@ -549,13 +549,13 @@ static int on_all(struct redlock_conn *c, const struct backend_item *it0, int as
 static int redlock_release(struct backend_conn *conn, const struct backend_item *it, int async)
 {
 	struct redlock_conn *c = RC(conn);
-	return on_all(c, it, async, redis_release, "release");
+	return on_all(c, it, async, backend_redis_release, "release");
 }
 
 static int redlock_leave(struct backend_conn *conn, const struct backend_item *it, int async)
 {
 	struct redlock_conn *c = RC(conn);
-	return on_all(c, it, async, redis_leave, "leave");
+	return on_all(c, it, async, backend_redis_leave, "leave");
 }
 
 /*
@@ -578,7 +578,7 @@ static int redlock_wait(struct backend_conn *conn, const struct backend_item *it
 
 		if (!master_up(c, i))
 			continue;
-		rc = redis_wait(c->m[i], &it, timeout_ms);
+		rc = backend_redis_wait(c->m[i], &it, timeout_ms);
 		if (rc != BACKEND_ERR) {
 			health_ok(c->bc, i);
 			c->wait_step_ms = 0;
@@ -605,7 +605,7 @@ static int redlock_flush(struct backend_conn *conn)
 
 	op_start(c);
 	for (int i = 0; i < c->bc->n; i++) {
-		if (c->m[i] && redis_flush(c->m[i]) == BACKEND_ERR) {
+		if (c->m[i] && backend_redis_flush(c->m[i]) == BACKEND_ERR) {
 			fail_conn(c, i, NULL);
 			failed++;
 		}
@@ -621,7 +621,7 @@ static void redlock_unconfirmed(struct backend_conn *conn,
 
 	for (int i = 0; i < c->bc->n; i++)
 		if (c->m[i])
-			redis_unconfirmed(c->m[i], orphan_cb, c);
+			backend_redis_unconfirmed(c->m[i], orphan_cb, c);
 	for (int i = 0; i < c->norphans; i++) {
 		const struct orphan *o = &c->orphans[i];
 		struct backend_item it = backend_copy_item(&o->c);
@@ -650,14 +650,14 @@ static int redlock_renew(struct backend_conn *conn, int n, const struct backend_
 		return BACKEND_ERR;
 	}
 	for (int i = 0; i < bc->n; i++) {
-		sent[i] = master_up(c, i) && redis_renew_send(c->m[i], n, items) == BACKEND_OK;
+		sent[i] = master_up(c, i) && backend_redis_renew_send(c->m[i], n, items) == BACKEND_OK;
 		if (!sent[i] && c->m[i])
 			fail_conn(c, i, NULL);
 	}
 	for (int i = 0; i < bc->n; i++) {
 		if (!sent[i])
 			continue;
-		if (redis_renew_recv(c->m[i], n, items, res) != BACKEND_OK) {
+		if (backend_redis_renew_recv(c->m[i], n, items, res) != BACKEND_OK) {
 			fail_conn(c, i, NULL);
 			continue;
 		}
@@ -690,7 +690,7 @@ static int redlock_ping(struct backend_conn *conn)
 	for (int i = 0; i < c->bc->n; i++) {
 		if (!master_up(c, i))
 			continue;
-		if (redis_ping(c->m[i]) == BACKEND_OK) {
+		if (backend_redis_ping(c->m[i]) == BACKEND_OK) {
 			health_ok(c->bc, i);
 			answered++;
 		} else {
@@ -725,7 +725,7 @@ static struct backend_conn *redlock_node_open(const struct backend_config *bc, i
 	snprintf(name, namelen, "%s", bc->name[i]);
 	if (taglen)
 		tag[0] = 0;
-	return redis_connect(m, &ep, err, errlen);
+	return backend_redis_connect(m, &ep, err, errlen);
 }
 
 const struct backend_ops backend_redlock = {

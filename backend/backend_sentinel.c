@@ -72,12 +72,12 @@ static int ask(const struct redis_spec *r, int i, char *host, size_t len, int *p
 	redisReply *rep;
 	int rc = -1;
 
-	if (redis_split_addr(r->sentinels[i], shost, sizeof(shost), &ep.port) != 0) {
+	if (backend_redis_split_addr(r->sentinels[i], shost, sizeof(shost), &ep.port) != 0) {
 		snprintf(why, whylen, "not host:port");
 		return -1;
 	}
 	ep.host = shost;
-	c = redis_connect(r, &ep, err, sizeof(err));
+	c = backend_redis_connect(r, &ep, err, sizeof(err));
 	if (!c) {
 		if (strstr(err, "WRONGPASS"))
 			snprintf(why, whylen, "WRONGPASS (sentinel_username, sentinel_password)");
@@ -87,9 +87,9 @@ static int ask(const struct redis_spec *r, int i, char *host, size_t len, int *p
 			snprintf(why, whylen, "%s", err);
 		return -1;
 	}
-	rep = redis_command(c, 3, argv);
+	rep = backend_redis_command(c, 3, argv);
 	if (!rep)
-		snprintf(why, whylen, "%s", redis_errstr(c));
+		snprintf(why, whylen, "%s", backend_redis_errstr(c));
 	else if (rep->type == REDIS_REPLY_NIL)
 		snprintf(why, whylen, "does not know master \"%s\"", r->master_name);
 	else if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
@@ -107,7 +107,7 @@ static int ask(const struct redis_spec *r, int i, char *host, size_t len, int *p
 	}
 	if (rep)
 		freeReplyObject(rep);
-	redis_close(c);
+	backend_redis_close(c);
 	return rc;
 }
 
@@ -122,7 +122,7 @@ static struct backend_conn *primary(const struct redis_spec *r, const char *host
 	struct redis_endpoint ep = { host, port, NULL, r->username, r->password, r->db,
 				     r->wait_replicas };
 	char err[256];
-	struct backend_conn *c = redis_connect(r, &ep, err, sizeof(err));
+	struct backend_conn *c = backend_redis_connect(r, &ep, err, sizeof(err));
 	redisReply *rep;
 	int ok;
 
@@ -130,20 +130,20 @@ static struct backend_conn *primary(const struct redis_spec *r, const char *host
 		snprintf(why, whylen, "%s", err);
 		return NULL;
 	}
-	rep = redis_command(c, 1, argv);
+	rep = backend_redis_command(c, 1, argv);
 	ok = rep && rep->type == REDIS_REPLY_ARRAY && rep->elements > 0 &&
 	     rep->element[0]->type == REDIS_REPLY_STRING &&
 	     strcmp(rep->element[0]->str, "master") == 0;
 	if (!ok)
 		snprintf(why, whylen, "%s:%d is not a primary (ROLE: %s)", host, port,
-			 !rep ? redis_errstr(c) :
+			 !rep ? backend_redis_errstr(c) :
 			 rep->type == REDIS_REPLY_ARRAY && rep->elements > 0 &&
 			 rep->element[0]->type == REDIS_REPLY_STRING ? rep->element[0]->str :
 			 rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
 	if (rep)
 		freeReplyObject(rep);
 	if (!ok) {
-		redis_close(c);
+		backend_redis_close(c);
 		return NULL;
 	}
 	return c;

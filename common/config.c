@@ -513,7 +513,7 @@ static int tls_check(struct errbuf *e, const config_setting_t *g, const void *me
 
 #define REDIS_FIELD(n, k, lo, hi, ...) FIELD(struct redis_spec, #n, n, k, lo, hi, __VA_ARGS__)
 /* An entry of redis.masters: one server. What it leaves unset, it takes
- * from the redis group (redis_check). */
+ * from the redis group (backend_redis_check). */
 static const struct field master_fields[] = {
 	REDIS_FIELD(host, F_STR, 1, 0, .dflt = "none"),
 	REDIS_FIELD(port, F_INT, 1, 65535),
@@ -551,11 +551,11 @@ static const struct field redis_fields[] = {
 	{ .name = NULL }
 };
 
-static int redis_check(struct errbuf *e, const config_setting_t *g, const void *member);
+static int backend_redis_check(struct errbuf *e, const config_setting_t *g, const void *member);
 
 static const struct field top_fields[] = {
 	FIELD(struct config, "redis", redis, F_GROUP, 0, 0, .sub = redis_fields,
-	      .check = redis_check),
+	      .check = backend_redis_check),
 	FIELD(struct config, "namespace", ns, F_STR, 1, KEY_MAX_NAMESPACE),
 	FIELD(struct config, "log_level", log_level, F_LOGLEVEL, LOG_ERROR, LOG_DEBUG),
 	FIELD(struct config, "log_file", log_file, F_STR, 0, 0),
@@ -638,7 +638,7 @@ static void release_redis(struct redis_spec *r)
 }
 
 /* Reads the list s of server groups (fields) into a new array *out of *n
- * specs, port and db left at 0 and -1 when not set (redis_check fills
+ * specs, port and db left at 0 and -1 when not set (backend_redis_check fills
  * them). The config owns the array (release_redis). Returns 0 or -1. */
 static int get_servers(struct errbuf *e, const config_setting_t *s, const char *what,
 		       const struct field *fields, struct redis_spec **out, int *n)
@@ -977,7 +977,7 @@ static int check_topology(struct errbuf *e, const config_setting_t *g, struct re
 	return 0;
 }
 
-static int redis_check(struct errbuf *e, const config_setting_t *g, const void *member)
+static int backend_redis_check(struct errbuf *e, const config_setting_t *g, const void *member)
 {
 	struct redis_spec *r = (struct redis_spec *)member;
 	const char *env = getenv("LOCKSHIM_REDIS_PASSWORD");

@@ -2,7 +2,7 @@
 /*
  * dispatch.c - what happens around one guarded call.
  *
- * tramp_entry calls dispatch_call with the saved caller state. The lock is
+ * arch_tramp_entry calls dispatch_call with the saved caller state. The lock is
  * held in a variable with a cleanup attribute; this file is built with
  * -fexceptions, so the release runs on a normal return and while a C++
  * exception (or a forced unwind: pthread_cancel, pthread_exit) passes
@@ -103,9 +103,9 @@ static size_t readable(uintptr_t from, size_t want)
 /* Returns how many bytes of stack arguments to copy: want, cut so that the
  * copy never reads past the top of the thread's stack, nor, on any other
  * stack, into a page that cannot be read. */
-static size_t arg_window(const struct tramp_frame *f, size_t want)
+static size_t arg_window(const struct arch_frame *f, size_t want)
 {
-	uintptr_t from = tramp_stack_args(f);
+	uintptr_t from = arch_stack_args(f);
 	size_t n;
 	int saved_errno;
 
@@ -156,10 +156,10 @@ static int policy_for(const struct lock_spec *s, int outcome)
 	return p;
 }
 
-__attribute__((visibility("hidden"))) void dispatch_call(struct tramp_frame *f,
+__attribute__((visibility("hidden"))) void dispatch_call(struct arch_frame *f,
 							 const struct hook *h);
 
-void dispatch_call(struct tramp_frame *f, const struct hook *h)
+void dispatch_call(struct arch_frame *f, const struct hook *h)
 {
 	const struct lock_spec *s = h->spec;
 	struct lock_call call __attribute__((cleanup(dispatch_leave))) = { NULL, NULL };
@@ -167,12 +167,12 @@ void dispatch_call(struct tramp_frame *f, const struct hook *h)
 	int saved_errno, rc;
 
 	if (guard_active() || !shim_active()) {
-		tramp_invoke(f, h->call, window);
+		arch_invoke(f, h->call, window);
 		return;
 	}
 	saved_errno = errno;
 	guard_enter();
-	rc = lock_acquire(s, tramp_int_args(f), &call);
+	rc = lock_acquire(s, arch_int_args(f), &call);
 	guard_leave();
 	if (rc != LOCK_OK) {
 		guard_enter();
@@ -184,11 +184,11 @@ void dispatch_call(struct tramp_frame *f, const struct hook *h)
 		if (rc == POLICY_ABORT)
 			abort();
 		if (rc == POLICY_SKIP) {
-			tramp_set_return(f, s->ret, s->ret_double);
+			arch_set_return(f, s->ret, s->ret_double);
 			errno = s->err;
 			return;
 		}
 	}
 	errno = saved_errno;
-	tramp_invoke(f, h->call, window);
+	arch_invoke(f, h->call, window);
 }

@@ -11,7 +11,7 @@
  * jump discards, then jump. exec family: read the replies of asynchronous
  * releases and release kept locks first; _exit/_Exit: release every lock of
  * the process first. close/dup2/dup3/close_range/closefrom: tell fdown.c
- * that a descriptor of the shim's may be gone. vfork (tramp_*.S): the child
+ * that a descriptor of the shim's may be gone. vfork (arch/<name>/tramp.S): the child
  * runs with the guard set, so that nothing it calls touches its parent's
  * lock state. These are not exported symbols: they are reached only
  * through redirected slots and dlsym results, so the shim's own calls go
@@ -302,8 +302,8 @@ const struct interpose_entry interpose_table[] = {
 	{ "execle", (void *)wrap_execle },
 	{ "_exit", (void *)wrap__exit },
 	{ "_Exit", (void *)wrap__Exit },
-	{ "vfork", (void *)tramp_vfork },
-	{ "__vfork", (void *)tramp_vfork },
+	{ "vfork", (void *)arch_vfork },
+	{ "__vfork", (void *)arch_vfork },
 	{ "close", (void *)wrap_close },
 	{ "dup2", (void *)wrap_dup2 },
 	{ "dup3", (void *)wrap_dup3 },

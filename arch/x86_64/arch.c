@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * arch_x86_64.c - x86-64 facts for the generic code (see tramp.h).
+ * arch.c - x86-64 facts for the generic code (see arch.h).
  *
  * Sizes the trampoline frame from the CPU's XSAVE area (CPUID leaf 0xD)
  * for the enabled user components (x87, SSE, AVX, AVX-512; XCR0), uses the
  * compacted XSAVEC when the CPU has it, and falls back to FXSAVE; writes
  * the 48-byte stubs (which keep the caller's r11 below the stack pointer
- * for tramp_entry); maps relocation types; demangles the stack pointer of
+ * for arch_tramp_entry); maps relocation types; demangles the stack pointer of
  * a glibc jmp_buf (PTR_MANGLE: xor with the pointer guard at %fs:0x30, rol
- * 17); reads and writes the saved frame (tramp_x86_64.h) for dispatch.c.
+ * 17); reads and writes the saved frame (machine.h) for dispatch.c.
  */
 #include <cpuid.h>
 #include <elf.h>
@@ -16,24 +16,24 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "arch.h" /* and, through LOCKSHIM_ARCH_H, tramp_x86_64.h */
+#include "arch.h" /* and, through it, machine.h */
 
-/* The struct and the offsets tramp_x86_64.S uses describe one layout. */
-_Static_assert(offsetof(struct tramp_frame, gpr) == TF_RDI &&
-	       offsetof(struct tramp_frame, gpr[ARCH_INT_ARGS - 1]) == TF_R9 &&
-	       offsetof(struct tramp_frame, rax) == TF_RAX &&
-	       offsetof(struct tramp_frame, r10) == TF_R10 &&
-	       offsetof(struct tramp_frame, stack_args) == TF_STACK &&
-	       offsetof(struct tramp_frame, ret_rax) == TF_RET_RAX &&
-	       offsetof(struct tramp_frame, ret_rdx) == TF_RET_RDX &&
-	       offsetof(struct tramp_frame, skip) == TF_SKIP &&
-	       offsetof(struct tramp_frame, skip_xmm0) == TF_SKIP_XMM0,
-	       "struct tramp_frame does not match the TF_* offsets");
+/* The struct and the offsets tramp.S uses describe one layout. */
+_Static_assert(offsetof(struct arch_frame, gpr) == TF_RDI &&
+	       offsetof(struct arch_frame, gpr[ARCH_INT_ARGS - 1]) == TF_R9 &&
+	       offsetof(struct arch_frame, rax) == TF_RAX &&
+	       offsetof(struct arch_frame, r10) == TF_R10 &&
+	       offsetof(struct arch_frame, stack_args) == TF_STACK &&
+	       offsetof(struct arch_frame, ret_rax) == TF_RET_RAX &&
+	       offsetof(struct arch_frame, ret_rdx) == TF_RET_RDX &&
+	       offsetof(struct arch_frame, skip) == TF_SKIP &&
+	       offsetof(struct arch_frame, skip_xmm0) == TF_SKIP_XMM0,
+	       "struct arch_frame does not match the TF_* offsets");
 
-/* Read by tramp_x86_64.S. */
-__attribute__((visibility("hidden"))) unsigned tramp_xsave_mask;
-__attribute__((visibility("hidden"))) unsigned char tramp_xsavec;
-__attribute__((visibility("hidden"))) unsigned long tramp_frame_size =
+/* Read by tramp.S. */
+__attribute__((visibility("hidden"))) unsigned arch_xsave_mask;
+__attribute__((visibility("hidden"))) unsigned char arch_xsavec;
+__attribute__((visibility("hidden"))) unsigned long arch_frame_size =
 	TF_XSAVE + 512 + 64;
 
 #define XSTATE_USER_MASK 0xe7u /* x87, SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM */
@@ -49,10 +49,10 @@ int arch_init(void)
 		return 0; /* FXSAVE: x87 and SSE only, as the CPU has no more */
 	__asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
 	__cpuid_count(0xd, 0, a, b, c, d);
-	tramp_xsave_mask = lo & XSTATE_USER_MASK;
-	tramp_frame_size = TF_XSAVE + b + 64; /* the standard size bounds XSAVEC's */
+	arch_xsave_mask = lo & XSTATE_USER_MASK;
+	arch_frame_size = TF_XSAVE + b + 64; /* the standard size bounds XSAVEC's */
 	__cpuid_count(0xd, 1, a, b, c, d);
-	tramp_xsavec = (a & 2) != 0;
+	arch_xsavec = (a & 2) != 0;
 	return 0;
 }
 
@@ -69,8 +69,8 @@ void arch_write_stub(unsigned char *at, const void *ctx)
 		0x49, 0xbb, 0, 0, 0, 0, 0, 0, 0, 0, /* movabs $ctx, %r11 */
 		0xff, 0x25, 0, 0, 0, 0,             /* jmp *0(%rip) */
 	};
-	extern void tramp_entry(void);
-	void (*entry)(void) = tramp_entry;
+	extern void arch_tramp_entry(void);
+	void (*entry)(void) = arch_tramp_entry;
 
 	memcpy(at, code, sizeof(code));
 	memcpy(at + 11, &ctx, 8);
@@ -88,10 +88,10 @@ int arch_reloc_kind(unsigned type)
 	return RELOC_OTHER;
 }
 
-/* tramp_vfork's error path: sets errno to e and returns -1. */
-__attribute__((visibility("hidden"))) int tramp_vfork_failed(int e);
+/* arch_vfork's error path: sets errno to e and returns -1. */
+__attribute__((visibility("hidden"))) int arch_vfork_failed(int e);
 
-int tramp_vfork_failed(int e)
+int arch_vfork_failed(int e)
 {
 	errno = e;
 	return -1;
@@ -107,20 +107,20 @@ uintptr_t arch_jmpbuf_sp(const void *env)
 	return v ^ guard;
 }
 
-const uint64_t *tramp_int_args(const struct tramp_frame *f)
+const uint64_t *arch_int_args(const struct arch_frame *f)
 {
 	return f->gpr;
 }
 
-uintptr_t tramp_stack_args(const struct tramp_frame *f)
+uintptr_t arch_stack_args(const struct arch_frame *f)
 {
 	return f->stack_args;
 }
 
-void tramp_set_return(struct tramp_frame *f, long long v, double d)
+void arch_set_return(struct arch_frame *f, long long v, double d)
 {
 	f->ret_rax = (uint64_t)v;
-	f->ret_rdx = f->gpr[2]; /* rdx as the caller left it (see tramp_x86_64.S) */
+	f->ret_rdx = f->gpr[2]; /* rdx as the caller left it (see tramp.S) */
 	f->skip = 1;
 	f->skip_xmm0 = d;
 }

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * arch_x86_64_entry.c - moving an x86-64 function's first instructions
- * (see tramp.h, "Entry patching").
+ * entry.c - moving an x86-64 function's first instructions
+ * (see arch.h, "Entry patching").
  *
  * Instructions are decoded with capstone (linked statically, its symbols
  * hidden). An endbr64 at the entry stays; the 5 bytes after it become

@@ -1,16 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tramp_x86_64.h - the x86-64 SysV facts: ARCH_INT_ARGS for the generic
- * code (reached through tramp.h, which includes this file as
- * LOCKSHIM_ARCH_H), and the frame layout shared by tramp_x86_64.S and
- * arch_x86_64.c. Valid in C and in assembly.
+ * machine.h - the x86-64 SysV facts: ARCH_INT_ARGS for the generic code
+ * (reached through arch.h, which includes this file from the include
+ * path), and the frame layout shared by tramp.S and arch.c. Valid in C and in assembly.
  *
- * The frame sits 64-byte aligned on the stack of tramp_entry: integer
+ * The frame sits 64-byte aligned on the stack of arch_tramp_entry: integer
  * argument registers, the caller's stack-argument address, the return
  * registers, then an XSAVE (or FXSAVE) area with the vector and x87 state.
  */
-#ifndef LOCKSHIM_TRAMP_X86_64_H
-#define LOCKSHIM_TRAMP_X86_64_H
+#ifndef LOCKSHIM_MACHINE_H
+#define LOCKSHIM_MACHINE_H
 
 /* Integer/pointer argument registers: rdi, rsi, rdx, rcx, r8, r9. */
 #define ARCH_INT_ARGS 6
@@ -39,7 +38,7 @@
 
 #ifndef __ASSEMBLER__
 #include <stdint.h>
-struct tramp_frame {
+struct arch_frame {
 	uint64_t gpr[ARCH_INT_ARGS]; /* TF_RDI .. TF_R9 */
 	uint64_t rax, r10, stack_args, ret_rax, ret_rdx, skip;
 	double skip_xmm0;

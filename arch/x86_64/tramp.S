@@ -1,19 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tramp_x86_64.S - the generic wrapper for x86-64 SysV.
+ * tramp.S - the generic wrapper for x86-64 SysV.
  *
- * tramp_entry is reached from a per-hook stub with the hook in %r11. It
+ * arch_tramp_entry is reached from a per-hook stub with the hook in %r11. It
  * builds a normal frame (full CFI, so C++ exceptions and backtraces unwind
  * through it), saves every argument register and the whole vector/x87 state
  * (XSAVEC, which skips components in their initial state, or XSAVE, with
  * the enabled user components; FXSAVE on CPUs without XSAVE), and calls
- * dispatch_call(frame, hook). The dispatcher calls tramp_invoke with the
+ * dispatch_call(frame, hook). The dispatcher calls arch_invoke with the
  * hook's call (the guarded function, or the shim's wrapper for it), which
  * copies a window of the caller's stack arguments, restores the saved
  * state, calls it and saves its return state (rax, rdx and the vector/x87
- * state: xmm0/xmm1, ymm/zmm, st0/st1). tramp_entry restores that state
+ * state: xmm0/xmm1, ymm/zmm, st0/st1). arch_tramp_entry restores that state
  * exactly and returns to the caller, or, for a skipped call, returns
- * tramp_set_return's values. No return address is ever rewritten.
+ * arch_set_return's values. No return address is ever rewritten.
  *
  * Every other call-clobbered register (rdi, rsi, rcx, r8-r11) goes back to
  * the caller as it was at the call, as the vector registers the callee does
@@ -22,7 +22,7 @@
  * a patched entry (redirect_entry.c) puts the wrapper in such a call. The
  * stub stores the caller's r11 at -16(%rsp) before loading the hook into
  * it (below the stack pointer, in the red zone the kernel's signal frames
- * skip); tramp_entry's frame never reaches that slot, 8 bytes below its
+ * skip); arch_tramp_entry's frame never reaches that slot, 8 bytes below its
  * saved %rbp, as the area is 64 bytes larger than the XSAVE image.
  */
 #include <sys/syscall.h>
@@ -38,7 +38,7 @@
  * Both clobber eax and edx.
  */
 .macro SAVE_FP base
-	movl	tramp_xsave_mask(%rip), %eax
+	movl	arch_xsave_mask(%rip), %eax
 	testl	%eax, %eax
 	jz	1f
 	xorl	%edx, %edx
@@ -50,7 +50,7 @@
 	movq	%rdx, TF_XSAVE_HDR+40(\base)
 	movq	%rdx, TF_XSAVE_HDR+48(\base)
 	movq	%rdx, TF_XSAVE_HDR+56(\base)
-	cmpb	$0, tramp_xsavec(%rip)
+	cmpb	$0, arch_xsavec(%rip)
 	je	3f
 	xsavec	TF_XSAVE(\base)
 	jmp	2f
@@ -61,7 +61,7 @@
 .endm
 
 .macro RESTORE_FP base
-	movl	tramp_xsave_mask(%rip), %eax
+	movl	arch_xsave_mask(%rip), %eax
 	testl	%eax, %eax
 	jz	1f
 	xorl	%edx, %edx
@@ -71,10 +71,10 @@
 2:
 .endm
 
-	.globl	tramp_entry
-	.hidden	tramp_entry
-	.type	tramp_entry, @function
-tramp_entry:
+	.globl	arch_tramp_entry
+	.hidden	arch_tramp_entry
+	.type	arch_tramp_entry, @function
+arch_tramp_entry:
 	.cfi_startproc
 	endbr64
 	pushq	%rbp
@@ -82,7 +82,7 @@ tramp_entry:
 	.cfi_offset %rbp, -16
 	movq	%rsp, %rbp
 	.cfi_def_cfa_register %rbp
-	subq	tramp_frame_size(%rip), %rsp
+	subq	arch_frame_size(%rip), %rsp
 	andq	$-64, %rsp
 	movq	%rdi, TF_RDI(%rsp)
 	movq	%rsi, TF_RSI(%rsp)
@@ -116,13 +116,13 @@ tramp_entry:
 	.cfi_def_cfa %rsp, 8
 	ret
 	.cfi_endproc
-	.size	tramp_entry, .-tramp_entry
+	.size	arch_tramp_entry, .-arch_tramp_entry
 
-/* void tramp_invoke(struct tramp_frame *f, void *fn, size_t window) */
-	.globl	tramp_invoke
-	.hidden	tramp_invoke
-	.type	tramp_invoke, @function
-tramp_invoke:
+/* void arch_invoke(struct arch_frame *f, void *fn, size_t window) */
+	.globl	arch_invoke
+	.hidden	arch_invoke
+	.type	arch_invoke, @function
+arch_invoke:
 	.cfi_startproc
 	endbr64
 	pushq	%rbp
@@ -161,20 +161,20 @@ tramp_invoke:
 	.cfi_def_cfa %rsp, 8
 	ret
 	.cfi_endproc
-	.size	tramp_invoke, .-tramp_invoke
+	.size	arch_invoke, .-arch_invoke
 
 /*
- * int tramp_vfork(void). As in glibc's vfork, the return address is popped
+ * int arch_vfork(void). As in glibc's vfork, the return address is popped
  * into a register that the system call preserves and pushed back after it:
  * the child runs on the parent's stack and may overwrite that slot before
  * the parent resumes. The child sets GUARD_VFORK in the thread's guard
  * (shared with the parent); the parent, resuming once the child has
  * exec'd or exited, clears it.
  */
-	.globl	tramp_vfork
-	.hidden	tramp_vfork
-	.type	tramp_vfork, @function
-tramp_vfork:
+	.globl	arch_vfork
+	.hidden	arch_vfork
+	.type	arch_vfork, @function
+arch_vfork:
 	.cfi_startproc
 	endbr64
 	popq	%rdi
@@ -198,11 +198,11 @@ tramp_vfork:
 	movl	%eax, %edi
 	subq	$8, %rsp
 	.cfi_adjust_cfa_offset 8
-	call	tramp_vfork_failed
+	call	arch_vfork_failed
 	addq	$8, %rsp
 	.cfi_adjust_cfa_offset -8
 	ret
 	.cfi_endproc
-	.size	tramp_vfork, .-tramp_vfork
+	.size	arch_vfork, .-arch_vfork
 
 	.section .note.GNU-stack, "", @progbits
