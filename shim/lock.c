@@ -230,11 +230,13 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
  * remaining TTL; a holder that died on this machine, nothing (break_dead).
  * Redis errors back off with jitter; a call that gives up after an error,
  * when Redis may have run its command without answering, hands its token
- * to the renewal thread to be deleted (renew_forget). Sets *first_renew_us,
- * when the first renewal is due. Returns an enum lock_outcome.
+ * to the renewal thread to be deleted (renew_forget). Sets *granted_ttl_ms
+ * to the TTL the key was given (the lease, or the shorter waiter TTL of a
+ * hand-over), from which renew_track plans the first renewal. Returns an
+ * enum lock_outcome.
  */
 static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_item *it,
-			int64_t *first_renew_us)
+			long long *granted_ttl_ms)
 {
 	const struct lock_spec *s = l->spec;
 	int64_t now = util_now_ms(), step = 2, deadline, logged = now - LOCK_ERROR_LOG_MS;
@@ -242,7 +244,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 	char err[192] = "", holder[BACKEND_VAL_MAX], seen[BACKEND_VAL_MAX];
 	size_t hlen, seen_len = 0;
 
-	*first_renew_us = s->lease_ms * 1000 / 3;
+	*granted_ttl_ms = s->lease_ms;
 	deadline = s->wait_ms < 0 ? INT64_MAX : now + s->wait_ms;
 	for (;;) {
 		int64_t sent = util_now_us();
@@ -281,8 +283,8 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 					err, sizeof(err));
 			unsure |= rc == BACKEND_ERR;
 			if (rc == BACKEND_GRANTED) {
-				if (it->waiter_ttl_ms * 1000 / 3 < *first_renew_us)
-					*first_renew_us = it->waiter_ttl_ms * 1000 / 3;
+				if (it->waiter_ttl_ms < *granted_ttl_ms)
+					*granted_ttl_ms = it->waiter_ttl_ms;
 				return acquired(l, now * 1000, tries, ", handed over");
 			}
 			if (rc != BACKEND_ERR)
@@ -334,14 +336,14 @@ static void wait_cancelled(void *arg)
 }
 
 /* acquire_loop, with wait_cancelled armed for a cancellation inside it. */
-static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *first_renew_us)
+static int acquire_wait(struct lock_thread *t, struct lease *l, long long *granted_ttl_ms)
 {
 	struct backend_item it = renew_item(l);
 	struct waiter w = { t, &it };
 	int rc;
 
 	pthread_cleanup_push(wait_cancelled, &w);
-	rc = acquire_loop(t, l, &it, first_renew_us);
+	rc = acquire_loop(t, l, &it, granted_ttl_ms);
 	pthread_cleanup_pop(0);
 	return rc;
 }
@@ -422,7 +424,7 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS
 	struct lock_thread *t = thread_get();
 	char key[KEY_BUF_SIZE];
 	struct lock_hold *h;
-	int64_t first_renew_us;
+	long long granted_ttl_ms;
 	size_t klen;
 	int rc;
 
@@ -452,14 +454,14 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS
 	h->lease.klen = klen;
 	memcpy(h->lease.key, key, klen);
 	make_value(t, &h->lease);
-	rc = acquire_wait(t, &h->lease, &first_renew_us);
+	rc = acquire_wait(t, &h->lease, &granted_ttl_ms);
 	if (rc != LOCK_OK)
 		return rc;
 	h->count = 1;
 	h->foreign = 0;
 	if (h == &t->holds[t->nholds])
 		t->nholds++;
-	if (renew_track(&h->lease, first_renew_us) != 0)
+	if (renew_track(&h->lease, granted_ttl_ms) != 0)
 		LOG(LOG_ERROR, "%s: cannot start the renewal thread; lease %.*s will "
 		    "expire after %lld ms", spec->symbol, (int)klen, key, spec->lease_ms);
 	push_call(t, call, h);

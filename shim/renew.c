@@ -30,7 +30,8 @@
  * after kill_grace_ms) or abort; a parked lease has no call to protect, so
  * losing it is only logged. The thread blocks all signals and runs with
  * the guard set, so it never enters a wrapper. A fork child starts with an
- * empty list and no thread; at exit renew_drain hands the leases back.
+ * empty list and no thread; at exit renew_exit takes every lease off the
+ * list (drain) and releases it.
  *
  * Tokens to forget (renew_forget: an acquire or release that Redis may have
  * run without answering) form a second list: the thread takes the due ones
@@ -168,9 +169,16 @@ void renew_flush(struct backend_conn **c, const char *when)
 	LOG(LOG_WARN, "%s: reading the replies of releases failed: %s", when, err);
 }
 
+/* The renewal rule, written once: a key whose TTL is ttl_ms is renewed
+ * when a third of it has passed, so two renewals can fail before it ends. */
+static int64_t renew_after_us(long long ttl_ms)
+{
+	return ttl_ms * MS / 3;
+}
+
 static int64_t period_us(const struct lease *l)
 {
-	return l->spec->lease_ms * MS / 3;
+	return renew_after_us(l->spec->lease_ms);
 }
 
 /* Applies policy p (enum hold_policy) to l once. Called with mu held. */
@@ -511,7 +519,7 @@ static void wake_by(int64_t at)
 		pthread_cond_signal(&cv);
 }
 
-int renew_track(struct lease *l, int64_t first_us)
+int renew_track(struct lease *l, long long granted_ttl_ms)
 {
 	int rc;
 
@@ -520,7 +528,7 @@ int renew_track(struct lease *l, int64_t first_us)
 	l->state = LEASE_HELD;
 	l->park = PARK_NONE;
 	l->confirmed_us = l->acquired_us;
-	l->next_renew_us = l->acquired_us + first_us;
+	l->next_renew_us = l->acquired_us + renew_after_us(granted_ttl_ms);
 	l->next = &head;
 	l->prev = head.prev;
 	head.prev->next = l;

@@ -53,9 +53,11 @@ void renew_setup(const struct backend *b);
  * the strings stay owned by l. */
 struct backend_item renew_item(const struct lease *l);
 
-/* Starts renewing l, first first_us after l->acquired_us (starting the
- * thread on first need). Returns 0 or -errno. */
-int renew_track(struct lease *l, int64_t first_us);
+/* Starts renewing l, whose key was given granted_ttl_ms at l->acquired_us
+ * (the lease, or a hand-over's shorter TTL): renew.c alone decides when
+ * that is renewed (a third of it), starting the thread on first need.
+ * Returns 0 or -errno. */
+int renew_track(struct lease *l, long long granted_ttl_ms);
 
 /* Starts the thread if it is not running yet, so that a caller about to
  * wait for a lock does not pay for it once it holds one. Returns 0 or -errno. */

@@ -26,7 +26,7 @@
 #define SLOTS 16
 static struct { char key[KEY_BUF_SIZE]; char val[BACKEND_VAL_MAX]; int used; } store[SLOTS];
 static pthread_mutex_t store_mu = PTHREAD_MUTEX_INITIALIZER;
-static int n_set, n_del, n_renew, n_wait, fail_all, renew_says_lost;
+static int n_set, n_del, n_renew, n_wait, fail_all, renew_says_lost, grant_on_wait;
 struct backend_conn { int dummy; };
 static struct backend_conn the_conn;
 
@@ -112,9 +112,19 @@ static int f_renew(struct backend_conn *c, int n, const struct backend_item *ite
 }
 static int f_wait(struct backend_conn *c, const struct backend_item *it, long long ms)
 {
+	int i;
+
 	(void)c;
-	(void)it;
 	n_wait++;
+	if (grant_on_wait) { /* a release handed the key over to this waiter */
+		pthread_mutex_lock(&store_mu);
+		if ((i = slot_of(it)) >= 0) {
+			memcpy(store[i].val, it->val, it->vlen);
+			store[i].val[it->vlen] = 0;
+		}
+		pthread_mutex_unlock(&store_mu);
+		return i >= 0 ? BACKEND_GRANTED : BACKEND_NO;
+	}
 	util_sleep_ms(ms);
 	return BACKEND_NO;
 }
@@ -407,6 +417,29 @@ int main(void)
 		test_cond(stored("t:r") < 0);
 		sigaction(SIGUSR1, &old, NULL);
 		key_tmpl_release(&r.key);
+	}
+	test("renewal: a hand-over's short TTL is renewed at a third of it, not of the lease");
+	{
+		struct lock_spec h = spec("h", 1, 5000);
+		struct backend_item other = { .key = "t:h", .klen = 3, .val = "someone-else",
+					      .vlen = 12, .lease_ms = 1000 };
+		long long hint;
+		char holder[BACKEND_VAL_MAX];
+		size_t hlen;
+
+		h.lease_ms = 60000; /* a third of the lease: 20 s, past the wait below */
+		h.waiter_ttl_ms = 60;
+		f_acquire(&the_conn, &other, &hint, holder, &hlen);
+		grant_on_wait = 1;
+		n_renew = 0;
+		test_cond(lock_acquire(&h, args, &c3) == LOCK_OK);
+		grant_on_wait = 0;
+		for (int i = 0; i < 400 && n_renew < 1; i++)
+			util_sleep_ms(5);
+		test_cond(n_renew >= 1);
+		lock_release(&c3);
+		test_cond(stored("t:h") < 0);
+		key_tmpl_release(&h.key);
 	}
 	test_parking();
 	key_tmpl_release(&a.key);
