@@ -38,7 +38,7 @@
 #include "machine.h" /* arch/$(ARCH)/machine.h: the Makefile's -iquote */
 
 #if !defined(ARCH_INT_ARGS) || !defined(ARCH_ENTRY_COPY_MAX) || !defined(ARCH_ENTRY_PATCH_MAX)
-#error "the architecture header (arch/$(ARCH)/machine.h) must define ARCH_INT_ARGS, ARCH_ENTRY_COPY_MAX and ARCH_ENTRY_PATCH_MAX"
+#error "arch/$(ARCH)/machine.h must define ARCH_INT_ARGS, ARCH_ENTRY_COPY_MAX, ARCH_ENTRY_PATCH_MAX"
 #endif
 
 struct arch_frame; /* saved caller state; only arch/<name>/ uses its fields */

@@ -73,7 +73,7 @@ struct backend_copy {
 	char val[BACKEND_VAL_MAX];
 };
 
-/* Copies it's key, value and lease into c. Returns 0, or -1 when the key
+/* Copies its key, value and lease into c. Returns 0, or -1 when the key
  * or the value is too long. */
 static inline int backend_copy_set(struct backend_copy *c, const struct backend_item *it)
 {

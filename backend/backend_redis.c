@@ -516,7 +516,7 @@ static struct backend_conn *backend_redis_open(const struct backend_config *bc, 
 	return backend_redis_connect(r, &ep, err, errlen);
 }
 
-/* Appends EVALSHA (or EVAL) of script s with it's keys (script_nkeys of
+/* Appends EVALSHA (or EVAL) of script s with its keys (script_nkeys of
  * them) and value, followed by the numeric arguments args[0..nargs).
  * Returns 0 or -1. */
 static int append_script(struct backend_conn *c, enum script s,
@@ -707,7 +707,7 @@ static long long read_wait(struct backend_conn *c)
 }
 
 /*
- * After an acquire that took it's key: returns BACKEND_OK when acked (the
+ * After an acquire that took its key: returns BACKEND_OK when acked (the
  * WAIT's answer) reaches redis.wait_replicas; else releases the key and
  * returns BACKEND_ERR, the attempt counting as a Redis error.
  */

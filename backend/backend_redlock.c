@@ -559,7 +559,7 @@ static int redlock_leave(struct backend_conn *conn, const struct backend_item *i
 }
 
 /*
- * Blocks on it's signal list at the home master (the first usable one),
+ * Blocks on its signal list at the home master (the first usable one),
  * where a release wakes the head of the queue. Without one, or when it
  * fails, sleeps a capped backoff with jitter within timeout_ms and returns
  * BACKEND_OK: try again.

@@ -15,8 +15,10 @@
  * call. With LOCKSHIM_CHECK_FD set (`lockshim check -- PROGRAM`), it writes
  * to that descriptor how each lock will be guarded (redirect_init) and
  * ends the process there, before the program's own code runs: status 0
- * when every lock is guarded, 1 when some is not, 78 as above. The destructor turns wrappers into pass-throughs and releases the
- * locks still held (not in a vfork child, which shares the parent's state).
+ * when every lock is guarded, 1 when some is not, 78 as above.
+ *
+ * The destructor turns wrappers into pass-throughs and releases the locks
+ * still held (not in a vfork child, which shares the parent's state).
  */
 #include <errno.h>
 #include <limits.h>
