@@ -7,6 +7,7 @@ PREFIX ?= /usr/local
 LIBDIR ?= $(PREFIX)/lib
 BINDIR ?= $(PREFIX)/bin
 DOCDIR ?= $(PREFIX)/share/doc/lockshim
+MANDIR ?= $(PREFIX)/share/man
 BUILD ?= build
 ARCH ?= $(shell uname -m)
 PYTEST ?= /usr/bin/python3 -m pytest
@@ -51,7 +52,10 @@ UNIT_BIN := $(UNIT:%=$(BUILD)/tests/test_%)
 UNIT_OBJ := $(addprefix $(BUILD)/shim/,shim/guard.o common/config.o common/key.o \
 	common/log.o shim/lock.o shim/renew.o common/sha1.o shim/owner.o common/fdown.o)
 
-all: $(BUILD)/liblockshim.so $(BUILD)/lockshim
+# The man pages: doc/<page>.scd, turned into man(7) by scdoc.
+MAN := $(BUILD)/man/lockshim.1 $(BUILD)/man/lockshim.cfg.5
+
+all: $(BUILD)/liblockshim.so $(BUILD)/lockshim $(MAN)
 
 $(BUILD)/liblockshim.so: $(SHIM_OBJ) shim/shim.map
 	$(CC) -shared $(SAN) -o $@ $(SHIM_OBJ) -Wl,--version-script=shim/shim.map \
@@ -74,13 +78,16 @@ $(BUILD)/cli/%.o: %.c | $(BUILD)/cli
 	@mkdir -p $(@D)
 	$(CC) $(BASE_CFLAGS) $(CFLAGS) -c $< -o $@
 
+$(BUILD)/man/%: doc/%.scd | $(BUILD)/man
+	scdoc < $< > $@.tmp && mv $@.tmp $@
+
 $(BUILD)/tests/test_%: tests/unit/test_%.c $(UNIT_OBJ) | $(BUILD)/tests
 	$(CC) $(BASE_CFLAGS) $(CFLAGS) -Itests/unit -o $@ $< $(UNIT_OBJ) $(LDFLAGS) \
 		-lconfig -lpthread
 
 # Every build directory waits for the check of the build dependencies, which
 # names the missing Debian packages and the command installing them.
-$(BUILD)/shim $(BUILD)/cli $(BUILD)/tests: build-deps
+$(BUILD)/shim $(BUILD)/cli $(BUILD)/tests $(BUILD)/man: build-deps
 	@mkdir -p $@
 
 build-deps:
@@ -115,13 +122,17 @@ demo: deps
 	examples/demo.sh $(BUILD)
 
 install: all
-	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(DOCDIR)
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(DOCDIR) \
+		$(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5
 	install -m 0755 $(BUILD)/liblockshim.so $(DESTDIR)$(LIBDIR)/liblockshim.so
 	install -m 0755 $(BUILD)/lockshim $(DESTDIR)$(BINDIR)/lockshim
 	install -m 0644 config/lockshim.cfg README.md $(DESTDIR)$(DOCDIR)/
+	install -m 0644 $(BUILD)/man/lockshim.1 $(DESTDIR)$(MANDIR)/man1/lockshim.1
+	install -m 0644 $(BUILD)/man/lockshim.cfg.5 $(DESTDIR)$(MANDIR)/man5/lockshim.cfg.5
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/liblockshim.so $(DESTDIR)$(BINDIR)/lockshim
+	rm -f $(DESTDIR)$(MANDIR)/man1/lockshim.1 $(DESTDIR)$(MANDIR)/man5/lockshim.cfg.5
 	rm -rf $(DESTDIR)$(DOCDIR)
 
 clean:

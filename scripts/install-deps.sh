@@ -12,8 +12,8 @@
 # say what is missing there.
 set -eu
 
-BUILD_PKGS="gcc make libc6-dev libhiredis-dev libconfig-dev libcapstone-dev libmbedtls-dev"
-TEST_PKGS="g++ redis-server python3 python3-pytest sqlite3 curl openssl"
+BUILD_PKGS="gcc make libc6-dev libhiredis-dev libconfig-dev libcapstone-dev libmbedtls-dev scdoc"
+TEST_PKGS="g++ redis-server python3 python3-pytest sqlite3 curl openssl groff-base"
 BENCH_PKGS="python3-redis util-linux"
 
 mode=install

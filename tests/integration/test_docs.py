@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: MIT
-"""Documentation matches behaviour: settings (as `lockshim settings` prints
-them), the CLI's commands, shipped configs, install layout."""
+"""Documentation matches behaviour: lockshim.cfg(5) against the settings
+`lockshim settings` prints, lockshim(1) against `lockshim help` and the
+environment the sources read, the man pages render cleanly, the README's
+size and its two commands (the ones CI runs on a bare machine), the configs
+shown and shipped parse, the install layout."""
 import glob
 import os
 import re
@@ -12,12 +15,20 @@ from conftest import ASAN, BUILD, CLI, ROOT, TIMEOUT, run, write_config
 
 
 README = os.path.join(ROOT, "README.md")
+MAN1 = os.path.join(ROOT, "doc", "lockshim.1.scd")
+MAN5 = os.path.join(ROOT, "doc", "lockshim.cfg.5.scd")
+README_MAX_BYTES = 15 * 1024
 
-# The README's configuration reference: heading of each table -> the group
-# `lockshim settings` prints.
-REFERENCE_GROUPS = {"Top level": "top", "`redis`": "redis", "`redis.tls`": "tls",
-                    "`redis.masters` entries": "master",
-                    "Per lock (in `locks` entries and in `defaults`)": "lock"}
+# lockshim.cfg(5): the section of each group `lockshim settings` prints.
+MAN5_GROUPS = {"TOP LEVEL": "top", "REDIS": "redis", "TLS": "tls", "MASTERS": "master",
+               "PER LOCK": "lock"}
+# One setting in lockshim.cfg(5): "*name* (type, default X)" or "(type, required)".
+SETTING_LINE = re.compile(r"\*(\w+)\* \((\S+), (.+)\)")
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
 
 
 def settings():
@@ -35,12 +46,17 @@ def settings():
 
 
 def section(text, heading):
-    """The text under a markdown heading, up to the next heading of the same
-    or a higher level."""
+    """The text under a markdown (or scdoc) heading, up to the next heading of
+    the same or a higher level."""
     level = heading.split(" ")[0]
     start = text.index("\n" + heading + "\n") + len(heading) + 2
     ends = [m.start() for m in re.finditer(r"\n#{1,%d} " % len(level), text[start:])]
     return text[start:start + ends[0]] if ends else text[start:]
+
+
+def code_blocks(text):
+    """The contents of each ``` block of text."""
+    return re.findall(r"(?ms)^```\n(.*?)^```$", text)
 
 
 def table_rows(text):
@@ -50,75 +66,186 @@ def table_rows(text):
     return [[c.strip() for c in re.split(r"(?<!\\)\|", l)[1:-1]] for l in rows[2:]]
 
 
+def plain(scd):
+    """scdoc markup removed: *bold*, _underline_ and \\ escapes."""
+    return re.sub(r"\\(.)", r"\1", re.sub(r"(?<![\w\\])[*_]|[*_](?!\w)", "", scd))
+
+
+def usage_lines():
+    """The usage lines `lockshim help` prints (from cli.c's command table),
+    and the verbs it describes."""
+    r = subprocess.run([CLI, "help"], capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0 and r.stderr == ""
+    usage, verbs = [], []
+    for line in r.stdout.splitlines():
+        m = re.fullmatch(r"(?:usage:| {6}) (lockshim .*)", line)
+        if m:
+            usage.append(m.group(1))
+        m = re.fullmatch(r"  (\w+)  +\S.*", line)
+        if m:
+            verbs.append(m.group(1))
+    assert len(usage) >= 5 and usage[0].startswith("lockshim run ")
+    assert [u.split(" ")[1] for u in usage] == verbs
+    return usage
+
+
 def documented():
-    """The README's configuration reference: {(group, name): default cell}."""
-    ref = section(open(README).read(), "## Configuration reference")
+    """lockshim.cfg(5)'s settings: {(group, name): (type, default text)}."""
+    text = read(MAN5)
     docs = {}
-    for heading, group in REFERENCE_GROUPS.items():
-        for cells in table_rows(section(ref, "### " + heading)):
-            m = re.fullmatch(r"`(\w+)`", cells[0])
-            assert m, (heading, cells)
-            assert (group, m.group(1)) not in docs, cells
-            docs[(group, m.group(1))] = cells[1]
+    for heading, group in MAN5_GROUPS.items():
+        for line in section(text, "# " + heading).splitlines():
+            m = SETTING_LINE.fullmatch(line)
+            if m:
+                assert (group, m.group(1)) not in docs, line
+                docs[(group, m.group(1))] = (m.group(2), m.group(3))
+            else:  # a setting's line that does not parse would go unchecked
+                assert not re.match(r"\*\w+\* \(", line), line
     return docs
 
 
-def test_readme_reference_matches_the_settings_the_code_knows():
+def test_man5_documents_exactly_the_settings_the_code_knows():
+    """Both ways: every setting `lockshim settings` prints is in lockshim.cfg(5),
+    in its group's section, with its type and default; nothing else is."""
     known, docs = settings(), documented()
-    assert sorted(set(known) - set(docs)) == [], "known to the code, not in the README"
-    assert sorted(set(docs) - set(known)) == [], "in the README, unknown to the code"
+    assert sorted(set(known) - set(docs)) == [], "known to the code, not in lockshim.cfg(5)"
+    assert sorted(set(docs) - set(known)) == [], "in lockshim.cfg(5), unknown to the code"
     for key, (type_, default) in known.items():
-        cell = docs[key]
-        literal = re.match(r"`([^`]+)`", cell)
+        doc_type, text = docs[key]
+        assert doc_type == type_, (key, type_, doc_type)
         if default == "required":
-            assert cell == "required", (key, cell)
+            assert text == "required", (key, text)
         elif default.startswith("="):  # follows another setting
-            assert "`%s`" % default.split(".")[-1] in cell, (key, default, cell)
+            group, name = default[1:].split(".")
+            assert re.fullmatch(r"default the value of (top-level )?\*(%s\.)?%s\*"
+                                % (group, name), text), (key, default, text)
         elif default == "none":
-            assert "`" not in cell, (key, cell)
-        elif type_ in ("group", "list") and not literal:
-            pass  # "see below", "none": prose for an empty group
+            assert text == "default none", (key, text)
         else:
-            assert literal and literal.group(1) == default, (key, default, cell)
+            assert text == "default " + default, (key, default, text)
 
 
 def test_every_setting_is_in_the_reference_config():
-    ref = open(os.path.join(ROOT, "config", "lockshim.cfg")).read()
+    ref = read(os.path.join(ROOT, "config", "lockshim.cfg"))
     for group, name in settings():
         assert re.search(r"\b%s\s*=" % name, ref), name
 
 
-def test_readme_settings_example_is_real_output():
-    """The sample output under "The CLI" is lines `lockshim settings` prints."""
-    cli = section(open(README).read(), "## The CLI")
-    sample = cli[cli.index("$ lockshim settings\n"):]
-    sample = sample[:sample.index("```")].splitlines()[1:]
+def test_man1_settings_example_is_real_output():
+    """The sample output of `lockshim settings` in lockshim(1) is lines it prints."""
+    sample = [b for b in code_blocks(read(MAN1)) if b.startswith("$ lockshim settings\n")]
+    assert len(sample) == 1
     known = settings()
-    lines = [l for l in sample if l != "..."]
+    lines = [l for l in sample[0].splitlines()[1:] if l != "..."]
     assert len(lines) >= 5
     for line in lines:
         group, name, type_, default = line.split(" ")
         assert known.get((group, name)) == (type_, default), line
 
 
+def test_man1_documents_every_command():
+    """Both ways: lockshim(1)'s SYNOPSIS and COMMANDS give exactly the usage
+    lines of `lockshim help` (cli.c's command table), in its order."""
+    usage = usage_lines()
+    text = read(MAN1)
+    synopsis = [plain(l) for l in section(text, "# SYNOPSIS").splitlines()
+                if l.startswith("*lockshim ")]
+    assert synopsis == usage
+    commands = [plain(l) for l in section(text, "# COMMANDS").splitlines()
+                if l.startswith("*lockshim ")]
+    assert commands == usage
+
+
 def test_readme_cli_table_is_the_command_table():
-    """Each row of the README's CLI table is a usage line of `lockshim help`
-    (which prints cli.c's command table), and each usage line has a row."""
-    r = subprocess.run([CLI, "help"], capture_output=True, text=True, timeout=TIMEOUT)
-    assert r.returncode == 0
-    usage = []
-    for line in r.stdout.splitlines():
-        m = re.fullmatch(r"(?:usage:| {6}) (lockshim .*)", line)
-        if m:
-            usage.append(m.group(1))
-    assert len(usage) >= 5 and usage[0].startswith("lockshim run ")
-    rows = table_rows(section(open(README).read(), "## The CLI"))
+    """Each row of the README's CLI table is a usage line of `lockshim help`,
+    and each usage line has a row."""
+    rows = table_rows(section(read(README), "## The CLI in brief"))
     documented_usage = []
     for cells in rows:
         m = re.fullmatch(r"`(lockshim [^`]+)`", cells[0])
         assert m, cells
         documented_usage.append(m.group(1))
-    assert documented_usage == usage
+    assert documented_usage == usage_lines()
+
+
+def test_man1_environment_is_what_the_sources_read():
+    """Both ways: every LOCKSHIM_ variable the sources read or set is in
+    lockshim(1)'s ENVIRONMENT, and every one there is read or set."""
+    used = set()
+    for path in [p for folder in ("shim", "backend", "common", "arch", "cli")
+                 for p in glob.glob(os.path.join(ROOT, folder, "**", "*.c"), recursive=True)]:
+        used |= set(re.findall(r'(?:getenv|setenv)\("(LOCKSHIM_\w+)"', read(path)))
+    env = section(read(MAN1), "# ENVIRONMENT")
+    documented_vars = set(re.findall(r"(?m)^\*(LOCKSHIM_\w+)\*$", env))
+    assert len(used) >= 4
+    assert sorted(used - documented_vars) == [], "read by the code, not in lockshim(1)"
+    assert sorted(documented_vars - used) == [], "in lockshim(1), not read by the code"
+
+
+@pytest.mark.parametrize("page", ["lockshim.1", "lockshim.cfg.5"])
+def test_man_page_renders_without_warnings(page):
+    """The page make built renders with groff and every warning on, as man
+    -l does, without a word on standard error."""
+    path = os.path.join(BUILD, "man", page)
+    assert os.path.exists(path), "make builds " + path
+    src = os.path.join(ROOT, "doc", page + ".scd")
+    assert os.path.getmtime(path) >= os.path.getmtime(src), "run make: %s is older" % path
+    r = subprocess.run(["groff", "-wall", "-man", "-Tutf8", "-z", path], capture_output=True,
+                       text=True, timeout=TIMEOUT)
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    r = subprocess.run(["groff", "-man", "-Tutf8", "-P-c", "-P-b", "-P-u", path],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0 and "NAME" in r.stdout and "SEE ALSO" in r.stdout
+
+
+def test_readme_is_at_most_15_kib():
+    size = os.path.getsize(README)
+    assert size <= README_MAX_BYTES, "README.md is %d bytes; move detail to doc/" % size
+
+
+def ci_bare_machine_commands():
+    """The commands .ci/run gives fresh-debian.sh: "$fresh" 'A && B'."""
+    m = re.search(r"""(?m)^"\$fresh" '([^']+)'$""", read(os.path.join(ROOT, ".ci", "run")))
+    assert m, "no fresh-debian.sh run in .ci/run"
+    return [c.strip() for c in m.group(1).split("&&")]
+
+
+def test_readme_two_commands_are_the_ones_ci_runs_on_a_bare_machine():
+    """The README's two commands are, in order, the ones .ci/run runs through
+    fresh-debian.sh in a clean clone on a Debian 12 with only make and git;
+    both install the packages first (their target depends on deps)."""
+    block = code_blocks(section(read(README), "## The two commands"))[0]
+    commands = [l.split("#")[0].strip() for l in block.splitlines() if l.strip()]
+    assert len(commands) == 2
+    assert commands == ci_bare_machine_commands()
+    makefile = read(os.path.join(ROOT, "Makefile"))
+    for c in commands:
+        target = re.fullmatch(r"make (\w+)", c).group(1)
+        assert re.search(r"(?m)^%s: deps$" % target, makefile), target
+    fresh = [os.path.join(ROOT, "scripts", "fresh-debian.sh"),
+             os.path.join(ROOT, "..", "shared", "fresh-debian.sh")]
+    for path in [p for p in fresh if os.path.exists(p)]:
+        text = read(path)
+        assert "--variant=minbase --include=make,git,ca-certificates bookworm" in text, path
+        assert 'git clone -q "$repo"' in text, path
+
+
+def test_configs_shown_in_the_docs_are_valid():
+    """The walkthrough's config in the README and the example of
+    lockshim.cfg(5) parse (69: their Redis is not here)."""
+    shown = [b for b in code_blocks(read(README)) if b.startswith("$ cat counter.cfg\n")]
+    shown = [shown[0].split("\n", 1)[1]] if shown else []
+    shown += [b for b in code_blocks(read(MAN5)) if b.startswith("redis = ")]
+    assert len(shown) == 2
+    for i, text in enumerate(shown):
+        path = os.path.join(BUILD, "docs-shown-%d.cfg" % i)
+        with open(path, "w") as f:
+            f.write(text)
+        r = subprocess.run([CLI, "check", "-c", path], capture_output=True, text=True,
+                           timeout=TIMEOUT)
+        os.unlink(path)
+        assert r.returncode in (0, 69), (text, r.stderr)
+        assert "ok, " in r.stdout
 
 
 def test_shipped_configs_are_valid():
@@ -149,13 +276,19 @@ def test_reference_config_defaults_match_builtin_defaults(progs, redis, tmp_path
 @pytest.mark.skipif(ASAN, reason="installs the plain build")
 def test_make_install_layout(progs, redis, tmp_path):
     dest = str(tmp_path / "root")
+    build = os.path.relpath(BUILD, ROOT)
     subprocess.run(["make", "-s", "-C", ROOT, "install", "DESTDIR=" + dest, "PREFIX=/opt/ls",
-                    "BUILD=" + os.path.relpath(BUILD, ROOT)], check=True, timeout=300,
-                   capture_output=True)
+                    "BUILD=" + build], check=True, timeout=300, capture_output=True)
     cli = os.path.join(dest, "opt/ls/bin/lockshim")
     assert os.path.exists(os.path.join(dest, "opt/ls/lib/liblockshim.so"))
     assert os.path.exists(os.path.join(dest, "opt/ls/share/doc/lockshim/lockshim.cfg"))
+    assert os.path.exists(os.path.join(dest, "opt/ls/share/man/man1/lockshim.1"))
+    assert os.path.exists(os.path.join(dest, "opt/ls/share/man/man5/lockshim.cfg.5"))
     cfg = write_config(tmp_path, redis, 'log_level = "debug";\nlocks = ( { symbol = "hold_call"; } );\n')
     r = run([cli, "run", "-c", cfg, "--", progs["driver"], "call:0"], None)
     assert r.returncode == 0 and "call rc=42" in r.stdout, r.stderr
     assert "acquired lockshim:hold_call" in r.stderr
+    subprocess.run(["make", "-s", "-C", ROOT, "uninstall", "DESTDIR=" + dest, "PREFIX=/opt/ls",
+                    "BUILD=" + build], check=True, timeout=300, capture_output=True)
+    left = [os.path.relpath(os.path.join(d, f), dest) for d, _, fs in os.walk(dest) for f in fs]
+    assert left == [], left
