@@ -48,7 +48,7 @@ SHIM_OBJ := $(patsubst %,$(BUILD)/shim/%.o,$(basename $(SHIM_SRC)))
 CLI_OBJ := $(patsubst %,$(BUILD)/cli/%.o,$(basename $(CLI_SRC)))
 UNIT := config key lock sha1
 UNIT_BIN := $(UNIT:%=$(BUILD)/tests/test_%)
-UNIT_OBJ := $(addprefix $(BUILD)/shim/,shim/guard.o common/config.o common/key.o \
+UNIT_OBJ := $(addprefix $(BUILD)/shim/,shim/guard.o common/conf.o common/key.o \
 	common/log.o shim/lock.o shim/renew.o common/sha1.o shim/owner.o common/fdown.o)
 
 all: $(BUILD)/liblockshim.so $(BUILD)/lockshim

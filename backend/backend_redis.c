@@ -42,7 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
+#include "conf.h"
 #include "log.h"
 #include "net.h"
 #include "sha1.h"

@@ -16,7 +16,7 @@
 #include <hiredis/hiredis.h>
 
 #include "backend.h"
-#include "config.h"
+#include "conf.h"
 
 /* One node to connect to, and how to log in there. */
 struct redis_endpoint {

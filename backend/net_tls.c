@@ -34,7 +34,7 @@
 #include <mbedtls/ssl.h>
 #include <mbedtls/x509_crt.h>
 
-#include "config.h"
+#include "conf.h"
 #include "fdown.h"
 #include "util.h"
 

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "backend.h"
-#include "config.h"
+#include "conf.h"
 
 #define PROBE_LEASE_MS 10000
 
@@ -179,7 +179,7 @@ static int probe_all(const struct backend_ops *ops, const struct backend_config 
 	return 0;
 }
 
-int selftest_run(const struct config *cfg, char *msg, size_t len)
+int selftest_run(const struct conf *cfg, char *msg, size_t len)
 {
 	struct backend b;
 	const char *why;

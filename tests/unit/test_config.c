@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Unit tests for config.c: defaults, inheritance, validation messages. */
+/* Unit tests for conf.c: defaults, inheritance, validation messages. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -7,29 +7,29 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "conf.h"
 #include "test.h"
 
 static char path[] = "/tmp/lockshim-test-XXXXXX.cfg";
 
-static int load_text(struct config *cfg, const char *text, char *err, size_t errlen)
+static int load_text(struct conf *cfg, const char *text, char *err, size_t errlen)
 {
 	FILE *f = fopen(path, "w");
 
 	fputs(text, f);
 	fclose(f);
-	return config_load(cfg, path, err, errlen);
+	return conf_load(cfg, path, err, errlen);
 }
 
 /* Returns 1 when text fails to load with a message containing every needle
  * (a NULL-terminated list) and the file name. */
 static int rejects(const char *text, const char *n1, const char *n2)
 {
-	struct config cfg;
+	struct conf cfg;
 	char err[768] = "";
 	int rc = load_text(&cfg, text, err, sizeof(err));
 
-	config_release(&cfg);
+	conf_release(&cfg);
 	if (rc == 0 || !strstr(err, path) || !strstr(err, n1) || (n2 && !strstr(err, n2))) {
 		fprintf(stderr, "  message was: %s\n", err);
 		return 0;
@@ -39,8 +39,8 @@ static int rejects(const char *text, const char *n1, const char *n2)
 
 static const char *str_or(const char *s) { return s ? s : "(null)"; }
 
-/* Writes every value config_load produced, for comparing two loads. */
-static void dump(const struct config *cfg, char *buf, size_t len)
+/* Writes every value conf_load produced, for comparing two loads. */
+static void dump(const struct conf *cfg, char *buf, size_t len)
 {
 	const struct redis_spec *r = &cfg->redis;
 	size_t n;
@@ -82,7 +82,7 @@ static void config_with(char *buf, size_t len, const char *group, const char *na
 
 int main(void)
 {
-	struct config cfg;
+	struct conf cfg;
 	char err[768];
 	int fd = mkstemps(path, 4);
 
@@ -95,7 +95,7 @@ int main(void)
 	test_cond(cfg.redis.connect_timeout_ms == 500 && cfg.redis.command_timeout_ms == 500);
 	test_cond(cfg.log_level == -1);
 	{
-		const struct lock_spec *l = config_find(&cfg, "f");
+		const struct lock_spec *l = conf_find(&cfg, "f");
 
 		test_cond(l && strcmp(l->key_src, "{symbol}") == 0);
 		test_cond(l->lease_ms == 30000 && l->wait_ms == 10000);
@@ -107,7 +107,7 @@ int main(void)
 		test_cond(l->reentrant == 1 && l->stack_args_bytes == 256);
 		test_cond(l->fair == 0 && l->handoff_us == 500 && l->linger_ms == 1);
 	}
-	config_release(&cfg);
+	conf_release(&cfg);
 
 	test("defaults group, overrides, on_error follows on_timeout");
 	test_cond(load_text(&cfg,
@@ -132,7 +132,7 @@ int main(void)
 	test_cond(cfg.locks[1].ret == 2 && cfg.locks[1].ret_double == 2.5);
 	test_cond(cfg.locks[1].wait_ms == -1 && cfg.locks[1].stack_args_bytes == 48);
 	test_cond(strcmp(cfg.locks[1].key.prefix, "prod:") == 0);
-	config_release(&cfg);
+	conf_release(&cfg);
 
 	test("handoff_ms takes whole or decimal milliseconds");
 	test_cond(load_text(&cfg, "locks = ( { symbol = \"a\"; handoff_ms = 2; linger_ms = 0; },\n"
@@ -140,7 +140,7 @@ int main(void)
 			    sizeof(err)) == 0);
 	test_cond(cfg.locks[0].handoff_us == 2000 && cfg.locks[0].linger_ms == 0);
 	test_cond(cfg.locks[1].handoff_us == 250);
-	config_release(&cfg);
+	conf_release(&cfg);
 	test_cond(rejects("locks = ( { symbol = \"f\"; handoff_ms = -0.5; } );", "handoff_ms",
 			  "out of range"));
 	test_cond(rejects("locks = ( { symbol = \"f\"; handoff_ms = \"1\"; } );", "handoff_ms",
@@ -178,7 +178,7 @@ int main(void)
 		test_cond(l->reentrant == 0 && l->fair == 1 && l->break_dead == 0);
 		test_cond(l->strict == 1 && l->stack_args_bytes == 65536 && l->index == 0);
 	}
-	config_release(&cfg);
+	conf_release(&cfg);
 	/* The same neighbours, each set alone to its extreme: the others keep
 	 * their defaults. */
 	test_cond(load_text(&cfg,
@@ -192,7 +192,7 @@ int main(void)
 	test_cond(cfg.locks[1].index == 1);
 	test_cond(cfg.locks[2].kill_signal == SIGKILL && cfg.locks[2].err == 0);
 	test_cond(cfg.locks[2].exit_code == 75 && cfg.locks[2].on_timeout == POLICY_SKIP);
-	config_release(&cfg);
+	conf_release(&cfg);
 
 	test("production Redis: sentinels, replica acknowledgement, TLS, password sources");
 	test_cond(load_text(&cfg,
@@ -213,14 +213,14 @@ int main(void)
 		  !strcmp(cfg.redis.tls.cert_file, "/c") && !strcmp(cfg.redis.tls.key_file, "/k") &&
 		  !strcmp(cfg.redis.tls.server_name, "r.internal"));
 	test_cond(cfg.redis.port == 6379 && cfg.redis.command_timeout_ms == 500);
-	config_release(&cfg);
+	conf_release(&cfg);
 	test_cond(load_text(&cfg, "redis = { tls = { }; };", err, sizeof(err)) == 0);
 	test_cond(cfg.redis.tls.enabled && cfg.redis.tls.verify && !cfg.redis.tls.ca_file &&
 		  !cfg.redis.sentinels && cfg.redis.wait_replicas == 0 &&
 		  cfg.redis.wait_replicas_ms == 100);
-	config_release(&cfg);
+	conf_release(&cfg);
 	test_cond(load_text(&cfg, "redis = { };", err, sizeof(err)) == 0 && !cfg.redis.tls.enabled);
-	config_release(&cfg);
+	conf_release(&cfg);
 	test_cond(rejects("redis = { sentinels = ( \"h:1\" ); };", "master_name", "required"));
 	test_cond(rejects("redis = { sentinels = ( \"h\" ); master_name = \"m\"; };", "sentinels",
 			  "not host:port"));
@@ -246,14 +246,14 @@ int main(void)
 		snprintf(text, sizeof(text), "redis = { password_file = \"%s\"; };", pw);
 		test_cond(load_text(&cfg, text, err, sizeof(err)) == 0 &&
 			  !strcmp(cfg.redis.password, "s3cret"));
-		config_release(&cfg);
+		conf_release(&cfg);
 		setenv("LOCKSHIM_REDIS_PASSWORD", "from-env", 1);
 		test_cond(load_text(&cfg, text, err, sizeof(err)) == 0 &&
 			  !strcmp(cfg.redis.password, "from-env"));
-		config_release(&cfg);
+		conf_release(&cfg);
 		test_cond(load_text(&cfg, "redis = { password = \"p\"; };", err, sizeof(err)) == 0 &&
 			  !strcmp(cfg.redis.password, "from-env"));
-		config_release(&cfg);
+		conf_release(&cfg);
 		unsetenv("LOCKSHIM_REDIS_PASSWORD");
 		unlink(pw);
 	}
@@ -273,11 +273,11 @@ int main(void)
 	test_cond(cfg.locks[1].method == METHOD_RELOC && !strcmp(cfg.locks[1].object, "main"));
 	test_cond(cfg.locks[1].offset == -1 && !cfg.locks[1].build_id);
 	test_cond(cfg.locks[2].method == METHOD_AUTO && cfg.locks[2].offset == 4096);
-	config_release(&cfg);
+	conf_release(&cfg);
 	test_cond(load_text(&cfg, "locks = ( { symbol = \"f\"; } );", err, sizeof(err)) == 0);
 	test_cond(cfg.locks[0].method == METHOD_AUTO && !cfg.locks[0].object &&
 		  cfg.locks[0].offset == -1 && !strcmp(cfg.debug_dirs[0], "/usr/lib/debug"));
-	config_release(&cfg);
+	conf_release(&cfg);
 	test_cond(rejects("locks = ( { symbol = \"f\"; offset = 16; } );", "locks[0]",
 			  "offset needs object"));
 	test_cond(rejects("locks = ( { symbol = \"f\"; object = \"main\"; offset = 16; "
@@ -305,11 +305,11 @@ int main(void)
 	test_cond(strcmp(cfg.redis.socket, "/s") == 0 && strcmp(cfg.redis.password, "p") == 0);
 	test_cond(strcmp(cfg.redis.username, "u") == 0 && cfg.redis.db == 2147483647);
 	test_cond(cfg.redis.connect_timeout_ms == 1 && cfg.redis.command_timeout_ms == 600000);
-	config_release(&cfg);
+	conf_release(&cfg);
 	test_cond(load_text(&cfg, "redis = { connect_timeout_ms = 7; };", err, sizeof(err)) == 0);
 	test_cond(cfg.redis.connect_timeout_ms == 7 && cfg.redis.command_timeout_ms == 500);
 	test_cond(cfg.redis.db == 0 && cfg.redis.port == 6379);
-	config_release(&cfg);
+	conf_release(&cfg);
 	test_cond(rejects("redis = { host = \"\"; };", "redis.host", "must not be empty"));
 	test_cond(rejects("redis = { username = \"u\"; };", "redis.username",
 			  "needs redis.password as well"));
@@ -320,12 +320,12 @@ int main(void)
 	test_cond(load_text(&cfg, "log_level = \"INFO\"; log_file = \"/tmp/x\"; strict = true;",
 			    err, sizeof(err)) == 0);
 	test_cond(cfg.log_level == 2 && strcmp(cfg.log_file, "/tmp/x") == 0 && cfg.strict == 1);
-	config_release(&cfg);
+	conf_release(&cfg);
 
 	test("waiter_ttl_ms = 2 * retry_max_ms + redis.command_timeout_ms, for every lock");
 	test_cond(load_text(&cfg, "locks = ( { symbol = \"a\"; } );", err, sizeof(err)) == 0);
 	test_cond(cfg.locks[0].waiter_ttl_ms == 2 * 100 + 500);
-	config_release(&cfg);
+	conf_release(&cfg);
 	/* locks before redis in the file: the lock still sees the redis group;
 	 * one lock inherits retry_max_ms from defaults, one sets its own. */
 	test_cond(load_text(&cfg,
@@ -335,8 +335,8 @@ int main(void)
 	test_cond(cfg.locks[0].waiter_ttl_ms == 2 * 7 + 20);
 	test_cond(cfg.locks[1].waiter_ttl_ms == 2 * 60000 + 20);
 	test_cond(cfg.locks[1].waiter_ttl_ms ==
-		  config_waiter_ttl_ms(&cfg.locks[1], &cfg.redis));
-	config_release(&cfg);
+		  conf_waiter_ttl_ms(&cfg.locks[1], &cfg.redis));
+	conf_release(&cfg);
 
 	test("scaling out: Redis Cluster seeds, Redlock masters");
 	test_cond(load_text(&cfg, "redis = { cluster = ( \"10.0.0.5:7000\", \"h:7001\" ); };",
@@ -344,7 +344,7 @@ int main(void)
 	test_cond(!strcmp(cfg.redis.cluster[0], "10.0.0.5:7000") &&
 		  !strcmp(cfg.redis.cluster[1], "h:7001") && !cfg.redis.cluster[2] &&
 		  !cfg.redis.masters);
-	config_release(&cfg);
+	conf_release(&cfg);
 	test_cond(load_text(&cfg,
 		"redis = { password = \"top\"; db = 3; command_timeout_ms = 77;\n"
 		"          tls = { ca_file = \"/a\"; server_name = \"n\"; };\n"
@@ -366,7 +366,7 @@ int main(void)
 			  !m[1].tls.verify && !m[1].tls.ca_file);
 		test_cond(!strcmp(m[2].host, "10.0.0.7") && m[2].port == 7001);
 	}
-	config_release(&cfg);
+	conf_release(&cfg);
 	test_cond(rejects("redis = { cluster = ( ); };", "cluster", "is empty"));
 	test_cond(rejects("redis = { cluster = ( \"h\" ); };", "cluster", "not host:port"));
 	test_cond(rejects("redis = { cluster = ( \"h:1\" ); host = \"x\"; };", "cluster",
@@ -388,17 +388,17 @@ int main(void)
 			  "locks[0]", "not available with redis.masters"));
 	test_cond(rejects("redis = { masters = { host = \"a\"; }; };", "masters", "list of groups"));
 
-	test("config_setting_describe: the tables, their defaults are the built-in values");
+	test("conf_setting_describe: the tables, their defaults are the built-in values");
 	{
-		struct config_setting_desc d;
+		struct conf_setting_desc d;
 		char text[1024], plain[4096], with[4096];
 		int n = 0, nlock = 0, literal = 0, ok;
 
 		config_with(text, sizeof(text), "lock", NULL, NULL);
 		test_cond(load_text(&cfg, text, err, sizeof(err)) == 0);
 		dump(&cfg, plain, sizeof(plain));
-		config_release(&cfg);
-		for (int i = 0; config_setting_describe(i, &d); i++, n++) {
+		conf_release(&cfg);
+		for (int i = 0; conf_setting_describe(i, &d); i++, n++) {
 			ok = !strcmp(d.group, "top") || !strcmp(d.group, "redis") ||
 			     !strcmp(d.group, "tls") || !strcmp(d.group, "master") ||
 			     !strcmp(d.group, "lock");
@@ -420,7 +420,7 @@ int main(void)
 			config_with(text, sizeof(text), d.group, d.name, d.dflt);
 			ok = load_text(&cfg, text, err, sizeof(err)) == 0;
 			dump(&cfg, with, sizeof(with));
-			config_release(&cfg);
+			conf_release(&cfg);
 			if (!ok || strcmp(plain, with) != 0)
 				fprintf(stderr, "  %s %s = %s: %s\n  %s\n  %s\n", d.group, d.name,
 					d.dflt, ok ? "differs" : err, plain, with);
@@ -429,19 +429,19 @@ int main(void)
 		/* A new setting changes these counts: give it a round trip in
 		 * the tests above, then count it here. */
 		test_cond(n == 8 + 18 + 6 + 8 + 26 && nlock == 26 && literal >= 29);
-		test_cond(!config_setting_describe(n, &d) && !config_setting_describe(-1, &d));
-		test_cond(config_setting_describe(0, &d) && !strcmp(d.group, "top") &&
+		test_cond(!conf_setting_describe(n, &d) && !conf_setting_describe(-1, &d));
+		test_cond(conf_setting_describe(0, &d) && !strcmp(d.group, "top") &&
 			  !strcmp(d.name, "redis"));
 	}
 	/* The non-literal defaults say what they follow. */
 	test_cond(load_text(&cfg, "strict = true; defaults = { on_timeout = \"abort\"; };\n"
 			    "locks = ( { symbol = \"f\"; } );", err, sizeof(err)) == 0);
 	test_cond(cfg.locks[0].strict == 1 && cfg.locks[0].on_error == POLICY_ABORT);
-	config_release(&cfg);
+	conf_release(&cfg);
 
 	test("no locks is valid");
 	test_cond(load_text(&cfg, "namespace = \"x\";", err, sizeof(err)) == 0 && cfg.nlocks == 0);
-	config_release(&cfg);
+	conf_release(&cfg);
 
 	test("errors name the file, the line, the setting and the value");
 	test_cond(rejects("locks = ( { symbol = \"f\"; on_timeout = \"sometimes\"; } );",
@@ -468,8 +468,8 @@ int main(void)
 
 	test("missing file");
 	unlink(path);
-	test_cond(config_load(&cfg, path, err, sizeof(err)) != 0 && strstr(err, path) &&
+	test_cond(conf_load(&cfg, path, err, sizeof(err)) != 0 && strstr(err, path) &&
 		  strstr(err, "cannot open"));
-	config_release(&cfg);
+	conf_release(&cfg);
 	return test_report("config");
 }

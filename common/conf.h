@@ -1,18 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * config.h - the frozen configuration: Redis endpoint and one spec per lock.
+ * conf.h - the frozen configuration: Redis endpoint and one spec per lock.
  *
- * config_load parses a libconfig file once, validates every setting (unknown
+ * conf_load parses a libconfig file once, validates every setting (unknown
  * names, types, ranges, placeholders, forbidden symbols) and compiles each
  * key template. After that the structures are read-only: hooks only read.
  */
-#ifndef LOCKSHIM_CONFIG_H
-#define LOCKSHIM_CONFIG_H
+#ifndef LOCKSHIM_CONF_H
+#define LOCKSHIM_CONF_H
 
 #include "key.h"
 
-#define CONFIG_DEFAULT_PATH "/etc/lockshim/lockshim.cfg"
-#define CONFIG_EXIT_CODE 78 /* EX_CONFIG */
+#define CONF_DEFAULT_PATH "/etc/lockshim/lockshim.cfg"
+#define CONF_EXIT_CODE 78 /* EX_CONFIG */
 #define STACK_ARGS_MAX 65536 /* largest stack_args_bytes */
 
 /* on_timeout / on_error */
@@ -23,7 +23,7 @@ enum hold_policy { HOLD_LOG, HOLD_KILL, HOLD_ABORT };
  * the executable defines, relocations otherwise. */
 enum catch_method { METHOD_AUTO, METHOD_ENTRY, METHOD_RELOC };
 
-#define CONFIG_BUILD_ID_MAX 64 /* bytes of a GNU build-id (hex digits / 2) */
+#define CONF_BUILD_ID_MAX 64 /* bytes of a GNU build-id (hex digits / 2) */
 
 struct lock_spec {
 	char *symbol;
@@ -54,9 +54,9 @@ struct lock_spec {
 	char *build_id;          /* object's build-id, lowercase hex; NULL: any */
 	int index;
 	/*
-	 * Derived at config_load, after validation, for every lock (its own
+	 * Derived at conf_load, after validation, for every lock (its own
 	 * settings, `defaults` and the built-in values all applied): not a
-	 * setting of the file. See config_waiter_ttl_ms.
+	 * setting of the file. See conf_waiter_ttl_ms.
 	 */
 	long long waiter_ttl_ms;
 };
@@ -95,7 +95,7 @@ struct redis_spec {
 	int nmasters;
 };
 
-struct config {
+struct conf {
 	char *path;
 	struct redis_spec redis;
 	char *ns;
@@ -110,11 +110,11 @@ struct config {
 /*
  * Loads and validates path into cfg. Returns 0, or -1 with one line in err
  * naming the file, the line when known, the setting and the value.
- * The caller releases cfg with config_release (also after a failure).
+ * The caller releases cfg with conf_release (also after a failure).
  */
-int config_load(struct config *cfg, const char *path, char *err, size_t errlen);
+int conf_load(struct conf *cfg, const char *path, char *err, size_t errlen);
 
-void config_release(struct config *cfg);
+void conf_release(struct conf *cfg);
 
 /*
  * Checks what the environment adds to cfg's logging: LOCKSHIM_LOG_LEVEL
@@ -123,17 +123,17 @@ void config_release(struct config *cfg);
  * else the file is only opened and closed (`lockshim check`). Returns 0, or
  * -1 with one line in err.
  */
-int config_logging(const struct config *cfg, int apply, char *err, size_t errlen);
+int conf_logging(const struct conf *cfg, int apply, char *err, size_t errlen);
 
 /*
  * Returns 2 * l->retry_max_ms + r->command_timeout_ms: how long a waiter may
  * stay silent before it leaves the lock's queue, and the TTL of a lock
  * handed to a waiter (backend_item.waiter_ttl_ms). A waiter asks again at
  * least every retry_max_ms, and each ask may take up to command_timeout_ms,
- * so a live waiter is never dropped. config_load stores it in every lock's
+ * so a live waiter is never dropped. conf_load stores it in every lock's
  * waiter_ttl_ms; code building a lock_spec by hand (tests) can call it.
  */
-long long config_waiter_ttl_ms(const struct lock_spec *l, const struct redis_spec *r);
+long long conf_waiter_ttl_ms(const struct lock_spec *l, const struct redis_spec *r);
 
 /*
  * One setting the parser knows, described from the same tables it parses
@@ -151,7 +151,7 @@ long long config_waiter_ttl_ms(const struct lock_spec *l, const struct redis_spe
  *          (not set), required, or =GROUP.NAME (that setting's value);
  *          never contains a blank.
  */
-struct config_setting_desc {
+struct conf_setting_desc {
 	const char *group;
 	const char *name;
 	char type[96];
@@ -160,14 +160,14 @@ struct config_setting_desc {
 
 /* Describes the i-th setting (0, 1, ...; top, then redis, then lock, each
  * in table order) into d. Returns 1, or 0 when i is past the last. */
-int config_setting_describe(int i, struct config_setting_desc *d);
+int conf_setting_describe(int i, struct conf_setting_desc *d);
 
 /* Returns the lock guarding symbol, or NULL. */
-const struct lock_spec *config_find(const struct config *cfg, const char *symbol);
+const struct lock_spec *conf_find(const struct conf *cfg, const char *symbol);
 
 /* Returns the policy name for messages. */
-const char *config_call_policy_name(int p);
-const char *config_method_name(int m);
-const char *config_hold_policy_name(int p);
+const char *conf_call_policy_name(int p);
+const char *conf_method_name(int m);
+const char *conf_hold_policy_name(int p);
 
 #endif

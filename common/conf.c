@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * config.c - parsing and validating the libconfig file (see config.h).
+ * conf.c - parsing and validating the libconfig file (see conf.h).
  *
  * Settings are described by tables (see "setting tables" below): top_fields
  * for the top level, redis_fields for the `redis` group and lock_fields for
@@ -10,7 +10,7 @@
  * `defaults`, then its own settings. Every error is one line:
  * "<file>:<line>: <setting>: <problem>".
  */
-#include "config.h"
+#include "conf.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -136,9 +136,9 @@ static const char *const hold_policies[] = { "log", "kill", "abort", NULL };
 
 static const char *const methods[] = { "auto", "entry", "reloc", NULL };
 
-const char *config_call_policy_name(int p) { return call_policies[p]; }
-const char *config_hold_policy_name(int p) { return hold_policies[p]; }
-const char *config_method_name(int m) { return methods[m]; }
+const char *conf_call_policy_name(int p) { return call_policies[p]; }
+const char *conf_hold_policy_name(int p) { return hold_policies[p]; }
+const char *conf_method_name(int m) { return methods[m]; }
 
 /* Level names of log.h's enum log_level, for log_level's messages; log.c
  * parses them (log_level_parse, any case). */
@@ -324,7 +324,7 @@ static int get_named_number(struct errbuf *e, const config_setting_t *s,
  * an entry can never write past its member; FIELD refuses at build time a
  * member whose size the writer does not handle or that cannot hold every
  * value of the range. Three tables use this machinery: top_fields (the top
- * level, written into struct config), redis_fields (struct redis_spec) and
+ * level, written into struct conf), redis_fields (struct redis_spec) and
  * lock_fields (struct lock_spec, for `defaults` and each lock).
  */
 enum field_kind {
@@ -494,7 +494,7 @@ static const struct field lock_fields[] = {
 	LOCK_FIELD(method, F_ENUM, 0, METHOD_RELOC, .names = methods),
 	LOCK_FIELD(object, F_STR, 1, 0),
 	LOCK_FIELD(offset, F_ADDR, 0, LLONG_MAX),
-	LOCK_FIELD(build_id, F_HEX, 1, CONFIG_BUILD_ID_MAX),
+	LOCK_FIELD(build_id, F_HEX, 1, CONF_BUILD_ID_MAX),
 	{ .name = NULL }
 };
 
@@ -554,20 +554,20 @@ static const struct field redis_fields[] = {
 static int backend_redis_check(struct errbuf *e, const config_setting_t *g, const void *member);
 
 static const struct field top_fields[] = {
-	FIELD(struct config, "redis", redis, F_GROUP, 0, 0, .sub = redis_fields,
+	FIELD(struct conf, "redis", redis, F_GROUP, 0, 0, .sub = redis_fields,
 	      .check = backend_redis_check),
-	FIELD(struct config, "namespace", ns, F_STR, 1, KEY_MAX_NAMESPACE),
-	FIELD(struct config, "log_level", log_level, F_LOGLEVEL, LOG_ERROR, LOG_DEBUG),
-	FIELD(struct config, "log_file", log_file, F_STR, 0, 0),
-	FIELD(struct config, "strict", strict, F_BOOL, 0, 1),
-	FIELD(struct config, "debug_dirs", debug_dirs, F_STRS, 0, 0),
+	FIELD(struct conf, "namespace", ns, F_STR, 1, KEY_MAX_NAMESPACE),
+	FIELD(struct conf, "log_level", log_level, F_LOGLEVEL, LOG_ERROR, LOG_DEBUG),
+	FIELD(struct conf, "log_file", log_file, F_STR, 0, 0),
+	FIELD(struct conf, "strict", strict, F_BOOL, 0, 1),
+	FIELD(struct conf, "debug_dirs", debug_dirs, F_STRS, 0, 0),
 	SECTION("defaults", F_DEFAULTS),
 	SECTION("locks", F_LOCKS),
 	{ .name = NULL }
 };
 
 /* The built-in values of the top level and of redis. */
-static int config_defaults(struct config *cfg)
+static int config_defaults(struct conf *cfg)
 {
 	memset(cfg, 0, sizeof(*cfg));
 	cfg->log_level = -1;
@@ -1001,7 +1001,7 @@ static int backend_redis_check(struct errbuf *e, const config_setting_t *g, cons
 
 static int parse_lock(struct errbuf *e, const config_setting_t *g, int idx,
 		      const struct lock_spec *defaults,
-		      const config_setting_t *defaults_g, struct config *cfg)
+		      const config_setting_t *defaults_g, struct conf *cfg)
 {
 	struct lock_spec *l = &cfg->locks[idx];
 	char where[32], what[48], host[256] = "localhost", kerr[256];
@@ -1059,7 +1059,7 @@ static int parse_lock(struct errbuf *e, const config_setting_t *g, int idx,
 
 /* Reads the top level with top_fields; defaults and locks are read after
  * it, so that they see the whole top level (namespace, strict, redis). */
-static int parse_root(struct errbuf *e, config_t *cf, struct config *cfg)
+static int parse_root(struct errbuf *e, config_t *cf, struct conf *cfg)
 {
 	const config_setting_t *root = config_root_setting(cf), *s;
 	const config_setting_t *locks = NULL, *defaults_g = NULL;
@@ -1124,7 +1124,7 @@ static int parse_root(struct errbuf *e, config_t *cf, struct config *cfg)
 		}
 	/* Derived fields, once everything they read is valid and final. */
 	for (int i = 0; i < cfg->nlocks; i++)
-		cfg->locks[i].waiter_ttl_ms = config_waiter_ttl_ms(&cfg->locks[i], &cfg->redis);
+		cfg->locks[i].waiter_ttl_ms = conf_waiter_ttl_ms(&cfg->locks[i], &cfg->redis);
 	rc = 0;
 out:
 	free(defaults.key_src);
@@ -1133,7 +1133,7 @@ out:
 	return rc;
 }
 
-int config_load(struct config *cfg, const char *path, char *err, size_t errlen)
+int conf_load(struct conf *cfg, const char *path, char *err, size_t errlen)
 {
 	struct errbuf e = { err, errlen, path };
 	config_t cf;
@@ -1158,7 +1158,7 @@ int config_load(struct config *cfg, const char *path, char *err, size_t errlen)
 	return rc;
 }
 
-void config_release(struct config *cfg)
+void conf_release(struct conf *cfg)
 {
 	for (int i = 0; i < cfg->nlocks; i++) {
 		free(cfg->locks[i].symbol);
@@ -1176,7 +1176,7 @@ void config_release(struct config *cfg)
 	memset(cfg, 0, sizeof(*cfg));
 }
 
-int config_logging(const struct config *cfg, int apply, char *err, size_t errlen)
+int conf_logging(const struct conf *cfg, int apply, char *err, size_t errlen)
 {
 	const char *env = getenv("LOCKSHIM_LOG_LEVEL");
 	int level = cfg->log_level, rc;
@@ -1372,9 +1372,9 @@ static void describe_value(const struct field *f, const void *base, char *buf, s
 	snprintf(buf, len, "?");
 }
 
-int config_setting_describe(int i, struct config_setting_desc *d)
+int conf_setting_describe(int i, struct conf_setting_desc *d)
 {
-	struct config cfg;
+	struct conf cfg;
 	struct lock_spec lock;
 	const struct field *f = NULL;
 	const void *base;
@@ -1405,7 +1405,7 @@ int config_setting_describe(int i, struct config_setting_desc *d)
 		snprintf(d->dflt, sizeof(d->dflt), "%s", f->dflt);
 		return 1;
 	}
-	/* The values a file without this setting gets, as config_load and
+	/* The values a file without this setting gets, as conf_load and
 	 * parse_root set them up. */
 	if (config_defaults(&cfg) | lock_builtin_defaults(&lock)) {
 		snprintf(d->dflt, sizeof(d->dflt), "?");
@@ -1419,16 +1419,16 @@ int config_setting_describe(int i, struct config_setting_desc *d)
 		describe_value(f, base, d->dflt, sizeof(d->dflt));
 	}
 	free(lock.key_src);
-	config_release(&cfg);
+	conf_release(&cfg);
 	return 1;
 }
 
-long long config_waiter_ttl_ms(const struct lock_spec *l, const struct redis_spec *r)
+long long conf_waiter_ttl_ms(const struct lock_spec *l, const struct redis_spec *r)
 {
 	return 2 * l->retry_max_ms + r->command_timeout_ms;
 }
 
-const struct lock_spec *config_find(const struct config *cfg, const char *symbol)
+const struct lock_spec *conf_find(const struct conf *cfg, const char *symbol)
 {
 	for (int i = 0; i < cfg->nlocks; i++)
 		if (strcmp(cfg->locks[i].symbol, symbol) == 0)
