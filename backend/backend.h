@@ -31,7 +31,8 @@
 /* A lock value (token and holder identity) is at most this long. */
 #define BACKEND_VAL_MAX 448
 
-struct redis_spec;
+struct conf;
+struct conf_group;
 struct backend_conn;   /* one connection (or set of them), per thread */
 struct backend_config; /* a backend's settings, opaque to its callers */
 
@@ -98,11 +99,16 @@ static inline struct backend_item backend_copy_item(const struct backend_copy *c
 
 struct backend_ops {
 	const char *name;
-	/* Returns 1 when this backend serves r's topology, else 0. */
-	int (*serves)(const struct redis_spec *r);
-	/* Returns the backend's settings made from r (which must outlive
-	 * them), freed with config_free; or NULL with a message in err. */
-	struct backend_config *(*config_new)(const struct redis_spec *r, char *err,
+	/* The settings group the backend reads (conf_field.h): its table, its
+	 * checks, the locks it refuses. Topologies of one server share one
+	 * (redis: backend_redis_settings). */
+	const struct conf_group *settings;
+	/* Returns 1 when this backend serves the group's settings (a struct
+	 * of the group's type, such as struct redis_spec), else 0. */
+	int (*serves)(const void *settings);
+	/* Returns the backend's state made from settings (which must outlive
+	 * it), freed with config_free; or NULL with a message in err. */
+	struct backend_config *(*config_new)(const void *settings, char *err,
 					     size_t errlen);
 	void (*config_free)(struct backend_config *bc);
 	/* Returns a new connection, or NULL with a message in err. */
@@ -182,11 +188,11 @@ struct backend {
 };
 
 /*
- * Picks the backend that serves r (backend.c's table, first match) and makes
- * its settings. Returns 0, or -1 with a message in err. Release with
- * backend_release.
+ * Picks the backend that serves cfg (backend.c's table, first match) and
+ * makes its state from its group's settings. Returns 0, or -1 with a
+ * message in err. Release with backend_release.
  */
-int backend_init(struct backend *b, const struct redis_spec *r, char *err, size_t errlen);
+int backend_init(struct backend *b, const struct conf *cfg, char *err, size_t errlen);
 void backend_release(struct backend *b);
 
 /* Opens a connection of b's backend; NULL with a message in err. */
@@ -195,6 +201,13 @@ static inline struct backend_conn *backend_open(const struct backend *b, char *e
 {
 	return b->ops->open(b->cfg, err, errlen);
 }
+
+/*
+ * Writes the settings groups of the backends of backend.c's table (each
+ * once, NULL-terminated) into groups, for conf_load. Room for
+ * CONF_GROUPS_MAX + 1 entries is enough.
+ */
+void backend_conf_groups(const struct conf_group **groups, size_t n);
 
 extern const struct backend_ops backend_cluster;
 extern const struct backend_ops backend_redlock;

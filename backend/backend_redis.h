@@ -16,7 +16,7 @@
 #include <hiredis/hiredis.h>
 
 #include "backend.h"
-#include "conf.h"
+#include "backend_redis_conf.h"
 
 /* One node to connect to, and how to log in there. */
 struct redis_endpoint {

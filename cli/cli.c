@@ -5,7 +5,7 @@
  *   lockshim run [-c FILE] [--] PROGRAM [ARG...]   run PROGRAM under the shim
  *   lockshim check [-c FILE] [-- PROGRAM [ARG...]] validate FILE, test Redis,
  *                                                  say how PROGRAM's locks are caught
- *   lockshim settings                              the settings conf.c knows
+ *   lockshim settings                              the settings the parser knows
  *   lockshim version | help
  *
  * The verbs are one table (commands[], in the style of git's cmd_struct):
@@ -25,8 +25,8 @@
  * shim with LOCKSHIM_CHECK_FD naming a pipe: the shim's constructor writes
  * one line per lock there (entry, reloc or unguarded) and ends the process
  * before main, and `check` prints those lines and exits 1 when some lock
- * would be unguarded. `settings` prints conf_setting_describe's
- * lines. Exit statuses of the CLI itself follow sysexits:
+ * would be unguarded. `settings` prints settings_describe's lines
+ * (settings.c, from the parser's tables). Exit statuses of the CLI itself follow sysexits:
  * 64 usage, 69 Redis unavailable (check) or the shim cannot be loaded
  * (run), 78 config error, 126/127 as a shell for a program that cannot be
  * executed or found.
@@ -46,9 +46,11 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "conf.h"
 #include "log.h"
 #include "selftest.h"
+#include "settings.h"
 
 #ifndef LOCKSHIM_LIBDIR
 #define LOCKSHIM_LIBDIR "/usr/local/lib"
@@ -172,13 +174,32 @@ static void print_escaped(FILE *f, const char *what, const char *s)
  * unusable. */
 static int load(struct conf *cfg, const char *path)
 {
+	const struct conf_group *groups[CONF_GROUPS_MAX + 1];
 	char err[1024];
 
-	if (conf_load(cfg, path, err, sizeof(err)) == 0 &&
+	backend_conf_groups(groups, sizeof(groups) / sizeof(*groups));
+	if (conf_load(cfg, path, groups, err, sizeof(err)) == 0 &&
 	    conf_logging(cfg, 0, err, sizeof(err)) == 0)
 		return 0;
 	print_escaped(stderr, "config error: ", err);
 	return -1;
+}
+
+/* Prints one line of `check`'s summary, control characters escaped. */
+static void print_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void print_line(const char *fmt, ...)
+{
+	char msg[8192], line[4 * sizeof(msg)];
+	va_list ap;
+	size_t n;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	n = log_escape(line, sizeof(line) - 1, msg, strlen(msg));
+	line[n] = 0;
+	printf("%s\n", line);
 }
 
 /* Finds prog as execvp would. Returns 0 with its path in out, or -1. */
@@ -424,7 +445,7 @@ static int cmd_check(int argc, char **argv)
 {
 	const char *config = default_config();
 	struct conf cfg;
-	char msg[1024], line[1536];
+	char msg[1024];
 	int i = parse_opts(argc, argv, 2, &config), rc = 0, prc;
 
 	if (i < 0)
@@ -436,18 +457,15 @@ static int cmd_check(int argc, char **argv)
 	printf("%s: ok, %d lock(s)\n", config, cfg.nlocks);
 	for (int k = 0; k < cfg.nlocks; k++) {
 		const struct lock_spec *l = &cfg.locks[k];
-		size_t n;
 
 		/* the Redis key, in template syntax: a cluster's braces are literal */
-		snprintf(msg, sizeof(msg), "  %s: key %.*s%s%s%s lease %lld ms, wait %lld ms, "
-			 "on_timeout %s, on_error %s, on_lost %s, method %s", l->symbol,
-			 (int)l->key.prefix_len - l->key.tagged, l->key.prefix,
-			 l->key.tagged ? "{{" : "", l->key_src, l->key.tagged ? "}}" : "", l->lease_ms, l->wait_ms, conf_call_policy_name(l->on_timeout),
-			 conf_call_policy_name(l->on_error), conf_hold_policy_name(l->on_lost),
-			 conf_method_name(l->method));
-		n = log_escape(line, sizeof(line) - 1, msg, strlen(msg));
-		line[n] = 0;
-		printf("%s\n", line);
+		print_line("  %s: key %.*s%s%s%s lease %lld ms, wait %lld ms, on_timeout %s, "
+			   "on_error %s, on_lost %s, method %s", l->symbol,
+			   (int)l->key.prefix_len - l->key.tagged, l->key.prefix,
+			   l->key.tagged ? "{{" : "", l->key_src, l->key.tagged ? "}}" : "",
+			   l->lease_ms, l->wait_ms, conf_call_policy_name(l->on_timeout),
+			   conf_call_policy_name(l->on_error), conf_hold_policy_name(l->on_lost),
+			   conf_method_name(l->method));
 	}
 	if (selftest_run(&cfg, msg, sizeof(msg)) != 0) {
 		print_escaped(stderr, "redis: ", msg);
@@ -466,13 +484,15 @@ static int cmd_check(int argc, char **argv)
 
 static int cmd_settings(int argc, char **argv)
 {
-	struct conf_setting_desc d;
+	const struct conf_group *groups[CONF_GROUPS_MAX + 1];
+	struct settings_desc d;
 
 	if (argc > 2)
 		return argv[2][0] == '-' && argv[2][1] ?
 			usage_error("unknown option %s", argv[2]) :
 			usage_error("settings takes no operand");
-	for (int i = 0; conf_setting_describe(i, &d); i++)
+	backend_conf_groups(groups, sizeof(groups) / sizeof(*groups));
+	for (int i = 0; settings_describe(groups, i, &d); i++)
 		printf("%s %s %s %s\n", d.group, d.name, d.type, d.dflt);
 	return 0;
 }

@@ -1,10 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * conf.h - the frozen configuration: Redis endpoint and one spec per lock.
+ * conf.h - the frozen configuration: the top level, one spec per lock, and
+ * the settings of each backend (its own group, such as `redis`).
  *
  * conf_load parses a libconfig file once, validates every setting (unknown
  * names, types, ranges, placeholders, forbidden symbols) and compiles each
  * key template. After that the structures are read-only: hooks only read.
+ * The settings are tables (conf_field.h): conf.c's for the top level and
+ * the locks, a backend's own for its group (backend/backend_redis_conf.c),
+ * registered in backend/backend.c and handed to conf_load, so this module
+ * names no backend. The prefix is conf_: libconfig owns config_*.
  */
 #ifndef LOCKSHIM_CONF_H
 #define LOCKSHIM_CONF_H
@@ -61,43 +66,19 @@ struct lock_spec {
 	long long waiter_ttl_ms;
 };
 
-/* The `tls` group of `redis`: present (enabled) makes every connection TLS. */
-struct redis_tls {
-	int enabled;
-	char *ca_file;           /* NULL with ca_dir NULL: the system's CA store */
-	char *ca_dir;
-	char *cert_file;         /* client certificate, with key_file */
-	char *key_file;
-	char *server_name;       /* SNI and the name verified; NULL: the host */
-	int verify;              /* verify the certificate and the name */
-};
+/* At most this many backends' settings groups (conf_field.h's struct
+ * conf_group, registered in backend/backend.c). */
+#define CONF_GROUPS_MAX 8
 
-struct redis_spec {
-	char *host;
-	int port;
-	char *socket;
-	char *password;          /* LOCKSHIM_REDIS_PASSWORD, password_file, or the file's */
-	char *username;
-	int db;
-	int connect_timeout_ms;
-	int command_timeout_ms;
-	char **sentinels;        /* "host:port" of Redis Sentinels, NULL-terminated; NULL: none */
-	char *master_name;       /* required with sentinels */
-	char *sentinel_username;
-	char *sentinel_password;
-	char *password_file;     /* the password is its first line */
-	int wait_replicas;       /* WAIT for this many replicas after acquires and renewals */
-	int wait_replicas_ms;
-	struct redis_tls tls;
-	char **cluster;          /* "host:port" seed nodes of a Redis Cluster, NULL-terminated */
-	struct redis_spec *masters; /* Redlock: nmasters independent masters, each a whole
-				     * single-server spec (unset settings taken from this one) */
-	int nmasters;
-};
+struct conf_group;
 
 struct conf {
 	char *path;
-	struct redis_spec redis;
+	/* The settings groups of the backends (NULL-terminated), and each one's
+	 * settings, a struct of its size with every setting of the group (the
+	 * defaults when the file has no such group): see conf_group_data. */
+	const struct conf_group *groups[CONF_GROUPS_MAX + 1];
+	void *group_data[CONF_GROUPS_MAX];
 	char *ns;
 	int log_level;      /* -1 when not set */
 	char *log_file;
@@ -108,13 +89,25 @@ struct conf {
 };
 
 /*
- * Loads and validates path into cfg. Returns 0, or -1 with one line in err
- * naming the file, the line when known, the setting and the value.
- * The caller releases cfg with conf_release (also after a failure).
+ * Loads and validates path into cfg. groups (NULL-terminated, at most
+ * CONF_GROUPS_MAX) are the backends' settings groups the file may have
+ * (backend_conf_groups); cfg keeps the pointers, which must outlive it.
+ * Returns 0, or -1 with one line in err naming the file, the line when
+ * known, the setting and the value. The caller releases cfg with
+ * conf_release (also after a failure).
  */
-int conf_load(struct conf *cfg, const char *path, char *err, size_t errlen);
+int conf_load(struct conf *cfg, const char *path, const struct conf_group *const *groups,
+	      char *err, size_t errlen);
 
+/* Frees everything cfg owns (every string and list its tables name, the
+ * locks, the groups' settings), not cfg itself, and zeroes it. */
 void conf_release(struct conf *cfg);
+
+/*
+ * Returns the settings of the group g in cfg (a struct of g's type, owned
+ * by cfg), or NULL when g is not one of cfg's groups.
+ */
+void *conf_group_data(const struct conf *cfg, const struct conf_group *g);
 
 /*
  * Checks what the environment adds to cfg's logging: LOCKSHIM_LOG_LEVEL
@@ -126,46 +119,20 @@ void conf_release(struct conf *cfg);
 int conf_logging(const struct conf *cfg, int apply, char *err, size_t errlen);
 
 /*
- * Returns 2 * l->retry_max_ms + r->command_timeout_ms: how long a waiter may
- * stay silent before it leaves the lock's queue, and the TTL of a lock
- * handed to a waiter (backend_item.waiter_ttl_ms). A waiter asks again at
- * least every retry_max_ms, and each ask may take up to command_timeout_ms,
- * so a live waiter is never dropped. conf_load stores it in every lock's
- * waiter_ttl_ms; code building a lock_spec by hand (tests) can call it.
+ * Returns 2 * l->retry_max_ms + request_ms: how long a waiter may stay
+ * silent before it leaves the lock's queue, and the TTL of a lock handed
+ * to a waiter (backend_item.waiter_ttl_ms). A waiter asks again at least
+ * every retry_max_ms, and each ask may take up to request_ms (the
+ * backend's, redis.command_timeout_ms), so a live waiter is never
+ * dropped. conf_load stores it in every lock's waiter_ttl_ms; code
+ * building a lock_spec by hand (tests) can call it.
  */
-long long conf_waiter_ttl_ms(const struct lock_spec *l, const struct redis_spec *r);
-
-/*
- * One setting the parser knows, described from the same tables it parses
- * with (`lockshim settings` prints one per line, "group name type default").
- *   group: "top" (top level), "redis" (the redis group) or "lock" (an
- *          entry of locks, and of defaults except symbol)
- *   type:  integer:MIN..MAX, decimal:MIN..MAX (whole or decimal), boolean,
- *          string, string:MIN.. or string:MIN..MAX (length in bytes),
- *          enum:A,B,C, errno:0..MAX and signal:MIN..MAX (a name or a
- *          number), number (integer or float), address (an integer or a
- *          "0x..." string, 0 or more), hex:MIN..MAX (a string of hex
- *          digits, length in bytes decoded), strings (a list of strings),
- *          group, list
- *   dflt:  a libconfig literal (30000, 0.5, true, "skip", {}, ()), none
- *          (not set), required, or =GROUP.NAME (that setting's value);
- *          never contains a blank.
- */
-struct conf_setting_desc {
-	const char *group;
-	const char *name;
-	char type[96];
-	char dflt[96];
-};
-
-/* Describes the i-th setting (0, 1, ...; top, then redis, then lock, each
- * in table order) into d. Returns 1, or 0 when i is past the last. */
-int conf_setting_describe(int i, struct conf_setting_desc *d);
+long long conf_waiter_ttl_ms(const struct lock_spec *l, long long request_ms);
 
 /* Returns the lock guarding symbol, or NULL. */
 const struct lock_spec *conf_find(const struct conf *cfg, const char *symbol);
 
-/* Returns the policy name for messages. */
+/* Returns the name of the policy or method, as the file writes it. */
 const char *conf_call_policy_name(int p);
 const char *conf_method_name(int m);
 const char *conf_hold_policy_name(int p);

@@ -105,6 +105,7 @@ static void atfork_child(void)
 
 __attribute__((constructor)) static void shim_init(void)
 {
+	const struct conf_group *groups[CONF_GROUPS_MAX + 1];
 	const char *path;
 	char err[1024];
 	int check = check_fd(), rc, saved_errno = errno;
@@ -113,7 +114,8 @@ __attribute__((constructor)) static void shim_init(void)
 	shim_initial_thread = pthread_self();
 	log_set_pid(getpid());
 	path = init_config_path();
-	if (conf_load(&cfg, path, err, sizeof(err)) != 0 ||
+	backend_conf_groups(groups, sizeof(groups) / sizeof(*groups));
+	if (conf_load(&cfg, path, groups, err, sizeof(err)) != 0 ||
 	    conf_logging(&cfg, 1, err, sizeof(err)) != 0)
 		die_config(err);
 	if (cfg.nlocks == 0) {
@@ -122,7 +124,7 @@ __attribute__((constructor)) static void shim_init(void)
 			_exit(0);
 		goto out;
 	}
-	if (backend_init(&backend, &cfg.redis, err, sizeof(err)) != 0)
+	if (backend_init(&backend, &cfg, err, sizeof(err)) != 0)
 		die_config(err);
 	if (arch_init() != 0 || lock_setup(&backend) != 0 ||
 	    pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0) {

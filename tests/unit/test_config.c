@@ -7,8 +7,17 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend_redis_conf.h"
 #include "conf.h"
+#include "conf_field.h"
+#include "settings.h"
 #include "test.h"
+
+/* The groups the shim registers (backend.c), without linking the backends. */
+static const struct conf_group *const groups[] = { &backend_redis_settings, NULL };
+
+/* The settings of the redis group of a loaded struct conf. */
+#define REDIS(c) ((const struct redis_spec *)conf_group_data(&(c), &backend_redis_settings))
 
 static char path[] = "/tmp/lockshim-test-XXXXXX.cfg";
 
@@ -18,7 +27,7 @@ static int load_text(struct conf *cfg, const char *text, char *err, size_t errle
 
 	fputs(text, f);
 	fclose(f);
-	return conf_load(cfg, path, err, errlen);
+	return conf_load(cfg, path, groups, err, errlen);
 }
 
 /* Returns 1 when text fails to load with a message containing every needle
@@ -42,7 +51,7 @@ static const char *str_or(const char *s) { return s ? s : "(null)"; }
 /* Writes every value conf_load produced, for comparing two loads. */
 static void dump(const struct conf *cfg, char *buf, size_t len)
 {
-	const struct redis_spec *r = &cfg->redis;
+	const struct redis_spec *r = REDIS(*cfg);
 	size_t n;
 
 	n = (size_t)snprintf(buf, len, "%s %d %s %s %s %d %d %d %d %d %d|%s %d %s %d|%d", r->host,
@@ -91,8 +100,8 @@ int main(void)
 	test_cond(load_text(&cfg, "locks = ( { symbol = \"f\"; } );", err, sizeof(err)) == 0);
 	test_cond(cfg.nlocks == 1);
 	test_cond(strcmp(cfg.ns, "lockshim") == 0);
-	test_cond(strcmp(cfg.redis.host, "127.0.0.1") == 0 && cfg.redis.port == 6379);
-	test_cond(cfg.redis.connect_timeout_ms == 500 && cfg.redis.command_timeout_ms == 500);
+	test_cond(strcmp(REDIS(cfg)->host, "127.0.0.1") == 0 && REDIS(cfg)->port == 6379);
+	test_cond(REDIS(cfg)->connect_timeout_ms == 500 && REDIS(cfg)->command_timeout_ms == 500);
 	test_cond(cfg.log_level == -1);
 	{
 		const struct lock_spec *l = conf_find(&cfg, "f");
@@ -120,9 +129,9 @@ int main(void)
 		"            kill_signal = \"SIGUSR1\"; return = 2.5; reentrant = false;\n"
 		"            wait_ms = -1; key = \"k\"; stack_args_bytes = 40; } );\n",
 		err, sizeof(err)) == 0);
-	test_cond(strcmp(cfg.redis.socket, "/tmp/r.sock") == 0 && cfg.redis.db == 3);
-	test_cond(strcmp(cfg.redis.username, "u") == 0);
-	test_cond(cfg.redis.connect_timeout_ms == 100 && cfg.redis.command_timeout_ms == 200);
+	test_cond(strcmp(REDIS(cfg)->socket, "/tmp/r.sock") == 0 && REDIS(cfg)->db == 3);
+	test_cond(strcmp(REDIS(cfg)->username, "u") == 0);
+	test_cond(REDIS(cfg)->connect_timeout_ms == 100 && REDIS(cfg)->command_timeout_ms == 200);
 	test_cond(cfg.log_level == 3 && strcmp(cfg.ns, "prod") == 0);
 	test_cond(cfg.locks[0].lease_ms == 900 && cfg.locks[0].on_timeout == POLICY_EXIT);
 	test_cond(cfg.locks[0].on_error == POLICY_EXIT);
@@ -202,24 +211,24 @@ int main(void)
 		"          sentinel_username = \"su\"; master_name = \"locks\";\n"
 		"          sentinels = ( \"10.0.0.5:26379\", \"[::1]:26380\" ); };",
 		err, sizeof(err)) == 0);
-	test_cond(!strcmp(cfg.redis.sentinels[0], "10.0.0.5:26379") &&
-		  !strcmp(cfg.redis.sentinels[1], "[::1]:26380") && !cfg.redis.sentinels[2]);
-	test_cond(!strcmp(cfg.redis.master_name, "locks") &&
-		  !strcmp(cfg.redis.sentinel_username, "su") &&
-		  !strcmp(cfg.redis.sentinel_password, "sp"));
-	test_cond(cfg.redis.wait_replicas == 64 && cfg.redis.wait_replicas_ms == 600000);
-	test_cond(cfg.redis.tls.enabled && !cfg.redis.tls.verify &&
-		  !strcmp(cfg.redis.tls.ca_file, "/a") && !strcmp(cfg.redis.tls.ca_dir, "/d") &&
-		  !strcmp(cfg.redis.tls.cert_file, "/c") && !strcmp(cfg.redis.tls.key_file, "/k") &&
-		  !strcmp(cfg.redis.tls.server_name, "r.internal"));
-	test_cond(cfg.redis.port == 6379 && cfg.redis.command_timeout_ms == 500);
+	test_cond(!strcmp(REDIS(cfg)->sentinels[0], "10.0.0.5:26379") &&
+		  !strcmp(REDIS(cfg)->sentinels[1], "[::1]:26380") && !REDIS(cfg)->sentinels[2]);
+	test_cond(!strcmp(REDIS(cfg)->master_name, "locks") &&
+		  !strcmp(REDIS(cfg)->sentinel_username, "su") &&
+		  !strcmp(REDIS(cfg)->sentinel_password, "sp"));
+	test_cond(REDIS(cfg)->wait_replicas == 64 && REDIS(cfg)->wait_replicas_ms == 600000);
+	test_cond(REDIS(cfg)->tls.enabled && !REDIS(cfg)->tls.verify &&
+		  !strcmp(REDIS(cfg)->tls.ca_file, "/a") && !strcmp(REDIS(cfg)->tls.ca_dir, "/d") &&
+		  !strcmp(REDIS(cfg)->tls.cert_file, "/c") && !strcmp(REDIS(cfg)->tls.key_file, "/k") &&
+		  !strcmp(REDIS(cfg)->tls.server_name, "r.internal"));
+	test_cond(REDIS(cfg)->port == 6379 && REDIS(cfg)->command_timeout_ms == 500);
 	conf_release(&cfg);
 	test_cond(load_text(&cfg, "redis = { tls = { }; };", err, sizeof(err)) == 0);
-	test_cond(cfg.redis.tls.enabled && cfg.redis.tls.verify && !cfg.redis.tls.ca_file &&
-		  !cfg.redis.sentinels && cfg.redis.wait_replicas == 0 &&
-		  cfg.redis.wait_replicas_ms == 100);
+	test_cond(REDIS(cfg)->tls.enabled && REDIS(cfg)->tls.verify && !REDIS(cfg)->tls.ca_file &&
+		  !REDIS(cfg)->sentinels && REDIS(cfg)->wait_replicas == 0 &&
+		  REDIS(cfg)->wait_replicas_ms == 100);
 	conf_release(&cfg);
-	test_cond(load_text(&cfg, "redis = { };", err, sizeof(err)) == 0 && !cfg.redis.tls.enabled);
+	test_cond(load_text(&cfg, "redis = { };", err, sizeof(err)) == 0 && !REDIS(cfg)->tls.enabled);
 	conf_release(&cfg);
 	test_cond(rejects("redis = { sentinels = ( \"h:1\" ); };", "master_name", "required"));
 	test_cond(rejects("redis = { sentinels = ( \"h\" ); master_name = \"m\"; };", "sentinels",
@@ -245,14 +254,14 @@ int main(void)
 		close(pfd);
 		snprintf(text, sizeof(text), "redis = { password_file = \"%s\"; };", pw);
 		test_cond(load_text(&cfg, text, err, sizeof(err)) == 0 &&
-			  !strcmp(cfg.redis.password, "s3cret"));
+			  !strcmp(REDIS(cfg)->password, "s3cret"));
 		conf_release(&cfg);
 		setenv("LOCKSHIM_REDIS_PASSWORD", "from-env", 1);
 		test_cond(load_text(&cfg, text, err, sizeof(err)) == 0 &&
-			  !strcmp(cfg.redis.password, "from-env"));
+			  !strcmp(REDIS(cfg)->password, "from-env"));
 		conf_release(&cfg);
 		test_cond(load_text(&cfg, "redis = { password = \"p\"; };", err, sizeof(err)) == 0 &&
-			  !strcmp(cfg.redis.password, "from-env"));
+			  !strcmp(REDIS(cfg)->password, "from-env"));
 		conf_release(&cfg);
 		unsetenv("LOCKSHIM_REDIS_PASSWORD");
 		unlink(pw);
@@ -301,14 +310,14 @@ int main(void)
 		"redis = { command_timeout_ms = 600000; connect_timeout_ms = 1; db = 2147483647;\n"
 		"          username = \"u\"; password = \"p\"; socket = \"/s\"; port = 65535;\n"
 		"          host = \"h\"; };", err, sizeof(err)) == 0);
-	test_cond(strcmp(cfg.redis.host, "h") == 0 && cfg.redis.port == 65535);
-	test_cond(strcmp(cfg.redis.socket, "/s") == 0 && strcmp(cfg.redis.password, "p") == 0);
-	test_cond(strcmp(cfg.redis.username, "u") == 0 && cfg.redis.db == 2147483647);
-	test_cond(cfg.redis.connect_timeout_ms == 1 && cfg.redis.command_timeout_ms == 600000);
+	test_cond(strcmp(REDIS(cfg)->host, "h") == 0 && REDIS(cfg)->port == 65535);
+	test_cond(strcmp(REDIS(cfg)->socket, "/s") == 0 && strcmp(REDIS(cfg)->password, "p") == 0);
+	test_cond(strcmp(REDIS(cfg)->username, "u") == 0 && REDIS(cfg)->db == 2147483647);
+	test_cond(REDIS(cfg)->connect_timeout_ms == 1 && REDIS(cfg)->command_timeout_ms == 600000);
 	conf_release(&cfg);
 	test_cond(load_text(&cfg, "redis = { connect_timeout_ms = 7; };", err, sizeof(err)) == 0);
-	test_cond(cfg.redis.connect_timeout_ms == 7 && cfg.redis.command_timeout_ms == 500);
-	test_cond(cfg.redis.db == 0 && cfg.redis.port == 6379);
+	test_cond(REDIS(cfg)->connect_timeout_ms == 7 && REDIS(cfg)->command_timeout_ms == 500);
+	test_cond(REDIS(cfg)->db == 0 && REDIS(cfg)->port == 6379);
 	conf_release(&cfg);
 	test_cond(rejects("redis = { host = \"\"; };", "redis.host", "must not be empty"));
 	test_cond(rejects("redis = { username = \"u\"; };", "redis.username",
@@ -335,15 +344,15 @@ int main(void)
 	test_cond(cfg.locks[0].waiter_ttl_ms == 2 * 7 + 20);
 	test_cond(cfg.locks[1].waiter_ttl_ms == 2 * 60000 + 20);
 	test_cond(cfg.locks[1].waiter_ttl_ms ==
-		  conf_waiter_ttl_ms(&cfg.locks[1], &cfg.redis));
+		  conf_waiter_ttl_ms(&cfg.locks[1], REDIS(cfg)->command_timeout_ms));
 	conf_release(&cfg);
 
 	test("scaling out: Redis Cluster seeds, Redlock masters");
 	test_cond(load_text(&cfg, "redis = { cluster = ( \"10.0.0.5:7000\", \"h:7001\" ); };",
 			    err, sizeof(err)) == 0);
-	test_cond(!strcmp(cfg.redis.cluster[0], "10.0.0.5:7000") &&
-		  !strcmp(cfg.redis.cluster[1], "h:7001") && !cfg.redis.cluster[2] &&
-		  !cfg.redis.masters);
+	test_cond(!strcmp(REDIS(cfg)->cluster[0], "10.0.0.5:7000") &&
+		  !strcmp(REDIS(cfg)->cluster[1], "h:7001") && !REDIS(cfg)->cluster[2] &&
+		  !REDIS(cfg)->masters);
 	conf_release(&cfg);
 	test_cond(load_text(&cfg,
 		"redis = { password = \"top\"; db = 3; command_timeout_ms = 77;\n"
@@ -353,9 +362,9 @@ int main(void)
 		"                        username = \"u\"; db = 0; tls = { verify = false; }; },\n"
 		"                      { host = \"10.0.0.7\"; port = 7001; } ); };",
 		err, sizeof(err)) == 0);
-	test_cond(cfg.redis.nmasters == 3 && !cfg.redis.cluster);
+	test_cond(REDIS(cfg)->nmasters == 3 && !REDIS(cfg)->cluster);
 	{
-		const struct redis_spec *m = cfg.redis.masters;
+		const struct redis_spec *m = REDIS(cfg)->masters;
 
 		test_cond(!strcmp(m[0].host, "10.0.0.5") && m[0].port == 6379 &&
 			  !strcmp(m[0].password, "top") && !m[0].username && m[0].db == 3 &&
@@ -388,9 +397,9 @@ int main(void)
 			  "locks[0]", "not available with redis.masters"));
 	test_cond(rejects("redis = { masters = { host = \"a\"; }; };", "masters", "list of groups"));
 
-	test("conf_setting_describe: the tables, their defaults are the built-in values");
+	test("settings_describe: the tables, their defaults are the built-in values");
 	{
-		struct conf_setting_desc d;
+		struct settings_desc d;
 		char text[1024], plain[4096], with[4096];
 		int n = 0, nlock = 0, literal = 0, ok;
 
@@ -398,7 +407,7 @@ int main(void)
 		test_cond(load_text(&cfg, text, err, sizeof(err)) == 0);
 		dump(&cfg, plain, sizeof(plain));
 		conf_release(&cfg);
-		for (int i = 0; conf_setting_describe(i, &d); i++, n++) {
+		for (int i = 0; settings_describe(groups, i, &d); i++, n++) {
 			ok = !strcmp(d.group, "top") || !strcmp(d.group, "redis") ||
 			     !strcmp(d.group, "tls") || !strcmp(d.group, "master") ||
 			     !strcmp(d.group, "lock");
@@ -429,8 +438,8 @@ int main(void)
 		/* A new setting changes these counts: give it a round trip in
 		 * the tests above, then count it here. */
 		test_cond(n == 8 + 18 + 6 + 8 + 26 && nlock == 26 && literal >= 29);
-		test_cond(!conf_setting_describe(n, &d) && !conf_setting_describe(-1, &d));
-		test_cond(conf_setting_describe(0, &d) && !strcmp(d.group, "top") &&
+		test_cond(!settings_describe(groups, n, &d) && !settings_describe(groups, -1, &d));
+		test_cond(settings_describe(groups, 0, &d) && !strcmp(d.group, "top") &&
 			  !strcmp(d.name, "redis"));
 	}
 	/* The non-literal defaults say what they follow. */
@@ -468,7 +477,7 @@ int main(void)
 
 	test("missing file");
 	unlink(path);
-	test_cond(conf_load(&cfg, path, err, sizeof(err)) != 0 && strstr(err, path) &&
+	test_cond(conf_load(&cfg, path, groups, err, sizeof(err)) != 0 && strstr(err, path) &&
 		  strstr(err, "cannot open"));
 	conf_release(&cfg);
 	return test_report("config");
