@@ -26,8 +26,23 @@
  * one line per lock there (entry, reloc or unguarded) and ends the process
  * before main, and `check` prints those lines and exits 1 when some lock
  * would be unguarded. `settings` prints settings_describe's lines
- * (settings.c, from the parser's tables). Exit statuses of the CLI itself follow sysexits:
- * 64 usage, 69 Redis unavailable (check) or the shim cannot be loaded
+ * (settings.c, from the parser's tables).
+ *
+ * `check`'s summary says every setting that differs from its default, in
+ * the syntax `settings` writes defaults with (settings_diff), and nothing
+ * about those that do not:
+ *
+ *   FILE: ok, N lock(s)
+ *   settings: redis.port 6380, redis.tls {}, namespace "app"
+ *     SYMBOL: key PREFIX:TEMPLATE, lease_ms 5000, on_timeout "exit"
+ *   redis: ok (...)
+ *
+ * The `settings:` line (left out when
+ * nothing differs) has the backends' groups, then the top level; a lock's
+ * line its key in template syntax (a cluster's braces literal), then its
+ * settings but symbol and key; a secret is written (hidden).
+ *
+ * Exit statuses of the CLI itself follow sysexits: 64 usage, 69 Redis unavailable (check) or the shim cannot be loaded
  * (run), 78 config error, 126/127 as a shell for a program that cannot be
  * executed or found.
  */
@@ -445,7 +460,7 @@ static int cmd_check(int argc, char **argv)
 {
 	const char *config = default_config();
 	struct conf cfg;
-	char msg[1024];
+	char msg[1024], diff[4096];
 	int i = parse_opts(argc, argv, 2, &config), rc = 0, prc;
 
 	if (i < 0)
@@ -455,17 +470,18 @@ static int cmd_check(int argc, char **argv)
 	if (load(&cfg, config) != 0)
 		return CONF_EXIT_CODE;
 	printf("%s: ok, %d lock(s)\n", config, cfg.nlocks);
+	settings_diff(&cfg, NULL, diff, sizeof(diff));
+	if (diff[0])
+		print_line("settings: %s", diff);
 	for (int k = 0; k < cfg.nlocks; k++) {
 		const struct lock_spec *l = &cfg.locks[k];
 
 		/* the Redis key, in template syntax: a cluster's braces are literal */
-		print_line("  %s: key %.*s%s%s%s lease %lld ms, wait %lld ms, on_timeout %s, "
-			   "on_error %s, on_lost %s, method %s", l->symbol,
+		settings_diff(&cfg, l, diff, sizeof(diff));
+		print_line("  %s: key %.*s%s%s%s%s%s", l->symbol,
 			   (int)l->key.prefix_len - l->key.tagged, l->key.prefix,
 			   l->key.tagged ? "{{" : "", l->key_src, l->key.tagged ? "}}" : "",
-			   l->lease_ms, l->wait_ms, conf_call_policy_name(l->on_timeout),
-			   conf_call_policy_name(l->on_error), conf_hold_policy_name(l->on_lost),
-			   conf_method_name(l->method));
+			   diff[0] ? ", " : "", diff);
 	}
 	if (selftest_run(&cfg, msg, sizeof(msg)) != 0) {
 		print_escaped(stderr, "redis: ", msg);

@@ -40,6 +40,19 @@ static void quote(char *buf, size_t len, const char *s)
 	snprintf(buf + n, len - n, "\"");
 }
 
+/* Writes d with the fewest digits that read back as d, always with a
+ * decimal point or an exponent (a libconfig float). */
+static void shortest_double(char *buf, size_t len, double d)
+{
+	for (int p = 1; p <= 17; p++) {
+		snprintf(buf, len, "%.*g", p, d);
+		if (strtod(buf, NULL) == d)
+			break;
+	}
+	if (!strpbrk(buf, ".eEn") && strlen(buf) + 2 < len)
+		strcat(buf, ".0");
+}
+
 /* Writes names as "a,b,c" after prefix. */
 static void type_enum(char *buf, size_t len, const char *const *names)
 {
@@ -165,7 +178,7 @@ static void describe_value(const struct conf_field *f, const void *base, char *b
 		if (d == (double)v)
 			snprintf(buf, len, "%lld", v);
 		else
-			snprintf(buf, len, "%#.17g", d);
+			shortest_double(buf, len, d);
 		return;
 	case F_GROUP:
 	case F_DEFAULTS:

@@ -475,6 +475,119 @@ int main(void)
 			  "locks[0].key", "unknown placeholder"));
 	test_cond(rejects("locks = ( { symbol = \"f\"; reentrant = 1; } );", "reentrant", "true or false"));
 
+	test("conf_fields_default: the tables hold the built-in values");
+	{
+		struct lock_spec l = { 0 };
+		struct redis_spec r = { 0 };
+		struct conf c = { 0 };
+
+		test_cond(conf_fields_default(conf_lock_fields, &l) == 0);
+		test_cond(!strcmp(l.key_src, "{symbol}") && !l.symbol && !l.object && !l.build_id);
+		test_cond(l.lease_ms == 30000 && l.wait_ms == 10000 && l.handoff_us == 500 &&
+			  l.linger_ms == 1 && l.retry_max_ms == 100 && l.stack_args_bytes == 256);
+		test_cond(l.ret == -1 && l.ret_double == -1.0 && l.err == EBUSY &&
+			  l.exit_code == 75 && l.kill_signal == SIGTERM && l.kill_grace_ms == 5000);
+		test_cond(l.on_timeout == POLICY_SKIP && l.on_error == -1 && l.on_lost == HOLD_LOG &&
+			  l.reentrant == 1 && l.break_dead == 1 && l.fair == 0 && l.offset == -1 &&
+			  l.method == METHOD_AUTO);
+		conf_fields_release(conf_lock_fields, &l);
+		test_cond(!l.key_src);
+		test_cond(conf_fields_default(backend_redis_settings.fields, &r) == 0);
+		test_cond(!strcmp(r.host, "127.0.0.1") && r.port == 6379 && r.db == 0 &&
+			  r.connect_timeout_ms == 500 && r.command_timeout_ms == 500 &&
+			  r.wait_replicas_ms == 100 && r.tls.verify == 1 && !r.tls.enabled &&
+			  !r.sentinels && !r.cluster && !r.masters && !r.nmasters);
+		conf_fields_release(backend_redis_settings.fields, &r);
+		test_cond(!r.host);
+		test_cond(conf_fields_default(conf_top_fields, &c) == 0);
+		test_cond(!strcmp(c.ns, "lockshim") && c.log_level == -1 && !c.log_file &&
+			  c.debug_dirs && !strcmp(c.debug_dirs[0], "/usr/lib/debug") &&
+			  !c.debug_dirs[1]);
+		conf_fields_release(conf_top_fields, &c);
+		test_cond(!c.ns && !c.debug_dirs);
+	}
+
+	test("conf_fields_copy, conf_fields_release: every owned member, by the tables");
+	test_cond(load_text(&cfg, "redis = { masters = ( { host = \"a\"; }, { host = \"b\"; port = 7;"
+			    " tls = { ca_file = \"/m\"; }; }, { host = \"c\"; } );\n"
+			    " tls = { ca_file = \"/ca\"; verify = false; }; password = \"pw\"; };\n"
+			    "locks = ( { symbol = \"f\"; object = \"/o\"; build_id = \"AB12\";"
+			    " key = \"k:{arg0}\"; return = 2.5; offset = 16; } );", err,
+			    sizeof(err)) == 0);
+	{
+		const struct lock_spec *l = &cfg.locks[0];
+		const struct redis_spec *r = REDIS(cfg);
+		struct lock_spec c = { 0 };
+		struct redis_spec rc = { 0 };
+
+		test_cond(conf_fields_copy(conf_lock_fields, &c, l) == 0);
+		test_cond(c.symbol != l->symbol && !strcmp(c.symbol, "f") &&
+			  c.key_src != l->key_src && !strcmp(c.key_src, "k:{arg0}") &&
+			  c.object != l->object && !strcmp(c.object, "/o") &&
+			  c.build_id != l->build_id && !strcmp(c.build_id, "ab12"));
+		test_cond(c.ret == 2 && c.ret_double == 2.5 && c.offset == 16 &&
+			  c.lease_ms == l->lease_ms && c.handoff_us == l->handoff_us);
+		/* a second copy frees what the first made (ASan's leak check) */
+		test_cond(conf_fields_copy(conf_lock_fields, &c, l) == 0 && !strcmp(c.object, "/o"));
+		conf_fields_release(conf_lock_fields, &c);
+		test_cond(!c.symbol && !c.key_src && !c.object && !c.build_id);
+
+		test_cond(conf_fields_copy(backend_redis_settings.fields, &rc, r) == 0);
+		test_cond(rc.nmasters == 3 && rc.masters && rc.masters != r->masters);
+		test_cond(rc.masters[1].host != r->masters[1].host &&
+			  !strcmp(rc.masters[1].host, "b") && rc.masters[1].port == 7 &&
+			  rc.masters[1].tls.enabled && !strcmp(rc.masters[1].tls.ca_file, "/m"));
+		test_cond(!strcmp(rc.masters[0].tls.ca_file, "/ca") && !rc.masters[0].tls.verify &&
+			  !strcmp(rc.masters[0].password, "pw") && !strcmp(rc.masters[2].host, "c"));
+		test_cond(rc.tls.enabled && rc.tls.ca_file != r->tls.ca_file &&
+			  !strcmp(rc.tls.ca_file, "/ca") && !strcmp(rc.password, "pw"));
+		test_cond(conf_fields_copy(backend_redis_settings.fields, &rc, r) == 0 &&
+			  rc.nmasters == 3);
+		conf_fields_release(backend_redis_settings.fields, &rc);
+		test_cond(!rc.masters && !rc.nmasters && !rc.tls.ca_file && !rc.password && !rc.host);
+	}
+	conf_release(&cfg);
+
+	test("settings_diff: what differs from the defaults, secrets hidden");
+	unsetenv("LOCKSHIM_REDIS_PASSWORD");
+	{
+		char diff[1024];
+
+		test_cond(load_text(&cfg, "locks = ( { symbol = \"f\"; } );", err, sizeof(err)) == 0);
+		settings_diff(&cfg, NULL, diff, sizeof(diff));
+		test_cond(!strcmp(diff, ""));
+		settings_diff(&cfg, &cfg.locks[0], diff, sizeof(diff));
+		test_cond(!strcmp(diff, ""));
+		conf_release(&cfg);
+
+		test_cond(load_text(&cfg, "namespace = \"app\"; strict = true;\n"
+				    "redis = { password = \"s3cret\"; port = 7000; host = \"127.0.0.1\"; };\n"
+				    "defaults = { wait_ms = 0; };\n"
+				    "locks = ( { symbol = \"f\"; lease_ms = 5000; on_error = \"skip\"; },\n"
+				    " { symbol = \"g\"; on_timeout = \"exit\"; on_error = \"skip\";"
+				    " strict = false; wait_ms = 10000; key = \"x\"; } );",
+				    err, sizeof(err)) == 0);
+		settings_diff(&cfg, NULL, diff, sizeof(diff));
+		test_cond(!strcmp(diff, "redis.port 7000, redis.password (hidden), "
+				  "namespace \"app\", strict true"));
+		test_cond(!strstr(diff, "s3cret"));
+		settings_diff(&cfg, &cfg.locks[0], diff, sizeof(diff));
+		test_cond(!strcmp(diff, "lease_ms 5000, wait_ms 0"));
+		settings_diff(&cfg, &cfg.locks[1], diff, sizeof(diff));
+		test_cond(!strcmp(diff, "on_timeout \"exit\", on_error \"skip\", strict false"));
+		conf_release(&cfg);
+
+		test_cond(load_text(&cfg, "redis = { masters = ( { host = \"a\"; },"
+				    " { host = \"b\"; port = 7000; tls = { }; }, { socket = \"/s\"; db = 2; } );"
+				    " password = \"p\"; db = 1; };", err, sizeof(err)) == 0);
+		settings_diff(&cfg, NULL, diff, sizeof(diff));
+		test_cond(!strcmp(diff, "redis.password (hidden), redis.db 1, "
+				  "redis.masters[0].host \"a\", redis.masters[1].host \"b\", "
+				  "redis.masters[1].port 7000, redis.masters[1].tls {}, "
+				  "redis.masters[2].socket \"/s\", redis.masters[2].db 2"));
+		conf_release(&cfg);
+	}
+
 	test("missing file");
 	unlink(path);
 	test_cond(conf_load(&cfg, path, groups, err, sizeof(err)) != 0 && strstr(err, path) &&
