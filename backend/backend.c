@@ -17,6 +17,10 @@
 
 #include "conf.h"
 
+/* Each backend's table, defined in its own file. */
+extern const struct backend_ops backend_redlock, backend_sentinel, backend_cluster,
+	backend_redis;
+
 static const struct backend_ops *const backends[] = {
 	&backend_redlock,
 	&backend_sentinel,

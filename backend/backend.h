@@ -4,13 +4,43 @@
  *
  * lock.c and renew.c speak only through this table; all protocol text lives
  * in the implementations (backend_redis.c: one server; backend_sentinel.c,
- * backend_cluster.c and backend_redlock.c build on its connections). A
- * topology is a backend of its own: a new file with a `struct backend_ops` and one entry
- * in backend.c's table, which picks the first backend that serves the
- * config's `redis` group (backend_init). Callers hold the backend's
- * settings as an opaque `struct backend_config`, made once at start-up.
- * A connection is never shared between concurrent callers. Operations
- * return an enum backend_result.
+ * backend_cluster.c and backend_redlock.c build on its connections).
+ * backend.c's table lists them; backend_init picks the first whose
+ * serves() accepts the settings of its group (struct conf_group, such as
+ * `redis`: backend_redis_conf.c). Callers hold the backend's state as an
+ * opaque `struct backend_config`, made once at start-up. A connection is
+ * never shared between concurrent callers. Operations return an enum
+ * backend_result.
+ *
+ * A NEW BACKEND (NAME, with its own top-level group of the file) is its
+ * files and one table entry:
+ *   1. backend/backend_NAME_conf.h: struct NAME_spec, its settings, and
+ *      `extern const struct conf_group backend_NAME_settings;`.
+ *   2. backend/backend_NAME_conf.c: the table of its settings, one
+ *      conf_field.h FIELD(struct NAME_spec, "setting", member, kind, min,
+ *      max, .def = ... or .def_str = ...) per setting, default included;
+ *      and backend_NAME_settings = { .name = "NAME" (the group),
+ *      .fields, .size = sizeof(struct NAME_spec), and as needed .check
+ *      (rules across settings, once the group is read), .check_lock
+ *      (refuses each lock setting it cannot honour: return conf_fail(e,
+ *      lg, where, "..."), which conf_load reports, exit 78), .request_ms
+ *      (the longest request, for waiter_ttl_ms), .hash_tag }.
+ *   3. backend/backend_NAME.c: `const struct backend_ops backend_NAME =
+ *      { .name, .settings = &backend_NAME_settings, .serves, .config_new,
+ *      .config_free, .open, .close, .acquire, .release, .wait, .leave,
+ *      .flush, .unconfirmed, .renew, .errstr, .ping }` (.describe,
+ *      .node_count and .node_open optional). serves and config_new get
+ *      its struct NAME_spec.
+ *   4. backend/backend.c: `&backend_NAME,` in backends[], and its name on
+ *      the extern line above it.
+ *   5. Its documentation: the group's settings in the settings reference
+ *      (test_docs checks it against `lockshim settings`).
+ * Nothing else: common/ (conf_load reads, checks and releases the group;
+ * conf_group_data finds it), cli/ (`lockshim settings` and `check` describe
+ * it) and the Makefile (every .c of a folder) take it from the table. A new
+ * topology of an existing backend (as Sentinel is of redis) is steps 3 and
+ * 4 with that backend's .settings, and its settings are entries of that
+ * group's table.
  *
  * Releases may be sent asynchronously: the command is written at once and
  * its reply read before the next command on that connection (or by flush),
@@ -208,10 +238,5 @@ static inline struct backend_conn *backend_open(const struct backend *b, char *e
  * CONF_GROUPS_MAX + 1 entries is enough.
  */
 void backend_conf_groups(const struct conf_group **groups, size_t n);
-
-extern const struct backend_ops backend_cluster;
-extern const struct backend_ops backend_redlock;
-extern const struct backend_ops backend_sentinel;
-extern const struct backend_ops backend_redis;
 
 #endif

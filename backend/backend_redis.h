@@ -89,6 +89,10 @@ int backend_redis_renew_recv(struct backend_conn *c, int n, const struct backend
  */
 int backend_redis_unlock(struct backend_conn *c, const struct backend_item *it);
 
+/* backend_redis.c's table (the one-server backend), for the self-test's
+ * probes of single nodes. */
+extern const struct backend_ops backend_redis;
+
 /* backend_redis.c's operations (backend.h), for other tables to list. */
 void backend_redis_close(struct backend_conn *c);
 int backend_redis_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,

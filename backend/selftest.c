@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "backend_redis.h"
 #include "backend_redis_conf.h"
 #include "conf.h"
 
