@@ -56,6 +56,9 @@ UNIT_OBJ := $(addprefix $(BUILD)/shim/,shim/guard.o common/conf.o common/conf_fi
 
 all: $(BUILD)/liblockshim.so $(BUILD)/lockshim
 
+# cli/settings.o is built for the unit tests alone: not an intermediate file.
+.SECONDARY: $(UNIT_OBJ)
+
 $(BUILD)/liblockshim.so: $(SHIM_OBJ) shim/shim.map
 	$(CC) -shared $(SAN) -o $@ $(SHIM_OBJ) -Wl,--version-script=shim/shim.map \
 		-Wl,--exclude-libs,ALL -Wl,-z,defs,-z,relro,-z,now,-z,noexecstack \

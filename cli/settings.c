@@ -212,10 +212,8 @@ static void table_default(const struct conf_field *f, char *buf, size_t len)
 	size_t size = f->off + f->size;
 	void *scratch;
 
-	if (f->kind == F_RETURN && f->off2 + sizeof(double) > size)
+	if (f->off2 + sizeof(double) > size) /* F_RETURN's double, a count, a flag */
 		size = f->off2 + sizeof(double);
-	if (f->kind == F_GROUP && (f->flags & FL_PRESENT) && f->off2 + sizeof(int) > size)
-		size = f->off2 + sizeof(int);
 	scratch = calloc(1, size);
 	if (!scratch || conf_field_default(f, scratch))
 		snprintf(buf, len, "?");

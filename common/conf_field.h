@@ -197,8 +197,10 @@ int conf_field_default(const struct conf_field *f, void *base);
 /*
  * Copies each setting of fields from the struct at src to the one at dst:
  * integers by value, strings and lists duplicated (what dst owned is freed
- * first), groups and lists of groups through their tables. Returns 0, or -1
- * out of memory (dst stays releasable).
+ * first), groups and lists of groups through their tables. A member of a
+ * group or of a list's element that no entry names is copied by value, so
+ * it must own nothing (a flag such as tls.enabled). Returns 0, or -1 out
+ * of memory (dst stays releasable by conf_fields_release).
  */
 int conf_fields_copy(const struct conf_field *fields, void *dst, const void *src);
 int conf_field_copy(const struct conf_field *f, void *dst, const void *src);
