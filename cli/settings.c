@@ -401,7 +401,7 @@ static void diff_fields(struct diff *d, const char *prefix, const struct conf_fi
 		default:
 			break;
 		}
-		if (d->lock && (f->flags & FL_REQUIRED || !strcmp(f->name, "key")))
+		if (d->lock && ((f->flags & FL_REQUIRED) || !strcmp(f->name, "key")))
 			continue; /* symbol and key: the lock's line says them */
 		value_of(f, base, cur, sizeof(cur));
 		if (dflt_base)
@@ -413,7 +413,7 @@ static void diff_fields(struct diff *d, const char *prefix, const struct conf_fi
 		if (f->kind != F_GROUP || !strcmp(cur, "none"))
 			continue;
 		snprintf(sub, sizeof(sub), "%s.", name);
-		v = f->dflt && resolve(d, f->dflt, &rf) ? resolve(d, f->dflt, &rf) : NULL;
+		v = f->dflt ? resolve(d, f->dflt, &rf) : NULL; /* a group's default group */
 		diff_fields(d, sub, f->sub, (const char *)base + f->off,
 			    v ? v + rf->off : dflt_base ? (const char *)dflt_base + f->off : NULL);
 	}

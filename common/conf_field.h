@@ -1,20 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * conf_field.h - the machinery of the setting tables, for the files that
- * define a table or walk one: conf.c (the top level and the locks), a
- * backend's settings file (backend_redis_conf.c: the `redis` group) and the
- * CLI's description of the settings (cli/settings.c). Not for the shim's
- * hooks, which only read the frozen struct conf.
+ * define or walk one: conf.c (top level, locks), a backend's settings
+ * (backend_redis_conf.c) and the CLI's description (cli/settings.c). Not
+ * for the shim's hooks, which only read the frozen struct conf.
  *
- * DESIGN: a table of struct conf_field describes a group of the file. Each
- * entry names a setting, how its value is read (kind), the member it is
- * written to (offset and size, taken by FIELD), its range and its default.
- * So one entry is enough for the parser to read, range-check, default,
- * copy, release and describe a setting: conf_fields_default,
- * conf_fields_copy and conf_fields_release walk a table, and nothing else
- * strdup's or frees a member by hand. A backend's settings are a struct
- * conf_group (a top-level group and its table), given to conf_load by the
- * caller (backend.c registers them), so common/ never names a backend.
+ * DESIGN: a table of struct conf_field describes a group of the file. An
+ * entry names a setting, how its value is read (kind), the member written
+ * (offset and size, taken by FIELD), its range and its default. So one
+ * entry is enough to read, range-check, default, copy, release and
+ * describe a setting: nothing strdup's or frees a member by hand. A
+ * backend's settings are a struct conf_group (a top-level group and its
+ * table) that the caller gives conf_load, so common/ names no backend.
  */
 #ifndef LOCKSHIM_CONF_FIELD_H
 #define LOCKSHIM_CONF_FIELD_H
