@@ -49,13 +49,19 @@ SHIM_OBJ := $(patsubst %,$(BUILD)/shim/%.o,$(basename $(SHIM_SRC)))
 CLI_OBJ := $(patsubst %,$(BUILD)/cli/%.o,$(basename $(CLI_SRC)))
 UNIT := config key lock sha1
 UNIT_BIN := $(UNIT:%=$(BUILD)/tests/test_%)
-UNIT_OBJ := $(addprefix $(BUILD)/shim/,shim/guard.o common/config.o common/key.o \
-	common/log.o shim/lock.o shim/renew.o common/sha1.o shim/owner.o common/fdown.o)
+# The unit tests link the parser with the redis backend's settings and the
+# CLI's description of them (not the backends, nor hiredis).
+UNIT_OBJ := $(addprefix $(BUILD)/shim/,shim/guard.o common/conf.o common/conf_field.o \
+	common/key.o common/log.o shim/lock.o shim/renew.o common/sha1.o shim/owner.o \
+	common/fdown.o backend/backend_redis_conf.o cli/settings.o)
 
 # The man pages: doc/<page>.scd, turned into man(7) by scdoc.
 MAN := $(BUILD)/man/lockshim.1 $(BUILD)/man/lockshim.cfg.5
 
 all: $(BUILD)/liblockshim.so $(BUILD)/lockshim $(MAN)
+
+# cli/settings.o is built for the unit tests alone: not an intermediate file.
+.SECONDARY: $(UNIT_OBJ)
 
 $(BUILD)/liblockshim.so: $(SHIM_OBJ) shim/shim.map
 	$(CC) -shared $(SAN) -o $@ $(SHIM_OBJ) -Wl,--version-script=shim/shim.map \
@@ -82,7 +88,7 @@ $(BUILD)/man/%: doc/%.scd | $(BUILD)/man
 	scdoc < $< > $@.tmp && mv $@.tmp $@
 
 $(BUILD)/tests/test_%: tests/unit/test_%.c $(UNIT_OBJ) | $(BUILD)/tests
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) -Itests/unit -o $@ $< $(UNIT_OBJ) $(LDFLAGS) \
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) -Itests/unit -iquote cli -o $@ $< $(UNIT_OBJ) $(LDFLAGS) \
 		-lconfig -lpthread
 
 # Every build directory waits for the check of the build dependencies, which

@@ -3,13 +3,23 @@
  * backend.c - choosing the backend that serves a config (see backend.h).
  *
  * The table lists every backend in order of preference; the first whose
- * serves() accepts the `redis` group wins, so a new topology (Sentinel,
- * Cluster, several masters) is its own file plus one line here. The shim
- * and `lockshim check` both choose here, so they always agree.
+ * serves() accepts the settings of its group (its .settings, such as the
+ * `redis` group) wins, so a new topology (Sentinel, Cluster, several
+ * masters) is its own file plus one line here. The same table registers
+ * the settings groups: backend_conf_groups gives them to conf_load, so a
+ * new backend's group is parsed, checked, released and described without
+ * an edit in common/ or cli/. The shim and `lockshim check` both choose
+ * here, so they always agree.
  */
 #include "backend.h"
 
 #include <stdio.h>
+
+#include "conf.h"
+
+/* Each backend's table, defined in its own file. */
+extern const struct backend_ops backend_redlock, backend_sentinel, backend_cluster,
+	backend_redis;
 
 static const struct backend_ops *const backends[] = {
 	&backend_redlock,
@@ -18,14 +28,33 @@ static const struct backend_ops *const backends[] = {
 	&backend_redis,
 };
 
-int backend_init(struct backend *b, const struct redis_spec *r, char *err, size_t errlen)
+#define NBACKENDS (sizeof(backends) / sizeof(backends[0]))
+
+void backend_conf_groups(const struct conf_group **groups, size_t n)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < NBACKENDS && k + 1 < n; i++) {
+		size_t j = 0;
+
+		while (j < k && groups[j] != backends[i]->settings)
+			j++;
+		if (j == k)
+			groups[k++] = backends[i]->settings;
+	}
+	groups[k] = NULL;
+}
+
+int backend_init(struct backend *b, const struct conf *cfg, char *err, size_t errlen)
 {
 	b->ops = NULL;
 	b->cfg = NULL;
-	for (size_t i = 0; i < sizeof(backends) / sizeof(backends[0]); i++) {
-		if (!backends[i]->serves(r))
+	for (size_t i = 0; i < NBACKENDS; i++) {
+		const void *settings = conf_group_data(cfg, backends[i]->settings);
+
+		if (!settings || !backends[i]->serves(settings))
 			continue;
-		b->cfg = backends[i]->config_new(r, err, errlen);
+		b->cfg = backends[i]->config_new(settings, err, errlen);
 		if (!b->cfg)
 			return -1;
 		b->ops = backends[i];

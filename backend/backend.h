@@ -4,13 +4,43 @@
  *
  * lock.c and renew.c speak only through this table; all protocol text lives
  * in the implementations (backend_redis.c: one server; backend_sentinel.c,
- * backend_cluster.c and backend_redlock.c build on its connections). A
- * topology is a backend of its own: a new file with a `struct backend_ops` and one entry
- * in backend.c's table, which picks the first backend that serves the
- * config's `redis` group (backend_init). Callers hold the backend's
- * settings as an opaque `struct backend_config`, made once at start-up.
- * A connection is never shared between concurrent callers. Operations
- * return an enum backend_result.
+ * backend_cluster.c and backend_redlock.c build on its connections).
+ * backend.c's table lists them; backend_init picks the first whose
+ * serves() accepts the settings of its group (struct conf_group, such as
+ * `redis`: backend_redis_conf.c). Callers hold the backend's state as an
+ * opaque `struct backend_config`, made once at start-up. A connection is
+ * never shared between concurrent callers. Operations return an enum
+ * backend_result.
+ *
+ * A NEW BACKEND (NAME, with its own top-level group of the file) is its
+ * files and one table entry:
+ *   1. backend/backend_NAME_conf.h: struct NAME_spec, its settings, and
+ *      `extern const struct conf_group backend_NAME_settings;`.
+ *   2. backend/backend_NAME_conf.c: the table of its settings, one
+ *      conf_field.h FIELD(struct NAME_spec, "setting", member, kind, min,
+ *      max, .def = ... or .def_str = ...) per setting, default included;
+ *      and backend_NAME_settings = { .name = "NAME" (the group),
+ *      .fields, .size = sizeof(struct NAME_spec), and as needed .check
+ *      (rules across settings, once the group is read), .check_lock
+ *      (refuses each lock setting it cannot honour: return conf_fail(e,
+ *      lg, where, "..."), which conf_load reports, exit 78), .request_ms
+ *      (the longest request, for waiter_ttl_ms), .hash_tag }.
+ *   3. backend/backend_NAME.c: `const struct backend_ops backend_NAME =
+ *      { .name, .settings = &backend_NAME_settings, .serves, .config_new,
+ *      .config_free, .open, .close, .acquire, .release, .wait, .leave,
+ *      .flush, .unconfirmed, .renew, .errstr, .ping }` (.describe,
+ *      .node_count and .node_open optional). serves and config_new get
+ *      its struct NAME_spec.
+ *   4. backend/backend.c: `&backend_NAME,` in backends[], and its name on
+ *      the extern line above it.
+ *   5. Its documentation: the group's settings in the settings reference
+ *      (test_docs checks it against `lockshim settings`).
+ * Nothing else: common/ (conf_load reads, checks and releases the group;
+ * conf_group_data finds it), cli/ (`lockshim settings` and `check` describe
+ * it) and the Makefile (every .c of a folder) take it from the table. A new
+ * topology of an existing backend (as Sentinel is of redis) is steps 3 and
+ * 4 with that backend's .settings, and its settings are entries of that
+ * group's table.
  *
  * Releases may be sent asynchronously: the command is written at once and
  * its reply read before the next command on that connection (or by flush),
@@ -31,7 +61,8 @@
 /* A lock value (token and holder identity) is at most this long. */
 #define BACKEND_VAL_MAX 448
 
-struct redis_spec;
+struct conf;
+struct conf_group;
 struct backend_conn;   /* one connection (or set of them), per thread */
 struct backend_config; /* a backend's settings, opaque to its callers */
 
@@ -98,11 +129,16 @@ static inline struct backend_item backend_copy_item(const struct backend_copy *c
 
 struct backend_ops {
 	const char *name;
-	/* Returns 1 when this backend serves r's topology, else 0. */
-	int (*serves)(const struct redis_spec *r);
-	/* Returns the backend's settings made from r (which must outlive
-	 * them), freed with config_free; or NULL with a message in err. */
-	struct backend_config *(*config_new)(const struct redis_spec *r, char *err,
+	/* The settings group the backend reads (conf_field.h): its table, its
+	 * checks, the locks it refuses. Topologies of one server share one
+	 * (redis: backend_redis_settings). */
+	const struct conf_group *settings;
+	/* Returns 1 when this backend serves the group's settings (a struct
+	 * of the group's type, such as struct redis_spec), else 0. */
+	int (*serves)(const void *settings);
+	/* Returns the backend's state made from settings (which must outlive
+	 * it), freed with config_free; or NULL with a message in err. */
+	struct backend_config *(*config_new)(const void *settings, char *err,
 					     size_t errlen);
 	void (*config_free)(struct backend_config *bc);
 	/* Returns a new connection, or NULL with a message in err. */
@@ -182,11 +218,11 @@ struct backend {
 };
 
 /*
- * Picks the backend that serves r (backend.c's table, first match) and makes
- * its settings. Returns 0, or -1 with a message in err. Release with
- * backend_release.
+ * Picks the backend that serves cfg (backend.c's table, first match) and
+ * makes its state from its group's settings. Returns 0, or -1 with a
+ * message in err. Release with backend_release.
  */
-int backend_init(struct backend *b, const struct redis_spec *r, char *err, size_t errlen);
+int backend_init(struct backend *b, const struct conf *cfg, char *err, size_t errlen);
 void backend_release(struct backend *b);
 
 /* Opens a connection of b's backend; NULL with a message in err. */
@@ -196,9 +232,11 @@ static inline struct backend_conn *backend_open(const struct backend *b, char *e
 	return b->ops->open(b->cfg, err, errlen);
 }
 
-extern const struct backend_ops backend_cluster;
-extern const struct backend_ops backend_redlock;
-extern const struct backend_ops backend_sentinel;
-extern const struct backend_ops backend_redis;
+/*
+ * Writes the settings groups of the backends of backend.c's table (each
+ * once, NULL-terminated) into groups, for conf_load. Room for
+ * CONF_GROUPS_MAX + 1 entries is enough.
+ */
+void backend_conf_groups(const struct conf_group **groups, size_t n);
 
 #endif

@@ -461,14 +461,17 @@ static int slot_op(struct backend_conn *c, const char *key, size_t klen, struct 
 
 /* ---- the operations (backend.h) --------------------------------------- */
 
-static int cluster_serves(const struct redis_spec *r)
+static int cluster_serves(const void *settings)
 {
+	const struct redis_spec *r = settings;
+
 	return r->cluster != NULL;
 }
 
-static struct backend_config *cluster_config_new(const struct redis_spec *r, char *err,
+static struct backend_config *cluster_config_new(const void *settings, char *err,
 						 size_t errlen)
 {
+	const struct redis_spec *r = settings;
 	struct backend_config *bc = calloc(1, sizeof(*bc));
 
 	if (!bc) {
@@ -784,6 +787,7 @@ static void cluster_describe(const struct backend_config *bc, char *buf, size_t 
 
 const struct backend_ops backend_cluster = {
 	.name = "cluster",
+	.settings = &backend_redis_settings,
 	.serves = cluster_serves,
 	.config_new = cluster_config_new,
 	.config_free = cluster_config_free,

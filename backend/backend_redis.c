@@ -42,7 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
+#include "backend_redis_conf.h"
 #include "log.h"
 #include "net.h"
 #include "sha1.h"
@@ -455,14 +455,17 @@ static void sha_init(void)
 }
 
 /* This backend serves a single server (host and port, or socket). */
-static int backend_redis_serves(const struct redis_spec *r)
+static int backend_redis_serves(const void *settings)
 {
+	const struct redis_spec *r = settings;
+
 	return !r->sentinels && !r->cluster && !r->masters;
 }
 
-static struct backend_config *backend_redis_config_new(const struct redis_spec *r, char *err,
-					       size_t errlen)
+static struct backend_config *backend_redis_config_new(const void *settings, char *err,
+						       size_t errlen)
 {
+	const struct redis_spec *r = settings;
 	struct backend_config *bc;
 
 	bc = calloc(1, sizeof(*bc));
@@ -1130,6 +1133,7 @@ int backend_redis_ping(struct backend_conn *c)
 
 const struct backend_ops backend_redis = {
 	.name = "redis",
+	.settings = &backend_redis_settings,
 	.serves = backend_redis_serves,
 	.config_new = backend_redis_config_new,
 	.config_free = backend_redis_config_free,

@@ -16,7 +16,7 @@
 #include <hiredis/hiredis.h>
 
 #include "backend.h"
-#include "config.h"
+#include "backend_redis_conf.h"
 
 /* One node to connect to, and how to log in there. */
 struct redis_endpoint {
@@ -88,6 +88,10 @@ int backend_redis_renew_recv(struct backend_conn *c, int n, const struct backend
  * BACKEND_OK (deleted), BACKEND_NO (not ours) or BACKEND_ERR.
  */
 int backend_redis_unlock(struct backend_conn *c, const struct backend_item *it);
+
+/* backend_redis.c's table (the one-server backend), for the self-test's
+ * probes of single nodes. */
+extern const struct backend_ops backend_redis;
 
 /* backend_redis.c's operations (backend.h), for other tables to list. */
 void backend_redis_close(struct backend_conn *c);

@@ -97,14 +97,17 @@ struct redlock_conn {
 /* The connection of backend.h's operations is a struct redlock_conn. */
 #define RC(c) ((struct redlock_conn *)(void *)(c))
 
-static int redlock_serves(const struct redis_spec *r)
+static int redlock_serves(const void *settings)
 {
+	const struct redis_spec *r = settings;
+
 	return r->masters != NULL;
 }
 
-static struct backend_config *redlock_config_new(const struct redis_spec *r, char *err,
+static struct backend_config *redlock_config_new(const void *settings, char *err,
 						 size_t errlen)
 {
+	const struct redis_spec *r = settings;
 	struct backend_config *bc;
 
 	if (r->nmasters > MASTERS_MAX) {
@@ -730,6 +733,7 @@ static struct backend_conn *redlock_node_open(const struct backend_config *bc, i
 
 const struct backend_ops backend_redlock = {
 	.name = "redlock",
+	.settings = &backend_redis_settings,
 	.serves = redlock_serves,
 	.config_new = redlock_config_new,
 	.config_free = redlock_config_free,

@@ -30,14 +30,17 @@ struct backend_config {
 	int next;                /* the sentinel to ask first */
 };
 
-static int sentinel_serves(const struct redis_spec *r)
+static int sentinel_serves(const void *settings)
 {
+	const struct redis_spec *r = settings;
+
 	return r->sentinels != NULL;
 }
 
-static struct backend_config *sentinel_config_new(const struct redis_spec *r, char *err,
+static struct backend_config *sentinel_config_new(const void *settings, char *err,
 						  size_t errlen)
 {
+	const struct redis_spec *r = settings;
 	struct backend_config *bc = calloc(1, sizeof(*bc));
 
 	if (!bc) {
@@ -219,6 +222,7 @@ static void sentinel_describe(const struct backend_config *cbc, char *buf, size_
 
 const struct backend_ops backend_sentinel = {
 	.name = "sentinel",
+	.settings = &backend_redis_settings,
 	.serves = sentinel_serves,
 	.config_new = sentinel_config_new,
 	.config_free = sentinel_config_free,

@@ -25,7 +25,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "backend_redis_conf.h"
 #include "net_tls.h"
 #include "util.h"
 

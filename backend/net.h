@@ -27,7 +27,7 @@ struct net_sock {
 	struct net_tls *tls; /* the TLS session (redis.tls), or NULL */
 };
 
-struct redis_tls; /* config.h */
+struct redis_tls; /* backend_redis_conf.h */
 
 /*
  * Connects to the unix socket path, or else to host:port, within

@@ -34,7 +34,7 @@
 #include <mbedtls/ssl.h>
 #include <mbedtls/x509_crt.h>
 
-#include "config.h"
+#include "backend_redis_conf.h"
 #include "fdown.h"
 #include "util.h"
 

@@ -19,7 +19,7 @@
 #include <sys/types.h>
 
 struct fdown;
-struct redis_tls; /* config.h */
+struct redis_tls; /* backend_redis_conf.h */
 struct net_tls;   /* one TLS session */
 
 /*

@@ -16,7 +16,9 @@
 #include <unistd.h>
 
 #include "backend.h"
-#include "config.h"
+#include "backend_redis.h"
+#include "backend_redis_conf.h"
+#include "conf.h"
 
 #define PROBE_LEASE_MS 10000
 
@@ -179,18 +181,19 @@ static int probe_all(const struct backend_ops *ops, const struct backend_config 
 	return 0;
 }
 
-int selftest_run(const struct config *cfg, char *msg, size_t len)
+int selftest_run(const struct conf *cfg, char *msg, size_t len)
 {
+	const struct redis_spec *r = conf_group_data(cfg, &backend_redis_settings);
 	struct backend b;
 	const char *why;
 	size_t n;
 	int rc;
 
-	if (backend_init(&b, &cfg->redis, msg, len) != 0)
+	if (backend_init(&b, cfg, msg, len) != 0)
 		return -1;
 	rc = probe_all(b.ops, b.cfg, cfg->ns, msg, len);
 	backend_release(&b);
-	if (rc != 0 && (why = cause(msg, cfg->redis.tls.enabled)) && (n = strlen(msg)) < len)
+	if (rc != 0 && (why = cause(msg, r && r->tls.enabled)) && (n = strlen(msg)) < len)
 		snprintf(msg + n, len - n, "; likely cause: %s", why);
 	return rc;
 }

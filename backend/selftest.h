@@ -8,7 +8,7 @@
 
 #include <stddef.h>
 
-struct config;
+struct conf;
 
 /*
  * Connects as the shim would (the backend that serves cfg) and runs, on
@@ -19,6 +19,6 @@ struct config;
  * Redis's words and the likely cause (an ACL user without EVAL, a Cluster
  * node, a read-only replica, a TLS-only port, ...) in msg.
  */
-int selftest_run(const struct config *cfg, char *msg, size_t len);
+int selftest_run(const struct conf *cfg, char *msg, size_t len);
 
 #endif

@@ -5,7 +5,7 @@
  *   lockshim run [-c FILE] [--] PROGRAM [ARG...]   run PROGRAM under the shim
  *   lockshim check [-c FILE] [-- PROGRAM [ARG...]] validate FILE, test Redis,
  *                                                  say how PROGRAM's locks are caught
- *   lockshim settings                              the settings config.c knows
+ *   lockshim settings                              the settings the parser knows
  *   lockshim version | help
  *
  * The verbs are one table (commands[], in the style of git's cmd_struct):
@@ -25,9 +25,24 @@
  * shim with LOCKSHIM_CHECK_FD naming a pipe: the shim's constructor writes
  * one line per lock there (entry, reloc or unguarded) and ends the process
  * before main, and `check` prints those lines and exits 1 when some lock
- * would be unguarded. `settings` prints config_setting_describe's
- * lines. Exit statuses of the CLI itself follow sysexits:
- * 64 usage, 69 Redis unavailable (check) or the shim cannot be loaded
+ * would be unguarded. `settings` prints settings_describe's lines
+ * (settings.c, from the parser's tables).
+ *
+ * `check`'s summary says every setting that differs from its default, in
+ * the syntax `settings` writes defaults with (settings_diff), and nothing
+ * about those that do not:
+ *
+ *   FILE: ok, N lock(s)
+ *   settings: redis.port 6380, redis.tls {}, namespace "app"
+ *     SYMBOL: key PREFIX:TEMPLATE, lease_ms 5000, on_timeout "exit"
+ *   redis: ok (...)
+ *
+ * The `settings:` line (left out when
+ * nothing differs) has the backends' groups, then the top level; a lock's
+ * line its key in template syntax (a cluster's braces literal), then its
+ * settings but symbol and key; a secret is written (hidden).
+ *
+ * Exit statuses of the CLI itself follow sysexits: 64 usage, 69 Redis unavailable (check) or the shim cannot be loaded
  * (run), 78 config error, 126/127 as a shell for a program that cannot be
  * executed or found.
  */
@@ -46,9 +61,11 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "backend.h"
+#include "conf.h"
 #include "log.h"
 #include "selftest.h"
+#include "settings.h"
 
 #ifndef LOCKSHIM_LIBDIR
 #define LOCKSHIM_LIBDIR "/usr/local/lib"
@@ -107,7 +124,7 @@ static void print_usage(FILE *f, int help)
 			fprintf(f, "  %-*s  %s\n", width, commands[i].name, commands[i].help);
 		fputc('\n', f);
 	}
-	fputs("FILE defaults to $LOCKSHIM_CONFIG, else " CONFIG_DEFAULT_PATH ".\n", f);
+	fputs("FILE defaults to $LOCKSHIM_CONFIG, else " CONF_DEFAULT_PATH ".\n", f);
 }
 
 /* Prints "lockshim: <message>" and the usage on stderr; returns EX_USAGE. */
@@ -155,7 +172,7 @@ static const char *default_config(void)
 {
 	const char *env = getenv("LOCKSHIM_CONFIG");
 
-	return env && *env ? env : CONFIG_DEFAULT_PATH;
+	return env && *env ? env : CONF_DEFAULT_PATH;
 }
 
 /* Prints "lockshim: <what>" and s with control characters escaped. */
@@ -170,15 +187,34 @@ static void print_escaped(FILE *f, const char *what, const char *s)
 
 /* Loads path as the shim would; prints the error and returns -1 when
  * unusable. */
-static int load(struct config *cfg, const char *path)
+static int load(struct conf *cfg, const char *path)
 {
+	const struct conf_group *groups[CONF_GROUPS_MAX + 1];
 	char err[1024];
 
-	if (config_load(cfg, path, err, sizeof(err)) == 0 &&
-	    config_logging(cfg, 0, err, sizeof(err)) == 0)
+	backend_conf_groups(groups, sizeof(groups) / sizeof(*groups));
+	if (conf_load(cfg, path, groups, err, sizeof(err)) == 0 &&
+	    conf_logging(cfg, 0, err, sizeof(err)) == 0)
 		return 0;
 	print_escaped(stderr, "config error: ", err);
 	return -1;
+}
+
+/* Prints one line of `check`'s summary, control characters escaped. */
+static void print_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void print_line(const char *fmt, ...)
+{
+	char msg[8192], line[4 * sizeof(msg)];
+	va_list ap;
+	size_t n;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	n = log_escape(line, sizeof(line) - 1, msg, strlen(msg));
+	line[n] = 0;
+	printf("%s\n", line);
 }
 
 /* Finds prog as execvp would. Returns 0 with its path in out, or -1. */
@@ -342,7 +378,7 @@ static int loadable(const char *argv0, const char *what)
 static int cmd_run(int argc, char **argv)
 {
 	const char *config = default_config();
-	struct config cfg;
+	struct conf cfg;
 	int i = parse_opts(argc, argv, 2, &config), rc;
 
 	if (i < 0)
@@ -350,8 +386,8 @@ static int cmd_run(int argc, char **argv)
 	if (i >= argc)
 		return usage_error("run needs a program");
 	if (load(&cfg, config) != 0)
-		return CONFIG_EXIT_CODE;
-	config_release(&cfg);
+		return CONF_EXIT_CODE;
+	conf_release(&cfg);
 	if ((rc = loadable(argv[i], "not running it unguarded")) != 0 ||
 	    (rc = shim_environment(config)) != 0)
 		return rc;
@@ -410,7 +446,7 @@ static int check_program(const char *config, char **argv)
 	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
 		;
 	code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-	if (code == CONFIG_EXIT_CODE || code >= 126 || (lines && (code == 0 || code == 1)))
+	if (code == CONF_EXIT_CODE || code >= 126 || (lines && (code == 0 || code == 1)))
 		return code;
 	if (code == 0)
 		return 0; /* no lock configured: the shim had nothing to say */
@@ -423,8 +459,8 @@ static int check_program(const char *config, char **argv)
 static int cmd_check(int argc, char **argv)
 {
 	const char *config = default_config();
-	struct config cfg;
-	char msg[1024], line[1536];
+	struct conf cfg;
+	char msg[1024], diff[4096];
 	int i = parse_opts(argc, argv, 2, &config), rc = 0, prc;
 
 	if (i < 0)
@@ -432,22 +468,20 @@ static int cmd_check(int argc, char **argv)
 	if (i < argc && strcmp(argv[i - 1], "--") != 0)
 		return usage_error("check takes a program only after --");
 	if (load(&cfg, config) != 0)
-		return CONFIG_EXIT_CODE;
+		return CONF_EXIT_CODE;
 	printf("%s: ok, %d lock(s)\n", config, cfg.nlocks);
+	settings_diff(&cfg, NULL, diff, sizeof(diff));
+	if (diff[0])
+		print_line("settings: %s", diff);
 	for (int k = 0; k < cfg.nlocks; k++) {
 		const struct lock_spec *l = &cfg.locks[k];
-		size_t n;
 
 		/* the Redis key, in template syntax: a cluster's braces are literal */
-		snprintf(msg, sizeof(msg), "  %s: key %.*s%s%s%s lease %lld ms, wait %lld ms, "
-			 "on_timeout %s, on_error %s, on_lost %s, method %s", l->symbol,
-			 (int)l->key.prefix_len - l->key.tagged, l->key.prefix,
-			 l->key.tagged ? "{{" : "", l->key_src, l->key.tagged ? "}}" : "", l->lease_ms, l->wait_ms, config_call_policy_name(l->on_timeout),
-			 config_call_policy_name(l->on_error), config_hold_policy_name(l->on_lost),
-			 config_method_name(l->method));
-		n = log_escape(line, sizeof(line) - 1, msg, strlen(msg));
-		line[n] = 0;
-		printf("%s\n", line);
+		settings_diff(&cfg, l, diff, sizeof(diff));
+		print_line("  %s: key %.*s%s%s%s%s%s", l->symbol,
+			   (int)l->key.prefix_len - l->key.tagged, l->key.prefix,
+			   l->key.tagged ? "{{" : "", l->key_src, l->key.tagged ? "}}" : "",
+			   diff[0] ? ", " : "", diff);
 	}
 	if (selftest_run(&cfg, msg, sizeof(msg)) != 0) {
 		print_escaped(stderr, "redis: ", msg);
@@ -455,10 +489,10 @@ static int cmd_check(int argc, char **argv)
 	} else {
 		printf("redis: ok (%s)\n", msg);
 	}
-	config_release(&cfg);
+	conf_release(&cfg);
 	if (i < argc) {
 		prc = check_program(config, argv + i);
-		if (rc == 0 || prc == CONFIG_EXIT_CODE)
+		if (rc == 0 || prc == CONF_EXIT_CODE)
 			rc = prc;
 	}
 	return rc;
@@ -466,13 +500,15 @@ static int cmd_check(int argc, char **argv)
 
 static int cmd_settings(int argc, char **argv)
 {
-	struct config_setting_desc d;
+	const struct conf_group *groups[CONF_GROUPS_MAX + 1];
+	struct settings_desc d;
 
 	if (argc > 2)
 		return argv[2][0] == '-' && argv[2][1] ?
 			usage_error("unknown option %s", argv[2]) :
 			usage_error("settings takes no operand");
-	for (int i = 0; config_setting_describe(i, &d); i++)
+	backend_conf_groups(groups, sizeof(groups) / sizeof(*groups));
+	for (int i = 0; settings_describe(groups, i, &d); i++)
 		printf("%s %s %s %s\n", d.group, d.name, d.type, d.dflt);
 	return 0;
 }

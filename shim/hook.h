@@ -20,7 +20,7 @@
 #ifndef LOCKSHIM_HOOK_H
 #define LOCKSHIM_HOOK_H
 
-#include "config.h"
+#include "conf.h"
 
 struct hook {
 	const struct lock_spec *spec;

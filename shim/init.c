@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "backend.h"
-#include "config.h"
+#include "conf.h"
 #include "guard.h"
 #include "lock.h"
 #include "log.h"
@@ -40,7 +40,7 @@
 
 int shim_state;
 pthread_t shim_initial_thread;
-static struct config cfg;
+static struct conf cfg;
 static struct backend backend;
 
 static void die_config(const char *msg)
@@ -53,18 +53,18 @@ static void die_config(const char *msg)
 	if (write(2, line, (size_t)n) < 0) {
 		/* nothing else to tell */
 	}
-	_exit(CONFIG_EXIT_CODE);
+	_exit(CONF_EXIT_CODE);
 }
 
 /* Returns the config path, made absolute in the environment when it was
  * relative (children may run in another directory). */
-static const char *config_path(void)
+static const char *init_config_path(void)
 {
 	const char *path = getenv("LOCKSHIM_CONFIG");
 	char *abs;
 
 	if (!path || !*path)
-		return CONFIG_DEFAULT_PATH;
+		return CONF_DEFAULT_PATH;
 	if (path[0] == '/' || !(abs = realpath(path, NULL)))
 		return path;
 	setenv("LOCKSHIM_CONFIG", abs, 1);
@@ -107,6 +107,7 @@ static void atfork_child(void)
 
 __attribute__((constructor)) static void shim_init(void)
 {
+	const struct conf_group *groups[CONF_GROUPS_MAX + 1];
 	const char *path;
 	char err[1024];
 	int check = check_fd(), rc, saved_errno = errno;
@@ -114,9 +115,10 @@ __attribute__((constructor)) static void shim_init(void)
 	guard_enter();
 	shim_initial_thread = pthread_self();
 	log_set_pid(getpid());
-	path = config_path();
-	if (config_load(&cfg, path, err, sizeof(err)) != 0 ||
-	    config_logging(&cfg, 1, err, sizeof(err)) != 0)
+	path = init_config_path();
+	backend_conf_groups(groups, sizeof(groups) / sizeof(*groups));
+	if (conf_load(&cfg, path, groups, err, sizeof(err)) != 0 ||
+	    conf_logging(&cfg, 1, err, sizeof(err)) != 0)
 		die_config(err);
 	if (cfg.nlocks == 0) {
 		LOG(LOG_INFO, "%s: no locks configured; nothing is redirected", path);
@@ -124,7 +126,7 @@ __attribute__((constructor)) static void shim_init(void)
 			_exit(0);
 		goto out;
 	}
-	if (backend_init(&backend, &cfg.redis, err, sizeof(err)) != 0)
+	if (backend_init(&backend, &cfg, err, sizeof(err)) != 0)
 		die_config(err);
 	if (arch_init() != 0 || lock_setup(&backend) != 0 ||
 	    pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0) {

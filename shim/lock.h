@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #include "backend.h"
-#include "config.h"
+#include "conf.h"
 #include "arch.h"
 
 #define LOCK_MAX_HOLDS 64

@@ -31,7 +31,7 @@
 
 static const struct redirect_method *const methods[] = { &redirect_entry, &redirect_reloc,
 							 NULL };
-static const struct config *config; /* frozen at init */
+static const struct conf *config; /* frozen at init */
 static struct redirect_name *names; /* open addressing, nslots a power of 2 */
 static unsigned nslots;
 static int ready;
@@ -75,7 +75,7 @@ static struct redirect_name *add(const char *name)
 	return &names[i];
 }
 
-static int table_init(const struct config *cfg)
+static int table_init(const struct conf *cfg)
 {
 	unsigned want = (unsigned)cfg->nlocks;
 
@@ -102,7 +102,7 @@ static int table_init(const struct config *cfg)
  * by a loaded object (a misspelt name would match no relocation). Any
  * failure is an error line: those calls would go unwrapped in silence.
  */
-static void table_check(const struct config *cfg)
+static void table_check(const struct conf *cfg)
 {
 	for (const struct interpose_entry *w = interpose_table; w->name; w++) {
 		const struct redirect_name *n = redirect_find(w->name);
@@ -335,7 +335,7 @@ static int unguarded_why(const struct lock_spec *l, const struct redirect_name *
  * With check_fd >= 0: one line per lock there instead (redirect_init),
  * and returns the number of unguarded locks.
  */
-static int report(const struct config *cfg, int check_fd, char *err, size_t errlen)
+static int report(const struct conf *cfg, int check_fd, char *err, size_t errlen)
 {
 	struct symfile exe;
 	int opened = 0, rc = 0, unguarded = 0;
@@ -350,7 +350,7 @@ static int report(const struct config *cfg, int check_fd, char *err, size_t errl
 		if (n && n->refused) {
 			if (check_fd >= 0) {
 				check_line(check_fd, "%s: unguarded: %s (the program would stop "
-					   "with status %d)", l->symbol, n->refused, CONFIG_EXIT_CODE);
+					   "with status %d)", l->symbol, n->refused, CONF_EXIT_CODE);
 				unguarded++;
 				continue;
 			}
@@ -391,7 +391,7 @@ static int report(const struct config *cfg, int check_fd, char *err, size_t errl
 	return check_fd >= 0 ? unguarded : rc;
 }
 
-int redirect_init(const struct config *cfg, int check_fd, char *err, size_t errlen)
+int redirect_init(const struct conf *cfg, int check_fd, char *err, size_t errlen)
 {
 	config = cfg;
 	if (table_init(cfg) != 0) {

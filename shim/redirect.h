@@ -28,7 +28,7 @@
 #ifndef LOCKSHIM_REDIRECT_H
 #define LOCKSHIM_REDIRECT_H
 
-#include "config.h"
+#include "conf.h"
 
 /* One name the methods look for: a guarded symbol, an internal wrapper's
  * name (interpose_table), or both. */
@@ -54,7 +54,7 @@ struct redirect_method {
 	/* Redirects what is not redirected yet in objects it has not seen
 	 * (cfg: the frozen config). Returns the number of call sites or
 	 * entries redirected, or -1. */
-	int (*scan)(const struct config *cfg);
+	int (*scan)(const struct conf *cfg);
 	/*
 	 * For the start-up report, about guarded name n that no method caught
 	 * and that def defines ("the executable" when in_exe, else a library's
@@ -83,7 +83,7 @@ void redirect_caught(struct redirect_name *n);
  * ("SYMBOL: entry in OBJECT", "SYMBOL: reloc (N call sites) in OBJECT",
  * "SYMBOL: unguarded: WHY") and returns the number of unguarded locks.
  */
-int redirect_init(const struct config *cfg, int check_fd, char *err, size_t errlen);
+int redirect_init(const struct conf *cfg, int check_fd, char *err, size_t errlen);
 
 /* Catches objects loaded since the last scan (called after dlopen). */
 void redirect_refresh(void);

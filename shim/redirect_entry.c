@@ -198,7 +198,7 @@ static void refuse(struct want *w, const char *where, const char *why, int late)
 	refuse_as(w, where, why, late, 0);
 }
 
-static int set_up(const struct config *cfg)
+static int set_up(const struct conf *cfg)
 {
 	wants = calloc((size_t)cfg->nlocks + 1, sizeof(*wants));
 	if (!wants)
@@ -229,7 +229,7 @@ static int set_up(const struct config *cfg)
 static int check_build_id(struct want *w, const struct symdef_object *o, const char *where,
 			  int late)
 {
-	char id[2 * CONFIG_BUILD_ID_MAX + 2], why[WHY_MAX];
+	char id[2 * CONF_BUILD_ID_MAX + 2], why[WHY_MAX];
 
 	if (!w->l->build_id)
 		return 0;
@@ -363,7 +363,7 @@ static int prepare_found(struct want *w, const struct symdef_object *o, const ch
  * Looks the pending wants that consider object k up in it and prepares
  * their patches into ps (*np of them so far). first: the start-up scan.
  */
-static void scan_object(const struct objects *os, int k, const struct config *cfg,
+static void scan_object(const struct objects *os, int k, const struct conf *cfg,
 			struct patch *ps, int *np, int first, int alone, int threads)
 {
 	const struct symdef_object *o = &os->o[k];
@@ -443,7 +443,7 @@ static void forget_unloaded(void)
 	}
 }
 
-static int entry_scan(const struct config *cfg)
+static int entry_scan(const struct conf *cfg)
 {
 	struct objects *os;
 	struct patch *ps;

@@ -229,7 +229,7 @@ static int check_unloads(struct dl_phdr_info *info, size_t size, void *data)
 	return 1; /* the counters are the same in every entry */
 }
 
-static int reloc_scan(const struct config *cfg)
+static int reloc_scan(const struct conf *cfg)
 {
 	Dl_info di;
 	struct scan sc = { 0, getauxval(AT_BASE), 0 };

@@ -187,7 +187,7 @@ static void act(struct lease *l, int p, const char *why)
 	const struct lock_spec *s = l->spec;
 
 	LOG(LOG_ERROR, "%s: lease on %.*s %s; applying %s", s->symbol, (int)l->klen,
-	    l->key, why, config_hold_policy_name(p));
+	    l->key, why, conf_hold_policy_name(p));
 	if (p == HOLD_ABORT)
 		abort();
 	if (p == HOLD_KILL) {

@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "backend.h"
-#include "config.h"
+#include "conf.h"
 
 enum lease_state { LEASE_HELD, LEASE_LOST, LEASE_OVERRUN };
 

@@ -108,7 +108,38 @@ def test_settings_defaults_are_what_a_missing_setting_gets(redis, tmp_path):
     bare = write_config(tmp_path / "bare", redis, lock % "")
     b = cli("check", "-c", bare)
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
-    assert a.stdout.splitlines()[1] == b.stdout.splitlines()[1]
+    # check prints what differs from the defaults: the test server's port,
+    # then nothing after the lock's key
+    assert a.stdout.splitlines()[1:3] == b.stdout.splitlines()[1:3]
+    assert a.stdout.splitlines()[1:3] == ["settings: redis.port %d" % redis.port,
+                                          "  transfer: key lockshim:{symbol}"], a.stdout
+
+
+def test_check_prints_the_settings_that_differ_from_their_defaults(redis, tmp_path):
+    """check's summary: after the first line, the top-level and redis
+    settings that differ from their defaults on a line of their own, then
+    one line per lock, its key then its settings that differ from the
+    built-in defaults (`defaults` included), in `settings`' syntax. What
+    is left at (or set to) its default is not there; a default that is
+    another setting's value (on_error, strict) is that value."""
+    cfg = write_config(tmp_path, redis,
+                       'namespace = "app";\nstrict = true;\nlog_level = "warn";\n'
+                       'defaults = { lease_ms = 5000; };\n'
+                       'locks = ( { symbol = "transfer"; key = "account:{arg0}"; '
+                       'on_timeout = "exit"; wait_ms = 10000; handoff_ms = 2; strict = true; },\n'
+                       '  { symbol = "audit"; lease_ms = 30000; return = 1.5; '
+                       'errno = "EAGAIN"; on_error = "skip"; strict = false; } );\n',
+                       redis_extra="command_timeout_ms = 500; connect_timeout_ms = 700;")
+    r = cli("check", "-c", cfg)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "%s: ok, 2 lock(s)" % cfg
+    assert lines[1] == ('settings: redis.port %d, redis.connect_timeout_ms 700, '
+                        'namespace "app", strict true' % redis.port)
+    assert lines[2] == '  transfer: key app:account:{arg0}, lease_ms 5000, on_timeout "exit", ' \
+                       'handoff_ms 2'
+    assert lines[3] == '  audit: key app:{symbol}, return 1.5, errno "EAGAIN", strict false'
+    assert lines[4].startswith("redis: ok (") and len(lines) == 5, r.stdout
 
 
 def test_settings_takes_no_operand():

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Unit tests for config.c: defaults, inheritance, validation messages. */
+/* Unit tests for conf.c: defaults, inheritance, validation messages. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -7,29 +7,38 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "backend_redis_conf.h"
+#include "conf.h"
+#include "conf_field.h"
+#include "settings.h"
 #include "test.h"
+
+/* The groups the shim registers (backend.c), without linking the backends. */
+static const struct conf_group *const groups[] = { &backend_redis_settings, NULL };
+
+/* The settings of the redis group of a loaded struct conf. */
+#define REDIS(c) ((const struct redis_spec *)conf_group_data(&(c), &backend_redis_settings))
 
 static char path[] = "/tmp/lockshim-test-XXXXXX.cfg";
 
-static int load_text(struct config *cfg, const char *text, char *err, size_t errlen)
+static int load_text(struct conf *cfg, const char *text, char *err, size_t errlen)
 {
 	FILE *f = fopen(path, "w");
 
 	fputs(text, f);
 	fclose(f);
-	return config_load(cfg, path, err, errlen);
+	return conf_load(cfg, path, groups, err, errlen);
 }
 
 /* Returns 1 when text fails to load with a message containing every needle
  * (a NULL-terminated list) and the file name. */
 static int rejects(const char *text, const char *n1, const char *n2)
 {
-	struct config cfg;
+	struct conf cfg;
 	char err[768] = "";
 	int rc = load_text(&cfg, text, err, sizeof(err));
 
-	config_release(&cfg);
+	conf_release(&cfg);
 	if (rc == 0 || !strstr(err, path) || !strstr(err, n1) || (n2 && !strstr(err, n2))) {
 		fprintf(stderr, "  message was: %s\n", err);
 		return 0;
@@ -39,10 +48,10 @@ static int rejects(const char *text, const char *n1, const char *n2)
 
 static const char *str_or(const char *s) { return s ? s : "(null)"; }
 
-/* Writes every value config_load produced, for comparing two loads. */
-static void dump(const struct config *cfg, char *buf, size_t len)
+/* Writes every value conf_load produced, for comparing two loads. */
+static void dump(const struct conf *cfg, char *buf, size_t len)
 {
-	const struct redis_spec *r = &cfg->redis;
+	const struct redis_spec *r = REDIS(*cfg);
 	size_t n;
 
 	n = (size_t)snprintf(buf, len, "%s %d %s %s %s %d %d %d %d %d %d|%s %d %s %d|%d", r->host,
@@ -82,7 +91,7 @@ static void config_with(char *buf, size_t len, const char *group, const char *na
 
 int main(void)
 {
-	struct config cfg;
+	struct conf cfg;
 	char err[768];
 	int fd = mkstemps(path, 4);
 
@@ -91,11 +100,11 @@ int main(void)
 	test_cond(load_text(&cfg, "locks = ( { symbol = \"f\"; } );", err, sizeof(err)) == 0);
 	test_cond(cfg.nlocks == 1);
 	test_cond(strcmp(cfg.ns, "lockshim") == 0);
-	test_cond(strcmp(cfg.redis.host, "127.0.0.1") == 0 && cfg.redis.port == 6379);
-	test_cond(cfg.redis.connect_timeout_ms == 500 && cfg.redis.command_timeout_ms == 500);
+	test_cond(strcmp(REDIS(cfg)->host, "127.0.0.1") == 0 && REDIS(cfg)->port == 6379);
+	test_cond(REDIS(cfg)->connect_timeout_ms == 500 && REDIS(cfg)->command_timeout_ms == 500);
 	test_cond(cfg.log_level == -1);
 	{
-		const struct lock_spec *l = config_find(&cfg, "f");
+		const struct lock_spec *l = conf_find(&cfg, "f");
 
 		test_cond(l && strcmp(l->key_src, "{symbol}") == 0);
 		test_cond(l->lease_ms == 30000 && l->wait_ms == 10000);
@@ -107,7 +116,7 @@ int main(void)
 		test_cond(l->reentrant == 1 && l->stack_args_bytes == 256);
 		test_cond(l->fair == 0 && l->handoff_us == 500 && l->linger_ms == 1);
 	}
-	config_release(&cfg);
+	conf_release(&cfg);
 
 	test("defaults group, overrides, on_error follows on_timeout");
 	test_cond(load_text(&cfg,
@@ -120,9 +129,9 @@ int main(void)
 		"            kill_signal = \"SIGUSR1\"; return = 2.5; reentrant = false;\n"
 		"            wait_ms = -1; key = \"k\"; stack_args_bytes = 40; } );\n",
 		err, sizeof(err)) == 0);
-	test_cond(strcmp(cfg.redis.socket, "/tmp/r.sock") == 0 && cfg.redis.db == 3);
-	test_cond(strcmp(cfg.redis.username, "u") == 0);
-	test_cond(cfg.redis.connect_timeout_ms == 100 && cfg.redis.command_timeout_ms == 200);
+	test_cond(strcmp(REDIS(cfg)->socket, "/tmp/r.sock") == 0 && REDIS(cfg)->db == 3);
+	test_cond(strcmp(REDIS(cfg)->username, "u") == 0);
+	test_cond(REDIS(cfg)->connect_timeout_ms == 100 && REDIS(cfg)->command_timeout_ms == 200);
 	test_cond(cfg.log_level == 3 && strcmp(cfg.ns, "prod") == 0);
 	test_cond(cfg.locks[0].lease_ms == 900 && cfg.locks[0].on_timeout == POLICY_EXIT);
 	test_cond(cfg.locks[0].on_error == POLICY_EXIT);
@@ -132,7 +141,7 @@ int main(void)
 	test_cond(cfg.locks[1].ret == 2 && cfg.locks[1].ret_double == 2.5);
 	test_cond(cfg.locks[1].wait_ms == -1 && cfg.locks[1].stack_args_bytes == 48);
 	test_cond(strcmp(cfg.locks[1].key.prefix, "prod:") == 0);
-	config_release(&cfg);
+	conf_release(&cfg);
 
 	test("handoff_ms takes whole or decimal milliseconds");
 	test_cond(load_text(&cfg, "locks = ( { symbol = \"a\"; handoff_ms = 2; linger_ms = 0; },\n"
@@ -140,7 +149,7 @@ int main(void)
 			    sizeof(err)) == 0);
 	test_cond(cfg.locks[0].handoff_us == 2000 && cfg.locks[0].linger_ms == 0);
 	test_cond(cfg.locks[1].handoff_us == 250);
-	config_release(&cfg);
+	conf_release(&cfg);
 	test_cond(rejects("locks = ( { symbol = \"f\"; handoff_ms = -0.5; } );", "handoff_ms",
 			  "out of range"));
 	test_cond(rejects("locks = ( { symbol = \"f\"; handoff_ms = \"1\"; } );", "handoff_ms",
@@ -178,7 +187,7 @@ int main(void)
 		test_cond(l->reentrant == 0 && l->fair == 1 && l->break_dead == 0);
 		test_cond(l->strict == 1 && l->stack_args_bytes == 65536 && l->index == 0);
 	}
-	config_release(&cfg);
+	conf_release(&cfg);
 	/* The same neighbours, each set alone to its extreme: the others keep
 	 * their defaults. */
 	test_cond(load_text(&cfg,
@@ -192,7 +201,7 @@ int main(void)
 	test_cond(cfg.locks[1].index == 1);
 	test_cond(cfg.locks[2].kill_signal == SIGKILL && cfg.locks[2].err == 0);
 	test_cond(cfg.locks[2].exit_code == 75 && cfg.locks[2].on_timeout == POLICY_SKIP);
-	config_release(&cfg);
+	conf_release(&cfg);
 
 	test("production Redis: sentinels, replica acknowledgement, TLS, password sources");
 	test_cond(load_text(&cfg,
@@ -202,25 +211,25 @@ int main(void)
 		"          sentinel_username = \"su\"; master_name = \"locks\";\n"
 		"          sentinels = ( \"10.0.0.5:26379\", \"[::1]:26380\" ); };",
 		err, sizeof(err)) == 0);
-	test_cond(!strcmp(cfg.redis.sentinels[0], "10.0.0.5:26379") &&
-		  !strcmp(cfg.redis.sentinels[1], "[::1]:26380") && !cfg.redis.sentinels[2]);
-	test_cond(!strcmp(cfg.redis.master_name, "locks") &&
-		  !strcmp(cfg.redis.sentinel_username, "su") &&
-		  !strcmp(cfg.redis.sentinel_password, "sp"));
-	test_cond(cfg.redis.wait_replicas == 64 && cfg.redis.wait_replicas_ms == 600000);
-	test_cond(cfg.redis.tls.enabled && !cfg.redis.tls.verify &&
-		  !strcmp(cfg.redis.tls.ca_file, "/a") && !strcmp(cfg.redis.tls.ca_dir, "/d") &&
-		  !strcmp(cfg.redis.tls.cert_file, "/c") && !strcmp(cfg.redis.tls.key_file, "/k") &&
-		  !strcmp(cfg.redis.tls.server_name, "r.internal"));
-	test_cond(cfg.redis.port == 6379 && cfg.redis.command_timeout_ms == 500);
-	config_release(&cfg);
+	test_cond(!strcmp(REDIS(cfg)->sentinels[0], "10.0.0.5:26379") &&
+		  !strcmp(REDIS(cfg)->sentinels[1], "[::1]:26380") && !REDIS(cfg)->sentinels[2]);
+	test_cond(!strcmp(REDIS(cfg)->master_name, "locks") &&
+		  !strcmp(REDIS(cfg)->sentinel_username, "su") &&
+		  !strcmp(REDIS(cfg)->sentinel_password, "sp"));
+	test_cond(REDIS(cfg)->wait_replicas == 64 && REDIS(cfg)->wait_replicas_ms == 600000);
+	test_cond(REDIS(cfg)->tls.enabled && !REDIS(cfg)->tls.verify &&
+		  !strcmp(REDIS(cfg)->tls.ca_file, "/a") && !strcmp(REDIS(cfg)->tls.ca_dir, "/d") &&
+		  !strcmp(REDIS(cfg)->tls.cert_file, "/c") && !strcmp(REDIS(cfg)->tls.key_file, "/k") &&
+		  !strcmp(REDIS(cfg)->tls.server_name, "r.internal"));
+	test_cond(REDIS(cfg)->port == 6379 && REDIS(cfg)->command_timeout_ms == 500);
+	conf_release(&cfg);
 	test_cond(load_text(&cfg, "redis = { tls = { }; };", err, sizeof(err)) == 0);
-	test_cond(cfg.redis.tls.enabled && cfg.redis.tls.verify && !cfg.redis.tls.ca_file &&
-		  !cfg.redis.sentinels && cfg.redis.wait_replicas == 0 &&
-		  cfg.redis.wait_replicas_ms == 100);
-	config_release(&cfg);
-	test_cond(load_text(&cfg, "redis = { };", err, sizeof(err)) == 0 && !cfg.redis.tls.enabled);
-	config_release(&cfg);
+	test_cond(REDIS(cfg)->tls.enabled && REDIS(cfg)->tls.verify && !REDIS(cfg)->tls.ca_file &&
+		  !REDIS(cfg)->sentinels && REDIS(cfg)->wait_replicas == 0 &&
+		  REDIS(cfg)->wait_replicas_ms == 100);
+	conf_release(&cfg);
+	test_cond(load_text(&cfg, "redis = { };", err, sizeof(err)) == 0 && !REDIS(cfg)->tls.enabled);
+	conf_release(&cfg);
 	test_cond(rejects("redis = { sentinels = ( \"h:1\" ); };", "master_name", "required"));
 	test_cond(rejects("redis = { sentinels = ( \"h\" ); master_name = \"m\"; };", "sentinels",
 			  "not host:port"));
@@ -245,15 +254,15 @@ int main(void)
 		close(pfd);
 		snprintf(text, sizeof(text), "redis = { password_file = \"%s\"; };", pw);
 		test_cond(load_text(&cfg, text, err, sizeof(err)) == 0 &&
-			  !strcmp(cfg.redis.password, "s3cret"));
-		config_release(&cfg);
+			  !strcmp(REDIS(cfg)->password, "s3cret"));
+		conf_release(&cfg);
 		setenv("LOCKSHIM_REDIS_PASSWORD", "from-env", 1);
 		test_cond(load_text(&cfg, text, err, sizeof(err)) == 0 &&
-			  !strcmp(cfg.redis.password, "from-env"));
-		config_release(&cfg);
+			  !strcmp(REDIS(cfg)->password, "from-env"));
+		conf_release(&cfg);
 		test_cond(load_text(&cfg, "redis = { password = \"p\"; };", err, sizeof(err)) == 0 &&
-			  !strcmp(cfg.redis.password, "from-env"));
-		config_release(&cfg);
+			  !strcmp(REDIS(cfg)->password, "from-env"));
+		conf_release(&cfg);
 		unsetenv("LOCKSHIM_REDIS_PASSWORD");
 		unlink(pw);
 	}
@@ -273,11 +282,11 @@ int main(void)
 	test_cond(cfg.locks[1].method == METHOD_RELOC && !strcmp(cfg.locks[1].object, "main"));
 	test_cond(cfg.locks[1].offset == -1 && !cfg.locks[1].build_id);
 	test_cond(cfg.locks[2].method == METHOD_AUTO && cfg.locks[2].offset == 4096);
-	config_release(&cfg);
+	conf_release(&cfg);
 	test_cond(load_text(&cfg, "locks = ( { symbol = \"f\"; } );", err, sizeof(err)) == 0);
 	test_cond(cfg.locks[0].method == METHOD_AUTO && !cfg.locks[0].object &&
 		  cfg.locks[0].offset == -1 && !strcmp(cfg.debug_dirs[0], "/usr/lib/debug"));
-	config_release(&cfg);
+	conf_release(&cfg);
 	test_cond(rejects("locks = ( { symbol = \"f\"; offset = 16; } );", "locks[0]",
 			  "offset needs object"));
 	test_cond(rejects("locks = ( { symbol = \"f\"; object = \"main\"; offset = 16; "
@@ -301,15 +310,15 @@ int main(void)
 		"redis = { command_timeout_ms = 600000; connect_timeout_ms = 1; db = 2147483647;\n"
 		"          username = \"u\"; password = \"p\"; socket = \"/s\"; port = 65535;\n"
 		"          host = \"h\"; };", err, sizeof(err)) == 0);
-	test_cond(strcmp(cfg.redis.host, "h") == 0 && cfg.redis.port == 65535);
-	test_cond(strcmp(cfg.redis.socket, "/s") == 0 && strcmp(cfg.redis.password, "p") == 0);
-	test_cond(strcmp(cfg.redis.username, "u") == 0 && cfg.redis.db == 2147483647);
-	test_cond(cfg.redis.connect_timeout_ms == 1 && cfg.redis.command_timeout_ms == 600000);
-	config_release(&cfg);
+	test_cond(strcmp(REDIS(cfg)->host, "h") == 0 && REDIS(cfg)->port == 65535);
+	test_cond(strcmp(REDIS(cfg)->socket, "/s") == 0 && strcmp(REDIS(cfg)->password, "p") == 0);
+	test_cond(strcmp(REDIS(cfg)->username, "u") == 0 && REDIS(cfg)->db == 2147483647);
+	test_cond(REDIS(cfg)->connect_timeout_ms == 1 && REDIS(cfg)->command_timeout_ms == 600000);
+	conf_release(&cfg);
 	test_cond(load_text(&cfg, "redis = { connect_timeout_ms = 7; };", err, sizeof(err)) == 0);
-	test_cond(cfg.redis.connect_timeout_ms == 7 && cfg.redis.command_timeout_ms == 500);
-	test_cond(cfg.redis.db == 0 && cfg.redis.port == 6379);
-	config_release(&cfg);
+	test_cond(REDIS(cfg)->connect_timeout_ms == 7 && REDIS(cfg)->command_timeout_ms == 500);
+	test_cond(REDIS(cfg)->db == 0 && REDIS(cfg)->port == 6379);
+	conf_release(&cfg);
 	test_cond(rejects("redis = { host = \"\"; };", "redis.host", "must not be empty"));
 	test_cond(rejects("redis = { username = \"u\"; };", "redis.username",
 			  "needs redis.password as well"));
@@ -320,12 +329,12 @@ int main(void)
 	test_cond(load_text(&cfg, "log_level = \"INFO\"; log_file = \"/tmp/x\"; strict = true;",
 			    err, sizeof(err)) == 0);
 	test_cond(cfg.log_level == 2 && strcmp(cfg.log_file, "/tmp/x") == 0 && cfg.strict == 1);
-	config_release(&cfg);
+	conf_release(&cfg);
 
 	test("waiter_ttl_ms = 2 * retry_max_ms + redis.command_timeout_ms, for every lock");
 	test_cond(load_text(&cfg, "locks = ( { symbol = \"a\"; } );", err, sizeof(err)) == 0);
 	test_cond(cfg.locks[0].waiter_ttl_ms == 2 * 100 + 500);
-	config_release(&cfg);
+	conf_release(&cfg);
 	/* locks before redis in the file: the lock still sees the redis group;
 	 * one lock inherits retry_max_ms from defaults, one sets its own. */
 	test_cond(load_text(&cfg,
@@ -335,16 +344,16 @@ int main(void)
 	test_cond(cfg.locks[0].waiter_ttl_ms == 2 * 7 + 20);
 	test_cond(cfg.locks[1].waiter_ttl_ms == 2 * 60000 + 20);
 	test_cond(cfg.locks[1].waiter_ttl_ms ==
-		  config_waiter_ttl_ms(&cfg.locks[1], &cfg.redis));
-	config_release(&cfg);
+		  conf_waiter_ttl_ms(&cfg.locks[1], REDIS(cfg)->command_timeout_ms));
+	conf_release(&cfg);
 
 	test("scaling out: Redis Cluster seeds, Redlock masters");
 	test_cond(load_text(&cfg, "redis = { cluster = ( \"10.0.0.5:7000\", \"h:7001\" ); };",
 			    err, sizeof(err)) == 0);
-	test_cond(!strcmp(cfg.redis.cluster[0], "10.0.0.5:7000") &&
-		  !strcmp(cfg.redis.cluster[1], "h:7001") && !cfg.redis.cluster[2] &&
-		  !cfg.redis.masters);
-	config_release(&cfg);
+	test_cond(!strcmp(REDIS(cfg)->cluster[0], "10.0.0.5:7000") &&
+		  !strcmp(REDIS(cfg)->cluster[1], "h:7001") && !REDIS(cfg)->cluster[2] &&
+		  !REDIS(cfg)->masters);
+	conf_release(&cfg);
 	test_cond(load_text(&cfg,
 		"redis = { password = \"top\"; db = 3; command_timeout_ms = 77;\n"
 		"          tls = { ca_file = \"/a\"; server_name = \"n\"; };\n"
@@ -353,9 +362,9 @@ int main(void)
 		"                        username = \"u\"; db = 0; tls = { verify = false; }; },\n"
 		"                      { host = \"10.0.0.7\"; port = 7001; } ); };",
 		err, sizeof(err)) == 0);
-	test_cond(cfg.redis.nmasters == 3 && !cfg.redis.cluster);
+	test_cond(REDIS(cfg)->nmasters == 3 && !REDIS(cfg)->cluster);
 	{
-		const struct redis_spec *m = cfg.redis.masters;
+		const struct redis_spec *m = REDIS(cfg)->masters;
 
 		test_cond(!strcmp(m[0].host, "10.0.0.5") && m[0].port == 6379 &&
 			  !strcmp(m[0].password, "top") && !m[0].username && m[0].db == 3 &&
@@ -366,7 +375,7 @@ int main(void)
 			  !m[1].tls.verify && !m[1].tls.ca_file);
 		test_cond(!strcmp(m[2].host, "10.0.0.7") && m[2].port == 7001);
 	}
-	config_release(&cfg);
+	conf_release(&cfg);
 	test_cond(rejects("redis = { cluster = ( ); };", "cluster", "is empty"));
 	test_cond(rejects("redis = { cluster = ( \"h\" ); };", "cluster", "not host:port"));
 	test_cond(rejects("redis = { cluster = ( \"h:1\" ); host = \"x\"; };", "cluster",
@@ -388,17 +397,17 @@ int main(void)
 			  "locks[0]", "not available with redis.masters"));
 	test_cond(rejects("redis = { masters = { host = \"a\"; }; };", "masters", "list of groups"));
 
-	test("config_setting_describe: the tables, their defaults are the built-in values");
+	test("settings_describe: the tables, their defaults are the built-in values");
 	{
-		struct config_setting_desc d;
+		struct settings_desc d;
 		char text[1024], plain[4096], with[4096];
 		int n = 0, nlock = 0, literal = 0, ok;
 
 		config_with(text, sizeof(text), "lock", NULL, NULL);
 		test_cond(load_text(&cfg, text, err, sizeof(err)) == 0);
 		dump(&cfg, plain, sizeof(plain));
-		config_release(&cfg);
-		for (int i = 0; config_setting_describe(i, &d); i++, n++) {
+		conf_release(&cfg);
+		for (int i = 0; settings_describe(groups, i, &d); i++, n++) {
 			ok = !strcmp(d.group, "top") || !strcmp(d.group, "redis") ||
 			     !strcmp(d.group, "tls") || !strcmp(d.group, "master") ||
 			     !strcmp(d.group, "lock");
@@ -420,7 +429,7 @@ int main(void)
 			config_with(text, sizeof(text), d.group, d.name, d.dflt);
 			ok = load_text(&cfg, text, err, sizeof(err)) == 0;
 			dump(&cfg, with, sizeof(with));
-			config_release(&cfg);
+			conf_release(&cfg);
 			if (!ok || strcmp(plain, with) != 0)
 				fprintf(stderr, "  %s %s = %s: %s\n  %s\n  %s\n", d.group, d.name,
 					d.dflt, ok ? "differs" : err, plain, with);
@@ -429,19 +438,19 @@ int main(void)
 		/* A new setting changes these counts: give it a round trip in
 		 * the tests above, then count it here. */
 		test_cond(n == 8 + 18 + 6 + 8 + 26 && nlock == 26 && literal >= 29);
-		test_cond(!config_setting_describe(n, &d) && !config_setting_describe(-1, &d));
-		test_cond(config_setting_describe(0, &d) && !strcmp(d.group, "top") &&
+		test_cond(!settings_describe(groups, n, &d) && !settings_describe(groups, -1, &d));
+		test_cond(settings_describe(groups, 0, &d) && !strcmp(d.group, "top") &&
 			  !strcmp(d.name, "redis"));
 	}
 	/* The non-literal defaults say what they follow. */
 	test_cond(load_text(&cfg, "strict = true; defaults = { on_timeout = \"abort\"; };\n"
 			    "locks = ( { symbol = \"f\"; } );", err, sizeof(err)) == 0);
 	test_cond(cfg.locks[0].strict == 1 && cfg.locks[0].on_error == POLICY_ABORT);
-	config_release(&cfg);
+	conf_release(&cfg);
 
 	test("no locks is valid");
 	test_cond(load_text(&cfg, "namespace = \"x\";", err, sizeof(err)) == 0 && cfg.nlocks == 0);
-	config_release(&cfg);
+	conf_release(&cfg);
 
 	test("errors name the file, the line, the setting and the value");
 	test_cond(rejects("locks = ( { symbol = \"f\"; on_timeout = \"sometimes\"; } );",
@@ -466,10 +475,123 @@ int main(void)
 			  "locks[0].key", "unknown placeholder"));
 	test_cond(rejects("locks = ( { symbol = \"f\"; reentrant = 1; } );", "reentrant", "true or false"));
 
+	test("conf_fields_default: the tables hold the built-in values");
+	{
+		struct lock_spec l = { 0 };
+		struct redis_spec r = { 0 };
+		struct conf c = { 0 };
+
+		test_cond(conf_fields_default(conf_lock_fields, &l) == 0);
+		test_cond(!strcmp(l.key_src, "{symbol}") && !l.symbol && !l.object && !l.build_id);
+		test_cond(l.lease_ms == 30000 && l.wait_ms == 10000 && l.handoff_us == 500 &&
+			  l.linger_ms == 1 && l.retry_max_ms == 100 && l.stack_args_bytes == 256);
+		test_cond(l.ret == -1 && l.ret_double == -1.0 && l.err == EBUSY &&
+			  l.exit_code == 75 && l.kill_signal == SIGTERM && l.kill_grace_ms == 5000);
+		test_cond(l.on_timeout == POLICY_SKIP && l.on_error == -1 && l.on_lost == HOLD_LOG &&
+			  l.reentrant == 1 && l.break_dead == 1 && l.fair == 0 && l.offset == -1 &&
+			  l.method == METHOD_AUTO);
+		conf_fields_release(conf_lock_fields, &l);
+		test_cond(!l.key_src);
+		test_cond(conf_fields_default(backend_redis_settings.fields, &r) == 0);
+		test_cond(!strcmp(r.host, "127.0.0.1") && r.port == 6379 && r.db == 0 &&
+			  r.connect_timeout_ms == 500 && r.command_timeout_ms == 500 &&
+			  r.wait_replicas_ms == 100 && r.tls.verify == 1 && !r.tls.enabled &&
+			  !r.sentinels && !r.cluster && !r.masters && !r.nmasters);
+		conf_fields_release(backend_redis_settings.fields, &r);
+		test_cond(!r.host);
+		test_cond(conf_fields_default(conf_top_fields, &c) == 0);
+		test_cond(!strcmp(c.ns, "lockshim") && c.log_level == -1 && !c.log_file &&
+			  c.debug_dirs && !strcmp(c.debug_dirs[0], "/usr/lib/debug") &&
+			  !c.debug_dirs[1]);
+		conf_fields_release(conf_top_fields, &c);
+		test_cond(!c.ns && !c.debug_dirs);
+	}
+
+	test("conf_fields_copy, conf_fields_release: every owned member, by the tables");
+	test_cond(load_text(&cfg, "redis = { masters = ( { host = \"a\"; }, { host = \"b\"; port = 7;"
+			    " tls = { ca_file = \"/m\"; }; }, { host = \"c\"; } );\n"
+			    " tls = { ca_file = \"/ca\"; verify = false; }; password = \"pw\"; };\n"
+			    "locks = ( { symbol = \"f\"; object = \"/o\"; build_id = \"AB12\";"
+			    " key = \"k:{arg0}\"; return = 2.5; offset = 16; } );", err,
+			    sizeof(err)) == 0);
+	{
+		const struct lock_spec *l = &cfg.locks[0];
+		const struct redis_spec *r = REDIS(cfg);
+		struct lock_spec c = { 0 };
+		struct redis_spec rc = { 0 };
+
+		test_cond(conf_fields_copy(conf_lock_fields, &c, l) == 0);
+		test_cond(c.symbol != l->symbol && !strcmp(c.symbol, "f") &&
+			  c.key_src != l->key_src && !strcmp(c.key_src, "k:{arg0}") &&
+			  c.object != l->object && !strcmp(c.object, "/o") &&
+			  c.build_id != l->build_id && !strcmp(c.build_id, "ab12"));
+		test_cond(c.ret == 2 && c.ret_double == 2.5 && c.offset == 16 &&
+			  c.lease_ms == l->lease_ms && c.handoff_us == l->handoff_us);
+		/* a second copy frees what the first made (ASan's leak check) */
+		test_cond(conf_fields_copy(conf_lock_fields, &c, l) == 0 && !strcmp(c.object, "/o"));
+		conf_fields_release(conf_lock_fields, &c);
+		test_cond(!c.symbol && !c.key_src && !c.object && !c.build_id);
+
+		test_cond(conf_fields_copy(backend_redis_settings.fields, &rc, r) == 0);
+		test_cond(rc.nmasters == 3 && rc.masters && rc.masters != r->masters);
+		test_cond(rc.masters[1].host != r->masters[1].host &&
+			  !strcmp(rc.masters[1].host, "b") && rc.masters[1].port == 7 &&
+			  rc.masters[1].tls.enabled && !strcmp(rc.masters[1].tls.ca_file, "/m"));
+		test_cond(!strcmp(rc.masters[0].tls.ca_file, "/ca") && !rc.masters[0].tls.verify &&
+			  !strcmp(rc.masters[0].password, "pw") && !strcmp(rc.masters[2].host, "c"));
+		test_cond(rc.tls.enabled && rc.tls.ca_file != r->tls.ca_file &&
+			  !strcmp(rc.tls.ca_file, "/ca") && !strcmp(rc.password, "pw"));
+		test_cond(conf_fields_copy(backend_redis_settings.fields, &rc, r) == 0 &&
+			  rc.nmasters == 3);
+		conf_fields_release(backend_redis_settings.fields, &rc);
+		test_cond(!rc.masters && !rc.nmasters && !rc.tls.ca_file && !rc.password && !rc.host);
+	}
+	conf_release(&cfg);
+
+	test("settings_diff: what differs from the defaults, secrets hidden");
+	unsetenv("LOCKSHIM_REDIS_PASSWORD");
+	{
+		char diff[1024];
+
+		test_cond(load_text(&cfg, "locks = ( { symbol = \"f\"; } );", err, sizeof(err)) == 0);
+		settings_diff(&cfg, NULL, diff, sizeof(diff));
+		test_cond(!strcmp(diff, ""));
+		settings_diff(&cfg, &cfg.locks[0], diff, sizeof(diff));
+		test_cond(!strcmp(diff, ""));
+		conf_release(&cfg);
+
+		test_cond(load_text(&cfg, "namespace = \"app\"; strict = true;\n"
+				    "redis = { password = \"s3cret\"; port = 7000; host = \"127.0.0.1\"; };\n"
+				    "defaults = { wait_ms = 0; };\n"
+				    "locks = ( { symbol = \"f\"; lease_ms = 5000; on_error = \"skip\"; },\n"
+				    " { symbol = \"g\"; on_timeout = \"exit\"; on_error = \"skip\";"
+				    " strict = false; wait_ms = 10000; key = \"x\"; } );",
+				    err, sizeof(err)) == 0);
+		settings_diff(&cfg, NULL, diff, sizeof(diff));
+		test_cond(!strcmp(diff, "redis.port 7000, redis.password (hidden), "
+				  "namespace \"app\", strict true"));
+		test_cond(!strstr(diff, "s3cret"));
+		settings_diff(&cfg, &cfg.locks[0], diff, sizeof(diff));
+		test_cond(!strcmp(diff, "lease_ms 5000, wait_ms 0"));
+		settings_diff(&cfg, &cfg.locks[1], diff, sizeof(diff));
+		test_cond(!strcmp(diff, "on_timeout \"exit\", on_error \"skip\", strict false"));
+		conf_release(&cfg);
+
+		test_cond(load_text(&cfg, "redis = { masters = ( { host = \"a\"; },"
+				    " { host = \"b\"; port = 7000; tls = { }; }, { socket = \"/s\"; db = 2; } );"
+				    " password = \"p\"; db = 1; };", err, sizeof(err)) == 0);
+		settings_diff(&cfg, NULL, diff, sizeof(diff));
+		test_cond(!strcmp(diff, "redis.password (hidden), redis.db 1, "
+				  "redis.masters[0].host \"a\", redis.masters[1].host \"b\", "
+				  "redis.masters[1].port 7000, redis.masters[1].tls {}, "
+				  "redis.masters[2].socket \"/s\", redis.masters[2].db 2"));
+		conf_release(&cfg);
+	}
+
 	test("missing file");
 	unlink(path);
-	test_cond(config_load(&cfg, path, err, sizeof(err)) != 0 && strstr(err, path) &&
+	test_cond(conf_load(&cfg, path, groups, err, sizeof(err)) != 0 && strstr(err, path) &&
 		  strstr(err, "cannot open"));
-	config_release(&cfg);
+	conf_release(&cfg);
 	return test_report("config");
 }

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "backend.h"
-#include "config.h"
+#include "conf.h"
 #include "lock.h"
 #include "log.h"
 #include "test.h"
@@ -183,7 +183,7 @@ static struct lock_spec spec(const char *key, int reentrant, long long wait_ms)
 	s.lease_ms = 30000;
 	s.wait_ms = wait_ms;
 	s.retry_max_ms = 5;
-	s.waiter_ttl_ms = config_waiter_ttl_ms(&s, &(struct redis_spec){ 0 });
+	s.waiter_ttl_ms = conf_waiter_ttl_ms(&s, 0);
 	s.fair = 0;
 	s.reentrant = reentrant;
 	s.on_lost = HOLD_LOG;

@@ -1,0 +1,401 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * conf.c - the settings of the top level and of the locks, and the parse of
+ * a file into a frozen struct conf (see conf.h).
+ *
+ * The settings are tables of conf_field.h: conf_top_fields for the top
+ * level and conf_lock_fields for the per-lock settings, which reads the
+ * `defaults` group and every entry of `locks`. A backend's group (`redis`)
+ * is the backend's own table (backend/backend_redis_conf.c), given to
+ * conf_load. Each entry holds its setting's default, so a new setting is
+ * one entry plus its struct member: the parser, the copy from `defaults`,
+ * the release and `lockshim settings` all walk the tables.
+ *
+ * A lock starts from the built-in defaults, then `defaults`, then its own
+ * settings. Every error is one line: "<file>:<line>: <setting>: <problem>".
+ */
+#include "conf.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "conf_field.h"
+#include "log.h"
+
+static const char *const call_policies[] = { "skip", "exit", "abort", "proceed", NULL };
+static const char *const hold_policies[] = { "log", "kill", "abort", NULL };
+static const char *const methods[] = { "auto", "entry", "reloc", NULL };
+
+/* Level names of log.h's enum log_level; log.c parses them
+ * (log_level_parse, any case). */
+static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
+
+_Static_assert(sizeof(call_policies) / sizeof(*call_policies) == POLICY_PROCEED + 2,
+	       "call_policies names every enum call_policy");
+_Static_assert(sizeof(hold_policies) / sizeof(*hold_policies) == HOLD_ABORT + 2,
+	       "hold_policies names every enum hold_policy");
+_Static_assert(sizeof(log_levels) / sizeof(*log_levels) == LOG_DEBUG + 2,
+	       "log_levels names every enum log_level");
+
+const char *conf_call_policy_name(int p) { return call_policies[p]; }
+const char *conf_hold_policy_name(int p) { return hold_policies[p]; }
+const char *conf_method_name(int m) { return methods[m]; }
+
+/* ---- the tables --------------------------------------------------------- */
+
+#define LOCK_FIELD(n, k, lo, hi, ...) FIELD(struct lock_spec, #n, n, k, lo, hi, __VA_ARGS__)
+const struct conf_field conf_lock_fields[] = {
+	LOCK_FIELD(symbol, F_STR, 0, 0, .flags = FL_REQUIRED | FL_PER_LOCK),
+	FIELD(struct lock_spec, "key", key_src, F_STR, 0, 0, .def_str = "{symbol}"),
+	LOCK_FIELD(lease_ms, F_INT, 30, INT_MAX, .def = 30000),
+	LOCK_FIELD(wait_ms, F_INT, -1, LLONG_MAX / 4, .def = 10000),
+	LOCK_FIELD(on_timeout, F_ENUM, 0, POLICY_PROCEED, .names = call_policies,
+		   .def = POLICY_SKIP),
+	RETURN_FIELD(struct lock_spec, "return", ret, ret_double, .def = -1),
+	FIELD(struct lock_spec, "errno", err, F_ERRNO, 0, 4095, .def = EBUSY),
+	LOCK_FIELD(exit_code, F_INT, 0, 255, .def = 75),
+	/* -1: not set, follows on_timeout (parse_lock) */
+	LOCK_FIELD(on_error, F_ENUM, 0, POLICY_PROCEED, .names = call_policies,
+		   .def = -1, .dflt = "=lock.on_timeout"),
+	LOCK_FIELD(on_lost, F_ENUM, 0, HOLD_ABORT, .names = hold_policies, .def = HOLD_LOG),
+	LOCK_FIELD(max_hold_ms, F_INT, 0, LLONG_MAX / 4),
+	LOCK_FIELD(on_overrun, F_ENUM, 0, HOLD_ABORT, .names = hold_policies, .def = HOLD_LOG),
+	LOCK_FIELD(kill_signal, F_SIGNAL, 1, NSIG - 1, .def = SIGTERM),
+	LOCK_FIELD(kill_grace_ms, F_INT, 0, LLONG_MAX / 4, .def = 5000),
+	LOCK_FIELD(reentrant, F_BOOL, 0, 1, .def = 1),
+	LOCK_FIELD(fair, F_BOOL, 0, 1),
+	FIELD(struct lock_spec, "break_dead_holders", break_dead, F_BOOL, 0, 1, .def = 1),
+	FIELD(struct lock_spec, "handoff_ms", handoff_us, F_USEC, 0, 60000, .def = 500),
+	LOCK_FIELD(linger_ms, F_INT, 0, 60000, .def = 1),
+	LOCK_FIELD(stack_args_bytes, F_INT, 0, STACK_ARGS_MAX, .def = 256),
+	LOCK_FIELD(retry_max_ms, F_INT, 1, 60000, .def = 100),
+	/* the top level's strict (parse_root) */
+	LOCK_FIELD(strict, F_BOOL, 0, 1, .dflt = "=top.strict"),
+	LOCK_FIELD(method, F_ENUM, 0, METHOD_RELOC, .names = methods, .def = METHOD_AUTO),
+	LOCK_FIELD(object, F_STR, 1, 0),
+	/* -1: by symbol */
+	LOCK_FIELD(offset, F_ADDR, 0, LLONG_MAX, .def = -1),
+	LOCK_FIELD(build_id, F_HEX, 1, CONF_BUILD_ID_MAX),
+	{ .name = NULL }
+};
+
+/* The top level, besides the backends' groups (conf_load's groups). */
+const struct conf_field conf_top_fields[] = {
+	FIELD(struct conf, "namespace", ns, F_STR, 1, KEY_MAX_NAMESPACE, .def_str = "lockshim"),
+	/* -1: not set, log.c's threshold stands */
+	FIELD(struct conf, "log_level", log_level, F_LOGLEVEL, LOG_ERROR, LOG_DEBUG,
+	      .names = log_levels, .def = -1),
+	FIELD(struct conf, "log_file", log_file, F_STR, 0, 0),
+	FIELD(struct conf, "strict", strict, F_BOOL, 0, 1),
+	FIELD(struct conf, "debug_dirs", debug_dirs, F_STRS, 0, 0,
+	      .def_strs = (const char *const[]){ "/usr/lib/debug", NULL }),
+	SECTION("defaults", F_DEFAULTS),
+	SECTION("locks", F_LOCKS),
+	{ .name = NULL }
+};
+
+/* ---- symbols ------------------------------------------------------------ */
+
+/* Functions that return twice, never return, or belong to the dynamic linker. */
+static const char *const forbidden_symbols[] = {
+	"setjmp", "_setjmp", "sigsetjmp", "__sigsetjmp", "savectx", "vfork", "__vfork",
+	"getcontext", "setcontext", "swapcontext", "makecontext",
+	"longjmp", "_longjmp", "siglongjmp", "__longjmp_chk",
+	"exit", "_exit", "_Exit", "quick_exit", "abort", "pthread_exit",
+	"__libc_start_main", "__cxa_throw", "_Unwind_Resume",
+	"dlopen", "dlmopen", "dlsym", "dlvsym", "dlclose", "dlerror",
+	"dladdr", "dladdr1", "dlinfo", "dl_iterate_phdr", NULL
+};
+
+/* Functions that replace the process image: a lock held for the call would
+ * never be released (the call does not return when it succeeds). */
+static const char *const exec_symbols[] = {
+	"execve", "execv", "execvp", "execvpe", "execl", "execlp", "execle",
+	"fexecve", "execveat", NULL
+};
+
+static int check_symbol(struct conf_err *e, const config_setting_t *s,
+			const char *what, const char *sym)
+{
+	if (!*sym)
+		return conf_fail(e, s, what, "empty symbol name");
+	for (const char *p = sym; *p; p++)
+		if (!isalnum((unsigned char)*p) && *p != '_' && *p != '.' && *p != '$')
+			return conf_fail(e, s, what,
+				    "\"%s\" is not a symbol name (letters, digits, _ . $)",
+				    sym);
+	for (int i = 0; forbidden_symbols[i]; i++)
+		if (strcmp(sym, forbidden_symbols[i]) == 0)
+			return conf_fail(e, s, what,
+				    "\"%s\" cannot be guarded (it returns twice, never "
+				    "returns, or belongs to the dynamic linker)", sym);
+	for (int i = 0; exec_symbols[i]; i++)
+		if (strcmp(sym, exec_symbols[i]) == 0)
+			return conf_fail(e, s, what,
+				    "\"%s\" cannot be guarded: it replaces the program and does "
+				    "not return when it succeeds, so its lock would stay held for "
+				    "the whole lease", sym);
+	return 0;
+}
+
+/* ---- parsing ------------------------------------------------------------ */
+
+static int parse_lock(struct conf_err *e, const config_setting_t *g, int idx,
+		      const struct lock_spec *defaults,
+		      const config_setting_t *defaults_g, struct conf *cfg)
+{
+	struct lock_spec *l = &cfg->locks[idx];
+	char where[32], what[48], host[256] = "localhost", kerr[256];
+	const config_setting_t *ks;
+	int tagged = 0;
+
+	snprintf(where, sizeof(where), "locks[%d]", idx);
+	l->index = idx;
+	if (conf_fields_copy(conf_lock_fields, l, defaults))
+		return conf_fail(e, g, where, "out of memory");
+	if (conf_group_apply(e, g, where, conf_lock_fields, l))
+		return -1;
+	for (const struct conf_field *f = conf_lock_fields; f->name; f++)
+		if ((f->flags & FL_REQUIRED) && !config_setting_get_member(g, f->name))
+			return conf_fail(e, g, where, "missing required setting \"%s\"", f->name);
+	snprintf(what, sizeof(what), "%s.symbol", where);
+	if (check_symbol(e, config_setting_get_member(g, "symbol"), what, l->symbol))
+		return -1;
+	for (int i = 0; i < idx; i++)
+		if (strcmp(cfg->locks[i].symbol, l->symbol) == 0)
+			return conf_fail(e, config_setting_get_member(g, "symbol"), what,
+					 "symbol \"%s\" is already guarded by locks[%d]",
+					 l->symbol, i);
+	if (l->offset >= 0 && !l->object)
+		return conf_fail(e, g, where, "offset needs object (the file the offset is in)");
+	if (l->offset >= 0 && l->method == METHOD_RELOC)
+		return conf_fail(e, g, where, "offset needs method \"entry\" or \"auto\": "
+				 "relocations are found by name");
+	for (int i = 0; cfg->groups[i]; i++) {
+		const struct conf_group *grp = cfg->groups[i];
+
+		if (grp->check_lock &&
+		    grp->check_lock(e, g, where, l, cfg, cfg->group_data[i]))
+			return -1;
+		if (grp->hash_tag && grp->hash_tag(cfg->group_data[i]))
+			tagged = 1;
+	}
+	if (l->on_error < 0)
+		l->on_error = l->on_timeout;
+	l->stack_args_bytes = (l->stack_args_bytes + 15) & ~15;
+	gethostname(host, sizeof(host) - 1);
+	if (key_compile(&l->key, cfg->ns, l->key_src, l->symbol, host, tagged,
+			kerr, sizeof(kerr))) {
+		ks = config_setting_get_member(g, "key");
+		if (!ks)
+			ks = defaults_g ? config_setting_get_member(defaults_g, "key") : g;
+		snprintf(where + strlen(where), sizeof(where) - strlen(where), ".key");
+		return conf_fail(e, ks, where, "\"%s\": %s", l->key_src, kerr);
+	}
+	return 0;
+}
+
+/* Returns the index in cfg->groups of the group named name, or -1. */
+static int group_index(const struct conf *cfg, const char *name)
+{
+	for (int i = 0; cfg->groups[i]; i++)
+		if (strcmp(cfg->groups[i]->name, name) == 0)
+			return i;
+	return -1;
+}
+
+/* Reads the top level: the backends' groups and conf_top_fields; defaults
+ * and locks are read after it, so that they see the whole top level
+ * (namespace, strict, the backends' settings). */
+static int parse_root(struct conf_err *e, config_t *cf, struct conf *cfg)
+{
+	const config_setting_t *root = config_root_setting(cf), *s;
+	const config_setting_t *locks = NULL, *defaults_g = NULL;
+	struct lock_spec defaults = { 0 };
+	int n = config_setting_length(root), rc = -1;
+	long long request_ms = 0;
+
+	if (conf_fields_default(conf_lock_fields, &defaults)) {
+		conf_fail(e, NULL, "config", "out of memory");
+		goto out;
+	}
+	for (int i = 0; i < n; i++) {
+		const char *name;
+		const struct conf_field *f;
+		int gi;
+
+		s = config_setting_get_elem(root, (unsigned)i);
+		name = config_setting_name(s);
+		if ((gi = group_index(cfg, name)) >= 0) {
+			if (conf_group_apply(e, s, name, cfg->groups[gi]->fields,
+					     cfg->group_data[gi]) ||
+			    (cfg->groups[gi]->check &&
+			     cfg->groups[gi]->check(e, s, cfg->group_data[gi])))
+				goto out;
+			continue;
+		}
+		f = conf_field_find(conf_top_fields, name);
+		if (!f) {
+			conf_fail(e, s, name, "unknown setting");
+			goto out;
+		}
+		if (f->kind == F_DEFAULTS)
+			defaults_g = s;
+		else if (f->kind == F_LOCKS)
+			locks = s;
+		else if (conf_field_apply(e, f, s, name, cfg))
+			goto out;
+	}
+	defaults.strict = cfg->strict;
+	if (defaults_g) {
+		for (const struct conf_field *f = conf_lock_fields; f->name; f++) {
+			char what[64];
+
+			if (!(f->flags & FL_PER_LOCK) ||
+			    !(s = config_setting_get_member(defaults_g, f->name)))
+				continue;
+			snprintf(what, sizeof(what), "defaults.%s", f->name);
+			conf_fail(e, s, what, "%s is per lock, not a default", f->name);
+			goto out;
+		}
+		if (conf_group_apply(e, defaults_g, "defaults", conf_lock_fields, &defaults))
+			goto out;
+	}
+	if (!locks) {
+		rc = 0;
+		goto out;
+	}
+	if (!config_setting_is_list(locks) && !config_setting_is_array(locks)) {
+		conf_fail(e, locks, "locks", "expected a list ( { ... }, ... ), got %s",
+			  conf_type_name(locks));
+		goto out;
+	}
+	cfg->nlocks = config_setting_length(locks);
+	cfg->locks = calloc((size_t)cfg->nlocks + 1, sizeof(*cfg->locks));
+	if (!cfg->locks)
+		goto out;
+	for (int i = 0; i < cfg->nlocks; i++)
+		if (parse_lock(e, config_setting_get_elem(locks, (unsigned)i), i,
+			       &defaults, defaults_g, cfg)) {
+			cfg->nlocks = i + 1;
+			goto out;
+		}
+	/* Derived fields, once everything they read is valid and final. */
+	for (int i = 0; cfg->groups[i]; i++)
+		if (cfg->groups[i]->request_ms)
+			request_ms += cfg->groups[i]->request_ms(cfg->group_data[i]);
+	for (int i = 0; i < cfg->nlocks; i++)
+		cfg->locks[i].waiter_ttl_ms = conf_waiter_ttl_ms(&cfg->locks[i], request_ms);
+	rc = 0;
+out:
+	conf_fields_release(conf_lock_fields, &defaults);
+	return rc;
+}
+
+/* Gives cfg the built-in values: the top level's, and each group's (in a
+ * struct of its own). Returns 0, or -1 out of memory. */
+static int conf_defaults(struct conf *cfg, const struct conf_group *const *groups)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	if (conf_fields_default(conf_top_fields, cfg))
+		return -1;
+	for (int i = 0; groups && groups[i]; i++) {
+		if (i == CONF_GROUPS_MAX)
+			return -1;
+		cfg->groups[i] = groups[i];
+		if (!(cfg->group_data[i] = calloc(1, groups[i]->size)) ||
+		    conf_fields_default(groups[i]->fields, cfg->group_data[i]))
+			return -1;
+	}
+	return 0;
+}
+
+int conf_load(struct conf *cfg, const char *path, const struct conf_group *const *groups,
+	      char *err, size_t errlen)
+{
+	struct conf_err e = { err, errlen, path };
+	config_t cf;
+	FILE *f;
+	int rc;
+
+	if (conf_defaults(cfg, groups) || conf_str_set(&cfg->path, path))
+		return conf_fail(&e, NULL, "config", "out of memory");
+	f = fopen(path, "re");
+	if (!f)
+		return conf_fail(&e, NULL, "config", "cannot open: %s", strerror(errno));
+	config_init(&cf);
+	if (!config_read(&cf, f)) {
+		snprintf(err, errlen, "%s:%d: syntax error: %s", path,
+			 config_error_line(&cf), config_error_text(&cf));
+		rc = -1;
+	} else {
+		rc = parse_root(&e, &cf, cfg);
+	}
+	config_destroy(&cf);
+	fclose(f);
+	return rc;
+}
+
+void conf_release(struct conf *cfg)
+{
+	for (int i = 0; i < cfg->nlocks; i++) {
+		conf_fields_release(conf_lock_fields, &cfg->locks[i]);
+		key_tmpl_release(&cfg->locks[i].key);
+	}
+	free(cfg->locks);
+	for (int i = 0; i < CONF_GROUPS_MAX && cfg->groups[i]; i++) {
+		if (cfg->group_data[i])
+			conf_fields_release(cfg->groups[i]->fields, cfg->group_data[i]);
+		free(cfg->group_data[i]);
+	}
+	conf_fields_release(conf_top_fields, cfg);
+	free(cfg->path);
+	memset(cfg, 0, sizeof(*cfg));
+}
+
+void *conf_group_data(const struct conf *cfg, const struct conf_group *g)
+{
+	for (int i = 0; i < CONF_GROUPS_MAX && cfg->groups[i]; i++)
+		if (cfg->groups[i] == g)
+			return cfg->group_data[i];
+	return NULL;
+}
+
+int conf_logging(const struct conf *cfg, int apply, char *err, size_t errlen)
+{
+	const char *env = getenv("LOCKSHIM_LOG_LEVEL");
+	int level = cfg->log_level, rc;
+
+	if (env && *env && (level = log_level_parse(env)) < 0) {
+		snprintf(err, errlen, "LOCKSHIM_LOG_LEVEL: unknown value \"%s\" (expected one "
+			 "of: error, warn, info, debug)", env);
+		return -1;
+	}
+	if (cfg->log_file &&
+	    (rc = apply ? log_open_file(cfg->log_file) : log_check_file(cfg->log_file)) < 0) {
+		snprintf(err, errlen, "%s: log_file: cannot open \"%s\": %s", cfg->path,
+			 cfg->log_file, strerror(-rc));
+		return -1;
+	}
+	if (apply && level >= 0)
+		log_threshold = level;
+	return 0;
+}
+
+long long conf_waiter_ttl_ms(const struct lock_spec *l, long long request_ms)
+{
+	return 2 * l->retry_max_ms + request_ms;
+}
+
+const struct lock_spec *conf_find(const struct conf *cfg, const char *symbol)
+{
+	for (int i = 0; i < cfg->nlocks; i++)
+		if (strcmp(cfg->locks[i].symbol, symbol) == 0)
+			return &cfg->locks[i];
+	return NULL;
+}

@@ -1,0 +1,140 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * conf.h - the frozen configuration: the top level, one spec per lock, and
+ * the settings of each backend (its own group, such as `redis`).
+ *
+ * conf_load parses a libconfig file once, validates every setting (unknown
+ * names, types, ranges, placeholders, forbidden symbols) and compiles each
+ * key template. After that the structures are read-only: hooks only read.
+ * The settings are tables (conf_field.h): conf.c's for the top level and
+ * the locks, a backend's own for its group (backend/backend_redis_conf.c),
+ * registered in backend/backend.c and handed to conf_load, so this module
+ * names no backend. The prefix is conf_: libconfig owns config_*.
+ */
+#ifndef LOCKSHIM_CONF_H
+#define LOCKSHIM_CONF_H
+
+#include "key.h"
+
+#define CONF_DEFAULT_PATH "/etc/lockshim/lockshim.cfg"
+#define CONF_EXIT_CODE 78 /* EX_CONFIG */
+#define STACK_ARGS_MAX 65536 /* largest stack_args_bytes */
+
+/* on_timeout / on_error */
+enum call_policy { POLICY_SKIP, POLICY_EXIT, POLICY_ABORT, POLICY_PROCEED };
+/* on_lost / on_overrun */
+enum hold_policy { HOLD_LOG, HOLD_KILL, HOLD_ABORT };
+/* method: how calls are caught (redirect.h). AUTO: the entry of a function
+ * the executable defines, relocations otherwise. */
+enum catch_method { METHOD_AUTO, METHOD_ENTRY, METHOD_RELOC };
+
+#define CONF_BUILD_ID_MAX 64 /* bytes of a GNU build-id (hex digits / 2) */
+
+struct lock_spec {
+	char *symbol;
+	char *key_src;
+	struct key_tmpl key;
+	long long lease_ms;
+	long long wait_ms;       /* -1 = forever */
+	long long max_hold_ms;   /* 0 = unlimited */
+	long long kill_grace_ms;
+	long long retry_max_ms;
+	long long handoff_us;    /* default mode: waiters let a releaser barge this long */
+	long long linger_ms;     /* default mode: a released lock kept for the next call */
+	long long ret;           /* value a skipped call returns in rax */
+	double ret_double;       /* ... and in xmm0 */
+	int err;                 /* errno a skipped call sets */
+	int exit_code;
+	int kill_signal;
+	int on_timeout, on_error, on_lost, on_overrun;
+	int reentrant;
+	int fair;                /* waiters enter in arrival order */
+	int break_dead;          /* break a lock whose holder died on this machine */
+	int strict;              /* stop the program when the lock cannot be guarded */
+	int stack_args_bytes;    /* caller stack copied for stack arguments */
+	int method;              /* enum catch_method */
+	char *object;            /* where the definition is looked up; NULL: the
+				  * executable, then the libraries in load order */
+	long long offset;        /* st_value of the function in object; -1: by symbol */
+	char *build_id;          /* object's build-id, lowercase hex; NULL: any */
+	int index;
+	/*
+	 * Derived at conf_load, after validation, for every lock (its own
+	 * settings, `defaults` and the built-in values all applied): not a
+	 * setting of the file. See conf_waiter_ttl_ms.
+	 */
+	long long waiter_ttl_ms;
+};
+
+/* At most this many backends' settings groups (conf_field.h's struct
+ * conf_group, registered in backend/backend.c). */
+#define CONF_GROUPS_MAX 8
+
+struct conf_group;
+
+struct conf {
+	char *path;
+	/* The settings groups of the backends (NULL-terminated), and each one's
+	 * settings, a struct of its size with every setting of the group (the
+	 * defaults when the file has no such group): see conf_group_data. */
+	const struct conf_group *groups[CONF_GROUPS_MAX + 1];
+	void *group_data[CONF_GROUPS_MAX];
+	char *ns;
+	int log_level;      /* -1 when not set */
+	char *log_file;
+	int strict;         /* the default of every lock's `strict` */
+	char **debug_dirs;  /* where separate debug files are looked for; NULL-terminated */
+	struct lock_spec *locks;
+	int nlocks;
+};
+
+/*
+ * Loads and validates path into cfg. groups (NULL-terminated, at most
+ * CONF_GROUPS_MAX) are the backends' settings groups the file may have
+ * (backend_conf_groups); cfg keeps the pointers, which must outlive it.
+ * Returns 0, or -1 with one line in err naming the file, the line when
+ * known, the setting and the value. The caller releases cfg with
+ * conf_release (also after a failure).
+ */
+int conf_load(struct conf *cfg, const char *path, const struct conf_group *const *groups,
+	      char *err, size_t errlen);
+
+/* Frees everything cfg owns (every string and list its tables name, the
+ * locks, the groups' settings), not cfg itself, and zeroes it. */
+void conf_release(struct conf *cfg);
+
+/*
+ * Returns the settings of the group g in cfg (a struct of g's type, owned
+ * by cfg), or NULL when g is not one of cfg's groups.
+ */
+void *conf_group_data(const struct conf *cfg, const struct conf_group *g);
+
+/*
+ * Checks what the environment adds to cfg's logging: LOCKSHIM_LOG_LEVEL
+ * (a level name in any case) and that log_file can be opened for
+ * appending. apply: also sets the level and sends the log there (the shim);
+ * else the file is only opened and closed (`lockshim check`). Returns 0, or
+ * -1 with one line in err.
+ */
+int conf_logging(const struct conf *cfg, int apply, char *err, size_t errlen);
+
+/*
+ * Returns 2 * l->retry_max_ms + request_ms: how long a waiter may stay
+ * silent before it leaves the lock's queue, and the TTL of a lock handed
+ * to a waiter (backend_item.waiter_ttl_ms). A waiter asks again at least
+ * every retry_max_ms, and each ask may take up to request_ms (the
+ * backend's, redis.command_timeout_ms), so a live waiter is never
+ * dropped. conf_load stores it in every lock's waiter_ttl_ms; code
+ * building a lock_spec by hand (tests) can call it.
+ */
+long long conf_waiter_ttl_ms(const struct lock_spec *l, long long request_ms);
+
+/* Returns the lock guarding symbol, or NULL. */
+const struct lock_spec *conf_find(const struct conf *cfg, const char *symbol);
+
+/* Returns the name of the policy or method, as the file writes it. */
+const char *conf_call_policy_name(int p);
+const char *conf_method_name(int m);
+const char *conf_hold_policy_name(int p);
+
+#endif
