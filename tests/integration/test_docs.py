@@ -259,18 +259,26 @@ def test_shipped_configs_are_valid():
         assert "ok, " in r.stdout
 
 
-def test_reference_config_defaults_match_builtin_defaults(progs, redis, tmp_path):
-    """The reference config's values are the defaults: a lock with no settings
-    and the reference lock behave the same in `lockshim check`'s summary."""
-    ref = open(os.path.join(ROOT, "config", "lockshim.cfg")).read()
-    lock = ref[ref.index("locks = ("):]
-    bare = write_config(tmp_path, None, 'locks = ( { symbol = "transfer"; key = "account:{arg0}"; } );')
-    a = subprocess.run([CLI, "check", "-c", bare], capture_output=True, text=True)
-    ref_only_lock = os.path.join(str(tmp_path), "ref.cfg")
-    with open(ref_only_lock, "w") as f:
-        f.write(lock)
-    b = subprocess.run([CLI, "check", "-c", ref_only_lock], capture_output=True, text=True)
-    assert a.stdout.splitlines()[1] == b.stdout.splitlines()[1]
+def test_reference_config_defaults_match_builtin_defaults(tmp_path):
+    """The reference config's values are the defaults: `lockshim check`
+    prints every setting that differs from its default, and for the whole
+    reference file it prints none (no `settings:` line, nothing after the
+    lock's key). A control file with one changed value shows it."""
+    ref = os.path.join(ROOT, "config", "lockshim.cfg")
+    r = subprocess.run([CLI, "check", "-c", ref], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    lines = r.stdout.splitlines()
+    assert lines[0] == ref + ": ok, 1 lock(s)", r.stdout
+    assert lines[1] == "  transfer: key lockshim:account:{arg0}", r.stdout
+    changed = os.path.join(str(tmp_path), "changed.cfg")
+    with open(changed, "w") as f:
+        f.write(open(ref).read().replace("port = 6379;", "port = 6380;", 1)
+                .replace("lease_ms = 30000;", "lease_ms = 30001;"))
+    c = subprocess.run([CLI, "check", "-c", changed], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert c.stdout.splitlines()[1:3] == [
+        "settings: redis.port 6380",
+        "  transfer: key lockshim:account:{arg0}, lease_ms 30001"], c.stdout
 
 
 @pytest.mark.skipif(ASAN, reason="installs the plain build")
