@@ -14,6 +14,7 @@
 #include "backend.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "conf.h"
 
@@ -70,4 +71,13 @@ void backend_release(struct backend *b)
 		b->ops->config_free(b->cfg);
 	b->ops = NULL;
 	b->cfg = NULL;
+}
+
+void *backend_calloc(size_t size, char *err, size_t errlen)
+{
+	void *p = calloc(1, size);
+
+	if (!p)
+		snprintf(err, errlen, "out of memory");
+	return p;
 }

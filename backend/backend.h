@@ -232,6 +232,10 @@ static inline struct backend_conn *backend_open(const struct backend *b, char *e
 	return b->ops->open(b->cfg, err, errlen);
 }
 
+/* For a backend's config_new and open: returns size zeroed bytes (the
+ * caller frees them), or NULL with "out of memory" in err. */
+void *backend_calloc(size_t size, char *err, size_t errlen);
+
 /*
  * Writes the settings groups of the backends of backend.c's table (each
  * once, NULL-terminated) into groups, for conf_load. Room for

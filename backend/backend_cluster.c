@@ -472,12 +472,10 @@ static struct backend_config *cluster_config_new(const void *settings, char *err
 						 size_t errlen)
 {
 	const struct redis_spec *r = settings;
-	struct backend_config *bc = calloc(1, sizeof(*bc));
+	struct backend_config *bc = backend_calloc(sizeof(*bc), err, errlen);
 
-	if (!bc) {
-		snprintf(err, errlen, "out of memory");
+	if (!bc)
 		return NULL;
-	}
 	bc->r = r;
 	pthread_mutex_init(&bc->mu, NULL);
 	for (int s = 0; s < SLOTS; s++)
@@ -507,11 +505,8 @@ static struct backend_conn *cluster_open(const struct backend_config *cbc, char 
 	pthread_mutex_unlock(&bc->mu);
 	if (!mapped && refresh(bc, err, errlen) != 0)
 		return NULL;
-	cc = calloc(1, sizeof(*cc));
-	if (!cc) {
-		snprintf(err, errlen, "out of memory");
+	if ((cc = backend_calloc(sizeof(*cc), err, errlen)) == NULL)
 		return NULL;
-	}
 	cc->bc = bc;
 	return (struct backend_conn *)(void *)cc;
 }

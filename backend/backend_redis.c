@@ -466,12 +466,9 @@ static struct backend_config *backend_redis_config_new(const void *settings, cha
 						       size_t errlen)
 {
 	const struct redis_spec *r = settings;
-	struct backend_config *bc;
+	struct backend_config *bc = backend_calloc(sizeof(*bc), err, errlen);
 
-	bc = calloc(1, sizeof(*bc));
-	if (!bc)
-		snprintf(err, errlen, "out of memory");
-	else
+	if (bc)
 		bc->r = r;
 	return bc;
 }

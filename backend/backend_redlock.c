@@ -397,13 +397,12 @@ static void redlock_close(struct backend_conn *conn)
 static struct backend_conn *redlock_open(const struct backend_config *bc, char *err,
 					 size_t errlen)
 {
-	struct redlock_conn *c = calloc(1, sizeof(*c) + sizeof(c->m[0]) * (size_t)bc->n);
+	struct redlock_conn *c = backend_calloc(sizeof(*c) + sizeof(c->m[0]) * (size_t)bc->n,
+						err, errlen);
 	int up = 0;
 
-	if (!c) {
-		snprintf(err, errlen, "out of memory");
+	if (!c)
 		return NULL;
-	}
 	c->bc = bc;
 	if (getrandom(&c->rng, sizeof(c->rng), GRND_NONBLOCK) != sizeof(c->rng))
 		c->rng = util_mix64((uint64_t)util_now_us() ^ (uint64_t)(uintptr_t)c);

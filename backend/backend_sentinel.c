@@ -41,12 +41,10 @@ static struct backend_config *sentinel_config_new(const void *settings, char *er
 						  size_t errlen)
 {
 	const struct redis_spec *r = settings;
-	struct backend_config *bc = calloc(1, sizeof(*bc));
+	struct backend_config *bc = backend_calloc(sizeof(*bc), err, errlen);
 
-	if (!bc) {
-		snprintf(err, errlen, "out of memory");
+	if (!bc)
 		return NULL;
-	}
 	bc->r = r;
 	pthread_mutex_init(&bc->mu, NULL);
 	return bc;
