@@ -26,7 +26,8 @@
 #define SLOTS 16
 static struct { char key[KEY_BUF_SIZE]; char val[BACKEND_VAL_MAX]; int used; } store[SLOTS];
 static pthread_mutex_t store_mu = PTHREAD_MUTEX_INITIALIZER;
-static int n_set, n_del, n_renew, n_wait, fail_all, renew_says_lost, grant_on_wait;
+/* Read and written by the renewal thread and the test alike. */
+static _Atomic int n_set, n_del, n_renew, n_wait, fail_all, renew_says_lost, grant_on_wait;
 struct backend_conn { int dummy; };
 static struct backend_conn the_conn;
 
