@@ -30,12 +30,12 @@ import time
 
 import pytest
 
-from conftest import (CLI, MULT, TIMEOUT, RedisServer, call_failed, connections, lock_keys,
-                      run, shim_env, start_servers, wait_for)
+from conftest import (CLI, MULT, TIMEOUT, RedisServer, call_failed, cc, connections,
+                      lock_keys, run, shim_env, start_servers, wait_for)
 from test_exclusion import LOCK, race
 from proxy import BLACK_HOLE, PASS, Proxy
-from test_sentinel import (Node, bg, calls, counter, finish_workers, lost_lines, mine,  # noqa: F401
-                           start_workers)
+from test_sentinel import (WORKER_C, Node, bg, calls, counter, finish_workers,  # noqa: F401
+                           lost_lines, mine, start_workers)
 
 CMD_MS = 500
 FAST = "connect_timeout_ms = %d; command_timeout_ms = %d;" % (CMD_MS, CMD_MS)
@@ -284,19 +284,44 @@ def test_waiter_without_home(masters, mine, bg, tmp_path):
 
 STARVE = ('locks = ( { symbol = "ledger_update"; key = "ledger"; lease_ms = 5000; '
           'wait_ms = %d; on_timeout = "skip"; return = -7; linger_ms = 0; %s } );\n')
+WINDOW_US = 50000   # the starvation pair's ledger_update: 50 ms inside the lock
+REPLY_DELAY = 0.015  # what the farther caller's proxies add to every reply (s)
 
 
-def starve_run(ms, mine, bg, tmp_path, wait_ms, calls, extra="", single=False):
-    """A caller that takes the lock again the moment it releases it (one
-    thread, linger_ms = 0), for as long as a farther caller (its servers
-    behind proxy.py, a hop slower) makes `calls` calls, on every master or
-    (single) on the first one as a single server; returns the farther
-    caller's "done" fields and how many tries each of its calls took (from
-    its debug log)."""
+@pytest.fixture(scope="module")
+def slow_worker(mine, tmp_path_factory):
+    """test_sentinel's worker on a ledger_update that keeps the lock
+    WINDOW_US (progs/ledger.c built with -DLEDGER_WINDOW_US)."""
+    d = str(tmp_path_factory.mktemp("slow"))
+    with open(os.path.join(d, "worker.c"), "w") as f:
+        f.write(WORKER_C)
+    cc(os.path.join(d, "libledger.so"), ["ledger.c"], "-O2", "-shared", "-fPIC",
+       "-DLEDGER_WINDOW_US=%d" % WINDOW_US)
+    subprocess.run(["gcc", "-g", "-O2", "-o", "worker", "worker.c", "-L" + d,
+                    "-Wl,-rpath," + d, "-lledger", "-lpthread"], cwd=d, check=True)
+    return os.path.join(d, "worker")
+
+
+def starve_run(ms, worker, bg, tmp_path, wait_ms, calls, extra="", single=False):
+    """A near caller that takes the lock again the moment it releases it (one
+    thread, linger_ms = 0, each call WINDOW_US long), for as long as a
+    farther caller makes `calls` calls, on every master or (single) on the
+    first one as a single server. The farther caller reaches its servers
+    through proxy.py, which holds every reply REPLY_DELAY: it hears of a
+    release that much after the near caller, whose next SET NX follows its
+    release at once, so each try it makes on being woken reaches the server
+    in the middle of the near caller's next call (15 ms into 50), and its
+    next wait is queued (30 ms in) before that call's release wakes it
+    again. Only a hand-off can give it the lock; the race a try could win
+    is the microseconds between a release and the near caller's next SET
+    NX (its first try of a call, at a random moment, or a near caller
+    stalled 15 ms between two of its calls). Returns the farther caller's
+    "done" fields and how many tries each of its calls took (from its debug
+    log)."""
     body = STARVE % (wait_ms, extra)
     path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
     nodes = ms.nodes[:1] if single else ms.nodes
-    pxs = [Proxy(m.port).start() for m in nodes]
+    pxs = [Proxy(m.port, reply_delay=REPLY_DELAY).start() for m in nodes]
 
     def config(ports, name):
         if not single:
@@ -308,8 +333,8 @@ def starve_run(ms, mine, bg, tmp_path, wait_ms, calls, extra="", single=False):
     try:
         near = config([m.port for m in nodes], "near.cfg")
         far = config([px.port for px in pxs], "far.cfg")
-        hogs = start_workers(bg, mine, near, path, stop, procs=1, threads=1)
-        w = bg([mine["worker"], path, "1", str(calls), str(tmp_path / "never")], far,
+        hogs = start_workers(bg, {"worker": worker}, near, path, stop, procs=1, threads=1)
+        w = bg([worker, path, "1", str(calls), str(tmp_path / "never")], far,
                LOCKSHIM_LOG_LEVEL="debug")
         assert w.wait(timeout=calls * wait_ms / 1000 + 60) == 0, w.stderr()[-3000:]
     finally:
@@ -324,7 +349,7 @@ def starve_run(ms, mine, bg, tmp_path, wait_ms, calls, extra="", single=False):
     return dict(f.split("=") for f in done.split()[1:]), tries
 
 
-def test_waiter_not_starved(masters, mine, bg, tmp_path):
+def test_waiter_not_starved(masters, slow_worker, bg, tmp_path):
     """A near caller that releases and takes again at once cannot starve a
     farther waiter: every master's queue orders the waiter alike, and a
     release with waiters hands the key to the head on every master, so
@@ -332,19 +357,19 @@ def test_waiter_not_starved(masters, mine, bg, tmp_path):
     handed over). handoff_ms = 60000 changes nothing: with several masters
     a release with waiters always hands over."""
     ms = masters(3)
-    fields, tries = starve_run(ms, mine, bg, tmp_path, 20000, 20, "handoff_ms = 60000;")
+    fields, tries = starve_run(ms, slow_worker, bg, tmp_path, 20000, 20, "handoff_ms = 60000;")
     assert int(fields["failed"]) == 0 and int(fields["ok"]) == 20, fields
     assert len(tries) == 20 and max(tries) <= 10, tries
     assert int(fields["max_ms"]) < 5000 * MULT, fields
 
 
-def test_waiter_starved_without_handoff(masters, mine, bg, tmp_path):
+def test_waiter_starved_without_handoff(masters, slow_worker, bg, tmp_path):
     """Control: the same run against one server, where handoff_ms = 60000
     does put the hand-off off, has the farther waiter woken by each release
-    and beaten to the key by the near caller again and again (in the runs
-    seen, every call timed out): the bound above is the hand-off's doing."""
+    and finding the key taken again every time (starve_run says why this
+    is by construction): the bound above is the hand-off's doing."""
     ms = masters(1)
-    fields, tries = starve_run(ms, mine, bg, tmp_path, 3000, 3, "handoff_ms = 60000;",
+    fields, tries = starve_run(ms, slow_worker, bg, tmp_path, 3000, 3, "handoff_ms = 60000;",
                                single=True)
     assert int(fields["failed"]) > 0 or max(tries, default=0) >= 50, (fields, tries)
 
