@@ -1,158 +1,34 @@
 # SPDX-License-Identifier: MIT
-"""Fixtures for lockshim's integration tests.
+"""Fixtures for lockshim's integration tests (the plain helpers they use
+are in support/; tests/README.md describes both).
 
 Every test gets its own redis-server on a free 127.0.0.1 port and a unix
 socket, started and stopped by the fixture (the log is printed when a test
-fails). The legacy programs under progs/ are built once per session into a
-temporary directory. Programs run under the shim as separate processes with
-timeouts scaled by LOCKSHIM_TEST_TIMEOUT_MULTIPLIER. LOCKSHIM_BUILD selects
-the build directory (build/asan for the sanitizer run).
+fails). The legacy programs under progs/ and support/'s programs (the
+counter worker, the blocking holder, the hostile program, the TLS PKI) are
+built once per session into temporary directories. Programs run under the
+shim as separate processes with timeouts scaled by
+LOCKSHIM_TEST_TIMEOUT_MULTIPLIER. LOCKSHIM_BUILD selects the build
+directory (build/asan for the sanitizer run), LOCKSHIM_TEST_ASAN=1
+preloads the ASan runtime with the shim.
 """
 import os
-import shutil
 import signal
-import subprocess
-import tempfile
-import time
 
 import pytest
 
-from resp import Resp, RespError, free_port  # noqa: F401 (used by tests)
+from resp import Resp
+from support.scenarios import build_hostile
+from support.server import RedisServer, call_failed
+from support.tls import make_pki
+from support.util import (ASAN, BUILD, CLI, ROOT, SHIM, TIMEOUT, Proc, cc, run, shim_env,
+                          wait_for, write_config)
+from support.workers import Bg, build_block, build_worker
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-BUILD = os.path.join(ROOT, os.environ.get("LOCKSHIM_BUILD", "build"))
-SHIM = os.path.join(BUILD, "liblockshim.so")
-CLI = os.path.join(BUILD, "lockshim")
-PROGS = os.path.join(os.path.dirname(__file__), "progs")
-MULT = float(os.environ.get("LOCKSHIM_TEST_TIMEOUT_MULTIPLIER", "1"))
-ASAN = bool(os.environ.get("LOCKSHIM_TEST_ASAN"))
-TIMEOUT = 60 * MULT
-
-
-def _asan_runtime():
-    out = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True,
-                         text=True, check=True).stdout.strip()
-    return os.path.realpath(out)
-
-
-PRELOAD = (_asan_runtime() + ":" if ASAN else "") + SHIM
-
-
-def wait_for(pred, timeout=10.0, what="condition"):
-    """Polls an external observable (Redis state, a file) until pred() holds."""
-    deadline = time.monotonic() + timeout * MULT
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.01)
-    raise AssertionError("timed out waiting for " + what)
-
-
-class RedisServer:
-    def __init__(self, password=None):
-        self.dir = tempfile.mkdtemp(prefix="lsr")
-        self.sock = os.path.join(self.dir, "redis.sock")
-        self.log = os.path.join(self.dir, "redis.log")
-        self.port = free_port()
-        self.password = password
-        self.proc = None
-
-    def start(self):
-        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                "--unixsocket", self.sock, "--unixsocketperm", "700",
-                "--save", "", "--appendonly", "no", "--daemonize", "no",
-                "--logfile", self.log, "--dir", self.dir]
-        if self.password:
-            args += ["--requirepass", self.password]
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
-        wait_for(self._ready, what="redis-server on port %d" % self.port)
-        return self
-
-    def _ready(self):
-        if self.proc.poll() is not None:
-            raise AssertionError("redis-server exited: %s" % self.tail())
-        try:
-            c = self.client()
-            ok = c.cmd("PING") == "PONG"
-            c.close()
-            return ok
-        except (OSError, ConnectionError):
-            return False
-
-    def client(self):
-        return Resp(port=self.port, password=self.password)
-
-    def cmd(self, *args):
-        c = self.client()
-        try:
-            return c.cmd(*args)
-        finally:
-            c.close()
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def tail(self):
-        try:
-            with open(self.log) as f:
-                return f.read()[-2000:]
-        except OSError:
-            return ""
-
-    def cleanup(self):
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def connections(server):
-    """How many connections server (anything with cmd()) has accepted."""
-    stats = server.cmd("INFO", "stats")
-    return int(stats.split("total_connections_received:")[1].split()[0])
-
-
-def call_failed(request):
-    """Whether the test of a fixture's request failed in its call phase."""
-    return bool(getattr(request.node, "rep_call", None) and request.node.rep_call.failed)
-
-
-def started(request, thing):
-    """The body of a fixture around thing (start(), logs(), stop()): yields
-    it once started; prints its logs if the test failed; stops it, also
-    when start() failed half-way."""
-    try:
-        thing.start()
-        yield thing
-        if call_failed(request):
-            print(thing.logs())
-    finally:
-        thing.stop()
-
-
-def start_servers(request, make, label):
-    """The body of a fixture starting servers: yields start(*args, **kw),
-    which starts make(*args, **kw) and returns it; each one is stopped (by
-    pid) when the test ends, with its log, headed label(server), printed
-    if the test failed."""
-    started = []
-
-    def start(*args, **kw):
-        s = make(*args, **kw)
-        started.append(s)
-        return s.start()
-    yield start
-    failed = call_failed(request)
-    for s in started:
-        if failed:
-            print("---- %s log ----\n%s" % (label(s), s.tail()))
-        s.cleanup()
+# Re-exported for the test files that import them from here (test_cli,
+# test_config, test_docs, test_layout); the others import from support/.
+__all__ = ["ASAN", "BUILD", "CLI", "ROOT", "SHIM", "TIMEOUT", "RedisServer", "Resp", "run",
+           "shim_env", "wait_for", "write_config"]
 
 
 @pytest.fixture
@@ -172,13 +48,6 @@ def pytest_runtest_makereport(item, call):
 
 
 # ---- legacy programs ---------------------------------------------------------
-
-def cc(out, srcs, *flags, cxx=False):
-    cmd = ["g++" if cxx else "gcc", "-g", "-o", out] + \
-          [os.path.join(PROGS, s) for s in srcs] + list(flags)
-    subprocess.run(cmd, check=True)
-    return out
-
 
 @pytest.fixture(scope="session")
 def progs(tmp_path_factory):
@@ -210,86 +79,27 @@ def progs(tmp_path_factory):
     return p
 
 
+@pytest.fixture(scope="session")
+def worker_progs(progs, tmp_path_factory):
+    """support/workers.py's programs, by name: "worker" (on progs'
+    libledger.so) and "block"."""
+    d = str(tmp_path_factory.mktemp("workers"))
+    return {"worker": build_worker(d, progs["dir"]), "block": build_block(d)}
+
+
+@pytest.fixture(scope="session")
+def hostile(tmp_path_factory):
+    """progs/hostile.c on its library (support/scenarios.py)."""
+    return build_hostile(str(tmp_path_factory.mktemp("hostile")))
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory):
+    """Paths of the test PKI's certificates and keys, by name (support/tls.py)."""
+    return make_pki(str(tmp_path_factory.mktemp("pki")))
+
+
 # ---- running programs under the shim ----------------------------------------
-
-AUX_SUFFIXES = (":q", ":qx", ":due")
-
-
-def lock_keys(redis, pattern="lockshim:*"):
-    """Lock keys matching pattern, without the short-lived auxiliary keys
-    (waiter queues and signal lists) that hang off them."""
-    return sorted(k for k in redis.cmd("KEYS", pattern)
-                  if not k.endswith(AUX_SUFFIXES) and ":w:" not in k)
-
-
-def write_config(tmp_path, redis, body, redis_extra=""):
-    """Writes a config for redis (a RedisServer or None) plus body; returns its path."""
-    path = os.path.join(str(tmp_path), "lockshim.cfg")
-    head = ""
-    if redis is not None:
-        head = 'redis = { host = "127.0.0.1"; port = %d; %s };\n' % (redis.port, redis_extra)
-    with open(path, "w") as f:
-        f.write(head + body)
-    return path
-
-
-def shim_env(cfg, preload=True, **extra):
-    env = dict(os.environ)
-    env.pop("LOCKSHIM_LOG_LEVEL", None)
-    env.pop("LD_PRELOAD", None)
-    if preload:
-        env["LD_PRELOAD"] = PRELOAD
-        env["LOCKSHIM_CONFIG"] = cfg
-    if ASAN:
-        env["ASAN_OPTIONS"] = "detect_leaks=0:verify_asan_link_order=0:abort_on_error=0"
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def run(argv, cfg=None, preload=True, timeout=None, **extra):
-    """Runs argv to completion; returns the CompletedProcess (text mode)."""
-    return subprocess.run(argv, env=shim_env(cfg, preload and cfg is not None, **extra),
-                           capture_output=True, text=True, timeout=timeout or TIMEOUT,
-                           stdin=subprocess.DEVNULL)
-
-
-class Proc:
-    """A program running in the background, read line by line."""
-
-    def __init__(self, argv, cfg=None, preload=True, **extra):
-        self.p = subprocess.Popen(argv, env=shim_env(cfg, preload and cfg is not None, **extra),
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
-
-    def expect(self, prefix):
-        """Reads stdout lines until one starts with prefix; returns it."""
-        seen = []
-        while True:
-            line = self.p.stdout.readline()
-            if not line:
-                raise AssertionError("EOF before %r; saw %r; stderr: %s"
-                                     % (prefix, seen, self.p.stderr.read()))
-            if line.startswith(prefix):
-                return line.strip()
-            seen.append(line)
-
-    def send(self, line="go"):
-        self.p.stdin.write(line + "\n")
-        self.p.stdin.flush()
-
-    def signal(self, sig):
-        os.kill(self.p.pid, sig)
-
-    def finish(self, timeout=None):
-        """Waits for exit; returns (returncode, rest of stdout, stderr)."""
-        out, err = self.p.communicate(timeout=timeout or TIMEOUT)
-        return self.p.returncode, out, err
-
-    def kill(self):
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.communicate()
-
 
 @pytest.fixture
 def procs():
@@ -308,3 +118,19 @@ def procs():
             except OSError:
                 pass
         p.kill()
+
+
+@pytest.fixture
+def bg(tmp_path):
+    """Starts programs in the background: start(argv, cfg, **env) returns a
+    support.workers.Bg (stderr into a file of tmp_path); each is stopped
+    when the test ends."""
+    started_ = []
+
+    def start(argv, cfg, **env):
+        b = Bg(argv, cfg, str(tmp_path / ("stderr%d" % len(started_))), **env)
+        started_.append(b)
+        return b
+    yield start
+    for b in started_:
+        b.stop()

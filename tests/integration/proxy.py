@@ -7,10 +7,14 @@ Redis and can misbehave on demand (test_stranded.py):
   BLACK_HOLE    discards everything both ways, keeps every connection open
 
 The mode applies to every byte read from then on, on every connection.
+reply_delay (seconds) holds every chunk Redis answers that long before
+forwarding it: a client farther from Redis than one on the loopback
+(test_redlock.py's starvation pair).
 stop() closes the listener and every socket and joins the threads.
 """
 import socket
 import threading
+import time
 
 PASS = "pass"
 DROP_REPLIES = "drop replies"
@@ -18,9 +22,10 @@ BLACK_HOLE = "black hole"
 
 
 class Proxy:
-    def __init__(self, upstream_port, mode=PASS):
+    def __init__(self, upstream_port, mode=PASS, reply_delay=0.0):
         self.upstream_port = upstream_port
         self.mode = mode
+        self.reply_delay = reply_delay
         self.accepted = 0              # client connections so far
         self.dropped = {"request": 0, "reply": 0}   # bytes discarded
         self._lock = threading.Lock()
@@ -112,6 +117,8 @@ class Proxy:
             if not data:
                 break
             if self._forwards(direction):
+                if direction == "reply" and self.reply_delay:
+                    time.sleep(self.reply_delay)  # latency injected, not a wait for anything
                 try:
                     dst.sendall(data)
                 except OSError:

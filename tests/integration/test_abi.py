@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from conftest import run, write_config
+from support.scenarios import jumped_out_and_released
+from support.util import run, write_config
 
 ABI_SYMS = ["many_ints", "many_doubles", "mixed_args", "vmix", "make_big", "take_big",
             "make_pair", "make_dpair", "make_mixed", "ld_mul", "ld_stack", "fsum",
@@ -77,20 +78,6 @@ def test_longjmp_releases_the_lock(progs, redis, tmp_path, procs, prog, kind):
     cfg = write_config(tmp_path, redis, locks(["through"], 'lease_ms = 60000; reentrant = false; '
                                                          'wait_ms = 0; linger_ms = 0;'))
     jumped_out_and_released(procs([progs[prog], kind], cfg), redis)
-
-
-def jumped_out_and_released(p, redis):
-    """Asserts that the jump program p (jump_main.c), whose lock on through
-    is not reentrant and has wait_ms = 0, jumped out of the guarded call and
-    called again: "again 1" proves the hold was released, and the key is
-    gone while it still runs. Returns its stderr."""
-    assert p.expect("jumped") == "jumped"
-    assert p.expect("again") == "again 1"
-    assert redis.cmd("EXISTS", "lockshim:through") == 0
-    p.send()
-    rc, _, err = p.finish()
-    assert rc == 0, err
-    return err
 
 
 def test_guarding_functions_the_shim_uses(progs, redis, tmp_path):

@@ -8,9 +8,10 @@ replicas joined by `redis-cli --cluster create --cluster-replicas 1`
 primary nobody replaces. The fixture waits, by polling, until every node
 says cluster_state:ok with all 16384 slots and every replica's link is up;
 every process is stopped by its pid when the test ends, after a SIGCONT.
-Slot ownership is read from CLUSTER NODES; key slots are computed here
-(CRC16 of the hash tag) and checked against CLUSTER KEYSLOT. The counter
-workload and its programs are test_sentinel's.
+Slot ownership is read from CLUSTER NODES; key slots are computed by
+support/topology.py (CRC16 of the hash tag) and checked here against
+CLUSTER KEYSLOT. The cluster is support/topology.py's Cluster, the counter
+workload and its programs support/workers.py's.
 
 1. mutual exclusion across processes and threads on three keys whose slots
    are on the three primaries (every primary serves lock traffic), against
@@ -31,213 +32,23 @@ workload and its programs are test_sentinel's.
 6. `lockshim check` self-tests every primary and names each; with a primary
    SIGKILLed (no replicas) it exits 69 naming that node.
 """
-import os
 import re
-import shutil
-import signal
 import subprocess
 import time
 
 import pytest
 
-from conftest import (CLI, MULT, TIMEOUT, RespError, free_port, run, shim_env, started,
-                      wait_for)
-from test_sentinel import (Node, assert_lost_format, bg, calls, counter,  # noqa: F401 (fixtures)
-                           finish_workers, lost_lines, mine, start_workers, stop_pid)
+from resp import RespError
+from support.server import started
+from support.topology import Cluster, keyslot, lock_key, stop_pid
+from support.util import CLI, MULT, TIMEOUT, run, shim_env, wait_for
+from support.workers import (WORK, assert_lost_format, calls, counter, finish_workers, lost_lines,
+                             start_workers)
 
-FAST = "connect_timeout_ms = 500; command_timeout_ms = 500;"
 OK_LINE = "call rc=42 errno=0"
-NSLOTS = 16384
 
 
-# ---- slots ------------------------------------------------------------------------
-
-def crc16(data):
-    """CRC16-CCITT (XMODEM), Redis Cluster's key hash."""
-    crc = 0
-    for b in data:
-        crc ^= b << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
-            crc &= 0xFFFF
-    return crc
-
-
-def keyslot(key):
-    """The slot of key: the hash of its hash tag (the bytes between the first
-    "{" and the first "}" after it, when not empty), else of the whole key."""
-    k = key.encode() if isinstance(key, str) else key
-    s = k.find(b"{")
-    if s >= 0:
-        e = k.find(b"}", s + 1)
-        if e > s + 1:
-            k = k[s + 1:e]
-    return crc16(k) % NSLOTS
-
-
-def lock_key(expanded, ns="lockshim"):
-    """The cluster layout of a lock key."""
-    return "%s:{%s}" % (ns, expanded)
-
-
-# ---- the cluster --------------------------------------------------------------------
-
-class ClusterNode(Node):
-    """A cluster-enabled redis-server; its bus port is a free port of its own
-    (the default, port + 10000, may be taken or above 65535)."""
-
-    def __init__(self, name):
-        super().__init__(name=name)
-        self.id = None
-        self.ports()
-
-    def ports(self, new=False):
-        if new:
-            self.port = free_port()
-        self.bus = free_port()
-        self.extra = ["--cluster-enabled", "yes", "--cluster-port", str(self.bus),
-                      "--cluster-config-file", os.path.join(self.dir, "nodes-%d.conf" % self.port),
-                      "--cluster-node-timeout", "1000"]
-
-    def start(self):
-        """Starts the node; when a port it was given was taken meanwhile
-        (by another program between free_port() and the bind), again on
-        new ports."""
-        for attempt in range(5):
-            try:
-                return super().start()
-            except AssertionError:
-                if self.alive() or "Address already in use" not in self.tail() or attempt == 4:
-                    raise
-            os.unlink(self.log)
-            self.ports(new=True)
-
-    def addr(self):
-        return "127.0.0.1:%d" % self.port
-
-    def cluster_info(self):
-        return dict(l.split(":", 1) for l in self.cmd("CLUSTER", "INFO").splitlines()
-                    if ":" in l)
-
-    def kill(self):
-        """SIGKILL, as a crash."""
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-
-class Cluster:
-    """primaries primaries with replicas replicas each; nodes are recorded as
-    soon as they start, so teardown stops whatever was started."""
-
-    def __init__(self, primaries=3, replicas=1):
-        self.nprimaries = primaries
-        self.nreplicas = replicas
-        self.nodes = []
-
-    def start(self):
-        for i in range(self.nprimaries * (1 + self.nreplicas)):
-            n = ClusterNode("node%d" % i)
-            self.nodes.append(n)
-            n.start()
-        r = subprocess.run(["redis-cli", "--cluster", "create"] +
-                           [n.addr() for n in self.nodes] +
-                           ["--cluster-replicas", str(self.nreplicas), "--cluster-yes"],
-                           capture_output=True, text=True, timeout=TIMEOUT,
-                           stdin=subprocess.DEVNULL)
-        assert r.returncode == 0, (r.stdout, r.stderr)
-        wait_for(self.healthy, timeout=30, what="cluster_state:ok on every node")
-        for n in self.nodes:
-            n.id = n.cmd("CLUSTER", "MYID")
-        return self
-
-    def alive(self):
-        return [n for n in self.nodes if n.alive()]
-
-    def healthy(self):
-        """Every live node says the cluster is ok with every slot served and
-        knows every live node; every live replica's link is up."""
-        try:
-            for n in self.alive():
-                info = n.cluster_info()
-                if (info.get("cluster_state") != "ok" or
-                        info.get("cluster_slots_ok") != str(NSLOTS) or
-                        int(info.get("cluster_known_nodes", 0)) < len(self.nodes)):
-                    return False
-                rep = n.info()
-                if rep["role"] == "slave" and rep.get("master_link_status") != "up":
-                    return False
-            return len(self.primaries()) == self.nprimaries
-        except (OSError, ConnectionError, RespError):
-            return False
-
-    def view(self, asker=None):
-        """CLUSTER NODES as seen by asker (default: the first live node): a
-        list of dicts id, port, flags, master (id or "-"), slots (ints)."""
-        asker = asker or self.alive()[0]
-        out = []
-        for line in asker.cmd("CLUSTER", "NODES").splitlines():
-            f = line.split()
-            slots = set()
-            for r in f[8:]:
-                if r.startswith("["):
-                    continue  # a slot being imported or migrated
-                a, _, b = r.partition("-")
-                slots.update(range(int(a), int(b or a) + 1))
-            out.append(dict(id=f[0], port=int(f[1].split("@")[0].rsplit(":", 1)[1]),
-                            flags=f[2].split(","), master=f[3], slots=slots))
-        return out
-
-    def by_id(self, node_id):
-        return next(n for n in self.nodes if n.id == node_id)
-
-    def by_port(self, port):
-        return next(n for n in self.nodes if n.port == port)
-
-    def primaries(self, asker=None):
-        """The live primaries serving slots, in slot order."""
-        ps = [v for v in self.view(asker) if "master" in v["flags"] and "fail" not in v["flags"]
-              and v["slots"]]
-        return [self.by_port(v["port"]) for v in sorted(ps, key=lambda v: min(v["slots"]))]
-
-    def owner(self, slot, asker=None):
-        for v in self.view(asker):
-            if slot in v["slots"] and "master" in v["flags"] and "fail" not in v["flags"]:
-                return self.by_port(v["port"])
-        raise AssertionError("no primary serves slot %d" % slot)
-
-    def replica_of(self, primary):
-        """The replica of primary, as the replica itself says (the
-        primary's own view of its replicas can lag behind the gossip)."""
-        def find():
-            for n in self.alive():
-                me = next(v for v in self.view(n) if "myself" in v["flags"])
-                if me["master"] == primary.id:
-                    return n
-            return None
-        wait_for(lambda: find() is not None, what="a replica of %d" % primary.port)
-        return find()
-
-    def config(self, tmp_path, body, extra="", name="lockshim.cfg", seeds=None):
-        path = os.path.join(str(tmp_path), name)
-        seeds = seeds or self.nodes
-        with open(path, "w") as f:
-            f.write('redis = { cluster = ( %s ); %s %s };\n%s'
-                    % (", ".join('"%s"' % n.addr() for n in seeds), FAST, extra, body))
-        return path
-
-    def keys(self, pattern="lockshim:*"):
-        """{port: sorted keys matching pattern} for every live primary."""
-        return {p.port: sorted(p.cmd("KEYS", pattern)) for p in self.primaries()}
-
-    def logs(self):
-        return "\n".join("---- %s %d ----\n%s" % (n.name, n.port, n.tail()) for n in self.nodes)
-
-    def stop(self):
-        for n in self.nodes:
-            n.stop()
-        for n in self.nodes:
-            shutil.rmtree(n.dir, ignore_errors=True)
-
+# ---- the cluster (support/topology.py) ----------------------------------------------
 
 @pytest.fixture
 def cluster(request):
@@ -287,7 +98,7 @@ def spread_paths(tmp_path, cluster):
     raise AssertionError("no paths spreading over %d primaries" % len(want))
 
 
-def test_control_spread_workers_lose_updates(mine, tmp_path):
+def test_control_spread_workers_lose_updates(worker_progs, tmp_path):
     """Without the shim, the workload of the exclusion test below loses
     updates on every counter: its exact counts mean something."""
     stop = str(tmp_path / "stop")
@@ -297,7 +108,7 @@ def test_control_spread_workers_lose_updates(mine, tmp_path):
     for path in paths:
         with open(path, "w") as f:
             f.write("0\n")
-        ps += [subprocess.Popen([mine["worker"], path, str(GROUP_THREADS), str(GROUP_ITER), stop],
+        ps += [subprocess.Popen([worker_progs["worker"], path, str(GROUP_THREADS), str(GROUP_ITER), stop],
                                 env=env, stdout=subprocess.PIPE, text=True)
                for _ in range(GROUP_PROCS)]
     try:
@@ -310,7 +121,7 @@ def test_control_spread_workers_lose_updates(mine, tmp_path):
         assert counter(path) < GROUP_PROCS * GROUP_THREADS * GROUP_ITER, path
 
 
-def test_exclusion_on_keys_over_every_primary(cluster, mine, bg, tmp_path):
+def test_exclusion_on_keys_over_every_primary(cluster, worker_progs, bg, tmp_path):
     """Three counters whose lock keys live on the three primaries, each
     updated by 2 processes x 2 threads x 40 calls at once: every call
     succeeds, every counter is exact, every primary served lock commands,
@@ -324,7 +135,7 @@ def test_exclusion_on_keys_over_every_primary(cluster, mine, bg, tmp_path):
     stop = str(tmp_path / "stop")
     ws = []
     for path in paths:
-        ws.append(start_workers(bg, mine, cfg, path, stop, procs=GROUP_PROCS,
+        ws.append(start_workers(bg, worker_progs, cfg, path, stop, procs=GROUP_PROCS,
                                 threads=GROUP_THREADS, maxiter=GROUP_ITER))
     for path, group in zip(paths, ws):
         total, err = finish_workers(group, 30000)
@@ -342,7 +153,7 @@ def test_exclusion_on_keys_over_every_primary(cluster, mine, bg, tmp_path):
 BLK = 'locks = ( { symbol = "block_call"; key = "%s"; wait_ms = 30000; %s } );\n'
 
 
-def test_lock_and_queue_keys_live_on_the_slot_owner(cluster, mine, bg, tmp_path):
+def test_lock_and_queue_keys_live_on_the_slot_owner(cluster, worker_progs, bg, tmp_path):
     """While H holds "blk" and W waits for it, lockshim:{blk} (H's value) and
     its queue lockshim:{blk}:q (W queued) are on the primary that owns the
     slot of "blk", and no other primary has any lockshim key; once both
@@ -352,10 +163,10 @@ def test_lock_and_queue_keys_live_on_the_slot_owner(cluster, mine, bg, tmp_path)
     owner = cluster.owner(slot)
     others = [p for p in cluster.primaries() if p is not owner]
     cfg = cluster.config(tmp_path, BLK % ("blk", "lease_ms = 20000;"))
-    h = bg([mine["block"]], cfg)
+    h = bg([worker_progs["block"]], cfg)
     h.expect("enter")
     assert ":%d:" % h.p.pid in owner.cmd("GET", key)
-    w = bg([mine["block"]], cfg)
+    w = bg([worker_progs["block"]], cfg)
     wait_for(lambda: owner.cmd("ZCARD", key + ":q") == 1, what="W queued in %s:q" % key)
     held = owner.cmd("KEYS", "lockshim:*")
     assert key in held and key + ":q" in held, held
@@ -375,14 +186,14 @@ def test_lock_and_queue_keys_live_on_the_slot_owner(cluster, mine, bg, tmp_path)
              what="every lock key to be released")
 
 
-def test_user_hash_tag_keeps_two_locks_on_one_node(cluster, mine, bg, tmp_path):
+def test_user_hash_tag_keeps_two_locks_on_one_node(cluster, worker_progs, bg, tmp_path):
     """key = "{{ledger}}:{pid}": two processes hold two different locks,
     lockshim:{{ledger}:PID}, whose hash tag is "{ledger": one slot, both keys
     on its primary at once."""
     cfg = cluster.config(tmp_path, BLK % ("{{ledger}}:{pid}", "lease_ms = 20000;"))
-    a = bg([mine["block"]], cfg)
+    a = bg([worker_progs["block"]], cfg)
     a.expect("enter")
-    b = bg([mine["block"]], cfg)
+    b = bg([worker_progs["block"]], cfg)
     b.expect("enter")  # a different key: b does not wait for a
     keys = [lock_key("{ledger}:%d" % p.p.pid) for p in (a, b)]
     slot = keyslot("{ledger")
@@ -398,10 +209,6 @@ def test_user_hash_tag_keeps_two_locks_on_one_node(cluster, mine, bg, tmp_path):
 
 
 # ---- 3. slot migration ----------------------------------------------------------------
-
-WORK = ('locks = ( { symbol = "ledger_update"; key = "ledger"; lease_ms = 5000; '
-        'wait_ms = %d; on_timeout = "skip"; return = -7; } );\n')
-
 
 def live_counter(path):
     """The counter while workers update it: a read between a worker's
@@ -444,7 +251,7 @@ def migrate_slot(cluster, slot, source, target, between=None):
         assert p.cmd("CLUSTER", "SETSLOT", slot, "NODE", target.id) == "OK"
 
 
-def test_slot_migrated_while_workers_run(cluster, mine, bg, tmp_path):
+def test_slot_migrated_while_workers_run(cluster, worker_progs, bg, tmp_path):
     """3 processes x 2 threads update a counter guarded by "ledger" while its
     slot moves to another primary: during the migration the shim follows ASK
     (ASKING seen at the target, "cluster: ASK" logged), after it MOVED
@@ -459,7 +266,7 @@ def test_slot_migrated_while_workers_run(cluster, mine, bg, tmp_path):
     path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
     target.cmd("CONFIG", "RESETSTAT")
     try:
-        ws = start_workers(bg, mine, cfg, path, stop, procs=3, threads=2)
+        ws = start_workers(bg, worker_progs, cfg, path, stop, procs=3, threads=2)
         assert calls(source, "set") > 0
 
         def asked():
@@ -483,7 +290,7 @@ def test_slot_migrated_while_workers_run(cluster, mine, bg, tmp_path):
              what="every lock key to be released")
 
 
-def test_slot_migration_is_logged_at_debug_level(cluster, mine, bg, tmp_path):
+def test_slot_migration_is_logged_at_debug_level(cluster, worker_progs, bg, tmp_path):
     """The same migration with LOCKSHIM_LOG_LEVEL=debug: the workers log
     "cluster: ASK <slot> <target>" while the slot is migrating and
     "cluster: MOVED <slot> <target>" after it; counter exact."""
@@ -497,7 +304,7 @@ def test_slot_migration_is_logged_at_debug_level(cluster, mine, bg, tmp_path):
     try:
         with open(path, "w") as f:
             f.write("0\n")
-        ws = [bg([mine["worker"], path, "2", "0", stop], cfg, LOCKSHIM_LOG_LEVEL="debug")
+        ws = [bg([worker_progs["worker"], path, "2", "0", stop], cfg, LOCKSHIM_LOG_LEVEL="debug")
               for _ in range(2)]
         for w in ws:
             w.expect("started")
@@ -511,7 +318,7 @@ def test_slot_migration_is_logged_at_debug_level(cluster, mine, bg, tmp_path):
     assert ask in err and moved in err
 
 
-def test_a_held_lease_follows_its_key_to_another_node(cluster, mine, bg, tmp_path):
+def test_a_held_lease_follows_its_key_to_another_node(cluster, worker_progs, bg, tmp_path):
     """H holds "blk" (600 ms lease, renewed every 200 ms) while the slot moves,
     key and all, to another primary: the renewals follow it (the key keeps
     H's value and is renewed at the target; no lost lease), and H's release
@@ -521,7 +328,7 @@ def test_a_held_lease_follows_its_key_to_another_node(cluster, mine, bg, tmp_pat
     source = cluster.owner(slot)
     target = next(p for p in cluster.primaries() if p is not source)
     cfg = cluster.config(tmp_path, BLK % ("blk", "lease_ms = 600; on_lost = \"log\";"))
-    h = bg([mine["block"]], cfg, LOCKSHIM_LOG_LEVEL="debug")
+    h = bg([worker_progs["block"]], cfg, LOCKSHIM_LOG_LEVEL="debug")
     h.expect("enter")
     value = source.cmd("GET", key)
     assert ":%d:" % h.p.pid in value
@@ -542,7 +349,7 @@ def test_a_held_lease_follows_its_key_to_another_node(cluster, mine, bg, tmp_pat
     wait_for(lambda: target.cmd("EXISTS", key) == 0, timeout=5, what="the release at the target")
 
 
-def test_lost_lease_is_reported_with_the_cluster_key(cluster, mine, bg, tmp_path):
+def test_lost_lease_is_reported_with_the_cluster_key(cluster, worker_progs, bg, tmp_path):
     """H holds "blk"; its key is then another owner's on the slot's primary
     (as after a failover that lost it): the renewal reports the lost lease
     naming lockshim:{blk}, the call ends normally, and the release leaves
@@ -550,7 +357,7 @@ def test_lost_lease_is_reported_with_the_cluster_key(cluster, mine, bg, tmp_path
     key = lock_key("blk")
     owner = cluster.owner(keyslot("blk"))
     cfg = cluster.config(tmp_path, BLK % ("blk", "lease_ms = 600; on_lost = \"log\";"))
-    h = bg([mine["block"]], cfg)
+    h = bg([worker_progs["block"]], cfg)
     h.expect("enter")
     assert ":%d:" % h.p.pid in owner.cmd("GET", key)
     other = "0123456789abcdef0123456789abcdef:elsewhere:1:1:x:1:1"
@@ -583,7 +390,7 @@ def promoted(cluster, old, replica):
         return None
 
 
-def test_primary_killed_and_replica_promoted(cluster, mine, bg, tmp_path):
+def test_primary_killed_and_replica_promoted(cluster, worker_progs, bg, tmp_path):
     """SIGKILL of the primary serving "ledger" while 3 processes x 2 threads
     update its counter: its replica is promoted; the calls retry through the
     gap and go on at the new primary; no program dies, no call fails or
@@ -595,7 +402,7 @@ def test_primary_killed_and_replica_promoted(cluster, mine, bg, tmp_path):
     cfg = cluster.config(tmp_path, WORK % 30000)
     path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
     try:
-        ws = start_workers(bg, mine, cfg, path, stop)
+        ws = start_workers(bg, worker_progs, cfg, path, stop)
         assert calls(old, "set") > 0
         old.kill()
         new = wait_for(lambda: promoted(cluster, old, replica), timeout=30,
@@ -619,7 +426,7 @@ def waiters_cfg(cluster, tmp_path, settings):
 """ % (settings, settings))
 
 
-def test_fair_mode_orders_waiters_by_arrival(cluster, mine, progs, bg, tmp_path):
+def test_fair_mode_orders_waiters_by_arrival(cluster, worker_progs, progs, bg, tmp_path):
     """fair = true: three waiters queued one after another (each seen in
     lockshim:{f}:q on the slot's primary before the next starts) enter in
     that order once the holder releases."""
@@ -627,7 +434,7 @@ def test_fair_mode_orders_waiters_by_arrival(cluster, mine, progs, bg, tmp_path)
     key = lock_key("f")
     owner = cluster.owner(keyslot("f"))
     order = str(tmp_path / "order")
-    h = bg([mine["block"]], cfg)
+    h = bg([worker_progs["block"]], cfg)
     h.expect("enter")
     waiters = []
     for n in range(1, 4):
@@ -643,13 +450,13 @@ def test_fair_mode_orders_waiters_by_arrival(cluster, mine, progs, bg, tmp_path)
         assert f.read().split() == [str(w.p.pid) for w in waiters]
 
 
-def test_waiter_is_woken_by_the_release(cluster, mine, progs, bg, tmp_path):
+def test_waiter_is_woken_by_the_release(cluster, worker_progs, progs, bg, tmp_path):
     """retry_max_ms = 60000: a waiter blocked on the slot's primary enters
     within a second of the holder's release, so the release woke it."""
     cfg = waiters_cfg(cluster, tmp_path, "lease_ms = 30000; wait_ms = 60000; "
                       "retry_max_ms = 60000;")
     owner = cluster.owner(keyslot("f"))
-    h = bg([mine["block"]], cfg)
+    h = bg([worker_progs["block"]], cfg)
     h.expect("enter")
     w = bg([progs["driver"], "log:" + str(tmp_path / "order")], cfg)
     wait_for(lambda: owner.cmd("CLIENT", "LIST").count("cmd=blpop") == 1,

@@ -40,8 +40,10 @@ import subprocess
 
 import pytest
 
-from conftest import CLI, TIMEOUT, cc, free_port, lock_keys, shim_env, write_config
-from test_abi import jumped_out_and_released
+from resp import free_port
+from support.scenarios import jumped_out_and_released
+from support.server import lock_keys
+from support.util import CLI, TIMEOUT, cc, shim_env, write_config
 
 DEBUG = 'log_level = "debug";\n'
 NO_LINGER = "defaults = { linger_ms = 0; };\n"
@@ -221,7 +223,7 @@ def ent(tmp_path_factory):
     p["libonce"] = cc(j("libentry_once.so"), ["entry_once_lib.c"], "-O2", "-shared", "-fPIC")
     p["once"] = cc(j("entry_once"), ["entry_once_main.c"], "-O2", "-rdynamic", "-L" + d,
                    "-Wl,-rpath," + d, "-lentry_once")
-    # jump.c and jump_main.c (test_abi's longjmp programs) in one executable.
+    # jump.c and jump_main.c (test_abi's longjmp programs; support/scenarios.py checks them) in one executable.
     p["jump-O0"] = cc(j("entry_jump-O0"), ["jump.c", "jump_main.c"], "-O0")
     p["jump-fortify"] = cc(j("entry_jump-fortify"), ["jump.c", "jump_main.c"], "-O2",
                            "-D_FORTIFY_SOURCE=2")

@@ -5,34 +5,15 @@ Each workload is a read-modify-write of a counter file with a 1 ms window.
 The control runs show that the workload loses updates without the shim, so
 the exact counts under the shim mean something.
 """
-import os
 import subprocess
 
 import pytest
 
-from conftest import TIMEOUT, lock_keys, shim_env, write_config
+from support.server import lock_keys
+from support.util import TIMEOUT, shim_env, write_config
+from support.workers import RACE_ITER, RACE_LOCK, RACE_PROCS, counter, race
 
-LOCK = 'locks = ( { symbol = "ledger_update"; key = "ledger:{arg0:str}"; lease_ms = 5000; wait_ms = 30000; } );\n'
-PROCS, ITER = 4, 25
-
-
-def counter(path):
-    with open(path) as f:
-        return int(f.read())
-
-
-def race(prog, mode, path, cfg, procs=PROCS, iters=ITER, threads=1):
-    """Runs procs copies of prog at once; returns the final counter."""
-    with open(path, "w") as f:
-        f.write("0\n")
-    env = shim_env(cfg, preload=cfg is not None)
-    ps = [subprocess.Popen([prog, mode, path, str(iters), str(threads)], env=env,
-                           stderr=subprocess.PIPE, text=True) for _ in range(procs)]
-    for p in ps:
-        _, err = p.communicate(timeout=TIMEOUT)
-        assert p.returncode == 0, err
-        assert "error" not in err and "warn" not in err, err
-    return counter(path)
+PROCS, ITER = RACE_PROCS, RACE_ITER  # race()'s defaults
 
 
 def test_control_processes_lose_updates(progs, tmp_path):
@@ -53,25 +34,25 @@ def test_control_threads_lose_updates(progs, tmp_path):
     ("ledger", "plugin"),        # dlopen by bare name through the caller's RUNPATH
 ])
 def test_processes_exclude_each_other(progs, redis, tmp_path, prog, mode):
-    cfg = write_config(tmp_path, redis, LOCK)
+    cfg = write_config(tmp_path, redis, RACE_LOCK)
     assert race(progs[prog], mode, str(tmp_path / "c"), cfg) == PROCS * ITER
 
 
 def test_threads_exclude_each_other(progs, redis, tmp_path):
-    cfg = write_config(tmp_path, redis, LOCK)
+    cfg = write_config(tmp_path, redis, RACE_LOCK)
     assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=1,
                 threads=4) == 4 * ITER
 
 
 def test_processes_and_threads_together(progs, redis, tmp_path):
-    cfg = write_config(tmp_path, redis, LOCK)
+    cfg = write_config(tmp_path, redis, RACE_LOCK)
     assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3,
                 iters=10, threads=3) == 90
 
 
 def test_distinct_keys_do_not_exclude(progs, redis, tmp_path):
     """Two counters guarded by per-argument keys: both exact, and both keys were used."""
-    cfg = write_config(tmp_path, redis, LOCK)
+    cfg = write_config(tmp_path, redis, RACE_LOCK)
     env = shim_env(cfg, LOCKSHIM_LOG_LEVEL="debug")
     paths = [str(tmp_path / "a"), str(tmp_path / "b")]
     for p in paths:

@@ -2,7 +2,8 @@
 """fork: a child never renews or releases its parent's locks; its own work."""
 import errno
 
-from conftest import lock_keys, run, write_config
+from support.server import lock_keys
+from support.util import run, write_config
 
 
 def test_fork_inside_a_guarded_call(progs, redis, tmp_path):

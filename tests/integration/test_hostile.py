@@ -19,74 +19,22 @@ never kill, crash or corrupt them.
 The programs are progs/hostile.c and its library progs/hostile_lib.c.
 """
 import os
-import time
 
 import pytest
 
-from conftest import MULT, TIMEOUT, cc, lock_keys, run, wait_for, write_config
-
-
-@pytest.fixture(scope="module")
-def hostile(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("hostile"))
-    cc(os.path.join(d, "libhostile.so"), ["hostile_lib.c"], "-O2", "-shared", "-fPIC")
-    return cc(os.path.join(d, "hostile"), ["hostile.c"], "-O2", "-L" + d,
-              "-Wl,-rpath," + d, "-lhostile")
-
-
-def expect(p, prefix):
-    """p.expect(prefix), naming the exit status when the program died first."""
-    try:
-        return p.expect(prefix)
-    except AssertionError as e:
-        raise AssertionError("%s\nexit status %s" % (e, p.p.wait(TIMEOUT))) from None
+from support.scenarios import (DROPPED_LOCK, acquisitions, assert_held_by, dropped_during_a_call,
+                               expect)
+from support.server import lock_keys
+from support.util import run, write_config
 
 
 def config(tmp_path, redis, locks):
     return write_config(tmp_path, redis, 'log_level = "debug";\nlocks = ( %s );\n' % locks)
 
 
-def acquisitions(stderr, key):
-    """How many times the shim's debug log says it took key in Redis."""
-    return stderr.count("acquired %s for " % key)
-
-
-def shim_clients(redis):
-    """Ids of the clients connected to redis, but for the one asking."""
-    ids = set()
-    for line in redis.cmd("CLIENT", "LIST").splitlines():
-        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        if not fields.get("cmd", "").startswith("client"):
-            ids.add(fields["id"])
-    return ids
-
-
-def assert_held_by(redis, key, proc):
-    """The lock key exists in Redis and its value names proc's pid."""
-    value = redis.cmd("GET", key)
-    assert value is not None and ":%d:" % proc.p.pid in value, value
-
-
 # ---- SIGPIPE -----------------------------------------------------------------
 
-def drop_shim_connections(redis, how):
-    """Makes Redis close every connection of the program, and waits until
-    CLIENT LIST shows none of them."""
-    ids = shim_clients(redis)
-    assert ids, "the program holds a lock, so it is connected"
-    if how == "client-kill":
-        redis.cmd("CLIENT", "KILL", "TYPE", "normal")  # SKIPME yes: not this client
-    else:
-        redis.cmd("CONFIG", "SET", "timeout", "1")
-    wait_for(lambda: not ids & shim_clients(redis), timeout=15,
-             what="Redis to close the program's connections")
-    redis.cmd("CONFIG", "SET", "timeout", "0")
-
-
 # subprocess starts programs with SIGPIPE at SIG_DFL and an empty signal mask
-SIGPIPE_AS_STARTED = "sigpipe handler=default blocked=no"
-
-
 @pytest.mark.parametrize("how", ["client-kill", "idle-timeout"])
 def test_connection_closed_by_redis_during_a_call_is_no_sigpipe(hostile, redis, tmp_path,
                                                                  procs, how):
@@ -99,34 +47,6 @@ def test_connection_closed_by_redis_during_a_call_is_no_sigpipe(hostile, redis, 
     stranded for its lease), and see SIGPIPE still at SIG_DFL and unblocked."""
     cfg = config(tmp_path, redis, DROPPED_LOCK)
     dropped_during_a_call(hostile, redis, cfg, procs, how)
-
-
-DROPPED_LOCK = ('{ symbol = "block_call"; key = "k"; linger_ms = 0; lease_ms = 60000; '
-                'wait_ms = 60000; }')
-
-
-def dropped_during_a_call(hostile, redis, cfg, procs, how):
-    """The body of the test above, for redis (also a TLS server, test_tls.py)
-    and cfg locking block_call as DROPPED_LOCK does."""
-    key = "lockshim:k"
-    p = procs([hostile, "sigpipe", "block", "block", "sigpipe"], cfg)
-    assert expect(p, "sigpipe") == SIGPIPE_AS_STARTED
-    expect(p, "inside")
-    assert_held_by(redis, key, p)
-    drop_shim_connections(redis, how)
-    p.send()
-    assert expect(p, "block") == "block rc=7"
-    t0 = time.monotonic()
-    expect(p, "inside")
-    assert time.monotonic() - t0 < 5 * MULT  # well under the 60 s lease
-    assert_held_by(redis, key, p)
-    p.send()
-    assert expect(p, "block") == "block rc=7"
-    assert expect(p, "sigpipe") == SIGPIPE_AS_STARTED
-    rc, _, err = p.finish()
-    assert rc == 0, err
-    assert acquisitions(err, key) == 2, err
-    assert lock_keys(redis) == []
 
 
 # ---- crossed streams -----------------------------------------------------------

@@ -23,7 +23,8 @@ import os
 
 import pytest
 
-from conftest import cc, lock_keys, run, wait_for, write_config
+from support.server import lock_keys
+from support.util import cc, run, wait_for, write_config
 
 
 @pytest.fixture(scope="module")

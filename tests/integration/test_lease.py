@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from conftest import MULT, lock_keys, run, wait_for, write_config
+from support.server import lock_keys
+from support.util import MULT, run, wait_for, write_config
 
 KEY = "lockshim:hold_call"
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import run, write_config
+from support.util import run, write_config
 
 LOCK = 'log_level = "debug";\nlocks = ( { symbol = "hold_call"; lease_ms = 60000; } );\n'
 

@@ -2,7 +2,8 @@
 """Locks kept between calls (linger_ms): a burst of calls costs one acquire,
 a kept lock not called again is released by the renewal thread and handed to
 a waiter, and kept locks are released before exec."""
-from conftest import lock_keys, run, wait_for, write_config
+from support.server import lock_keys
+from support.util import run, wait_for, write_config
 
 KEY = "lockshim:f"
 

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from conftest import MULT, RedisServer, run, write_config
+from support.server import RedisServer
+from support.util import MULT, run, write_config
 
 BUSY = "lockshim:hold_call"
 

@@ -24,7 +24,7 @@ import subprocess
 
 import pytest
 
-from conftest import CLI, MULT, TIMEOUT, cc, run, shim_env, write_config
+from support.util import CLI, MULT, TIMEOUT, cc, run, shim_env, write_config
 
 PY = "/usr/bin/python3"  # Debian's: a non-PIE executable with its sqlite3 module
 

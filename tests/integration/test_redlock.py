@@ -3,10 +3,11 @@
 
 Every master is a redis-server of its own on a free 127.0.0.1 port (no
 persistence), stopped by its pid when the test ends (after a SIGCONT in
-case a test froze it). The counter workload and the blocking program are
-test_sentinel.py's; disruptions (SIGKILL, SIGSTOP, a restart with no data,
-a black-holing proxy) start once the workers have said they run, and their
-effects are waited for by polling the masters and the counter file.
+case a test froze it): support/topology.py's Masters. The counter
+workload and the blocking program are support/workers.py's; disruptions
+(SIGKILL, SIGSTOP, a restart with no data, a black-holing proxy) start
+once the workers have said they run, and their effects are waited for by
+polling the masters and the counter file.
 
 1. exclusion with 3 and with 5 masters (3 processes x 2 threads, counter
    exact; the same workload without the shim loses updates), and with
@@ -30,61 +31,15 @@ import time
 
 import pytest
 
-from conftest import (CLI, MULT, TIMEOUT, RedisServer, call_failed, connections, lock_keys,
-                      run, shim_env, start_servers, wait_for)
-from test_exclusion import LOCK, race
 from proxy import BLACK_HOLE, PASS, Proxy
-from test_sentinel import (Node, bg, calls, counter, finish_workers, lost_lines, mine,  # noqa: F401
-                           start_workers)
+from support.server import RedisServer, call_failed, connections, lock_keys, start_servers
+from support.topology import FAST, Masters
+from support.util import CLI, MULT, TIMEOUT, cc, run, shim_env, wait_for
+from support.workers import (RACE_LOCK, WORK, build_worker, calls, counter, finish_workers,
+                             lost_lines, race, start_workers)
 
-CMD_MS = 500
-FAST = "connect_timeout_ms = %d; command_timeout_ms = %d;" % (CMD_MS, CMD_MS)
-WORK = ('locks = ( { symbol = "ledger_update"; key = "ledger"; lease_ms = 5000; '
-        'wait_ms = %d; on_timeout = "skip"; return = -7; } );\n')
 BLOCK = ('locks = ( { symbol = "block_call"; key = "blk"; lease_ms = %d; wait_ms = %d; '
          'retry_max_ms = %d; on_timeout = "skip"; return = -7; %s } );\n')
-
-
-class Masters:
-    """n masters; each is a Node (test_sentinel.py) recorded as it starts."""
-
-    def __init__(self):
-        self.nodes = []
-
-    def start(self, n):
-        for i in range(n):
-            m = Node(name="master%d" % i)
-            self.nodes.append(m)
-            m.start()
-        return self
-
-    def addr(self, i):
-        return "127.0.0.1:%d" % self.nodes[i].port
-
-    def config(self, tmp_path, body, ports=None, extra=FAST, name="lockshim.cfg"):
-        """Writes a config naming every master (ports: their ports, in order,
-        for a proxy in front of one); returns its path."""
-        ports = ports or [m.port for m in self.nodes]
-        masters = ", ".join('{ host = "127.0.0.1"; port = %d; }' % p for p in ports)
-        path = os.path.join(str(tmp_path), name)
-        with open(path, "w") as f:
-            f.write("redis = { masters = ( %s ); %s };\n%s" % (masters, extra, body))
-        return path
-
-    def restart(self, i):
-        """SIGKILLs master i and starts it again, empty, on the same port."""
-        m = self.nodes[i]
-        m.proc.kill()
-        m.proc.wait()
-        m.start()
-
-    def logs(self):
-        return "\n".join("---- %s %d ----\n%s" % (m.name, m.port, m.tail())
-                         for m in self.nodes)
-
-    def stop(self):
-        for m in self.nodes:
-            m.cleanup()
 
 
 @pytest.fixture
@@ -111,7 +66,7 @@ def progress(path, n, timeout, what):
     return time.monotonic() - t0
 
 
-def run_with(ms, mine, bg, tmp_path, disrupt, cfg=None, wait_ms=10000, after=100,
+def run_with(ms, worker_progs, bg, tmp_path, disrupt, cfg=None, wait_ms=10000, after=100,
              within=30):
     """Runs the counter workload on ms, calls disrupt() once it runs, then
     waits for `after` more updates (within `within` s) and checks that every
@@ -120,7 +75,7 @@ def run_with(ms, mine, bg, tmp_path, disrupt, cfg=None, wait_ms=10000, after=100
     cfg = cfg or ms.config(tmp_path, WORK % wait_ms)
     path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
     try:
-        ws = start_workers(bg, mine, cfg, path, stop)
+        ws = start_workers(bg, worker_progs, cfg, path, stop)
         progress(path, 20, 30, "the workers to update the counter")
         disrupt()
         took = progress(path, after, within, "%d updates after the disruption" % after)
@@ -134,13 +89,13 @@ def run_with(ms, mine, bg, tmp_path, disrupt, cfg=None, wait_ms=10000, after=100
 # ---- 1. exclusion -------------------------------------------------------------------
 
 
-def test_control_loses_updates(mine, tmp_path):
+def test_control_loses_updates(worker_progs, tmp_path):
     """Without the shim the workload loses updates: the exact counts below mean something."""
     path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
     with open(path, "w") as f:
         f.write("0\n")
     env = shim_env(None, preload=False)
-    ps = [subprocess.Popen([mine["worker"], path, "2", "50", stop], env=env,
+    ps = [subprocess.Popen([worker_progs["worker"], path, "2", "50", stop], env=env,
                            stdout=subprocess.PIPE, text=True) for _ in range(3)]
     outs = [p.communicate(timeout=TIMEOUT)[0] for p in ps]
     assert all(p.returncode == 0 for p in ps), outs
@@ -148,13 +103,13 @@ def test_control_loses_updates(mine, tmp_path):
 
 
 @pytest.mark.parametrize("n", [3, 5])
-def test_exclusion(masters, mine, bg, tmp_path, n):
+def test_exclusion(masters, worker_progs, bg, tmp_path, n):
     """3 processes x 2 threads, 60 updates each: exact, and the lock was
     taken on every master (the same token: one SET NX each)."""
     ms = masters(n)
     cfg = ms.config(tmp_path, WORK % 10000)
     path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
-    ws = start_workers(bg, mine, cfg, path, stop, maxiter=60)
+    ws = start_workers(bg, worker_progs, cfg, path, stop, maxiter=60)
     total, err = finish_workers(ws, 10000)
     assert total == 3 * 2 * 60
     assert counter(path) == total, err[-3000:]
@@ -178,7 +133,7 @@ def test_exclusion_over_unix_sockets(progs, socket_masters, tmp_path):
     cfg = str(tmp_path / "lockshim.cfg")
     with open(cfg, "w") as f:
         f.write('redis = { masters = ( %s ); %s };\n%s'
-                % (", ".join('{ socket = "%s"; }' % s.sock for s in servers), FAST, LOCK))
+                % (", ".join('{ socket = "%s"; }' % s.sock for s in servers), FAST, RACE_LOCK))
     assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
                 threads=2) == 60
     for s in servers:  # the config names no TCP address: these came by the socket
@@ -196,25 +151,25 @@ def test_exclusion_over_unix_sockets(progs, socket_masters, tmp_path):
 
 
 @pytest.mark.parametrize("n", [3, 5])
-def test_master_killed(masters, mine, bg, tmp_path, n):
+def test_master_killed(masters, worker_progs, bg, tmp_path, n):
     """SIGKILL of the first master (every waiter's home) mid-run."""
     ms = masters(n)
-    _, err = run_with(ms, mine, bg, tmp_path, lambda: ms.nodes[0].proc.kill())
+    _, err = run_with(ms, worker_progs, bg, tmp_path, lambda: ms.nodes[0].proc.kill())
     assert "redlock master %s failed" % ms.addr(0) in err
 
 
-def test_master_frozen(masters, mine, bg, tmp_path):
+def test_master_frozen(masters, worker_progs, bg, tmp_path):
     """SIGSTOP of the first master mid-run: no call hangs, and 300 updates
     take far less than the 300 command timeouts (150 s) they would cost if
     the frozen master were asked every call."""
     ms = masters(3)
-    took, err = run_with(ms, mine, bg, tmp_path, ms.nodes[0].freeze, after=300, within=60)
+    took, err = run_with(ms, worker_progs, bg, tmp_path, ms.nodes[0].freeze, after=300, within=60)
     assert took < 30 * MULT, took
     assert "redlock master %s failed" % ms.addr(0) in err
     assert "timed out" in err
 
 
-def test_master_restarted_empty(masters, mine, bg, tmp_path):
+def test_master_restarted_empty(masters, worker_progs, bg, tmp_path):
     """The second master restarted with no data mid-run: the locks it lost
     are still held on a quorum, and it takes locks again once back."""
     ms = masters(3)
@@ -223,17 +178,17 @@ def test_master_restarted_empty(masters, mine, bg, tmp_path):
     def restart():
         ms.restart(1)
         wait_for(lambda: calls(m, "set") >= 10, timeout=30, what="locks on the restarted master")
-    run_with(ms, mine, bg, tmp_path, restart)
+    run_with(ms, worker_progs, bg, tmp_path, restart)
 
 
-def test_minority_partition(masters, mine, bg, tmp_path):
+def test_minority_partition(masters, worker_progs, bg, tmp_path):
     """The third master behind a proxy that starts black-holing every byte
     mid-run (connections stay open, nothing answers): no call blocks."""
     ms = masters(3)
     with Proxy(ms.nodes[2].port) as px:
         ports = [ms.nodes[0].port, ms.nodes[1].port, px.port]
         cfg = ms.config(tmp_path, WORK % 10000, ports=ports)
-        took, err = run_with(ms, mine, bg, tmp_path, lambda: px.set_mode(BLACK_HOLE),
+        took, err = run_with(ms, worker_progs, bg, tmp_path, lambda: px.set_mode(BLACK_HOLE),
                              cfg=cfg, after=300, within=60)
         px.set_mode(PASS)
     assert took < 30 * MULT, took
@@ -243,14 +198,14 @@ def test_minority_partition(masters, mine, bg, tmp_path):
 # ---- 3. waiting ------------------------------------------------------------------------
 
 
-def test_waiter_woken_by_release(masters, mine, bg, tmp_path):
+def test_waiter_woken_by_release(masters, worker_progs, bg, tmp_path):
     """A waiter queued on the masters gets the lock soon after the holder's
     release, not at its next ask (retry_max_ms = 5000, the lease 30 s)."""
     ms = masters(3)
     cfg = ms.config(tmp_path, BLOCK % (30000, 20000, 5000, ""))
-    holder = bg([mine["block"]], cfg)
+    holder = bg([worker_progs["block"]], cfg)
     holder.expect("enter")
-    waiter = bg([mine["block"]], cfg)
+    waiter = bg([worker_progs["block"]], cfg)
     home = ms.nodes[0]
     wait_for(lambda: home.cmd("ZCARD", "lockshim:blk:q") == 1, timeout=10,
              what="the waiter queued at the first master")
@@ -265,14 +220,14 @@ def test_waiter_woken_by_release(masters, mine, bg, tmp_path):
     assert woken < 2.0 * MULT, woken
 
 
-def test_waiter_without_home(masters, mine, bg, tmp_path):
+def test_waiter_without_home(masters, worker_progs, bg, tmp_path):
     """The first master (the waiters' home) killed while a waiter waits: it
     still gets the lock after the release, within a capped backoff."""
     ms = masters(3)
     cfg = ms.config(tmp_path, BLOCK % (30000, 20000, 1000, ""))
-    holder = bg([mine["block"]], cfg)
+    holder = bg([worker_progs["block"]], cfg)
     holder.expect("enter")
-    waiter = bg([mine["block"]], cfg)
+    waiter = bg([worker_progs["block"]], cfg)
     wait_for(lambda: ms.nodes[0].cmd("ZCARD", "lockshim:blk:q") == 1, timeout=10,
              what="the waiter queued at the first master")
     ms.nodes[0].proc.kill()
@@ -287,19 +242,40 @@ def test_waiter_without_home(masters, mine, bg, tmp_path):
 
 STARVE = ('locks = ( { symbol = "ledger_update"; key = "ledger"; lease_ms = 5000; '
           'wait_ms = %d; on_timeout = "skip"; return = -7; linger_ms = 0; %s } );\n')
+WINDOW_US = 50000   # the starvation pair's ledger_update: 50 ms inside the lock
+REPLY_DELAY = 0.015  # what the farther caller's proxies add to every reply (s)
 
 
-def starve_run(ms, mine, bg, tmp_path, wait_ms, calls, extra="", single=False):
-    """A caller that takes the lock again the moment it releases it (one
-    thread, linger_ms = 0), for as long as a farther caller (its servers
-    behind proxy.py, a hop slower) makes `calls` calls, on every master or
-    (single) on the first one as a single server; returns the farther
-    caller's "done" fields and how many tries each of its calls took (from
-    its debug log)."""
+@pytest.fixture(scope="module")
+def slow_worker(tmp_path_factory):
+    """support/workers.py's worker on a ledger_update that keeps the lock
+    WINDOW_US (progs/ledger.c built with -DLEDGER_WINDOW_US)."""
+    d = str(tmp_path_factory.mktemp("slow"))
+    cc(os.path.join(d, "libledger.so"), ["ledger.c"], "-O2", "-shared", "-fPIC",
+       "-DLEDGER_WINDOW_US=%d" % WINDOW_US)
+    return build_worker(d, d)
+
+
+def starve_run(ms, worker, bg, tmp_path, wait_ms, calls, extra="", single=False):
+    """A near caller that takes the lock again the moment it releases it (one
+    thread, linger_ms = 0, each call WINDOW_US long), for as long as a
+    farther caller makes `calls` calls, on every master or (single) on the
+    first one as a single server. The farther caller reaches its servers
+    through proxy.py, which holds every reply REPLY_DELAY: it hears of a
+    release that much after the near caller, whose next SET NX follows its
+    release at once, so each try it makes on being woken reaches the server
+    in the middle of the near caller's next call (15 ms into 50), and its
+    next wait is queued (30 ms in) before that call's release wakes it
+    again. Only a hand-off can give it the lock; the race a try could win
+    is the microseconds between a release and the near caller's next SET
+    NX (its first try of a call, at a random moment, or a near caller
+    stalled 15 ms between two of its calls). Returns the farther caller's
+    "done" fields and how many tries each of its calls took (from its debug
+    log)."""
     body = STARVE % (wait_ms, extra)
     path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
     nodes = ms.nodes[:1] if single else ms.nodes
-    pxs = [Proxy(m.port).start() for m in nodes]
+    pxs = [Proxy(m.port, reply_delay=REPLY_DELAY).start() for m in nodes]
 
     def config(ports, name):
         if not single:
@@ -311,8 +287,8 @@ def starve_run(ms, mine, bg, tmp_path, wait_ms, calls, extra="", single=False):
     try:
         near = config([m.port for m in nodes], "near.cfg")
         far = config([px.port for px in pxs], "far.cfg")
-        hogs = start_workers(bg, mine, near, path, stop, procs=1, threads=1)
-        w = bg([mine["worker"], path, "1", str(calls), str(tmp_path / "never")], far,
+        hogs = start_workers(bg, {"worker": worker}, near, path, stop, procs=1, threads=1)
+        w = bg([worker, path, "1", str(calls), str(tmp_path / "never")], far,
                LOCKSHIM_LOG_LEVEL="debug")
         assert w.wait(timeout=calls * wait_ms / 1000 + 60) == 0, w.stderr()[-3000:]
     finally:
@@ -327,7 +303,7 @@ def starve_run(ms, mine, bg, tmp_path, wait_ms, calls, extra="", single=False):
     return dict(f.split("=") for f in done.split()[1:]), tries
 
 
-def test_waiter_not_starved(masters, mine, bg, tmp_path):
+def test_waiter_not_starved(masters, slow_worker, bg, tmp_path):
     """A near caller that releases and takes again at once cannot starve a
     farther waiter: every master's queue orders the waiter alike, and a
     release with waiters hands the key to the head on every master, so
@@ -335,19 +311,19 @@ def test_waiter_not_starved(masters, mine, bg, tmp_path):
     handed over). handoff_ms = 60000 changes nothing: with several masters
     a release with waiters always hands over."""
     ms = masters(3)
-    fields, tries = starve_run(ms, mine, bg, tmp_path, 20000, 20, "handoff_ms = 60000;")
+    fields, tries = starve_run(ms, slow_worker, bg, tmp_path, 20000, 20, "handoff_ms = 60000;")
     assert int(fields["failed"]) == 0 and int(fields["ok"]) == 20, fields
     assert len(tries) == 20 and max(tries) <= 10, tries
     assert int(fields["max_ms"]) < 5000 * MULT, fields
 
 
-def test_waiter_starved_without_handoff(masters, mine, bg, tmp_path):
+def test_waiter_starved_without_handoff(masters, slow_worker, bg, tmp_path):
     """Control: the same run against one server, where handoff_ms = 60000
     does put the hand-off off, has the farther waiter woken by each release
-    and beaten to the key by the near caller again and again (in the runs
-    seen, every call timed out): the bound above is the hand-off's doing."""
+    and finding the key taken again every time (starve_run says why this
+    is by construction): the bound above is the hand-off's doing."""
     ms = masters(1)
-    fields, tries = starve_run(ms, mine, bg, tmp_path, 3000, 3, "handoff_ms = 60000;",
+    fields, tries = starve_run(ms, slow_worker, bg, tmp_path, 3000, 3, "handoff_ms = 60000;",
                                single=True)
     assert int(fields["failed"]) > 0 or max(tries, default=0) >= 50, (fields, tries)
 
@@ -355,12 +331,12 @@ def test_waiter_starved_without_handoff(masters, mine, bg, tmp_path):
 # ---- 4. renewal -----------------------------------------------------------------------
 
 
-def test_renewal_refused_by_quorum_is_lost(masters, mine, bg, tmp_path):
+def test_renewal_refused_by_quorum_is_lost(masters, worker_progs, bg, tmp_path):
     """The key deleted on 2 of 3 masters while the call runs: the next
     renewal is confirmed by one master only, and on_lost reports it."""
     ms = masters(3)
     cfg = ms.config(tmp_path, BLOCK % (600, 1000, 100, ""))
-    holder = bg([mine["block"]], cfg)
+    holder = bg([worker_progs["block"]], cfg)
     holder.expect("enter")
     for m in ms.nodes[:2]:
         assert m.cmd("DEL", "lockshim:blk") == 1
@@ -371,12 +347,12 @@ def test_renewal_refused_by_quorum_is_lost(masters, mine, bg, tmp_path):
     holder.expect("call rc=42")
 
 
-def test_renewal_with_quorum_down_is_lost(masters, mine, bg, tmp_path):
+def test_renewal_with_quorum_down_is_lost(masters, worker_progs, bg, tmp_path):
     """2 of 3 masters killed while the call runs: the lease cannot be
     confirmed by a quorum and is reported lost within about a lease."""
     ms = masters(3)
     cfg = ms.config(tmp_path, BLOCK % (600, 1000, 100, ""))
-    holder = bg([mine["block"]], cfg)
+    holder = bg([worker_progs["block"]], cfg)
     holder.expect("enter")
     for m in ms.nodes[1:]:
         m.proc.kill()
@@ -388,10 +364,10 @@ def test_renewal_with_quorum_down_is_lost(masters, mine, bg, tmp_path):
 # ---- 5. config ---------------------------------------------------------------------------
 
 
-def test_fair_refused(masters, mine, tmp_path):
+def test_fair_refused(masters, worker_progs, tmp_path):
     ms = masters(3)
     cfg = ms.config(tmp_path, BLOCK % (5000, 1000, 100, "fair = true;"))
-    p = run([mine["block"]], cfg)
+    p = run([worker_progs["block"]], cfg)
     assert p.returncode == 78, p.stderr
     assert "fair" in p.stderr and "masters" in p.stderr, p.stderr
 

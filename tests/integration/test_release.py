@@ -2,7 +2,7 @@
 """Asynchronous release: a release is sent without waiting for its reply;
 the reply is still read (and a failure logged) when the process exits and
 before it execs another image."""
-from conftest import run, wait_for, write_config
+from support.util import run, wait_for, write_config
 
 KEY = "lockshim:f"
 

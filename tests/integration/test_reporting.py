@@ -28,8 +28,9 @@ import subprocess
 
 import pytest
 
-from conftest import (ASAN, CLI, ROOT, TIMEOUT, RedisServer, cc, free_port, run, shim_env,
-                      start_servers, wait_for, write_config)
+from resp import free_port
+from support.server import RedisServer, start_servers
+from support.util import ASAN, CLI, ROOT, TIMEOUT, cc, run, shim_env, wait_for, write_config
 
 HOLD = '{ symbol = "hold_call"; }'
 FORGED = "lockshim[1]: error: forged"

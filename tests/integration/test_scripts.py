@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Lua scripts: the shim names them by their SHA-1 itself (EVALSHA without
 SCRIPT LOAD) and falls back to EVAL when Redis lost them (SCRIPT FLUSH)."""
-from conftest import run, write_config
+from support.util import run, write_config
 
 LOCK = 'log_level = "debug";\nlocks = ( { symbol = "hold_call"; lease_ms = 60000; } );\n'
 

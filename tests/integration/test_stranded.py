@@ -26,8 +26,9 @@ import types
 
 import pytest
 
-from conftest import ASAN, MULT, cc, lock_keys, run, wait_for, write_config
 from proxy import BLACK_HOLE, DROP_REPLIES, PASS, Proxy
+from support.server import lock_keys
+from support.util import ASAN, MULT, cc, run, wait_for, write_config
 
 KEY = "lockshim:k"
 EBUSY_LINE = "call rc=-1 errno=%d" % errno.EBUSY

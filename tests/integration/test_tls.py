@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: MIT
 """TLS to Redis (`redis.tls`): the shim and `lockshim check` over a
-redis-server that speaks TLS only.
+redis-server that speaks TLS only (support/tls.py's TlsServer).
 
-The test's own PKI (openssl, in a temporary directory): a CA, a server
+The test's own PKI (support/tls.py, conftest's pki): a CA, a server
 certificate for DNS:localhost and IP:127.0.0.1, one for DNS:localhost only,
 an expired one, a client certificate, and a second, unrelated CA with a
 client certificate of its own.
@@ -32,13 +32,12 @@ import time
 
 import pytest
 
-from conftest import (ASAN, CLI, MULT, SHIM, TIMEOUT, RedisServer, connections, run, shim_env,
-                      start_servers, wait_for, write_config)
-from resp import Resp
-from test_exclusion import LOCK, race
-from test_hostile import DROPPED_LOCK, dropped_during_a_call, hostile  # noqa: F401 (fixture)
+from support.scenarios import DROPPED_LOCK, dropped_during_a_call
+from support.server import connections, start_servers
+from support.tls import TlsServer
+from support.util import ASAN, CLI, MULT, SHIM, TIMEOUT, run, shim_env, write_config
+from support.workers import RACE_LOCK, race
 
-SAN = "DNS:localhost,IP:127.0.0.1"
 PY = "/usr/bin/python3"  # Debian's, whose ssl module is OpenSSL's
 CALL = 'locks = ( { symbol = "other_call"; key = "tls"; wait_ms = 300; linger_ms = 0; } );\n'
 OTHER_OK, OTHER_SKIPPED = "other rc=2 errno=0", "other rc=-1 errno=16"
@@ -46,111 +45,7 @@ OTHER_OK, OTHER_SKIPPED = "other rc=2 errno=0", "other rc=-1 errno=16"
 
 # ---- the PKI -----------------------------------------------------------------
 
-def openssl(d, *args):
-    subprocess.run(["openssl"] + list(args), cwd=d, check=True, capture_output=True)
-
-
-def new_key_csr(d, name, cn, rsa=False):
-    key = ["rsa:2048"] if rsa else ["ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
-    openssl(d, "req", "-newkey", *key, "-nodes", "-keyout", name + ".key", "-out",
-            name + ".csr", "-subj", "/CN=" + cn)
-
-
-def new_ca(d, name, cn):
-    openssl(d, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-            "-nodes", "-keyout", name + ".key", "-out", name + ".crt", "-days", "2",
-            "-subj", "/CN=" + cn)
-
-
-def sign(d, name, san=None, ca="ca"):
-    """Signs name.csr with ca (the test CA) for two days."""
-    args = ["x509", "-req", "-in", name + ".csr", "-CA", ca + ".crt", "-CAkey", ca + ".key",
-            "-CAcreateserial", "-out", name + ".crt", "-days", "2"]
-    if san:
-        with open(os.path.join(d, name + ".ext"), "w") as f:
-            f.write("subjectAltName = %s\n" % san)
-        args += ["-extfile", name + ".ext"]
-    openssl(d, *args)
-
-
-def sign_expired(d, name, san):
-    """Signs name.csr with the test CA, valid for one day of 2020."""
-    with open(os.path.join(d, "ca.cnf"), "w") as f:
-        f.write("[ca]\ndefault_ca = test\n[test]\ndatabase = index.txt\nnew_certs_dir = .\n"
-                "serial = serial\ndefault_md = sha256\npolicy = any\nunique_subject = no\n"
-                "x509_extensions = leaf\n[any]\ncommonName = supplied\n"
-                "[leaf]\nsubjectAltName = %s\n" % san)
-    open(os.path.join(d, "index.txt"), "w").close()
-    with open(os.path.join(d, "serial"), "w") as f:
-        f.write("1000\n")
-    openssl(d, "ca", "-config", "ca.cnf", "-batch", "-notext", "-cert", "ca.crt", "-keyfile",
-            "ca.key", "-in", name + ".csr", "-out", name + ".crt",
-            "-startdate", "20200101000000Z", "-enddate", "20200102000000Z")
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    """Paths of the test's certificates and keys, by name."""
-    d = str(tmp_path_factory.mktemp("pki"))
-    new_ca(d, "ca", "lockshim test CA")
-    new_ca(d, "other", "an unrelated CA")
-    for name, cn, san in [("server", "localhost", SAN), ("dns_only", "localhost", "DNS:localhost"),
-                          ("client", "lockshim client", None), ("stranger", "stranger", None)]:
-        new_key_csr(d, name, cn, rsa=name == "client")
-        sign(d, name, san, ca="other" if name == "stranger" else "ca")
-    new_key_csr(d, "expired", "localhost")
-    sign_expired(d, "expired", SAN)
-    os.mkdir(os.path.join(d, "cas"))
-    shutil.copy(os.path.join(d, "ca.crt"), os.path.join(d, "cas", "test-ca.pem"))
-    p = {"cas": os.path.join(d, "cas")}
-    for name in ("ca", "other", "server", "dns_only", "client", "stranger", "expired"):
-        p[name], p[name + ".key"] = (os.path.join(d, name + ext) for ext in (".crt", ".key"))
-    return p
-
-
 # ---- a TLS-only redis-server -------------------------------------------------
-
-class TlsResp(Resp):
-    """Resp over TLS, for the test's own look at the server."""
-
-    def __init__(self, port, ctx):  # pylint: disable=super-init-not-called
-        self.s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=5))
-        self.f = self.s.makefile("rb")
-
-
-class TlsServer(RedisServer):
-    """A redis-server on 127.0.0.1 whose only port speaks TLS."""
-
-    def __init__(self, pki, cert="server", auth_clients=False, extra=()):
-        super().__init__()
-        self.pki, self.cert, self.auth_clients = pki, cert, auth_clients
-        self.extra = list(extra)  # more redis-server arguments
-
-    def start(self):
-        p = self.pki
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", "0", "--tls-port", str(self.port), "--bind", "127.0.0.1",
-             "--tls-cert-file", p[self.cert], "--tls-key-file", p[self.cert + ".key"],
-             "--tls-ca-cert-file", p["ca"], "--tls-auth-clients",
-             "yes" if self.auth_clients else "no", "--save", "", "--appendonly", "no",
-             "--daemonize", "no", "--logfile", self.log, "--dir", self.dir] + self.extra,
-            stdin=subprocess.DEVNULL)
-        wait_for(self._ready, what="redis-server with TLS on port %d" % self.port)
-        return self
-
-    def client(self):
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE  # the test looks; the shim verifies
-        ctx.load_cert_chain(self.pki["client"], self.pki["client.key"])
-        return TlsResp(self.port, ctx)
-
-    def _ready(self):
-        try:
-            return super()._ready()
-        except ssl.SSLError:
-            return False
-
 
 @pytest.fixture
 def tls_servers(request, pki):
@@ -203,7 +98,7 @@ def test_processes_and_threads_exclude_each_other_over_tls(progs, tls_servers, p
     """3 processes x 3 threads on one counter, every connection TLS verified
     by IP address: exact, and the lock keys were Redis's (TLS port only)."""
     srv = tls_servers()
-    cfg = tls_config(tmp_path, srv.port, LOCK, ca_file=pki["ca"])
+    cfg = tls_config(tmp_path, srv.port, RACE_LOCK, ca_file=pki["ca"])
     assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
                 threads=3) == 90
     assert connections(srv) > 3

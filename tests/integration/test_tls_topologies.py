@@ -2,7 +2,7 @@
 """TLS with the topologies of several servers: `redis.tls` applies to every
 connection of a Redis Cluster and of Redlock's masters.
 
-The servers are test_tls.py's TLS-only redis-servers with its PKI (a
+The servers are support/tls.py's TLS-only redis-servers with its PKI (a
 certificate for IP:127.0.0.1, which every node announces); a cluster's
 nodes also speak TLS on their bus (`tls-cluster yes`), so CLUSTER SLOTS
 names their TLS ports, and `redis-cli --tls --cluster create` joins them.
@@ -18,23 +18,28 @@ import subprocess
 
 import pytest
 
-from conftest import TIMEOUT, connections, start_servers, wait_for
 from resp import free_port
-from test_cluster import NSLOTS, keyslot, lock_key
-from test_exclusion import race
-from test_sentinel import calls
-from test_tls import TlsServer, check, pki  # noqa: F401 (fixture)
+from support.server import connections, start_servers
+from support.tls import TlsServer
+from support.topology import NSLOTS, keyslot, lock_key
+from support.util import CLI, TIMEOUT, run, wait_for
+from support.workers import calls, race
 
 LOCK = ('locks = ( { symbol = "ledger_update"; key = "{arg0:str}"; lease_ms = 5000; '
         'wait_ms = 30000; } );\n')
 
 
 @pytest.fixture
-def tls_nodes(request, pki):  # noqa: F811 (the fixture above)
+def tls_nodes(request, pki):
     """Starts TLS redis-servers with extra arguments; each is stopped by pid
     when the test ends, its log printed if the test failed."""
     yield from start_servers(request, lambda *extra: TlsServer(pki, extra=extra),
                              lambda s: "redis-server (TLS) %d" % s.port)
+
+
+def check(cfg):
+    """`lockshim check -c cfg`, without the shim."""
+    return run([CLI, "check", "-c", cfg])
 
 
 def write_cfg(tmp_path, topology, tls):
@@ -53,7 +58,7 @@ def masters_cfg(tmp_path, servers, tls):
     return write_cfg(tmp_path, "masters = ( %s );" % masters, tls)
 
 
-def test_redlock_over_tls(progs, tls_nodes, pki, tmp_path):  # noqa: F811
+def test_redlock_over_tls(progs, tls_nodes, pki, tmp_path):
     servers = [tls_nodes() for _ in range(3)]
     before = [connections(s) for s in servers]
     cfg = masters_cfg(tmp_path, servers, 'tls = { ca_file = "%s"; };' % pki["ca"])
@@ -77,18 +82,18 @@ def test_redlock_without_tls_names_every_master(tls_nodes, tmp_path):
 # ---- 2. Redis Cluster --------------------------------------------------------------------
 
 
-def tls_cli(pki):  # noqa: F811
+def tls_cli(pki):
     return ["redis-cli", "--tls", "--cacert", pki["ca"]]
 
 
-def slots_ok(pki, server):  # noqa: F811
+def slots_ok(pki, server):
     r = subprocess.run(tls_cli(pki) + ["-p", str(server.port), "CLUSTER", "INFO"],
                        capture_output=True, text=True, timeout=TIMEOUT,
                        stdin=subprocess.DEVNULL)
     return "cluster_state:ok" in r.stdout and "cluster_slots_ok:%d" % NSLOTS in r.stdout
 
 
-def test_cluster_over_tls(progs, tls_nodes, pki, tmp_path):  # noqa: F811
+def test_cluster_over_tls(progs, tls_nodes, pki, tmp_path):
     nodes = []
     for _ in range(3):
         d = free_port()

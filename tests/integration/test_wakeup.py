@@ -5,7 +5,7 @@ and impatient waiters leaving the queue."""
 import signal
 import time
 
-from conftest import MULT, run, wait_for, write_config
+from support.util import MULT, run, wait_for, write_config
 
 KEY = "lockshim:f"
 

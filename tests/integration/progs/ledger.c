@@ -2,6 +2,10 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#ifndef LEDGER_WINDOW_US
+#define LEDGER_WINDOW_US 1000 /* between the read and the write */
+#endif
+
 int ledger_update(const char *path)
 {
 	long v = 0;
@@ -12,7 +16,7 @@ int ledger_update(const char *path)
 			v = 0;
 		fclose(f);
 	}
-	usleep(1000);
+	usleep(LEDGER_WINDOW_US);
 	f = fopen(path, "w");
 	if (!f)
 		return -1;

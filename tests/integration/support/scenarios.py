@@ -1,0 +1,119 @@
+# SPDX-License-Identifier: MIT
+"""Test bodies and checks that several test files run, each against its
+own server or build of a program.
+
+- The hostile program (progs/hostile.c, its library progs/hostile_lib.c):
+  build_hostile, and dropped_during_a_call, Redis closing the shim's
+  connection while a guarded call holds the lock (test_hostile.py over a
+  plain server, test_tls.py over TLS), with the checks it is made of.
+- jumped_out_and_released: the jump program (progs/jump_main.c) left its
+  guarded call by longjmp and its hold was released (test_abi.py for the
+  PLT/GOT methods, test_entry.py for entry patching).
+"""
+import os
+import time
+
+from support.server import lock_keys
+from support.util import MULT, TIMEOUT, cc, wait_for
+
+
+# ---- the hostile program -------------------------------------------------------
+
+def build_hostile(d):
+    """Builds d/hostile and its d/libhostile.so; returns the program's path."""
+    cc(os.path.join(d, "libhostile.so"), ["hostile_lib.c"], "-O2", "-shared", "-fPIC")
+    return cc(os.path.join(d, "hostile"), ["hostile.c"], "-O2", "-L" + d,
+              "-Wl,-rpath," + d, "-lhostile")
+
+
+def expect(p, prefix):
+    """p.expect(prefix), naming the exit status when the program died first."""
+    try:
+        return p.expect(prefix)
+    except AssertionError as e:
+        raise AssertionError("%s\nexit status %s" % (e, p.p.wait(TIMEOUT))) from None
+
+
+def acquisitions(stderr, key):
+    """How many times the shim's debug log says it took key in Redis."""
+    return stderr.count("acquired %s for " % key)
+
+
+def shim_clients(redis):
+    """Ids of the clients connected to redis, but for the one asking."""
+    ids = set()
+    for line in redis.cmd("CLIENT", "LIST").splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if not fields.get("cmd", "").startswith("client"):
+            ids.add(fields["id"])
+    return ids
+
+
+def assert_held_by(redis, key, proc):
+    """The lock key exists in Redis and its value names proc's pid."""
+    value = redis.cmd("GET", key)
+    assert value is not None and ":%d:" % proc.p.pid in value, value
+
+
+def drop_shim_connections(redis, how):
+    """Makes Redis close every connection of the program, and waits until
+    CLIENT LIST shows none of them."""
+    ids = shim_clients(redis)
+    assert ids, "the program holds a lock, so it is connected"
+    if how == "client-kill":
+        redis.cmd("CLIENT", "KILL", "TYPE", "normal")  # SKIPME yes: not this client
+    else:
+        redis.cmd("CONFIG", "SET", "timeout", "1")
+    wait_for(lambda: not ids & shim_clients(redis), timeout=15,
+             what="Redis to close the program's connections")
+    redis.cmd("CONFIG", "SET", "timeout", "0")
+
+
+# subprocess starts programs with SIGPIPE at SIG_DFL and an empty signal mask
+SIGPIPE_AS_STARTED = "sigpipe handler=default blocked=no"
+# the lock dropped_during_a_call's cfg must take on block_call
+DROPPED_LOCK = ('{ symbol = "block_call"; key = "k"; linger_ms = 0; lease_ms = 60000; '
+                'wait_ms = 60000; }')
+
+
+def dropped_during_a_call(hostile, redis, cfg, procs, how):
+    """Redis closes the shim's connection (how: "client-kill" or
+    "idle-timeout") while a guarded call of the hostile program holds the
+    lock: the program finishes both its calls, the second one guarded at
+    once, with SIGPIPE still at SIG_DFL and unblocked. redis: a RedisServer
+    or a TlsServer; cfg locks block_call as DROPPED_LOCK does."""
+    key = "lockshim:k"
+    p = procs([hostile, "sigpipe", "block", "block", "sigpipe"], cfg)
+    assert expect(p, "sigpipe") == SIGPIPE_AS_STARTED
+    expect(p, "inside")
+    assert_held_by(redis, key, p)
+    drop_shim_connections(redis, how)
+    p.send()
+    assert expect(p, "block") == "block rc=7"
+    t0 = time.monotonic()
+    expect(p, "inside")
+    assert time.monotonic() - t0 < 5 * MULT  # well under the 60 s lease
+    assert_held_by(redis, key, p)
+    p.send()
+    assert expect(p, "block") == "block rc=7"
+    assert expect(p, "sigpipe") == SIGPIPE_AS_STARTED
+    rc, _, err = p.finish()
+    assert rc == 0, err
+    assert acquisitions(err, key) == 2, err
+    assert lock_keys(redis) == []
+
+
+# ---- the jump program ------------------------------------------------------------
+
+def jumped_out_and_released(p, redis):
+    """Asserts that the jump program p (jump_main.c), whose lock on through
+    is not reentrant and has wait_ms = 0, jumped out of the guarded call and
+    called again: "again 1" proves the hold was released, and the key is
+    gone while it still runs. Returns its stderr."""
+    assert p.expect("jumped") == "jumped"
+    assert p.expect("again") == "again 1"
+    assert redis.cmd("EXISTS", "lockshim:through") == 0
+    p.send()
+    rc, _, err = p.finish()
+    assert rc == 0, err
+    return err

@@ -1,0 +1,128 @@
+# SPDX-License-Identifier: MIT
+"""A redis-server of the test's own, and the bodies of the fixtures that
+start servers: each on a free 127.0.0.1 port (and a unix socket), stopped
+by its pid when the test ends, its log printed when the test failed.
+"""
+import os
+import shutil
+import subprocess
+import tempfile
+
+from resp import Resp, free_port
+from support.util import wait_for
+
+
+class RedisServer:
+    def __init__(self, password=None):
+        self.dir = tempfile.mkdtemp(prefix="lsr")
+        self.sock = os.path.join(self.dir, "redis.sock")
+        self.log = os.path.join(self.dir, "redis.log")
+        self.port = free_port()
+        self.password = password
+        self.proc = None
+
+    def start(self):
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                "--unixsocket", self.sock, "--unixsocketperm", "700",
+                "--save", "", "--appendonly", "no", "--daemonize", "no",
+                "--logfile", self.log, "--dir", self.dir]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
+        wait_for(self._ready, what="redis-server on port %d" % self.port)
+        return self
+
+    def _ready(self):
+        if self.proc.poll() is not None:
+            raise AssertionError("redis-server exited: %s" % self.tail())
+        try:
+            c = self.client()
+            ok = c.cmd("PING") == "PONG"
+            c.close()
+            return ok
+        except (OSError, ConnectionError):
+            return False
+
+    def client(self):
+        return Resp(port=self.port, password=self.password)
+
+    def cmd(self, *args):
+        c = self.client()
+        try:
+            return c.cmd(*args)
+        finally:
+            c.close()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def tail(self):
+        try:
+            with open(self.log) as f:
+                return f.read()[-2000:]
+        except OSError:
+            return ""
+
+    def cleanup(self):
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def connections(server):
+    """How many connections server (anything with cmd()) has accepted."""
+    stats = server.cmd("INFO", "stats")
+    return int(stats.split("total_connections_received:")[1].split()[0])
+
+
+def call_failed(request):
+    """Whether the test of a fixture's request failed in its call phase."""
+    return bool(getattr(request.node, "rep_call", None) and request.node.rep_call.failed)
+
+
+def started(request, thing):
+    """The body of a fixture around thing (start(), logs(), stop()): yields
+    it once started; prints its logs if the test failed; stops it, also
+    when start() failed half-way."""
+    try:
+        thing.start()
+        yield thing
+        if call_failed(request):
+            print(thing.logs())
+    finally:
+        thing.stop()
+
+
+def start_servers(request, make, label):
+    """The body of a fixture starting servers: yields start(*args, **kw),
+    which starts make(*args, **kw) and returns it; each one is stopped (by
+    pid) when the test ends, with its log, headed label(server), printed
+    if the test failed."""
+    started = []
+
+    def start(*args, **kw):
+        s = make(*args, **kw)
+        started.append(s)
+        return s.start()
+    yield start
+    failed = call_failed(request)
+    for s in started:
+        if failed:
+            print("---- %s log ----\n%s" % (label(s), s.tail()))
+        s.cleanup()
+
+
+AUX_SUFFIXES = (":q", ":qx", ":due")
+
+
+def lock_keys(redis, pattern="lockshim:*"):
+    """Lock keys matching pattern, without the short-lived auxiliary keys
+    (waiter queues and signal lists) that hang off them."""
+    return sorted(k for k in redis.cmd("KEYS", pattern)
+                  if not k.endswith(AUX_SUFFIXES) and ":w:" not in k)

@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: MIT
+"""What every integration test uses: where the build is, the knobs read
+from the environment, running programs under the shim, polling.
+
+LOCKSHIM_BUILD selects the build directory (build/asan for the sanitizer
+run); LOCKSHIM_TEST_ASAN=1 preloads the ASan runtime ahead of the shim;
+LOCKSHIM_TEST_TIMEOUT_MULTIPLIER scales every timeout and time bound.
+"""
+import os
+import subprocess
+import time
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/integration
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+BUILD = os.path.join(ROOT, os.environ.get("LOCKSHIM_BUILD", "build"))
+SHIM = os.path.join(BUILD, "liblockshim.so")
+CLI = os.path.join(BUILD, "lockshim")
+PROGS = os.path.join(HERE, "progs")
+MULT = float(os.environ.get("LOCKSHIM_TEST_TIMEOUT_MULTIPLIER", "1"))
+ASAN = bool(os.environ.get("LOCKSHIM_TEST_ASAN"))
+TIMEOUT = 60 * MULT
+
+
+def _asan_runtime():
+    out = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    return os.path.realpath(out)
+
+
+PRELOAD = (_asan_runtime() + ":" if ASAN else "") + SHIM
+
+
+def wait_for(pred, timeout=10.0, what="condition"):
+    """Polls an external observable (Redis state, a file) until pred() holds."""
+    deadline = time.monotonic() + timeout * MULT
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.01)
+    raise AssertionError("timed out waiting for " + what)
+
+
+# ---- legacy programs ---------------------------------------------------------
+
+def cc(out, srcs, *flags, cxx=False):
+    cmd = ["g++" if cxx else "gcc", "-g", "-o", out] + \
+          [os.path.join(PROGS, s) for s in srcs] + list(flags)
+    subprocess.run(cmd, check=True)
+    return out
+
+
+# ---- running programs under the shim ----------------------------------------
+
+def write_config(tmp_path, redis, body, redis_extra=""):
+    """Writes a config for redis (a RedisServer or None) plus body; returns its path."""
+    path = os.path.join(str(tmp_path), "lockshim.cfg")
+    head = ""
+    if redis is not None:
+        head = 'redis = { host = "127.0.0.1"; port = %d; %s };\n' % (redis.port, redis_extra)
+    with open(path, "w") as f:
+        f.write(head + body)
+    return path
+
+
+def shim_env(cfg, preload=True, **extra):
+    env = dict(os.environ)
+    env.pop("LOCKSHIM_LOG_LEVEL", None)
+    env.pop("LD_PRELOAD", None)
+    if preload:
+        env["LD_PRELOAD"] = PRELOAD
+        env["LOCKSHIM_CONFIG"] = cfg
+    if ASAN:
+        env["ASAN_OPTIONS"] = "detect_leaks=0:verify_asan_link_order=0:abort_on_error=0"
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run(argv, cfg=None, preload=True, timeout=None, **extra):
+    """Runs argv to completion; returns the CompletedProcess (text mode)."""
+    return subprocess.run(argv, env=shim_env(cfg, preload and cfg is not None, **extra),
+                           capture_output=True, text=True, timeout=timeout or TIMEOUT,
+                           stdin=subprocess.DEVNULL)
+
+
+class Proc:
+    """A program running in the background, read line by line."""
+
+    def __init__(self, argv, cfg=None, preload=True, **extra):
+        self.p = subprocess.Popen(argv, env=shim_env(cfg, preload and cfg is not None, **extra),
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+
+    def expect(self, prefix):
+        """Reads stdout lines until one starts with prefix; returns it."""
+        seen = []
+        while True:
+            line = self.p.stdout.readline()
+            if not line:
+                raise AssertionError("EOF before %r; saw %r; stderr: %s"
+                                     % (prefix, seen, self.p.stderr.read()))
+            if line.startswith(prefix):
+                return line.strip()
+            seen.append(line)
+
+    def send(self, line="go"):
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+
+    def signal(self, sig):
+        os.kill(self.p.pid, sig)
+
+    def finish(self, timeout=None):
+        """Waits for exit; returns (returncode, rest of stdout, stderr)."""
+        out, err = self.p.communicate(timeout=timeout or TIMEOUT)
+        return self.p.returncode, out, err
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.communicate()
