@@ -17,18 +17,11 @@ import signal
 
 import pytest
 
-from resp import Resp
 from support.scenarios import build_hostile
 from support.server import RedisServer, call_failed
 from support.tls import make_pki
-from support.util import (ASAN, BUILD, CLI, ROOT, SHIM, TIMEOUT, Proc, cc, run, shim_env,
-                          wait_for, write_config)
+from support.util import Proc, cc
 from support.workers import Bg, build_block, build_worker
-
-# Re-exported for the test files that import them from here (test_cli,
-# test_config, test_docs, test_layout); the others import from support/.
-__all__ = ["ASAN", "BUILD", "CLI", "ROOT", "SHIM", "TIMEOUT", "RedisServer", "Resp", "run",
-           "shim_env", "wait_for", "write_config"]
 
 
 @pytest.fixture

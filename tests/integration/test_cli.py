@@ -4,7 +4,8 @@ handling."""
 import os
 import subprocess
 
-from conftest import CLI, SHIM, RedisServer, TIMEOUT, shim_env, write_config
+from support.server import RedisServer
+from support.util import CLI, SHIM, TIMEOUT, shim_env, write_config
 
 LOCK = 'locks = ( { symbol = "hold_call"; } );\n'
 

@@ -5,7 +5,9 @@ import os
 
 import pytest
 
-from conftest import RedisServer, Resp, run, wait_for, write_config
+from resp import Resp
+from support.server import RedisServer
+from support.util import run, wait_for, write_config
 
 BAD = [
     ('locks = ( { symbol = "hold_call"; on_timeout = "maybe"; } );',

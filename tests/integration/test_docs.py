@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from conftest import ASAN, BUILD, CLI, ROOT, TIMEOUT, run, write_config
+from support.util import ASAN, BUILD, CLI, ROOT, TIMEOUT, run, write_config
 
 
 README = os.path.join(ROOT, "README.md")

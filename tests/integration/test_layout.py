@@ -7,7 +7,7 @@ import glob
 import os
 import re
 
-from conftest import ROOT
+from support.util import ROOT
 
 FOLDERS = ["cli", "shim", "backend", "common", "arch"]
 LAYERS = ["dispatch", "lock", "renew", "backend"]
