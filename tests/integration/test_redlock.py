@@ -31,7 +31,7 @@ import time
 
 import pytest
 
-from proxy import BLACK_HOLE, PASS, Proxy
+from support.proxy import BLACK_HOLE, PASS, Proxy
 from support.server import RedisServer, call_failed, connections, lock_keys, start_servers
 from support.topology import FAST, Masters
 from support.util import CLI, MULT, TIMEOUT, cc, run, shim_env, wait_for

@@ -26,7 +26,7 @@ import types
 
 import pytest
 
-from proxy import BLACK_HOLE, DROP_REPLIES, PASS, Proxy
+from support.proxy import BLACK_HOLE, DROP_REPLIES, PASS, Proxy
 from support.server import lock_keys
 from support.util import ASAN, MULT, cc, run, wait_for, write_config
 
