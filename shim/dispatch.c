@@ -143,7 +143,8 @@ static void dispatch_leave(struct lock_call *call)
 static int policy_for(const struct lock_spec *s, int outcome)
 {
 	int p = outcome == LOCK_TIMEOUT ? s->on_timeout : s->on_error;
-	const char *why = outcome == LOCK_TIMEOUT ? "lock wait timed out" : "Redis unavailable";
+	const char *why = outcome == LOCK_TIMEOUT ? "lock wait timed out" :
+			  outcome == LOCK_NOLEASE ? "lease cannot be kept" : "Redis unavailable";
 
 	if (p == POLICY_PROCEED)
 		LOG(LOG_WARN, "%s: %s; running the call unguarded (proceed)", s->symbol, why);

@@ -232,15 +232,17 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
  * when Redis may have run its command without answering, hands its token
  * to the renewal thread to be deleted (renew_forget). Sets *granted_ttl_ms
  * to the TTL the key was given (the lease, or the shorter waiter TTL of a
- * hand-over), from which renew_track plans the first renewal. Returns an
- * enum lock_outcome.
+ * hand-over), from which renew_track plans the first renewal. A waiter
+ * starts the renewal thread before it queues; when that fails it gives up
+ * at once (LOCK_NOLEASE), since a lock it took could not be kept. Returns
+ * an enum lock_outcome.
  */
 static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_item *it,
 			long long *granted_ttl_ms)
 {
 	const struct lock_spec *s = l->spec;
 	int64_t now = util_now_ms(), step = 2, deadline, logged = now - LOCK_ERROR_LOG_MS;
-	int busy = 0, tries = 0, unsure = 0, rc;
+	int busy = 0, tries = 0, unsure = 0, start_rc = 0, rc;
 	char err[192] = "", holder[BACKEND_VAL_MAX], seen[BACKEND_VAL_MAX];
 	size_t hlen, seen_len = 0;
 
@@ -273,8 +275,10 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 		if (now >= deadline)
 			break;
 		if (rc == BACKEND_NO) {
-			if (!it->waiting)
-				renew_start(); /* while waiting, not while holding */
+			/* while waiting, not while holding; without the thread a
+			 * lock taken could not be kept: give up now (not queued) */
+			if (!it->waiting && (start_rc = renew_start()) != 0)
+				break;
 			it->waiting = 1; /* queued from now on (joins at once if not yet) */
 			if (hint == BACKEND_NOT_QUEUED)
 				continue;
@@ -303,6 +307,12 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 	} else if (it->waiting && backend->ops->leave(t->conn, it, 1) == BACKEND_ERR) {
 		conn_check(t, -1, err, sizeof(err));
 		renew_forget(it);
+	}
+	if (start_rc) {
+		LOG(LOG_ERROR, "%s: lock %.*s not taken: its lease could not be kept "
+		    "(cannot start the renewal thread: %s)", s->symbol, (int)l->klen, l->key,
+		    strerror(-start_rc));
+		return LOCK_NOLEASE;
 	}
 	if (!busy) {
 		LOG(LOG_ERROR, "%s: Redis unavailable for %lld ms, lock %.*s not taken: %s",
@@ -418,6 +428,24 @@ static struct lock_hold *slot_get(struct lock_thread *t)
 	return NULL;
 }
 
+/*
+ * The lock of h (taken, tracked, not yet counted in t's holds) cannot be
+ * kept: renew_track could not start the renewal thread (-errno rc). No
+ * call may run on a lease nobody renews, so it is released at once through
+ * the release path (the key is deleted, or handed to a waiter, if it is
+ * still ours) and h's slot stays free. Returns LOCK_NOLEASE.
+ */
+static int unkept(struct lock_thread *t, struct lock_hold *h, int rc)
+{
+	const struct lease *l = &h->lease;
+
+	LOG(LOG_ERROR, "%s: lock %.*s released at once: its lease could not be kept "
+	    "(cannot start the renewal thread: %s)", l->spec->symbol, (int)l->klen, l->key,
+	    strerror(-rc));
+	release_hold(t, h, 1);
+	return LOCK_NOLEASE;
+}
+
 int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS],
 		 struct lock_call *call)
 {
@@ -430,8 +458,9 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS
 
 	call->hold = NULL;
 	if (!t) {
-		LOG(LOG_ERROR, "%s: out of memory", spec->symbol);
-		return LOCK_ERROR;
+		LOG(LOG_ERROR, "%s: lock not taken: its lease could not be kept (out of "
+		    "memory for the thread's lock state)", spec->symbol);
+		return LOCK_NOLEASE;
 	}
 	klen = key_expand(&spec->key, args, lock_pid, key);
 	if (spec->reentrant && (h = find_hold(t, key, klen, 0)) != NULL) {
@@ -457,13 +486,12 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS
 	rc = acquire_wait(t, &h->lease, &granted_ttl_ms);
 	if (rc != LOCK_OK)
 		return rc;
+	if ((rc = renew_track(&h->lease, granted_ttl_ms)) != 0)
+		return unkept(t, h, rc);
 	h->count = 1;
 	h->foreign = 0;
 	if (h == &t->holds[t->nholds])
 		t->nholds++;
-	if (renew_track(&h->lease, granted_ttl_ms) != 0)
-		LOG(LOG_ERROR, "%s: cannot start the renewal thread; lease %.*s will "
-		    "expire after %lld ms", spec->symbol, (int)klen, key, spec->lease_ms);
 	push_call(t, call, h);
 	return LOCK_OK;
 }

@@ -29,7 +29,10 @@ struct lock_call {
 	struct lock_hold *hold; /* NULL when the call holds nothing */
 };
 
-enum lock_outcome { LOCK_OK, LOCK_TIMEOUT, LOCK_ERROR };
+/* LOCK_NOLEASE: the lock was taken but what keeps its lease could not be
+ * set up (the renewal thread, memory); it was released again, and the call
+ * gets on_error as for LOCK_ERROR. */
+enum lock_outcome { LOCK_OK, LOCK_TIMEOUT, LOCK_ERROR, LOCK_NOLEASE };
 
 /* Sets the backend (and the renewal thread's). Call once, before any
  * acquire. Returns 0 or -errno. */
@@ -38,7 +41,9 @@ int lock_setup(const struct backend *b);
 /*
  * Takes spec's lock for a call with integer argument registers args, waiting up to
  * spec->wait_ms. On LOCK_OK, call is pushed on the thread's call stack and
- * must be passed to lock_release. Otherwise call->hold stays NULL.
+ * must be passed to lock_release, and the lease is renewed while the call
+ * runs. Otherwise call->hold stays NULL and nothing is held (a lock whose
+ * lease could not be kept is released before this returns: LOCK_NOLEASE).
  */
 int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS],
 		 struct lock_call *call);
