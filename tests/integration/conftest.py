@@ -69,6 +69,10 @@ def progs(tmp_path_factory):
     p["jump"] = cc(os.path.join(d, "jump"), ["jump_main.c"], "-O0", *lib, "-ljump")
     p["jump_fortify"] = cc(os.path.join(d, "jump_fortify"), ["jump_main.c"], "-O2",
                            "-D_FORTIFY_SOURCE=2", *lib, "-ljump")
+    p["failinj"] = cc(os.path.join(d, "libfailinj.so"), ["failinj.c"], "-O2", "-shared",
+                      "-fPIC", "-ldl")
+    p["failinj_probe"] = cc(os.path.join(d, "failinj_probe"), ["failinj_probe.c"], "-O2",
+                            "-lpthread")
     return p
 
 
