@@ -5,12 +5,15 @@ applies. progs/failinj.c, preloaded ahead of the shim, makes pthread_create
 or the allocator fail (from the start, or once a file exists)."""
 import errno
 import os
+import shutil
 import signal
+import subprocess
+import tempfile
 import time
 
 import pytest
 
-from support.util import MULT, PRELOAD, run, write_config
+from support.util import ASAN, MULT, PRELOAD, run, write_config
 
 KEY = "lockshim:hold_call"
 EAGAIN_TEXT = os.strerror(errno.EAGAIN)
@@ -22,11 +25,19 @@ def cfg_for(tmp_path, redis, settings):
 
 
 def inject(progs, mode, arm=None):
-    """The environment that preloads failinj ahead of the shim, failing mode."""
-    env = {"LD_PRELOAD": progs["failinj"] + ":" + PRELOAD, "FAILINJ": mode}
+    """The environment that preloads failinj just ahead of the shim, failing
+    mode. Under ASan its runtime stays first: its pthread_create
+    interceptor calls the next definition, failinj's (but its allocator
+    never calls the next malloc: see needs_libc_malloc)."""
+    parts = PRELOAD.split(":")
+    parts.insert(len(parts) - 1, progs["failinj"])
+    env = {"LD_PRELOAD": ":".join(parts), "FAILINJ": mode}
     if arm:
         env["FAILINJ_ARM"] = arm
     return env
+
+
+needs_libc_malloc = pytest.mark.skipif(ASAN, reason="ASan's allocator is the shim's")
 
 
 def test_injection_control(progs, tmp_path):
@@ -120,6 +131,7 @@ def test_waiter_gives_up_when_renewal_cannot_start(progs, redis, tmp_path):
     assert redis.cmd("EXISTS", KEY + ":q") == 0 or redis.cmd("LLEN", KEY + ":q") == 0
 
 
+@needs_libc_malloc
 def test_allocation_failure_after_startup(progs, redis, tmp_path, procs):
     """Allocation fails once the program runs (the first guarded call's
     lock state cannot be made): on_error applies, nothing is taken."""
@@ -135,4 +147,91 @@ def test_allocation_failure_after_startup(progs, redis, tmp_path, procs):
     status, rest, err = p.finish()
     assert status == 0 and "enter" not in rest, err
     assert "hold_call: lock not taken: its lease could not be kept (out of memory" in err
+    assert redis.cmd("EXISTS", KEY) == 0
+
+
+# ---- real-world triggers: RLIMIT_NPROC and RLIMIT_AS -------------------------
+
+def free_uid():
+    """A uid no process of this machine runs as (RLIMIT_NPROC counts the
+    processes and threads of the real uid)."""
+    used = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/status" % pid) as f:
+                used.update(int(l.split()[1]) for l in f if l.startswith("Uid:"))
+        except OSError:
+            pass
+    uid = 200000 + os.getpid() % 100000
+    while uid in used:
+        uid += 1
+    return uid
+
+
+@pytest.fixture
+def public_dir(progs):
+    """A directory any uid can read, holding the driver and its library (the
+    session's build directories are root's alone)."""
+    d = tempfile.mkdtemp(prefix="lockshim-nproc-")
+    os.chmod(d, 0o755)
+    for name in ("driver", "libtarget.so"):
+        shutil.copy(os.path.join(progs["dir"], name), d)
+    yield d
+    shutil.rmtree(d)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or
+                    not shutil.which("prlimit"), reason="needs root, setpriv and prlimit")
+def test_rlimit_nproc(redis, public_dir):
+    """RLIMIT_NPROC, as a user meets it: an unprivileged uid limited to one
+    task cannot start the renewal thread (root is exempt from the limit,
+    capabilities or not, so the program runs as a uid of its own). The
+    control: with two tasks allowed the same call runs, guarded."""
+    cfg = os.path.join(public_dir, "lockshim.cfg")
+    with open(cfg, "w") as f:
+        f.write('redis = { host = "127.0.0.1"; port = %d; };\n'
+                'locks = ( { symbol = "hold_call"; lease_ms = 60000; on_error = "skip"; '
+                'errno = "ENOLCK"; } );\n' % redis.port)
+    os.chmod(cfg, 0o644)
+    uid = free_uid()
+
+    def as_user(nproc):
+        return run(["prlimit", "--nproc=%d:%d" % (nproc, nproc), "setpriv", "--reuid=%d" % uid,
+                    "--regid=%d" % uid, "--clear-groups", "env", "LD_PRELOAD=" + PRELOAD,
+                    os.path.join(public_dir, "driver"), "call:0"], preload=False,
+                   LOCKSHIM_CONFIG=cfg, LD_LIBRARY_PATH=public_dir)
+    r = as_user(1)
+    assert r.stdout == "call rc=-1 errno=%d\n" % errno.ENOLCK, r.stderr
+    assert ("lock %s released at once: its lease could not be kept (cannot start the "
+            "renewal thread: %s)" % (KEY, EAGAIN_TEXT)) in r.stderr
+    assert redis.cmd("EXISTS", KEY) == 0
+    r = as_user(2)
+    assert r.stdout == "enter 0\ncall rc=42 errno=0\n", r.stderr
+    assert "could not be kept" not in r.stderr
+
+
+@pytest.mark.skipif(ASAN, reason="ASan reserves terabytes of address space")
+@pytest.mark.parametrize("limited", [True, False])
+def test_rlimit_as_after_startup(progs, redis, tmp_path, procs, limited):
+    """Memory pressure, as RLIMIT_AS makes it: once the program runs, its
+    address space may grow by 1 MiB only: small allocations succeed, a
+    thread's stack does not, so the renewal thread cannot start. The
+    control (limited False) runs the same steps without the limit."""
+    cfg = cfg_for(tmp_path, redis, 'lease_ms = 60000; on_error = "skip"; errno = "ENOLCK";')
+    p = procs([progs["driver"], "other:1", "stdin", "call:0"], cfg)
+    assert p.expect("other") == "other rc=2 errno=0"
+    if limited:
+        with open("/proc/%d/status" % p.p.pid) as f:
+            vm_kib = next(int(l.split()[1]) for l in f if l.startswith("VmSize:"))
+        subprocess.run(["prlimit", "--pid", str(p.p.pid), "--as=%d:" % ((vm_kib + 1024) * 1024)],
+                       check=True)
+    p.send()
+    status, out, err = p.finish()
+    assert status == 0, err
+    if not limited:
+        assert out == "enter 0\ncall rc=42 errno=0\n", err
+        return
+    assert out == "call rc=-1 errno=%d\n" % errno.ENOLCK, err
+    assert ("lock %s released at once: its lease could not be kept (cannot start the "
+            "renewal thread: %s)" % (KEY, EAGAIN_TEXT)) in err
     assert redis.cmd("EXISTS", KEY) == 0

@@ -64,23 +64,29 @@ static int in_arena(const void *p)
 	return (const char *)p >= arena && (const char *)p < arena + sizeof(arena);
 }
 
-static void resolve(void)
+/* Finds the next allocator. Returns whether it is known: not while a
+ * dlsym is running (a sanitizer's start-up looks its interceptors up
+ * before this library's turn), which the arena serves meanwhile. */
+static int resolve(void)
 {
 	if (next_free)
-		return;
+		return 1;
+	if (resolving)
+		return 0;
 	resolving = 1;
 	next_malloc = (void *(*)(size_t))dlsym(RTLD_NEXT, "malloc");
 	next_calloc = (void *(*)(size_t, size_t))dlsym(RTLD_NEXT, "calloc");
 	next_realloc = (void *(*)(void *, size_t))dlsym(RTLD_NEXT, "realloc");
-	next_free = (void (*)(void *))dlsym(RTLD_NEXT, "free");
+	if (next_malloc && next_calloc && next_realloc)
+		next_free = (void (*)(void *))dlsym(RTLD_NEXT, "free");
 	resolving = 0;
+	return next_free != NULL;
 }
 
 void *malloc(size_t n)
 {
-	if (resolving)
+	if (!resolve())
 		return arena_get(n);
-	resolve();
 	if (failing("alloc")) {
 		errno = ENOMEM;
 		return NULL;
@@ -90,9 +96,8 @@ void *malloc(size_t n)
 
 void *calloc(size_t a, size_t b)
 {
-	if (resolving)
+	if (!resolve())
 		return arena_get(a * b); /* the arena is zeroed and never reused */
-	resolve();
 	if (failing("alloc")) {
 		errno = ENOMEM;
 		return NULL;
@@ -104,9 +109,8 @@ void *realloc(void *p, size_t n)
 {
 	void *q;
 
-	if (resolving)
+	if (!resolve())
 		return NULL;
-	resolve();
 	if (failing("alloc")) {
 		errno = ENOMEM;
 		return NULL;
@@ -122,9 +126,8 @@ void *realloc(void *p, size_t n)
 
 void free(void *p)
 {
-	if (!p || in_arena(p))
+	if (!p || in_arena(p) || !resolve())
 		return;
-	resolve();
 	next_free(p);
 }
 
