@@ -457,12 +457,12 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS
 	int rc;
 
 	call->hold = NULL;
+	klen = key_expand(&spec->key, args, lock_pid, key);
 	if (!t) {
-		LOG(LOG_ERROR, "%s: lock not taken: its lease could not be kept (out of "
-		    "memory for the thread's lock state)", spec->symbol);
+		LOG(LOG_ERROR, "%s: lock %.*s not taken: its lease could not be kept (out "
+		    "of memory for the thread's lock state)", spec->symbol, (int)klen, key);
 		return LOCK_NOLEASE;
 	}
-	klen = key_expand(&spec->key, args, lock_pid, key);
 	if (spec->reentrant && (h = find_hold(t, key, klen, 0)) != NULL) {
 		h->count++;
 		push_call(t, call, h);

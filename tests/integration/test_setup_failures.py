@@ -146,7 +146,8 @@ def test_allocation_failure_after_startup(progs, redis, tmp_path, procs):
     assert p.expect("call") == "call rc=7 errno=%d" % errno.ENOMEM
     status, rest, err = p.finish()
     assert status == 0 and "enter" not in rest, err
-    assert "hold_call: lock not taken: its lease could not be kept (out of memory" in err
+    assert ("hold_call: lock %s not taken: its lease could not be kept (out of memory for "
+            "the thread's lock state)" % KEY) in err
     assert redis.cmd("EXISTS", KEY) == 0
 
 
