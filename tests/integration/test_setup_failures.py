@@ -57,16 +57,21 @@ def test_injection_control(progs, tmp_path):
     open(arm, "w").close()
     r = run([probe], preload=False, FAILINJ="thread,alloc", FAILINJ_ARM=arm, **pre)
     assert r.stdout == "thread rc=%d alloc=null errno=%d\n" % (errno.EAGAIN, errno.ENOMEM)
+    os.unlink(arm)
+    r = run([probe], preload=False, FAILINJ="thread,alloc", FAILINJ_ARM=arm, **pre)
+    assert r.stdout == "thread rc=0 alloc=ok errno=0\n"
 
 
 def overlap_run(progs, redis, tmp_path, procs, env):
-    """A holds hold_call for a call of `long` s (lease_ms 200); once it is
-    inside, B calls it without injection. Returns (A's first line, B's
-    output, whether B's call ended while A was still inside, A's stderr).
-    A's call sleeps at least `long` s after it printed "enter", so B ending
-    sooner than that after the line was read is an overlap for certain."""
+    """A holds hold_call for a call of `long` s (lease_ms 1000: renewed three
+    times a second, expired long before the call ends without renewal);
+    once A is inside, B calls it without injection. Returns (A's first
+    line, B's output, whether B's call ended while A was still inside, A's
+    stderr). A's call sleeps at least `long` s after it printed "enter", so
+    B ending sooner than that after the line was read is an overlap for
+    certain."""
     long = 4 * MULT
-    cfg = cfg_for(tmp_path, redis, "lease_ms = 200; wait_ms = %d;" % int(20000 * MULT))
+    cfg = cfg_for(tmp_path, redis, "lease_ms = 1000; wait_ms = %d;" % int(20000 * MULT))
     a = procs([progs["driver"], "call:%d" % int(long * 1000)], cfg, **env)
     first = a.expect("")
     t0 = time.monotonic()
@@ -115,6 +120,25 @@ def test_on_error_applies_and_key_released(progs, redis, tmp_path, settings, out
     assert ("lock %s released at once: its lease could not be kept (cannot start the "
             "renewal thread: %s)" % (KEY, EAGAIN_TEXT)) in r.stderr
     assert redis.cmd("EXISTS", KEY) == 0
+
+
+def test_next_call_tries_again(progs, redis, tmp_path, procs):
+    """A process recovers: once threads can be created again, the next call
+    starts the renewal thread and runs guarded."""
+    arm = str(tmp_path / "arm")
+    cfg = cfg_for(tmp_path, redis, 'lease_ms = 60000; on_error = "skip"; errno = "ENOLCK";')
+    p = procs([progs["driver"], "stdin", "call:0", "stdin", "call:0"], cfg,
+              **inject(progs, "thread", arm))
+    open(arm, "w").close()
+    p.send()
+    assert p.expect("call") == "call rc=-1 errno=%d" % errno.ENOLCK
+    assert redis.cmd("EXISTS", KEY) == 0
+    os.unlink(arm)
+    p.send()
+    assert p.expect("enter") == "enter 0"
+    assert p.expect("call") == "call rc=42 errno=0"
+    status, _, err = p.finish()
+    assert status == 0 and err.count("its lease could not be kept") == 1, err
 
 
 def test_waiter_gives_up_when_renewal_cannot_start(progs, redis, tmp_path):

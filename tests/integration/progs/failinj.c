@@ -5,9 +5,9 @@
  *
  * FAILINJ: what fails: "thread" (pthread_create returns EAGAIN), "alloc"
  * (malloc, calloc and realloc return NULL with ENOMEM), or both,
- * comma-separated. FAILINJ_ARM: a path; nothing fails until that file
- * exists (checked on each call of a failing kind until then, then for
- * good), so a program can start up first. Without FAILINJ nothing fails.
+ * comma-separated. FAILINJ_ARM: a path; calls fail only while that file
+ * exists (checked on each call of a failing kind), so a program can start
+ * up first and recover later. Without FAILINJ nothing fails.
  * The real functions are the next definitions (dlsym RTLD_NEXT: libc, or
  * a sanitizer's interceptors); allocations made while dlsym runs come
  * from a small static arena.
@@ -23,7 +23,6 @@
 static char arena[1 << 16] __attribute__((aligned(16)));
 static size_t arena_used;
 static __thread int resolving;
-static int armed; /* 1: failing from now on */
 
 static void *(*next_malloc)(size_t);
 static void *(*next_calloc)(size_t, size_t);
@@ -38,13 +37,8 @@ static int failing(const char *what)
 
 	if (!mode || !strstr(mode, what))
 		return 0;
-	if (__atomic_load_n(&armed, __ATOMIC_RELAXED))
-		return 1;
 	arm = getenv("FAILINJ_ARM");
-	if (arm && access(arm, F_OK) != 0)
-		return 0;
-	__atomic_store_n(&armed, 1, __ATOMIC_RELAXED);
-	return 1;
+	return !arm || access(arm, F_OK) == 0;
 }
 
 static void *arena_get(size_t n)
