@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /* Unit tests for conf.c: defaults, inheritance, validation messages. */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backend_redis_conf.h"
@@ -87,6 +89,58 @@ static void config_with(char *buf, size_t len, const char *group, const char *na
 	snprintf(buf, len, "%s\nredis = { %s %s };\nlocks = ( { symbol = \"f\"; %s } );\n",
 		 !strcmp(group, "top") ? set : "", !strcmp(group, "redis") ? set : "", tls,
 		 !strcmp(group, "lock") ? set : "");
+}
+
+/* conf_open_trusted on files in a fresh 0755 directory of this user's:
+ * refusals whoever runs it; acceptance only as root (the files must be
+ * root's). */
+static void open_trusted(void)
+{
+	char dir[] = "/tmp/lockshim-trust-XXXXXX", file[64], link[64], why[512];
+	int root = geteuid() == 0, fd;
+
+	if (!mkdtemp(dir))
+		return;
+	chmod(dir, 0755);
+	snprintf(file, sizeof(file), "%s/f", dir);
+	snprintf(link, sizeof(link), "%s/l", dir);
+	close(open(file, O_WRONLY | O_CREAT, 0644));
+	symlink("f", link);
+
+	test("conf_open_trusted: a relative path, a directory name");
+	test_cond(conf_open_trusted("f", O_RDONLY, 0, 1, why, sizeof(why)) == CONF_UNTRUSTED &&
+		  strstr(why, "absolute"));
+	test_cond(conf_open_trusted("/tmp/", O_RDONLY, 0, 1, why, sizeof(why)) == CONF_UNTRUSTED);
+
+	test("conf_open_trusted: root's file in root's directory (as root)");
+	fd = conf_open_trusted(file, O_RDONLY, 0, 1, why, sizeof(why));
+	test_cond(root ? fd >= 0 : fd == CONF_UNTRUSTED);
+	if (fd >= 0)
+		test_cond(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+	if (fd >= 0)
+		close(fd);
+
+	test("conf_open_trusted: a symbolic link, a missing file");
+	test_cond(conf_open_trusted(link, O_RDONLY, 0, 1, why, sizeof(why)) == CONF_UNTRUSTED &&
+		  (!root || strstr(why, "symbolic link")));
+	unlink(link);
+	test_cond(conf_open_trusted(link, O_RDONLY, 0, 1, why, sizeof(why)) == (root ? -1 : CONF_UNTRUSTED));
+
+	test("conf_open_trusted: a file writable by group or others (unless !file_too)");
+	chmod(file, 0664);
+	test_cond(conf_open_trusted(file, O_RDONLY, 0, 1, why, sizeof(why)) == CONF_UNTRUSTED &&
+		  (!root || strstr(why, "mode 0664")));
+	fd = conf_open_trusted(file, O_WRONLY | O_APPEND, 0, 0, why, sizeof(why));
+	test_cond(root ? fd >= 0 : fd == CONF_UNTRUSTED);
+	if (fd >= 0)
+		close(fd);
+
+	test("conf_open_trusted: a directory writable by others, even sticky");
+	chmod(dir, 01777);
+	test_cond(conf_open_trusted(file, O_WRONLY | O_APPEND, 0, 0, why, sizeof(why)) ==
+		  CONF_UNTRUSTED && strstr(why, "mode 1777") && strstr(why, dir));
+	unlink(file);
+	rmdir(dir);
 }
 
 int main(void)
@@ -593,5 +647,6 @@ int main(void)
 	test_cond(conf_load(&cfg, path, groups, err, sizeof(err)) != 0 && strstr(err, path) &&
 		  strstr(err, "cannot open"));
 	conf_release(&cfg);
+	open_trusted();
 	return test_report("config");
 }
