@@ -2,9 +2,10 @@
 /*
  * backend_redis_conf.c - the `redis` group of the file: its table (with
  * tls and the entries of masters), the checks that complete it (password
- * files, LOCKSHIM_REDIS_PASSWORD (neither from the environment nor from an
- * untrusted file in secure-execution mode: conf_secure), one topology: a server, sentinels,
- * cluster or masters) and the locks it refuses. It is the redis backend's
+ * files, LOCKSHIM_REDIS_PASSWORD, one topology: a server, sentinels,
+ * cluster or masters) and the locks it refuses. In secure-execution mode
+ * (conf_secure) the variable is not read and a password file is read only
+ * when conf_open_trusted accepts it. It is the redis backend's
  * struct conf_group, backend_redis_settings, which backend.c registers:
  * conf.c never names it. See backend_redis_conf.h for the struct.
  */

@@ -330,12 +330,57 @@ static int root_only(const struct stat *st)
 	return st->st_uid == 0 && !(st->st_mode & (S_IWGRP | S_IWOTH));
 }
 
+/* Opens the directory dir (absolute) one component at a time from "/",
+ * none followed through a symbolic link, each checked with fstat to be
+ * root's alone. Returns its descriptor, -1 when one cannot be opened, or
+ * CONF_UNTRUSTED; the reason in why. */
+static int open_trusted_dir(const char *dir, char *why, size_t whylen)
+{
+	char part[PATH_MAX];
+	const char *p = dir;
+	struct stat st = { 0 };
+	int fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC), next;
+
+	for (;;) {
+		size_t n = (size_t)(p - dir);
+
+		if (fd < 0 && (errno == ELOOP || errno == ENOTDIR)) {
+			snprintf(why, whylen, "\"%.*s\" is a symbolic link or not a directory",
+				 (int)n, dir);
+			return CONF_UNTRUSTED;
+		}
+		if (fd < 0) {
+			snprintf(why, whylen, "cannot open \"%.*s\": %s", (int)(n ? n : 1), dir,
+				 strerror(errno));
+			return -1;
+		}
+		if (fstat(fd, &st) != 0 || !root_only(&st)) {
+			snprintf(why, whylen, "directory \"%.*s\" (owner %u, mode %04o) is not owned "
+				 "by root or is writable by group or others", (int)(n ? n : 1), dir,
+				 (unsigned)st.st_uid, (unsigned)st.st_mode & 07777);
+			close(fd);
+			return CONF_UNTRUSTED;
+		}
+		while (*p == '/')
+			p++;
+		if (!*p)
+			return fd;
+		n = strcspn(p, "/");
+		memcpy(part, p, n);
+		part[n] = 0;
+		p += n;
+		next = openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		close(fd);
+		fd = next;
+	}
+}
+
 int conf_open_trusted(const char *path, int flags, int mode, int file_too, char *why,
 		      size_t whylen)
 {
 	const char *base = strrchr(path, '/');
 	char dir[PATH_MAX];
-	struct stat st;
+	struct stat st = { 0 };
 	int dfd, fd, e;
 
 	if (path[0] != '/' || !base[1] || (size_t)(base - path) >= sizeof(dir)) {
@@ -343,18 +388,9 @@ int conf_open_trusted(const char *path, int flags, int mode, int file_too, char 
 		return CONF_UNTRUSTED;
 	}
 	memcpy(dir, path, (size_t)(base - path));
-	dir[base == path ? 1 : base - path] = 0;
-	if ((dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
-		snprintf(why, whylen, "cannot open \"%s\": %s", dir, strerror(errno));
-		return -1;
-	}
-	if (fstat(dfd, &st) != 0 || !root_only(&st)) {
-		snprintf(why, whylen, "directory \"%s\" (owner %u, mode %04o) is not owned by root "
-			 "or is writable by group or others", dir, (unsigned)st.st_uid,
-			 (unsigned)st.st_mode & 07777);
-		close(dfd);
-		return CONF_UNTRUSTED;
-	}
+	dir[base - path] = 0;
+	if ((dfd = open_trusted_dir(dir, why, whylen)) < 0)
+		return dfd;
 	fd = openat(dfd, base + 1, flags | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, (mode_t)mode);
 	e = errno;
 	close(dfd);

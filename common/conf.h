@@ -144,13 +144,14 @@ int conf_secure(void);
 
 /*
  * Opens path (absolute) with flags | O_NOFOLLOW | O_CLOEXEC (mode when
- * creating) below its directory's descriptor, and accepts it only when
- * that directory (checked with fstat on the opened descriptor, the object
- * the file is really in) is owned by root and not writable by group or
- * others, the file is a regular file, not a symbolic link, and, when
- * file_too, the file itself is owned by root and not writable by group or
- * others. Returns the descriptor (the caller closes it); -1 when it cannot
- * be opened; CONF_UNTRUSTED when refused; the reason in why.
+ * creating), walking from "/" one directory descriptor below the other
+ * (openat, O_NOFOLLOW), and accepts it only when every directory on the
+ * way, checked with fstat on its descriptor, is owned by root and not
+ * writable by group or others, none is a symbolic link, the file is a
+ * regular file, not a symbolic link, and, when file_too, the file itself
+ * is owned by root and not writable by group or others. Returns the
+ * descriptor (the caller closes it); -1 when it cannot be opened;
+ * CONF_UNTRUSTED when refused; the reason in why.
  */
 int conf_open_trusted(const char *path, int flags, int mode, int file_too, char *why,
 		      size_t whylen);

@@ -16,10 +16,9 @@
  * to that descriptor how each lock will be guarded (redirect_init) and
  * ends the process there, before the program's own code runs: status 0
  * when every lock is guarded, 1 when some is not, 78 as above.
- * In secure-execution mode (conf_secure: set-ID, file capabilities) it
- * reads no LOCKSHIM_* variable and only the default path; when that file,
- * a password_file or the log_file's directory is not root's alone
- * (conf_open_trusted), it says so in one line and does nothing more.
+ * A set-ID program (conf_secure) reads no LOCKSHIM_* variable, only the
+ * default path; a file there not root's alone (conf_open_trusted): one
+ * line on stderr, and nothing more is done.
  *
  * The destructor turns wrappers into pass-throughs and releases the locks
  * still held (not in a vfork child, which shares the parent's state).

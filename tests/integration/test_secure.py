@@ -210,8 +210,15 @@ def _symlink_config(lay):
     os.symlink("real.cfg", lay.cfg)
 
 
+def _symlink_config_dir(lay):
+    os.rename(lay.etc, lay.etc + ".real")
+    os.symlink("lockshim.real", lay.etc)
+
+
 # Each breaks one rule of the trusted files; the reason the line must give.
 UNTRUSTED = {
+    "etc_group_writable": (_chmod(0o775, "upper"), 'directory "/etc"'),
+    "config_dir_symlink": (_symlink_config_dir, '"/etc/lockshim" is a symbolic link'),
     "config_group_writable": (_chmod(0o664, "upper", "lockshim", "lockshim.cfg"), "lockshim.cfg"),
     "config_other_writable": (_chmod(0o646, "upper", "lockshim", "lockshim.cfg"), "lockshim.cfg"),
     "config_not_root": (_chown_nobody("upper", "lockshim", "lockshim.cfg"), "lockshim.cfg"),
