@@ -3,16 +3,20 @@
  * backend_redis_conf.c - the `redis` group of the file: its table (with
  * tls and the entries of masters), the checks that complete it (password
  * files, LOCKSHIM_REDIS_PASSWORD, one topology: a server, sentinels,
- * cluster or masters) and the locks it refuses. It is the redis backend's
+ * cluster or masters) and the locks it refuses. In secure-execution mode
+ * (conf_secure) the variable is not read and a password file is read only
+ * when conf_open_trusted accepts it. It is the redis backend's
  * struct conf_group, backend_redis_settings, which backend.c registers:
  * conf.c never names it. See backend_redis_conf.h for the struct.
  */
 #include "backend_redis_conf.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "conf.h"
 #include "conf_field.h"
@@ -91,13 +95,26 @@ static int tls_check(struct conf_err *e, const config_setting_t *g, void *member
 	return 0;
 }
 
-/* Reads the first line of r->password_file into r->password. */
+/* Reads the first line of r->password_file into r->password; in
+ * secure-execution mode only from a file conf_open_trusted accepts (else
+ * e->untrusted is set with the error). */
 static int read_password_file(struct conf_err *e, const config_setting_t *g, struct redis_spec *r)
 {
-	char line[1024];
-	FILE *f = fopen(r->password_file, "re");
+	char line[1024], why[512];
+	FILE *f = NULL;
 	size_t n;
+	int fd;
 
+	if (!conf_secure()) {
+		f = fopen(r->password_file, "re");
+	} else if ((fd = conf_open_trusted(r->password_file, O_RDONLY, 0, 1, why,
+					   sizeof(why))) >= 0) {
+		if (!(f = fdopen(fd, "re")))
+			close(fd);
+	} else {
+		e->untrusted = fd == CONF_UNTRUSTED;
+		return conf_fail(e, g, "redis.password_file", "%s", why);
+	}
 	if (!f)
 		return conf_fail(e, g, "redis.password_file", "cannot open \"%s\": %s",
 			    r->password_file, strerror(errno));
@@ -227,7 +244,7 @@ static int check_topology(struct conf_err *e, const config_setting_t *g, struct 
 static int redis_check(struct conf_err *e, const config_setting_t *g, void *data)
 {
 	struct redis_spec *r = data;
-	const char *env = getenv("LOCKSHIM_REDIS_PASSWORD");
+	const char *env = secure_getenv("LOCKSHIM_REDIS_PASSWORD");
 
 	if (r->password && r->password_file)
 		return conf_fail(e, g, "redis.password_file", "give password or password_file, not both");

@@ -18,10 +18,14 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "conf_field.h"
@@ -315,19 +319,122 @@ static int conf_defaults(struct conf *cfg, const struct conf_group *const *group
 	return 0;
 }
 
+int conf_secure(void)
+{
+	return getauxval(AT_SECURE) != 0;
+}
+
+/* Returns 1 when st is owned by root and writable by nobody else. */
+static int root_only(const struct stat *st)
+{
+	return st->st_uid == 0 && !(st->st_mode & (S_IWGRP | S_IWOTH));
+}
+
+/* Opens the directory dir (absolute) one component at a time from "/",
+ * none followed through a symbolic link, each checked with fstat to be
+ * root's alone. Returns its descriptor, -1 when one cannot be opened, or
+ * CONF_UNTRUSTED; the reason in why. */
+static int open_trusted_dir(const char *dir, char *why, size_t whylen)
+{
+	char part[PATH_MAX];
+	const char *p = dir;
+	struct stat st = { 0 };
+	int fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC), next;
+
+	for (;;) {
+		size_t n = (size_t)(p - dir);
+
+		if (fd < 0 && (errno == ELOOP || errno == ENOTDIR)) {
+			snprintf(why, whylen, "\"%.*s\" is a symbolic link or not a directory",
+				 (int)n, dir);
+			return CONF_UNTRUSTED;
+		}
+		if (fd < 0) {
+			snprintf(why, whylen, "cannot open \"%.*s\": %s", (int)(n ? n : 1), dir,
+				 strerror(errno));
+			return -1;
+		}
+		if (fstat(fd, &st) != 0 || !root_only(&st)) {
+			snprintf(why, whylen, "directory \"%.*s\" (owner %u, mode %04o) is not owned "
+				 "by root or is writable by group or others", (int)(n ? n : 1), dir,
+				 (unsigned)st.st_uid, (unsigned)st.st_mode & 07777);
+			close(fd);
+			return CONF_UNTRUSTED;
+		}
+		while (*p == '/')
+			p++;
+		if (!*p)
+			return fd;
+		n = strcspn(p, "/");
+		memcpy(part, p, n);
+		part[n] = 0;
+		p += n;
+		next = openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		close(fd);
+		fd = next;
+	}
+}
+
+int conf_open_trusted(const char *path, int flags, int mode, int file_too, char *why,
+		      size_t whylen)
+{
+	const char *base = strrchr(path, '/');
+	char dir[PATH_MAX];
+	struct stat st = { 0 };
+	int dfd, fd, e;
+
+	if (path[0] != '/' || !base[1] || (size_t)(base - path) >= sizeof(dir)) {
+		snprintf(why, whylen, "\"%s\" is not an absolute path to a file", path);
+		return CONF_UNTRUSTED;
+	}
+	memcpy(dir, path, (size_t)(base - path));
+	dir[base - path] = 0;
+	if ((dfd = open_trusted_dir(dir, why, whylen)) < 0)
+		return dfd;
+	fd = openat(dfd, base + 1, flags | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, (mode_t)mode);
+	e = errno;
+	close(dfd);
+	if (fd < 0) {
+		snprintf(why, whylen, "\"%s\" %s%s", path, e == ELOOP ? "is a symbolic link" :
+			 "cannot be opened: ", e == ELOOP ? "" : strerror(e));
+		return e == ELOOP ? CONF_UNTRUSTED : -1;
+	}
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (file_too && !root_only(&st))) {
+		snprintf(why, whylen, "\"%s\" (owner %u, mode %04o) is not a regular file owned by "
+			 "root and not writable by group or others", path, (unsigned)st.st_uid,
+			 (unsigned)st.st_mode & 07777);
+		close(fd);
+		return CONF_UNTRUSTED;
+	}
+	return fd;
+}
+
 int conf_load(struct conf *cfg, const char *path, const struct conf_group *const *groups,
 	      char *err, size_t errlen)
 {
-	struct conf_err e = { err, errlen, path };
+	struct conf_err e = { err, errlen, path, 0 };
 	config_t cf;
 	FILE *f;
 	int rc;
 
 	if (conf_defaults(cfg, groups) || conf_str_set(&cfg->path, path))
 		return conf_fail(&e, NULL, "config", "out of memory");
-	f = fopen(path, "re");
-	if (!f)
+	if (conf_secure()) {
+		char why[512];
+		int fd = conf_open_trusted(path, O_RDONLY, 0, 1, why, sizeof(why));
+
+		if (fd == CONF_UNTRUSTED) {
+			snprintf(err, errlen, "%s", why);
+			return CONF_UNTRUSTED;
+		}
+		if (fd < 0 || !(f = fdopen(fd, "re"))) {
+			if (fd >= 0)
+				close(fd);
+			return conf_fail(&e, NULL, "config", "%s", why);
+		}
+	} else if (!(f = fopen(path, "re"))) {
 		return conf_fail(&e, NULL, "config", "cannot open: %s", strerror(errno));
+	}
 	config_init(&cf);
 	if (!config_read(&cf, f)) {
 		snprintf(err, errlen, "%s:%d: syntax error: %s", path,
@@ -338,7 +445,7 @@ int conf_load(struct conf *cfg, const char *path, const struct conf_group *const
 	}
 	config_destroy(&cf);
 	fclose(f);
-	return rc;
+	return rc && e.untrusted ? CONF_UNTRUSTED : rc;
 }
 
 void conf_release(struct conf *cfg)
@@ -368,7 +475,7 @@ void *conf_group_data(const struct conf *cfg, const struct conf_group *g)
 
 int conf_logging(const struct conf *cfg, int apply, char *err, size_t errlen)
 {
-	const char *env = getenv("LOCKSHIM_LOG_LEVEL");
+	const char *env = secure_getenv("LOCKSHIM_LOG_LEVEL");
 	int level = cfg->log_level, rc;
 
 	if (env && *env && (level = log_level_parse(env)) < 0) {
@@ -376,8 +483,22 @@ int conf_logging(const struct conf *cfg, int apply, char *err, size_t errlen)
 			 "of: error, warn, info, debug)", env);
 		return -1;
 	}
-	if (cfg->log_file &&
-	    (rc = apply ? log_open_file(cfg->log_file) : log_check_file(cfg->log_file)) < 0) {
+	if (cfg->log_file && conf_secure()) {
+		char why[512];
+		int fd = conf_open_trusted(cfg->log_file, O_WRONLY | O_APPEND | O_CREAT, 0644, 0,
+					   why, sizeof(why));
+
+		if (fd < 0) {
+			snprintf(err, errlen, "%s: log_file: %s", cfg->path, why);
+			return fd == CONF_UNTRUSTED ? CONF_UNTRUSTED : -1;
+		}
+		rc = apply ? log_use_file(cfg->log_file, fd) : (close(fd), 0);
+	} else if (cfg->log_file) {
+		rc = apply ? log_open_file(cfg->log_file) : log_check_file(cfg->log_file);
+	} else {
+		rc = 0;
+	}
+	if (rc < 0) {
 		snprintf(err, errlen, "%s: log_file: cannot open \"%s\": %s", cfg->path,
 			 cfg->log_file, strerror(-rc));
 		return -1;

@@ -18,6 +18,7 @@
 
 #define CONF_DEFAULT_PATH "/etc/lockshim/lockshim.cfg"
 #define CONF_EXIT_CODE 78 /* EX_CONFIG */
+#define CONF_UNTRUSTED (-2) /* conf_load, conf_logging: secure mode refused a file */
 #define STACK_ARGS_MAX 65536 /* largest stack_args_bytes */
 
 /* on_timeout / on_error */
@@ -93,8 +94,10 @@ struct conf {
  * CONF_GROUPS_MAX) are the backends' settings groups the file may have
  * (backend_conf_groups); cfg keeps the pointers, which must outlive it.
  * Returns 0, or -1 with one line in err naming the file, the line when
- * known, the setting and the value. The caller releases cfg with
- * conf_release (also after a failure).
+ * known, the setting and the value. In secure-execution mode (conf_secure)
+ * the file and every password_file are opened with conf_open_trusted, and
+ * a file it refuses makes it return CONF_UNTRUSTED (the reason in err).
+ * The caller releases cfg with conf_release (also after a failure).
  */
 int conf_load(struct conf *cfg, const char *path, const struct conf_group *const *groups,
 	      char *err, size_t errlen);
@@ -111,10 +114,12 @@ void *conf_group_data(const struct conf *cfg, const struct conf_group *g);
 
 /*
  * Checks what the environment adds to cfg's logging: LOCKSHIM_LOG_LEVEL
- * (a level name in any case) and that log_file can be opened for
- * appending. apply: also sets the level and sends the log there (the shim);
- * else the file is only opened and closed (`lockshim check`). Returns 0, or
- * -1 with one line in err.
+ * (a level name in any case; not read in secure-execution mode) and that
+ * log_file can be opened for appending (in secure-execution mode with
+ * conf_open_trusted: its directory must be root's). apply: also sets the
+ * level and sends the log there (the shim); else the file is only opened
+ * and closed (`lockshim check`). Returns 0, or -1 (CONF_UNTRUSTED when
+ * secure mode refused the directory) with one line in err.
  */
 int conf_logging(const struct conf *cfg, int apply, char *err, size_t errlen);
 
@@ -128,6 +133,28 @@ int conf_logging(const struct conf *cfg, int apply, char *err, size_t errlen);
  * building a lock_spec by hand (tests) can call it.
  */
 long long conf_waiter_ttl_ms(const struct lock_spec *l, long long request_ms);
+
+/*
+ * Returns 1 in secure-execution mode (getauxval(AT_SECURE): a set-ID
+ * program or one with file capabilities), else 0. There the shim reads no
+ * LOCKSHIM_* variable (secure_getenv) and trusts only files that
+ * conf_open_trusted accepts.
+ */
+int conf_secure(void);
+
+/*
+ * Opens path (absolute) with flags | O_NOFOLLOW | O_CLOEXEC (mode when
+ * creating), walking from "/" one directory descriptor below the other
+ * (openat, O_NOFOLLOW), and accepts it only when every directory on the
+ * way, checked with fstat on its descriptor, is owned by root and not
+ * writable by group or others, none is a symbolic link, the file is a
+ * regular file, not a symbolic link, and, when file_too, the file itself
+ * is owned by root and not writable by group or others. Returns the
+ * descriptor (the caller closes it); -1 when it cannot be opened;
+ * CONF_UNTRUSTED when refused; the reason in why.
+ */
+int conf_open_trusted(const char *path, int flags, int mode, int file_too, char *why,
+		      size_t whylen);
 
 /* Returns the lock guarding symbol, or NULL. */
 const struct lock_spec *conf_find(const struct conf *cfg, const char *symbol);

@@ -29,6 +29,7 @@ struct conf_err {
 	char *buf;
 	size_t len;
 	const char *file;
+	int untrusted; /* set with the error when a file failed conf_open_trusted */
 };
 
 enum conf_kind {

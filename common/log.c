@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/auxv.h>
 #include <unistd.h>
 
 #include "fdown.h"
@@ -42,9 +43,13 @@ int log_level_parse(const char *s)
 	return -1;
 }
 
+/* Opens path for appending. In secure-execution mode (AT_SECURE), where
+ * the shim first opened it below a root-only directory (conf_logging),
+ * a symbolic link put there since is not followed. */
 static int open_log(const char *path)
 {
-	return open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	return open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC |
+		    (getauxval(AT_SECURE) ? O_NOFOLLOW : 0), 0644);
 }
 
 int log_check_file(const char *path)
@@ -59,10 +64,15 @@ int log_check_file(const char *path)
 
 int log_open_file(const char *path)
 {
-	int fd = open_log(path), rc;
+	int fd = open_log(path);
 
-	if (fd < 0)
-		return -errno;
+	return fd < 0 ? -errno : log_use_file(path, fd);
+}
+
+int log_use_file(const char *path, int fd)
+{
+	int rc;
+
 	if (strlen(path) >= sizeof(log_path)) {
 		close(fd);
 		return -ENAMETOOLONG;

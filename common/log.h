@@ -32,6 +32,11 @@ int log_level_parse(const char *s);
 /* Sends later lines to path (opened O_APPEND|O_CLOEXEC). Returns 0 or -errno. */
 int log_open_file(const char *path);
 
+/* Sends later lines to fd, already opened on path for appending (the shim
+ * owns it now: fdown.h), and to path opened again when the program takes
+ * the descriptor. Returns 0, or -errno with fd closed. */
+int log_use_file(const char *path, int fd);
+
 /* Opens path as log_open_file would, and closes it. Returns 0 or -errno. */
 int log_check_file(const char *path);
 

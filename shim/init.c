@@ -16,6 +16,9 @@
  * to that descriptor how each lock will be guarded (redirect_init) and
  * ends the process there, before the program's own code runs: status 0
  * when every lock is guarded, 1 when some is not, 78 as above.
+ * A set-ID program (conf_secure) reads no LOCKSHIM_* variable, only the
+ * default path; a file there not root's alone (conf_open_trusted): one
+ * line on stderr, and nothing more is done.
  *
  * The destructor turns wrappers into pass-throughs and releases the locks
  * still held (not in a vfork child, which shares the parent's state).
@@ -56,11 +59,26 @@ static void die_config(const char *msg)
 	_exit(CONF_EXIT_CODE);
 }
 
+/* Says on stderr why secure-execution mode leaves this process alone. */
+static void refuse_untrusted(const char *why)
+{
+	char line[2048];
+	int n = snprintf(line, sizeof(line), "lockshim[%d]: secure-execution mode: ", (int)getpid());
+	static const char tail[] = "; nothing is guarded in this process\n";
+
+	n += (int)log_escape(line + n, sizeof(line) - (size_t)n - sizeof(tail), why, strlen(why));
+	memcpy(line + n, tail, sizeof(tail) - 1);
+	if (write(2, line, (size_t)n + sizeof(tail) - 1) < 0) {
+		/* nothing else to tell */
+	}
+}
+
 /* Returns the config path, made absolute in the environment when it was
- * relative (children may run in another directory). */
+ * relative (children may run in another directory); in secure-execution
+ * mode always the default path (secure_getenv returns NULL there). */
 static const char *init_config_path(void)
 {
-	const char *path = getenv("LOCKSHIM_CONFIG");
+	const char *path = secure_getenv("LOCKSHIM_CONFIG");
 	char *abs;
 
 	if (!path || !*path)
@@ -75,7 +93,7 @@ static const char *init_config_path(void)
 /* Returns the descriptor LOCKSHIM_CHECK_FD names, or -1 when it is not set. */
 static int check_fd(void)
 {
-	const char *v = getenv("LOCKSHIM_CHECK_FD");
+	const char *v = secure_getenv("LOCKSHIM_CHECK_FD");
 	char *end;
 	long fd;
 
@@ -117,8 +135,14 @@ __attribute__((constructor)) static void shim_init(void)
 	log_set_pid(getpid());
 	path = init_config_path();
 	backend_conf_groups(groups, sizeof(groups) / sizeof(*groups));
-	if (conf_load(&cfg, path, groups, err, sizeof(err)) != 0 ||
-	    conf_logging(&cfg, 1, err, sizeof(err)) != 0)
+	if ((rc = conf_load(&cfg, path, groups, err, sizeof(err))) == 0)
+		rc = conf_logging(&cfg, 1, err, sizeof(err));
+	if (rc == CONF_UNTRUSTED) {
+		refuse_untrusted(err);
+		conf_release(&cfg);
+		goto out;
+	}
+	if (rc != 0)
 		die_config(err);
 	if (cfg.nlocks == 0) {
 		LOG(LOG_INFO, "%s: no locks configured; nothing is redirected", path);

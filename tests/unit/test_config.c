@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /* Unit tests for conf.c: defaults, inheritance, validation messages. */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backend_redis_conf.h"
@@ -87,6 +89,65 @@ static void config_with(char *buf, size_t len, const char *group, const char *na
 	snprintf(buf, len, "%s\nredis = { %s %s };\nlocks = ( { symbol = \"f\"; %s } );\n",
 		 !strcmp(group, "top") ? set : "", !strcmp(group, "redis") ? set : "", tls,
 		 !strcmp(group, "lock") ? set : "");
+}
+
+/* conf_open_trusted on files in a fresh 0755 directory: as root in /run
+ * (every directory from / root's alone), refusals and acceptance; else in
+ * /tmp (sticky, writable by all), where everything is refused. */
+static void open_trusted(void)
+{
+	char run[] = "/run/lockshim-trust-XXXXXX", tmp[] = "/tmp/lockshim-trust-XXXXXX";
+	char file[64], link[64], sub[64], why[512], *dir;
+	int ok, fd;
+
+	ok = geteuid() == 0 && mkdtemp(run) != NULL;
+	if (!(dir = ok ? run : mkdtemp(tmp)))
+		return;
+	chmod(dir, 0755);
+	snprintf(file, sizeof(file), "%s/f", dir);
+	snprintf(link, sizeof(link), "%s/l", dir);
+	close(open(file, O_WRONLY | O_CREAT, 0644));
+	symlink("f", link);
+
+	test("conf_open_trusted: a relative path, a directory name");
+	test_cond(conf_open_trusted("f", O_RDONLY, 0, 1, why, sizeof(why)) == CONF_UNTRUSTED &&
+		  strstr(why, "absolute"));
+	test_cond(conf_open_trusted("/run/", O_RDONLY, 0, 1, why, sizeof(why)) == CONF_UNTRUSTED);
+
+	test("conf_open_trusted: root's file below root's directories (as root)");
+	fd = conf_open_trusted(file, O_RDONLY, 0, 1, why, sizeof(why));
+	test_cond(ok ? fd >= 0 : fd == CONF_UNTRUSTED);
+	if (fd >= 0)
+		test_cond(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+	if (fd >= 0)
+		close(fd);
+
+	test("conf_open_trusted: a symbolic link, a missing file, a linked directory");
+	test_cond(conf_open_trusted(link, O_RDONLY, 0, 1, why, sizeof(why)) == CONF_UNTRUSTED &&
+		  (!ok || strstr(why, "symbolic link")));
+	unlink(link);
+	test_cond(conf_open_trusted(link, O_RDONLY, 0, 1, why, sizeof(why)) == (ok ? -1 : CONF_UNTRUSTED));
+	symlink(".", link);
+	snprintf(sub, sizeof(sub), "%s/l/f", dir);
+	test_cond(conf_open_trusted(sub, O_RDONLY, 0, 1, why, sizeof(why)) == CONF_UNTRUSTED &&
+		  (!ok || (strstr(why, "symbolic link") && strstr(why, link))));
+	unlink(link);
+
+	test("conf_open_trusted: a file writable by group or others (unless !file_too)");
+	chmod(file, 0664);
+	test_cond(conf_open_trusted(file, O_RDONLY, 0, 1, why, sizeof(why)) == CONF_UNTRUSTED &&
+		  (!ok || strstr(why, "mode 0664")));
+	fd = conf_open_trusted(file, O_WRONLY | O_APPEND, 0, 0, why, sizeof(why));
+	test_cond(ok ? fd >= 0 : fd == CONF_UNTRUSTED);
+	if (fd >= 0)
+		close(fd);
+
+	test("conf_open_trusted: a directory writable by others, even sticky; /tmp");
+	chmod(dir, 01777);
+	test_cond(conf_open_trusted(file, O_WRONLY | O_APPEND, 0, 0, why, sizeof(why)) ==
+		  CONF_UNTRUSTED && strstr(why, "mode 1777") && strstr(why, ok ? dir : "/tmp"));
+	unlink(file);
+	rmdir(dir);
 }
 
 int main(void)
@@ -593,5 +654,6 @@ int main(void)
 	test_cond(conf_load(&cfg, path, groups, err, sizeof(err)) != 0 && strstr(err, path) &&
 		  strstr(err, "cannot open"));
 	conf_release(&cfg);
+	open_trusted();
 	return test_report("config");
 }
