@@ -200,10 +200,9 @@ static int acquired(struct lease *l, int64_t since, int tries, const char *how)
  * again now.
  */
 static int break_dead(struct lock_thread *t, const struct backend_item *it,
-		      const char *holder, size_t hlen, int thorough)
+		      const char *holder, size_t hlen, int thorough, char *err, size_t errlen)
 {
 	struct backend_item dead = *it;
-	char err[192];
 	int pid = 0;
 
 	if (!owner_gone(holder, hlen, thorough, &pid))
@@ -211,8 +210,7 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
 	dead.val = holder;
 	dead.vlen = hlen;
 	dead.turn_done = 1; /* a queued waiter may have it at once */
-	if (conn_check(t, backend->ops->release(t->conn, &dead, 0), err, sizeof(err)) !=
-	    BACKEND_OK)
+	if (conn_check(t, backend->ops->release(t->conn, &dead, 0), err, errlen) != BACKEND_OK)
 		return 0;
 	LOG(LOG_WARN, "%.*s was held by process %d of this machine, which is gone; "
 	    "lock broken", (int)it->klen, it->key, pid);
@@ -269,8 +267,11 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 
 			memcpy(seen, holder, hlen);
 			seen_len = hlen;
-			if (break_dead(t, it, holder, hlen, again || now >= deadline))
+			if (break_dead(t, it, holder, hlen, again || now >= deadline,
+				       err, sizeof(err)))
 				continue;
+			if (!t->conn) /* its release failed: an error, no wait */
+				rc = BACKEND_ERR;
 		}
 		if (now >= deadline)
 			break;
