@@ -120,9 +120,9 @@ test-asan: deps
 
 # ThreadSanitizer: the shim, the CLI and the unit tests built in build/tsan,
 # then the integration tests whose programs run several threads under the
-# shim (about 6 minutes on 2 cores). Any report fails the test that caused
+# shim (about 5 minutes on 2 cores). Any report fails the test that caused
 # it (support/util.py sends reports to files, conftest.py reads them).
-TSAN_TESTS := exclusion identity lease linger release fork wakeup stranded policies \
+TSAN_TESTS := exclusion identity lease linger release fork wakeup stranded policies real_programs \
 	redlock entry interposition abi cluster sentinel tls_topologies
 
 test-tsan: deps
