@@ -4,7 +4,10 @@
  *
  * The identity is read once per process (after fork, again): the boot id
  * from /proc/sys/kernel/random/boot_id, the pid namespace from the link
- * /proc/self/ns/pid, the start time from /proc/self/stat. It is trusted
+ * /proc/self/ns/pid, the start time from /proc/self/stat. The first thread
+ * that needs it reads it under a mutex into `me` and then publishes it
+ * (release store); every later use is one acquire load, and no thread ever
+ * sees a half-written identity. It is trusted
  * only when /proc is this pid namespace's (the link /proc/self names our
  * own pid); otherwise no holder is ever judged gone. A holder is gone when
  * its boot id and namespace are ours and no process has its pid, or that
@@ -17,7 +20,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,12 +31,14 @@
 #define BOOT_ID_LEN 36
 
 static struct {
-	int pid;        /* 0: not read yet in this process */
+	int pid;
 	int trusted;    /* /proc shows our pid namespace */
 	unsigned long long ns, start;
-	char boot[BOOT_ID_LEN + 1];
-	char host[256];
-} me;
+	char boot[BOOT_ID_LEN + 1]; /* "" when unknown */
+	char host[256];             /* never empty, no ':' nor blank */
+} me;                               /* written only by load(), before `ready` */
+static atomic_int ready;            /* me holds this process's identity */
+static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* Reads up to cap - 1 bytes of path into buf. Returns the length or -errno. */
 static ssize_t read_file(const char *path, char *buf, size_t cap)
@@ -85,6 +92,7 @@ static int parse_stat(const char *text, char *state, unsigned long long *start)
 	return 0;
 }
 
+/* Reads this process's identity into me. Called with load_mu held. */
 static void load(void)
 {
 	char buf[1024], self[32];
@@ -93,8 +101,11 @@ static void load(void)
 	int pid = getpid();
 
 	memset(&me, 0, sizeof(me));
-	if (gethostname(me.host, sizeof(me.host) - 1) != 0)
+	if (gethostname(me.host, sizeof(me.host) - 1) != 0 || !me.host[0])
 		strcpy(me.host, "unknown");
+	for (char *p = me.host; *p; p++) /* one field of the value, printable */
+		if (*p == ':' || *p <= ' ' || *p > '~')
+			*p = '-';
 	me.ns = ns_inode("/proc/self/ns/pid");
 	n = readlink("/proc/self", self, sizeof(self) - 1);
 	if (n > 0)
@@ -113,12 +124,25 @@ static void load(void)
 	me.pid = pid;
 }
 
+/* Reads the identity on first use in this process. Returns with me
+ * complete and visible to the calling thread. */
+static void identity(void)
+{
+	if (atomic_load_explicit(&ready, memory_order_acquire))
+		return;
+	pthread_mutex_lock(&load_mu);
+	if (!atomic_load_explicit(&ready, memory_order_relaxed)) {
+		load();
+		atomic_store_explicit(&ready, 1, memory_order_release);
+	}
+	pthread_mutex_unlock(&load_mu);
+}
+
 size_t owner_suffix(char *buf, size_t cap, int tid)
 {
 	int n;
 
-	if (!me.pid)
-		load();
+	identity();
 	n = snprintf(buf, cap, ":%.255s:%d:%d:%s:%llu:%llu", me.host, me.pid, tid,
 		     me.boot[0] ? me.boot : "-", me.ns, me.start);
 	return n < 0 ? 0 : (size_t)n >= cap ? cap - 1 : (size_t)n;
@@ -126,7 +150,10 @@ size_t owner_suffix(char *buf, size_t cap, int tid)
 
 void owner_atfork_child(void)
 {
-	me.pid = 0;
+	/* The only thread of the child; a parent thread may have held load_mu
+	 * when fork copied it. */
+	pthread_mutex_init(&load_mu, NULL);
+	atomic_store_explicit(&ready, 0, memory_order_relaxed);
 }
 
 /* Parses a decimal field [p, end) into *v. Returns 0 or -1. */
@@ -170,8 +197,7 @@ int owner_gone(const char *val, size_t len, int thorough, int *pid)
 	char path[64], buf[1024], state;
 	ssize_t n;
 
-	if (!me.pid)
-		load();
+	identity();
 	if (!me.trusted || len < 33 || val[32] != ':' || split_tail(val, len, 5, f) != 0 ||
 	    num(f[0][0], f[0][1], &start) || num(f[1][0], f[1][1], &ns) ||
 	    num(f[4][0], f[4][1], &p) || p == 0 || p > 0x7fffffff)

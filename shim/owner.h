@@ -4,7 +4,8 @@
  *
  * A lock value is "<token>:<host>:<pid>:<tid>:<boot id>:<pid ns>:<start>":
  * a 128-bit token in hex, then who took the lock: the host name (for
- * people reading the key), process and thread id, the kernel's boot id,
+ * people reading the key; ':', blanks and non-ASCII bytes as '-', "unknown"
+ * when unset), process and thread id, the kernel's boot id,
  * the inode of the pid namespace and the process's start time (clock ticks
  * after boot). A waiter of the same boot and pid namespace can look the
  * holder up in /proc.
@@ -16,7 +17,8 @@
 
 /* Writes ":<host>:<pid>:<tid>:<boot id>:<pid ns>:<start>" for this process
  * and thread tid into buf (NUL-terminated, truncated to cap). Returns the
- * length written. Reads the process's identity on first use. */
+ * length written. Reads the process's identity on first use; safe from any
+ * number of threads at once, and every field is whole. */
 size_t owner_suffix(char *buf, size_t cap, int tid);
 
 /*

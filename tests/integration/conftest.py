@@ -9,8 +9,10 @@ counter worker, the blocking holder, the hostile program, the TLS PKI) are
 built once per session into temporary directories. Programs run under the
 shim as separate processes with timeouts scaled by
 LOCKSHIM_TEST_TIMEOUT_MULTIPLIER. LOCKSHIM_BUILD selects the build
-directory (build/asan for the sanitizer run), LOCKSHIM_TEST_ASAN=1
-preloads the ASan runtime with the shim.
+directory (build/asan, build/tsan for the sanitizer runs),
+LOCKSHIM_TEST_ASAN=1 preloads the ASan runtime with the shim,
+LOCKSHIM_TEST_TSAN=1 the TSan runtime; then a test during which any
+program wrote a ThreadSanitizer report fails with the report.
 """
 import os
 import signal
@@ -20,7 +22,7 @@ import pytest
 from support.scenarios import build_hostile
 from support.server import RedisServer, call_failed
 from support.tls import make_pki
-from support.util import Proc, cc
+from support.util import TSAN, TSAN_LOG_DIR, Proc, cc
 from support.workers import Bg, build_block, build_worker
 
 
@@ -31,6 +33,27 @@ def redis(request):
     if call_failed(request):
         print("---- redis-server log ----\n" + r.tail())
     r.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def tsan_reports():
+    """Under LOCKSHIM_TEST_TSAN: fails the test if a program it ran wrote a
+    ThreadSanitizer report (support.util.tsan_options sends them to
+    TSAN_LOG_DIR), with the reports; each is then moved aside."""
+    yield
+    if not TSAN or not os.path.isdir(TSAN_LOG_DIR):
+        return
+    reports = []
+    for name in sorted(os.listdir(TSAN_LOG_DIR)):
+        if name.endswith(".seen"):
+            continue
+        path = os.path.join(TSAN_LOG_DIR, name)
+        with open(path, errors="replace") as f:
+            reports.append(f.read())
+        os.rename(path, path + ".seen")
+    reports = [r for r in reports if r]
+    if reports:
+        pytest.fail("ThreadSanitizer reported:\n" + "\n".join(reports), pytrace=False)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -46,6 +46,9 @@ int main(int argc, char **argv)
 	char line[64];
 
 	for (int i = 1; i < argc; i++) {
+		/* Each step reports the errno its own call left: C starts a
+		 * program with errno 0, a sanitizer's start-up may not. */
+		errno = 0;
 		if (!strncmp(argv[i], "call:", 5)) {
 			errno = 0;
 			report("call", hold_call(atoi(argv[i] + 5)));

@@ -2,8 +2,10 @@
 """What every integration test uses: where the build is, the knobs read
 from the environment, running programs under the shim, polling.
 
-LOCKSHIM_BUILD selects the build directory (build/asan for the sanitizer
-run); LOCKSHIM_TEST_ASAN=1 preloads the ASan runtime ahead of the shim;
+LOCKSHIM_BUILD selects the build directory (build/asan, build/tsan for the
+sanitizer runs); LOCKSHIM_TEST_ASAN=1 preloads the ASan runtime ahead of the
+shim, LOCKSHIM_TEST_TSAN=1 the TSan runtime, with every report written to
+TSAN_LOG_DIR (conftest.py fails the test that left one);
 LOCKSHIM_TEST_TIMEOUT_MULTIPLIER scales every timeout and time bound.
 """
 import os
@@ -18,16 +20,21 @@ CLI = os.path.join(BUILD, "lockshim")
 PROGS = os.path.join(HERE, "progs")
 MULT = float(os.environ.get("LOCKSHIM_TEST_TIMEOUT_MULTIPLIER", "1"))
 ASAN = bool(os.environ.get("LOCKSHIM_TEST_ASAN"))
+TSAN = bool(os.environ.get("LOCKSHIM_TEST_TSAN"))
 TIMEOUT = 60 * MULT
+# Where the TSan runtime writes its reports (tsan.<pid>), one directory per
+# pytest process.
+TSAN_LOG_DIR = os.path.join(BUILD, "tsan-reports.%d" % os.getpid())
 
 
-def _asan_runtime():
-    out = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True,
+def _runtime(name):
+    out = subprocess.run(["gcc", "-print-file-name=" + name], capture_output=True,
                          text=True, check=True).stdout.strip()
     return os.path.realpath(out)
 
 
-PRELOAD = (_asan_runtime() + ":" if ASAN else "") + SHIM
+PRELOAD = (_runtime("libasan.so") + ":" if ASAN else "") + \
+          (_runtime("libtsan.so") + ":" if TSAN else "") + SHIM
 
 
 def wait_for(pred, timeout=10.0, what="condition"):
@@ -72,8 +79,23 @@ def shim_env(cfg, preload=True, **extra):
         env["LOCKSHIM_CONFIG"] = cfg
     if ASAN:
         env["ASAN_OPTIONS"] = "detect_leaks=0:verify_asan_link_order=0:abort_on_error=0"
+    if TSAN:
+        env["TSAN_OPTIONS"] = tsan_options()
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def tsan_options():
+    """TSAN_OPTIONS for a program under the TSan build: every report goes
+    to a file in TSAN_LOG_DIR and makes the program exit with status 66. A
+    child forked by a multi-threaded process may start threads (TSan checks
+    nothing in such a child; it would die by default), an exit does not
+    wait a second for the threads still running (atexit_sleep_ms), and a
+    crash a test injects stays a crash (handle_segv)."""
+    os.makedirs(TSAN_LOG_DIR, exist_ok=True)
+    return "log_path=%s:exitcode=66:halt_on_error=0:second_deadlock_stack=1:" \
+        "die_after_fork=0:atexit_sleep_ms=0:handle_segv=0" \
+        % os.path.join(TSAN_LOG_DIR, "tsan")
 
 
 def run(argv, cfg=None, preload=True, timeout=None, **extra):
