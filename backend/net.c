@@ -4,7 +4,9 @@
  *
  * A socket is created close-on-exec and non-blocking for connect(2) with a
  * poll(2) bound, then made blocking with SO_RCVTIMEO/SO_SNDTIMEO, as hiredis
- * does: a command costs one send(2) and one recv(2). Every use first asks
+ * does: a command costs one send(2) and one recv(2). A send sets the
+ * deadline of the replies; a reply that needs more than one recv polls
+ * for what is left of it (net_recv_flags). Every use first asks
  * fdown_check whether the descriptor is still ours; a send that meets a
  * descriptor that is no socket (or none) re-checks its identity, so an
  * error never leads to closing the program's file. With redis.tls, the
@@ -15,6 +17,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -100,6 +103,8 @@ int net_connect(struct net_sock *s, const char *host, int port, const char *path
 
 	fdown_init(&s->own);
 	s->timeout_ms = 0;
+	s->deadline = 0;
+	s->fresh = 0;
 	s->tls = NULL;
 	if (path) {
 		struct sockaddr_un un = { .sun_family = AF_UNIX };
@@ -183,6 +188,8 @@ int net_send(struct net_sock *s, const void *buf, size_t len, char *err, size_t 
 		set_err(err, errlen, not_ours, 0);
 		return -1;
 	}
+	s->deadline = util_now_ms() + s->timeout_ms;
+	s->fresh = 1;
 	if (s->tls) {
 		int e = 0;
 
@@ -215,14 +222,16 @@ ssize_t net_recv(struct net_sock *s, void *buf, size_t len, char *err, size_t er
 	}
 	if (s->tls) {
 		int e = 0;
-		ssize_t n = net_tls_recv(s->tls, buf, len, &e, err, errlen);
+		ssize_t n = net_tls_recv(s->tls, buf, len, s->deadline, &s->fresh, &e, err,
+					 errlen);
 
 		if (n < 0 && e)
 			failed(s, e, err, errlen);
 		return n;
 	}
 	for (;;) {
-		ssize_t n = recv(s->own.fd, buf, len, 0);
+		int flags = net_recv_flags(s->own.fd, s->deadline, &s->fresh);
+		ssize_t n = flags < 0 ? -1 : recv(s->own.fd, buf, len, flags);
 
 		if (n > 0)
 			return n;
@@ -237,12 +246,33 @@ ssize_t net_recv(struct net_sock *s, void *buf, size_t len, char *err, size_t er
 	}
 }
 
+int net_recv_flags(int fd, int64_t deadline, int *fresh)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	int64_t left;
+	int n;
+
+	if (!deadline || *fresh) {
+		*fresh = 0;
+		return 0;
+	}
+	do {
+		left = deadline - util_now_ms();
+		if (left <= 0)
+			return MSG_DONTWAIT;
+		n = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
+	} while (n < 0 && errno == EINTR);
+	return n < 0 ? -1 : n == 0 ? MSG_DONTWAIT : 0;
+}
+
 void net_close(struct net_sock *s)
 {
 	net_tls_free(s->tls);
 	s->tls = NULL;
 	fdown_close(&s->own);
 	s->timeout_ms = 0;
+	s->deadline = 0;
+	s->fresh = 0;
 }
 
 int net_alive(struct net_sock *s)

@@ -4,7 +4,8 @@
  *
  * Connects within a timeout, sends with MSG_NOSIGNAL (a connection that
  * Redis closed never raises SIGPIPE in the program, and no signal mask or
- * disposition is touched), receives within a timeout, and never reads,
+ * disposition is touched), receives by a deadline set at the last send
+ * (the timeout bounds all the replies, not each recv), and never reads,
  * writes or closes a descriptor that the program closed or replaced
  * (fdown.h). With redis.tls, the same calls run TLS over the socket
  * (net_tls.h). One socket is used by one thread at a time. Errors are one
@@ -24,6 +25,8 @@ struct net_tls; /* net_tls.h */
 struct net_sock {
 	struct fdown own;
 	int64_t timeout_ms;  /* send/receive timeout currently set */
+	int64_t deadline;    /* util_now_ms() at the last send + timeout_ms, or 0 */
+	int fresh;           /* no recv since that send */
 	struct net_tls *tls; /* the TLS session (redis.tls), or NULL */
 };
 
@@ -42,12 +45,26 @@ int net_connect(struct net_sock *s, const char *host, int port, const char *path
 /* Sets the send/receive timeout (no system call when unchanged). Returns 0 or -1. */
 int net_timeout(struct net_sock *s, int64_t ms, char *err, size_t errlen);
 
-/* Sends all of buf. Returns 0, or -1 with the reason in err. */
+/* Sends all of buf, and sets the deadline of the replies: now + the
+ * timeout. Returns 0, or -1 with the reason in err. */
 int net_send(struct net_sock *s, const void *buf, size_t len, char *err, size_t errlen);
 
-/* Receives up to len bytes within the timeout. Returns how many (> 0), or
- * -1 with the reason in err (closed by the server, timed out, ...). */
+/* Receives up to len bytes by the deadline of the last send: however the
+ * server drips its bytes, every recv after the first one since that send
+ * waits only for what is left of it. Returns how many (> 0), or -1 with
+ * the reason in err (closed by the server, timed out, ...). */
 ssize_t net_recv(struct net_sock *s, void *buf, size_t len, char *err, size_t errlen);
+
+/*
+ * For the receive paths (net.c's, net_tls.c's): the flags of the next
+ * recv(2) on fd to obey deadline (0: none). The first recv since the send
+ * (*fresh, then cleared) blocks as it is: the socket's timeout, set when
+ * the deadline was, ends it by then, at no extra system call. A later one
+ * first polls for what is left; past the deadline it only takes what is
+ * there. Returns 0 or MSG_DONTWAIT (a recv that would wait then fails with
+ * EAGAIN, the timeout), or -1 with errno set.
+ */
+int net_recv_flags(int fd, int64_t deadline, int *fresh);
 
 /* Closes the socket if it is still ours; s is empty afterwards. */
 void net_close(struct net_sock *s);

@@ -10,7 +10,8 @@
  * kernel's (getrandom): no DRBG to seed, lock or reseed in a fork child.
  * Each connection has its own mbedtls_ssl_context and a read-ahead buffer.
  * The handshake uses MSG_DONTWAIT and polls up to the connect deadline;
- * records then go through the blocking socket and its timeouts, sends with
+ * records then go through the blocking socket and its timeouts, reads by
+ * the deadline of net.c's last send (net_recv_flags), sends with
  * MSG_NOSIGNAL. mbedTLS 2.28 matches DNS names only: an IP address is
  * checked here against the certificate's iPAddress SANs.
  */
@@ -36,6 +37,7 @@
 
 #include "backend_redis_conf.h"
 #include "fdown.h"
+#include "net.h"
 #include "util.h"
 
 /* Debian's ca-certificates bundle: the system's CA store. */
@@ -66,6 +68,8 @@ struct net_tls {
 	mbedtls_ssl_context ssl;
 	struct fdown *own;
 	int handshaking; /* MSG_DONTWAIT: the handshake polls */
+	int64_t deadline; /* of the records being read (net_tls_recv), or 0 */
+	int *fresh;      /* net_sock's: no recv since the last send */
 	int err;         /* errno of the last failed socket call */
 	int first;       /* first byte received, -1 before */
 	int failed;      /* a send or a record failed: the session is unusable */
@@ -317,11 +321,16 @@ static int bio_send(void *ctx, const unsigned char *buf, size_t len)
 static int read_ahead(struct net_tls *t)
 {
 	ssize_t n;
+	int flags;
 
-	while ((n = recv(t->own->fd, t->rbuf + t->rlen, sizeof(t->rbuf) - t->rlen,
-			 t->handshaking ? MSG_DONTWAIT : 0)) < 0)
-		if (errno != EINTR)
-			return sock_failed(t, MBEDTLS_ERR_SSL_WANT_READ, MBEDTLS_ERR_NET_RECV_FAILED);
+	do {
+		flags = t->handshaking ? MSG_DONTWAIT :
+			t->fresh ? net_recv_flags(t->own->fd, t->deadline, t->fresh) : 0;
+		n = flags < 0 ? -1 : recv(t->own->fd, t->rbuf + t->rlen,
+					  sizeof(t->rbuf) - t->rlen, flags);
+	} while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return sock_failed(t, MBEDTLS_ERR_SSL_WANT_READ, MBEDTLS_ERR_NET_RECV_FAILED);
 	if (n > 0 && t->first < 0)
 		t->first = t->rbuf[t->rlen];
 	t->rlen += (size_t)n;
@@ -637,8 +646,8 @@ int net_tls_send(struct net_tls *t, const void *buf, size_t len, int *e, char *w
 	return 0;
 }
 
-ssize_t net_tls_recv(struct net_tls *t, void *buf, size_t len, int *e, char *why,
-		     size_t whylen)
+ssize_t net_tls_recv(struct net_tls *t, void *buf, size_t len, int64_t deadline, int *fresh,
+		     int *e, char *why, size_t whylen)
 {
 	int n;
 
@@ -648,7 +657,10 @@ ssize_t net_tls_recv(struct net_tls *t, void *buf, size_t len, int *e, char *why
 		return -1;
 	}
 	t->err = 0;
+	t->deadline = deadline;
+	t->fresh = fresh;
 	n = mbedtls_ssl_read(&t->ssl, buf, len);
+	t->fresh = NULL;
 	if (n > 0)
 		return n;
 	return io_failed(t, n == 0 ? MBEDTLS_ERR_SSL_CONN_EOF : n, e, why, whylen);
