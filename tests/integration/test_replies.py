@@ -19,6 +19,7 @@ A seeded, bounded fuzz loop sends 200 random mutations of real replies.
 import errno
 import random
 import socket
+import ssl
 import threading
 import time
 
@@ -67,9 +68,10 @@ class HostileRedis:
     words, reply) sends what it likes for one command (reply: the real
     one's bytes) and returns False to close the connection."""
 
-    def __init__(self, upstream_port, answer):
+    def __init__(self, upstream_port, answer, tls=None):
         self.upstream_port = upstream_port
         self.answer = answer
+        self.tls = tls                 # an ssl.SSLContext: TLS toward the shim
         self.commands = 0
         self._socks, self._threads, self._stopping = [], [], False
         self._lock = threading.Lock()
@@ -95,8 +97,14 @@ class HostileRedis:
             self._threads.append(t)
 
     def _serve(self, conn, up):
-        cf, uf = conn.makefile("rb"), up.makefile("rb")
         try:
+            if self.tls:
+                conn.settimeout(10)
+                conn = self.tls.wrap_socket(conn, server_side=True)
+                conn.settimeout(None)
+                with self._lock:
+                    self._socks.append(conn)
+            cf, uf = conn.makefile("rb"), up.makefile("rb")
             while not self._stopping:
                 cmd = read_command(cf)
                 if cmd is None:
@@ -195,20 +203,20 @@ MODES = {
 }
 
 
-def cfg_for(tmp_path, port, extra="", top=""):
+def cfg_for(tmp_path, port, extra="", top="", redis_extra=""):
     return write_config(
         tmp_path, None, top +
-        'redis = { host = "127.0.0.1"; port = %d; command_timeout_ms = %d; };\n'
+        'redis = { host = "127.0.0.1"; port = %d; command_timeout_ms = %d; %s };\n'
         'locks = ( { symbol = "hold_call"; wait_ms = %d; on_error = "skip"; %s } );\n'
-        % (port, CMD_MS, WAIT_MS, extra))
+        % (port, CMD_MS, redis_extra, WAIT_MS, extra))
 
 
 @pytest.fixture
 def hostile_redis(redis):
     started = []
 
-    def start(answer):
-        h = HostileRedis(redis.port, answer)
+    def start(answer, tls=None):
+        h = HostileRedis(redis.port, answer, tls)
         started.append(h)
         return h
     yield start
@@ -281,6 +289,22 @@ def test_dripped_blpop_ends_at_its_deadline(progs, hostile_redis, redis, tmp_pat
     assert calls(r) == [SKIPPED], r.stderr
     assert took < BOUND + MARGIN, "the call took %.2f s" % took
     assert "BLPOP: timed out" in r.stderr
+
+
+@pytest.mark.parametrize("mode", ["drip", "drip-forever", "huge-bulk-open", "split"])
+def test_tls_reply_bounds_the_call(progs, hostile_redis, pki, tmp_path, mode):
+    """The same over TLS: each byte its own record, dripped every 300 ms
+    (net_tls.c reads by the same deadline), or split fast (must work)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(pki["server"], pki["server.key"])
+    h = hostile_redis(send_split if mode == "split" else MODES[mode], tls=ctx)
+    cfg = cfg_for(tmp_path, h.port, redis_extra='tls = { ca_file = "%s"; };' % pki["ca"])
+    r, took = timed_run(progs, cfg)
+    assert r.returncode == 0, r.stderr
+    assert calls(r) == [DONE if mode == "split" else SKIPPED], r.stderr
+    assert took < BOUND + MARGIN, "%s: the call took %.2f s" % (mode, took)
+    if mode.startswith("drip"):
+        assert "timed out after %d ms" % CMD_MS in r.stderr
 
 
 # ---- fuzz --------------------------------------------------------------------
