@@ -6,7 +6,7 @@
  * poll(2) bound, then made blocking with SO_RCVTIMEO/SO_SNDTIMEO, as hiredis
  * does: a command costs one send(2) and one recv(2). A send sets the
  * deadline of the replies; a reply that needs more than one recv polls
- * for what is left of it (net_recv_flags). Every use first asks
+ * for what is left of it (recv_flags). Every use first asks
  * fdown_check whether the descriptor is still ours; a send that meets a
  * descriptor that is no socket (or none) re-checks its identity, so an
  * error never leads to closing the program's file. With redis.tls, the
@@ -214,6 +214,39 @@ int net_send(struct net_sock *s, const void *buf, size_t len, char *err, size_t 
 	return 0;
 }
 
+/*
+ * The flags of the next recv(2) on s, to obey its deadline. The first recv
+ * since the send (s->fresh, then cleared) blocks as it is: the socket's
+ * timeout, set when the deadline was, ends it by then, at no extra system
+ * call. A later one first polls for what is left; past the deadline it
+ * only takes what is there. Returns 0 or MSG_DONTWAIT (a recv that would
+ * wait then fails with EAGAIN, the timeout), or -1 with errno set.
+ */
+static int recv_flags(struct net_sock *s)
+{
+	struct pollfd p = { .fd = s->own.fd, .events = POLLIN };
+	int64_t left;
+	int n;
+
+	if (!s->deadline || s->fresh) {
+		s->fresh = 0;
+		return 0;
+	}
+	do {
+		left = s->deadline - util_now_ms();
+		if (left <= 0)
+			return MSG_DONTWAIT;
+		n = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
+	} while (n < 0 && errno == EINTR);
+	return n < 0 ? -1 : n == 0 ? MSG_DONTWAIT : 0;
+}
+
+/* recv_flags for net_tls.c's reads (arg: the net_sock). */
+static int tls_recv_flags(void *arg)
+{
+	return recv_flags(arg);
+}
+
 ssize_t net_recv(struct net_sock *s, void *buf, size_t len, char *err, size_t errlen)
 {
 	if (!fdown_check(&s->own)) {
@@ -222,15 +255,14 @@ ssize_t net_recv(struct net_sock *s, void *buf, size_t len, char *err, size_t er
 	}
 	if (s->tls) {
 		int e = 0;
-		ssize_t n = net_tls_recv(s->tls, buf, len, s->deadline, &s->fresh, &e, err,
-					 errlen);
+		ssize_t n = net_tls_recv(s->tls, buf, len, tls_recv_flags, s, &e, err, errlen);
 
 		if (n < 0 && e)
 			failed(s, e, err, errlen);
 		return n;
 	}
 	for (;;) {
-		int flags = net_recv_flags(s->own.fd, s->deadline, &s->fresh);
+		int flags = recv_flags(s);
 		ssize_t n = flags < 0 ? -1 : recv(s->own.fd, buf, len, flags);
 
 		if (n > 0)
@@ -244,25 +276,6 @@ ssize_t net_recv(struct net_sock *s, void *buf, size_t len, char *err, size_t er
 			return -1;
 		}
 	}
-}
-
-int net_recv_flags(int fd, int64_t deadline, int *fresh)
-{
-	struct pollfd p = { .fd = fd, .events = POLLIN };
-	int64_t left;
-	int n;
-
-	if (!deadline || *fresh) {
-		*fresh = 0;
-		return 0;
-	}
-	do {
-		left = deadline - util_now_ms();
-		if (left <= 0)
-			return MSG_DONTWAIT;
-		n = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
-	} while (n < 0 && errno == EINTR);
-	return n < 0 ? -1 : n == 0 ? MSG_DONTWAIT : 0;
 }
 
 void net_close(struct net_sock *s)

@@ -55,17 +55,6 @@ int net_send(struct net_sock *s, const void *buf, size_t len, char *err, size_t 
  * the reason in err (closed by the server, timed out, ...). */
 ssize_t net_recv(struct net_sock *s, void *buf, size_t len, char *err, size_t errlen);
 
-/*
- * For the receive paths (net.c's, net_tls.c's): the flags of the next
- * recv(2) on fd to obey deadline (0: none). The first recv since the send
- * (*fresh, then cleared) blocks as it is: the socket's timeout, set when
- * the deadline was, ends it by then, at no extra system call. A later one
- * first polls for what is left; past the deadline it only takes what is
- * there. Returns 0 or MSG_DONTWAIT (a recv that would wait then fails with
- * EAGAIN, the timeout), or -1 with errno set.
- */
-int net_recv_flags(int fd, int64_t deadline, int *fresh);
-
 /* Closes the socket if it is still ours; s is empty afterwards. */
 void net_close(struct net_sock *s);
 

@@ -11,7 +11,7 @@
  * Each connection has its own mbedtls_ssl_context and a read-ahead buffer.
  * The handshake uses MSG_DONTWAIT and polls up to the connect deadline;
  * records then go through the blocking socket and its timeouts, reads by
- * the deadline of net.c's last send (net_recv_flags), sends with
+ * the deadline of net.c's last send (its flags callback), sends with
  * MSG_NOSIGNAL. mbedTLS 2.28 matches DNS names only: an IP address is
  * checked here against the certificate's iPAddress SANs.
  */
@@ -37,7 +37,6 @@
 
 #include "backend_redis_conf.h"
 #include "fdown.h"
-#include "net.h"
 #include "util.h"
 
 /* Debian's ca-certificates bundle: the system's CA store. */
@@ -68,8 +67,8 @@ struct net_tls {
 	mbedtls_ssl_context ssl;
 	struct fdown *own;
 	int handshaking; /* MSG_DONTWAIT: the handshake polls */
-	int64_t deadline; /* of the records being read (net_tls_recv), or 0 */
-	int *fresh;      /* net_sock's: no recv since the last send */
+	int (*flags)(void *arg); /* net_tls_recv's: the flags of each recv */
+	void *flags_arg;
 	int err;         /* errno of the last failed socket call */
 	int first;       /* first byte received, -1 before */
 	int failed;      /* a send or a record failed: the session is unusable */
@@ -324,8 +323,7 @@ static int read_ahead(struct net_tls *t)
 	int flags;
 
 	do {
-		flags = t->handshaking ? MSG_DONTWAIT :
-			t->fresh ? net_recv_flags(t->own->fd, t->deadline, t->fresh) : 0;
+		flags = t->handshaking ? MSG_DONTWAIT : t->flags ? t->flags(t->flags_arg) : 0;
 		n = flags < 0 ? -1 : recv(t->own->fd, t->rbuf + t->rlen,
 					  sizeof(t->rbuf) - t->rlen, flags);
 	} while (n < 0 && errno == EINTR);
@@ -646,8 +644,8 @@ int net_tls_send(struct net_tls *t, const void *buf, size_t len, int *e, char *w
 	return 0;
 }
 
-ssize_t net_tls_recv(struct net_tls *t, void *buf, size_t len, int64_t deadline, int *fresh,
-		     int *e, char *why, size_t whylen)
+ssize_t net_tls_recv(struct net_tls *t, void *buf, size_t len, int (*flags)(void *arg),
+		     void *arg, int *e, char *why, size_t whylen)
 {
 	int n;
 
@@ -657,10 +655,10 @@ ssize_t net_tls_recv(struct net_tls *t, void *buf, size_t len, int64_t deadline,
 		return -1;
 	}
 	t->err = 0;
-	t->deadline = deadline;
-	t->fresh = fresh;
+	t->flags = flags;
+	t->flags_arg = arg;
 	n = mbedtls_ssl_read(&t->ssl, buf, len);
-	t->fresh = NULL;
+	t->flags = NULL;
 	if (n > 0)
 		return n;
 	return io_failed(t, n == 0 ? MBEDTLS_ERR_SSL_CONN_EOF : n, e, why, whylen);
