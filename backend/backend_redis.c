@@ -592,7 +592,8 @@ int backend_redis_split_addr(const char *s, char *host, size_t len, int *port)
 	return 0;
 }
 
-/* Sends AUTH and SELECT, when configured, in one round trip. */
+/* Sends AUTH and SELECT, when configured, in one round trip, whose
+ * deadline the next command shares. Returns 0 or BACKEND_ERR. */
 static int conn_setup(struct backend_conn *c, const struct redis_endpoint *r)
 {
 	struct resp cmd;
@@ -625,6 +626,9 @@ static int conn_setup(struct backend_conn *c, const struct redis_endpoint *r)
 			rc = conn_fail(c, i == 0 && r->password ? "AUTH" : "SELECT", rep);
 		freeReplyObject(rep);
 	}
+	/* the first command ends by the set-up's deadline: one command timeout
+	 * for both, as if they had gone in one round trip */
+	c->sock.keep = n > 0;
 	return rc;
 }
 

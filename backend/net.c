@@ -105,6 +105,7 @@ int net_connect(struct net_sock *s, const char *host, int port, const char *path
 	s->timeout_ms = 0;
 	s->deadline = 0;
 	s->fresh = 0;
+	s->keep = 0;
 	s->tls = NULL;
 	if (path) {
 		struct sockaddr_un un = { .sun_family = AF_UNIX };
@@ -183,13 +184,20 @@ static void failed(struct net_sock *s, int e, char *err, size_t errlen)
 int net_send(struct net_sock *s, const void *buf, size_t len, char *err, size_t errlen)
 {
 	const char *p = buf;
+	int64_t now;
 
 	if (!fdown_check(&s->own)) {
 		set_err(err, errlen, not_ours, 0);
 		return -1;
 	}
-	s->deadline = util_now_ms() + s->timeout_ms;
-	s->fresh = 1;
+	now = util_now_ms();
+	if (!s->keep || s->deadline <= now) {
+		s->deadline = now + s->timeout_ms;
+		s->fresh = 1;
+	} else {
+		s->fresh = 0; /* the first recv polls too: the socket's timeout is longer */
+	}
+	s->keep = 0;
 	if (s->tls) {
 		int e = 0;
 
@@ -286,6 +294,7 @@ void net_close(struct net_sock *s)
 	s->timeout_ms = 0;
 	s->deadline = 0;
 	s->fresh = 0;
+	s->keep = 0;
 }
 
 int net_alive(struct net_sock *s)

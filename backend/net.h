@@ -27,6 +27,7 @@ struct net_sock {
 	int64_t timeout_ms;  /* send/receive timeout currently set */
 	int64_t deadline;    /* util_now_ms() at the last send + timeout_ms, or 0 */
 	int fresh;           /* no recv since that send */
+	int keep;            /* the next send keeps the deadline, while it lasts */
 	struct net_tls *tls; /* the TLS session (redis.tls), or NULL */
 };
 
@@ -46,7 +47,9 @@ int net_connect(struct net_sock *s, const char *host, int port, const char *path
 int net_timeout(struct net_sock *s, int64_t ms, char *err, size_t errlen);
 
 /* Sends all of buf, and sets the deadline of the replies: now + the
- * timeout. Returns 0, or -1 with the reason in err. */
+ * timeout (when keep is set and the deadline not past, the one set already:
+ * a new connection's set-up and first command share one). Returns 0, or
+ * -1 with the reason in err. */
 int net_send(struct net_sock *s, const void *buf, size_t len, char *err, size_t errlen);
 
 /* Receives up to len bytes by the deadline of the last send: however the

@@ -233,6 +233,26 @@ def timed_run(progs, cfg, steps=("call:0",), timeout=None):
     return r, time.monotonic() - t0
 
 
+def time_to_call(progs, cfg):
+    """Runs the driver's one guarded call; returns (its line, the seconds
+    until it was printed, the stderr); the exit (the destructor's clean-up,
+    bounded by the timeouts too) is waited for within the run's timeout."""
+    t0 = time.monotonic()
+    p = subprocess.Popen([progs["driver"], "call:0"], env=shim_env(cfg),
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline().strip()
+        took = time.monotonic() - t0
+        _, err = p.communicate(timeout=20 * MULT)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0, err
+    return line, took, err
+
+
 def calls(r):
     """The driver's lines for its guarded calls."""
     return [ln for ln in r.stdout.split("\n") if ln.startswith("call")]
@@ -292,6 +312,31 @@ def test_dripped_blpop_ends_at_its_deadline(progs, hostile_redis, redis, tmp_pat
     assert calls(r) == [SKIPPED], r.stderr
     assert took < BOUND + MARGIN, "the call took %.2f s" % took
     assert "BLPOP: timed out" in r.stderr
+
+
+def test_slow_auth_and_dripped_command_share_one_deadline(progs, hostile_redis, tmp_path):
+    """AUTH answered just before the command timeout, then SET NX dripped:
+    the new connection's set-up and its first command share one deadline,
+    so the call still ends within wait_ms + command_timeout_ms + 0.5 s
+    (with 3 s commands, a separate deadline each takes 5.9 s)."""
+    wait_ms, cmd_ms = 500, 3000
+
+    def answer(conn, words, reply):
+        if words[0].upper() == b"AUTH":
+            time.sleep(2.9)
+            conn.sendall(b"+OK\r\n")   # redis-server itself has no password
+            return True
+        send_drip_forever(conn, words, reply)
+    h = hostile_redis(answer)
+    cfg = write_config(
+        tmp_path, None,
+        'redis = { host = "127.0.0.1"; port = %d; command_timeout_ms = %d; password = "pw"; };\n'
+        'locks = ( { symbol = "hold_call"; wait_ms = %d; on_error = "skip"; } );\n'
+        % (h.port, cmd_ms, wait_ms))
+    line, took, err = time_to_call(progs, cfg)
+    assert line == SKIPPED, err
+    assert "timed out after %d ms" % cmd_ms in err
+    assert took < (wait_ms + cmd_ms) / 1000 + 0.5 + MARGIN, "the call took %.2f s" % took
 
 
 @pytest.mark.parametrize("mode", ["drip", "drip-forever", "huge-bulk-open", "split"])
