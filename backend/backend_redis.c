@@ -33,6 +33,12 @@
  * never came are handed back by unconfirmed(); those a cluster node
  * redirected, by backend_redis_redirected(). For the backends of several nodes,
  * acquire and renew also come as send and receive halves (backend_redis.h).
+ * Whatever the server sends, a read ends by the deadline net.c sets at each
+ * send (command_timeout_ms for all the replies the send is owed), and the
+ * bytes go through a scan (struct scan) before hiredis sees them: a header
+ * announcing more than any reply to the shim's commands can hold, or a
+ * reply nobody asked for, is a protocol error at once, and the connection
+ * is closed.
  */
 #include "backend_redis.h"
 
@@ -173,6 +179,39 @@ static const char *const scripts[NSCRIPTS] = {
 #define WAKE_TTL_MS 1000 /* a wake-up outlives a waiter's race window, no more */
 #define RECV_CHUNK 16384
 
+/*
+ * The most a reply to one of the shim's commands can hold. Their replies:
+ * SET ... GET a status, nil or the holder's value (BACKEND_VAL_MAX); the
+ * scripts an integer or {integer, value}; BLPOP {list name, "g"|"w"}; WAIT,
+ * AUTH, SELECT, PING a line; SENTINEL get-master-addr-by-name {host,
+ * port}; ROLE {"master", offset, {{ip, port, offset}...}}; CLUSTER SLOTS,
+ * the largest: a range per slot at most (16384), each {start, end,
+ * node...}, a node {ip, port, id, {hostname...}}: four levels deep.
+ */
+#define SCAN_ELEMENTS 16384        /* in one array: CLUSTER SLOTS's ranges */
+#define SCAN_DEPTH 4               /* nested arrays: CLUSTER SLOTS's metadata */
+#define SCAN_BULK (64 << 10)       /* one string (the longest: a hostname, a value) */
+#define SCAN_LINE (64 << 10)       /* one status, error or integer line */
+#define SCAN_REPLY (32 << 20)      /* 16384 single-slot ranges, 8 nodes each, 256 B a node */
+
+/*
+ * The scan of the bytes a connection receives, ahead of hiredis's reader
+ * (hiredis 0.14 has no limit: an array header is allocated as announced,
+ * a bulk string buffered until it is complete): where the stream is, item
+ * by item, across chunks.
+ */
+struct scan {
+	enum { SCAN_TYPE, SCAN_HEAD, SCAN_CR, SCAN_PAYLOAD } state;
+	char type;          /* the item's first byte */
+	int neg;            /* its number has a minus sign */
+	long long num;      /* its number so far (array or bulk length) */
+	size_t line;        /* bytes of its line so far */
+	size_t payload;     /* a bulk string's bytes (and CRLF) still to come */
+	int depth;          /* arrays open */
+	long long left[SCAN_DEPTH]; /* items still due in each */
+	size_t bytes;       /* of the reply being scanned */
+};
+
 /* An asynchronous command whose reply is still unread. */
 struct pending {
 	enum script script;
@@ -201,6 +240,9 @@ struct backend_conn {
 	struct pending pend[PENDING_MAX];
 	int nredirected;    /* asynchronous commands a cluster node sent elsewhere */
 	struct pending redirected[PENDING_MAX];
+	long long owed;     /* replies due for the commands queued or sent */
+	int broken;         /* a read failed: nothing more is sent or read */
+	struct scan scan;
 	char ioerr[160];    /* the last transport error */
 	char errstr[192];
 };
@@ -257,7 +299,139 @@ static int out_flush(struct backend_conn *c)
 	size_t n = c->outlen;
 
 	c->outlen = 0;
+	if (c->broken)
+		return -1;
 	return n ? net_send(&c->sock, c->out, n, c->ioerr, sizeof(c->ioerr)) : 0;
+}
+
+/* One item of the stream is complete: closes the arrays it completes, and
+ * counts the reply it completes. Returns 0, or -1 with ioerr set. */
+static int scan_item(struct backend_conn *c)
+{
+	struct scan *sc = &c->scan;
+
+	sc->state = SCAN_TYPE;
+	while (sc->depth > 0) {
+		if (--sc->left[sc->depth - 1] > 0)
+			return 0;
+		sc->depth--;
+	}
+	sc->bytes = 0;
+	if (c->owed <= 0) {
+		snprintf(c->ioerr, sizeof(c->ioerr), "protocol error: a reply nobody asked for");
+		return -1;
+	}
+	c->owed--;
+	return 0;
+}
+
+/* Sets ioerr to "protocol error: WHAT N (more than MAX)". Returns -1. */
+static int scan_limit(struct backend_conn *c, const char *what, long long n, long long max)
+{
+	snprintf(c->ioerr, sizeof(c->ioerr), "protocol error: %s %lld (more than %lld)", what, n,
+		 max);
+	return -1;
+}
+
+/* The header line of the item (its type byte and number) is complete. */
+static int scan_head(struct backend_conn *c)
+{
+	struct scan *sc = &c->scan;
+
+	if (sc->type == '$' && !sc->neg) {
+		sc->payload = (size_t)sc->num + 2;
+		sc->state = SCAN_PAYLOAD;
+		return 0;
+	}
+	if (sc->type == '*' && !sc->neg && sc->num > 0) {
+		if (sc->depth == SCAN_DEPTH)
+			return scan_limit(c, "arrays nested", SCAN_DEPTH + 1, SCAN_DEPTH);
+		sc->left[sc->depth++] = sc->num;
+		sc->state = SCAN_TYPE;
+		return 0;
+	}
+	return scan_item(c); /* a line, nil, or an empty array */
+}
+
+/*
+ * Scans n received bytes at p ahead of the reader: each array within
+ * SCAN_ELEMENTS, SCAN_DEPTH deep, each bulk string within SCAN_BULK, each
+ * line within SCAN_LINE, each reply within SCAN_REPLY and owed. A header
+ * fails as soon as its digits pass the limit. Returns 0, or -1 with ioerr
+ * set (the stream is then unusable).
+ */
+static int scan_feed(struct backend_conn *c, const char *p, size_t n)
+{
+	struct scan *sc = &c->scan;
+	const char *end = p + n;
+
+	while (p < end) {
+		size_t k;
+
+		if (sc->state == SCAN_PAYLOAD) {
+			k = (size_t)(end - p) < sc->payload ? (size_t)(end - p) : sc->payload;
+			p += k;
+			sc->payload -= k;
+			if ((sc->bytes += k) > SCAN_REPLY)
+				return scan_limit(c, "reply of bytes", (long long)sc->bytes, SCAN_REPLY);
+			if (sc->payload == 0 && scan_item(c) != 0)
+				return -1;
+			continue;
+		}
+		if (++sc->bytes > SCAN_REPLY)
+			return scan_limit(c, "reply of bytes", (long long)sc->bytes, SCAN_REPLY);
+		switch (sc->state) {
+		case SCAN_TYPE:
+			if (!strchr("+-:$*", *p) || !*p) {
+				snprintf(c->ioerr, sizeof(c->ioerr), "protocol error: byte 0x%02x where "
+					 "a reply's type was due", (unsigned char)*p);
+				return -1;
+			}
+			sc->type = *p;
+			sc->neg = 0;
+			sc->num = 0;
+			sc->line = 0;
+			sc->state = SCAN_HEAD;
+			break;
+		case SCAN_HEAD:
+			if (*p == '\r') {
+				sc->state = SCAN_CR;
+				break;
+			}
+			if (++sc->line > SCAN_LINE)
+				return scan_limit(c, "line of bytes", (long long)sc->line, SCAN_LINE);
+			if (sc->type != '$' && sc->type != '*')
+				break;
+			if (*p == '-' && sc->line == 1) {
+				sc->neg = 1;
+			} else if (*p >= '0' && *p <= '9') {
+				sc->num = sc->num * 10 + (*p - '0');
+				if (sc->type == '$' && !sc->neg && sc->num > SCAN_BULK)
+					return scan_limit(c, "string of bytes", sc->num, SCAN_BULK);
+				if (sc->type == '*' && !sc->neg && sc->num > SCAN_ELEMENTS)
+					return scan_limit(c, "array of elements", sc->num, SCAN_ELEMENTS);
+				if (sc->neg && sc->num > 1)
+					return scan_limit(c, "negative length", -sc->num, -1);
+			} else {
+				snprintf(c->ioerr, sizeof(c->ioerr), "protocol error: byte 0x%02x in "
+					 "a length", (unsigned char)*p);
+				return -1;
+			}
+			break;
+		case SCAN_CR:
+			if (*p != '\n') {
+				snprintf(c->ioerr, sizeof(c->ioerr), "protocol error: CR without LF");
+				return -1;
+			}
+			if (scan_head(c) != 0)
+				return -1;
+			break;
+		case SCAN_PAYLOAD:
+			break;
+		}
+		p++;
+	}
+	return 0;
 }
 
 /*
@@ -276,20 +450,24 @@ static int get_reply(struct backend_conn *c, redisReply **r)
 
 		if (redisReaderGetReply(c->reader, &rep) != REDIS_OK) {
 			snprintf(c->ioerr, sizeof(c->ioerr), "protocol error: %s", c->reader->errstr);
-			return -1;
+			break;
 		}
 		if (rep) {
 			*r = rep;
 			return 0;
 		}
 		n = net_recv(&c->sock, buf, sizeof(buf), c->ioerr, sizeof(c->ioerr));
-		if (n < 0)
-			return -1;
+		if (n < 0 || scan_feed(c, buf, (size_t)n) != 0)
+			break;
 		if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK) {
 			snprintf(c->ioerr, sizeof(c->ioerr), "protocol error: %s", c->reader->errstr);
-			return -1;
+			break;
 		}
 	}
+	/* the stream is out of step (a reply cut short, a lie): never again */
+	c->broken = 1;
+	net_close(&c->sock);
+	return -1;
 }
 
 /*
@@ -388,7 +566,10 @@ static int resp_append(struct backend_conn *c, struct resp *r)
 		snprintf(c->errstr, sizeof(c->errstr), "command too long");
 		return -1;
 	}
-	return out_add(c, r->buf, (size_t)(r->p - r->buf)) == 0 ? 0 : conn_fail(c, "append", NULL);
+	if (out_add(c, r->buf, (size_t)(r->p - r->buf)) != 0)
+		return conn_fail(c, "append", NULL);
+	c->owed++;
+	return 0;
 }
 
 int backend_redis_split_addr(const char *s, char *host, size_t len, int *port)
@@ -411,7 +592,8 @@ int backend_redis_split_addr(const char *s, char *host, size_t len, int *port)
 	return 0;
 }
 
-/* Sends AUTH and SELECT, when configured, in one round trip. */
+/* Sends AUTH and SELECT, when configured, in one round trip, whose
+ * deadline the next command shares. Returns 0 or BACKEND_ERR. */
 static int conn_setup(struct backend_conn *c, const struct redis_endpoint *r)
 {
 	struct resp cmd;
@@ -444,6 +626,9 @@ static int conn_setup(struct backend_conn *c, const struct redis_endpoint *r)
 			rc = conn_fail(c, i == 0 && r->password ? "AUTH" : "SELECT", rep);
 		freeReplyObject(rep);
 	}
+	/* the first command ends by the set-up's deadline: one command timeout
+	 * for both, as if they had gone in one round trip */
+	c->sock.keep = n > 0;
 	return rc;
 }
 

@@ -4,7 +4,9 @@
  *
  * A socket is created close-on-exec and non-blocking for connect(2) with a
  * poll(2) bound, then made blocking with SO_RCVTIMEO/SO_SNDTIMEO, as hiredis
- * does: a command costs one send(2) and one recv(2). Every use first asks
+ * does: a command costs one send(2) and one recv(2). A send sets the
+ * deadline of the replies; a reply that needs more than one recv polls
+ * for what is left of it (recv_flags). Every use first asks
  * fdown_check whether the descriptor is still ours; a send that meets a
  * descriptor that is no socket (or none) re-checks its identity, so an
  * error never leads to closing the program's file. With redis.tls, the
@@ -15,6 +17,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -100,6 +103,9 @@ int net_connect(struct net_sock *s, const char *host, int port, const char *path
 
 	fdown_init(&s->own);
 	s->timeout_ms = 0;
+	s->deadline = 0;
+	s->fresh = 0;
+	s->keep = 0;
 	s->tls = NULL;
 	if (path) {
 		struct sockaddr_un un = { .sun_family = AF_UNIX };
@@ -178,11 +184,20 @@ static void failed(struct net_sock *s, int e, char *err, size_t errlen)
 int net_send(struct net_sock *s, const void *buf, size_t len, char *err, size_t errlen)
 {
 	const char *p = buf;
+	int64_t now;
 
 	if (!fdown_check(&s->own)) {
 		set_err(err, errlen, not_ours, 0);
 		return -1;
 	}
+	now = util_now_ms();
+	if (!s->keep || s->deadline <= now) {
+		s->deadline = now + s->timeout_ms;
+		s->fresh = 1;
+	} else {
+		s->fresh = 0; /* the first recv polls too: the socket's timeout is longer */
+	}
+	s->keep = 0;
 	if (s->tls) {
 		int e = 0;
 
@@ -207,6 +222,39 @@ int net_send(struct net_sock *s, const void *buf, size_t len, char *err, size_t 
 	return 0;
 }
 
+/*
+ * The flags of the next recv(2) on s, to obey its deadline. The first recv
+ * since the send (s->fresh, then cleared) blocks as it is: the socket's
+ * timeout, set when the deadline was, ends it by then, at no extra system
+ * call. A later one first polls for what is left; past the deadline it
+ * only takes what is there. Returns 0 or MSG_DONTWAIT (a recv that would
+ * wait then fails with EAGAIN, the timeout), or -1 with errno set.
+ */
+static int recv_flags(struct net_sock *s)
+{
+	struct pollfd p = { .fd = s->own.fd, .events = POLLIN };
+	int64_t left;
+	int n;
+
+	if (!s->deadline || s->fresh) {
+		s->fresh = 0;
+		return 0;
+	}
+	do {
+		left = s->deadline - util_now_ms();
+		if (left <= 0)
+			return MSG_DONTWAIT;
+		n = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
+	} while (n < 0 && errno == EINTR);
+	return n < 0 ? -1 : n == 0 ? MSG_DONTWAIT : 0;
+}
+
+/* recv_flags for net_tls.c's reads (arg: the net_sock). */
+static int tls_recv_flags(void *arg)
+{
+	return recv_flags(arg);
+}
+
 ssize_t net_recv(struct net_sock *s, void *buf, size_t len, char *err, size_t errlen)
 {
 	if (!fdown_check(&s->own)) {
@@ -215,14 +263,15 @@ ssize_t net_recv(struct net_sock *s, void *buf, size_t len, char *err, size_t er
 	}
 	if (s->tls) {
 		int e = 0;
-		ssize_t n = net_tls_recv(s->tls, buf, len, &e, err, errlen);
+		ssize_t n = net_tls_recv(s->tls, buf, len, tls_recv_flags, s, &e, err, errlen);
 
 		if (n < 0 && e)
 			failed(s, e, err, errlen);
 		return n;
 	}
 	for (;;) {
-		ssize_t n = recv(s->own.fd, buf, len, 0);
+		int flags = recv_flags(s);
+		ssize_t n = flags < 0 ? -1 : recv(s->own.fd, buf, len, flags);
 
 		if (n > 0)
 			return n;
@@ -243,6 +292,9 @@ void net_close(struct net_sock *s)
 	s->tls = NULL;
 	fdown_close(&s->own);
 	s->timeout_ms = 0;
+	s->deadline = 0;
+	s->fresh = 0;
+	s->keep = 0;
 }
 
 int net_alive(struct net_sock *s)

@@ -4,7 +4,8 @@
  *
  * Connects within a timeout, sends with MSG_NOSIGNAL (a connection that
  * Redis closed never raises SIGPIPE in the program, and no signal mask or
- * disposition is touched), receives within a timeout, and never reads,
+ * disposition is touched), receives by a deadline set at the last send
+ * (the timeout bounds all the replies, not each recv), and never reads,
  * writes or closes a descriptor that the program closed or replaced
  * (fdown.h). With redis.tls, the same calls run TLS over the socket
  * (net_tls.h). One socket is used by one thread at a time. Errors are one
@@ -24,6 +25,9 @@ struct net_tls; /* net_tls.h */
 struct net_sock {
 	struct fdown own;
 	int64_t timeout_ms;  /* send/receive timeout currently set */
+	int64_t deadline;    /* util_now_ms() at the last send + timeout_ms, or 0 */
+	int fresh;           /* no recv since that send */
+	int keep;            /* the next send keeps the deadline, while it lasts */
 	struct net_tls *tls; /* the TLS session (redis.tls), or NULL */
 };
 
@@ -42,11 +46,16 @@ int net_connect(struct net_sock *s, const char *host, int port, const char *path
 /* Sets the send/receive timeout (no system call when unchanged). Returns 0 or -1. */
 int net_timeout(struct net_sock *s, int64_t ms, char *err, size_t errlen);
 
-/* Sends all of buf. Returns 0, or -1 with the reason in err. */
+/* Sends all of buf, and sets the deadline of the replies: now + the
+ * timeout (when keep is set and the deadline not past, the one set already:
+ * a new connection's set-up and first command share one). Returns 0, or
+ * -1 with the reason in err. */
 int net_send(struct net_sock *s, const void *buf, size_t len, char *err, size_t errlen);
 
-/* Receives up to len bytes within the timeout. Returns how many (> 0), or
- * -1 with the reason in err (closed by the server, timed out, ...). */
+/* Receives up to len bytes by the deadline of the last send: however the
+ * server drips its bytes, every recv after the first one since that send
+ * waits only for what is left of it. Returns how many (> 0), or -1 with
+ * the reason in err (closed by the server, timed out, ...). */
 ssize_t net_recv(struct net_sock *s, void *buf, size_t len, char *err, size_t errlen);
 
 /* Closes the socket if it is still ours; s is empty afterwards. */

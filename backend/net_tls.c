@@ -10,7 +10,8 @@
  * kernel's (getrandom): no DRBG to seed, lock or reseed in a fork child.
  * Each connection has its own mbedtls_ssl_context and a read-ahead buffer.
  * The handshake uses MSG_DONTWAIT and polls up to the connect deadline;
- * records then go through the blocking socket and its timeouts, sends with
+ * records then go through the blocking socket and its timeouts, reads by
+ * the deadline of net.c's last send (its flags callback), sends with
  * MSG_NOSIGNAL. mbedTLS 2.28 matches DNS names only: an IP address is
  * checked here against the certificate's iPAddress SANs.
  */
@@ -66,6 +67,8 @@ struct net_tls {
 	mbedtls_ssl_context ssl;
 	struct fdown *own;
 	int handshaking; /* MSG_DONTWAIT: the handshake polls */
+	int (*flags)(void *arg); /* net_tls_recv's: the flags of each recv */
+	void *flags_arg;
 	int err;         /* errno of the last failed socket call */
 	int first;       /* first byte received, -1 before */
 	int failed;      /* a send or a record failed: the session is unusable */
@@ -317,11 +320,15 @@ static int bio_send(void *ctx, const unsigned char *buf, size_t len)
 static int read_ahead(struct net_tls *t)
 {
 	ssize_t n;
+	int flags;
 
-	while ((n = recv(t->own->fd, t->rbuf + t->rlen, sizeof(t->rbuf) - t->rlen,
-			 t->handshaking ? MSG_DONTWAIT : 0)) < 0)
-		if (errno != EINTR)
-			return sock_failed(t, MBEDTLS_ERR_SSL_WANT_READ, MBEDTLS_ERR_NET_RECV_FAILED);
+	do {
+		flags = t->handshaking ? MSG_DONTWAIT : t->flags ? t->flags(t->flags_arg) : 0;
+		n = flags < 0 ? -1 : recv(t->own->fd, t->rbuf + t->rlen,
+					  sizeof(t->rbuf) - t->rlen, flags);
+	} while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return sock_failed(t, MBEDTLS_ERR_SSL_WANT_READ, MBEDTLS_ERR_NET_RECV_FAILED);
 	if (n > 0 && t->first < 0)
 		t->first = t->rbuf[t->rlen];
 	t->rlen += (size_t)n;
@@ -637,8 +644,8 @@ int net_tls_send(struct net_tls *t, const void *buf, size_t len, int *e, char *w
 	return 0;
 }
 
-ssize_t net_tls_recv(struct net_tls *t, void *buf, size_t len, int *e, char *why,
-		     size_t whylen)
+ssize_t net_tls_recv(struct net_tls *t, void *buf, size_t len, int (*flags)(void *arg),
+		     void *arg, int *e, char *why, size_t whylen)
 {
 	int n;
 
@@ -648,7 +655,10 @@ ssize_t net_tls_recv(struct net_tls *t, void *buf, size_t len, int *e, char *why
 		return -1;
 	}
 	t->err = 0;
+	t->flags = flags;
+	t->flags_arg = arg;
 	n = mbedtls_ssl_read(&t->ssl, buf, len);
+	t->flags = NULL;
 	if (n > 0)
 		return n;
 	return io_failed(t, n == 0 ? MBEDTLS_ERR_SSL_CONN_EOF : n, e, why, whylen);

@@ -34,14 +34,17 @@ struct net_tls *net_tls_open(struct fdown *own, const struct redis_tls *cfg, con
 			     int64_t deadline, char *why, size_t whylen);
 
 /*
- * Sends all of buf, or receives up to len bytes (> 0 returned). On failure
+ * Sends all of buf, or receives up to len bytes (> 0 returned), each
+ * socket read with the recv(2) flags that flags(arg) returns (net.c's
+ * deadline: a record dripped byte by byte ends there too; -1 fails the
+ * read with errno). On failure
  * -1, with *e the errno of the socket call that failed (EAGAIN: the
  * timeout) or 0 and the cause in why. A session that failed stays failed.
  */
 int net_tls_send(struct net_tls *t, const void *buf, size_t len, int *e, char *why,
 		 size_t whylen);
-ssize_t net_tls_recv(struct net_tls *t, void *buf, size_t len, int *e, char *why,
-		     size_t whylen);
+ssize_t net_tls_recv(struct net_tls *t, void *buf, size_t len, int (*flags)(void *arg),
+		     void *arg, int *e, char *why, size_t whylen);
 
 /*
  * Returns 0 when the server has closed the session (end of stream, or an
