@@ -25,7 +25,10 @@
  * masters but no quorum gives them back at its ticket (the release script
  * queues it again first), so the key goes to whoever is first, maybe
  * itself, and tries again once after a short random delay, which finds the
- * grants of masters whose release was still on its way. A waiter blocks on
+ * grants of masters whose release was still on its way. Giving back its
+ * home master's key signals itself there: wait() skips that signal, else
+ * a waiter that always takes that master loops at once (about once per
+ * retry_max_ms instead). A waiter blocks on
  * its signal list at the "home" master, the first one in config order that
  * is not quarantined; with none, it sleeps a capped backoff with jitter.
  *
@@ -86,6 +89,7 @@ struct redlock_conn {
 	char ticket_val[BACKEND_VAL_MAX];
 	int64_t wait_step_ms;  /* wait()'s backoff without a home master */
 	int partial;           /* the last busy acquire took some masters */
+	unsigned char gave[MASTERS_MAX]; /* and gave master i back at its ticket */
 	int norphans;
 	struct orphan orphans[ORPHANS_MAX];
 	size_t failed_len;     /* the failures of the current operation, */
@@ -455,6 +459,7 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 
 	*holder_len = 0;
 	*wait_ms = BACKEND_NOT_QUEUED;
+	memset(c->gave, 0, sizeof(c->gave));
 	op_start(c);
 	for (int i = 0; i < bc->n; i++)
 		st[i] = master_up(c, i) ? M_SENT : M_SKIP;
@@ -504,9 +509,14 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 		    (long long)(util_now_us() - t0) / 1000, it.lease_ms);
 	back = release_item(&it);
 	back.ticket = it.ticket; /* a waiter gives back and stays queued */
-	for (int i = 0; i < bc->n; i++)
-		if (st[i] == M_TAKEN && backend_redis_release(c->m[i], &back, 1) == BACKEND_ERR)
+	for (int i = 0; i < bc->n; i++) {
+		if (st[i] != M_TAKEN)
+			continue;
+		if (backend_redis_release(c->m[i], &back, 1) == BACKEND_ERR)
 			fail_conn(c, i, &back);
+		else
+			c->gave[i] = it.waiting; /* it may have signalled ourselves */
+	}
 	if (op_end(c, taken + refused, "acquire") != BACKEND_OK)
 		return BACKEND_ERR;
 	if (it.waiting)
@@ -576,11 +586,21 @@ static int redlock_wait(struct backend_conn *conn, const struct backend_item *it
 
 	op_start(c);
 	for (int i = 0; i < c->bc->n; i++) {
-		int rc;
+		int own = c->gave[i], rc;
 
 		if (!master_up(c, i))
 			continue;
+		memset(c->gave, 0, sizeof(c->gave));
 		rc = backend_redis_wait(c->m[i], &it, timeout_ms);
+		if (rc != BACKEND_ERR && rc != BACKEND_NO && own) {
+			/* the signal of our own give-back, most likely: the
+			 * key there is ours again; wait for another one */
+			long long left = timeout_ms - (util_now_ms() - t0);
+
+			if (left <= 0)
+				return BACKEND_OK;
+			rc = backend_redis_wait(c->m[i], &it, left);
+		}
 		if (rc != BACKEND_ERR) {
 			health_ok(c->bc, i);
 			c->wait_step_ms = 0;

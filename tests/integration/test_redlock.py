@@ -19,7 +19,10 @@ polling the masters and the counter file.
 3. a waiter is woken by the release, well before retry_max_ms, and a
    caller that releases and takes again at once cannot starve a farther
    waiter (a control run against one server with the hand-off put off
-   starves it);
+   starves it); a waiter never busy-loops: with the lock held (also when
+   the key is gone from one master, which the waiter then takes and gives
+   back each time) or a quorum killed or frozen mid-wait, each master gets
+   about one attempt per retry_max_ms (INFO commandstats);
 4. a renewal confirmed by less than a quorum is a lost lease (on_lost);
 5. fair = true is refused at config load (78);
 6. `lockshim check` names every master (0) and a dead one (69).
@@ -326,6 +329,98 @@ def test_waiter_starved_without_handoff(masters, slow_worker, bg, tmp_path):
     fields, tries = starve_run(ms, slow_worker, bg, tmp_path, 3000, 3, "handoff_ms = 60000;",
                                single=True)
     assert int(fields["failed"]) > 0 or max(tries, default=0) >= 50, (fields, tries)
+
+
+# ---- 3b. no busy loop -------------------------------------------------------------------
+
+PACE_WAIT_MS, PACE_RETRY_MS = 2000, 200
+# the rule: about one attempt per master per retry_max_ms; an attempt is at
+# most 3 commands at the home master (the queue script, the BLPOP that pops
+# the signal of its own give-back, the BLPOP that waits): generous
+PACE_BOUND = 4 * (PACE_WAIT_MS // PACE_RETRY_MS) + 10
+
+
+# what the shim sends itself and a script never runs (commandstats counts
+# the commands inside a script too)
+TOP_LEVEL = ("evalsha", "eval", "blpop", "ping", "script", "hello", "auth", "select")
+
+
+def commands(node):
+    """The commands clients sent node so far (TOP_LEVEL's: the waiter's
+    plain SET NX, once, is not counted)."""
+    stats = dict(re.findall(r"^cmdstat_([^:]+):calls=(\d+),", node.cmd("INFO", "commandstats"),
+                            re.M))
+    return sum(int(stats.get(c, 0)) for c in TOP_LEVEL)
+
+
+def paced_wait(ms, worker_progs, bg, cfg, nodes, disrupt=None):
+    """Runs one waiter that times out after PACE_WAIT_MS; once it has queued
+    on the second master, calls disrupt(). Returns the commands each of
+    nodes was sent from then on, and the waiter's stderr."""
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: ms.nodes[1].cmd("ZCARD", "lockshim:blk:q") == 1, timeout=10,
+             what="the waiter queued at the second master")
+    if disrupt:
+        disrupt()
+    before = [commands(m) for m in nodes]
+    waiter.expect("call rc=-7", timeout=PACE_WAIT_MS / 1000 + 10)
+    assert waiter.wait() == 0
+    sent = [commands(m) - b for m, b in zip(nodes, before)]
+    print("commands sent to each master:", sent)
+    return sent, waiter.stderr()
+
+
+def test_waiter_paced_while_held(masters, worker_progs, bg, tmp_path):
+    """The lock held by another process for the whole wait: the waiter asks
+    each master about once per retry_max_ms, not in a loop (37,506
+    commands to one master in a second were seen)."""
+    ms = masters(3)
+    cfg = ms.config(tmp_path, BLOCK % (30000, PACE_WAIT_MS, PACE_RETRY_MS, ""))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    sent, err = paced_wait(ms, worker_progs, bg, cfg, ms.nodes)
+    assert "still held by another owner" in err, err[-2000:]
+    assert max(sent) <= PACE_BOUND, (sent, err[-2000:])
+    holder.send()
+    holder.expect("call rc=42")
+
+
+@pytest.mark.parametrize("gone", [0, 2])
+def test_waiter_paced_while_held_by_a_quorum(masters, worker_progs, bg, tmp_path, gone):
+    """The holder's key gone from one master (the waiters' home, or
+    another) while a quorum still holds it: the waiter takes that master,
+    gives it back and waits again, about once per retry_max_ms."""
+    ms = masters(3)
+    cfg = ms.config(tmp_path, BLOCK % (30000, PACE_WAIT_MS, PACE_RETRY_MS, ""))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    assert ms.nodes[gone].cmd("DEL", "lockshim:blk") == 1
+    sent, err = paced_wait(ms, worker_progs, bg, cfg, ms.nodes)
+    assert "still held by another owner" in err, err[-2000:]
+    assert max(sent) <= PACE_BOUND, (sent, err[-2000:])
+    holder.send()
+    holder.expect("call rc=42")
+
+
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+def test_waiter_paced_without_quorum(masters, worker_progs, bg, tmp_path, fault):
+    """The lock held, then 2 of 3 masters killed or frozen (SIGSTOP) while a
+    waiter waits: no quorum for the rest of the wait; the waiter's commands
+    to the live master stay paced."""
+    ms = masters(3)
+    cfg = ms.config(tmp_path, BLOCK % (30000, PACE_WAIT_MS, PACE_RETRY_MS, ""))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+
+    def disrupt():
+        for m in ms.nodes[1:]:
+            if fault == "killed":
+                m.proc.kill()
+                m.proc.wait()
+            else:
+                m.freeze()
+    sent, err = paced_wait(ms, worker_progs, bg, cfg, ms.nodes[:1], disrupt)
+    assert sent[0] <= PACE_BOUND, (sent, err[-2000:])
 
 
 # ---- 4. renewal -----------------------------------------------------------------------
