@@ -15,6 +15,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "conf.h"
 
@@ -80,4 +81,21 @@ void *backend_calloc(size_t size, char *err, size_t errlen)
 	if (!p)
 		snprintf(err, errlen, "out of memory");
 	return p;
+}
+
+const char *backend_plain_tls_hint(const char *err)
+{
+	static const struct {
+		const char *says, *means;
+	} hints[] = {
+		{ "Server closed the connection", "the server closed the connection at the "
+			"first command: a TLS-only port? (lockshim speaks plain TCP)" },
+		{ "Connection reset", "the server reset the connection at the first command: "
+			"a TLS-only port? (lockshim speaks plain TCP)" },
+	};
+
+	for (size_t i = 0; i < sizeof(hints) / sizeof(hints[0]); i++)
+		if (strstr(err, hints[i].says))
+			return hints[i].means;
+	return NULL;
 }

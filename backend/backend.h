@@ -235,6 +235,14 @@ static inline struct backend_conn *backend_open(const struct backend *b, char *e
 /* For a backend's config_new and open: returns size zeroed bytes (the
  * caller frees them), or NULL with "out of memory" in err. */
 void *backend_calloc(size_t size, char *err, size_t errlen);
+/*
+ * Returns, as a static string, the likely cause of err, a plain-TCP
+ * connection's transport error before any reply, when it is what a
+ * TLS-only port does to plain text (closes or resets the connection at the
+ * first command); else NULL. `lockshim check` and the shim's own errors
+ * both say it.
+ */
+const char *backend_plain_tls_hint(const char *err);
 
 /*
  * Writes the settings groups of the backends of backend.c's table (each

@@ -242,6 +242,8 @@ struct backend_conn {
 	struct pending redirected[PENDING_MAX];
 	long long owed;     /* replies due for the commands queued or sent */
 	int broken;         /* a read failed: nothing more is sent or read */
+	int tls;            /* redis.tls is on */
+	int answered;       /* a reply was read */
 	struct scan scan;
 	char ioerr[160];    /* the last transport error */
 	char errstr[192];
@@ -253,6 +255,9 @@ static int conn_fail(struct backend_conn *c, const char *what, const redisReply 
 {
 	if (r && r->type == REDIS_REPLY_ERROR)
 		snprintf(c->errstr, sizeof(c->errstr), "%s: %s", what, r->str);
+	else if (c->ioerr[0] && !c->tls && !c->answered && backend_plain_tls_hint(c->ioerr))
+		snprintf(c->errstr, sizeof(c->errstr), "%s: %s; likely cause: %s", what, c->ioerr,
+			 backend_plain_tls_hint(c->ioerr));
 	else if (c->ioerr[0])
 		snprintf(c->errstr, sizeof(c->errstr), "%s: %s", what, c->ioerr);
 	else
@@ -454,6 +459,7 @@ static int get_reply(struct backend_conn *c, redisReply **r)
 		}
 		if (rep) {
 			*r = rep;
+			c->answered = 1;
 			return 0;
 		}
 		n = net_recv(&c->sock, buf, sizeof(buf), c->ioerr, sizeof(c->ioerr));
@@ -676,6 +682,7 @@ struct backend_conn *backend_redis_connect(const struct redis_spec *r,
 	}
 	pthread_once(&sha_once, sha_init);
 	c->wait_n = ep->wait_replicas;
+	c->tls = r->tls.enabled;
 	c->wait_ms = r->wait_replicas_ms;
 	c->cmd_ms = r->command_timeout_ms + (c->wait_n ? c->wait_ms : 0);
 	if (net_connect(&c->sock, ep->host, ep->port, ep->socket, &r->tls, r->connect_timeout_ms,

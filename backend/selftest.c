@@ -60,10 +60,6 @@ static const char *cause(const char *err, int tls)
 		{ "READONLY", "this server is a read-only replica: point lockshim at the primary" },
 		{ "unknown command", "the server lacks a command lockshim sends (Redis 2.6 or "
 				     "later is needed, 7.0 or later recommended)" },
-		{ "Server closed the connection", "the server closed the connection at the "
-			"first command: a TLS-only port? (lockshim speaks plain TCP)" },
-		{ "Connection reset", "the server reset the connection at the first command: "
-			"a TLS-only port? (lockshim speaks plain TCP)" },
 		{ "timed out", "no answer within redis.command_timeout_ms: a frozen server, a "
 			       "filtered port, or a TLS-only port waiting for a handshake?" },
 	};
@@ -77,7 +73,7 @@ static const char *cause(const char *err, int tls)
 	for (size_t i = 0; i < sizeof(causes) / sizeof(causes[0]); i++)
 		if (strstr(err, causes[i].says))
 			return causes[i].means;
-	return NULL;
+	return tls ? NULL : backend_plain_tls_hint(err);
 }
 
 static int failed(char *msg, size_t len, const char *step, const char *err)
@@ -193,7 +189,9 @@ int selftest_run(const struct conf *cfg, char *msg, size_t len)
 		return -1;
 	rc = probe_all(b.ops, b.cfg, cfg->ns, msg, len);
 	backend_release(&b);
-	if (rc != 0 && (why = cause(msg, r && r->tls.enabled)) && (n = strlen(msg)) < len)
+	/* a backend's own error may say it already (backend_plain_tls_hint) */
+	if (rc != 0 && !strstr(msg, "likely cause:") &&
+	    (why = cause(msg, r && r->tls.enabled)) && (n = strlen(msg)) < len)
 		snprintf(msg + n, len - n, "; likely cause: %s", why);
 	return rc;
 }

@@ -13,7 +13,8 @@ client certificate of its own.
   ca_dir;
 - each failure names its cause, in the shim's log and in `lockshim check`:
   unknown CA, name mismatch, expired, a client certificate missing or
-  refused, a plain-text port, a TLS-only port with a plain config, a server silent
+  refused, a plain-text port, a TLS-only port with a plain config (the
+  shim's log line of the call names it too, as check does), a server silent
   during the handshake (bounded by connect_timeout_ms), a server frozen
   mid-session (bounded by command_timeout_ms), no system CA store;
   verify = false accepts any certificate;
@@ -230,11 +231,19 @@ def test_expired_certificate(progs, tls_servers, pki, tmp_path):
     assert "not trusted" not in err and "mismatch" not in err
 
 
-def test_plain_config_on_the_tls_port_is_a_tls_only_port(tls_servers, tmp_path):
+def test_plain_config_on_the_tls_port_is_a_tls_only_port(progs, tls_servers, tmp_path):
+    """`lockshim check` and the shim's own log line of the guarded call
+    both name the likely cause (the same words: backend_plain_tls_hint),
+    not only "Connection reset by peer"."""
     srv = tls_servers()
     cfg = write_config(tmp_path, None, 'redis = { port = %d; };\n%s' % (srv.port, CALL))
     r = check(cfg)
     assert r.returncode == 69 and "TLS-only port" in r.stderr, (r.stdout, r.stderr)
+    assert r.stderr.count("likely cause:") == 1, r.stderr
+    out, err = call_once(progs, cfg)
+    assert out == OTHER_SKIPPED, err
+    lines = [l for l in err.splitlines() if "not taken" in l]
+    assert lines and "a TLS-only port? (lockshim speaks plain TCP)" in lines[-1], err
 
 
 def test_tls_config_on_a_plain_port(progs, redis, pki, tmp_path):
