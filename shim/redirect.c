@@ -314,9 +314,12 @@ static int unguarded_why(const struct lock_spec *l, const struct redirect_name *
 		in_exe = 1;
 	}
 	if (!where) {
-		snprintf(why, len, "%s: no loaded object calls or defines it (a typo, or another "
-			 "program?); libraries loaded later with dlopen are scanned then",
-			 l->symbol);
+		k = wrote(snprintf(why, len, "%s: no loaded object calls or defines it (a typo, or "
+				   "another program?); libraries loaded later with dlopen are "
+				   "scanned then", l->symbol), len);
+		/* where entry patching looked for it (a stripped executable's debug files) */
+		if (n && k + 2 < len && redirect_entry.missed(n, NULL, 0, why + k + 2, len - k - 2))
+			memcpy(why + k, "; ", 2);
 		return LOG_WARN;
 	}
 	k = wrote(snprintf(why, len, "%s is defined in %s and ", l->symbol, where), len);
@@ -344,7 +347,7 @@ static int report(const struct conf *cfg, int check_fd, char *err, size_t errlen
 		const struct lock_spec *l = &cfg->locks[i];
 		const struct redirect_name *n = redirect_find(l->symbol);
 		const char *where;
-		char why[768];
+		char why[1000];
 		int level, in_exe;
 
 		if (n && n->refused) {
