@@ -31,7 +31,8 @@ library).
 - refusals that are not about the code: another thread already running
   (a library's constructor started it), a function the shim wraps itself;
 - `lockshim check -c FILE -- PROGRAM` says per lock entry / reloc /
-  unguarded, with its exit status, and never runs the program's main.
+  unguarded / deferred (`object` a library not loaded yet: exit 0), with
+  its exit status, and never runs the program's main.
 
 Counting tests use linger_ms = 0, so that every call takes the lock from
 Redis and logs "acquired <key> for <symbol> (" at debug.
@@ -187,10 +188,9 @@ def check_prog(tmp_path, cfg, *argv):
     return r
 
 
-def verdict(stdout, symbol):
+def verdict(stdout, symbol, words="entry|reloc|unguarded"):
     """check's one line for symbol: "SYMBOL: entry|reloc|unguarded ..."."""
-    found = re.findall(r"^%s: (?:entry|reloc|unguarded)\b.*$" % re.escape(symbol), stdout,
-                       re.M)
+    found = re.findall(r"^%s: (?:%s)\b.*$" % (re.escape(symbol), words), stdout, re.M)
     assert len(found) == 1, stdout
     return found[0]
 
@@ -938,14 +938,29 @@ def test_check_program_library_function_auto_without_call_sites(ent, redis, tmp_
                     verdict(r.stdout, "lib_inner"))
 
 
-def test_check_program_dlopened_library_is_not_loaded_yet(ent, redis, tmp_path):
+@pytest.mark.parametrize("method", ["entry", "reloc", "auto"])
+def test_check_program_dlopened_library_is_deferred(ent, plain, redis, tmp_path, method):
     """The library plug_step lives in is dlopened by main, which check never
-    runs: not guarded at that point, exit 1."""
+    runs: "deferred" naming the library, not "unguarded", and exit 0 (with
+    "entry" a real run guards it: test_dlopened_library_internal_function),
+    and a real run warns about nothing at start-up. Controls: the
+    same name as a path to no file, and a lock in an object loaded at
+    start-up that does not define it, are unguarded (exit 1)."""
     cfg = write_config(tmp_path, redis, locks(
-        lock("plug_step", method="entry", object="libentry_plug.so")))
+        lock("plug_step", method=method, object="libentry_plug.so")))
     r = check_prog(tmp_path, cfg, ent["plug"], ent["libplug"])
-    assert r.returncode == 1, (r.stdout, r.stderr)
-    assert verdict(r.stdout, "plug_step").startswith("plug_step: unguarded"), r.stdout
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    line = verdict(r.stdout, "plug_step", "deferred")
+    assert line.startswith("plug_step: deferred: libentry_plug.so is not loaded"), line
+    r = go([ent["plug"], ent["libplug"]], cfg)
+    assert r.returncode == 0 and r.stdout == plain["plug"], r.stderr
+    assert lines_at("warn", r.stderr) == [] and lines_at("error", r.stderr) == [], r.stderr
+    for obj in (str(tmp_path / "libentry_plug.so"), "libc.so.6"):
+        cfg = write_config(tmp_path, redis, locks(
+            lock("plug_step", method=method, object=obj)))
+        r = check_prog(tmp_path, cfg, ent["plug"], ent["libplug"])
+        assert r.returncode == 1, (obj, r.stdout, r.stderr)
+        assert verdict(r.stdout, "plug_step").startswith("plug_step: unguarded"), r.stdout
 
 
 def test_check_program_typo_is_unguarded(ent, redis, tmp_path):
