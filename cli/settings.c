@@ -26,6 +26,11 @@ static void quote(char *buf, size_t len, const char *s)
 {
 	size_t n = 0;
 
+	if (len < 2) { /* no room for a quote and the NUL: an empty string */
+		if (len)
+			buf[0] = 0;
+		return;
+	}
 	buf[n++] = '"';
 	for (; *s && n + 6 < len; s++) {
 		unsigned char c = (unsigned char)*s;

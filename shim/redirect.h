@@ -61,7 +61,9 @@ struct redirect_method {
 	 * path): writes into why (len bytes, NUL-terminated) what calls of n
 	 * this method cannot catch, as a clause following "<name> is defined
 	 * in <def> and ". Returns its length (like snprintf: a longer one than
-	 * len - 1 counts as cut there), 0 when it has nothing to say.
+	 * len - 1 counts as cut there), 0 when it has nothing to say. Entry
+	 * patching's is also asked with def NULL (no loaded object defines n
+	 * where the report can see): where it looked, as a clause after "; ".
 	 */
 	size_t (*missed)(const struct redirect_name *n, const char *def, int in_exe,
 			 char *why, size_t len);

@@ -38,8 +38,11 @@
 #include "symdef.h"
 #include "arch.h"
 
-#define WHY_MAX 384
+#define WHY_MAX 860
 #define OBJECTS_MAX 1024
+#define SEARCHED_MAX 200 /* the objects searched, in a message (then "and N more") */
+#define TRIED_MAX 480    /* the debug-file paths tried, in a message */
+#define SEARCHED_TEXT_MAX (SEARCHED_MAX + TRIED_MAX + 80) /* searched_text's */
 
 /* One lock this method looks after. */
 struct want {
@@ -51,6 +54,9 @@ struct want {
 	void *target;          /* the patched function */
 	void *pending;         /* the function a patch of this scan is prepared for */
 	char why[WHY_MAX];     /* why its entry was not patched, for the report */
+	char searched[SEARCHED_MAX]; /* objects its definition was not found in, ", "-joined */
+	char tried[TRIED_MAX]; /* debug-file paths tried there, ", "-joined */
+	int more_searched, more_tried; /* more of each than the lists hold */
 };
 
 /* One patch prepared in a scan, written once every copy is sealed. */
@@ -82,6 +88,7 @@ struct objects {
 	uintptr_t self, rtld;
 	struct symdef *defs;
 	struct want **ws;
+	struct symdef_search search; /* the last object's, for the messages */
 };
 
 static int collect(struct dl_phdr_info *info, size_t size, void *data)
@@ -196,6 +203,55 @@ static void refuse_as(struct want *w, const char *where, const char *why, int la
 static void refuse(struct want *w, const char *where, const char *why, int late)
 {
 	refuse_as(w, where, why, late, 0);
+}
+
+/* Appends a then b as one item to list (len bytes, ", "-separated), or
+ * counts it in *more when it does not fit (and after one that did not). */
+static void list_add(char *list, size_t len, int *more, const char *a, const char *b)
+{
+	size_t used = strlen(list);
+
+	if (*more || used + 2 + strlen(a) + strlen(b) >= len) {
+		(*more)++;
+		return;
+	}
+	snprintf(list + used, len - used, "%s%s%s", used ? ", " : "", a, b);
+}
+
+/* Notes that w's definition is not in the object whose file is path: what
+ * s says was searched there, and the debug file read ("" when none). */
+static void note_search(struct want *w, const char *path, const struct symdef_search *s,
+			const char *debug)
+{
+	const char *p = s->tried;
+
+	list_add(w->searched, sizeof(w->searched), &w->more_searched, path,
+		 s->symtab ? "" : " (no symbol table)");
+	for (int i = 0; i < s->nlisted; i++, p += strlen(p) + 1)
+		list_add(w->tried, sizeof(w->tried), &w->more_tried, p, "");
+	w->more_tried += s->ntried - s->nlisted;
+	if (debug[0])
+		list_add(w->tried, sizeof(w->tried), &w->more_tried, debug, " (read)");
+}
+
+/*
+ * Writes into out (len bytes) where w's definition was looked for in vain
+ * (the dynamic symbols, symbol table and debug files of each object):
+ * "searched OBJECT (no symbol table), ...; debug files tried: PATH, ..."
+ * with "and N more" after a list cut short (which keeps it under
+ * SEARCHED_TEXT_MAX).
+ */
+static void searched_text(const struct want *w, char *out, size_t len)
+{
+	char objs[24] = "", paths[24] = "";
+
+	if (w->more_searched)
+		snprintf(objs, sizeof(objs), " and %d more", w->more_searched);
+	if (w->more_tried)
+		snprintf(paths, sizeof(paths), " and %d more", w->more_tried);
+	snprintf(out, len, "searched %s%s; %s%s%s", w->searched[0] ? w->searched : "no object",
+		 objs, w->tried[0] || w->more_tried ? "debug files tried: " :
+		 "no debug file to try (no build-id, no .gnu_debuglink)", w->tried, paths);
 }
 
 static int set_up(const struct conf *cfg)
@@ -363,7 +419,7 @@ static int prepare_found(struct want *w, const struct symdef_object *o, const ch
  * Looks the pending wants that consider object k up in it and prepares
  * their patches into ps (*np of them so far). first: the start-up scan.
  */
-static void scan_object(const struct objects *os, int k, const struct conf *cfg,
+static void scan_object(struct objects *os, int k, const struct conf *cfg,
 			struct patch *ps, int *np, int first, int alone, int threads)
 {
 	const struct symdef_object *o = &os->o[k];
@@ -406,15 +462,19 @@ static void scan_object(const struct objects *os, int k, const struct conf *cfg,
 	}
 	if (!m)
 		return;
-	symdef_find(o, have_path ? path : NULL, defs, m, cfg->debug_dirs, debug, sizeof(debug));
+	symdef_find(o, have_path ? path : NULL, defs, m, cfg->debug_dirs, debug, sizeof(debug),
+		    &os->search);
 	for (int j = 0; j < m; j++) {
 		struct want *w = ws[j];
 
 		if (!defs[j].addr) {
+			note_search(w, path, &os->search, debug);
 			if (w->l->object) {
-				snprintf(why, sizeof(why), "%s is not defined there (looked in its "
-					 "dynamic symbols, its symbol table and debug files)",
-					 w->l->symbol);
+				char text[SEARCHED_TEXT_MAX];
+
+				searched_text(w, text, sizeof(text));
+				snprintf(why, sizeof(why), "%s is not defined there (%s)",
+					 w->l->symbol, text);
 				refuse(w, path, why, !first);
 			}
 			continue; /* the next object in load order */
@@ -448,14 +508,22 @@ static int entry_scan(const struct conf *cfg)
 	struct objects *os;
 	struct patch *ps;
 	int np = 0, patched = 0, first = scans++ == 0, threads, alone, pending = 0;
+	char text[SEARCHED_TEXT_MAX], why[WHY_MAX];
 	Dl_info di;
 
 	if (nwants < 0 && set_up(cfg) != 0)
 		return -1;
 	if (!first)
 		forget_unloaded();
-	for (int i = 0; i < nwants; i++)
-		pending |= !wants[i].done;
+	for (int i = 0; i < nwants; i++) {
+		struct want *w = &wants[i];
+
+		pending |= !w->done;
+		if (!w->done) {
+			w->searched[0] = w->tried[0] = 0;
+			w->more_searched = w->more_tried = 0;
+		}
+	}
 	if (!pending)
 		return 0;
 	os = calloc(1, sizeof(*os));
@@ -489,9 +557,10 @@ static int entry_scan(const struct conf *cfg)
 			w->done = 1; /* auto: not the executable's; relocations catch it */
 			continue;
 		}
-		refuse(w, "any loaded object", "it is not defined there (looked in the dynamic "
-		       "symbols, symbol tables and debug files; name the library in `object` if "
-		       "it is loaded later with dlopen)", 0);
+		searched_text(w, text, sizeof(text));
+		snprintf(why, sizeof(why), "it is not defined there (%s; name the library in "
+			 "`object` if it is loaded later with dlopen)", text);
+		refuse(w, "any loaded object", why, 0);
 	}
 out:
 	if (os) {
@@ -503,18 +572,24 @@ out:
 	return patched;
 }
 
-/* For the report: why the entry of n (no method caught it) was not patched. */
+/* For the report: why the entry of n (no method caught it) was not patched;
+ * with def NULL (no loaded object defines n), where it was looked for. */
 static size_t entry_missed(const struct redirect_name *n, const char *def, int in_exe,
 			   char *why, size_t len)
 {
+	char text[SEARCHED_TEXT_MAX];
 	int rc;
 
-	(void)def;
 	(void)in_exe;
 	for (int i = 0; i < nwants; i++) {
-		if (wants[i].n != n || !wants[i].why[0])
+		if (wants[i].n != n || !(def ? wants[i].why[0] : wants[i].searched[0]))
 			continue;
-		rc = snprintf(why, len, "its entry cannot be patched (%s)", wants[i].why);
+		if (def) {
+			rc = snprintf(why, len, "its entry cannot be patched (%s)", wants[i].why);
+		} else {
+			searched_text(&wants[i], text, sizeof(text));
+			rc = snprintf(why, len, "for its entry, %s", text);
+		}
 		return rc < 0 ? 0 : (size_t)rc;
 	}
 	return 0;

@@ -225,18 +225,44 @@ int symdef_build_id(const struct symdef_object *o, char *hex, size_t len)
 	return 0;
 }
 
+/* Notes in s (if any) that path was tried in vain, and why (after it). */
+static void tried(struct symdef_search *s, const char *path, const char *why)
+{
+	size_t used = 0;
+	int n;
+
+	if (!s)
+		return;
+	for (int i = 0; i < s->nlisted; i++)
+		used += strlen(s->tried + used) + 1;
+	s->ntried++;
+	n = snprintf(s->tried + used, sizeof(s->tried) - used, "%s%s", path, why);
+	if (n >= 0 && (size_t)n < sizeof(s->tried) - used)
+		s->nlisted++;
+	else
+		s->tried[used] = 0;
+}
+
 /* Opens path as the debug file of an object whose build-id is id ("" when
- * it has none). Returns 0 when it is one (f open), else -1. */
-static int open_debug(struct symfile *f, const char *path, const char *id)
+ * it has none). Returns 0 when it is one (f open), else -1 (noted in s). */
+static int open_debug(struct symfile *f, const char *path, const char *id,
+		      struct symdef_search *s)
 {
 	char other[BUILD_ID_HEX];
 
-	if (access(path, R_OK) != 0 || symfile_open(f, path) != 0)
+	if (access(path, R_OK) != 0) {
+		tried(s, path, access(path, F_OK) == 0 ? " (unreadable)" : "");
 		return -1;
+	}
+	if (symfile_open(f, path) != 0) {
+		tried(s, path, " (not its debug file)");
+		return -1;
+	}
 	if (f->syms && (!id[0] || (symfile_build_id(f, other, sizeof(other)) &&
 				   strcmp(other, id) == 0)))
 		return 0;
 	symfile_close(f);
+	tried(s, path, " (not its debug file)");
 	return -1;
 }
 
@@ -244,7 +270,7 @@ static int open_debug(struct symfile *f, const char *path, const char *id)
  * with f open and its path in out, or -1. file: o's file, mapped. */
 static int find_debug(const struct symdef_object *o, const struct symfile *file,
 		      const char *path, char *const *dirs, struct symfile *f, char *out,
-		      size_t len)
+		      size_t len, struct symdef_search *s)
 {
 	char id[BUILD_ID_HEX] = "", dir[PATH_MAX], *slash;
 	const char *link = NULL;
@@ -253,7 +279,7 @@ static int find_debug(const struct symdef_object *o, const struct symfile *file,
 	symdef_build_id(o, id, sizeof(id));
 	for (int i = 0; id[0] && id[1] && id[2] && dirs && dirs[i]; i++) {
 		snprintf(out, len, "%s/.build-id/%.2s/%s.debug", dirs[i], id, id + 2);
-		if (open_debug(f, out, id) == 0)
+		if (open_debug(f, out, id, s) == 0)
 			return 0;
 	}
 	if (file->map)
@@ -266,27 +292,29 @@ static int find_debug(const struct symdef_object *o, const struct symfile *file,
 		return -1;
 	*slash = 0;
 	snprintf(out, len, "%s/%s", dir, link);
-	if (strcmp(out, path) != 0 && open_debug(f, out, id) == 0)
+	if (strcmp(out, path) != 0 && open_debug(f, out, id, s) == 0)
 		return 0;
 	snprintf(out, len, "%s/.debug/%s", dir, link);
-	if (open_debug(f, out, id) == 0)
+	if (open_debug(f, out, id, s) == 0)
 		return 0;
 	for (int i = 0; dirs && dirs[i]; i++) {
 		snprintf(out, len, "%s%s/%s", dirs[i], dir, link);
-		if (open_debug(f, out, id) == 0)
+		if (open_debug(f, out, id, s) == 0)
 			return 0;
 	}
 	return -1;
 }
 
 int symdef_find(const struct symdef_object *o, const char *path, struct symdef *defs, int n,
-		char *const *dirs, char *debug, size_t len)
+		char *const *dirs, char *debug, size_t len, struct symdef_search *s)
 {
 	struct wanted w;
 	struct symfile file, dbg;
 	int found = 0, missing = 0;
 
 	debug[0] = 0;
+	if (s)
+		s->symtab = s->ntried = s->nlisted = 0;
 	for (int i = 0; i < n; i++) {
 		defs[i].addr = 0;
 		defs[i].size = 0;
@@ -302,10 +330,12 @@ int symdef_find(const struct symdef_object *o, const char *path, struct symdef *
 	    symfile_open(&file, o->name && o->name[0] ? path : "/proc/self/exe") == 0 &&
 	    file.syms)
 		walk(&w, file.syms, file.nsyms, file.strs, file.strsz, o->base, "symbol table", 1);
+	if (s)
+		s->symtab = file.syms != NULL;
 	for (int i = 0; i < n; i++)
 		missing += !defs[i].addr;
 	if ((missing || !file.syms) && path && path[0] &&
-	    find_debug(o, &file, path, dirs, &dbg, debug, len) == 0) {
+	    find_debug(o, &file, path, dirs, &dbg, debug, len, s) == 0) {
 		walk(&w, dbg.syms, dbg.nsyms, dbg.strs, dbg.strsz, o->base, "debug file",
 		     !file.syms);
 		symfile_close(&dbg);

@@ -44,14 +44,27 @@ struct symdef {
 				  * with "..." when longer) */
 };
 
+/* What symdef_find looked at in one object, for the message about a
+ * definition it did not find. */
+struct symdef_search {
+	int symtab;              /* out: its file has a symbol table (.symtab) */
+	int ntried;              /* out: debug-file paths tried and not used */
+	int nlisted;             /* out: how many of them are in tried */
+	char tried[2048];        /* out: those paths, each NUL-terminated, one
+				  * after the other; " (not its debug file)"
+				  * after one that is there but is not o's (another
+				  * build-id, no symbols), " (unreadable)" */
+};
+
 /*
  * Looks defs[0..n) up in o, whose file is path (symdef_path's; NULL or "":
  * its dynamic symbols only), dirs being the debug directories
  * (NULL-terminated). Returns how many were found. Writes the debug file
- * read, if any, into debug (len bytes; "" when none).
+ * read, if any, into debug (len bytes; "" when none), and, when s is not
+ * NULL, what was searched into s.
  */
 int symdef_find(const struct symdef_object *o, const char *path, struct symdef *defs, int n,
-		char *const *dirs, char *debug, size_t len);
+		char *const *dirs, char *debug, size_t len, struct symdef_search *s);
 
 /* Writes the path of o's file into path (len bytes): its name, or the
  * executable's real path. Returns 0, or -1. */

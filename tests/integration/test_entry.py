@@ -21,14 +21,18 @@ library).
   local function; a function reached by entry and by relocations is
   wrapped once;
 - stripped executables: the debug file found by build-id under debug_dirs
-  or by .gnu_debuglink; the function named by offset, with build_id;
+  or by .gnu_debuglink; the function named by offset, with build_id; a
+  debug file not found (absent, or another build's): the refusal, auto's
+  warning and check's line name the objects searched and the paths tried,
+  capped with "and N more";
 - object = a library: a -Bsymbolic library's internal call, a dlopened
   library's static function;
 - compiler clones (.constprop.0, .cold) are warned about;
 - refusals that are not about the code: another thread already running
   (a library's constructor started it), a function the shim wraps itself;
 - `lockshim check -c FILE -- PROGRAM` says per lock entry / reloc /
-  unguarded, with its exit status, and never runs the program's main.
+  unguarded / deferred (`object` a library not loaded yet: exit 0), with
+  its exit status, and never runs the program's main.
 
 Counting tests use linger_ms = 0, so that every call takes the lock from
 Redis and logs "acquired <key> for <symbol> (" at debug.
@@ -184,10 +188,9 @@ def check_prog(tmp_path, cfg, *argv):
     return r
 
 
-def verdict(stdout, symbol):
+def verdict(stdout, symbol, words="entry|reloc|unguarded"):
     """check's one line for symbol: "SYMBOL: entry|reloc|unguarded ..."."""
-    found = re.findall(r"^%s: (?:entry|reloc|unguarded)\b.*$" % re.escape(symbol), stdout,
-                       re.M)
+    found = re.findall(r"^%s: (?:%s)\b.*$" % (re.escape(symbol), words), stdout, re.M)
     assert len(found) == 1, stdout
     return found[0]
 
@@ -258,6 +261,13 @@ def ent(tmp_path_factory):
     shutil.copy(debug, p["link-root"] + j("link-root-obj", "entry_static.debug"))
     p["no-debug"] = j("no-debug")  # an empty debug dir
     os.mkdir(p["no-debug"])
+    # 3. a .gnu_debuglink to a file that is nowhere, and one whose debug file
+    # is another build's.
+    os.mkdir(j("link-absent"))
+    p["link-absent"] = shutil.copy(p["link-next"], j("link-absent", "entry_static"))
+    os.mkdir(j("link-other"))
+    p["link-other"] = shutil.copy(p["link-next"], j("link-other", "entry_static"))
+    tool("objcopy", "--only-keep-debug", p["static-nopie"], j("link-other", "entry_static.debug"))
     return p
 
 
@@ -651,6 +661,80 @@ def test_stripped_without_debug_file_runs_unguarded_with_auto(ent, redis, tmp_pa
     assert any("scale" in l for l in lines_at("warn", r.stderr)), r.stderr
 
 
+def tried_paths(ent, prog):
+    """The debug-file paths the shim tries for prog (a copy of link-next)
+    with debug_dirs = ( no-debug ), in its order."""
+    bid, d = build_id(prog), os.path.dirname(prog)
+    return [os.path.join(ent["no-debug"], ".build-id", bid[:2], bid[2:] + ".debug"),
+            os.path.join(d, "entry_static.debug"),
+            os.path.join(d, ".debug", "entry_static.debug"),
+            ent["no-debug"] + os.path.join(d, "entry_static.debug")]
+
+
+@pytest.mark.parametrize("prog", ["link-absent", "link-other"])
+def test_debug_file_not_found_names_the_objects_and_paths_tried(ent, redis, tmp_path, prog):
+    """A stripped executable whose debug file is not found: the refusal
+    (method = "entry"), auto's warn line and check's unguarded line name the
+    executable, libc (the other object searched for "entry") and each
+    debug-file path tried; one that is there but of another build says so."""
+    prog = ent[prog]
+    paths = tried_paths(ent, prog)
+    other = prog == ent["link-other"]
+    libc = re.search(r"(/\S*libc\.so\.6)", tool("ldd", prog)).group(1)
+    cfg = write_config(tmp_path, redis, 'debug_dirs = ( "%s" );\n' % ent["no-debug"] +
+                       locks(lock("scale", method="entry")))
+    r = go([prog], cfg)
+    refused(r, "scale", "not defined")
+    check = check_prog(tmp_path, cfg, prog)
+    assert check.returncode == 1, (check.stdout, check.stderr)
+    line = verdict(check.stdout, "scale")
+    for text in (r.stderr.splitlines()[0], line):
+        assert "searched" in text and prog + " (no symbol table)" in text, text
+        assert os.path.basename(libc) in text, text
+        for p in paths:
+            assert p in text, (p, text)
+        assert (paths[1] + " (not its debug file)" in text) == other, text
+    cfg = write_config(tmp_path, redis, 'debug_dirs = ( "%s" );\n' % ent["no-debug"] +
+                       locks(lock("scale", method="entry", object="main")))
+    r = go([prog], cfg)
+    refused(r, "scale", "not defined")
+    assert prog + " (no symbol table)" in r.stderr and "libc" not in r.stderr, r.stderr
+    assert all(p in r.stderr for p in paths), r.stderr
+    cfg = write_config(tmp_path, redis, 'debug_dirs = ( "%s" );\n' % ent["no-debug"] +
+                       locks(lock("scale")))
+    r = go([prog], cfg)
+    assert r.returncode == 0 and r.stdout == STATIC_OUT, r.stderr
+    warn = [l for l in lines_at("warn", r.stderr) if "scale" in l]
+    assert len(warn) == 1, r.stderr
+    assert prog + " (no symbol table)" in warn[0] and "libc" not in warn[0], warn[0]
+    for p in paths:
+        assert p in warn[0], (p, warn[0])
+    line = verdict(check_prog(tmp_path, cfg, prog).stdout, "scale")
+    assert all(p in line for p in paths), line
+
+
+def test_debug_paths_tried_are_capped(ent, redis, tmp_path):
+    """40 long debug_dirs: the first paths tried are named, the rest counted
+    ("and N more"), and the refusal and check's line stay one whole line."""
+    dirs = [os.path.join(str(tmp_path), "d%02d-" % i + "x" * 60) for i in range(40)]
+    cfg = write_config(tmp_path, redis, "debug_dirs = ( %s );\n" % ", ".join(
+        '"%s"' % d for d in dirs) + locks(lock("scale", method="entry")))
+    prog = ent["link-absent"]
+    r = go([prog], cfg)
+    refused(r, "scale", "not defined")
+    line = verdict(check_prog(tmp_path, cfg, prog).stdout, "scale")
+    bid = build_id(prog)
+    for text in (r.stderr.splitlines()[0], line):
+        assert len(text) < 1024, len(text)
+        assert prog + " (no symbol table)" in text, text
+        assert os.path.join(dirs[0], ".build-id", bid[:2], bid[2:] + ".debug") in text, text
+        assert dirs[-1] not in text, text
+        m = re.search(r" and (\d+) more; name the library in `object` if it is loaded later "
+                      r"with dlopen\)", text)
+        assert m and int(m.group(1)) > 40, text
+    assert line.endswith("(the program would stop with status 78)"), line
+
+
 DEBUG_FILES = {
     # prog key, debug_dirs key (None: the default)
     "build-id": ("stripped", "dbg-buildid"),
@@ -854,14 +938,29 @@ def test_check_program_library_function_auto_without_call_sites(ent, redis, tmp_
                     verdict(r.stdout, "lib_inner"))
 
 
-def test_check_program_dlopened_library_is_not_loaded_yet(ent, redis, tmp_path):
+@pytest.mark.parametrize("method", ["entry", "reloc", "auto"])
+def test_check_program_dlopened_library_is_deferred(ent, plain, redis, tmp_path, method):
     """The library plug_step lives in is dlopened by main, which check never
-    runs: not guarded at that point, exit 1."""
+    runs: "deferred" naming the library, not "unguarded", and exit 0 (with
+    "entry" a real run guards it: test_dlopened_library_internal_function),
+    and a real run warns about nothing at start-up. Controls: the
+    same name as a path to no file, and a lock in an object loaded at
+    start-up that does not define it, are unguarded (exit 1)."""
     cfg = write_config(tmp_path, redis, locks(
-        lock("plug_step", method="entry", object="libentry_plug.so")))
+        lock("plug_step", method=method, object="libentry_plug.so")))
     r = check_prog(tmp_path, cfg, ent["plug"], ent["libplug"])
-    assert r.returncode == 1, (r.stdout, r.stderr)
-    assert verdict(r.stdout, "plug_step").startswith("plug_step: unguarded"), r.stdout
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    line = verdict(r.stdout, "plug_step", "deferred")
+    assert line.startswith("plug_step: deferred: libentry_plug.so is not loaded"), line
+    r = go([ent["plug"], ent["libplug"]], cfg)
+    assert r.returncode == 0 and r.stdout == plain["plug"], r.stderr
+    assert lines_at("warn", r.stderr) == [] and lines_at("error", r.stderr) == [], r.stderr
+    for obj in (str(tmp_path / "libentry_plug.so"), "libc.so.6"):
+        cfg = write_config(tmp_path, redis, locks(
+            lock("plug_step", method=method, object=obj)))
+        r = check_prog(tmp_path, cfg, ent["plug"], ent["libplug"])
+        assert r.returncode == 1, (obj, r.stdout, r.stderr)
+        assert verdict(r.stdout, "plug_step").startswith("plug_step: unguarded"), r.stdout
 
 
 def test_check_program_typo_is_unguarded(ent, redis, tmp_path):
