@@ -145,6 +145,10 @@ class Layout:
                 p.stdin.write("go\n")
                 p.stdin.flush()
             out, err = p.communicate(timeout=TIMEOUT)
+            if p.returncode == 2 and err.startswith("secure_launch: namespace:"):
+                # A chroot (CI's bare-Debian proof) has no mount point at /
+                # to make private: the namespace cannot be made there.
+                pytest.skip("no private mount namespace here: " + err.strip())
             return p.returncode, first + out, err, keys, clients
         finally:
             if p.poll() is None:
