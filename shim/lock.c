@@ -487,10 +487,10 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS
 	rc = acquire_wait(t, &h->lease, &granted_ttl_ms);
 	if (rc != LOCK_OK)
 		return rc;
+	h->foreign = 0; /* a slot a fork child inherited is ours now: unkept releases it */
 	if ((rc = renew_track(&h->lease, granted_ttl_ms)) != 0)
 		return unkept(t, h, rc);
 	h->count = 1;
-	h->foreign = 0;
 	if (h == &t->holds[t->nholds])
 		t->nholds++;
 	push_call(t, call, h);
