@@ -131,6 +131,21 @@ test-tsan: deps
 	LOCKSHIM_BUILD=build/tsan LOCKSHIM_TEST_TSAN=1 $(PYTEST) -q \
 		$(TSAN_TESTS:%=tests/integration/test_%.py)
 
+# The timing-sensitive tests (marked `timing`: a time bound or a forced
+# race) RUNS times in a row, stopping at the first failure; the -asan
+# variant on the ASan build.
+RUNS ?= 20
+REPEAT = for i in $$(seq $(RUNS)); do echo "test-repeat: run $$i of $(RUNS)"; \
+	$(1) $(PYTEST) -q -x -m timing tests/integration || exit 1; done
+
+test-repeat: deps
+	$(MAKE) all unit
+	@$(call REPEAT,)
+
+test-repeat-asan: deps
+	$(MAKE) asan
+	@$(call REPEAT,LOCKSHIM_BUILD=build/asan LOCKSHIM_TEST_ASAN=1)
+
 bench:
 	scripts/install-deps.sh --bench
 	$(MAKE) all
@@ -157,6 +172,6 @@ uninstall:
 clean:
 	rm -rf build
 
-.PHONY: all build-deps deps unit test asan test-asan test-tsan bench demo install uninstall clean
+.PHONY: all build-deps deps unit test asan test-asan test-tsan test-repeat test-repeat-asan bench demo install uninstall clean
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

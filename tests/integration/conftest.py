@@ -56,6 +56,12 @@ def tsan_reports():
         pytest.fail("ThreadSanitizer reported:\n" + "\n".join(reports), pytrace=False)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "timing: the test asserts a time bound or forces a race; "
+        "`make test-repeat` runs these RUNS times in a row")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

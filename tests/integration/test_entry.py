@@ -370,6 +370,7 @@ def test_clone_program_has_a_constprop_clone(ent, plain):
     assert plain["clone"] == "weigh 20320\nweigh 16660\nweigh 13468\nweigh 42656\n"
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("v", ["O2", "pg"])
 def test_control_ledger_loses_updates(ent, tmp_path, v):
     """Without the shim, 3 processes x 8 threads lose updates (threads alone too)."""

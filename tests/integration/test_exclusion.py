@@ -16,10 +16,12 @@ from support.workers import RACE_ITER, RACE_LOCK, RACE_PROCS, counter, race
 PROCS, ITER = RACE_PROCS, RACE_ITER  # race()'s defaults
 
 
+@pytest.mark.timing
 def test_control_processes_lose_updates(progs, tmp_path):
     assert race(progs["ledger"], "direct", str(tmp_path / "c"), None) < PROCS * ITER
 
 
+@pytest.mark.timing
 def test_control_threads_lose_updates(progs, tmp_path):
     assert race(progs["ledger"], "direct", str(tmp_path / "c"), None, procs=1,
                 threads=4) < 4 * ITER

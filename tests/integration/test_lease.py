@@ -9,6 +9,8 @@ import pytest
 from support.server import lock_keys
 from support.util import MULT, run, wait_for, write_config
 
+pytestmark = pytest.mark.timing  # time bounds and forced races: make test-repeat
+
 KEY = "lockshim:hold_call"
 
 

@@ -2,8 +2,12 @@
 """Locks kept between calls (linger_ms): a burst of calls costs one acquire,
 a kept lock not called again is released by the renewal thread and handed to
 a waiter, and kept locks are released before exec."""
+import pytest
+
 from support.server import lock_keys
 from support.util import run, wait_for, write_config
+
+pytestmark = pytest.mark.timing  # time bounds and forced races: make test-repeat
 
 KEY = "lockshim:f"
 

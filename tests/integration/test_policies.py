@@ -10,6 +10,8 @@ import pytest
 from support.server import RedisServer
 from support.util import MULT, run, write_config
 
+pytestmark = pytest.mark.timing  # time bounds and forced races: make test-repeat
+
 BUSY = "lockshim:hold_call"
 
 

@@ -180,6 +180,7 @@ print(json.dumps(rows))
 """
 
 
+@pytest.mark.timing
 def test_python_subprocess_keeps_the_parents_lock(redis, tmp_path):
     """Python's subprocess spawns with vfork: after each spawn os.umask still
     enters at once with its kept lock (errno 0, the real old mask, far under
@@ -197,6 +198,7 @@ def test_python_subprocess_keeps_the_parents_lock(redis, tmp_path):
     assert "release" not in r.stderr and "still held" not in r.stderr
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("mode", ["close_range", "syscall", "none"])
 def test_vfork_child_keeps_the_parents_lock(real, redis, tmp_path, mode):
     """vfork_main holds a kept lock, vforks a child that closes its

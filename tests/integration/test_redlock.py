@@ -41,6 +41,8 @@ from support.util import CLI, MULT, TIMEOUT, cc, run, shim_env, wait_for
 from support.workers import (RACE_LOCK, WORK, build_worker, calls, counter, finish_workers,
                              lost_lines, race, start_workers)
 
+pytestmark = pytest.mark.timing  # time bounds and forced races: make test-repeat
+
 BLOCK = ('locks = ( { symbol = "block_call"; key = "blk"; lease_ms = %d; wait_ms = %d; '
          'retry_max_ms = %d; on_timeout = "skip"; return = -7; %s } );\n')
 

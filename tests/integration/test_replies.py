@@ -30,6 +30,8 @@ import pytest
 
 from support.util import MULT, run, shim_env, write_config
 
+pytestmark = pytest.mark.timing  # time bounds and forced races: make test-repeat
+
 WAIT_MS, CMD_MS = 1000, 500
 BOUND = (WAIT_MS + CMD_MS) / 1000 + 0.5   # the documented bound of a guarded call
 MARGIN = 1.0 * MULT                      # process start-up, a loaded machine

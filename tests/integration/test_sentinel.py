@@ -41,6 +41,8 @@ from support.util import CLI, MULT, TIMEOUT, run, shim_env, wait_for, write_conf
 from support.workers import (PROCS, THREADS, WORK, assert_lost_format, calls, counter,
                              finish_workers, last, lost_lines, start_workers)
 
+pytestmark = pytest.mark.timing  # time bounds and forced races: make test-repeat
+
 OK_LINE = "call rc=42 errno=0"
 
 

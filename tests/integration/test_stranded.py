@@ -30,6 +30,8 @@ from support.proxy import BLACK_HOLE, DROP_REPLIES, PASS, Proxy
 from support.server import lock_keys
 from support.util import ASAN, MULT, cc, run, wait_for, write_config
 
+pytestmark = pytest.mark.timing  # time bounds and forced races: make test-repeat
+
 KEY = "lockshim:k"
 EBUSY_LINE = "call rc=-1 errno=%d" % errno.EBUSY
 OK_LINE = "call rc=42 errno=0"

@@ -39,6 +39,8 @@ from support.tls import TlsServer
 from support.util import ASAN, CLI, MULT, SHIM, TIMEOUT, run, shim_env, write_config
 from support.workers import RACE_LOCK, race
 
+pytestmark = pytest.mark.timing  # time bounds and forced races: make test-repeat
+
 PY = "/usr/bin/python3"  # Debian's, whose ssl module is OpenSSL's
 CALL = 'locks = ( { symbol = "other_call"; key = "tls"; wait_ms = 300; linger_ms = 0; } );\n'
 OTHER_OK, OTHER_SKIPPED = "other rc=2 errno=0", "other rc=-1 errno=16"

@@ -5,7 +5,11 @@ and impatient waiters leaving the queue."""
 import signal
 import time
 
+import pytest
+
 from support.util import MULT, run, wait_for, write_config
+
+pytestmark = pytest.mark.timing  # time bounds and forced races: make test-repeat
 
 KEY = "lockshim:f"
 
