@@ -119,7 +119,7 @@ static void table_check(const struct conf *cfg)
 
 		if (!n || n->spec != &cfg->locks[i])
 			LOG(LOG_ERROR, "locks[%d] (%s) is not in the name table; its calls stay "
-			    "unguarded", i, cfg->locks[i].symbol);
+			    "unguarded", cfg->locks[i].index, cfg->locks[i].symbol);
 	}
 }
 
@@ -374,7 +374,7 @@ static int report(const struct conf *cfg, int check_fd, char *err, size_t errlen
 				unguarded++;
 				continue;
 			}
-			snprintf(err, errlen, "locks[%d] (%s): %s", i, l->symbol, n->refused);
+			snprintf(err, errlen, "locks[%d] (%s): %s", l->index, l->symbol, n->refused);
 			rc = -1;
 			break;
 		}
@@ -411,7 +411,7 @@ static int report(const struct conf *cfg, int check_fd, char *err, size_t errlen
 		}
 		if (l->strict) {
 			snprintf(err, errlen, "locks[%d] (%s) cannot be guarded in this program and "
-				 "is strict: %s", i, l->symbol, why);
+				 "is strict: %s", l->index, l->symbol, why);
 			rc = -1;
 			break;
 		}
