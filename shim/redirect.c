@@ -27,6 +27,7 @@
 
 #include "hook.h"
 #include "log.h"
+#include "sibling.h"
 #include "symfile.h"
 
 static const struct redirect_method *const methods[] = { &redirect_entry, &redirect_reloc,
@@ -247,6 +248,14 @@ void redirect_caught(struct redirect_name *n)
 	n->caught++;
 }
 
+/* Returns 1 when a method caught a call site or the entry of name. */
+static int was_caught(const char *name)
+{
+	const struct redirect_name *n = redirect_find(name);
+
+	return n && (n->caught || n->entry_in);
+}
+
 /* Bytes snprintf wrote into a buffer of len bytes when it returned rc. */
 static size_t wrote(int rc, size_t len)
 {
@@ -404,18 +413,19 @@ static int report(const struct conf *cfg, int check_fd, char *err, size_t errlen
 			continue;
 		}
 		level = unguarded_why(l, n, &exe, &opened, why, sizeof(why));
+		level = sibling_note(cfg, l, was_caught, why, sizeof(why), level);
 		if (check_fd >= 0) {
 			check_line(check_fd, "%s: unguarded: %s", l->symbol, why);
-			unguarded++;
+			unguarded += level != SIBLING_COVERED;
 			continue;
 		}
-		if (l->strict) {
+		if (l->strict && level != SIBLING_COVERED) {
 			snprintf(err, errlen, "locks[%d] (%s) cannot be guarded in this program and "
 				 "is strict: %s", l->index, l->symbol, why);
 			rc = -1;
 			break;
 		}
-		LOG(level, "%s", why);
+		LOG(level == SIBLING_COVERED ? LOG_INFO : level, "%s", why);
 	}
 	if (opened > 0)
 		symfile_close(&exe);
