@@ -3,8 +3,9 @@
  * sibling_mv DIR N: renames DIR/a.PID to DIR/b.PID and back, N times each
  * way, with rename(2) or, built with -DCALL_RENAMEAT2, with renameat2(2)
  * only: one program per sibling, as mv (renameat2) and older tools
- * (rename) are (test_siblings.py). Prints "done N" and exits 0, or names
- * the failed call and exits 1.
+ * (rename) are (test_siblings.py). Built with -DCALL_FDATASYNC, it also
+ * syncs the file with fdatasync(2) first. Prints "done N" and exits 0, or
+ * names the failed call and exits 1.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -36,6 +37,10 @@ int main(int argc, char **argv)
 	snprintf(b, sizeof(b), "%s/b.%d", argv[1], (int)getpid());
 	if ((fd = open(a, O_WRONLY | O_CREAT, 0644)) < 0)
 		return 1;
+#ifdef CALL_FDATASYNC
+	if (fdatasync(fd) != 0)
+		return 1;
+#endif
 	close(fd);
 	for (long i = 0; i < n; i++) {
 		if (move(a, b) != 0 || move(b, a) != 0) {
