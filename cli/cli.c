@@ -469,16 +469,23 @@ static int cmd_check(int argc, char **argv)
 		return usage_error("check takes a program only after --");
 	if (load(&cfg, config) != 0)
 		return CONF_EXIT_CODE;
-	printf("%s: ok, %d lock(s)\n", config, cfg.nlocks);
+	printf("%s: ok, %d lock(s)\n", config,
+	       cfg.nlocks ? cfg.locks[cfg.nlocks - 1].index + 1 : 0);
 	settings_diff(&cfg, NULL, diff, sizeof(diff));
 	if (diff[0])
 		print_line("settings: %s", diff);
 	for (int k = 0; k < cfg.nlocks; k++) {
 		const struct lock_spec *l = &cfg.locks[k];
+		char syms[1024] = "";
 
+		if (l->member)
+			continue; /* a lock of several symbols: one line, at its first */
+		for (int j = 0; l->symbols && l->symbols[j]; j++)
+			snprintf(syms + strlen(syms), sizeof(syms) - strlen(syms), "%s%s",
+				 j ? ", " : "", l->symbols[j]);
 		/* the Redis key, in template syntax: a cluster's braces are literal */
 		settings_diff(&cfg, l, diff, sizeof(diff));
-		print_line("  %s: key %.*s%s%s%s%s%s", l->symbol,
+		print_line("  %s: key %.*s%s%s%s%s%s", syms[0] ? syms : l->symbol,
 			   (int)l->key.prefix_len - l->key.tagged, l->key.prefix,
 			   l->key.tagged ? "{{" : "", l->key_src, l->key.tagged ? "}}" : "",
 			   diff[0] ? ", " : "", diff);

@@ -54,7 +54,9 @@ const char *conf_method_name(int m) { return methods[m]; }
 
 #define LOCK_FIELD(n, k, lo, hi, ...) FIELD(struct lock_spec, #n, n, k, lo, hi, __VA_ARGS__)
 const struct conf_field conf_lock_fields[] = {
+	/* exactly one of the two (check_symbols) */
 	LOCK_FIELD(symbol, F_STR, 0, 0, .flags = FL_REQUIRED | FL_PER_LOCK),
+	LOCK_FIELD(symbols, F_STRS, 0, 0, .flags = FL_REQUIRED | FL_PER_LOCK),
 	FIELD(struct lock_spec, "key", key_src, F_STR, 0, 0, .def_str = "{symbol}"),
 	LOCK_FIELD(lease_ms, F_INT, 30, INT_MAX, .def = 30000),
 	LOCK_FIELD(wait_ms, F_INT, -1, LLONG_MAX / 4, .def = 10000),
@@ -149,14 +151,108 @@ static int check_symbol(struct conf_err *e, const config_setting_t *s,
 
 /* ---- parsing ------------------------------------------------------------ */
 
-static int parse_lock(struct conf_err *e, const config_setting_t *g, int idx,
+/* Returns the index of the lock of cfg->locks[0..nspecs) that guards sym, or -1. */
+static int guarded_by(const struct conf *cfg, int nspecs, const char *sym)
+{
+	for (int i = 0; i < nspecs; i++)
+		if (cfg->locks[i].symbol && strcmp(cfg->locks[i].symbol, sym) == 0)
+			return cfg->locks[i].index;
+	return -1;
+}
+
+/*
+ * Checks the symbols of lock l (read from g, named where), whose first spec
+ * is cfg->locks[first]: exactly one of symbol and symbols, a list not
+ * empty, each name one that can be guarded, named once in the list and by
+ * no earlier lock. Sets l->symbol to the list's first name. Returns 0, or
+ * -1 said with conf_fail.
+ */
+static int check_symbols(struct conf_err *e, const config_setting_t *g, const char *where,
+			 struct lock_spec *l, const struct conf *cfg, int first)
+{
+	const config_setting_t *one = config_setting_get_member(g, "symbol");
+	const config_setting_t *list = config_setting_get_member(g, "symbols");
+	char what[64];
+	int other;
+
+	if (!one && !list)
+		return conf_fail(e, g, where, "missing required setting \"symbol\" (or "
+				 "\"symbols\", a list)");
+	if (one && list)
+		return conf_fail(e, list, where, "symbol and symbols together: set one of the two");
+	if (one) {
+		snprintf(what, sizeof(what), "%s.symbol", where);
+		if (check_symbol(e, one, what, l->symbol))
+			return -1;
+		if ((other = guarded_by(cfg, first, l->symbol)) >= 0)
+			return conf_fail(e, one, what, "symbol \"%s\" is already guarded by "
+					 "locks[%d]", l->symbol, other);
+		return 0;
+	}
+	snprintf(what, sizeof(what), "%s.symbols", where);
+	if (!l->symbols[0])
+		return conf_fail(e, list, what, "is empty: name at least one symbol");
+	for (int i = 0; l->symbols[i]; i++) {
+		const config_setting_t *x = config_setting_get_elem(list, (unsigned)i);
+
+		if (check_symbol(e, x, what, l->symbols[i]))
+			return -1;
+		for (int j = 0; j < i; j++)
+			if (strcmp(l->symbols[j], l->symbols[i]) == 0)
+				return conf_fail(e, x, what, "symbol \"%s\" is named twice",
+						 l->symbols[i]);
+		if ((other = guarded_by(cfg, first, l->symbols[i])) >= 0)
+			return conf_fail(e, x, what, "symbol \"%s\" is already guarded by "
+					 "locks[%d]", l->symbols[i], other);
+	}
+	return conf_str_set(&l->symbol, l->symbols[0]) ?
+	       conf_fail(e, list, what, "out of memory") : 0;
+}
+
+/* Returns how many specs the lock g makes: one per name of its symbols
+ * list, else one (a malformed lock too: parse_lock refuses it). */
+static int lock_specs(const config_setting_t *g)
+{
+	const config_setting_t *list = config_setting_get_member(g, "symbols");
+	int n = list && (config_setting_is_list(list) || config_setting_is_array(list)) ?
+		config_setting_length(list) : 1;
+
+	return n > 1 ? n : 1;
+}
+
+/* Compiles l's key template for its symbol; an error names the setting
+ * where the template was written (the lock's key, or the defaults'). */
+static int compile_key(struct conf_err *e, const config_setting_t *g, const char *where,
+		       const config_setting_t *defaults_g, struct lock_spec *l,
+		       const struct conf *cfg, int tagged)
+{
+	char host[256] = "localhost", kerr[256], what[48];
+	const config_setting_t *ks;
+
+	gethostname(host, sizeof(host) - 1);
+	if (!key_compile(&l->key, cfg->ns, l->key_src, l->symbol, host, tagged,
+			 kerr, sizeof(kerr)))
+		return 0;
+	ks = config_setting_get_member(g, "key");
+	if (!ks)
+		ks = defaults_g ? config_setting_get_member(defaults_g, "key") : g;
+	snprintf(what, sizeof(what), "%s.key", where);
+	return conf_fail(e, ks, what, "\"%s\": %s", l->key_src, kerr);
+}
+
+/*
+ * Reads the lock g (the idx'th of the file) into cfg->locks[first], and,
+ * when it names several symbols, into one more spec per further symbol
+ * (struct lock_spec). Returns the number of specs written, or -1 said
+ * with conf_fail (the specs written so far are released with cfg).
+ */
+static int parse_lock(struct conf_err *e, const config_setting_t *g, int idx, int first,
 		      const struct lock_spec *defaults,
 		      const config_setting_t *defaults_g, struct conf *cfg)
 {
-	struct lock_spec *l = &cfg->locks[idx];
-	char where[32], what[48], host[256] = "localhost", kerr[256];
-	const config_setting_t *ks;
-	int tagged = 0;
+	struct lock_spec *l = &cfg->locks[first];
+	char where[32];
+	int tagged = 0, n = 1;
 
 	snprintf(where, sizeof(where), "locks[%d]", idx);
 	l->index = idx;
@@ -165,21 +261,19 @@ static int parse_lock(struct conf_err *e, const config_setting_t *g, int idx,
 	if (conf_group_apply(e, g, where, conf_lock_fields, l))
 		return -1;
 	for (const struct conf_field *f = conf_lock_fields; f->name; f++)
-		if ((f->flags & FL_REQUIRED) && !config_setting_get_member(g, f->name))
+		if ((f->flags & FL_REQUIRED) && strcmp(f->name, "symbol") &&
+		    strcmp(f->name, "symbols") && !config_setting_get_member(g, f->name))
 			return conf_fail(e, g, where, "missing required setting \"%s\"", f->name);
-	snprintf(what, sizeof(what), "%s.symbol", where);
-	if (check_symbol(e, config_setting_get_member(g, "symbol"), what, l->symbol))
+	if (check_symbols(e, g, where, l, cfg, first))
 		return -1;
-	for (int i = 0; i < idx; i++)
-		if (strcmp(cfg->locks[i].symbol, l->symbol) == 0)
-			return conf_fail(e, config_setting_get_member(g, "symbol"), what,
-					 "symbol \"%s\" is already guarded by locks[%d]",
-					 l->symbol, i);
 	if (l->offset >= 0 && !l->object)
 		return conf_fail(e, g, where, "offset needs object (the file the offset is in)");
 	if (l->offset >= 0 && l->method == METHOD_RELOC)
 		return conf_fail(e, g, where, "offset needs method \"entry\" or \"auto\": "
 				 "relocations are found by name");
+	if (l->offset >= 0 && l->symbols && l->symbols[1])
+		return conf_fail(e, g, where, "offset names one function: it needs one symbol, "
+				 "not a list of several");
 	for (int i = 0; cfg->groups[i]; i++) {
 		const struct conf_group *grp = cfg->groups[i];
 
@@ -192,16 +286,21 @@ static int parse_lock(struct conf_err *e, const config_setting_t *g, int idx,
 	if (l->on_error < 0)
 		l->on_error = l->on_timeout;
 	l->stack_args_bytes = (l->stack_args_bytes + 15) & ~15;
-	gethostname(host, sizeof(host) - 1);
-	if (key_compile(&l->key, cfg->ns, l->key_src, l->symbol, host, tagged,
-			kerr, sizeof(kerr))) {
-		ks = config_setting_get_member(g, "key");
-		if (!ks)
-			ks = defaults_g ? config_setting_get_member(defaults_g, "key") : g;
-		snprintf(where + strlen(where), sizeof(where) - strlen(where), ".key");
-		return conf_fail(e, ks, where, "\"%s\": %s", l->key_src, kerr);
+	if (compile_key(e, g, where, defaults_g, l, cfg, tagged))
+		return -1;
+	/* the other symbols: the same settings, each with its own {symbol} */
+	for (; l->symbols && l->symbols[n]; n++) {
+		struct lock_spec *m = &cfg->locks[first + n];
+
+		if (conf_fields_copy(conf_lock_fields, m, l) ||
+		    conf_str_set(&m->symbol, l->symbols[n]))
+			return conf_fail(e, g, where, "out of memory");
+		m->index = idx;
+		m->member = n;
+		if (compile_key(e, g, where, defaults_g, m, cfg, tagged))
+			return -1;
 	}
-	return 0;
+	return n;
 }
 
 /* Returns the index in cfg->groups of the group named name, or -1. */
@@ -221,7 +320,7 @@ static int parse_root(struct conf_err *e, config_t *cf, struct conf *cfg)
 	const config_setting_t *root = config_root_setting(cf), *s;
 	const config_setting_t *locks = NULL, *defaults_g = NULL;
 	struct lock_spec defaults = { 0 };
-	int n = config_setting_length(root), rc = -1;
+	int n = config_setting_length(root), rc = -1, nfile, nspecs = 0, first = 0;
 	long long request_ms = 0;
 
 	if (conf_fields_default(conf_lock_fields, &defaults)) {
@@ -279,16 +378,22 @@ static int parse_root(struct conf_err *e, config_t *cf, struct conf *cfg)
 			  conf_type_name(locks));
 		goto out;
 	}
-	cfg->nlocks = config_setting_length(locks);
-	cfg->locks = calloc((size_t)cfg->nlocks + 1, sizeof(*cfg->locks));
+	nfile = config_setting_length(locks);
+	for (int i = 0; i < nfile; i++)
+		nspecs += lock_specs(config_setting_get_elem(locks, (unsigned)i));
+	cfg->locks = calloc((size_t)nspecs + 1, sizeof(*cfg->locks));
 	if (!cfg->locks)
 		goto out;
-	for (int i = 0; i < cfg->nlocks; i++)
-		if (parse_lock(e, config_setting_get_elem(locks, (unsigned)i), i,
-			       &defaults, defaults_g, cfg)) {
-			cfg->nlocks = i + 1;
+	for (int i = 0, made; i < nfile; i++) {
+		/* what a failure leaves is released with cfg: every spec it may touch */
+		cfg->nlocks = nspecs;
+		made = parse_lock(e, config_setting_get_elem(locks, (unsigned)i), i, first,
+				  &defaults, defaults_g, cfg);
+		if (made < 0)
 			goto out;
-		}
+		first += made;
+	}
+	cfg->nlocks = first;
 	/* Derived fields, once everything they read is valid and final. */
 	for (int i = 0; cfg->groups[i]; i++)
 		if (cfg->groups[i]->request_ms)

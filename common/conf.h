@@ -31,8 +31,18 @@ enum catch_method { METHOD_AUTO, METHOD_ENTRY, METHOD_RELOC };
 
 #define CONF_BUILD_ID_MAX 64 /* bytes of a GNU build-id (hex digits / 2) */
 
+/*
+ * One guarded symbol of a lock. A lock of the file that names one symbol
+ * (`symbol`) is one spec; a lock that names several (`symbols`) is that many
+ * specs in a row of struct conf's locks, one per symbol in the list's order
+ * (member 0, 1, ...): each has its own symbol and its key compiled with
+ * {symbol} as that symbol, and all share every setting, the index and the
+ * list. Calls of any of them that expand to one key take one lock (holds
+ * are found by key, so reentrancy counts across them).
+ */
 struct lock_spec {
-	char *symbol;
+	char *symbol;            /* the symbol this spec guards */
+	char **symbols;          /* the lock's `symbols` (NULL-terminated), or NULL */
 	char *key_src;
 	struct key_tmpl key;
 	long long lease_ms;
@@ -58,7 +68,8 @@ struct lock_spec {
 				  * executable, then the libraries in load order */
 	long long offset;        /* st_value of the function in object; -1: by symbol */
 	char *build_id;          /* object's build-id, lowercase hex; NULL: any */
-	int index;
+	int index;               /* the lock's place in the file's `locks` */
+	int member;              /* this symbol's place in symbols (0: the first) */
 	/*
 	 * Derived at conf_load, after validation, for every lock (its own
 	 * settings, `defaults` and the built-in values all applied): not a
@@ -85,8 +96,8 @@ struct conf {
 	char *log_file;
 	int strict;         /* the default of every lock's `strict` */
 	char **debug_dirs;  /* where separate debug files are looked for; NULL-terminated */
-	struct lock_spec *locks;
-	int nlocks;
+	struct lock_spec *locks; /* one per guarded symbol (struct lock_spec) */
+	int nlocks;              /* specs in locks; locks[nlocks - 1].index + 1 locks */
 };
 
 /*
@@ -156,7 +167,7 @@ int conf_secure(void);
 int conf_open_trusted(const char *path, int flags, int mode, int file_too, char *why,
 		      size_t whylen);
 
-/* Returns the lock guarding symbol, or NULL. */
+/* Returns the spec guarding symbol, or NULL. */
 const struct lock_spec *conf_find(const struct conf *cfg, const char *symbol);
 
 /* Returns the name of the policy or method, as the file writes it. */

@@ -27,6 +27,7 @@
 
 #include "hook.h"
 #include "log.h"
+#include "sibling.h"
 #include "symfile.h"
 
 static const struct redirect_method *const methods[] = { &redirect_entry, &redirect_reloc,
@@ -119,7 +120,7 @@ static void table_check(const struct conf *cfg)
 
 		if (!n || n->spec != &cfg->locks[i])
 			LOG(LOG_ERROR, "locks[%d] (%s) is not in the name table; its calls stay "
-			    "unguarded", i, cfg->locks[i].symbol);
+			    "unguarded", cfg->locks[i].index, cfg->locks[i].symbol);
 	}
 }
 
@@ -245,6 +246,14 @@ static int in_exe_symtab(struct symfile *f, int *opened, const char *name)
 void redirect_caught(struct redirect_name *n)
 {
 	n->caught++;
+}
+
+/* Returns 1 when a method caught a call site or the entry of name. */
+static int was_caught(const char *name)
+{
+	const struct redirect_name *n = redirect_find(name);
+
+	return n && (n->caught || n->entry_in);
 }
 
 /* Bytes snprintf wrote into a buffer of len bytes when it returned rc. */
@@ -374,7 +383,7 @@ static int report(const struct conf *cfg, int check_fd, char *err, size_t errlen
 				unguarded++;
 				continue;
 			}
-			snprintf(err, errlen, "locks[%d] (%s): %s", i, l->symbol, n->refused);
+			snprintf(err, errlen, "locks[%d] (%s): %s", l->index, l->symbol, n->refused);
 			rc = -1;
 			break;
 		}
@@ -404,18 +413,19 @@ static int report(const struct conf *cfg, int check_fd, char *err, size_t errlen
 			continue;
 		}
 		level = unguarded_why(l, n, &exe, &opened, why, sizeof(why));
+		level = sibling_note(cfg, l, was_caught, why, sizeof(why), level);
 		if (check_fd >= 0) {
 			check_line(check_fd, "%s: unguarded: %s", l->symbol, why);
-			unguarded++;
+			unguarded += level != SIBLING_COVERED;
 			continue;
 		}
-		if (l->strict) {
+		if (l->strict && level != SIBLING_COVERED) {
 			snprintf(err, errlen, "locks[%d] (%s) cannot be guarded in this program and "
-				 "is strict: %s", i, l->symbol, why);
+				 "is strict: %s", l->index, l->symbol, why);
 			rc = -1;
 			break;
 		}
-		LOG(level, "%s", why);
+		LOG(level == SIBLING_COVERED ? LOG_INFO : level, "%s", why);
 	}
 	if (opened > 0)
 		symfile_close(&exe);

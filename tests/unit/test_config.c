@@ -498,7 +498,7 @@ int main(void)
 		}
 		/* A new setting changes these counts: give it a round trip in
 		 * the tests above, then count it here. */
-		test_cond(n == 8 + 18 + 6 + 8 + 26 && nlock == 26 && literal >= 29);
+		test_cond(n == 8 + 18 + 6 + 8 + 27 && nlock == 27 && literal >= 29);
 		test_cond(!settings_describe(groups, n, &d) && !settings_describe(groups, -1, &d));
 		test_cond(settings_describe(groups, 0, &d) && !strcmp(d.group, "top") &&
 			  !strcmp(d.name, "redis"));
@@ -535,6 +535,87 @@ int main(void)
 	test_cond(rejects("defaults = { key = \"{bad}\"; }; locks = ( { symbol = \"f\"; } );",
 			  "locks[0].key", "unknown placeholder"));
 	test_cond(rejects("locks = ( { symbol = \"f\"; reentrant = 1; } );", "reentrant", "true or false"));
+
+	test("symbols: one lock of several symbols, one spec each, settings shared");
+	test_cond(load_text(&cfg, "locks = ( { symbols = ( \"rename\", \"renameat\", \"renameat2\" );"
+			    " key = \"mv:{symbol}\"; lease_ms = 900; on_timeout = \"exit\"; },\n"
+			    "{ symbol = \"g\"; } );", err, sizeof(err)) == 0);
+	test_cond(cfg.nlocks == 4);
+	{
+		static const char *const want[] = { "rename", "renameat", "renameat2", "g" };
+		uint64_t args[ARCH_INT_ARGS] = { 0 };
+		char key[KEY_BUF_SIZE], expect[64];
+		size_t k;
+
+		for (int i = 0; i < 4; i++) {
+			const struct lock_spec *l = &cfg.locks[i];
+
+			test_cond(!strcmp(l->symbol, want[i]) && conf_find(&cfg, want[i]) == l);
+			test_cond(l->index == (i == 3) && l->member == (i == 3 ? 0 : i));
+			test_cond(i == 3 ? !l->symbols : !strcmp(l->symbols[i], want[i]) &&
+				  !strcmp(l->symbols[0], "rename") && !l->symbols[3]);
+			test_cond(i == 3 || (l->lease_ms == 900 && l->on_error == POLICY_EXIT));
+			k = key_expand(&l->key, args, 1, key);
+			snprintf(expect, sizeof(expect), i == 3 ? "lockshim:%s" : "lockshim:mv:%s",
+				 want[i]);
+			test_cond(k == strlen(expect) && !memcmp(key, expect, k));
+		}
+	}
+	conf_release(&cfg);
+	test_cond(load_text(&cfg, "locks = ( { symbols = [ \"a\", \"b\" ]; key = \"k\"; } );",
+			    err, sizeof(err)) == 0 && cfg.nlocks == 2);
+	{
+		uint64_t args[ARCH_INT_ARGS] = { 0 };
+		char k0[KEY_BUF_SIZE], k1[KEY_BUF_SIZE];
+		size_t n0 = key_expand(&cfg.locks[0].key, args, 1, k0);
+		size_t n1 = key_expand(&cfg.locks[1].key, args, 1, k1);
+
+		test_cond(n0 == n1 && !memcmp(k0, k1, n0) && !memcmp(k0, "lockshim:k", n0));
+	}
+	conf_release(&cfg);
+
+	test("symbols: a list of one is symbol (round trip)");
+	{
+		char one[2048], list[2048];
+
+		test_cond(load_text(&cfg, "locks = ( { symbol = \"f\"; key = \"x:{symbol}\"; } );",
+				    err, sizeof(err)) == 0);
+		dump(&cfg, one, sizeof(one));
+		conf_release(&cfg);
+		test_cond(load_text(&cfg, "locks = ( { symbols = ( \"f\" ); key = \"x:{symbol}\"; } );",
+				    err, sizeof(err)) == 0);
+		dump(&cfg, list, sizeof(list));
+		test_cond(!strcmp(one, list) && !strcmp(cfg.locks[0].symbols[0], "f"));
+		conf_release(&cfg);
+	}
+
+	test("symbols: refusals");
+	test_cond(rejects("locks = ( { symbol = \"f\"; symbols = ( \"g\" ); } );", "locks[0]",
+			  "symbol and symbols together"));
+	test_cond(rejects("locks = ( { key = \"x\"; } );", "locks[0]",
+			  "missing required setting \"symbol\" (or \"symbols\""));
+	test_cond(rejects("locks = ( { symbols = ( ); } );", "locks[0].symbols", "is empty"));
+	test_cond(rejects("locks = ( { symbols = \"f\"; } );", "locks[0].symbols", "expected a list"));
+	test_cond(rejects("locks = ( { symbols = ( \"f\", \"\" ); } );", "locks[0].symbols",
+			  "must not be empty"));
+	test_cond(rejects("locks = ( { symbols = ( \"f\", \"g\", \"f\" ); } );", "locks[0].symbols",
+			  "\"f\" is named twice"));
+	test_cond(rejects("locks = ( { symbols = ( \"f\", \"setjmp\" ); } );", "locks[0].symbols",
+			  "cannot be guarded"));
+	test_cond(rejects("locks = ( { symbols = ( \"f\", \"a-b\" ); } );", "locks[0].symbols",
+			  "not a symbol name"));
+	test_cond(rejects("locks = ( { symbol = \"a\"; },\n{ symbols = ( \"b\", \"a\" ); } );",
+			  ":2: locks[1].symbols", "\"a\" is already guarded by locks[0]"));
+	test_cond(rejects("locks = ( { symbols = ( \"a\", \"b\" ); },\n{ symbol = \"b\"; } );",
+			  ":2: locks[1].symbol", "\"b\" is already guarded by locks[0]"));
+	test_cond(rejects("locks = ( { symbols = ( \"a\", \"b\" ); }, { symbol = \"c\"; },\n"
+			  "{ symbols = ( \"d\", \"b\" ); } );", "locks[2].symbols",
+			  "already guarded by locks[0]"));
+	test_cond(rejects("defaults = { symbols = ( \"f\" ); };", "defaults.symbols", "per lock"));
+	test_cond(rejects("locks = ( { symbols = ( \"f\", \"g\" ); object = \"main\"; offset = 16; } );",
+			  "locks[0]", "needs one symbol"));
+	test_cond(rejects("locks = ( { symbols = ( \"f\", \"g\" ); key = \"{arg9}\"; } );",
+			  "locks[0].key", "out of range"));
 
 	test("conf_fields_default: the tables hold the built-in values");
 	{
