@@ -2,17 +2,16 @@
 /*
  * golang.c - Go executables: only their cgo calls reach libc (golang.h).
  *
- * The Go linker writes the build information into every executable it
- * makes, linked internally or by the C linker (cgo), stripped or not: a
- * 16-byte-aligned blob that begins "\xff Go buildinf:" at the start of the
- * writable section .go.buildinfo (Go's debug/buildinfo reads it there).
- * It is looked for once, in memory, in the writable PT_LOAD segments of
- * the main executable (no file is opened: strip and section-less files
- * keep it); a Go 1.18+ blob also names the toolchain (flag 2: the version
- * string inline after the 32-byte header). A cgo call site of a libc
- * function is a relocation naming it in a loaded object other than libc,
- * the shim and the dynamic linker: what relocation or entry patching
- * guards. Only the report asks, in the constructor; nothing allocates.
+ * The Go linker writes its build information into every executable, linked
+ * internally or by the C linker (cgo): a 16-byte-aligned blob beginning
+ * "\xff Go buildinf:" in the writable section .go.buildinfo (see Go's
+ * debug/buildinfo). It is looked for once, in memory, in the executable's
+ * writable PT_LOAD segments: no file is read, and strip keeps it. A Go
+ * 1.18+ blob names the toolchain (flag 2: the version inline after the
+ * 32-byte header). A cgo call site is a relocation naming the function in
+ * the executable or a library it needs (DT_NEEDED, directly or not), libc
+ * aside: not in a sanitizer runtime preloaded with the shim, nor in its
+ * libraries. Only the start-up report asks; static tables, no allocation.
  */
 #include "golang.h"
 
@@ -54,9 +53,9 @@ static void read_version(const unsigned char *p, const unsigned char *end)
 	version[n] = 0;
 }
 
-/* Returns whether a 16-byte-aligned blob in [lo, hi) starts with magic; it
- * reads the executable's data, which is no object of an instrumented
- * build's own. */
+/* Returns the first 16-byte-aligned address in [lo, hi) where magic
+ * starts, or NULL. It reads the executable's data, no object of an
+ * instrumented build's own: not checked by AddressSanitizer. */
 __attribute__((no_sanitize_address))
 static const unsigned char *find_blob(uintptr_t lo, uintptr_t hi)
 {
@@ -118,70 +117,146 @@ static int libc_defines(const char *name)
 	return own;
 }
 
-struct sites {
-	const char *name;
-	uintptr_t self, rtld;
-	int count;
+#define OBJS_MAX 512
+
+/* A loaded object, for the cgo call sites: its dynamic section read once. */
+struct obj {
+	uintptr_t base;
+	const char *path, *soname, *str;
+	const ElfW(Dyn) *dyn;
+	const ElfW(Sym) *sym;
+	size_t strsz;
+	int linked;     /* the executable or a library it needs, directly or not */
 };
+
+static struct obj objs[OBJS_MAX];
+static int nobjs;
 
 static uintptr_t dyn_addr(uintptr_t base, ElfW(Addr) v)
 {
 	return v < base ? v + base : v;
 }
 
-/* dl_iterate_phdr: counts the relocations naming an undefined s->name in
- * each object but libc, the shim, the dynamic linker and the vDSO. */
-static int count_sites(struct dl_phdr_info *info, size_t size, void *data)
+/* dl_iterate_phdr: records each object but the shim, the dynamic linker
+ * and the vDSO (data: the shim's base), with its symbols and names. */
+static int record(struct dl_phdr_info *info, size_t size, void *data)
 {
-	struct sites *s = data;
-	uintptr_t b = info->dlpi_addr, tab[2] = { 0, 0 };
-	size_t sz[2] = { 0, 0 }, strsz = 0;
-	const ElfW(Sym) *sym = NULL;
-	const ElfW(Dyn) *dyn = NULL;
-	const char *str = NULL, *name = info->dlpi_name ? info->dlpi_name : "";
+	struct obj *o = &objs[nobjs];
+	const char *name = info->dlpi_name ? info->dlpi_name : "";
+	uintptr_t rtld = getauxval(AT_BASE);
+	size_t soname = 0;
 
 	(void)size;
-	if (b == libc_base || b == s->self || (s->rtld && b == s->rtld) ||
-	    strncmp(name, "linux-", 6) == 0)
+	if (nobjs == OBJS_MAX || info->dlpi_addr == *(uintptr_t *)data ||
+	    (rtld && info->dlpi_addr == rtld) || strncmp(name, "linux-", 6) == 0)
 		return 0;
+	memset(o, 0, sizeof(*o));
+	o->base = info->dlpi_addr;
+	o->path = name;
+	o->linked = nobjs == 0; /* the first object is the executable */
 	for (int i = 0; i < info->dlpi_phnum; i++)
 		if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
-			dyn = (const ElfW(Dyn) *)(b + info->dlpi_phdr[i].p_vaddr);
-	for (; dyn && dyn->d_tag != DT_NULL; dyn++) {
-		switch (dyn->d_tag) {
-		case DT_SYMTAB: sym = (const ElfW(Sym) *)dyn_addr(b, dyn->d_un.d_ptr); break;
-		case DT_STRTAB: str = (const char *)dyn_addr(b, dyn->d_un.d_ptr); break;
-		case DT_STRSZ: strsz = dyn->d_un.d_val; break;
-		case DT_JMPREL: tab[0] = dyn_addr(b, dyn->d_un.d_ptr); break;
-		case DT_PLTRELSZ: sz[0] = dyn->d_un.d_val; break;
-		case DT_RELA: tab[1] = dyn_addr(b, dyn->d_un.d_ptr); break;
-		case DT_RELASZ: sz[1] = dyn->d_un.d_val; break;
-		}
+			o->dyn = (const ElfW(Dyn) *)(o->base + info->dlpi_phdr[i].p_vaddr);
+	for (const ElfW(Dyn) *d = o->dyn; d && d->d_tag != DT_NULL; d++) {
+		if (d->d_tag == DT_SYMTAB)
+			o->sym = (const ElfW(Sym) *)dyn_addr(o->base, d->d_un.d_ptr);
+		else if (d->d_tag == DT_STRTAB)
+			o->str = (const char *)dyn_addr(o->base, d->d_un.d_ptr);
+		else if (d->d_tag == DT_STRSZ)
+			o->strsz = d->d_un.d_val;
+		else if (d->d_tag == DT_SONAME)
+			soname = d->d_un.d_val + 1;
 	}
-	for (int t = 0; sym && str && t < 2; t++) {
-		const ElfW(Rela) *r = (const ElfW(Rela) *)tab[t];
-
-		for (size_t i = 0; r && i < sz[t] / sizeof(*r); i++) {
-			const ElfW(Sym) *y = &sym[ELF64_R_SYM(r[i].r_info)];
-
-			if (ELF64_R_SYM(r[i].r_info) && y->st_shndx == SHN_UNDEF &&
-			    y->st_name < strsz && strcmp(str + y->st_name, s->name) == 0)
-				s->count++;
-		}
-	}
+	if (o->str && soname && soname - 1 < o->strsz)
+		o->soname = o->str + soname - 1;
+	nobjs += o->sym && o->str;
 	return 0;
+}
+
+/* Returns whether o is what a DT_NEEDED entry naming need loaded. */
+static int is_needed(const struct obj *o, const char *need)
+{
+	const char *base = strrchr(o->path, '/');
+
+	if (strchr(need, '/'))
+		return strcmp(o->path, need) == 0;
+	return (o->soname && strcmp(o->soname, need) == 0) ||
+	       strcmp(base ? base + 1 : o->path, need) == 0;
+}
+
+/* Marks the libraries the executable needs, directly or not: what its cgo
+ * code may call (not, say, a sanitizer runtime preloaded with the shim, or
+ * what that one needs). */
+static void mark_linked(void)
+{
+	for (int changed = 1; changed;) {
+		changed = 0;
+		for (int i = 0; i < nobjs; i++) {
+			for (const ElfW(Dyn) *d = objs[i].dyn; objs[i].linked && d->d_tag != DT_NULL;
+			     d++) {
+				if (d->d_tag != DT_NEEDED || d->d_un.d_val >= objs[i].strsz)
+					continue;
+				for (int j = 0; j < nobjs; j++)
+					if (!objs[j].linked &&
+					    is_needed(&objs[j], objs[i].str + d->d_un.d_val))
+						changed = objs[j].linked = 1;
+			}
+		}
+	}
+}
+
+/* Returns the relocations naming an undefined name in the objects linked
+ * with the executable, libc itself aside. */
+static int cgo_sites(const char *name)
+{
+	int count = 0;
+
+	for (int k = 0; k < nobjs; k++) {
+		const struct obj *o = &objs[k];
+		uintptr_t tab[2] = { 0, 0 };
+		size_t sz[2] = { 0, 0 };
+
+		if (!o->linked || o->base == libc_base)
+			continue;
+		for (const ElfW(Dyn) *d = o->dyn; d->d_tag != DT_NULL; d++) {
+			switch (d->d_tag) {
+			case DT_JMPREL: tab[0] = dyn_addr(o->base, d->d_un.d_ptr); break;
+			case DT_PLTRELSZ: sz[0] = d->d_un.d_val; break;
+			case DT_RELA: tab[1] = dyn_addr(o->base, d->d_un.d_ptr); break;
+			case DT_RELASZ: sz[1] = d->d_un.d_val; break;
+			}
+		}
+		for (int t = 0; t < 2; t++) {
+			const ElfW(Rela) *r = (const ElfW(Rela) *)tab[t];
+
+			for (size_t i = 0; r && i < sz[t] / sizeof(*r); i++) {
+				const ElfW(Sym) *y = &o->sym[ELF64_R_SYM(r[i].r_info)];
+
+				if (ELF64_R_SYM(r[i].r_info) && y->st_shndx == SHN_UNDEF &&
+				    y->st_name < o->strsz && strcmp(o->str + y->st_name, name) == 0)
+					count++;
+			}
+		}
+	}
+	return count;
 }
 
 int golang_why(const char *name, char *why, size_t len)
 {
-	struct sites s = { name, 0, getauxval(AT_BASE), 0 };
 	const char *v1 = "", *v2 = "";
+	uintptr_t self = 0;
+	int first = 1, n;
 	Dl_info di;
-	int first = 1;
 
 	if (!looked) {
 		looked = 1;
 		dl_iterate_phdr(look_at, &first);
+		if (is_go) {
+			if (dladdr((void *)golang_why, &di))
+				self = (uintptr_t)di.dli_fbase;
+			dl_iterate_phdr(record, &self);
+			mark_linked();
+		}
 	}
 	if (!is_go || !libc_defines(name))
 		return GOLANG_NOT;
@@ -189,18 +264,15 @@ int golang_why(const char *name, char *why, size_t len)
 		v1 = " (";
 		v2 = ")";
 	}
-	if (dladdr((void *)golang_why, &di))
-		s.self = (uintptr_t)di.dli_fbase;
-	dl_iterate_phdr(count_sites, &s);
-	if (!s.count) {
+	if (!(n = cgo_sites(name))) {
 		snprintf(why, len, "%s is libc's and this is a Go program%s%s%s: Go makes system "
 			 "calls directly, not through libc, and only its cgo calls reach libc; "
-			 "no loaded object but libc calls %s", name, v1, version, v2, name);
+			 "no cgo call site of %s in the program or the libraries it links", name, v1, version, v2, name);
 		return GOLANG_UNGUARDED;
 	}
 	snprintf(why, len, "%s: cgo calls only: this is a Go program%s%s%s: Go makes system "
 		 "calls directly, not through libc, and only its cgo calls reach libc; %d call "
-		 "site%s outside libc %s guarded", name, v1, version, v2, s.count,
-		 s.count == 1 ? "" : "s", s.count == 1 ? "is" : "are");
+		 "site%s outside libc %s guarded", name, v1, version, v2, n, n == 1 ? "" : "s",
+		 n == 1 ? "is" : "are");
 	return GOLANG_CGO_ONLY;
 }

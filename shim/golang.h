@@ -16,15 +16,15 @@
 enum golang_verdict {
 	GOLANG_NOT = 0,   /* not a Go executable, or name is not libc's */
 	GOLANG_CGO_ONLY,  /* guarded, but only at the cgo call sites that exist */
-	GOLANG_UNGUARDED, /* a Go executable and no loaded object but libc calls name */
+	GOLANG_UNGUARDED, /* a Go executable, and no cgo call site of name */
 };
 
 /*
  * For a lock on name in this process: when the executable is a Go program
  * and libc defines name, writes into why (len bytes, NUL-terminated) one
- * line that says so and returns GOLANG_CGO_ONLY when some loaded object
- * other than libc (the executable's cgo code, a C library it links) has a
- * relocation for name, which relocation or entry patching guards, else
+ * line that says so and returns GOLANG_CGO_ONLY when the executable (its
+ * cgo code) or a C library it links, libc aside, has a relocation for
+ * name, which relocation or entry patching guards, else
  * GOLANG_UNGUARDED (why then begins with name). Returns GOLANG_NOT, why
  * untouched, otherwise. Called at start-up only (the first call looks at
  * the executable; nothing is allocated).
