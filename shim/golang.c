@@ -4,14 +4,15 @@
  *
  * The Go linker writes its build information into every executable, linked
  * internally or by the C linker (cgo): a 16-byte-aligned blob beginning
- * "\xff Go buildinf:" in the writable section .go.buildinfo (see Go's
- * debug/buildinfo). It is looked for once, in memory, in the executable's
- * writable PT_LOAD segments: no file is read, and strip keeps it. A Go
- * 1.18+ blob names the toolchain (flag 2: the version inline after the
- * 32-byte header). A cgo call site is a relocation naming the function in
- * the executable or a library it needs (DT_NEEDED, directly or not), libc
- * aside: not in a sanitizer runtime preloaded with the shim, nor in its
- * libraries. Only the start-up report asks; static tables, no allocation.
+ * "\xff Go buildinf:" in the writable section .go.buildinfo, which strip
+ * keeps (Go's debug/buildinfo). It is looked for once: by that section of
+ * /proc/self/exe (a few system calls, whatever the file's size), or, when
+ * the file has no section headers, in memory in the executable's writable
+ * PT_LOAD segments. A Go 1.18+ blob names the toolchain (flag 2: inline
+ * after the 32-byte header). A cgo call site is a relocation naming the
+ * function in the executable or a library it needs (DT_NEEDED, directly or
+ * not), libc aside: not a sanitizer runtime preloaded with the shim, nor
+ * its libraries. Only the start-up report asks; static tables, no malloc.
  */
 #include "golang.h"
 
@@ -23,9 +24,12 @@
 #include <string.h>
 #include <sys/auxv.h>
 
+#include "symfile.h"
+
 static const unsigned char magic[14] = "\xff Go buildinf:";
 static int looked;           /* the executable and libc were looked for */
 static int is_go;            /* the executable holds Go's build information */
+static int scan_memory;      /* its file told nothing: search its memory */
 static char version[40];     /* "go1.19.8", or "" when the blob names none */
 static uintptr_t libc_base;  /* libc's load bias, 0 when not found */
 static const char *libc_name;
@@ -71,15 +75,37 @@ static const unsigned char *find_blob(uintptr_t lo, uintptr_t hi)
 	return NULL;
 }
 
-/* dl_iterate_phdr: the first object is the executable; libc is the one
- * whose file name begins "libc.so". */
+/* Looks for the build information in the executable's file: its section
+ * .go.buildinfo, beginning with magic. Sets scan_memory when the file
+ * cannot be read or has no section headers. */
+static void look_at_file(void)
+{
+	const unsigned char *blob;
+	struct symfile f;
+	size_t size = 0;
+
+	if (symfile_open(&f, "/proc/self/exe") != 0) {
+		scan_memory = 1;
+		return;
+	}
+	scan_memory = ((const ElfW(Ehdr) *)f.map)->e_shnum == 0;
+	blob = symfile_section(&f, ".go.buildinfo", &size);
+	if (blob && size >= 32 && memcmp(blob, magic, sizeof(magic)) == 0) {
+		is_go = 1;
+		read_version(blob, blob + size);
+	}
+	symfile_close(&f);
+}
+
+/* dl_iterate_phdr: the first object is the executable (searched in memory
+ * with scan_memory); libc is the one whose file name begins "libc.so". */
 static int look_at(struct dl_phdr_info *info, size_t size, void *data)
 {
 	const char *name = info->dlpi_name ? info->dlpi_name : "", *base = strrchr(name, '/');
 	int *first = data;
 
 	(void)size;
-	for (int i = 0; *first && i < info->dlpi_phnum && !is_go; i++) {
+	for (int i = 0; *first && scan_memory && i < info->dlpi_phnum && !is_go; i++) {
 		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
 		uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
 		const unsigned char *blob;
@@ -250,6 +276,7 @@ int golang_why(const char *name, char *why, size_t len)
 
 	if (!looked) {
 		looked = 1;
+		look_at_file();
 		dl_iterate_phdr(look_at, &first);
 		if (is_go) {
 			if (dladdr((void *)golang_why, &di))

@@ -167,6 +167,16 @@ def goprogs(tmp_path_factory):
         "static": go_build(d, "gostatic", GO_OS, cgo=False),
     }
     subprocess.run(["strip", p["stripped"]], check=True)
+    # no section headers at all (as sstrip leaves it): the blob is found in memory
+    p["sectionless"] = os.path.join(d, "gosectionless")
+    shutil.copy(p["stripped"], p["sectionless"])
+    with open(p["sectionless"], "r+b") as f:
+        f.seek(0x28)  # Elf64_Ehdr: e_shoff; e_shnum and e_shstrndx at 0x3c
+        f.write(b"\0" * 8)
+        f.seek(0x3c)
+        f.write(b"\0" * 4)
+    assert "There are no sections" in subprocess.run(
+        ["readelf", "-S", p["sectionless"]], capture_output=True, text=True).stdout
     with open(os.path.join(d, "gorename.c"), "w") as f:
         f.write(LIB_C)
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", os.path.join(d, "libgorename.so"),
@@ -196,7 +206,7 @@ def unguarded_why(symbol):
     return "%s is libc's and this is a Go program (go1." % symbol
 
 
-GO_WITHOUT_CGO = ["net", "os", "stripped"]
+GO_WITHOUT_CGO = ["net", "os", "stripped", "sectionless"]
 
 
 # ---- no cgo call site: unguarded, said at warn ------------------------------------
