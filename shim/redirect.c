@@ -25,6 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "golang.h"
 #include "hook.h"
 #include "log.h"
 #include "sibling.h"
@@ -356,6 +357,15 @@ static int unguarded_why(const struct lock_spec *l, const struct redirect_name *
 	return LOG_INFO; /* a library function this program does not use */
 }
 
+/* After a guarded lock's line: a Go program's caveat (golang_why), at warn. */
+static void cgo_note(int go, int check_fd, const char *why)
+{
+	if (go == GOLANG_CGO_ONLY && check_fd >= 0)
+		check_line(check_fd, "%s", why);
+	else if (go == GOLANG_CGO_ONLY)
+		LOG(LOG_WARN, "%s", why);
+}
+
 /*
  * Says, once, which locks have no call site (or entry) any method could
  * redirect, where their function is defined, and what the methods miss.
@@ -374,7 +384,7 @@ static int report(const struct conf *cfg, int check_fd, char *err, size_t errlen
 		const struct redirect_name *n = redirect_find(l->symbol);
 		const char *where;
 		char why[1000];
-		int level, in_exe;
+		int level, in_exe, go;
 
 		if (n && n->refused) {
 			if (check_fd >= 0) {
@@ -387,9 +397,15 @@ static int report(const struct conf *cfg, int check_fd, char *err, size_t errlen
 			rc = -1;
 			break;
 		}
+		/* a Go program: only cgo calls reach libc (golang.c) */
+		if ((go = golang_why(l->symbol, why, sizeof(why))) == GOLANG_UNGUARDED) {
+			level = LOG_WARN;
+			goto unguarded;
+		}
 		if (n && n->entry_in) {
 			if (check_fd >= 0)
 				check_line(check_fd, "%s: entry in %s", l->symbol, n->entry_in);
+			cgo_note(go, check_fd, why);
 			continue;
 		}
 		if (n && n->caught) {
@@ -399,6 +415,7 @@ static int report(const struct conf *cfg, int check_fd, char *err, size_t errlen
 					   n->caught, n->caught == 1 ? "" : "s",
 					   where ? where : "an object loaded with it");
 			}
+			cgo_note(go, check_fd, why);
 			continue;
 		}
 		if (not_loaded_yet(l->object)) {
@@ -414,6 +431,7 @@ static int report(const struct conf *cfg, int check_fd, char *err, size_t errlen
 		}
 		level = unguarded_why(l, n, &exe, &opened, why, sizeof(why));
 		level = sibling_note(cfg, l, was_caught, why, sizeof(why), level);
+unguarded:
 		if (check_fd >= 0) {
 			check_line(check_fd, "%s: unguarded: %s", l->symbol, why);
 			unguarded += level != SIBLING_COVERED;
