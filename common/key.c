@@ -5,11 +5,14 @@
  * Expansion streams every byte of the expanded key through a sink that keeps
  * the first KEY_MAX_EXPANDED bytes and hashes all of them (two FNV-1a 64-bit
  * lanes with different offsets, mixed at the end). Long keys become
- * "<first 223 bytes>#<32 hex digits>"; short keys are kept verbatim.
- * For a Redis Cluster (tagged) the expansion goes inside braces,
- * "<namespace>:{<key>}", so that the lock's queue keys, which append to it,
- * share its slot; a key that is empty or starts with '}' (which would make
- * the hash tag empty) gets a leading '~'.
+ * "<first 224 bytes>#<32 hex digits>", 257 bytes, one more than any key
+ * kept verbatim. For a Redis Cluster (tagged) the expansion goes inside
+ * braces, "<namespace>:{<key>}", so that the lock's queue keys, which append
+ * to it, share its slot; a key that is empty or starts with '}' (which would
+ * make the hash tag empty) gets a leading '~'. A value (an argument,
+ * {env:NAME}, {host}) is percent-encoded (put_val) so that no value makes a
+ * key another lock's queue key (<key>:q, :qx, :due, :w:<token>) or another
+ * value's key; the template's own text is checked once (check_text).
  */
 #include "key.h"
 
@@ -20,7 +23,7 @@
 #include "util.h"
 
 #define HASH_HEX 32
-#define LONG_KEEP (KEY_MAX_EXPANDED - 1 - HASH_HEX)
+#define LONG_KEEP (KEY_MAX_EXPANDED - HASH_HEX) /* 257 bytes with '#' and the hash */
 
 struct sink {
 	char *buf;
@@ -74,6 +77,7 @@ static size_t sink_finish(struct sink *s)
 
 	if (s->len <= KEY_MAX_EXPANDED)
 		return s->len;
+	/* out has room: KEY_BUF_SIZE counts the 257th byte, a '~' and a '}' */
 	a = util_mix64(s->h1 ^ s->len);
 	b = util_mix64(s->h2 + a);
 	s->buf[LONG_KEEP] = '#';
@@ -81,7 +85,7 @@ static size_t sink_finish(struct sink *s)
 		s->buf[LONG_KEEP + 1 + i] = hex[(a >> (60 - 4 * i)) & 15];
 		s->buf[LONG_KEEP + 17 + i] = hex[(b >> (60 - 4 * i)) & 15];
 	}
-	return KEY_MAX_EXPANDED;
+	return KEY_MAX_EXPANDED + 1;
 }
 
 /*

@@ -5,9 +5,11 @@
  * A template is a list of segments: literals (with {symbol} substituted at
  * load time), values read at load time ({host}, {env:NAME}) and run-time
  * placeholders ({argN} in four formats, {pid}); values and arguments are
- * percent-encoded where the key layout needs it (key.c). Expansion writes into a caller buffer and
- * never allocates; an expanded key over KEY_MAX_EXPANDED bytes keeps a prefix
- * and a 128-bit hash of the whole text, so distinct values stay distinct.
+ * percent-encoded where the key layout needs it (key.c). Expansion writes
+ * into a caller buffer and never allocates; an expanded key over
+ * KEY_MAX_EXPANDED bytes keeps a prefix and a 128-bit hash of the whole
+ * text, one byte longer than any key kept verbatim, so distinct values stay
+ * distinct.
  */
 #ifndef LOCKSHIM_KEY_H
 #define LOCKSHIM_KEY_H
@@ -19,7 +21,8 @@
 
 #define KEY_MAX_EXPANDED 256
 #define KEY_MAX_NAMESPACE 128
-#define KEY_BUF_SIZE (KEY_MAX_NAMESPACE + 2 + KEY_MAX_EXPANDED + 3) /* ":{" "~}" */
+/* ":{", a long key's form (KEY_MAX_EXPANDED + 1 bytes), "~}" */
+#define KEY_BUF_SIZE (KEY_MAX_NAMESPACE + 2 + KEY_MAX_EXPANDED + 3)
 #define KEY_STR_SCAN_MAX 65536 /* bytes read from an {argN:str} argument */
 
 enum key_seg_kind { KEY_SEG_LIT, KEY_SEG_ARG, KEY_SEG_PID, KEY_SEG_VAL };

@@ -271,8 +271,8 @@ int main(void)
 	longstr2[900] = 'b';
 	args[4] = (uint64_t)(uintptr_t)longstr;
 	k = expand("{arg4:str}", args, 1);
-	test_cond(strlen(k) == 3 + KEY_MAX_EXPANDED);
-	test_cond(k[3 + KEY_MAX_EXPANDED - 33] == '#');
+	test_cond(strlen(k) == 3 + KEY_MAX_EXPANDED + 1);
+	test_cond(k[3 + KEY_MAX_EXPANDED - 32] == '#' && !strchr(k + 3, '%'));
 	{
 		char first[KEY_BUF_SIZE + 1];
 
@@ -284,12 +284,59 @@ int main(void)
 		args[4] = (uint64_t)(uintptr_t)longstr;
 		test_cond(strcmp(expand("{arg4:str}", args, 1), first) == 0);
 		k = expand_tagged("}{arg4:str}", args);
-		test_cond(strlen(k) == 3 + KEY_MAX_EXPANDED + 3 && k[4] == '~' &&
+		test_cond(strlen(k) == 3 + KEY_MAX_EXPANDED + 4 && k[4] == '~' &&
 			  k[strlen(k) - 1] == '}');
+		/* the longest: a namespace of KEY_MAX_NAMESPACE bytes, "~", "}" */
+		{
+			char ns[KEY_MAX_NAMESPACE + 1], out[KEY_BUF_SIZE + 16];
+			struct key_tmpl t;
+			char err[256];
+
+			memset(ns, 'n', KEY_MAX_NAMESPACE);
+			ns[KEY_MAX_NAMESPACE] = 0;
+			memset(out, 'Z', sizeof(out));
+			test_cond(key_compile(&t, ns, "}{arg4:str}", "s", "h", 1, err,
+					      sizeof(err)) == 0);
+			test_cond(key_expand(&t, args, 1, out) == KEY_BUF_SIZE);
+			test_cond(out[KEY_BUF_SIZE - 1] == '}' && out[KEY_BUF_SIZE] == 'Z');
+			key_tmpl_release(&t);
+		}
+		/* a value shaped like a long key's form is not that key */
+		k = expand("{arg4:str}", args, 1);
+		strcpy(first, k + 3);
+		args[4] = (uint64_t)(uintptr_t)first;
+		test_cond(strcmp(expand("{arg4:str}", args, 1) + 3, first) != 0);
+		first[KEY_MAX_EXPANDED] = 0; /* a verbatim key is one byte shorter */
+		test_cond(strcmp(expand("{arg4:str}", args, 1) + 3, first) == 0);
+		args[4] = (uint64_t)(uintptr_t)longstr;
 	}
-	test("exactly 256 bytes is kept verbatim");
+	test("exactly 256 bytes is kept verbatim, after encoding");
 	longstr[256] = 0;
 	test_cond(strcmp(expand("{arg4:str}", args, 1) + 3, longstr) == 0);
+	memset(longstr, ':', 85);
+	longstr[85] = 'a';
+	longstr[86] = 0; /* 85 * 3 + 1 = 256 bytes encoded */
+	k = expand("{arg4:str}", args, 1);
+	test_cond(strlen(k) == 3 + 256 && strncmp(k + 3, "%3A%3A", 6) == 0 && k[258] == 'a');
+	longstr[85] = ':'; /* 258 bytes encoded: hashed, unlike the 256 above */
+	k = expand("{arg4:str}", args, 1);
+	test_cond(strlen(k) == 3 + 257 && k[3 + 224] == '#');
+
+	test("an {argN:str} is read up to KEY_STR_SCAN_MAX bytes without a NUL");
+	{
+		static char big[KEY_STR_SCAN_MAX + 2], big2[KEY_STR_SCAN_MAX + 2];
+		char first[KEY_BUF_SIZE + 1];
+
+		memset(big, 'b', KEY_STR_SCAN_MAX + 1); /* NUL only after the limit */
+		memcpy(big2, big, sizeof(big));
+		big2[KEY_STR_SCAN_MAX] = 'c'; /* past the limit: not read */
+		args[4] = (uint64_t)(uintptr_t)big;
+		strcpy(first, expand("{arg4:str}", args, 1));
+		args[4] = (uint64_t)(uintptr_t)big2;
+		test_cond(strcmp(expand("{arg4:str}", args, 1), first) == 0);
+		big2[KEY_STR_SCAN_MAX - 1] = 'c'; /* the last byte read */
+		test_cond(strcmp(expand("{arg4:str}", args, 1), first) != 0);
+	}
 
 	test("the last integer argument register is {arg<ARCH_INT_ARGS - 1>}");
 	args[ARCH_INT_ARGS - 1] = 31;
