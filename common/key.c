@@ -57,17 +57,26 @@ static int key_reserved(unsigned char c)
 
 static void sink_put(struct sink *s, const char *p, size_t n)
 {
+	/* in locals: the stores into buf could alias s's members */
+	uint64_t h1 = s->h1, h2 = s->h2;
+	size_t len = s->len;
+	unsigned w = s->word;
+
 	for (size_t i = 0; i < n; i++) {
 		unsigned char c = (unsigned char)p[i];
 
-		s->word = word_next(s->word, c);
-		if (s->len < KEY_MAX_EXPANDED)
-			s->buf[s->len] = (char)c;
-		s->len++;
-		s->h1 = (s->h1 ^ c) * 0x100000001b3ULL;
-		s->h2 = (s->h2 ^ c) * 0x100000001b3ULL;
-		s->h2 ^= s->h2 >> 29;
+		w = c == ':' || w ? word_next(w, c) : 0;
+		if (len < KEY_MAX_EXPANDED)
+			s->buf[len] = (char)c;
+		len++;
+		h1 = (h1 ^ c) * 0x100000001b3ULL;
+		h2 = (h2 ^ c) * 0x100000001b3ULL;
+		h2 ^= h2 >> 29;
 	}
+	s->h1 = h1;
+	s->h2 = h2;
+	s->len = len;
+	s->word = w;
 }
 
 static size_t sink_finish(struct sink *s)
@@ -100,18 +109,22 @@ static void put_val(struct sink *s, const char *p, size_t n)
 {
 	static const char hex[] = "0123456789ABCDEF";
 	unsigned w = s->word;
+	size_t from = 0;
 
 	for (size_t i = 0; i < n && w > 0; i++)
 		w = key_reserved((unsigned char)p[i]) ? 0 : word_next(w, (unsigned char)p[i]);
 	for (size_t i = 0; i < n; i++) {
 		unsigned char c = (unsigned char)p[i];
-		char e[3] = { '%', hex[c >> 4], hex[c & 15] };
 
-		if ((i == 0 && w > 0) || (c == '~' && s->len == 0) || key_reserved(c))
+		if (key_reserved(c) || (i == 0 && (w > 0 || (c == '~' && s->len == 0)))) {
+			char e[3] = { '%', hex[c >> 4], hex[c & 15] };
+
+			sink_put(s, p + from, i - from); /* the bytes kept before it */
 			sink_put(s, e, 3);
-		else
-			sink_put(s, p + i, 1);
+			from = i + 1;
+		}
 	}
+	sink_put(s, p + from, n - from);
 }
 
 static void put_arg(struct sink *s, uint64_t v, int fmt)
