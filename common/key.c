@@ -5,11 +5,14 @@
  * Expansion streams every byte of the expanded key through a sink that keeps
  * the first KEY_MAX_EXPANDED bytes and hashes all of them (two FNV-1a 64-bit
  * lanes with different offsets, mixed at the end). Long keys become
- * "<first 223 bytes>#<32 hex digits>"; short keys are kept verbatim.
- * For a Redis Cluster (tagged) the expansion goes inside braces,
- * "<namespace>:{<key>}", so that the lock's queue keys, which append to it,
- * share its slot; a key that is empty or starts with '}' (which would make
- * the hash tag empty) gets a leading '~'.
+ * "<first 224 bytes>#<32 hex digits>", 257 bytes, one more than any key
+ * kept verbatim. For a Redis Cluster (tagged) the expansion goes inside
+ * braces, "<namespace>:{<key>}", so that the lock's queue keys, which append
+ * to it, share its slot; a key that is empty or starts with '}' (which would
+ * make the hash tag empty) gets a leading '~'. A value (an argument,
+ * {env:NAME}, {host}) is percent-encoded (put_val) so that no value makes a
+ * key another lock's queue key (<key>:q, :qx, :due, :w:<token>) or another
+ * value's key; the template's own text is checked once (check_text).
  */
 #include "key.h"
 
@@ -20,26 +23,60 @@
 #include "util.h"
 
 #define HASH_HEX 32
-#define LONG_KEEP (KEY_MAX_EXPANDED - 1 - HASH_HEX)
+#define LONG_KEEP (KEY_MAX_EXPANDED - HASH_HEX) /* 257 bytes with '#' and the hash */
 
 struct sink {
 	char *buf;
 	size_t len;   /* bytes seen */
 	uint64_t h1, h2;
+	unsigned word; /* the text since the last ':', as word_next says */
 };
+
+/*
+ * The text since the last ':' as a prefix of a word the layout appends
+ * after one (q, qx, due, w): 0 none (or no ':' yet), 1 empty, 2 "q", 3 "qx",
+ * 4 "d", 5 "du", 6 "due", 7 "w". Returns the state after byte c.
+ */
+static unsigned word_next(unsigned w, unsigned char c)
+{
+	static const char step[] = "\1q\2\2x\3\1d\4\4u\5\5e\6\1w\7";
+
+	if (c == ':')
+		return 1;
+	for (const char *t = step; w && *t; t += 3)
+		if ((unsigned)t[0] == w && (unsigned char)t[1] == c)
+			return (unsigned)t[2];
+	return 0;
+}
+
+/* Returns whether a value's byte c is always percent-encoded. */
+static int key_reserved(unsigned char c)
+{
+	return c == '%' || c == ':' || c == '{' || c == '}';
+}
 
 static void sink_put(struct sink *s, const char *p, size_t n)
 {
+	/* in locals: the stores into buf could alias s's members */
+	uint64_t h1 = s->h1, h2 = s->h2;
+	size_t len = s->len;
+	unsigned w = s->word;
+
 	for (size_t i = 0; i < n; i++) {
 		unsigned char c = (unsigned char)p[i];
 
-		if (s->len < KEY_MAX_EXPANDED)
-			s->buf[s->len] = (char)c;
-		s->len++;
-		s->h1 = (s->h1 ^ c) * 0x100000001b3ULL;
-		s->h2 = (s->h2 ^ c) * 0x100000001b3ULL;
-		s->h2 ^= s->h2 >> 29;
+		w = c == ':' || w ? word_next(w, c) : 0;
+		if (len < KEY_MAX_EXPANDED)
+			s->buf[len] = (char)c;
+		len++;
+		h1 = (h1 ^ c) * 0x100000001b3ULL;
+		h2 = (h2 ^ c) * 0x100000001b3ULL;
+		h2 ^= h2 >> 29;
 	}
+	s->h1 = h1;
+	s->h2 = h2;
+	s->len = len;
+	s->word = w;
 }
 
 static size_t sink_finish(struct sink *s)
@@ -49,6 +86,7 @@ static size_t sink_finish(struct sink *s)
 
 	if (s->len <= KEY_MAX_EXPANDED)
 		return s->len;
+	/* out has room: KEY_BUF_SIZE counts the 257th byte, a '~' and a '}' */
 	a = util_mix64(s->h1 ^ s->len);
 	b = util_mix64(s->h2 + a);
 	s->buf[LONG_KEEP] = '#';
@@ -56,7 +94,37 @@ static size_t sink_finish(struct sink *s)
 		s->buf[LONG_KEEP + 1 + i] = hex[(a >> (60 - 4 * i)) & 15];
 		s->buf[LONG_KEEP + 17 + i] = hex[(b >> (60 - 4 * i)) & 15];
 	}
-	return KEY_MAX_EXPANDED;
+	return KEY_MAX_EXPANDED + 1;
+}
+
+/*
+ * Puts a value of n bytes, writing a byte as "%XX" when it is '%', ':', '{'
+ * or '}', a '~' that would begin the key, or the first byte of a value after
+ * which the text since the last ':' is still a prefix of q, qx, due or w.
+ * So a value never brings a ':' or a brace (a cluster's hash tag is the whole
+ * key), never ends a key in ":q", ":qx" or ":due" nor puts ":w:" in it, and
+ * two values never give the same bytes.
+ */
+static void put_val(struct sink *s, const char *p, size_t n)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	unsigned w = s->word;
+	size_t from = 0;
+
+	for (size_t i = 0; i < n && w > 0; i++)
+		w = key_reserved((unsigned char)p[i]) ? 0 : word_next(w, (unsigned char)p[i]);
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)p[i];
+
+		if (key_reserved(c) || (i == 0 && (w > 0 || (c == '~' && s->len == 0)))) {
+			char e[3] = { '%', hex[c >> 4], hex[c & 15] };
+
+			sink_put(s, p + from, i - from); /* the bytes kept before it */
+			sink_put(s, e, 3);
+			from = i + 1;
+		}
+	}
+	sink_put(s, p + from, n - from);
 }
 
 static void put_arg(struct sink *s, uint64_t v, int fmt)
@@ -68,10 +136,10 @@ static void put_arg(struct sink *s, uint64_t v, int fmt)
 	case KEY_FMT_STR: {
 		const char *p = (const char *)(uintptr_t)v;
 
-		if (!p)
-			sink_put(s, "(null)", 6);
+		if (!p) /* no string has a NUL byte: "%00" is no string's key */
+			sink_put(s, "%00", 3);
 		else
-			sink_put(s, p, strnlen(p, KEY_STR_SCAN_MAX));
+			put_val(s, p, strnlen(p, KEY_STR_SCAN_MAX));
 		return;
 	}
 	case KEY_FMT_UNSIGNED:
@@ -84,14 +152,14 @@ static void put_arg(struct sink *s, uint64_t v, int fmt)
 		n = snprintf(num, sizeof(num), "%lld", (long long)v);
 		break;
 	}
-	sink_put(s, num, (size_t)n);
+	put_val(s, num, (size_t)n); /* hex can spell "d" */
 }
 
 size_t key_expand(const struct key_tmpl *t, const uint64_t args[ARCH_INT_ARGS], int pid,
 		  char *out)
 {
 	struct sink s = { out + t->prefix_len, 0, 0xcbf29ce484222325ULL,
-			  0x84222325cbf29ce4ULL };
+			  0x84222325cbf29ce4ULL, 0 };
 	char num[16];
 	size_t n;
 
@@ -101,6 +169,8 @@ size_t key_expand(const struct key_tmpl *t, const uint64_t args[ARCH_INT_ARGS], 
 
 		if (g->kind == KEY_SEG_LIT)
 			sink_put(&s, g->lit, g->len);
+		else if (g->kind == KEY_SEG_VAL)
+			put_val(&s, g->lit, g->len);
 		else if (g->kind == KEY_SEG_PID)
 			sink_put(&s, num, (size_t)snprintf(num, sizeof(num), "%d", pid));
 		else
@@ -125,7 +195,7 @@ static int add_seg(struct key_tmpl *t, int kind, int arg, int fmt,
 {
 	struct key_seg *segs, *g;
 
-	if (kind == KEY_SEG_LIT && len == 0)
+	if ((kind == KEY_SEG_LIT || kind == KEY_SEG_VAL) && len == 0)
 		return 0;
 	if (kind == KEY_SEG_LIT && t->nsegs > 0 &&
 	    t->segs[t->nsegs - 1].kind == KEY_SEG_LIT) {
@@ -149,7 +219,7 @@ static int add_seg(struct key_tmpl *t, int kind, int arg, int fmt,
 	g->kind = (unsigned char)kind;
 	g->arg = (unsigned char)arg;
 	g->fmt = (unsigned char)fmt;
-	if (kind == KEY_SEG_LIT) {
+	if (kind == KEY_SEG_LIT || kind == KEY_SEG_VAL) {
 		g->lit = strndup(lit, len);
 		g->len = len;
 		if (!g->lit)
@@ -168,7 +238,7 @@ static int add_placeholder(struct key_tmpl *t, const char *name, size_t n,
 	if (n == 6 && memcmp(name, "symbol", 6) == 0)
 		return add_seg(t, KEY_SEG_LIT, 0, 0, symbol, strlen(symbol));
 	if (n == 4 && memcmp(name, "host", 4) == 0)
-		return add_seg(t, KEY_SEG_LIT, 0, 0, host, strlen(host));
+		return add_seg(t, KEY_SEG_VAL, 0, 0, host, strlen(host));
 	if (n == 3 && memcmp(name, "pid", 3) == 0)
 		return add_seg(t, KEY_SEG_PID, 0, 0, NULL, 0);
 	if (n > 4 && memcmp(name, "env:", 4) == 0) {
@@ -180,7 +250,7 @@ static int add_placeholder(struct key_tmpl *t, const char *name, size_t n,
 		memcpy(var, name + 4, n - 4);
 		var[n - 4] = 0;
 		v = getenv(var);
-		return add_seg(t, KEY_SEG_LIT, 0, 0, v ? v : "", v ? strlen(v) : 0);
+		return add_seg(t, KEY_SEG_VAL, 0, 0, v ? v : "", v ? strlen(v) : 0);
 	}
 	if (n >= 4 && memcmp(name, "arg", 3) == 0) {
 		size_t d = 3;
@@ -208,6 +278,34 @@ bad:
 		 "{argN:x}, {argN:str}, {pid}, {host} or {env:NAME})",
 		 (int)n, name);
 	return -1;
+}
+
+/*
+ * The template's own text (its literal segments, values left out, as when
+ * they are empty) must not end in ":q", ":qx" or ":due" nor contain ":w:":
+ * such a key would be another lock's queue key. Returns 0, or -1 with a
+ * message in err.
+ */
+static int check_text(const struct key_tmpl *t, char *err, size_t errlen)
+{
+	static const char *const end[] = { [2] = ":q", [3] = ":qx", [6] = ":due" };
+	unsigned w = 0;
+
+	for (int i = 0; i < t->nsegs; i++)
+		for (size_t j = 0; t->segs[i].kind == KEY_SEG_LIT && j < t->segs[i].len; j++) {
+			if (w == 7 && t->segs[i].lit[j] == ':') {
+				snprintf(err, errlen, "the key's text contains \":w:\", which the "
+					 "shim uses for a waiter's list (<key>:w:<token>)");
+				return -1;
+			}
+			w = word_next(w, (unsigned char)t->segs[i].lit[j]);
+		}
+	if (w < 7 && end[w]) {
+		snprintf(err, errlen, "the key's text ends in \"%s\", which the shim appends "
+			 "to a lock's key for its queue (<key>:q, :qx, :due)", end[w]);
+		return -1;
+	}
+	return 0;
 }
 
 int key_compile(struct key_tmpl *t, const char *ns, const char *src,
@@ -252,6 +350,8 @@ int key_compile(struct key_tmpl *t, const char *ns, const char *src,
 		snprintf(err, errlen, "key expands to an empty string");
 		goto fail;
 	}
+	if (check_text(t, err, errlen))
+		goto fail;
 	return 0;
 nomem:
 	snprintf(err, errlen, "out of memory");

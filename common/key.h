@@ -2,11 +2,14 @@
 /*
  * key.h - lock key templates: compiled once from the config, expanded per call.
  *
- * A template is a list of segments: literals (with {symbol}, {host} and
- * {env:NAME} already substituted at load time) and run-time placeholders
- * ({argN} in four formats, {pid}). Expansion writes into a caller buffer and
- * never allocates; an expanded key over KEY_MAX_EXPANDED bytes keeps a prefix
- * and a 128-bit hash of the whole text, so distinct values stay distinct.
+ * A template is a list of segments: literals (with {symbol} substituted at
+ * load time), values read at load time ({host}, {env:NAME}) and run-time
+ * placeholders ({argN} in four formats, {pid}); values and arguments are
+ * percent-encoded where the key layout needs it (key.c). Expansion writes
+ * into a caller buffer and never allocates; an expanded key over
+ * KEY_MAX_EXPANDED bytes keeps a prefix and a 128-bit hash of the whole
+ * text, one byte longer than any key kept verbatim, so distinct values stay
+ * distinct.
  */
 #ifndef LOCKSHIM_KEY_H
 #define LOCKSHIM_KEY_H
@@ -18,18 +21,19 @@
 
 #define KEY_MAX_EXPANDED 256
 #define KEY_MAX_NAMESPACE 128
-#define KEY_BUF_SIZE (KEY_MAX_NAMESPACE + 2 + KEY_MAX_EXPANDED + 3) /* ":{" "~}" */
+/* ":{", a long key's form (KEY_MAX_EXPANDED + 1 bytes), "~}" */
+#define KEY_BUF_SIZE (KEY_MAX_NAMESPACE + 2 + KEY_MAX_EXPANDED + 3)
 #define KEY_STR_SCAN_MAX 65536 /* bytes read from an {argN:str} argument */
 
-enum key_seg_kind { KEY_SEG_LIT, KEY_SEG_ARG, KEY_SEG_PID };
+enum key_seg_kind { KEY_SEG_LIT, KEY_SEG_ARG, KEY_SEG_PID, KEY_SEG_VAL };
 enum key_arg_fmt { KEY_FMT_DEC, KEY_FMT_UNSIGNED, KEY_FMT_HEX, KEY_FMT_STR };
 
 struct key_seg {
 	unsigned char kind;
 	unsigned char arg; /* KEY_SEG_ARG: argument index 0..ARCH_INT_ARGS-1 */
 	unsigned char fmt; /* KEY_SEG_ARG: enum key_arg_fmt */
-	size_t len;        /* KEY_SEG_LIT */
-	char *lit;         /* KEY_SEG_LIT, owned by the template */
+	size_t len;        /* KEY_SEG_LIT, KEY_SEG_VAL */
+	char *lit;         /* KEY_SEG_LIT, KEY_SEG_VAL, owned by the template */
 };
 
 struct key_tmpl {

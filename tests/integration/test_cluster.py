@@ -18,7 +18,9 @@ workload and its programs support/workers.py's.
    a control run without the shim that loses updates;
 2. the key layout: a lock key is `<namespace>:{<key>}` on the primary that
    owns its slot, and its queue keys sit next to it; a user hash tag
-   (`{{ledger}}:{pid}`) puts two locks' keys in one slot, on one node;
+   (`{{ledger}}:{pid}`) puts two locks' keys in one slot, on one node; an
+   argument with braces (percent-encoded) leaves the tag the whole key, and
+   every key of its lock is in that slot;
 3. a slot migrated while workers update a counter guarded by a key of that
    slot: ASK followed during the migration, MOVED after it, counter exact,
    no call fails or hangs; a lease held while its key migrates follows it
@@ -32,6 +34,7 @@ workload and its programs support/workers.py's.
 6. `lockshim check` self-tests every primary and names each; with a primary
    SIGKILLed (no replicas) it exits 69 naming that node.
 """
+import os
 import re
 import subprocess
 import time
@@ -186,6 +189,44 @@ def test_lock_and_queue_keys_live_on_the_slot_owner(cluster, worker_progs, bg, t
         assert p.wait() == 0, p.stderr()
     wait_for(lambda: all(v == [] for v in cluster.keys().values()), timeout=10,
              what="every lock key to be released")
+
+
+def test_an_argument_with_braces_keeps_its_lock_in_one_slot(cluster, progs, procs, tmp_path):
+    """key = "kc:{arg0:str}", the argument a path ending in "xN}{y": its
+    braces are percent-encoded, so the hash tag is the whole expanded key.
+    While H holds it (log_call opens a FIFO: blocked until the test reads)
+    and W waits for it, the lock key and its queue keys are all in the slot
+    of that tag, on its primary; N is chosen so that the slot of the tag an
+    unencoded '}' would end ("kc:<dir>/xN") is owned by another primary."""
+    d = str(tmp_path)
+    for n in range(1000):
+        enc = "kc:%s/x%d%%7D%%7By" % (d, n)
+        if cluster.owner(keyslot(lock_key(enc))) is not cluster.owner(
+                keyslot(lock_key("kc:%s/x%d" % (d, n)))):
+            break
+    path = "%s/x%d}{y" % (d, n)
+    os.mkfifo(path)
+    key, slot = lock_key(enc), keyslot(enc)
+    owner = cluster.owner(slot)
+    cfg = cluster.config(tmp_path, 'locks = ( { symbol = "log_call"; key = "kc:{arg0:str}"; '
+                         'lease_ms = 20000; wait_ms = 30000; } );\n')
+    h = procs([progs["driver"], "log:" + path], cfg)
+    wait_for(lambda: ":%d:" % h.p.pid in (owner.cmd("GET", key) or ""),
+             what="H holding %s" % key)
+    w = procs([progs["driver"], "log:" + path], cfg)
+    wait_for(lambda: owner.cmd("ZCARD", key + ":q") == 1, what="W queued in %s:q" % key)
+    held = owner.cmd("KEYS", "lockshim:*")
+    assert {key, key + ":q", key + ":qx", key + ":due"} <= set(held), held
+    assert all(k.startswith(key) and keyslot(k) == slot for k in held), held
+    for p in cluster.primaries():
+        assert p is owner or p.cmd("KEYS", "lockshim:*") == [], p.port
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        assert h.expect("log") == "log rc=1 errno=0"
+        assert w.expect("log") == "log rc=1 errno=0"
+    finally:
+        os.close(fd)
+    assert h.finish()[0] == 0 and w.finish()[0] == 0
 
 
 def test_user_hash_tag_keeps_two_locks_on_one_node(cluster, worker_progs, bg, tmp_path):
