@@ -223,6 +223,8 @@ def ent(tmp_path_factory):
     p["threaded"] = cc(j("entry_threaded"), ["entry_static.c"], "-O2", "-L" + d,
                        "-Wl,-rpath," + d, "-Wl,--no-as-needed", "-lentry_thread")
     p["ipara"] = cc(j("entry_ipara"), ["entry_ipara.c"], "-O2")
+    p["ipara-sysv"] = cc(j("entry_ipara-sysv"), ["entry_ipara.c"], "-O2", "-rdynamic",
+                         "-Wl,--hash-style=sysv")
     p["libonce"] = cc(j("libentry_once.so"), ["entry_once_lib.c"], "-O2", "-shared", "-fPIC")
     p["once"] = cc(j("entry_once"), ["entry_once_main.c"], "-O2", "-rdynamic", "-L" + d,
                    "-Wl,-rpath," + d, "-lentry_once")
@@ -625,6 +627,30 @@ def test_executable_not_read_for_a_function_it_imports(ent, redis, tmp_path):
     assert r.returncode == 0 and r.stdout == STATIC_OUT, r.stderr
     assert acquires(r.stderr, "scale") == 3, r.stderr
     assert "/proc/self/exe" in opened(r.stderr), r.stderr
+
+
+def test_executable_with_only_a_sysv_hash_table(ent, plain, redis, tmp_path):
+    """An executable with DT_HASH and no DT_GNU_HASH (--hash-style=sysv,
+    -rdynamic): its exported gmix is found through DT_HASH, its static mix
+    in its .symtab, both patched and guarded; printf, which it imports (an
+    undefined symbol in a DT_HASH chain), is guarded without its file being
+    opened."""
+    prog = ent["ipara-sysv"]
+    dyn = tool("readelf", "-d", prog)
+    assert "(HASH)" in dyn and "GNU_HASH" not in dyn, dyn
+    for symbol, source in (("gmix", "dynamic symbols"), ("mix", "symbol table")):
+        cfg = write_config(tmp_path, redis, DEBUG + NO_LINGER + locks(lock(symbol)))
+        r = go([prog], cfg)
+        assert r.returncode == 0 and r.stdout == plain["ipara"], r.stderr
+        assert re.search(r"%s: defined in %s at 0x[0-9a-f]+ \(%s\)" % (
+            symbol, re.escape(prog), source), r.stderr), r.stderr
+        assert acquires(r.stderr, symbol) == 6, r.stderr
+    cfg = write_config(tmp_path, redis, DEBUG + NO_LINGER + locks(lock("printf")))
+    r = go([prog], cfg, **traced(ent))
+    assert r.returncode == 0 and r.stdout == plain["ipara"], r.stderr
+    assert acquires(r.stderr, "printf") == 2, r.stderr
+    files = opened(r.stderr)
+    assert "/proc/self/exe" not in files and prog not in files, files
 
 
 def test_entry_of_an_imported_function_in_main_is_refused_saying_so(ent, redis, tmp_path):
