@@ -53,7 +53,9 @@ struct symdef {
 /* What symdef_find looked at in one object, for the message about a
  * definition it did not find. */
 struct symdef_search {
-	int symtab;              /* out: its file has a symbol table (.symtab) */
+	int symtab;              /* out: its file has a symbol table (.symtab);
+				  * 0 too when the file was not read (every
+				  * name asked was imported) */
 	int ntried;              /* out: debug-file paths tried and not used */
 	int nlisted;             /* out: how many of them are in tried */
 	char tried[2048];        /* out: those paths, each NUL-terminated, one
@@ -65,7 +67,8 @@ struct symdef_search {
 /*
  * Looks defs[0..n) up in o, whose file is path (symdef_path's; NULL or "":
  * its dynamic symbols only), dirs being the debug directories
- * (NULL-terminated). Returns how many were found. Writes the debug file
+ * (NULL-terminated). Returns how many were found (a name o imports is not
+ * looked for past its dynamic symbols: imported). Writes the debug file
  * read, if any, into debug (len bytes; "" when none), and, when s is not
  * NULL, what was searched into s.
  */
