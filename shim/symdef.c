@@ -30,7 +30,6 @@
 struct wanted {
 	struct symdef **slot; /* open addressing, nslot a power of 2 */
 	unsigned nslot;
-	int n;                /* names in it */
 	/* 4096-bit filters of the names' first 8 bytes (names of 8 bytes or
 	 * more) and first 4 bytes (4 to 7): a symbol's name, or its clone's,
 	 * begins with the same bytes; names shorter than 4 (nshort) match any
@@ -129,7 +128,6 @@ static int wanted_init(struct wanted *w, struct symdef *defs, int n)
 		while (w->slot[i])
 			i = (i + 1) & (w->nslot - 1);
 		w->slot[i] = &defs[k];
-		w->n++;
 		if (len >= 8) {
 			memcpy(&k8, defs[k].name, 8);
 			bloom_add(w->bloom8, k8);
