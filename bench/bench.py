@@ -26,6 +26,15 @@ programs (bench/*.c) and measures, in one run:
                with it entry-patching 20 of them, and with one lock on a
                symbol no program defines (each case checked once in a
                LOCKSHIM_LOG_LEVEL=debug run: patched, and the lock acquired)
+  symbols      start-up of programs with large symbol tables: node (when
+               installed; 75,000 dynamic and 110,000 .symtab symbols for
+               node 20) and a generated executable with --big-funcs
+               exported functions (as many dynamic and .symtab symbols;
+               built once and cached in build/bench/), without the shim,
+               with two locks on library functions they import (rename,
+               unlink) with method "reloc" and with "auto", and with one
+               lock on a name no object defines; each the median wall
+               and CPU time of --symbols-runs runs, the cases taken in turn
   tls          the uncontended guarded call over TLS (redis.tls, the
                server's TLS port, a CA and certificate made with openssl)
                against plain TCP to the same server, in the same run:
@@ -46,18 +55,19 @@ programs (bench/*.c) and measures, in one run:
 The uncontended, entry, tls, replicas and redlock call rows are measured in
 two placements (taskset): client and server on one CPU, and on two CPUs.
 Prints a markdown report and writes it to bench/results/. `--only PART`
-(uncontended, contended, startup, imports, entry, tls, replicas, cluster,
-redlock) measures just that part and prints just its section and its
+(uncontended, contended, startup, imports, entry, symbols, tls, replicas,
+cluster, redlock) measures just that part and prints just its section and its
 targets, written only to --out if given. Usage:
 bench.py [--build DIR] [--k K] [--n N] [--reps R] [--startup-runs R]
-[--import-runs R] [--symtab-funcs F] [--cluster-k K] [--only PART] [--out FILE]
-[--settings S]
+[--import-runs R] [--symtab-funcs F] [--symbols-runs R] [--big-funcs F]
+[--cluster-k K] [--only PART] [--out FILE] [--settings S]
 """
 import argparse
 import concurrent.futures
 import datetime
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -89,6 +99,12 @@ IMPORT_LOCKS = 20
 # executable's functions, spread over its source files.
 ENTRY_LOCKS = 20
 BIG_SOURCES = 8
+
+# The symbols part: the library functions its locks name (both programs
+# import them; neither calls them in the timed runs), and the generator's
+# version (a cached executable of another version is built again).
+SYMBOLS_LOCKS = ("rename", "unlink")
+BIG_VERSION = 1
 
 try:
     import redis  # noqa: F401  (Debian python3-redis, for the peer rows)
@@ -323,6 +339,21 @@ class Cluster:
     def stop(self):
         for nd in self.nodes:
             nd.stop()
+
+
+def symbol_counts(path):
+    """(dynamic, .symtab) defined FUNC symbols of the ELF file path (readelf)."""
+    out = subprocess.run(["readelf", "-sW", path], check=True, capture_output=True,
+                         text=True).stdout
+    counts, table = {".dynsym": 0, ".symtab": 0}, None
+    for line in out.splitlines():
+        if line.startswith("Symbol table"):
+            table = line.split("'")[1]
+            continue
+        f = line.split()
+        if table in counts and len(f) >= 8 and f[3] == "FUNC" and f[6] != "UND":
+            counts[table] += 1
+    return counts[".dynsym"], counts[".symtab"]
 
 
 def pct(values, p):
@@ -750,6 +781,116 @@ class Bench:
         return dict(plain=plain, shim=shim, shim0=shim0, funcs=funcs, locks=len(locked),
                     build_s=build_s, size=os.path.getsize(path))
 
+    # ---- symbols: start-up of programs with large symbol tables ---------------
+
+    def huge_program(self):
+        """Generates and builds, once (cached in build/bench/ with a stamp
+        naming its size and BIG_VERSION), an executable exporting
+        args.big_funcs functions (-rdynamic: each in its dynamic symbols and
+        its .symtab) whose main calls SYMBOLS_LOCKS only when given an
+        argument. Returns (path, dynamic FUNC symbols, .symtab FUNC symbols,
+        build s: 0 when cached)."""
+        n = self.args.big_funcs
+        d = os.path.join(ROOT, "build", "bench", "symbols-%d" % n)
+        path, stamp = os.path.join(d, "huge"), os.path.join(d, "stamp")
+        want = "version %d, %d functions, gcc -O0 -rdynamic\n" % (BIG_VERSION, n)
+        t0 = time.monotonic()
+        try:
+            with open(stamp) as f:
+                cached = f.read() == want and os.access(path, os.X_OK)
+        except OSError:
+            cached = False
+        if not cached:
+            os.makedirs(d, exist_ok=True)
+            srcs = []
+            for k in range(BIG_SOURCES):
+                srcs.append(os.path.join(d, "h%d.c" % k))
+                with open(srcs[-1], "w") as f:
+                    f.write("".join("int h%d(int x) { return (x * %d + (x >> 3)) ^ %d; }\n"
+                                    % (i, i + 1, i) for i in range(k * n // BIG_SOURCES,
+                                                                   (k + 1) * n // BIG_SOURCES)))
+            srcs.append(os.path.join(d, "main.c"))
+            with open(srcs[-1], "w") as f:
+                f.write("#include <stdio.h>\n#include <unistd.h>\n"
+                        "int main(int argc, char **argv)\n{\n"
+                        "\tif (argc > 2)\n\t\treturn rename(argv[1], argv[2]) != 0;\n"
+                        "\tif (argc > 1)\n\t\treturn unlink(argv[1]) != 0;\n"
+                        "\treturn 0;\n}\n")
+            objs = [s[:-2] + ".o" for s in srcs]
+            with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as ex:
+                list(ex.map(lambda so: subprocess.run(["gcc", "-O0", "-c", "-o", so[1], so[0]],
+                                                      check=True), zip(srcs, objs)))
+            subprocess.run(["gcc", "-O0", "-rdynamic", "-o", path + ".tmp"] + objs, check=True)
+            for o in objs:
+                os.unlink(o)
+            os.rename(path + ".tmp", path)
+            with open(stamp, "w") as f:
+                f.write(want)
+        dyn, tab = symbol_counts(path)
+        if dyn < n or tab < n:
+            raise RuntimeError("%s: %d dynamic and %d .symtab FUNC symbols (expected >= %d)"
+                               % (path, dyn, tab, n))
+        return path, dyn, tab, 0 if cached else time.monotonic() - t0
+
+    def symbols(self):
+        """Start-up wall time in ms (median of --symbols-runs runs, the cases
+        taken in turn so that a slow spell of the machine hits each alike) of
+        node -e 0 (when installed) and of huge_program(): without the shim;
+        with two locks on SYMBOLS_LOCKS, method "reloc" and "auto"; with one
+        lock on a name no object defines, "reloc" and "auto". Each case is
+        checked once in a LOCKSHIM_LOG_LEVEL=debug run: the program's own
+        slots of both functions redirected, no entry patched."""
+        progs = []
+        node = shutil.which("node")
+        if node:
+            ver = subprocess.run([node, "--version"], capture_output=True, text=True,
+                                 timeout=60).stdout.strip()
+            dyn, tab = symbol_counts(node)
+            progs.append(dict(name="node %s (`node -e 0`)" % ver, argv=[node, "-e", "0"],
+                              dyn=dyn, tab=tab, path=node))
+        path, dyn, tab, build_s = self.huge_program()
+        progs.append(dict(name="generated executable, %d exported functions (`%s`)"
+                          % (self.args.big_funcs, os.path.relpath(path, ROOT)),
+                          argv=[path], dyn=dyn, tab=tab, path=path, build_s=build_s))
+        cfgs = {}
+        for method in ("reloc", "auto"):
+            cfgs[method] = self.config_symbols(SYMBOLS_LOCKS, method)
+            cfgs[method + "-none"] = self.config_symbols(["not_called_anywhere"], method)
+        cases = ["none", "reloc", "auto", "reloc-none", "auto-none"]
+        res = dict(node=None if node else "no `node` on PATH", progs=progs, cases=cases)
+        for prog in progs:
+            for method in ("reloc", "auto"):
+                self.check_log("%s with method %s" % (prog["name"], method), prog["argv"],
+                               cfgs[method], want=["(main): PLT slot of %s redirected" % s
+                                                   for s in SYMBOLS_LOCKS]
+                               + ["entries: 0 call site(s) redirected"],
+                               unwanted=["entry patched"])
+            envs = dict(none=self.env(None))
+            envs.update((c, self.env(cfgs[c])) for c in cases[1:])
+            ts, cpu = dict((c, []) for c in cases), dict((c, []) for c in cases)
+            for _ in range(self.args.symbols_runs):
+                for c in cases:
+                    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    t0 = time.perf_counter()
+                    subprocess.run(prog["argv"], env=envs[c], check=True,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    ts[c].append(time.perf_counter() - t0)
+                    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    cpu[c].append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
+            prog["ms"] = dict((c, statistics.median(ts[c]) * 1000) for c in cases)
+            prog["cpu"] = dict((c, statistics.median(cpu[c]) * 1000) for c in cases)
+        res["load"] = "%.1f" % os.getloadavg()[0]
+        return res
+
+    def config_symbols(self, symbols, method):
+        """A config with one lock per symbol, all with method."""
+        path = os.path.join(self.work, "symbols-%s-%d.cfg" % (method, len(symbols)))
+        with open(path, "w") as f:
+            f.write('redis = { host = "127.0.0.1"; port = %d; };\nlocks = (\n%s\n);\n'
+                    % (self.server.port, ",\n".join('  { symbol = "%s"; method = "%s"; }'
+                                                     % (s, method) for s in symbols)))
+        return path
+
     # ---- cluster and redlock ------------------------------------------------
 
     def spread_runs(self, cfg, paths, servers):
@@ -884,8 +1025,8 @@ IMPLS = [("poll", "plain C, SET NX / 1 ms poll / compare-and-delete"),
          ("lockshim-fair", "lockshim, fair = true"),
          ("redis-py", "redis-py Lock, defaults (sleep 0.1)"),
          ("redis-py-0.001", "redis-py Lock, sleep=0.001")]
-PARTS = ["uncontended", "contended", "startup", "imports", "entry", "tls", "replicas",
-         "cluster", "redlock"]
+PARTS = ["uncontended", "contended", "startup", "imports", "entry", "symbols", "tls",
+         "replicas", "cluster", "redlock"]
 CLUSTER_PS = (1, 2, 4, 8)
 ENTRY_CASES = [("reloc", 'library function (bench_noop_wide in libsection.so, through the '
                 'PLT), method = "reloc"'),
@@ -894,8 +1035,8 @@ ENTRY_CASES = [("reloc", 'library function (bench_noop_wide in libsection.so, th
                 'method = "entry"')]
 
 
-def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, tls=None,
-           replicas=None, cluster=None, redlock=None):
+def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, symbols=None,
+           tls=None, replicas=None, cluster=None, redlock=None):
     """The markdown report of the parts measured (those not None)."""
     lines = []
     add = lines.append
@@ -1013,6 +1154,46 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
             % (es["locks"], es["shim"] - es["plain"]))
         add("| cost of the shim with the reference lock | %.2f ms |" % (es["shim0"] - es["plain"]))
         add("")
+    if symbols:
+        add("## Start-up of programs with large symbol tables")
+        add("")
+        add("Wall time of one run, the median of %d runs per case, the cases taken in turn. "
+            "Locks: two on library functions both programs import and do not call here (%s), "
+            "with `method = \"reloc\"` and with `\"auto\"` (the default); and one on a name "
+            "no object defines. Each lock case was checked once with LOCKSHIM_LOG_LEVEL=debug: "
+            "the program's own PLT slots of both functions redirected, no entry patched. "
+            "CPU time: the child's user + system time (all its threads), less disturbed "
+            "than wall time when other work shares the machine (load average %s at the "
+            "end of this part)."
+            % (args.symbols_runs, ", ".join("`%s`" % s for s in SYMBOLS_LOCKS),
+               symbols["load"]))
+        add("")
+        for prog in symbols["progs"]:
+            m, u = prog["ms"], prog["cpu"]
+            add("%s: %d dynamic and %d `.symtab` function symbols%s." % (
+                prog["name"][0].upper() + prog["name"][1:], prog["dyn"], prog["tab"],
+                (", built in %.0f s" % prog["build_s"]) if prog.get("build_s") else
+                (" (cached build)" if "build_s" in prog else "")))
+            add("")
+            add("| | median wall time per run | median CPU time (user + system) |")
+            add("|---|---:|---:|")
+            for c, label in (("none", "without the shim"),
+                             ("reloc", "two locks, method \"reloc\""),
+                             ("auto", "two locks, method \"auto\"")):
+                add("| %s | %.2f ms | %.2f ms |" % (label, m[c], u[c]))
+            add("| **auto minus reloc (target ≤ 2 ms)** | **%.2f ms** | **%.2f ms** |"
+                % (m["auto"] - m["reloc"], u["auto"] - u["reloc"]))
+            add("| cost of the shim, reloc | %.2f ms | %.2f ms |"
+                % (m["reloc"] - m["none"], u["reloc"] - u["none"]))
+            for c, label in (("reloc-none", "one lock on a name no object defines, \"reloc\""),
+                             ("auto-none", "one lock on a name no object defines, \"auto\"")):
+                add("| %s | %.2f ms | %.2f ms |" % (label, m[c], u[c]))
+            add("| auto minus reloc, the undefined name | %.2f ms | %.2f ms |"
+                % (m["auto-none"] - m["reloc-none"], u["auto-none"] - u["reloc-none"]))
+            add("")
+        if symbols["node"]:
+            add("node: not measured (%s)." % symbols["node"])
+            add("")
     if tls:
         t1, t2 = tls["1 CPU"], tls["2 CPUs"]
         add("## Uncontended over TLS against plain TCP (guarded call = guarded minus "
@@ -1169,6 +1350,11 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
         checks.append(("start-up, entry-patching %d functions of a %d-symbol executable: "
                        "cost < 10 ms" % (es["locks"], es["funcs"]),
                        es["shim"] - es["plain"], "%.2f ms", lambda v: v < 10))
+    if symbols:
+        for prog in symbols["progs"]:
+            checks.append(("start-up, %s: auto minus reloc ≤ 2 ms" % prog["name"].split(" (")[0],
+                           prog["ms"]["auto"] - prog["ms"]["reloc"], "%.2f ms",
+                           lambda v: v <= 2))
     if tls:
         for place, t in (("one CPU", t1), ("two CPUs", t2)):
             checks.append(("uncontended guarded call over TLS < 1.3 x plain TCP, linger_ms = 0, "
@@ -1211,6 +1397,10 @@ def main():
                     help="runs per python3 imports row")
     ap.add_argument("--symtab-funcs", type=int, default=50000,
                     help="functions of the entry part's generated executable")
+    ap.add_argument("--symbols-runs", type=int, default=40,
+                    help="runs per case of the symbols part (median)")
+    ap.add_argument("--big-funcs", type=int, default=200000,
+                    help="exported functions of the symbols part's generated executable")
     ap.add_argument("--only", choices=PARTS, default=None,
                     help="measure and report just this part")
     ap.add_argument("--reps", type=int, default=3, help="timed runs per contended row")
@@ -1240,6 +1430,8 @@ def main():
             res["imports"] = b.imports()
         if "entry" in wanted:
             res["entry"] = b.entry()
+        if "symbols" in wanted:
+            res["symbols"] = b.symbols()
         if "tls" in wanted:
             res["tls"] = b.tls()
         if "replicas" in wanted:

@@ -57,6 +57,8 @@ struct want {
 	char searched[SEARCHED_MAX]; /* objects its definition was not found in, ", "-joined */
 	char tried[TRIED_MAX]; /* debug-file paths tried there, ", "-joined */
 	int more_searched, more_tried; /* more of each than the lists hold */
+	int statics;           /* objects whose static tables were searched (not
+				* skipped because they import the name) */
 };
 
 /* One patch prepared in a scan, written once every copy is sealed. */
@@ -218,15 +220,19 @@ static void list_add(char *list, size_t len, int *more, const char *a, const cha
 	snprintf(list + used, len - used, "%s%s%s", used ? ", " : "", a, b);
 }
 
-/* Notes that w's definition is not in the object whose file is path: what
- * s says was searched there, and the debug file read ("" when none). */
-static void note_search(struct want *w, const char *path, const struct symdef_search *s,
-			const char *debug)
+/* Notes that w's definition d is not in the object whose file is path:
+ * what s says was searched there (nothing static when the object imports
+ * the name), and the debug file read ("" when none). */
+static void note_search(struct want *w, const struct symdef *d, const char *path,
+			const struct symdef_search *s, const char *debug)
 {
 	const char *p = s->tried;
 
 	list_add(w->searched, sizeof(w->searched), &w->more_searched, path,
-		 s->symtab ? "" : " (no symbol table)");
+		 d->imported ? " (imports it)" : s->symtab ? "" : " (no symbol table)");
+	if (d->imported)
+		return;
+	w->statics++;
 	for (int i = 0; i < s->nlisted; i++, p += strlen(p) + 1)
 		list_add(w->tried, sizeof(w->tried), &w->more_tried, p, "");
 	w->more_tried += s->ntried - s->nlisted;
@@ -237,21 +243,25 @@ static void note_search(struct want *w, const char *path, const struct symdef_se
 /*
  * Writes into out (len bytes) where w's definition was looked for in vain
  * (the dynamic symbols, symbol table and debug files of each object):
- * "searched OBJECT (no symbol table), ...; debug files tried: PATH, ..."
+ * "searched OBJECT (no symbol table), OBJECT (imports it), ...; debug files
+ * tried: PATH, ..." (no debug-file clause when every object imports it)
  * with "and N more" after a list cut short (which keeps it under
  * SEARCHED_TEXT_MAX).
  */
 static void searched_text(const struct want *w, char *out, size_t len)
 {
 	char objs[24] = "", paths[24] = "";
+	/* every object searched imports it: no static table, no debug file read */
+	int imports = w->searched[0] && !w->statics && !w->tried[0] && !w->more_tried;
 
 	if (w->more_searched)
 		snprintf(objs, sizeof(objs), " and %d more", w->more_searched);
 	if (w->more_tried)
 		snprintf(paths, sizeof(paths), " and %d more", w->more_tried);
-	snprintf(out, len, "searched %s%s; %s%s%s", w->searched[0] ? w->searched : "no object",
-		 objs, w->tried[0] || w->more_tried ? "debug files tried: " :
-		 "no debug file to try (no build-id, no .gnu_debuglink)", w->tried, paths);
+	snprintf(out, len, "searched %s%s%s%s%s%s", w->searched[0] ? w->searched : "no object",
+		 objs, imports ? "" : "; ", imports ? "" : w->tried[0] || w->more_tried ?
+		 "debug files tried: " : "no debug file to try (no build-id, no .gnu_debuglink)",
+		 w->tried, paths);
 }
 
 static int set_up(const struct conf *cfg)
@@ -468,7 +478,7 @@ static void scan_object(struct objects *os, int k, const struct conf *cfg,
 		struct want *w = ws[j];
 
 		if (!defs[j].addr) {
-			note_search(w, path, &os->search, debug);
+			note_search(w, &defs[j], path, &os->search, debug);
 			if (w->l->object) {
 				char text[SEARCHED_TEXT_MAX];
 
@@ -521,7 +531,7 @@ static int entry_scan(const struct conf *cfg)
 		pending |= !w->done;
 		if (!w->done) {
 			w->searched[0] = w->tried[0] = 0;
-			w->more_searched = w->more_tried = 0;
+			w->more_searched = w->more_tried = w->statics = 0;
 		}
 	}
 	if (!pending)

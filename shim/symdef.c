@@ -3,12 +3,15 @@
  * symdef.c - where functions are defined inside one loaded object (see
  * symdef.h).
  *
- * The names asked for go into a small open-addressing hash (FNV-1a, sized
- * at 4x), so each table is walked once whatever the number of names. The
- * dynamic symbols are read in memory (their count from DT_HASH, or from
- * the last chain of DT_GNU_HASH); .symtab and the debug file through
- * symfile.c, which checks every offset against the file. Runs at start-up
- * and after dlopen, never on a call: it may allocate.
+ * The dynamic symbols are looked up by name in memory, through their hash
+ * table (symhash.c). The names a static table is walked for go into a
+ * small open-addressing hash (FNV-1a, sized at 4x), so each table is
+ * walked once whatever the number of names, behind a filter of the names'
+ * first 8 (or 4) bytes that skips most symbols after one load; .symtab and
+ * the debug file are read through symfile.c, which checks every offset
+ * against the file, and only for a name found (its clones) or one the
+ * object does not import. Runs at start-up and after dlopen, never on a
+ * call: it may allocate.
  */
 #include "symdef.h"
 
@@ -20,12 +23,19 @@
 #include <unistd.h>
 
 #include "symfile.h"
+#include "symhash.h"
 
 #define BUILD_ID_HEX 129
 
 struct wanted {
 	struct symdef **slot; /* open addressing, nslot a power of 2 */
 	unsigned nslot;
+	/* 4096-bit filters of the names' first 8 bytes (names of 8 bytes or
+	 * more) and first 4 bytes (4 to 7): a symbol's name, or its clone's,
+	 * begins with the same bytes; names shorter than 4 (nshort) match any
+	 * symbol with a NUL or '.' in its first 4 bytes */
+	uint64_t bloom8[64], bloom4[64];
+	int n8, n4, nshort;
 };
 
 static unsigned hash_n(const char *s, size_t n)
@@ -49,18 +59,86 @@ static struct symdef *wanted_find(const struct wanted *w, const char *s, size_t 
 	}
 }
 
+/* Returns the filter bit of key (and its word in *word). */
+static uint64_t bloom_bit(uint64_t key, unsigned *word)
+{
+	unsigned b = (unsigned)((key * 0x9e3779b97f4a7c15ull) >> 52);
+
+	*word = b >> 6;
+	return 1ull << (b & 63);
+}
+
+static void bloom_add(uint64_t *bloom, uint64_t key)
+{
+	unsigned word;
+	uint64_t bit = bloom_bit(key, &word);
+
+	bloom[word] |= bit;
+}
+
+static int bloom_has(const uint64_t *bloom, uint64_t key)
+{
+	unsigned word;
+	uint64_t bit = bloom_bit(key, &word);
+
+	return (bloom[word] & bit) != 0;
+}
+
+/* Returns whether one of the 4 bytes of k is a NUL or a '.'. */
+static int has_stop(uint32_t k)
+{
+	uint32_t dots = k ^ 0x2e2e2e2eu;
+
+	return (((k - 0x01010101u) & ~k) | ((dots - 0x01010101u) & ~dots)) & 0x80808080u;
+}
+
+/* Returns 0 when the name at p (left bytes of table from there) is surely
+ * neither a wanted name nor a clone of one: a test of its first bytes,
+ * which spares reading the rest of most names of a large table. */
+static int may_match(const struct wanted *w, const char *p, size_t left)
+{
+	uint64_t k8;
+	uint32_t k4;
+
+	if (left < 8)
+		return 1;
+	memcpy(&k8, p, 8);
+	memcpy(&k4, p, 4);
+	return (w->n8 && bloom_has(w->bloom8, k8)) || (w->n4 && bloom_has(w->bloom4, k4)) ||
+	       (w->nshort && has_stop(k4));
+}
+
+/* Builds w from the names of defs[0..n) not imported by the object.
+ * Returns 0 (w->slot to free), or -1. */
 static int wanted_init(struct wanted *w, struct symdef *defs, int n)
 {
+	memset(w, 0, sizeof(*w));
 	for (w->nslot = 16; w->nslot < 4u * (unsigned)n; w->nslot *= 2)
 		;
 	if (!(w->slot = calloc(w->nslot, sizeof(*w->slot))))
 		return -1;
 	for (int k = 0; k < n; k++) {
-		unsigned i = hash_n(defs[k].name, strlen(defs[k].name)) & (w->nslot - 1);
+		size_t len = strlen(defs[k].name);
+		unsigned i = hash_n(defs[k].name, len) & (w->nslot - 1);
+		uint64_t k8;
+		uint32_t k4;
 
+		if (defs[k].imported)
+			continue;
 		while (w->slot[i])
 			i = (i + 1) & (w->nslot - 1);
 		w->slot[i] = &defs[k];
+		if (len >= 8) {
+			memcpy(&k8, defs[k].name, 8);
+			bloom_add(w->bloom8, k8);
+			w->n8++;
+		} else if (len >= 4) {
+			memcpy(&k4, defs[k].name, 4);
+			bloom_add(w->bloom4, k4);
+			w->n4++;
+		} else {
+			w->nshort++;
+		}
 	}
 	return 0;
 }
@@ -122,7 +200,7 @@ static void walk(const struct wanted *w, const ElfW(Sym) *syms, size_t nsyms,
 		struct symdef *d;
 
 		if ((type != STT_FUNC && type != STT_GNU_IFUNC) || s->st_shndx == SHN_UNDEF ||
-		    s->st_name >= strsz)
+		    s->st_name >= strsz || !may_match(w, strs + s->st_name, strsz - s->st_name))
 			continue;
 		name = strs + s->st_name;
 		len = strnlen(name, strsz - s->st_name);
@@ -147,57 +225,28 @@ static void walk(const struct wanted *w, const ElfW(Sym) *syms, size_t nsyms,
 	}
 }
 
-/* Returns the number of dynamic symbols of an object (DT_HASH's nchain, or
- * one past the last symbol DT_GNU_HASH reaches), or 0. */
-static size_t dynsym_count(const uint32_t *hash, const uint32_t *gnu)
+/* Looks d up in o's dynamic symbols through their hash table: the first
+ * definition in table order, and in `more` those at other addresses (the
+ * versions of a name). */
+static void find_dynamic(const struct symhash *h, uintptr_t base, struct symdef *d)
 {
-	uint32_t nbuckets, symoffset, bloom, last = 0;
-	const uint32_t *buckets, *chain;
+	size_t idx[32], n = symhash_find(h, d->name, idx, 32);
 
-	if (hash)
-		return hash[1];
-	if (!gnu)
-		return 0;
-	nbuckets = gnu[0];
-	symoffset = gnu[1];
-	bloom = gnu[2];
-	buckets = gnu + 4 + bloom * (sizeof(ElfW(Addr)) / 4);
-	for (uint32_t b = 0; b < nbuckets; b++)
-		if (buckets[b] > last)
-			last = buckets[b];
-	if (last < symoffset)
-		return symoffset;
-	chain = buckets + nbuckets;
-	while (!(chain[last - symoffset] & 1))
-		last++;
-	return (size_t)last + 1;
-}
+	for (size_t i = 0; i < n && i < 32; i++) {
+		const ElfW(Sym) *s = &h->syms[idx[i]];
+		int type = ELF64_ST_TYPE(s->st_info);
 
-/* Walks o's dynamic symbols (mapped with o). */
-static void walk_dynamic(const struct symdef_object *o, const struct wanted *w)
-{
-	const ElfW(Dyn) *dyn = NULL;
-	const ElfW(Sym) *syms = NULL;
-	const uint32_t *hash = NULL, *gnu = NULL;
-	const char *strs = NULL;
-	size_t strsz = 0;
-
-	for (int i = 0; i < o->phnum; i++)
-		if (o->phdr[i].p_type == PT_DYNAMIC)
-			dyn = (const ElfW(Dyn) *)(o->base + o->phdr[i].p_vaddr);
-	for (; dyn && dyn->d_tag != DT_NULL; dyn++) {
-		uintptr_t v = dyn->d_un.d_ptr < o->base ? dyn->d_un.d_ptr + o->base : dyn->d_un.d_ptr;
-
-		switch (dyn->d_tag) {
-		case DT_SYMTAB: syms = (const ElfW(Sym) *)v; break;
-		case DT_STRTAB: strs = (const char *)v; break;
-		case DT_STRSZ: strsz = dyn->d_un.d_val; break;
-		case DT_HASH: hash = (const uint32_t *)v; break;
-		case DT_GNU_HASH: gnu = (const uint32_t *)v; break;
+		if ((type != STT_FUNC && type != STT_GNU_IFUNC) || s->st_shndx == SHN_UNDEF)
+			continue;
+		if (!d->addr) {
+			d->addr = base + s->st_value;
+			d->size = s->st_size;
+			d->ifunc = type == STT_GNU_IFUNC;
+			d->source = "dynamic symbols";
+		} else if (d->addr != base + s->st_value) {
+			d->more++;
 		}
 	}
-	if (syms && strs)
-		walk(w, syms, dynsym_count(hash, gnu), strs, strsz, o->base, "dynamic symbols", 0);
 }
 
 int symdef_path(const struct symdef_object *o, char *path, size_t len)
@@ -310,7 +359,8 @@ int symdef_find(const struct symdef_object *o, const char *path, struct symdef *
 {
 	struct wanted w;
 	struct symfile file, dbg;
-	int found = 0, missing = 0;
+	struct symhash h;
+	int found = 0, missing = 0, statics = 0, dyn;
 
 	debug[0] = 0;
 	if (s)
@@ -318,23 +368,32 @@ int symdef_find(const struct symdef_object *o, const char *path, struct symdef *
 	for (int i = 0; i < n; i++) {
 		defs[i].addr = 0;
 		defs[i].size = 0;
-		defs[i].more = defs[i].ifunc = 0;
+		defs[i].more = defs[i].ifunc = defs[i].imported = 0;
 		defs[i].source = NULL;
 		defs[i].clones[0] = 0;
 	}
-	if (n <= 0 || wanted_init(&w, defs, n) != 0)
+	if (n <= 0)
 		return 0;
-	walk_dynamic(o, &w);
+	dyn = symhash_init(&h, o->base, o->phdr, o->phnum) == 0;
+	for (int i = 0; i < n; i++) {
+		if (dyn)
+			find_dynamic(&h, o->base, &defs[i]);
+		if (!defs[i].addr && dyn && symhash_imports(&h, defs[i].name))
+			defs[i].imported = 1; /* not o's: its static tables are not read for it */
+		else
+			statics = 1; /* the clones of a definition found, or a local function */
+	}
+	if (!statics || !path || !path[0] || wanted_init(&w, defs, n) != 0)
+		goto out;
 	memset(&file, 0, sizeof(file));
-	if (path && path[0] &&
-	    symfile_open(&file, o->name && o->name[0] ? path : "/proc/self/exe") == 0 &&
+	if (symfile_open(&file, o->name && o->name[0] ? path : "/proc/self/exe") == 0 &&
 	    file.syms)
 		walk(&w, file.syms, file.nsyms, file.strs, file.strsz, o->base, "symbol table", 1);
 	if (s)
 		s->symtab = file.syms != NULL;
 	for (int i = 0; i < n; i++)
-		missing += !defs[i].addr;
-	if ((missing || !file.syms) && path && path[0] &&
+		missing += !defs[i].addr && !defs[i].imported;
+	if ((missing || !file.syms) &&
 	    find_debug(o, &file, path, dirs, &dbg, debug, len, s) == 0) {
 		walk(&w, dbg.syms, dbg.nsyms, dbg.strs, dbg.strsz, o->base, "debug file",
 		     !file.syms);
@@ -344,6 +403,7 @@ int symdef_find(const struct symdef_object *o, const char *path, struct symdef *
 	}
 	symfile_close(&file);
 	free(w.slot);
+out:
 	for (int i = 0; i < n; i++)
 		found += defs[i].addr != 0;
 	return found;

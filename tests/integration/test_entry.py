@@ -47,7 +47,7 @@ import pytest
 from resp import free_port
 from support.scenarios import jumped_out_and_released
 from support.server import lock_keys
-from support.util import CLI, TIMEOUT, TSAN, cc, shim_env, write_config
+from support.util import CLI, PRELOAD, TIMEOUT, TSAN, cc, shim_env, write_config
 
 DEBUG = 'log_level = "debug";\n'
 NO_LINGER = "defaults = { linger_ms = 0; };\n"
@@ -223,6 +223,8 @@ def ent(tmp_path_factory):
     p["threaded"] = cc(j("entry_threaded"), ["entry_static.c"], "-O2", "-L" + d,
                        "-Wl,-rpath," + d, "-Wl,--no-as-needed", "-lentry_thread")
     p["ipara"] = cc(j("entry_ipara"), ["entry_ipara.c"], "-O2")
+    p["ipara-sysv"] = cc(j("entry_ipara-sysv"), ["entry_ipara.c"], "-O2", "-rdynamic",
+                         "-Wl,--hash-style=sysv")
     p["libonce"] = cc(j("libentry_once.so"), ["entry_once_lib.c"], "-O2", "-shared", "-fPIC")
     p["once"] = cc(j("entry_once"), ["entry_once_main.c"], "-O2", "-rdynamic", "-L" + d,
                    "-Wl,-rpath," + d, "-lentry_once")
@@ -231,6 +233,7 @@ def ent(tmp_path_factory):
     p["jump-fortify"] = cc(j("entry_jump-fortify"), ["jump.c", "jump_main.c"], "-O2",
                            "-D_FORTIFY_SOURCE=2")
     p["plug"] = cc(j("entry_plug_main"), ["entry_plug_main.c"], "-O2", "-ldl")
+    p["opentrace"] = cc(j("libopentrace.so"), ["opentrace.c"], "-O2", "-shared", "-fPIC")
 
     # Stripped copies of entry_static (strip keeps the build-id note).
     for name, src in (("stripped", p["static"]), ("stripped-nopie", p["static-nopie"])):
@@ -590,6 +593,77 @@ def test_guarding_a_function_the_shim_uses_by_its_entry(progs, redis, tmp_path):
     assert patched(r.stderr, "write"), r.stderr
     assert acquires(r.stderr, "hold_call", "own:hold_call") >= 1, r.stderr
     assert acquires(r.stderr, "write", "own:write") >= 1, r.stderr
+
+
+def traced(ent):
+    """The environment that preloads progs/opentrace.c just ahead of the shim
+    (after a sanitizer's runtime): every open() the shim makes is written
+    to stderr as "opentrace: PATH"."""
+    parts = PRELOAD.split(":")
+    parts.insert(len(parts) - 1, ent["opentrace"])
+    return {"LD_PRELOAD": ":".join(parts)}
+
+
+def opened(stderr):
+    return [l.split(": ", 1)[1] for l in stderr.splitlines() if l.startswith("opentrace: ")]
+
+
+def test_executable_not_read_for_a_function_it_imports(ent, redis, tmp_path):
+    """Start-up that does not grow with the symbol table: with method auto,
+    a lock on a library function the executable imports (printf, an
+    undefined dynamic symbol of entry_static: it cannot define it) does not
+    open the executable's file to walk its .symtab; its calls are guarded
+    through relocations. Control: a lock on its static function opens it
+    (and the tracer sees the shim's opens at all)."""
+    prog = ent["static"]
+    assert re.search(r" UND printf@", tool("readelf", "--dyn-syms", "-W", prog))
+    cfg = write_config(tmp_path, redis, DEBUG + NO_LINGER + locks(lock("printf")))
+    r = go([prog], cfg, **traced(ent))
+    assert r.returncode == 0 and r.stdout == STATIC_OUT, r.stderr
+    assert acquires(r.stderr, "printf") == 3, r.stderr
+    files = opened(r.stderr)
+    assert "/proc/self/exe" not in files and prog not in files, files
+    cfg = write_config(tmp_path, redis, DEBUG + NO_LINGER + locks(lock("scale")))
+    r = go([prog], cfg, **traced(ent))
+    assert r.returncode == 0 and r.stdout == STATIC_OUT, r.stderr
+    assert acquires(r.stderr, "scale") == 3, r.stderr
+    assert "/proc/self/exe" in opened(r.stderr), r.stderr
+
+
+def test_executable_with_only_a_sysv_hash_table(ent, plain, redis, tmp_path):
+    """An executable with DT_HASH and no DT_GNU_HASH (--hash-style=sysv,
+    -rdynamic): its exported gmix is found through DT_HASH, its static mix
+    in its .symtab, both patched and guarded; printf, which it imports (an
+    undefined symbol in a DT_HASH chain), is guarded without its file being
+    opened."""
+    prog = ent["ipara-sysv"]
+    dyn = tool("readelf", "-d", prog)
+    assert "(HASH)" in dyn and "GNU_HASH" not in dyn, dyn
+    for symbol, source in (("gmix", "dynamic symbols"), ("mix", "symbol table")):
+        cfg = write_config(tmp_path, redis, DEBUG + NO_LINGER + locks(lock(symbol)))
+        r = go([prog], cfg)
+        assert r.returncode == 0 and r.stdout == plain["ipara"], r.stderr
+        assert re.search(r"%s: defined in %s at 0x[0-9a-f]+ \(%s\)" % (
+            symbol, re.escape(prog), source), r.stderr), r.stderr
+        assert acquires(r.stderr, symbol) == 6, r.stderr
+    cfg = write_config(tmp_path, redis, DEBUG + NO_LINGER + locks(lock("printf")))
+    r = go([prog], cfg, **traced(ent))
+    assert r.returncode == 0 and r.stdout == plain["ipara"], r.stderr
+    assert acquires(r.stderr, "printf") == 2, r.stderr
+    files = opened(r.stderr)
+    assert "/proc/self/exe" not in files and prog not in files, files
+
+
+def test_entry_of_an_imported_function_in_main_is_refused_saying_so(ent, redis, tmp_path):
+    """method = "entry" with object = "main" on a function the executable
+    imports: refused, and the object searched is marked "(imports it)"
+    (its static tables and debug files were not read for it), with no
+    debug-file clause."""
+    cfg = write_config(tmp_path, redis, locks(lock("printf", method="entry", object="main")))
+    r = go([ent["static"]], cfg)
+    refused(r, "printf", "not defined")
+    assert "(searched %s (imports it))" % ent["static"] in r.stderr, r.stderr
+    assert "debug file" not in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("method", ["entry", "auto"])
