@@ -2,14 +2,15 @@
 /*
  * golang.c - Go executables: only their cgo calls reach libc (golang.h).
  *
- * The Go linker writes its build information into every executable, linked
- * internally or by the C linker (cgo): a 16-byte-aligned blob beginning
- * "\xff Go buildinf:" in the writable section .go.buildinfo, which strip
- * keeps (Go's debug/buildinfo). It is looked for once: by that section of
- * /proc/self/exe (a few system calls, whatever the file's size), or, when
- * the file has no section headers, in memory in the executable's writable
- * PT_LOAD segments. A Go 1.18+ blob names the toolchain (flag 2: inline
- * after the 32-byte header). A cgo call site is a relocation naming the
+ * A Go executable is known by the note the go command always has its
+ * linker write, owner "Go", type 4 (the build ID, .note.go.buildid), in a
+ * PT_NOTE segment: read in memory, so other programs cost no file access.
+ * Its toolchain comes from the build information, a 16-byte-aligned blob
+ * beginning "\xff Go buildinf:" in the writable section .go.buildinfo,
+ * which strip keeps (Go's debug/buildinfo): by that section of
+ * /proc/self/exe, or, when the file has no section headers, in memory in
+ * the executable's writable PT_LOAD segments (a Go 1.18+ blob names the
+ * toolchain: flag 2, inline after the 32-byte header). A cgo call site is a relocation naming the
  * function in the executable or a library it needs (DT_NEEDED, directly or
  * not), libc aside: not a sanitizer runtime preloaded with the shim, nor
  * its libraries. Only the start-up report asks; static tables, no malloc.
@@ -28,7 +29,7 @@
 
 static const unsigned char magic[14] = "\xff Go buildinf:";
 static int looked;           /* the executable and libc were looked for */
-static int is_go;            /* the executable holds Go's build information */
+static int is_go;            /* the executable has Go's build-ID note */
 static int scan_memory;      /* its file told nothing: search its memory */
 static char version[40];     /* "go1.19.8", or "" when the blob names none */
 static uintptr_t libc_base;  /* libc's load bias, 0 when not found */
@@ -90,32 +91,55 @@ static void look_at_file(void)
 	}
 	scan_memory = ((const ElfW(Ehdr) *)f.map)->e_shnum == 0;
 	blob = symfile_section(&f, ".go.buildinfo", &size);
-	if (blob && size >= 32 && memcmp(blob, magic, sizeof(magic)) == 0) {
-		is_go = 1;
+	if (blob && size >= 32 && memcmp(blob, magic, sizeof(magic)) == 0)
 		read_version(blob, blob + size);
-	}
 	symfile_close(&f);
 }
 
-/* dl_iterate_phdr: the first object is the executable (searched in memory
- * with scan_memory); libc is the one whose file name begins "libc.so". */
+/* Returns whether the PT_NOTE segment ph of an object at base holds Go's
+ * build-ID note (owner "Go", type 4). */
+static int go_note(uintptr_t base, const ElfW(Phdr) *ph)
+{
+	const unsigned char *p = (const unsigned char *)(base + ph->p_vaddr), *end = p + ph->p_filesz;
+	size_t align = ph->p_align == 8 ? 8 : 4;
+
+	while ((size_t)(end - p) >= sizeof(ElfW(Nhdr))) {
+		const ElfW(Nhdr) *n = (const ElfW(Nhdr) *)p;
+		size_t name = (n->n_namesz + align - 1) & ~(align - 1);
+		size_t desc = (n->n_descsz + align - 1) & ~(align - 1);
+
+		if (n->n_type == 4 && (n->n_namesz == 3 || n->n_namesz == 4) &&
+		    memcmp(n + 1, "Go", 3) == 0) /* Go pads its name: 4 */
+			return 1;
+		if (name > (size_t)(end - p) || desc > (size_t)(end - p) - name ||
+		    sizeof(*n) > (size_t)(end - p) - name - desc)
+			return 0;
+		p += sizeof(*n) + name + desc;
+	}
+	return 0;
+}
+
+/* dl_iterate_phdr: the first object is the executable (its notes, and its
+ * writable segments when scan_memory asks); libc is the one whose file
+ * name begins "libc.so". */
 static int look_at(struct dl_phdr_info *info, size_t size, void *data)
 {
 	const char *name = info->dlpi_name ? info->dlpi_name : "", *base = strrchr(name, '/');
 	int *first = data;
 
 	(void)size;
-	for (int i = 0; *first && scan_memory && i < info->dlpi_phnum && !is_go; i++) {
+	for (int i = 0; *first && i < info->dlpi_phnum; i++) {
 		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
 		uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
 		const unsigned char *blob;
 
-		if (ph->p_type != PT_LOAD || (ph->p_flags & (PF_W | PF_X)) != PF_W)
+		if (ph->p_type == PT_NOTE && !is_go)
+			is_go = go_note(info->dlpi_addr, ph);
+		if (!scan_memory || version[0] || ph->p_type != PT_LOAD ||
+		    (ph->p_flags & (PF_W | PF_X)) != PF_W)
 			continue;
-		if ((blob = find_blob(lo, lo + ph->p_filesz))) {
-			is_go = 1;
+		if ((blob = find_blob(lo, lo + ph->p_filesz)))
 			read_version(blob, (const unsigned char *)(lo + ph->p_filesz));
-		}
 	}
 	*first = 0;
 	base = base ? base + 1 : name;
@@ -276,9 +300,12 @@ int golang_why(const char *name, char *why, size_t len)
 
 	if (!looked) {
 		looked = 1;
-		look_at_file();
 		dl_iterate_phdr(look_at, &first);
 		if (is_go) {
+			look_at_file();
+			first = scan_memory;
+			if (scan_memory)
+				dl_iterate_phdr(look_at, &first);
 			if (dladdr((void *)golang_why, &di))
 				self = (uintptr_t)di.dli_fbase;
 			dl_iterate_phdr(record, &self);
