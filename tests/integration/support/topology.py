@@ -339,13 +339,18 @@ class Cluster:
 
     def healthy(self):
         """Every live node says the cluster is ok with every slot served and
-        knows every live node; every live replica's link is up."""
+        knows every live node, and sees as many live primaries as there are
+        (gossip tells a node late that a new replica is not a primary any
+        more); every live replica's link is up."""
         try:
             for n in self.alive():
                 info = n.cluster_info()
                 if (info.get("cluster_state") != "ok" or
                         info.get("cluster_slots_ok") != str(NSLOTS) or
                         int(info.get("cluster_known_nodes", 0)) < len(self.nodes)):
+                    return False
+                if sum("master" in v["flags"] and "fail" not in v["flags"]
+                       for v in self.view(n)) != self.nprimaries:
                     return False
                 rep = n.info()
                 if rep["role"] == "slave" and rep.get("master_link_status") != "up":
