@@ -68,13 +68,6 @@ class Node(RedisServer):
     def client(self, timeout=2):
         return Resp(port=self.port, timeout=timeout, password=self.password)
 
-    def cmd(self, *args):
-        c = self.client()
-        try:
-            return c.cmd(*args)
-        finally:
-            c.close()
-
     def info(self, section="replication"):
         return dict(l.split(":", 1) for l in self.cmd("INFO", section).splitlines()
                     if ":" in l)
