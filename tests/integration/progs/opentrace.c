@@ -35,13 +35,4 @@ int open(const char *path, int flags, ...)
 	return fd;
 }
 
-int open64(const char *path, int flags, ...)
-{
-	va_list ap;
-	int fd;
-
-	va_start(ap, flags);
-	fd = traced(path, flags, ap);
-	va_end(ap);
-	return fd;
-}
+int open64(const char *path, int flags, ...) __attribute__((alias("open")));
