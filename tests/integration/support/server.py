@@ -5,23 +5,35 @@ by its pid when the test ends, its log printed when the test failed.
 """
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 
-from resp import Resp, free_port
+from resp import Resp
 from support.util import wait_for
 
 
 class RedisServer:
+    """A redis-server; until start() its port is held by a bound socket that
+    does not listen, so connections to it are refused (a server that is
+    down) and no other free_port() (another test process) takes it."""
+
     def __init__(self, password=None):
         self.dir = tempfile.mkdtemp(prefix="lsr")
         self.sock = os.path.join(self.dir, "redis.sock")
         self.log = os.path.join(self.dir, "redis.log")
-        self.port = free_port()
+        self.hold = socket.socket()
+        self.hold.bind(("127.0.0.1", 0))
+        self.port = self.hold.getsockname()[1]
         self.password = password
         self.proc = None
 
+    def unhold(self):
+        """Frees the port for the server about to start."""
+        self.hold.close()
+
     def start(self):
+        self.unhold()
         args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
                 "--unixsocket", self.sock, "--unixsocketperm", "700",
                 "--save", "", "--appendonly", "no", "--daemonize", "no",
@@ -71,6 +83,7 @@ class RedisServer:
             return ""
 
     def cleanup(self):
+        self.unhold()
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -58,6 +58,7 @@ class Node(RedisServer):
              if self.password else [])
 
     def start(self):
+        self.unhold()
         self.proc = subprocess.Popen(self.args(), stdin=subprocess.DEVNULL)
         wait_for(self._ready, what="%s on port %d" % (self.name, self.port))
         return self
