@@ -416,6 +416,87 @@ def test_primary_killed_and_replica_promoted(cluster, worker_progs, bg, tmp_path
     assert counter(path) == total or lost_lines(err), err[-3000:]
 
 
+NODE_TIMEOUT_MS = 1000  # support/topology.py's cluster-node-timeout
+FAILOVER_LEASE_MS = 6000
+
+
+def key_on(cluster, node, prefix):
+    """A lock key name (prefix<i>) whose slot node serves."""
+    for i in range(10000):
+        name = "%s%d" % (prefix, i)
+        if cluster.owner(keyslot(lock_key(name))) is node:
+            return name
+    raise AssertionError("no key of port %d" % node.port)
+
+
+def test_renewals_and_acquires_reach_the_promoted_primary(cluster, worker_progs, bg, tmp_path):
+    """H holds a lock (lease 6 s, renewed every 2 s; a failed renewal is
+    retried every 667 ms) on the primary that also serves "ledger", whose
+    counter 3 processes x 2 threads update; that primary is SIGKILLed and
+    its replica promoted. Measured from the moment the test sees the
+    promotion, H's renewals (the key's PTTL at the promoted node goes up)
+    and the workers' acquires (SETs there) reach the promoted node within
+    cluster-node-timeout + lease_ms/3 + 2 s; H never loses its lease (the
+    renewal thread, the only thing H does meanwhile, relearns the slot map
+    from a live node), and its release deletes the key there."""
+    slot = keyslot("ledger")
+    old = cluster.owner(slot)
+    replica = cluster.replica_of(old)
+    name = key_on(cluster, old, "h")
+    key = lock_key(name)
+    hcfg = cluster.config(tmp_path, BLK % (name, "lease_ms = %d; on_lost = \"log\";"
+                                           % FAILOVER_LEASE_MS), name="h.cfg")
+    wcfg = cluster.config(tmp_path, WORK % 30000, name="w.cfg")
+    bound = (NODE_TIMEOUT_MS + FAILOVER_LEASE_MS / 3 + 2000) / 1000 * MULT
+    path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
+    h = bg([worker_progs["block"]], hcfg)
+    h.expect("enter")
+    value = old.cmd("GET", key)
+    assert ":%d:" % h.p.pid in value
+    rc = replica.client()
+    try:
+        rc.cmd("READONLY")
+        wait_for(lambda: rc.cmd("GET", key) == value, what="the lock replicated")
+    finally:
+        rc.close()
+    try:
+        ws = start_workers(bg, worker_progs, wcfg, path, stop)
+        assert calls(old, "set") > 0
+        killed = time.monotonic()
+        old.kill()
+        new = wait_for(lambda: promoted(cluster, old, replica), timeout=30,
+                       what="the replica of port %d promoted" % old.port)
+        seen = time.monotonic()
+        new.cmd("CONFIG", "RESETSTAT")
+        ttl = new.cmd("PTTL", key)
+        assert ttl > 0, (ttl, h.stderr()[-3000:])
+        renewed = acquired = None
+        while time.monotonic() < seen + bound and not (renewed and acquired):
+            now = time.monotonic()
+            if not renewed and new.cmd("PTTL", key) > ttl + 100:
+                renewed = now
+            if not acquired and calls(new, "set") > 0:
+                acquired = now
+            time.sleep(0.02)
+        print("promoted %.2f s after the kill; renewed %s, acquired %s s after that"
+              % (seen - killed, renewed and round(renewed - seen, 2),
+                 acquired and round(acquired - seen, 2)))
+        assert renewed, ("no renewal at the promoted node within %.1f s" % bound,
+                         h.stderr()[-3000:])
+        assert acquired, "no acquire at the promoted node within %.1f s" % bound
+        assert new.cmd("GET", key) == value
+        traffic_reaches(new, path)
+    finally:
+        open(stop, "w").close()
+    total, err = finish_workers(ws, 30000)
+    assert counter(path) == total or lost_lines(err), err[-3000:]
+    h.send()
+    assert h.expect("call") == OK_LINE
+    assert h.wait() == 0
+    assert lost_lines(h.stderr()) == [], h.stderr()[-3000:]
+    wait_for(lambda: new.cmd("EXISTS", key) == 0, timeout=5, what="the release at the new primary")
+
+
 # ---- 5. waiting -----------------------------------------------------------------------
 
 def waiters_cfg(cluster, tmp_path, settings):
