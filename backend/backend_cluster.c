@@ -60,6 +60,7 @@ struct cluster_conn {
 	struct backend_conn *node[NODES_MAX]; /* backend_redis connections */
 	struct redos unsure;  /* unanswered commands of dropped node connections */
 	struct redos moved;   /* asynchronous commands a node redirected */
+	struct redos later;   /* send_moved's: those not sent again yet */
 	char errstr[320];
 };
 
@@ -391,8 +392,10 @@ static int redirected(struct cluster_conn *cc, const char *err, int *ask)
 }
 
 /*
- * Runs o on the node serving key: follows MOVED and ASK (HOPS_MAX at
- * most), retries TRYAGAIN and CLUSTERDOWN for up to command_timeout_ms.
+ * Runs o on the node serving key: follows MOVED and ASK (after HOPS_MAX
+ * hops, with a growing pause, until command_timeout_ms has passed; scripts
+ * after ASK go as EVAL: backend_redis_asked), retries TRYAGAIN and
+ * CLUSTERDOWN for up to command_timeout_ms.
  * Returns o's result, or BACKEND_ERR with errstr set; after an error other
  * than a retry running out, the map is learnt again (a failover, a node
  * gone).
@@ -418,7 +421,9 @@ static int on_slot(struct cluster_conn *cc, const char *key, size_t klen, struct
 		}
 		if (rep)
 			freeReplyObject(rep);
+		backend_redis_asked(nc, ask);
 		rc = o->run(nc, o);
+		backend_redis_asked(nc, 0);
 		backend_redis_redirected(nc, keep, &cc->moved);
 		if (rc != BACKEND_ERR)
 			return rc;
@@ -442,10 +447,16 @@ static int on_slot(struct cluster_conn *cc, const char *key, size_t klen, struct
 			node_drop(cc, cur);
 			break;
 		}
+		/* a slot moving again and again: followed, with a pause after
+		 * HOPS_MAX hops, until command_timeout_ms has passed */
 		if (++hops > HOPS_MAX) {
-			snprintf(cc->errstr, sizeof(cc->errstr), "more than %d redirections for %.*s",
-				 HOPS_MAX, (int)klen, key);
-			return BACKEND_ERR;
+			if (util_now_ms() >= deadline) {
+				snprintf(cc->errstr, sizeof(cc->errstr), "still redirected after %d "
+					 "redirections for %.*s", hops - 1, (int)klen, key);
+				return BACKEND_ERR;
+			}
+			util_sleep_ms(step);
+			step = step < 80 ? step * 2 : step;
 		}
 	}
 	if (refresh(cc->bc, err, sizeof(err)) != 0)
@@ -456,20 +467,40 @@ static int on_slot(struct cluster_conn *cc, const char *key, size_t klen, struct
 /*
  * Sends again, as leaves where their slots now live, the asynchronous
  * releases and leaves that nodes redirected (the token is forgotten: the
- * key deleted if it still holds it, the next waiter woken). One that fails
- * again is logged: its key expires with its lease.
+ * key deleted if it still holds it, the next waiter woken). Those that
+ * fail again are kept, to be sent at the connection's next operation or
+ * flush, or handed to the caller by unconfirmed() when it drops the
+ * connection (lock.c and renew.c then retry them until their lease ends):
+ * none is abandoned. Returns BACKEND_OK, or BACKEND_ERR when some are kept
+ * (errstr says why).
  */
-static void send_moved(struct cluster_conn *cc)
+static int send_moved(struct cluster_conn *cc)
 {
+	char why[sizeof(cc->errstr)] = "";
+
 	while (cc->moved.n > 0) {
 		struct backend_copy u = cc->moved.r[--cc->moved.n];
 		struct backend_item it = backend_copy_item(&u);
 		struct op o = { .run = run_leave, .it = &it, .fallback = run_unlock };
 
-		if (on_slot(cc, it.key, it.klen, &o) == BACKEND_ERR)
+		if (on_slot(cc, it.key, it.klen, &o) != BACKEND_ERR)
+			continue;
+		snprintf(why, sizeof(why), "%s", cc->errstr);
+		LOG(LOG_DEBUG, "cluster: release of %.*s not sent again yet: %s", (int)it.klen,
+		    it.key, why);
+		if (cc->later.n < REDO_MAX)
+			cc->later.r[cc->later.n++] = u;
+		else
 			LOG(LOG_ERROR, "release of %.*s could not be sent again: %s; it expires "
-			    "with its lease", (int)it.klen, it.key, cc->errstr);
+			    "with its lease", (int)it.klen, it.key, why);
 	}
+	memcpy(cc->moved.r, cc->later.r, sizeof(cc->later.r[0]) * (size_t)cc->later.n);
+	cc->moved.n = cc->later.n;
+	cc->later.n = 0;
+	if (!cc->moved.n)
+		return BACKEND_OK;
+	snprintf(cc->errstr, sizeof(cc->errstr), "%s", why);
+	return BACKEND_ERR;
 }
 
 /* Runs o on key's node, then sends the redirected commands again. */
@@ -597,7 +628,8 @@ static int cluster_flush(struct backend_conn *c)
 		}
 		backend_redis_redirected(cc->node[i], keep, &cc->moved);
 	}
-	send_moved(cc);
+	if (send_moved(cc) != BACKEND_OK)
+		rc = BACKEND_ERR;
 	return rc;
 }
 

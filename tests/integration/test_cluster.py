@@ -290,6 +290,101 @@ def test_slot_migrated_while_workers_run(cluster, worker_progs, bg, tmp_path):
              what="every lock key to be released")
 
 
+MIGRATION_LEASE_MS = 20000
+
+
+def rejected(node):
+    """How many commands node refused before running them (MOVED, ASK,
+    TRYAGAIN: INFO commandstats' rejected_calls, summed)."""
+    return sum(int(n) for n in re.findall(r"rejected_calls=(\d+)", node.cmd("INFO", "commandstats")))
+
+
+def test_release_during_a_migration_reaches_the_importing_node(cluster, worker_progs, bg,
+                                                               tmp_path):
+    """H holds "blk" (lease 20 s), W waits for it; the slot is set migrating
+    to a node whose script cache was flushed, and every key of the slot
+    moves there (SETSLOT NODE not yet sent). H's call ends: its release,
+    redirected by ASK, is sent again at the importing node (as EVAL after
+    ASKING: an EVALSHA there meets NOSCRIPT, and the EVAL sent again
+    without ASKING was sent back with MOVED, five times, and the release
+    abandoned). The key is gone from the target before the migration ends,
+    nothing is left to expire with its lease, and once the slot is the
+    target's W enters at once, not when H's lease ends."""
+    key = lock_key("blk")
+    slot = keyslot("blk")
+    source = cluster.owner(slot)
+    target = next(p for p in cluster.primaries() if p is not source)
+    cfg = cluster.config(tmp_path, BLK % ("blk", "lease_ms = %d;" % MIGRATION_LEASE_MS))
+    h = bg([worker_progs["block"]], cfg, LOCKSHIM_LOG_LEVEL="debug")
+    h.expect("enter")
+    w = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: source.cmd("ZCARD", key + ":q") == 1, what="W queued")
+    assert target.cmd("SCRIPT", "FLUSH") == "OK"
+    assert target.cmd("CLUSTER", "SETSLOT", slot, "IMPORTING", source.id) == "OK"
+    assert source.cmd("CLUSTER", "SETSLOT", slot, "MIGRATING", target.id) == "OK"
+    keys = source.cmd("CLUSTER", "GETKEYSINSLOT", slot, 100)
+    assert key in keys, keys
+    assert source.cmd("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys) == "OK"
+    h.send()
+    assert h.expect("call") == OK_LINE
+    assert h.wait() == 0
+    err = h.stderr()
+    assert "expires with its lease" not in err and "redirections" not in err, err[-3000:]
+    assert "cluster: ASK %d %s" % (slot, target.addr()) in err, err[-3000:]
+    c = target.client()
+    try:
+        c.cmd("ASKING")
+        assert c.cmd("EXISTS", key) == 0, "H's lock outlived H: %s" % err[-3000:]
+    finally:
+        c.close()
+    for p in [target, source] + [p for p in cluster.primaries() if p not in (source, target)]:
+        assert p.cmd("CLUSTER", "SETSLOT", slot, "NODE", target.id) == "OK"
+    moved = time.monotonic()
+    w.expect("enter", timeout=MIGRATION_LEASE_MS / 1000)
+    assert time.monotonic() - moved < 5 * MULT, "W waited for H's lease"
+    w.send()
+    assert w.expect("call") == OK_LINE
+    assert w.wait() == 0
+
+
+def test_slot_migrated_back_and_forth_under_load(cluster, worker_progs, bg, tmp_path):
+    """The slot of "ledger" moves between two primaries 6 times while 3
+    processes x 2 threads update its counter (lease 20 s, wait_ms 30 s);
+    before each move the target's script cache is flushed, and the keys
+    move once the source has refused some of the workers' commands (ASK or
+    TRYAGAIN: the move overlaps the traffic). No release is abandoned: none
+    gives up after too many redirections or is left to expire with its
+    lease, so no waiter waits for a lease to end (every call well under
+    lease_ms); counter exact."""
+    slot = keyslot("ledger")
+    a = cluster.owner(slot)
+    b = next(p for p in cluster.primaries() if p is not a)
+    cfg = cluster.config(tmp_path, 'locks = ( { symbol = "ledger_update"; key = "ledger"; '
+                         'lease_ms = %d; wait_ms = 30000; on_timeout = "skip"; return = -7; } );\n'
+                         % MIGRATION_LEASE_MS)
+    path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
+    try:
+        ws = start_workers(bg, worker_progs, cfg, path, stop, procs=3, threads=2)
+        for i in range(6):
+            source, target = (a, b) if i % 2 == 0 else (b, a)
+            assert target.cmd("SCRIPT", "FLUSH") == "OK"
+            before = rejected(source)
+            migrate_slot(cluster, slot, source, target, between=lambda: wait_for(
+                lambda: rejected(source) > before, timeout=20,
+                what="commands refused by port %d during move %d" % (source.port, i + 1)))
+            traffic_reaches(target, path)
+    finally:
+        open(stop, "w").close()
+    # every call within half the lease (+ finish_workers' margin): none waited for a lease to end
+    total, err = finish_workers(ws, MIGRATION_LEASE_MS // 2)
+    assert "redirections" not in err, err[-3000:]
+    assert "expires with its lease" not in err, err[-3000:]
+    assert counter(path) == total, err[-3000:]
+    assert lost_lines(err) == [], err[-3000:]
+    wait_for(lambda: all(v == [] for v in cluster.keys().values()), timeout=10,
+             what="every lock key to be released")
+
+
 def test_slot_migration_is_logged_at_debug_level(cluster, worker_progs, bg, tmp_path):
     """The same migration with LOCKSHIM_LOG_LEVEL=debug: the workers log
     "cluster: ASK <slot> <target>" while the slot is migrating and
