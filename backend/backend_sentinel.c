@@ -2,17 +2,15 @@
 /*
  * backend_sentinel.c - a primary managed by Redis Sentinel (backend.h).
  *
- * Finds the primary as the Sentinel client guidelines say: each sentinel
- * in turn (starting with the one that answered last), within the connect
- * and command timeouts, is asked `SENTINEL get-master-addr-by-name`; the
- * address it gives is connected to (with the data nodes' password, db and
- * TLS) and must answer `ROLE` with "master", or the next sentinel is
- * asked. The address found is kept for the next connection, which checks
- * ROLE again. Everything a connection does afterwards is backend_redis.c's
- * (the table below lists its operations): any error there, a READONLY
- * reply from a demoted primary included, drops the connection in lock.c
- * or renew.c, and the next one is resolved again, so no connection keeps
- * writing to a node that became a replica.
+ * Every connection finds the primary as the Sentinel client guidelines
+ * say: the sentinels in turn (the one that answered last first), within
+ * the connect and command timeouts, are asked `SENTINEL
+ * get-master-addr-by-name`, and the address given must answer `ROLE` with
+ * "master". The address found last is tried only when no sentinel answers:
+ * after a failover it may answer as a primary again (the old one restarted
+ * empty, or another server on its port). Everything else is backend_redis.c's:
+ * any error, a READONLY reply from a demoted primary included, drops the
+ * connection in lock.c or renew.c, and the next one is resolved again.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -150,23 +148,27 @@ static struct backend_conn *primary(const struct redis_spec *r, const char *host
 	return c;
 }
 
+/*
+ * Returns a connection to the primary the sentinels name (asked in turn,
+ * the one that answered last first), checked with ROLE; when no sentinel
+ * answers, to the primary found last if it still says it is one. NULL
+ * with every sentinel's reason in err.
+ */
 static struct backend_conn *sentinel_open(const struct backend_config *cbc, char *err,
 					  size_t errlen)
 {
 	struct backend_config *bc = (struct backend_config *)cbc;
 	const struct redis_spec *r = bc->r;
-	char host[256], why[320] = "";
+	char host[256], last[256], why[320] = "";
 	struct backend_conn *c;
-	int port, n = 0, first;
+	int port, last_port, n = 0, first, answered = 0;
 	size_t used = 0;
 
 	pthread_mutex_lock(&bc->mu);
-	snprintf(host, sizeof(host), "%s", bc->host);
-	port = bc->port;
+	snprintf(last, sizeof(last), "%s", bc->host);
+	last_port = bc->port;
 	first = bc->next;
 	pthread_mutex_unlock(&bc->mu);
-	if (host[0] && (c = primary(r, host, port, why, sizeof(why))))
-		return c;
 	while (r->sentinels[n])
 		n++;
 	used = (size_t)snprintf(err, errlen, "no primary for \"%s\" through the sentinels:",
@@ -182,6 +184,7 @@ static struct backend_conn *sentinel_open(const struct backend_config *cbc, char
 							 r->sentinels[i], room > 8 ? room : 8, why);
 			continue;
 		}
+		answered = 1;
 		if ((c = primary(r, host, port, why, sizeof(why)))) {
 			pthread_mutex_lock(&bc->mu);
 			if (strcmp(bc->host, host) != 0 || bc->port != port)
@@ -196,6 +199,11 @@ static struct backend_conn *sentinel_open(const struct backend_config *cbc, char
 		if (used < errlen)
 			used += (size_t)snprintf(err + used, errlen - used, " %s gave %s:%d: %.*s;",
 						 r->sentinels[i], host, port, room > 8 ? room : 8, why);
+	}
+	if (!answered && last[0] && (c = primary(r, last, last_port, why, sizeof(why)))) {
+		LOG(LOG_WARN, "no sentinel answered; using %s:%d, the primary of \"%s\" found "
+		    "last, which still says it is one", last, last_port, r->master_name);
+		return c;
 	}
 	pthread_mutex_lock(&bc->mu);
 	bc->host[0] = 0;
