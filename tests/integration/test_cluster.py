@@ -23,10 +23,14 @@ workload and its programs support/workers.py's.
    slot: ASK followed during the migration, MOVED after it, counter exact,
    no call fails or hangs; a lease held while its key migrates follows it
    (renewed at the target, released there); a lease lost is reported by
-   on_lost with the cluster key;
+   on_lost with the cluster key; a release during a migration reaches the
+   importing node (after ASK, through a flushed script cache), and six
+   back-and-forth migrations under load abandon no release;
 4. a primary SIGKILLed and its replica promoted while workers run: no
    program dies, no call fails or hangs beyond wait_ms, the counter is
-   exact unless a lost lease was reported;
+   exact unless a lost lease was reported; a held lease's renewals and the
+   workers' acquires reach the promoted node within cluster-node-timeout
+   + lease_ms/3 + 2 s of the promotion;
 5. fair mode orders waiters by arrival; a waiter is woken by the release,
    not by its retry_max_ms re-check;
 6. `lockshim check` self-tests every primary and names each; with a primary

@@ -12,7 +12,10 @@ nodes, never by sleeping.
 
 1. exclusion holds through a `SENTINEL FAILOVER` (wait_replicas = 2) and
    through a SIGKILL of the primary (wait_replicas = 1): counters exact,
-   nobody dies or hangs, the traffic moves to the new primary;
+   nobody dies or hangs, the traffic moves to the new primary, where calls
+   complete within 2 s of a sentinel naming it; a process idle through the
+   failover takes its next lock on the new primary, not at the old
+   primary's address answering again;
 2. a lease lost by a failover is reported by on_lost, and the release
    leaves another owner's key alone; a lease kept through a failover is
    released on the new primary, where a waiter re-queued gets it at once;
