@@ -186,7 +186,7 @@ static int refresh(struct backend_config *bc, char *err, size_t errlen)
 {
 	const struct redis_spec *r = bc->r;
 	short *slot = malloc(sizeof(short) * SLOTS);
-	int nseeds = 0, n = 0, rc = -1;
+	int nseeds = 0, n = 0, known = 0, rc = -1;
 	struct node *cand = NULL;
 	size_t used;
 
@@ -198,7 +198,7 @@ static int refresh(struct backend_config *bc, char *err, size_t errlen)
 	}
 	pthread_mutex_lock(&bc->mu);
 	memcpy(cand, bc->nodes, sizeof(*cand) * (size_t)bc->nnodes);
-	n = bc->nnodes;
+	n = known = bc->nnodes; /* cand[i] is bc->nodes[i] for i < known */
 	pthread_mutex_unlock(&bc->mu);
 	for (int i = 0; i < nseeds; i++) {
 		struct node sd = { .down = 0 };
@@ -219,6 +219,7 @@ static int refresh(struct backend_config *bc, char *err, size_t errlen)
 			if (cand[i].down != pass)
 				continue;
 			if (ask_slots(bc, cand[i].host, cand[i].port, slot, why, sizeof(why)) == 0) {
+				node_mark(bc, i < known ? i : -1, 0);
 				pthread_mutex_lock(&bc->mu);
 				memcpy(bc->slot, slot, sizeof(short) * SLOTS);
 				bc->mapped = 1;
@@ -228,6 +229,7 @@ static int refresh(struct backend_config *bc, char *err, size_t errlen)
 				rc = 0;
 				goto out;
 			}
+			node_mark(bc, i < known ? i : -1, 1);
 			if (used < errlen)
 				used += (size_t)snprintf(err + used, errlen - used, " %s:%d: %s;",
 							 cand[i].host, cand[i].port, why);
@@ -421,9 +423,11 @@ static int on_slot(struct cluster_conn *cc, const char *key, size_t klen, struct
 		}
 		if (rep)
 			freeReplyObject(rep);
-		backend_redis_asked(nc, ask);
+		if (ask)
+			backend_redis_asked(nc, 1);
 		rc = o->run(nc, o);
-		backend_redis_asked(nc, 0);
+		if (ask)
+			backend_redis_asked(nc, 0);
 		backend_redis_redirected(nc, keep, &cc->moved);
 		if (rc != BACKEND_ERR)
 			return rc;
