@@ -10,15 +10,16 @@
  * there: only nodes serving the program's locks are connected. Every lock
  * is one hash slot (key.c writes "<namespace>:{<key>}" and backend_redis's
  * queue keys add suffixes after the brace), so each operation is
- * backend_redis's on one node, wrapped in on_slot: MOVED updates the slot
- * and refreshes the map, ASK sends ASKING and asks the other node once,
+ * backend_redis's on one node, wrapped in on_slot: MOVED updates the slot,
+ * ASK sends ASKING and asks the other node once (scripts as EVAL),
  * TRYAGAIN and CLUSTERDOWN are retried for up to command_timeout_ms (a
  * release or leave meeting TRYAGAIN, its keys split by a migration,
- * deletes the lock key alone instead, waking nobody). A
- * transport error refreshes the map (a failover) and is returned, which
- * drops the whole connection in lock.c or renew.c. Renewals are batched
- * per node. Asynchronous releases that a node redirects (a slot that
- * moved) are sent again, as leaves, where the slot now lives.
+ * deletes the lock key alone instead, waking nobody). A transport error
+ * relearns the map (a failover; nodes that failed last asked last) and is
+ * returned, which drops the whole connection in lock.c or renew.c.
+ * Renewals are batched per node; a batch whose node is gone is renewed
+ * where the relearnt map says. Asynchronous releases that a node redirects
+ * are sent again, as leaves, where the slot now lives, and kept until sent.
  */
 #include <pthread.h>
 #include <stdio.h>
