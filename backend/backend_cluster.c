@@ -10,15 +10,16 @@
  * there: only nodes serving the program's locks are connected. Every lock
  * is one hash slot (key.c writes "<namespace>:{<key>}" and backend_redis's
  * queue keys add suffixes after the brace), so each operation is
- * backend_redis's on one node, wrapped in on_slot: MOVED updates the slot
- * and refreshes the map, ASK sends ASKING and asks the other node once,
+ * backend_redis's on one node, wrapped in on_slot: MOVED updates the slot,
+ * ASK sends ASKING and asks the other node once (scripts as EVAL),
  * TRYAGAIN and CLUSTERDOWN are retried for up to command_timeout_ms (a
  * release or leave meeting TRYAGAIN, its keys split by a migration,
- * deletes the lock key alone instead, waking nobody). A
- * transport error refreshes the map (a failover) and is returned, which
- * drops the whole connection in lock.c or renew.c. Renewals are batched
- * per node. Asynchronous releases that a node redirects (a slot that
- * moved) are sent again, as leaves, where the slot now lives.
+ * deletes the lock key alone instead, waking nobody). A transport error
+ * relearns the map (a failover; nodes that failed last asked last) and is
+ * returned, which drops the whole connection in lock.c or renew.c.
+ * Renewals are batched per node; a batch whose node is gone is renewed
+ * where the relearnt map says. Asynchronous releases that a node redirects
+ * are sent again, as leaves, where the slot now lives, and kept until sent.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -37,6 +38,7 @@
 struct node {
 	char host[256];
 	int port;
+	int down;  /* the last connection or command to it failed */
 };
 
 struct backend_config {
@@ -59,6 +61,7 @@ struct cluster_conn {
 	struct backend_conn *node[NODES_MAX]; /* backend_redis connections */
 	struct redos unsure;  /* unanswered commands of dropped node connections */
 	struct redos moved;   /* asynchronous commands a node redirected */
+	struct redos later;   /* send_moved's: those not sent again yet */
 	char errstr[320];
 };
 
@@ -104,7 +107,20 @@ static int node_index(struct backend_config *bc, const char *host, int port)
 		return -1;
 	snprintf(bc->nodes[bc->nnodes].host, sizeof(bc->nodes[0].host), "%s", host);
 	bc->nodes[bc->nnodes].port = port;
+	bc->nodes[bc->nnodes].down = 0;
 	return bc->nnodes++;
+}
+
+/* Records whether node i (of bc's nodes; -1: none) just failed (down) or
+ * answered: a map is asked of the nodes not down first. */
+static void node_mark(struct backend_config *bc, int i, int down)
+{
+	if (i < 0)
+		return;
+	pthread_mutex_lock(&bc->mu);
+	if (i < bc->nnodes)
+		bc->nodes[i].down = down;
+	pthread_mutex_unlock(&bc->mu);
 }
 
 /*
@@ -161,55 +177,64 @@ out:
 }
 
 /*
- * Learns the map again: from the nodes known (first), then the seeds.
- * Returns 0, or -1 with every node's reason in err.
+ * Learns the map again, from the first node that answers CLUSTER SLOTS:
+ * the nodes known and then the seeds, those that failed last (a primary
+ * just killed) after all the others, so that a dead node costs one
+ * attempt at most and only when no live node answers. Returns 0, or -1
+ * with every node's reason in err.
  */
 static int refresh(struct backend_config *bc, char *err, size_t errlen)
 {
 	const struct redis_spec *r = bc->r;
 	short *slot = malloc(sizeof(short) * SLOTS);
-	struct node *tried = calloc(NODES_MAX, sizeof(*tried));
-	int ntried = 0, nseeds = 0, rc = -1;
+	int nseeds = 0, n = 0, known = 0, rc = -1;
+	struct node *cand = NULL;
 	size_t used;
 
-	if (!slot || !tried) {
+	while (r->cluster[nseeds])
+		nseeds++;
+	if (!slot || !(cand = calloc((size_t)(NODES_MAX + nseeds), sizeof(*cand)))) {
 		snprintf(err, errlen, "out of memory");
 		goto out;
 	}
-	while (r->cluster[nseeds])
-		nseeds++;
-	used = (size_t)snprintf(err, errlen, "no slot map from the cluster:");
-	for (int i = 0; i < NODES_MAX + nseeds; i++) {
-		struct node n;
-		char why[256];
-		int known;
+	pthread_mutex_lock(&bc->mu);
+	memcpy(cand, bc->nodes, sizeof(*cand) * (size_t)bc->nnodes);
+	n = known = bc->nnodes; /* cand[i] is bc->nodes[i] for i < known */
+	pthread_mutex_unlock(&bc->mu);
+	for (int i = 0; i < nseeds; i++) {
+		struct node sd = { .down = 0 };
+		int k = 0;
 
-		pthread_mutex_lock(&bc->mu);
-		known = bc->nnodes;
-		if (i < known)
-			n = bc->nodes[i];
-		pthread_mutex_unlock(&bc->mu);
-		if (i >= known && (i - known >= nseeds ||
-		    backend_redis_split_addr(r->cluster[i - known], n.host, sizeof(n.host), &n.port) != 0))
-			break;
-		for (int k = 0; k < ntried; k++)
-			if (tried[k].port == n.port && strcmp(tried[k].host, n.host) == 0)
-				goto next;
-		if (ntried < NODES_MAX)
-			tried[ntried++] = n;
-		if (ask_slots(bc, n.host, n.port, slot, why, sizeof(why)) == 0) {
-			pthread_mutex_lock(&bc->mu);
-			memcpy(bc->slot, slot, sizeof(short) * SLOTS);
-			bc->mapped = 1;
-			pthread_mutex_unlock(&bc->mu);
-			LOG(LOG_DEBUG, "cluster: slot map from %s:%d", n.host, n.port);
-			rc = 0;
-			goto out;
+		if (backend_redis_split_addr(r->cluster[i], sd.host, sizeof(sd.host), &sd.port) != 0)
+			continue;
+		while (k < n && !(cand[k].port == sd.port && strcmp(cand[k].host, sd.host) == 0))
+			k++;
+		if (k == n)
+			cand[n++] = sd;
+	}
+	used = (size_t)snprintf(err, errlen, "no slot map from the cluster:");
+	for (int pass = 0; pass < 2; pass++) {
+		for (int i = 0; i < n; i++) {
+			char why[256];
+
+			if (cand[i].down != pass)
+				continue;
+			if (ask_slots(bc, cand[i].host, cand[i].port, slot, why, sizeof(why)) == 0) {
+				node_mark(bc, i < known ? i : -1, 0);
+				pthread_mutex_lock(&bc->mu);
+				memcpy(bc->slot, slot, sizeof(short) * SLOTS);
+				bc->mapped = 1;
+				pthread_mutex_unlock(&bc->mu);
+				LOG(LOG_DEBUG, "cluster: slot map from %s:%d", cand[i].host,
+				    cand[i].port);
+				rc = 0;
+				goto out;
+			}
+			node_mark(bc, i < known ? i : -1, 1);
+			if (used < errlen)
+				used += (size_t)snprintf(err + used, errlen - used, " %s:%d: %s;",
+							 cand[i].host, cand[i].port, why);
 		}
-		if (used < errlen)
-			used += (size_t)snprintf(err + used, errlen - used, " %s:%d: %s;", n.host,
-						 n.port, why);
-next:;
 	}
 	if (used >= errlen)
 		used = errlen - 1;
@@ -217,7 +242,7 @@ next:;
 		err[used - 1] = 0;
 out:
 	free(slot);
-	free(tried);
+	free(cand);
 	return rc;
 }
 
@@ -261,6 +286,7 @@ static void node_drop(struct cluster_conn *cc, int i)
 {
 	if (!cc->node[i])
 		return;
+	node_mark(cc->bc, i, 1);
 	backend_redis_unconfirmed(cc->node[i], keep, &cc->unsure);
 	backend_redis_close(cc->node[i]);
 	cc->node[i] = NULL;
@@ -286,6 +312,7 @@ static struct backend_conn *node_conn(struct cluster_conn *cc, int i)
 	if (!cc->node[i])
 		snprintf(cc->errstr, sizeof(cc->errstr), "node %.64s:%d: %.240s", n.host, n.port,
 			 err);
+	node_mark(cc->bc, i, !cc->node[i]);
 	return cc->node[i];
 }
 
@@ -368,8 +395,10 @@ static int redirected(struct cluster_conn *cc, const char *err, int *ask)
 }
 
 /*
- * Runs o on the node serving key: follows MOVED and ASK (HOPS_MAX at
- * most), retries TRYAGAIN and CLUSTERDOWN for up to command_timeout_ms.
+ * Runs o on the node serving key: follows MOVED and ASK (after HOPS_MAX
+ * hops, with a growing pause, until command_timeout_ms has passed; scripts
+ * after ASK go as EVAL: backend_redis_asked), retries TRYAGAIN and
+ * CLUSTERDOWN for up to command_timeout_ms.
  * Returns o's result, or BACKEND_ERR with errstr set; after an error other
  * than a retry running out, the map is learnt again (a failover, a node
  * gone).
@@ -395,7 +424,11 @@ static int on_slot(struct cluster_conn *cc, const char *key, size_t klen, struct
 		}
 		if (rep)
 			freeReplyObject(rep);
+		if (ask)
+			backend_redis_asked(nc, 1);
 		rc = o->run(nc, o);
+		if (ask)
+			backend_redis_asked(nc, 0);
 		backend_redis_redirected(nc, keep, &cc->moved);
 		if (rc != BACKEND_ERR)
 			return rc;
@@ -419,10 +452,16 @@ static int on_slot(struct cluster_conn *cc, const char *key, size_t klen, struct
 			node_drop(cc, cur);
 			break;
 		}
+		/* a slot moving again and again: followed, with a pause after
+		 * HOPS_MAX hops, until command_timeout_ms has passed */
 		if (++hops > HOPS_MAX) {
-			snprintf(cc->errstr, sizeof(cc->errstr), "more than %d redirections for %.*s",
-				 HOPS_MAX, (int)klen, key);
-			return BACKEND_ERR;
+			if (util_now_ms() >= deadline) {
+				snprintf(cc->errstr, sizeof(cc->errstr), "still redirected after %d "
+					 "redirections for %.*s", hops - 1, (int)klen, key);
+				return BACKEND_ERR;
+			}
+			util_sleep_ms(step);
+			step = step < 80 ? step * 2 : step;
 		}
 	}
 	if (refresh(cc->bc, err, sizeof(err)) != 0)
@@ -433,20 +472,40 @@ static int on_slot(struct cluster_conn *cc, const char *key, size_t klen, struct
 /*
  * Sends again, as leaves where their slots now live, the asynchronous
  * releases and leaves that nodes redirected (the token is forgotten: the
- * key deleted if it still holds it, the next waiter woken). One that fails
- * again is logged: its key expires with its lease.
+ * key deleted if it still holds it, the next waiter woken). Those that
+ * fail again are kept, to be sent at the connection's next operation or
+ * flush, or handed to the caller by unconfirmed() when it drops the
+ * connection (lock.c and renew.c then retry them until their lease ends):
+ * none is abandoned. Returns BACKEND_OK, or BACKEND_ERR when some are kept
+ * (errstr says why).
  */
-static void send_moved(struct cluster_conn *cc)
+static int send_moved(struct cluster_conn *cc)
 {
+	char why[sizeof(cc->errstr)] = "";
+
 	while (cc->moved.n > 0) {
 		struct backend_copy u = cc->moved.r[--cc->moved.n];
 		struct backend_item it = backend_copy_item(&u);
 		struct op o = { .run = run_leave, .it = &it, .fallback = run_unlock };
 
-		if (on_slot(cc, it.key, it.klen, &o) == BACKEND_ERR)
+		if (on_slot(cc, it.key, it.klen, &o) != BACKEND_ERR)
+			continue;
+		snprintf(why, sizeof(why), "%s", cc->errstr);
+		LOG(LOG_DEBUG, "cluster: release of %.*s not sent again yet: %s", (int)it.klen,
+		    it.key, why);
+		if (cc->later.n < REDO_MAX)
+			cc->later.r[cc->later.n++] = u;
+		else
 			LOG(LOG_ERROR, "release of %.*s could not be sent again: %s; it expires "
-			    "with its lease", (int)it.klen, it.key, cc->errstr);
+			    "with its lease", (int)it.klen, it.key, why);
 	}
+	memcpy(cc->moved.r, cc->later.r, sizeof(cc->later.r[0]) * (size_t)cc->later.n);
+	cc->moved.n = cc->later.n;
+	cc->later.n = 0;
+	if (!cc->moved.n)
+		return BACKEND_OK;
+	snprintf(cc->errstr, sizeof(cc->errstr), "%s", why);
+	return BACKEND_ERR;
 }
 
 /* Runs o on key's node, then sends the redirected commands again. */
@@ -574,7 +633,8 @@ static int cluster_flush(struct backend_conn *c)
 		}
 		backend_redis_redirected(cc->node[i], keep, &cc->moved);
 	}
-	send_moved(cc);
+	if (send_moved(cc) != BACKEND_OK)
+		rc = BACKEND_ERR;
 	return rc;
 }
 
@@ -604,9 +664,13 @@ static void cluster_unconfirmed(struct backend_conn *c,
 
 /*
  * Renews n leases, one batch (one round trip) per node. Items a node
- * redirected are renewed one by one where they now live. Returns
- * BACKEND_OK, or BACKEND_ERR when a node could not answer (the other
- * nodes' batches are still sent).
+ * redirected are renewed one by one where they now live. When a node
+ * cannot be reached (a primary killed), the map is learnt again from a
+ * live node (once per call), and that node's items whose slots now live
+ * elsewhere (its promoted replica) are renewed there: the renewal thread,
+ * which may be all that runs in a process holding a lock, reaches a
+ * promoted primary by itself. Returns BACKEND_OK, or BACKEND_ERR when a
+ * node could not answer (the other nodes' batches are still sent).
  */
 static int cluster_renew(struct backend_conn *c, int n, const struct backend_item *items,
 			 int *results)
@@ -614,6 +678,7 @@ static int cluster_renew(struct backend_conn *c, int n, const struct backend_ite
 	struct cluster_conn *cc = CC(c);
 	struct backend_item *batch = malloc(sizeof(*batch) * (size_t)(n ? n : 1));
 	int *where = malloc(sizeof(int) * (size_t)(n ? n : 1) * 2), *res, rc = BACKEND_OK;
+	int refreshed = 0;
 	enum { DONE = -2 }; /* where[]: renewed with its node's batch */
 
 	if (!batch || !where) {
@@ -626,7 +691,7 @@ static int cluster_renew(struct backend_conn *c, int n, const struct backend_ite
 	for (int i = 0; i < n; i++)
 		where[i] = route(cc, items[i].key, items[i].klen);
 	for (int i = 0; i < n; i++) {
-		int node = where[i], m = 0, brc = BACKEND_ERR, redir = 0, ask;
+		int node = where[i], m = 0, brc = BACKEND_ERR, redir = 0, ask, gone;
 		struct backend_conn *nc;
 
 		if (node == DONE)
@@ -647,6 +712,15 @@ static int cluster_renew(struct backend_conn *c, int n, const struct backend_ite
 			if (!redir)
 				node_drop(cc, node);
 		}
+		/* unreachable: where do its slots live now? */
+		gone = brc == BACKEND_ERR && !redir;
+		if (gone && !refreshed) {
+			char err[256];
+
+			refreshed = 1;
+			if (refresh(cc->bc, err, sizeof(err)) != 0)
+				LOG(LOG_DEBUG, "cluster: %s", err);
+		}
 		for (int k = i, j = 0; k < n; k++) {
 			struct op o = { .run = run_renew, .it = &items[k] };
 
@@ -654,7 +728,8 @@ static int cluster_renew(struct backend_conn *c, int n, const struct backend_ite
 				continue;
 			where[k] = DONE;
 			results[k] = res[j++];
-			if (results[k] == BACKEND_ERR && redir)
+			if (results[k] == BACKEND_ERR &&
+			    (redir || (gone && route(cc, items[k].key, items[k].klen) != node)))
 				results[k] = on_slot(cc, items[k].key, items[k].klen, &o) ==
 					     BACKEND_ERR ? BACKEND_ERR : o.result;
 			if (results[k] == BACKEND_ERR)

@@ -236,6 +236,7 @@ struct backend_conn {
 	int one_of_many;    /* backend_redis_one_of_many */
 	int wait_ms;        /* redis.wait_replicas_ms */
 	int set_get;        /* the last SET NX appended has GET */
+	int asked;          /* backend_redis_asked: scripts go as EVAL */
 	int npending;
 	struct pending pend[PENDING_MAX];
 	int nredirected;    /* asynchronous commands a cluster node sent elsewhere */
@@ -719,7 +720,7 @@ static int append_script(struct backend_conn *c, enum script s,
 	struct resp r;
 
 	resp_start(&r, 4 + nkeys + nargs);
-	if (eval) {
+	if (eval || c->asked) {
 		resp_arg(&r, "EVAL", 4);
 		resp_arg(&r, scripts[s], strlen(scripts[s]));
 	} else {
@@ -743,6 +744,11 @@ static int is_noscript(const redisReply *r)
 void backend_redis_one_of_many(struct backend_conn *c)
 {
 	c->one_of_many = 1;
+}
+
+void backend_redis_asked(struct backend_conn *c, int on)
+{
+	c->asked = on;
 }
 
 int backend_redis_is_redirect(const char *err)

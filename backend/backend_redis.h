@@ -42,6 +42,12 @@ struct backend_conn *backend_redis_connect(const struct redis_spec *r,
  * finds the key not ours there is no news, logged at debug, not warn. */
 void backend_redis_one_of_many(struct backend_conn *c);
 
+/* Says whether c's next commands follow an ASK redirection (on: 1), after
+ * an ASKING: their scripts then go as EVAL, never EVALSHA, since the EVAL
+ * sent again after a NOSCRIPT would come without the ASKING (which covers
+ * one command) and the importing node would send it back with MOVED. */
+void backend_redis_asked(struct backend_conn *c, int on);
+
 /* Sends one command of argc strings and returns its reply (the caller
  * frees it with freeReplyObject), or NULL (the reason in the ops'
  * errstr). */

@@ -2,17 +2,16 @@
 /*
  * backend_sentinel.c - a primary managed by Redis Sentinel (backend.h).
  *
- * Finds the primary as the Sentinel client guidelines say: each sentinel
- * in turn (starting with the one that answered last), within the connect
- * and command timeouts, is asked `SENTINEL get-master-addr-by-name`; the
- * address it gives is connected to (with the data nodes' password, db and
- * TLS) and must answer `ROLE` with "master", or the next sentinel is
- * asked. The address found is kept for the next connection, which checks
- * ROLE again. Everything a connection does afterwards is backend_redis.c's
- * (the table below lists its operations): any error there, a READONLY
- * reply from a demoted primary included, drops the connection in lock.c
- * or renew.c, and the next one is resolved again, so no connection keeps
- * writing to a node that became a replica.
+ * Finds the primary as the Sentinel client guidelines say: the sentinels in
+ * turn (the one that answered last first), within the connect and command
+ * timeouts, are asked `SENTINEL get-master-addr-by-name`; the address given
+ * must answer `ROLE` with "master". The address found is kept for the next
+ * connection, which checks ROLE again, and its replication offset: the same
+ * server's only grows, so a server that answers there after a restart (the
+ * old primary, empty, before the sentinels make it a replica) is not
+ * trusted and the sentinels are asked. Everything else is backend_redis.c's:
+ * any error, a READONLY reply from a demoted primary included, drops the
+ * connection in lock.c or renew.c, and the next one is resolved again.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -27,6 +26,7 @@ struct backend_config {
 	pthread_mutex_t mu;      /* guards what follows */
 	char host[256];          /* the primary found last; "" none */
 	int port;
+	long long offset;        /* its replication offset, the highest seen */
 	int next;                /* the sentinel to ask first */
 };
 
@@ -113,11 +113,13 @@ static int ask(const struct redis_spec *r, int i, char *host, size_t len, int *p
 }
 
 /*
- * Connects to host:port and checks with ROLE that it is a primary. Returns
- * the connection, or NULL with the reason in why.
+ * Connects to host:port and checks with ROLE that it is a primary whose
+ * replication offset is at least *offset (the one a server of that address
+ * had: a lower one is another server, or the same restarted); sets *offset
+ * to its offset. Returns the connection, or NULL with the reason in why.
  */
 static struct backend_conn *primary(const struct redis_spec *r, const char *host, int port,
-				    char *why, size_t whylen)
+				    long long *offset, char *why, size_t whylen)
 {
 	const char *argv[] = { "ROLE" };
 	struct redis_endpoint ep = { host, port, NULL, r->username, r->password, r->db,
@@ -132,15 +134,24 @@ static struct backend_conn *primary(const struct redis_spec *r, const char *host
 		return NULL;
 	}
 	rep = backend_redis_command(c, 1, argv);
-	ok = rep && rep->type == REDIS_REPLY_ARRAY && rep->elements > 0 &&
+	ok = rep && rep->type == REDIS_REPLY_ARRAY && rep->elements > 1 &&
 	     rep->element[0]->type == REDIS_REPLY_STRING &&
-	     strcmp(rep->element[0]->str, "master") == 0;
-	if (!ok)
+	     strcmp(rep->element[0]->str, "master") == 0 &&
+	     rep->element[1]->type == REDIS_REPLY_INTEGER;
+	if (ok && rep->element[1]->integer < *offset) {
+		snprintf(why, whylen, "%s:%d is a primary whose replication offset went back "
+			 "from %lld to %lld (restarted?)", host, port, *offset,
+			 rep->element[1]->integer);
+		ok = 0;
+	} else if (ok) {
+		*offset = rep->element[1]->integer;
+	} else {
 		snprintf(why, whylen, "%s:%d is not a primary (ROLE: %s)", host, port,
 			 !rep ? backend_redis_errstr(c) :
 			 rep->type == REDIS_REPLY_ARRAY && rep->elements > 0 &&
 			 rep->element[0]->type == REDIS_REPLY_STRING ? rep->element[0]->str :
 			 rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+	}
 	if (rep)
 		freeReplyObject(rep);
 	if (!ok) {
@@ -158,15 +169,24 @@ static struct backend_conn *sentinel_open(const struct backend_config *cbc, char
 	char host[256], why[320] = "";
 	struct backend_conn *c;
 	int port, n = 0, first;
+	long long offset;
 	size_t used = 0;
 
 	pthread_mutex_lock(&bc->mu);
 	snprintf(host, sizeof(host), "%s", bc->host);
 	port = bc->port;
+	offset = bc->offset;
 	first = bc->next;
 	pthread_mutex_unlock(&bc->mu);
-	if (host[0] && (c = primary(r, host, port, why, sizeof(why))))
+	if (host[0] && (c = primary(r, host, port, &offset, why, sizeof(why)))) {
+		pthread_mutex_lock(&bc->mu);
+		if (strcmp(bc->host, host) == 0 && bc->port == port && offset > bc->offset)
+			bc->offset = offset;
+		pthread_mutex_unlock(&bc->mu);
 		return c;
+	}
+	if (host[0] && strstr(why, "went back"))
+		LOG(LOG_INFO, "sentinel: %s; asking the sentinels", why);
 	while (r->sentinels[n])
 		n++;
 	used = (size_t)snprintf(err, errlen, "no primary for \"%s\" through the sentinels:",
@@ -182,13 +202,15 @@ static struct backend_conn *sentinel_open(const struct backend_config *cbc, char
 							 r->sentinels[i], room > 8 ? room : 8, why);
 			continue;
 		}
-		if ((c = primary(r, host, port, why, sizeof(why)))) {
+		offset = 0; /* the sentinels' answer: any offset */
+		if ((c = primary(r, host, port, &offset, why, sizeof(why)))) {
 			pthread_mutex_lock(&bc->mu);
 			if (strcmp(bc->host, host) != 0 || bc->port != port)
 				LOG(LOG_INFO, "sentinel %s: the primary of \"%s\" is %s:%d",
 				    r->sentinels[i], r->master_name, host, port);
 			snprintf(bc->host, sizeof(bc->host), "%s", host);
 			bc->port = port;
+			bc->offset = offset;
 			bc->next = i;
 			pthread_mutex_unlock(&bc->mu);
 			return c;

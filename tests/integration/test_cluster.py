@@ -25,10 +25,14 @@ workload and its programs support/workers.py's.
    slot: ASK followed during the migration, MOVED after it, counter exact,
    no call fails or hangs; a lease held while its key migrates follows it
    (renewed at the target, released there); a lease lost is reported by
-   on_lost with the cluster key;
+   on_lost with the cluster key; a release during a migration reaches the
+   importing node (after ASK, through a flushed script cache), and six
+   back-and-forth migrations under load abandon no release;
 4. a primary SIGKILLed and its replica promoted while workers run: no
    program dies, no call fails or hangs beyond wait_ms, the counter is
-   exact unless a lost lease was reported;
+   exact unless a lost lease was reported; a held lease's renewals and the
+   workers' acquires reach the promoted node within cluster-node-timeout
+   + lease_ms/3 + 2 s of the promotion;
 5. fair mode orders waiters by arrival; a waiter is woken by the release,
    not by its retry_max_ms re-check;
 6. `lockshim check` self-tests every primary and names each; with a primary
@@ -333,6 +337,101 @@ def test_slot_migrated_while_workers_run(cluster, worker_progs, bg, tmp_path):
              what="every lock key to be released")
 
 
+MIGRATION_LEASE_MS = 20000
+
+
+def rejected(node):
+    """How many commands node refused before running them (MOVED, ASK,
+    TRYAGAIN: INFO commandstats' rejected_calls, summed)."""
+    return sum(int(n) for n in re.findall(r"rejected_calls=(\d+)", node.cmd("INFO", "commandstats")))
+
+
+def test_release_during_a_migration_reaches_the_importing_node(cluster, worker_progs, bg,
+                                                               tmp_path):
+    """H holds "blk" (lease 20 s), W waits for it; the slot is set migrating
+    to a node whose script cache was flushed, and every key of the slot
+    moves there (SETSLOT NODE not yet sent). H's call ends: its release,
+    redirected by ASK, is sent again at the importing node (as EVAL after
+    ASKING: an EVALSHA there meets NOSCRIPT, and the EVAL sent again
+    without ASKING was sent back with MOVED, five times, and the release
+    abandoned). The key is gone from the target before the migration ends,
+    nothing is left to expire with its lease, and once the slot is the
+    target's W enters at once, not when H's lease ends."""
+    key = lock_key("blk")
+    slot = keyslot("blk")
+    source = cluster.owner(slot)
+    target = next(p for p in cluster.primaries() if p is not source)
+    cfg = cluster.config(tmp_path, BLK % ("blk", "lease_ms = %d;" % MIGRATION_LEASE_MS))
+    h = bg([worker_progs["block"]], cfg, LOCKSHIM_LOG_LEVEL="debug")
+    h.expect("enter")
+    w = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: source.cmd("ZCARD", key + ":q") == 1, what="W queued")
+    assert target.cmd("SCRIPT", "FLUSH") == "OK"
+    assert target.cmd("CLUSTER", "SETSLOT", slot, "IMPORTING", source.id) == "OK"
+    assert source.cmd("CLUSTER", "SETSLOT", slot, "MIGRATING", target.id) == "OK"
+    keys = source.cmd("CLUSTER", "GETKEYSINSLOT", slot, 100)
+    assert key in keys, keys
+    assert source.cmd("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys) == "OK"
+    h.send()
+    assert h.expect("call") == OK_LINE
+    assert h.wait() == 0
+    err = h.stderr()
+    assert "expires with its lease" not in err and "redirections" not in err, err[-3000:]
+    assert "cluster: ASK %d %s" % (slot, target.addr()) in err, err[-3000:]
+    c = target.client()
+    try:
+        c.cmd("ASKING")
+        assert c.cmd("EXISTS", key) == 0, "H's lock outlived H: %s" % err[-3000:]
+    finally:
+        c.close()
+    for p in [target, source] + [p for p in cluster.primaries() if p not in (source, target)]:
+        assert p.cmd("CLUSTER", "SETSLOT", slot, "NODE", target.id) == "OK"
+    moved = time.monotonic()
+    w.expect("enter", timeout=MIGRATION_LEASE_MS / 1000)
+    assert time.monotonic() - moved < 5 * MULT, "W waited for H's lease"
+    w.send()
+    assert w.expect("call") == OK_LINE
+    assert w.wait() == 0
+
+
+def test_slot_migrated_back_and_forth_under_load(cluster, worker_progs, bg, tmp_path):
+    """The slot of "ledger" moves between two primaries 6 times while 3
+    processes x 2 threads update its counter (lease 20 s, wait_ms 30 s);
+    before each move the target's script cache is flushed, and the keys
+    move once the source has refused some of the workers' commands (ASK or
+    TRYAGAIN: the move overlaps the traffic). No release is abandoned: none
+    gives up after too many redirections or is left to expire with its
+    lease, so no waiter waits for a lease to end (every call well under
+    lease_ms); counter exact."""
+    slot = keyslot("ledger")
+    a = cluster.owner(slot)
+    b = next(p for p in cluster.primaries() if p is not a)
+    cfg = cluster.config(tmp_path, 'locks = ( { symbol = "ledger_update"; key = "ledger"; '
+                         'lease_ms = %d; wait_ms = 30000; on_timeout = "skip"; return = -7; } );\n'
+                         % MIGRATION_LEASE_MS)
+    path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
+    try:
+        ws = start_workers(bg, worker_progs, cfg, path, stop, procs=3, threads=2)
+        for i in range(6):
+            source, target = (a, b) if i % 2 == 0 else (b, a)
+            assert target.cmd("SCRIPT", "FLUSH") == "OK"
+            before = rejected(source)
+            migrate_slot(cluster, slot, source, target, between=lambda: wait_for(
+                lambda: rejected(source) > before, timeout=20,
+                what="commands refused by port %d during move %d" % (source.port, i + 1)))
+            traffic_reaches(target, path)
+    finally:
+        open(stop, "w").close()
+    # every call within half the lease (+ finish_workers' margin): none waited for a lease to end
+    total, err = finish_workers(ws, MIGRATION_LEASE_MS // 2)
+    assert "redirections" not in err, err[-3000:]
+    assert "expires with its lease" not in err, err[-3000:]
+    assert counter(path) == total, err[-3000:]
+    assert lost_lines(err) == [], err[-3000:]
+    wait_for(lambda: all(v == [] for v in cluster.keys().values()), timeout=10,
+             what="every lock key to be released")
+
+
 def test_slot_migration_is_logged_at_debug_level(cluster, worker_progs, bg, tmp_path):
     """The same migration with LOCKSHIM_LOG_LEVEL=debug: the workers log
     "cluster: ASK <slot> <target>" while the slot is migrating and
@@ -457,6 +556,87 @@ def test_primary_killed_and_replica_promoted(cluster, worker_progs, bg, tmp_path
     total, err = finish_workers(ws, 30000)
     assert_lost_format(err, "ledger_update", lock_key("ledger"))
     assert counter(path) == total or lost_lines(err), err[-3000:]
+
+
+NODE_TIMEOUT_MS = 1000  # support/topology.py's cluster-node-timeout
+FAILOVER_LEASE_MS = 6000
+
+
+def key_on(cluster, node, prefix):
+    """A lock key name (prefix<i>) whose slot node serves."""
+    for i in range(10000):
+        name = "%s%d" % (prefix, i)
+        if cluster.owner(keyslot(lock_key(name))) is node:
+            return name
+    raise AssertionError("no key of port %d" % node.port)
+
+
+def test_renewals_and_acquires_reach_the_promoted_primary(cluster, worker_progs, bg, tmp_path):
+    """H holds a lock (lease 6 s, renewed every 2 s; a failed renewal is
+    retried every 667 ms) on the primary that also serves "ledger", whose
+    counter 3 processes x 2 threads update; that primary is SIGKILLed and
+    its replica promoted. Measured from the moment the test sees the
+    promotion, H's renewals (the key's PTTL at the promoted node goes up)
+    and the workers' acquires (SETs there) reach the promoted node within
+    cluster-node-timeout + lease_ms/3 + 2 s; H never loses its lease (the
+    renewal thread, the only thing H does meanwhile, relearns the slot map
+    from a live node), and its release deletes the key there."""
+    slot = keyslot("ledger")
+    old = cluster.owner(slot)
+    replica = cluster.replica_of(old)
+    name = key_on(cluster, old, "h")
+    key = lock_key(name)
+    hcfg = cluster.config(tmp_path, BLK % (name, "lease_ms = %d; on_lost = \"log\";"
+                                           % FAILOVER_LEASE_MS), name="h.cfg")
+    wcfg = cluster.config(tmp_path, WORK % 30000, name="w.cfg")
+    bound = (NODE_TIMEOUT_MS + FAILOVER_LEASE_MS / 3 + 2000) / 1000 * MULT
+    path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
+    h = bg([worker_progs["block"]], hcfg)
+    h.expect("enter")
+    value = old.cmd("GET", key)
+    assert ":%d:" % h.p.pid in value
+    rc = replica.client()
+    try:
+        rc.cmd("READONLY")
+        wait_for(lambda: rc.cmd("GET", key) == value, what="the lock replicated")
+    finally:
+        rc.close()
+    try:
+        ws = start_workers(bg, worker_progs, wcfg, path, stop)
+        assert calls(old, "set") > 0
+        killed = time.monotonic()
+        old.kill()
+        new = wait_for(lambda: promoted(cluster, old, replica), timeout=30,
+                       what="the replica of port %d promoted" % old.port)
+        seen = time.monotonic()
+        new.cmd("CONFIG", "RESETSTAT")
+        ttl = new.cmd("PTTL", key)
+        assert ttl > 0, (ttl, h.stderr()[-3000:])
+        renewed = acquired = None
+        while time.monotonic() < seen + bound and not (renewed and acquired):
+            now = time.monotonic()
+            if not renewed and new.cmd("PTTL", key) > ttl + 100:
+                renewed = now
+            if not acquired and calls(new, "set") > 0:
+                acquired = now
+            time.sleep(0.02)
+        print("promoted %.2f s after the kill; renewed %s, acquired %s s after that"
+              % (seen - killed, renewed and round(renewed - seen, 2),
+                 acquired and round(acquired - seen, 2)))
+        assert renewed, ("no renewal at the promoted node within %.1f s" % bound,
+                         h.stderr()[-3000:])
+        assert acquired, "no acquire at the promoted node within %.1f s" % bound
+        assert new.cmd("GET", key) == value
+        traffic_reaches(new, path)
+    finally:
+        open(stop, "w").close()
+    total, err = finish_workers(ws, 30000)
+    assert counter(path) == total or lost_lines(err), err[-3000:]
+    h.send()
+    assert h.expect("call") == OK_LINE
+    assert h.wait() == 0
+    assert lost_lines(h.stderr()) == [], h.stderr()[-3000:]
+    wait_for(lambda: new.cmd("EXISTS", key) == 0, timeout=5, what="the release at the new primary")
 
 
 # ---- 5. waiting -----------------------------------------------------------------------

@@ -12,7 +12,10 @@ nodes, never by sleeping.
 
 1. exclusion holds through a `SENTINEL FAILOVER` (wait_replicas = 2) and
    through a SIGKILL of the primary (wait_replicas = 1): counters exact,
-   nobody dies or hangs, the traffic moves to the new primary;
+   nobody dies or hangs, the traffic moves to the new primary, where calls
+   complete within 2 s of a sentinel naming it; a process idle through the
+   failover takes its next lock on the new primary, not at the old
+   primary's address answering again;
 2. a lease lost by a failover is reported by on_lost, and the release
    leaves another owner's key alone; a lease kept through a failover is
    released on the new primary, where a waiter re-queued gets it at once;
@@ -36,7 +39,7 @@ import pytest
 
 from resp import free_port
 from support.server import RedisServer, lock_keys, started
-from support.topology import FAST, MASTER, Topology
+from support.topology import FAST, MASTER, Node, Topology
 from support.util import CLI, MULT, TIMEOUT, run, shim_env, wait_for, write_config
 from support.workers import (PROCS, THREADS, WORK, assert_lost_format, calls, counter,
                              finish_workers, last, lost_lines, start_workers)
@@ -125,17 +128,100 @@ def test_exclusion_through_sentinel_failover(topo, worker_progs, bg, tmp_path):
     assert calls(new, "set") > 0
 
 
+RESUME_S = 2  # guarded calls resume on the new primary within this of its announcement
+
+
+def announced(topo, old):
+    """The node a sentinel names as the primary, once one names another than
+    old (the sentinels announce the promoted replica)."""
+    for s in topo.asked():
+        try:
+            addr = s.master_addr()
+        except (OSError, ConnectionError):
+            continue
+        if addr and addr[1] != old.port:
+            return topo.by_port(addr[1])
+    return None
+
+
 def test_exclusion_through_sigkill_of_the_primary(topo, worker_progs, bg, tmp_path):
     """SIGKILL of the primary mid-run, wait_replicas = 1: the calls right after
     retry until the sentinels have promoted a replica (the one with the
-    highest offset, holding every acknowledged lock); no program dies, no
-    call fails, the counter is exact; a lease lost on the way is reported
-    by on_lost."""
-    def kill(old):
+    highest offset, holding every acknowledged lock); from the moment a
+    sentinel names the new primary, guarded calls resume there (the counter
+    moves on, SETs seen there) within 2 s; no program dies, no call fails, the counter is exact; a
+    lease lost on the way is reported by on_lost."""
+    cfg = topo.config(tmp_path, WORK % 40000, "wait_replicas = 1; wait_replicas_ms = 200;")
+    path, stop = str(tmp_path / "c"), str(tmp_path / "stop")
+    old = topo.primary()
+    try:
+        ws = start_workers(bg, worker_progs, cfg, path, stop)
+        before = counter(path)
+        assert calls(old, "set") > 0
+        killed = time.monotonic()
         os.kill(old.proc.pid, signal.SIGKILL)
         old.proc.wait()
-    run_through(topo, worker_progs, bg, tmp_path, 40000, "wait_replicas = 1; wait_replicas_ms = 200;",
-                kill)
+        new = wait_for(lambda: announced(topo, old), timeout=60, what="a new primary announced")
+        seen = time.monotonic()
+        new.cmd("CONFIG", "RESETSTAT")  # it is a primary now: no SET replicated from old
+        at = counter(path)
+        resumed = None
+        while time.monotonic() < seen + RESUME_S * MULT:
+            # a call completed (its lock acknowledged by a replica), at the new primary
+            if counter(path) > at and calls(new, "set") > 0:
+                resumed = time.monotonic()
+                break
+            time.sleep(0.01)
+        print("announced %.2f s after the kill; calls resumed %s s after that"
+              % (seen - killed, resumed and round(resumed - seen, 2)))
+        assert resumed, ("no guarded call at the new primary (port %d) within %d s of its "
+                         "announcement: %s" % (new.port, RESUME_S,
+                                               "".join(w.stderr() for w in ws)[-3000:]))
+        assert topo.wait_failover(old) is new
+        traffic_reaches(new, path, before)
+    finally:
+        open(stop, "w").close()
+    total, err = finish_workers(ws, 40000)
+    assert counter(path) == total, err[-3000:]
+    assert_lost_format(err, "ledger_update", "lockshim:ledger")
+
+
+def test_a_restarted_old_primary_is_not_trusted_after_the_failover(topo, progs, procs, tmp_path):
+    """D makes a guarded call on the primary, then stays idle while that
+    primary is SIGKILLed and the sentinels promote a replica; a
+    redis-server then answers on the old primary's address as a primary (an
+    old primary restarted by its supervisor, empty, before the sentinels
+    turn it into a replica; here it ignores REPLICAOF, so they cannot).
+    D's next call takes its lock on the new primary, the one the sentinels
+    name, not at the address D found last."""
+    cfg = topo.config(tmp_path, 'locks = ( { symbol = "hold_call"; key = "k"; lease_ms = 5000; '
+                      'wait_ms = 10000; linger_ms = 0; } );\n')
+    old = topo.primary()
+    d = procs([progs["driver"], "call:0", "stdin", "call:3000"], cfg)
+    assert d.expect("call") == "call rc=42 errno=0"
+    # the first lock's release reached the replicas: a key at the new primary is the second's
+    wait_for(lambda: all(r.cmd("EXISTS", "lockshim:k") == 0 for r in topo.replicas()),
+             what="the release replicated")
+    os.kill(old.proc.pid, signal.SIGKILL)
+    old.proc.wait()
+    new = topo.wait_failover(old)
+    imp = Node("--rename-command", "REPLICAOF", "replicaof-off-" + secrets.token_hex(4),
+               "--rename-command", "SLAVEOF", "slaveof-off-" + secrets.token_hex(4),
+               name="restarted")
+    imp.port = old.port
+    try:
+        imp.start()
+        assert imp.role() == "master"
+        d.send()
+        wait_for(lambda: new.cmd("GET", "lockshim:k") or imp.cmd("GET", "lockshim:k"),
+                 what="D's second lock")
+        assert ":%d:" % d.p.pid in (new.cmd("GET", "lockshim:k") or ""), \
+            "taken at the restarted old primary (port %d)" % imp.port
+        assert imp.cmd("KEYS", "lockshim:*") == []
+    finally:
+        imp.cleanup()
+    rc, out, err = d.finish()
+    assert rc == 0 and last(out) == "call rc=42 errno=0", (out, err)
 
 
 # ---- 2. a lease lost in a failover --------------------------------------------------
