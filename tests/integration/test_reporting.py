@@ -94,9 +94,7 @@ class Server(RedisServer):
             args += ["--port", "0", "--tls-port", str(self.port)]
         else:
             args += ["--port", str(self.port)]
-        self.proc = subprocess.Popen(args + self.extra, stdin=subprocess.DEVNULL)
-        wait_for(self._ready, what="redis-server %s" % " ".join(self.extra))
-        return self
+        return self.launch(args + self.extra, "redis-server %s" % " ".join(self.extra))
 
     def _ready(self):
         if not self.tls_ca:

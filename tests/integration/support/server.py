@@ -32,17 +32,22 @@ class RedisServer:
         """Frees the port for the server about to start."""
         self.hold.close()
 
-    def start(self):
+    def launch(self, args, what):
+        """Frees the port, runs the server (every subclass's start() comes
+        here) and waits until it answers; returns self."""
         self.unhold()
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
+        wait_for(self._ready, what=what)
+        return self
+
+    def start(self):
         args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
                 "--unixsocket", self.sock, "--unixsocketperm", "700",
                 "--save", "", "--appendonly", "no", "--daemonize", "no",
                 "--logfile", self.log, "--dir", self.dir]
         if self.password:
             args += ["--requirepass", self.password]
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
-        wait_for(self._ready, what="redis-server on port %d" % self.port)
-        return self
+        return self.launch(args, "redis-server on port %d" % self.port)
 
     def _ready(self):
         if self.proc.poll() is not None:

@@ -17,7 +17,6 @@ import subprocess
 
 from resp import Resp
 from support.server import RedisServer
-from support.util import wait_for
 
 SAN = "DNS:localhost,IP:127.0.0.1"
 
@@ -104,15 +103,13 @@ class TlsServer(RedisServer):
 
     def start(self):
         p = self.pki
-        self.proc = subprocess.Popen(
+        return self.launch(
             ["redis-server", "--port", "0", "--tls-port", str(self.port), "--bind", "127.0.0.1",
              "--tls-cert-file", p[self.cert], "--tls-key-file", p[self.cert + ".key"],
              "--tls-ca-cert-file", p["ca"], "--tls-auth-clients",
              "yes" if self.auth_clients else "no", "--save", "", "--appendonly", "no",
              "--daemonize", "no", "--logfile", self.log, "--dir", self.dir] + self.extra,
-            stdin=subprocess.DEVNULL)
-        wait_for(self._ready, what="redis-server with TLS on port %d" % self.port)
-        return self
+            "redis-server with TLS on port %d" % self.port)
 
     def client(self):
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)

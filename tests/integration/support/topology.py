@@ -58,10 +58,7 @@ class Node(RedisServer):
              if self.password else [])
 
     def start(self):
-        self.unhold()
-        self.proc = subprocess.Popen(self.args(), stdin=subprocess.DEVNULL)
-        wait_for(self._ready, what="%s on port %d" % (self.name, self.port))
-        return self
+        return self.launch(self.args(), "%s on port %d" % (self.name, self.port))
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
