@@ -5,6 +5,10 @@
  * Everything is formatted with vsnprintf into a stack buffer and emitted with
  * one write(2), so lines from several threads never interleave and no stdio
  * lock is ever taken (stdio is unsafe after fork and may be guarded itself).
+ * A line names the program (the executable's file name, read once by
+ * log_init); one written to the log file starts with the UTC time, which
+ * log_format_time computes from clock_gettime alone (no gmtime: no tz lock,
+ * nothing allocated), and only when a line is written.
  * Control characters (a key built from program data may hold CR or LF) are
  * written escaped, so one event is always one line. The log file's
  * descriptor is the shim's own (fdown.h): when the program closes or
@@ -23,6 +27,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/auxv.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fdown.h"
@@ -32,6 +37,7 @@ static struct fdown log_own = { .fd = -1 };
 static char log_path[PATH_MAX];
 static int reopening;
 static int log_pid;
+static char log_prog[256]; /* the executable's file name, escaped */
 
 static const char *const level_names[] = { "error", "warn", "info", "debug" };
 
@@ -88,6 +94,69 @@ void log_set_pid(int pid)
 	log_pid = pid;
 }
 
+void log_init(void)
+{
+	static const char deleted[] = " (deleted)";
+	char exe[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	const char *base = program_invocation_short_name;
+	size_t len;
+
+	log_pid = getpid();
+	if (n > 0) {
+		exe[n] = 0;
+		if ((size_t)n > sizeof(deleted) - 1 &&
+		    strcmp(exe + n - (sizeof(deleted) - 1), deleted) == 0)
+			exe[n - (sizeof(deleted) - 1)] = 0;
+		base = strrchr(exe, '/') ? strrchr(exe, '/') + 1 : exe;
+	}
+	len = log_escape(log_prog, sizeof(log_prog) - 1, base, strlen(base));
+	log_prog[len] = 0;
+}
+
+/* Days since 1970-01-01 to a civil date (H. Hinnant's days_from_civil
+ * inverse; proleptic Gregorian, any year). */
+static void civil_from_days(long long z, long long *y, int *m, int *d)
+{
+	long long era, doe, yoe, doy, mp;
+
+	z += 719468;
+	era = (z >= 0 ? z : z - 146096) / 146097;
+	doe = z - era * 146097;
+	yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+	doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+	mp = (5 * doy + 2) / 153;
+	*d = (int)(doy - (153 * mp + 2) / 5 + 1);
+	*m = (int)(mp < 10 ? mp + 3 : mp - 9);
+	*y = yoe + era * 400 + (*m <= 2);
+}
+
+size_t log_format_time(char *buf, size_t cap, long long sec, long nsec)
+{
+	long long days = sec / 86400, rem = sec % 86400, y;
+	int m, d, n;
+
+	if (rem < 0) {
+		rem += 86400;
+		days--;
+	}
+	civil_from_days(days, &y, &m, &d);
+	n = snprintf(buf, cap, "%04lld-%02d-%02dT%02d:%02d:%02d.%03dZ", y, m, d,
+		     (int)(rem / 3600), (int)(rem / 60 % 60), (int)(rem % 60),
+		     (int)(nsec / 1000000));
+	return n < 0 ? 0 : (size_t)n >= cap ? cap - 1 : (size_t)n;
+}
+
+size_t log_prefix(char *buf, size_t cap)
+{
+	int n;
+
+	if (!log_pid)
+		log_init(); /* a program that never called it (a unit test) */
+	n = snprintf(buf, cap, "lockshim[%d] %s: ", log_pid, log_prog);
+	return n < 0 ? 0 : (size_t)n >= cap ? cap - 1 : (size_t)n;
+}
+
 size_t log_escape(char *dst, size_t cap, const char *src, size_t len)
 {
 	static const char hex[] = "0123456789abcdef";
@@ -138,11 +207,19 @@ static int log_fd(void)
 void log_write(int level, const char *fmt, ...)
 {
 	char msg[1024], line[2048];
-	int saved_errno = errno;
-	int n = snprintf(line, sizeof(line), "lockshim[%d]: %s: ", log_pid, level_names[level]);
-	int m, fd;
+	int saved_errno = errno, fd = log_fd();
+	int n = 0, m;
 	va_list ap;
 
+	if (fd != 2) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		n = (int)log_format_time(line, sizeof(line), ts.tv_sec, ts.tv_nsec);
+		line[n++] = ' ';
+	}
+	n += (int)log_prefix(line + n, sizeof(line) - (size_t)n);
+	n += snprintf(line + n, sizeof(line) - (size_t)n, "%s: ", level_names[level]);
 	va_start(ap, fmt);
 	m = vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
@@ -152,7 +229,6 @@ void log_write(int level, const char *fmt, ...)
 		m = (int)sizeof(msg) - 1;
 	n += (int)log_escape(line + n, sizeof(line) - (size_t)n - 1, msg, (size_t)m);
 	line[n++] = '\n';
-	fd = log_fd();
 	while (write(fd, line, (size_t)n) < 0 && errno == EINTR)
 		;
 	errno = saved_errno;

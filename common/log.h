@@ -5,7 +5,9 @@
  * LOG(level, fmt, ...) tests the level before evaluating its arguments
  * (redis serverLog style). Lines are formatted into a stack buffer and
  * written with a single write(2) to stderr or the configured log file,
- * prefixed "lockshim[pid]: ". Safe to call from any thread and after fork.
+ * prefixed "lockshim[pid] program: level: " (the log file's lines first
+ * with the UTC time, RFC 3339 with milliseconds). Safe to call from any
+ * thread and after fork.
  */
 #ifndef LOCKSHIM_LOG_H
 #define LOCKSHIM_LOG_H
@@ -47,7 +49,23 @@ int log_check_file(const char *path);
  */
 size_t log_escape(char *dst, size_t cap, const char *src, size_t len);
 
-/* Sets the pid printed in the prefix; called at init and in a fork child. */
+/* Sets the pid printed in the prefix; called in a fork child. */
 void log_set_pid(int pid);
+
+/* Reads the pid and the program's name (the file name of /proc/self/exe,
+ * else program_invocation_short_name) printed in the prefix; called once,
+ * at start-up, by the shim's constructor and the CLI. */
+void log_init(void);
+
+/* Writes "lockshim[pid] program: " to buf (at most cap bytes, NUL
+ * included). Returns its length. */
+size_t log_prefix(char *buf, size_t cap);
+
+/* Writes sec.nsec since the epoch as UTC, RFC 3339 with milliseconds
+ * ("2026-11-25T11:43:25.123Z", 24 bytes for years 0-9999; milliseconds
+ * truncated, never rounded up to the next second) to buf (at most cap
+ * bytes, NUL included). Returns its length. Takes no lock, allocates
+ * nothing. */
+size_t log_format_time(char *buf, size_t cap, long long sec, long nsec);
 
 #endif

@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_log.c - log_format_time (the log file's RFC 3339 UTC timestamps,
+ * computed without gmtime) against known instants, leap days, 2038 and
+ * later, times before 1970, millisecond truncation, and against glibc's
+ * gmtime_r for every day from 1900 to 2500; log_prefix's form.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "test.h"
+
+static int time_is(long long sec, long nsec, const char *want)
+{
+	char buf[64];
+	size_t n = log_format_time(buf, sizeof(buf), sec, nsec);
+
+	if (n != strlen(want) || strcmp(buf, want) != 0) {
+		fprintf(stderr, "  %lld.%09ld: got \"%s\", want \"%s\"\n", sec, nsec, buf, want);
+		return 0;
+	}
+	return 1;
+}
+
+/* Returns 1 when every day from 1900 to 2500 (at 13:57:31) formats as
+ * gmtime_r + strftime would. */
+static int matches_gmtime(void)
+{
+	for (long long s = -2208988800LL + 50251; s < 16725225600LL; s += 86400) {
+		time_t t = (time_t)s;
+		struct tm tm;
+		char want[64], got[64];
+
+		gmtime_r(&t, &tm);
+		strftime(want, sizeof(want), "%Y-%m-%dT%H:%M:%S.042Z", &tm);
+		log_format_time(got, sizeof(got), s, 42999999);
+		if (strcmp(want, got) != 0) {
+			fprintf(stderr, "  %lld: got \"%s\", want \"%s\"\n", s, got, want);
+			return 0;
+		}
+	}
+	return 1;
+}
+
+int main(void)
+{
+	char buf[64], want[64];
+
+	test("the epoch");
+	test_cond(time_is(0, 0, "1970-01-01T00:00:00.000Z"));
+	test("the issue's example");
+	test_cond(time_is(1795693405, 123000000, "2026-11-26T11:43:25.123Z"));
+	test("leap days: 2000 (divisible by 400), 2024; 2100 is not a leap year");
+	test_cond(time_is(951782400, 0, "2000-02-29T00:00:00.000Z"));
+	test_cond(time_is(1709164800, 0, "2024-02-29T00:00:00.000Z"));
+	test_cond(time_is(4107542399, 0, "2100-02-28T23:59:59.000Z"));
+	test_cond(time_is(4107542400, 0, "2100-03-01T00:00:00.000Z"));
+	test("past 2038 (a 32-bit time_t's end) and at 9999");
+	test_cond(time_is(2147483648LL, 0, "2038-01-19T03:14:08.000Z"));
+	test_cond(time_is(253402300799LL, 0, "9999-12-31T23:59:59.000Z"));
+	test("before 1970");
+	test_cond(time_is(-1, 0, "1969-12-31T23:59:59.000Z"));
+	test_cond(time_is(-2208988800LL, 0, "1900-01-01T00:00:00.000Z"));
+	test("milliseconds are truncated: .9999999 stays in its second");
+	test_cond(time_is(59, 999999999, "1970-01-01T00:00:59.999Z"));
+	test_cond(time_is(0, 1000000, "1970-01-01T00:00:00.001Z"));
+	test_cond(time_is(0, 999999, "1970-01-01T00:00:00.000Z"));
+	test("every day 1900-2500 as gmtime_r says");
+	test_cond(matches_gmtime());
+	test("a short buffer is cut, NUL-terminated");
+	test_cond(log_format_time(buf, 11, 0, 0) == 10 && strcmp(buf, "1970-01-01") == 0);
+	test("the prefix: lockshim[pid] program: (the executable's file name)");
+	snprintf(want, sizeof(want), "lockshim[%d] test_log: ", (int)getpid());
+	test_cond(log_prefix(buf, sizeof(buf)) == strlen(want) && strcmp(buf, want) == 0);
+	return test_report("log");
+}
