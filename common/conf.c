@@ -38,6 +38,7 @@ static const char *const methods[] = { "auto", "entry", "reloc", NULL };
 /* Level names of log.h's enum log_level; log.c parses them
  * (log_level_parse, any case). */
 static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
+static const char *const log_formats[] = { "text", "json", NULL };
 
 _Static_assert(sizeof(call_policies) / sizeof(*call_policies) == POLICY_PROCEED + 2,
 	       "call_policies names every enum call_policy");
@@ -97,6 +98,7 @@ const struct conf_field conf_top_fields[] = {
 	FIELD(struct conf, "log_level", log_level, F_LOGLEVEL, LOG_ERROR, LOG_DEBUG,
 	      .names = log_levels, .def = -1),
 	FIELD(struct conf, "log_file", log_file, F_STR, 0, 0),
+	FIELD(struct conf, "log_format", log_format, F_ENUM, 0, 1, .names = log_formats),
 	FIELD(struct conf, "strict", strict, F_BOOL, 0, 1),
 	FIELD(struct conf, "debug_dirs", debug_dirs, F_STRS, 0, 0,
 	      .def_strs = (const char *const[]){ "/usr/lib/debug", NULL }),
@@ -610,6 +612,8 @@ int conf_logging(const struct conf *cfg, int apply, char *err, size_t errlen)
 	}
 	if (apply && level >= 0)
 		log_threshold = level;
+	if (apply)
+		log_set_json(cfg->log_format == 1);
 	return 0;
 }
 

@@ -38,6 +38,8 @@ static char log_path[PATH_MAX];
 static int reopening;
 static int log_pid;
 static char log_prog[256]; /* the executable's file name, escaped */
+static char log_prog_json[256]; /* the same, JSON-escaped */
+static int log_json; /* log_format = "json" */
 
 static const char *const level_names[] = { "error", "warn", "info", "debug" };
 
@@ -112,6 +114,69 @@ void log_init(void)
 	}
 	len = log_escape(log_prog, sizeof(log_prog) - 1, base, strlen(base));
 	log_prog[len] = 0;
+	len = log_json_escape(log_prog_json, sizeof(log_prog_json) - 1, base, strlen(base));
+	log_prog_json[len] = 0;
+}
+
+void log_set_json(int json)
+{
+	log_json = json;
+}
+
+/* Returns the length of the well-formed UTF-8 sequence (not overlong, no
+ * surrogate, at most U+10FFFF) at s[0..len) that starts with a byte
+ * >= 0x80, or 0. */
+static size_t utf8_len(const unsigned char *s, size_t len)
+{
+	unsigned char c = s[0];
+	size_t n = c >= 0xf5 ? 0 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0;
+
+	if (!n || n > len)
+		return 0;
+	for (size_t i = 1; i < n; i++)
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+	if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] >= 0xa0) ||
+	    (c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] >= 0x90))
+		return 0;
+	return n;
+}
+
+size_t log_json_escape(char *dst, size_t cap, const char *src, size_t len)
+{
+	static const char hex[] = "0123456789abcdef";
+	const unsigned char *u = (const unsigned char *)src;
+	size_t n = 0, k;
+
+	for (size_t i = 0; i < len; i += k) {
+		unsigned char c = u[i];
+
+		k = 1;
+		if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
+			if (n + 1 > cap)
+				break;
+			dst[n++] = (char)c;
+		} else if (c == '"' || c == '\\') {
+			if (n + 2 > cap)
+				break;
+			dst[n++] = '\\';
+			dst[n++] = (char)c;
+		} else if (c >= 0x80 && (k = utf8_len(u + i, len - i)) > 0) {
+			if (n + k > cap)
+				break;
+			memcpy(dst + n, src + i, k);
+			n += k;
+		} else {
+			k = 1;
+			if (n + 6 > cap)
+				break;
+			memcpy(dst + n, "\\u00", 4);
+			dst[n + 4] = hex[c >> 4];
+			dst[n + 5] = hex[c & 15];
+			n += 6;
+		}
+	}
+	return n;
 }
 
 /* Days since 1970-01-01 to a civil date (H. Hinnant's days_from_civil
@@ -204,6 +269,27 @@ static int log_fd(void)
 	return log_own.fd >= 0 ? log_own.fd : 2;
 }
 
+/* Writes one JSON object (ts, level, pid, program, msg) for msg[0..m)
+ * to line (cap bytes, room kept for the closing "}\n"). Returns its
+ * length, newline included. */
+static int json_line(char *line, size_t cap, int level, const char *msg, int m)
+{
+	static const char tail[] = "\"}\n";
+	struct timespec ts;
+	char when[64];
+	int n;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	log_format_time(when, sizeof(when), ts.tv_sec, ts.tv_nsec);
+	n = snprintf(line, cap, "{\"ts\":\"%s\",\"level\":\"%s\",\"pid\":%d,\"program\":\"%s\","
+		     "\"msg\":\"", when, level_names[level], log_pid, log_prog_json);
+	if (n < 0 || (size_t)n + sizeof(tail) > cap)
+		return 0;
+	n += (int)log_json_escape(line + n, cap - (size_t)n - sizeof(tail), msg, (size_t)m);
+	memcpy(line + n, tail, sizeof(tail) - 1);
+	return n + (int)sizeof(tail) - 1;
+}
+
 void log_write(int level, const char *fmt, ...)
 {
 	char msg[1024], line[2048];
@@ -211,15 +297,6 @@ void log_write(int level, const char *fmt, ...)
 	int n = 0, m;
 	va_list ap;
 
-	if (fd != 2) {
-		struct timespec ts;
-
-		clock_gettime(CLOCK_REALTIME, &ts);
-		n = (int)log_format_time(line, sizeof(line), ts.tv_sec, ts.tv_nsec);
-		line[n++] = ' ';
-	}
-	n += (int)log_prefix(line + n, sizeof(line) - (size_t)n);
-	n += snprintf(line + n, sizeof(line) - (size_t)n, "%s: ", level_names[level]);
 	va_start(ap, fmt);
 	m = vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
@@ -227,9 +304,24 @@ void log_write(int level, const char *fmt, ...)
 		m = 0;
 	if (m >= (int)sizeof(msg))
 		m = (int)sizeof(msg) - 1;
-	n += (int)log_escape(line + n, sizeof(line) - (size_t)n - 1, msg, (size_t)m);
-	line[n++] = '\n';
-	while (write(fd, line, (size_t)n) < 0 && errno == EINTR)
+	if (!log_pid)
+		log_init(); /* a program that never called it (a unit test) */
+	if (log_json) {
+		n = json_line(line, sizeof(line), level, msg, m);
+	} else {
+		if (fd != 2) {
+			struct timespec ts;
+
+			clock_gettime(CLOCK_REALTIME, &ts);
+			n = (int)log_format_time(line, sizeof(line), ts.tv_sec, ts.tv_nsec);
+			line[n++] = ' ';
+		}
+		n += (int)log_prefix(line + n, sizeof(line) - (size_t)n);
+		n += snprintf(line + n, sizeof(line) - (size_t)n, "%s: ", level_names[level]);
+		n += (int)log_escape(line + n, sizeof(line) - (size_t)n - 1, msg, (size_t)m);
+		line[n++] = '\n';
+	}
+	while (n > 0 && write(fd, line, (size_t)n) < 0 && errno == EINTR)
 		;
 	errno = saved_errno;
 }

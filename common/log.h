@@ -49,6 +49,19 @@ int log_check_file(const char *path);
  */
 size_t log_escape(char *dst, size_t cap, const char *src, size_t len);
 
+/*
+ * Copies src[0..len) to dst (at most cap bytes) as the inside of a JSON
+ * string: '"' and '\\' escaped, control characters and bytes that are not
+ * part of well-formed UTF-8 as \u00XX (the byte's Latin-1 reading), UTF-8
+ * kept. Returns the bytes written; an escape that does not fit is dropped
+ * whole, and so is everything after it.
+ */
+size_t log_json_escape(char *dst, size_t cap, const char *src, size_t len);
+
+/* Nonzero: later lines are JSON objects (log_format = "json"):
+ * {"ts":..,"level":..,"pid":..,"program":..,"msg":..}, to stderr too. */
+void log_set_json(int json);
+
 /* Sets the pid printed in the prefix; called in a fork child. */
 void log_set_pid(int pid);
 

@@ -3,7 +3,8 @@
  * test_log.c - log_format_time (the log file's RFC 3339 UTC timestamps,
  * computed without gmtime) against known instants, leap days, 2038 and
  * later, times before 1970, millisecond truncation, and against glibc's
- * gmtime_r for every day from 1900 to 2500; log_prefix's form.
+ * gmtime_r for every day from 1900 to 2500; log_json_escape (quotes,
+ * control bytes, UTF-8 kept or not); log_prefix's form.
  */
 #include <stdio.h>
 #include <string.h>
@@ -45,6 +46,19 @@ static int matches_gmtime(void)
 	return 1;
 }
 
+static int json_is(const char *src, size_t len, size_t cap, const char *want)
+{
+	char buf[256];
+	size_t n = log_json_escape(buf, cap, src, len);
+
+	buf[n] = 0;
+	if (strcmp(buf, want) != 0) {
+		fprintf(stderr, "  got \"%s\", want \"%s\"\n", buf, want);
+		return 0;
+	}
+	return 1;
+}
+
 int main(void)
 {
 	char buf[64], want[64];
@@ -72,6 +86,20 @@ int main(void)
 	test_cond(matches_gmtime());
 	test("a short buffer is cut, NUL-terminated");
 	test_cond(log_format_time(buf, 11, 0, 0) == 10 && strcmp(buf, "1970-01-01") == 0);
+	test("JSON strings: quote and backslash escaped, control bytes as \\u00XX");
+	test_cond(json_is("a\"b\\c", 5, 64, "a\\\"b\\\\c"));
+	test_cond(json_is("\r\n\t\x01\x1f\x7f", 6, 64, "\\u000d\\u000a\\u0009\\u0001\\u001f\x7f"));
+	test_cond(json_is("x\0y", 3, 64, "x\\u0000y"));
+	test("JSON strings: well-formed UTF-8 kept, anything else byte by byte");
+	test_cond(json_is("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", 9, 64,
+			  "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"));
+	test_cond(json_is("\xff\xc3", 2, 64, "\\u00ff\\u00c3"));      /* bad, cut short */
+	test_cond(json_is("\xc0\xaf", 2, 64, "\\u00c0\\u00af"));      /* overlong '/' */
+	test_cond(json_is("\xed\xa0\x80", 3, 64, "\\u00ed\\u00a0\\u0080")); /* surrogate */
+	test_cond(json_is("\xf4\x90\x80\x80", 4, 64, "\\u00f4\\u0090\\u0080\\u0080"));
+	test("JSON strings: an escape that does not fit is dropped with the rest");
+	test_cond(json_is("ab\ncd", 5, 7, "ab"));
+	test_cond(json_is("a\xc3\xa9", 3, 2, "a"));
 	test("the prefix: lockshim[pid] program: (the executable's file name)");
 	snprintf(want, sizeof(want), "lockshim[%d] test_log: ", (int)getpid());
 	test_cond(log_prefix(buf, sizeof(buf)) == strlen(want) && strcmp(buf, want) == 0);

@@ -1,0 +1,141 @@
+# SPDX-License-Identifier: MIT
+"""Logging an operator can use (issue 20, section 5).
+
+- every line names the program (the executable's file name) and the pid;
+  a line in `log_file` starts with the UTC time, RFC 3339 with
+  milliseconds, close to the test's own clock;
+- `log_format = "json"`: every line, on stderr and in `log_file`, is one
+  JSON object with exactly ts, level, pid, program and msg, parsed by
+  Python's json module, for a guarded call at `debug` and for a lock-wait
+  timeout at the default level; program data with quotes, backslashes,
+  control characters and bytes that are not UTF-8 stays one parseable
+  line.
+"""
+import calendar
+import json
+import os
+import re
+import subprocess
+import time
+
+from support.util import TIMEOUT, shim_env, write_config
+
+TS = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d{3})Z")
+FOREIGN = "0" * 32 + ":elsewhere:4242:4242:-:0:0"  # a holder on another machine
+
+
+def locks(*entries):
+    return "locks = ( %s );\n" % ", ".join(entries)
+
+
+def run_driver(progs, cfg, *steps):
+    """Runs the driver under the shim; returns (pid, returncode, stdout, stderr)
+    as bytes."""
+    p = subprocess.Popen([progs["driver"], *steps], env=shim_env(cfg),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL)
+    out, err = p.communicate(timeout=TIMEOUT)
+    return p.pid, p.returncode, out, err
+
+
+def epoch(ts):
+    """Seconds since the epoch of an RFC 3339 UTC timestamp with milliseconds."""
+    m = TS.fullmatch(ts)
+    assert m, ts
+    y, mo, d, h, mi, s, ms = map(int, m.groups())
+    return calendar.timegm((y, mo, d, h, mi, s)) + ms / 1000
+
+
+def json_lines(data):
+    """Parses every line of data (bytes) as one JSON object; returns them."""
+    objs = [json.loads(line) for line in data.decode("utf-8").splitlines()]
+    for o in objs:
+        assert set(o) == {"ts", "level", "pid", "program", "msg"}, o
+        assert o["level"] in ("error", "warn", "info", "debug"), o
+        assert isinstance(o["pid"], int) and isinstance(o["msg"], str), o
+    return objs
+
+
+# ---- text lines ----------------------------------------------------------------
+
+def test_text_lines_name_the_program_and_the_log_file_has_the_time(progs, redis, tmp_path):
+    """stderr: "lockshim[pid] driver: debug: ..."; log_file: the same after
+    the UTC time, within a minute of this test's clock."""
+    body = locks('{ symbol = "hold_call"; }')
+    cfg = write_config(tmp_path, redis, 'log_level = "debug";\n' + body)
+    pid, rc, out, err = run_driver(progs, cfg, "call:0")
+    assert rc == 0 and out.endswith(b"call rc=42 errno=0\n"), err
+    lines = err.decode().splitlines()
+    assert lines and all(l.startswith("lockshim[%d] driver: " % pid) for l in lines), lines
+    assert any(l.startswith("lockshim[%d] driver: debug: acquired lockshim:hold_call" % pid)
+               for l in lines), lines
+
+    log = tmp_path / "shim.log"
+    cfg = write_config(tmp_path, redis, 'log_level = "debug"; log_file = "%s";\n' % log + body)
+    before = time.time()
+    pid, rc, out, err = run_driver(progs, cfg, "call:0")
+    after = time.time()
+    assert rc == 0 and err == b"", err
+    lines = log.read_text().splitlines()
+    assert lines, lines
+    for l in lines:
+        ts, rest = l.split(" ", 1)
+        assert before - 1 <= epoch(ts) <= after + 1, (l, before, after)
+        assert rest.startswith("lockshim[%d] driver: " % pid), l
+
+
+# ---- JSON lines ----------------------------------------------------------------
+
+def test_json_lines_parse_on_stderr_and_in_the_log_file(progs, redis, tmp_path):
+    body = locks('{ symbol = "hold_call"; }')
+    cfg = write_config(tmp_path, redis, 'log_level = "debug"; log_format = "json";\n' + body)
+    before = time.time()
+    pid, rc, out, err = run_driver(progs, cfg, "call:0")
+    after = time.time()
+    assert rc == 0 and out.endswith(b"call rc=42 errno=0\n"), err
+    objs = json_lines(err)
+    assert objs and all(o["pid"] == pid and o["program"] == "driver" for o in objs), objs
+    assert all(before - 1 <= epoch(o["ts"]) <= after + 1 for o in objs), objs
+    assert any(o["level"] == "debug" and o["msg"].startswith("acquired lockshim:hold_call")
+               for o in objs), objs
+
+    log = tmp_path / "shim.log"
+    cfg = write_config(tmp_path, redis, 'log_level = "debug"; log_format = "json"; '
+                       'log_file = "%s";\n' % log + body)
+    pid, rc, out, err = run_driver(progs, cfg, "call:0")
+    assert rc == 0 and err == b"", err
+    objs = json_lines(log.read_bytes())
+    assert objs and all(o["pid"] == pid and o["program"] == "driver" for o in objs), objs
+
+
+def test_json_lock_timeout_line(progs, redis, tmp_path):
+    """A holder on another machine keeps the lock: the wait times out and
+    the warn line (default level) is one JSON object; the call is skipped."""
+    redis.cmd("SET", "lockshim:hold_call", FOREIGN, "PX", "60000")
+    cfg = write_config(tmp_path, redis, 'log_format = "json";\n' +
+                       locks('{ symbol = "hold_call"; wait_ms = 300; }'))
+    pid, rc, out, err = run_driver(progs, cfg, "call:0")
+    assert rc == 0 and out.startswith(b"call rc=-1 "), (out, err)
+    objs = json_lines(err)
+    assert [o["level"] for o in objs] == ["warn"], objs
+    assert objs[0]["msg"] == "hold_call: lock lockshim:hold_call still held by another " \
+        "owner after 300 ms", objs
+    assert objs[0]["pid"] == pid and objs[0]["program"] == "driver", objs
+
+
+def test_json_escapes_program_data(progs, redis, tmp_path):
+    """A key built from program data holding quotes, a backslash, CR/LF, a
+    control byte, UTF-8 and a byte that is not UTF-8: every stderr line is
+    one JSON object, and the message carries the characters (the stray
+    byte as U+00FF)."""
+    cfg = write_config(tmp_path, redis, 'log_level = "debug"; log_format = "json";\n' +
+                       locks('{ symbol = "log_call"; key = "{arg0:str}"; }'))
+    name = b'q"b\\c\r\nd\x01\xc3\xa9\xff'
+    path = os.path.join(os.fsencode(str(tmp_path)), name)
+    pid, rc, out, err = run_driver(progs, cfg, b"log:" + path)
+    assert rc == 0 and out == b"log rc=1 errno=0\n", err
+    assert os.path.exists(path)  # the program saw the raw name
+    objs = json_lines(err)
+    want = "acquired lockshim:" + path.replace(b":", b"%3A").decode("latin-1") \
+        .replace("\xc3\xa9", "\xe9")
+    assert any(o["msg"].startswith(want) for o in objs), (want, objs)
