@@ -99,6 +99,7 @@ const struct conf_field conf_top_fields[] = {
 	      .names = log_levels, .def = -1),
 	FIELD(struct conf, "log_file", log_file, F_STR, 0, 0),
 	FIELD(struct conf, "log_format", log_format, F_ENUM, 0, 1, .names = log_formats),
+	FIELD(struct conf, "log_syslog", log_syslog, F_BOOL, 0, 1),
 	FIELD(struct conf, "strict", strict, F_BOOL, 0, 1),
 	FIELD(struct conf, "debug_dirs", debug_dirs, F_STRS, 0, 0,
 	      .def_strs = (const char *const[]){ "/usr/lib/debug", NULL }),
@@ -614,6 +615,15 @@ int conf_logging(const struct conf *cfg, int apply, char *err, size_t errlen)
 		log_threshold = level;
 	if (apply)
 		log_set_json(cfg->log_format == 1);
+	if (apply && cfg->log_syslog) {
+		/* the tests' own socket; never read in secure-execution mode */
+		const char *sys = secure_getenv("LOCKSHIM_TEST_SYSLOG_PATH");
+
+		if ((rc = log_open_syslog(sys && *sys ? sys : "/dev/log")) < 0) {
+			snprintf(err, errlen, "%s: log_syslog: %s", cfg->path, strerror(-rc));
+			return -1;
+		}
+	}
 	return 0;
 }
 

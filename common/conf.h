@@ -95,6 +95,7 @@ struct conf {
 	int log_level;      /* -1 when not set */
 	char *log_file;
 	int log_format;     /* 0 text, 1 json (log_set_json) */
+	int log_syslog;     /* lines also to syslog (log_open_syslog) */
 	int strict;         /* the default of every lock's `strict` */
 	char **debug_dirs;  /* where separate debug files are looked for; NULL-terminated */
 	struct lock_spec *locks; /* one per guarded symbol (struct lock_spec) */

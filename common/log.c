@@ -8,7 +8,11 @@
  * A line names the program (the executable's file name, read once by
  * log_init); one written to the log file starts with the UTC time, which
  * log_format_time computes from clock_gettime alone (no gmtime: no tz lock,
- * nothing allocated), and only when a line is written.
+ * nothing allocated), and only when a line is written. With log_syslog, each
+ * line is also one datagram sent with one sendto(2) on the shim's own
+ * AF_UNIX socket (fdown.h) to /dev/log, built here (RFC 3164 without the
+ * local-time stamp, which would need the tz lock): no openlog/syslog(3),
+ * whose lock and state are unsafe in a fork child or a guarded call.
  * Control characters (a key built from program data may hold CR or LF) are
  * written escaped, so one event is always one line. The log file's
  * descriptor is the shim's own (fdown.h): when the program closes or
@@ -27,6 +31,8 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/auxv.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -40,6 +46,9 @@ static int log_pid;
 static char log_prog[256]; /* the executable's file name, escaped */
 static char log_prog_json[256]; /* the same, JSON-escaped */
 static int log_json; /* log_format = "json" */
+static struct fdown log_sys = { .fd = -1 }; /* log_syslog's socket */
+static struct sockaddr_un log_sys_addr;   /* sun_family 0: no syslog */
+static int log_sys_reopening;
 
 static const char *const level_names[] = { "error", "warn", "info", "debug" };
 
@@ -121,6 +130,54 @@ void log_init(void)
 void log_set_json(int json)
 {
 	log_json = json;
+}
+
+/* Returns a new AF_UNIX datagram socket owned by the shim in *o: 0 or -errno. */
+static int syslog_socket(struct fdown *o)
+{
+	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+
+	return fd < 0 ? -errno : fdown_adopt(o, fd);
+}
+
+int log_open_syslog(const char *path)
+{
+	int rc;
+
+	if (strlen(path) >= sizeof(log_sys_addr.sun_path))
+		return -ENAMETOOLONG;
+	if (log_sys.fd < 0 && (rc = syslog_socket(&log_sys)) < 0)
+		return rc;
+	memcpy(log_sys_addr.sun_path, path, strlen(path) + 1);
+	__atomic_store_n(&log_sys_addr.sun_family, AF_UNIX, __ATOMIC_RELEASE);
+	return 0;
+}
+
+/* Sends msg[0..m) at level to syslog as one datagram "<PRI>lockshim[pid]:
+ * program: level: msg" (facility LOG_DAEMON), without waiting: a line the socket
+ * cannot take now (syslog daemon slow or absent) is dropped. */
+static void syslog_send(int level, const char *msg, int m)
+{
+	static const int severity[] = { 3, 4, 6, 7 }; /* err, warning, info, debug */
+	char dg[2048];
+	int n, fd;
+
+	if (!fdown_check(&log_sys)) {
+		if (__atomic_exchange_n(&log_sys_reopening, 1, __ATOMIC_ACQUIRE))
+			return;
+		if (log_sys.fd < 0)
+			syslog_socket(&log_sys);
+		__atomic_store_n(&log_sys_reopening, 0, __ATOMIC_RELEASE);
+	}
+	if ((fd = log_sys.fd) < 0)
+		return;
+	n = snprintf(dg, sizeof(dg), "<%d>lockshim[%d]: %s: %s: ", 3 * 8 + severity[level],
+		     log_pid, log_prog, level_names[level]);
+	n += (int)log_escape(dg + n, sizeof(dg) - (size_t)n, msg, (size_t)m);
+	while (sendto(fd, dg, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL,
+		      (const struct sockaddr *)&log_sys_addr, sizeof(log_sys_addr)) < 0 &&
+	       errno == EINTR)
+		;
 }
 
 /* Returns the length of the well-formed UTF-8 sequence (not overlong, no
@@ -323,5 +380,7 @@ void log_write(int level, const char *fmt, ...)
 	}
 	while (n > 0 && write(fd, line, (size_t)n) < 0 && errno == EINTR)
 		;
+	if (__atomic_load_n(&log_sys_addr.sun_family, __ATOMIC_ACQUIRE) == AF_UNIX)
+		syslog_send(level, msg, m);
 	errno = saved_errno;
 }

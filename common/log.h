@@ -62,6 +62,12 @@ size_t log_json_escape(char *dst, size_t cap, const char *src, size_t len);
  * {"ts":..,"level":..,"pid":..,"program":..,"msg":..}, to stderr too. */
 void log_set_json(int json);
 
+/* Sends every later line to syslog too (log_syslog): as one datagram on a
+ * socket of the shim's own to the AF_UNIX datagram socket at path
+ * (normally /dev/log), ident "lockshim", facility LOG_DAEMON, the level
+ * mapped to err, warning, info or debug. Returns 0 or -errno. */
+int log_open_syslog(const char *path);
+
 /* Sets the pid printed in the prefix; called in a fork child. */
 void log_set_pid(int pid);
 

@@ -9,12 +9,16 @@
   Python's json module, for a guarded call at `debug` and for a lock-wait
   timeout at the default level; program data with quotes, backslashes,
   control characters and bytes that are not UTF-8 stays one parseable
-  line.
+  line;
+- `log_syslog = true`: every line is also one datagram to the syslog
+  socket (a test-owned one, LOCKSHIM_TEST_SYSLOG_PATH), facility daemon,
+  the level as severity; no listener: lines dropped, program unharmed.
 """
 import calendar
 import json
 import os
 import re
+import socket
 import subprocess
 import time
 
@@ -28,14 +32,18 @@ def locks(*entries):
     return "locks = ( %s );\n" % ", ".join(entries)
 
 
-def run_driver(progs, cfg, *steps):
-    """Runs the driver under the shim; returns (pid, returncode, stdout, stderr)
-    as bytes."""
-    p = subprocess.Popen([progs["driver"], *steps], env=shim_env(cfg),
+def run_driver(progs, cfg, *steps, **env):
+    """Runs the driver under the shim with env added; returns (pid,
+    returncode, stdout, stderr) as bytes."""
+    p = subprocess.Popen([progs["driver"], *steps], env=shim_env(cfg, **env),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          stdin=subprocess.DEVNULL)
     out, err = p.communicate(timeout=TIMEOUT)
     return p.pid, p.returncode, out, err
+
+
+def run_driver_env(progs, cfg, **env):
+    return run_driver(progs, cfg, "call:0", **env)
 
 
 def epoch(ts):
@@ -139,3 +147,74 @@ def test_json_escapes_program_data(progs, redis, tmp_path):
     want = "acquired lockshim:" + path.replace(b":", b"%3A").decode("latin-1") \
         .replace("\xc3\xa9", "\xe9")
     assert any(o["msg"].startswith(want) for o in objs), (want, objs)
+
+
+# ---- syslog --------------------------------------------------------------------
+
+def syslog_socket(tmp_path):
+    """A test-owned AF_UNIX datagram socket standing in for /dev/log (the
+    shim reads LOCKSHIM_TEST_SYSLOG_PATH, outside secure-execution mode)."""
+    path = str(tmp_path / "log.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(path)
+    s.setblocking(False)
+    return s, path
+
+
+def datagrams(s):
+    out = []
+    while True:
+        try:
+            out.append(s.recv(65536))
+        except BlockingIOError:
+            return out
+
+
+def test_syslog_gets_every_line_as_one_datagram(progs, redis, tmp_path):
+    """log_syslog = true: each stderr line is also one datagram
+    "<PRI>lockshim[pid]: driver: level: msg", facility daemon (3) and the
+    level as severity (debug 7, warning 4); the control without
+    log_syslog sends nothing."""
+    s, path = syslog_socket(tmp_path)
+    try:
+        cfg = write_config(tmp_path, redis, 'log_level = "debug";\n' +
+                           locks('{ symbol = "hold_call"; }'))
+        p = subprocess.run([progs["driver"], "call:0"], capture_output=True, timeout=TIMEOUT,
+                           env=shim_env(cfg, LOCKSHIM_TEST_SYSLOG_PATH=path))
+        assert p.returncode == 0 and p.stderr, p.stderr
+        assert datagrams(s) == []  # the control: log_syslog is off
+
+        cfg = write_config(tmp_path, redis, 'log_level = "debug"; log_syslog = true;\n' +
+                           locks('{ symbol = "hold_call"; }'))
+        pid, rc, out, err = run_driver_env(progs, cfg, LOCKSHIM_TEST_SYSLOG_PATH=path)
+        assert rc == 0, err
+        lines = err.decode().splitlines()
+        got = [d.decode() for d in datagrams(s)]
+        want = []
+        for l in lines:
+            level, msg = re.fullmatch(r"lockshim\[\d+\] driver: (\w+): (.*)", l).groups()
+            sev = {"error": 3, "warn": 4, "info": 6, "debug": 7}[level]
+            want.append("<%d>lockshim[%d]: driver: %s: %s" % (3 * 8 + sev, pid, level, msg))
+        assert got == want and len(got) >= 3, (got, want)
+
+        redis.cmd("SET", "lockshim:hold_call", FOREIGN, "PX", "60000")
+        cfg = write_config(tmp_path, redis, 'log_syslog = true;\n' +
+                           locks('{ symbol = "hold_call"; wait_ms = 300; }'))
+        pid, rc, out, err = run_driver_env(progs, cfg, LOCKSHIM_TEST_SYSLOG_PATH=path)
+        assert rc == 0 and out.startswith(b"call rc=-1 "), (out, err)
+        assert [d.decode() for d in datagrams(s)] == [
+            "<28>lockshim[%d]: driver: warn: hold_call: lock lockshim:hold_call still held "
+            "by another owner after 300 ms" % pid], err
+    finally:
+        s.close()
+
+
+def test_syslog_without_a_listener_drops_lines(progs, redis, tmp_path):
+    """No syslog daemon at the path: the program runs as before, the lines
+    still reach stderr."""
+    cfg = write_config(tmp_path, redis, 'log_level = "debug"; log_syslog = true;\n' +
+                       locks('{ symbol = "hold_call"; }'))
+    pid, rc, out, err = run_driver_env(progs, cfg,
+                                       LOCKSHIM_TEST_SYSLOG_PATH=str(tmp_path / "none.sock"))
+    assert rc == 0 and out.endswith(b"call rc=42 errno=0\n"), err
+    assert b"debug: acquired lockshim:hold_call" in err
