@@ -81,6 +81,7 @@ const struct conf_field conf_lock_fields[] = {
 	LOCK_FIELD(linger_ms, F_INT, 0, 60000, .def = 1),
 	LOCK_FIELD(stack_args_bytes, F_INT, 0, STACK_ARGS_MAX, .def = 256),
 	LOCK_FIELD(retry_max_ms, F_INT, 1, 60000, .def = 100),
+	LOCK_FIELD(warn_wait_ms, F_INT, 0, LLONG_MAX / 4, .def = 1000),
 	/* the top level's strict (parse_root) */
 	LOCK_FIELD(strict, F_BOOL, 0, 1, .dflt = "=top.strict"),
 	LOCK_FIELD(method, F_ENUM, 0, METHOD_RELOC, .names = methods, .def = METHOD_AUTO),

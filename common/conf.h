@@ -52,6 +52,7 @@ struct lock_spec {
 	long long retry_max_ms;
 	long long handoff_us;    /* default mode: waiters let a releaser barge this long */
 	long long linger_ms;     /* default mode: a released lock kept for the next call */
+	long long warn_wait_ms;  /* a call that waited longer logs a warn line; 0: never */
 	long long ret;           /* value a skipped call returns in rax */
 	double ret_double;       /* ... and in xmm0 */
 	int err;                 /* errno a skipped call sets */

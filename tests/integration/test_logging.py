@@ -12,7 +12,12 @@
   line;
 - `log_syslog = true`: every line is also one datagram to the syslog
   socket (a test-owned one, LOCKSHIM_TEST_SYSLOG_PATH), facility daemon,
-  the level as severity; no listener: lines dropped, program unharmed.
+  the level as severity; no listener: lines dropped, program unharmed;
+- `warn_wait_ms`: a call that waited longer than it logs one warn line
+  when it enters, naming the key, the wait and the holder (a foreign
+  value that expires, a live process that hands the lock over); shorter
+  waits and `warn_wait_ms = 0` log nothing; a timeout line names the
+  holder.
 """
 import calendar
 import json
@@ -22,7 +27,7 @@ import socket
 import subprocess
 import time
 
-from support.util import TIMEOUT, shim_env, write_config
+from support.util import TIMEOUT, Proc, shim_env, write_config
 
 TS = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d{3})Z")
 FOREIGN = "0" * 32 + ":elsewhere:4242:4242:-:0:0"  # a holder on another machine
@@ -127,7 +132,7 @@ def test_json_lock_timeout_line(progs, redis, tmp_path):
     objs = json_lines(err)
     assert [o["level"] for o in objs] == ["warn"], objs
     assert objs[0]["msg"] == "hold_call: lock lockshim:hold_call still held by another " \
-        "owner after 300 ms", objs
+        "owner after 300 ms (holder: host elsewhere, pid 4242)", objs
     assert objs[0]["pid"] == pid and objs[0]["program"] == "driver", objs
 
 
@@ -204,7 +209,7 @@ def test_syslog_gets_every_line_as_one_datagram(progs, redis, tmp_path):
         assert rc == 0 and out.startswith(b"call rc=-1 "), (out, err)
         assert [d.decode() for d in datagrams(s)] == [
             "<28>lockshim[%d]: driver: warn: hold_call: lock lockshim:hold_call still held "
-            "by another owner after 300 ms" % pid], err
+            "by another owner after 300 ms (holder: host elsewhere, pid 4242)" % pid], err
     finally:
         s.close()
 
@@ -218,3 +223,63 @@ def test_syslog_without_a_listener_drops_lines(progs, redis, tmp_path):
                                        LOCKSHIM_TEST_SYSLOG_PATH=str(tmp_path / "none.sock"))
     assert rc == 0 and out.endswith(b"call rc=42 errno=0\n"), err
     assert b"debug: acquired lockshim:hold_call" in err
+
+
+# ---- slow waits ----------------------------------------------------------------
+
+SLOW = re.compile(r"lockshim\[(\d+)\] driver: warn: hold_call: lock lockshim:hold_call taken "
+                  r"after waiting (\d+) ms \(holder: host (\S+), pid (\d+)\)")
+
+
+def warn_lines(err):
+    return [l for l in err.decode().splitlines() if ": warn: " in l]
+
+
+def test_slow_wait_logs_one_warn_line_with_the_holder(progs, redis, tmp_path):
+    """A foreign holder whose lease runs 1.5 s: the call enters after it
+    expires and logs one warn line at the default level (warn_wait_ms
+    1000 by default) with the wait and the holder; the same wait with
+    warn_wait_ms = 0, and a 0.3 s wait, log nothing."""
+    body = locks('{ symbol = "hold_call"; }')
+    cfg = write_config(tmp_path, redis, body)
+    redis.cmd("SET", "lockshim:hold_call", FOREIGN, "PX", "1500")
+    pid, rc, out, err = run_driver(progs, cfg, "call:0")
+    assert rc == 0 and out.endswith(b"call rc=42 errno=0\n"), err
+    warns = warn_lines(err)
+    assert len(warns) == 1, err
+    m = SLOW.fullmatch(warns[0])
+    assert m and int(m.group(1)) == pid and m.group(3) == "elsewhere" and m.group(4) == "4242", \
+        warns
+    assert 1000 < int(m.group(2)) < 1500 + 5000, warns
+
+    cfg = write_config(tmp_path, redis, locks('{ symbol = "hold_call"; warn_wait_ms = 0; }'))
+    redis.cmd("SET", "lockshim:hold_call", FOREIGN, "PX", "1500")
+    start = time.monotonic()
+    pid, rc, out, err = run_driver(progs, cfg, "call:0")
+    assert rc == 0 and out.endswith(b"call rc=42 errno=0\n") and err == b"", err
+    assert time.monotonic() - start > 1.0  # it did wait the lease out
+
+    cfg = write_config(tmp_path, redis, body)
+    redis.cmd("SET", "lockshim:hold_call", FOREIGN, "PX", "300")
+    pid, rc, out, err = run_driver(progs, cfg, "call:0")
+    assert rc == 0 and out.endswith(b"call rc=42 errno=0\n") and err == b"", err
+
+
+def test_slow_wait_names_a_live_holder_that_hands_over(progs, redis, tmp_path):
+    """A holder process of this machine keeps the lock 1.5 s; the waiter
+    gets it from its release and names it: this host, the holder's pid."""
+    cfg = write_config(tmp_path, redis, locks('{ symbol = "hold_call"; warn_wait_ms = 500; }'))
+    holder = Proc([progs["driver"], "call:1500"], cfg)
+    try:
+        holder.expect("enter 1500")
+        pid, rc, out, err = run_driver(progs, cfg, "call:0")
+        hrc, hout, herr = holder.finish()
+    finally:
+        holder.kill()
+    assert hrc == 0 and herr == "", herr
+    assert rc == 0 and out.endswith(b"call rc=42 errno=0\n"), err
+    warns = warn_lines(err)
+    assert len(warns) == 1, err
+    m = SLOW.fullmatch(warns[0])
+    assert m and int(m.group(1)) == pid and int(m.group(4)) == holder.p.pid, warns
+    assert 500 < int(m.group(2)) < 1500 + 5000, warns

@@ -73,6 +73,8 @@ static void dump(const struct conf *cfg, char *buf, size_t len)
 			l->kill_signal, l->on_timeout, l->on_error, l->on_lost, l->on_overrun,
 			l->reentrant, l->fair, l->break_dead, l->strict, l->stack_args_bytes,
 			l->index, l->waiter_ttl_ms);
+		if (n < len)
+			n += (size_t)snprintf(buf + n, len - n, " warn %lld", l->warn_wait_ms);
 	}
 }
 
@@ -507,7 +509,7 @@ int main(void)
 		}
 		/* A new setting changes these counts: give it a round trip in
 		 * the tests above, then count it here. */
-		test_cond(n == 10 + 18 + 6 + 8 + 27 && nlock == 27 && literal >= 31);
+		test_cond(n == 10 + 18 + 6 + 8 + 28 && nlock == 28 && literal >= 32);
 		test_cond(!settings_describe(groups, n, &d) && !settings_describe(groups, -1, &d));
 		test_cond(settings_describe(groups, 0, &d) && !strcmp(d.group, "top") &&
 			  !strcmp(d.name, "redis"));

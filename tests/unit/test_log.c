@@ -4,7 +4,8 @@
  * computed without gmtime) against known instants, leap days, 2038 and
  * later, times before 1970, millisecond truncation, and against glibc's
  * gmtime_r for every day from 1900 to 2500; log_json_escape (quotes,
- * control bytes, UTF-8 kept or not); log_prefix's form.
+ * control bytes, UTF-8 kept or not); owner_describe (the holder a slow
+ * wait names); log_prefix's form.
  */
 #include <stdio.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "owner.h"
 #include "test.h"
 
 static int time_is(long long sec, long nsec, const char *want)
@@ -42,6 +44,18 @@ static int matches_gmtime(void)
 			fprintf(stderr, "  %lld: got \"%s\", want \"%s\"\n", s, got, want);
 			return 0;
 		}
+	}
+	return 1;
+}
+
+static int holder_is(const char *val, const char *want)
+{
+	char buf[64];
+	size_t n = owner_describe(val, strlen(val), buf, sizeof(buf));
+
+	if (n != strlen(want) || strcmp(buf, want) != 0) {
+		fprintf(stderr, "  got \"%s\", want \"%s\"\n", buf, want);
+		return 0;
 	}
 	return 1;
 }
@@ -100,6 +114,15 @@ int main(void)
 	test("JSON strings: an escape that does not fit is dropped with the rest");
 	test_cond(json_is("ab\ncd", 5, 7, "ab"));
 	test_cond(json_is("a\xc3\xa9", 3, 2, "a"));
+	test("the holder a wait line names (owner_describe)");
+	test_cond(holder_is("0123456789abcdef0123456789abcdef:db2:4242:4243:-:0:0",
+			    "host db2, pid 4242"));
+	test_cond(holder_is("0123456789abcdef0123456789abcdef:d\x1b\xff b:7:7:-:0:0",
+			    "host d---b, pid 7"));
+	test_cond(holder_is("0123456789abcdef0123456789abcdef::7:7:-:0:0", "unknown"));
+	test_cond(holder_is("0123456789abcdef0123456789abcdef:h:x7:7:-:0:0", "unknown"));
+	test_cond(holder_is("short:h:7:7:-:0:0", "unknown"));
+	test_cond(holder_is("", "unknown"));
 	test("the prefix: lockshim[pid] program: (the executable's file name)");
 	snprintf(want, sizeof(want), "lockshim[%d] test_log: ", (int)getpid());
 	test_cond(log_prefix(buf, sizeof(buf)) == strlen(want) && strcmp(buf, want) == 0);
