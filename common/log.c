@@ -12,7 +12,9 @@
  * line is also one datagram sent with one sendto(2) on the shim's own
  * AF_UNIX socket (fdown.h) to /dev/log, built here (RFC 3164 without the
  * local-time stamp, which would need the tz lock): no openlog/syslog(3),
- * whose lock and state are unsafe in a fork child or a guarded call.
+ * whose lock and state are unsafe in a fork child or a guarded call. A
+ * daemon that lags delays a line 100 ms at most, then lines are dropped
+ * until it takes one again.
  * Control characters (a key built from program data may hold CR or LF) are
  * written escaped, so one event is always one line. The log file's
  * descriptor is the shim's own (fdown.h): when the program closes or
@@ -32,6 +34,7 @@
 #include <strings.h>
 #include <sys/auxv.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,6 +52,9 @@ static int log_json; /* log_format = "json" */
 static struct fdown log_sys = { .fd = -1 }; /* log_syslog's socket */
 static struct sockaddr_un log_sys_addr;   /* sun_family 0: no syslog */
 static int log_sys_reopening;
+static int log_sys_lagging; /* a send timed out: do not wait until one goes */
+
+#define LOG_SYSLOG_WAIT_MS 100 /* the longest a line waits for the daemon */
 
 static const char *const level_names[] = { "error", "warn", "info", "debug" };
 
@@ -132,12 +138,17 @@ void log_set_json(int json)
 	log_json = json;
 }
 
-/* Returns a new AF_UNIX datagram socket owned by the shim in *o: 0 or -errno. */
+/* Puts a new AF_UNIX datagram socket owned by the shim in *o, whose sends
+ * wait at most LOG_SYSLOG_WAIT_MS for room. Returns 0 or -errno. */
 static int syslog_socket(struct fdown *o)
 {
+	struct timeval tv = { 0, LOG_SYSLOG_WAIT_MS * 1000 };
 	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 
-	return fd < 0 ? -errno : fdown_adopt(o, fd);
+	if (fd < 0)
+		return -errno;
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	return fdown_adopt(o, fd);
 }
 
 int log_open_syslog(const char *path)
@@ -154,12 +165,17 @@ int log_open_syslog(const char *path)
 }
 
 /* Sends msg[0..m) at level to syslog as one datagram "<PRI>lockshim[pid]:
- * program: level: msg" (facility LOG_DAEMON), without waiting: a line the socket
- * cannot take now (syslog daemon slow or absent) is dropped. */
+ * program: level: msg" (facility LOG_DAEMON). While the daemon's queue is
+ * full the send waits LOG_SYSLOG_WAIT_MS at most; after a line was dropped
+ * so, later ones do not wait at all until one goes through again. A line
+ * nothing listens to is dropped. */
 static void syslog_send(int level, const char *msg, int m)
 {
 	static const int severity[] = { 3, 4, 6, 7 }; /* err, warning, info, debug */
+	int flags = MSG_NOSIGNAL |
+		    (__atomic_load_n(&log_sys_lagging, __ATOMIC_RELAXED) ? MSG_DONTWAIT : 0);
 	char dg[2048];
+	ssize_t sent;
 	int n, fd;
 
 	if (!fdown_check(&log_sys)) {
@@ -174,10 +190,11 @@ static void syslog_send(int level, const char *msg, int m)
 	n = snprintf(dg, sizeof(dg), "<%d>lockshim[%d]: %s: %s: ", 3 * 8 + severity[level],
 		     log_pid, log_prog, level_names[level]);
 	n += (int)log_escape(dg + n, sizeof(dg) - (size_t)n, msg, (size_t)m);
-	while (sendto(fd, dg, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL,
-		      (const struct sockaddr *)&log_sys_addr, sizeof(log_sys_addr)) < 0 &&
-	       errno == EINTR)
+	while ((sent = sendto(fd, dg, (size_t)n, flags, (const struct sockaddr *)&log_sys_addr,
+			      sizeof(log_sys_addr))) < 0 && errno == EINTR)
 		;
+	if (sent >= 0 || errno == EAGAIN || errno == EWOULDBLOCK)
+		__atomic_store_n(&log_sys_lagging, sent < 0, __ATOMIC_RELAXED);
 }
 
 /* Returns the length of the well-formed UTF-8 sequence (not overlong, no

@@ -25,6 +25,7 @@ import os
 import re
 import socket
 import subprocess
+import threading
 import time
 
 from support.util import TIMEOUT, Proc, shim_env, write_config
@@ -156,23 +157,46 @@ def test_json_escapes_program_data(progs, redis, tmp_path):
 
 # ---- syslog --------------------------------------------------------------------
 
-def syslog_socket(tmp_path):
+class Syslog:
     """A test-owned AF_UNIX datagram socket standing in for /dev/log (the
-    shim reads LOCKSHIM_TEST_SYSLOG_PATH, outside secure-execution mode)."""
-    path = str(tmp_path / "log.sock")
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    s.bind(path)
-    s.setblocking(False)
-    return s, path
+    shim reads LOCKSHIM_TEST_SYSLOG_PATH, outside secure-execution mode),
+    read by a thread as a daemon would (the kernel queues only a few
+    datagrams: max_dgram_qlen)."""
 
+    def __init__(self, tmp_path):
+        self.path = str(tmp_path / "log.sock")
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.s.bind(self.path)
+        self.s.settimeout(0.05)
+        self.got, self.stop = [], False
+        self.lock = threading.Lock()
+        self.t = threading.Thread(target=self.read)
+        self.t.start()
 
-def datagrams(s):
-    out = []
-    while True:
-        try:
-            out.append(s.recv(65536))
-        except BlockingIOError:
-            return out
+    def read(self):
+        while not self.stop:
+            with self.lock:  # a datagram is in got or in the queue, never in between
+                try:
+                    self.got.append(self.s.recv(65536).decode())
+                except socket.timeout:
+                    pass
+
+    def take(self):
+        """Returns the datagrams received since the last take, in order (the
+        program has exited: all it sent is in got or still queued)."""
+        with self.lock:
+            while True:
+                try:
+                    self.got.append(self.s.recv(65536).decode())
+                except socket.timeout:  # empty for one timeout: nothing more
+                    break
+            got, self.got = self.got, []
+        return got
+
+    def close(self):
+        self.stop = True
+        self.t.join()
+        self.s.close()
 
 
 def test_syslog_gets_every_line_as_one_datagram(progs, redis, tmp_path):
@@ -180,21 +204,22 @@ def test_syslog_gets_every_line_as_one_datagram(progs, redis, tmp_path):
     "<PRI>lockshim[pid]: driver: level: msg", facility daemon (3) and the
     level as severity (debug 7, warning 4); the control without
     log_syslog sends nothing."""
-    s, path = syslog_socket(tmp_path)
+    sl = Syslog(tmp_path)
+    path = sl.path
     try:
         cfg = write_config(tmp_path, redis, 'log_level = "debug";\n' +
                            locks('{ symbol = "hold_call"; }'))
         p = subprocess.run([progs["driver"], "call:0"], capture_output=True, timeout=TIMEOUT,
                            env=shim_env(cfg, LOCKSHIM_TEST_SYSLOG_PATH=path))
         assert p.returncode == 0 and p.stderr, p.stderr
-        assert datagrams(s) == []  # the control: log_syslog is off
+        assert sl.take() == []  # the control: log_syslog is off
 
         cfg = write_config(tmp_path, redis, 'log_level = "debug"; log_syslog = true;\n' +
                            locks('{ symbol = "hold_call"; }'))
         pid, rc, out, err = run_driver_env(progs, cfg, LOCKSHIM_TEST_SYSLOG_PATH=path)
         assert rc == 0, err
         lines = err.decode().splitlines()
-        got = [d.decode() for d in datagrams(s)]
+        got = sl.take()
         want = []
         for l in lines:
             level, msg = re.fullmatch(r"lockshim\[\d+\] driver: (\w+): (.*)", l).groups()
@@ -207,11 +232,11 @@ def test_syslog_gets_every_line_as_one_datagram(progs, redis, tmp_path):
                            locks('{ symbol = "hold_call"; wait_ms = 300; }'))
         pid, rc, out, err = run_driver_env(progs, cfg, LOCKSHIM_TEST_SYSLOG_PATH=path)
         assert rc == 0 and out.startswith(b"call rc=-1 "), (out, err)
-        assert [d.decode() for d in datagrams(s)] == [
+        assert sl.take() == [
             "<28>lockshim[%d]: driver: warn: hold_call: lock lockshim:hold_call still held "
             "by another owner after 300 ms (holder: host elsewhere, pid 4242)" % pid], err
     finally:
-        s.close()
+        sl.close()
 
 
 def test_syslog_without_a_listener_drops_lines(progs, redis, tmp_path):
@@ -283,3 +308,43 @@ def test_slow_wait_names_a_live_holder_that_hands_over(progs, redis, tmp_path):
     m = SLOW.fullmatch(warns[0])
     assert m and int(m.group(1)) == pid and int(m.group(4)) == holder.p.pid, warns
     assert 500 < int(m.group(2)) < 1500 + 5000, warns
+
+
+def test_syslog_that_does_not_read_costs_the_program_nothing_but_lines(progs, redis, tmp_path):
+    """A daemon that reads nothing: the queue takes its first lines
+    (max_dgram_qlen) and the rest are dropped, only the first of them after
+    waiting (100 ms); the program ends normally, every line on stderr."""
+    path = str(tmp_path / "deaf.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(path)
+    try:
+        with open("/proc/sys/net/unix/max_dgram_qlen") as f:
+            qlen = int(f.read())
+        cfg = write_config(tmp_path, redis, 'log_level = "debug"; log_syslog = true;\n' +
+                           locks('{ symbol = "hold_call"; }'))
+        calls = ["call:0"] * (qlen + 40)
+        start = time.monotonic()
+        run_driver(progs, cfg, *calls)  # the control: no syslog socket to send to
+        plain = time.monotonic() - start
+        start = time.monotonic()
+        pid, rc, out, err = run_driver(progs, cfg, *calls, LOCKSHIM_TEST_SYSLOG_PATH=path)
+        deaf = time.monotonic() - start
+        assert rc == 0 and out.count(b"call rc=42 errno=0\n") == len(calls), err
+        lines = err.decode().splitlines()
+        # one line waits 100 ms for the queue; the others do not wait at all
+        # (waiting each would cost (dropped lines) x 100 ms, over 3 s here)
+        assert len(lines) - qlen > 30 and deaf - plain < 2.0, (deaf, plain, len(lines))
+        assert len(lines) > qlen + 1, lines
+        s.settimeout(0.05)
+        got = []
+        while True:
+            try:
+                got.append(s.recv(65536).decode())
+            except socket.timeout:
+                break
+        # the first lines, as many as the queue took (Linux takes qlen + 1)
+        assert qlen <= len(got) < len(lines), (got, lines)
+        assert [g.split(": ", 1)[1] for g in got] == \
+            [l.split("] ", 1)[1] for l in lines[:len(got)]], (got, lines)
+    finally:
+        s.close()
