@@ -343,10 +343,11 @@ static int log_fd(void)
 	return log_own.fd >= 0 ? log_own.fd : 2;
 }
 
-/* Writes one JSON object (ts, level, pid, program, msg) for msg[0..m)
- * to line (cap bytes, room kept for the closing "}\n"). Returns its
- * length, newline included. */
-static int json_line(char *line, size_t cap, int level, const char *msg, int m)
+/* Writes one JSON object (ts, level, pid, program, [lock, key,] msg) for
+ * msg[0..m) to line (cap bytes, room kept for the closing "}\n"). Returns
+ * its length, newline included. */
+static int json_line(char *line, size_t cap, int level, const char *lock, const char *key,
+		     size_t klen, const char *msg, int m)
 {
 	static const char tail[] = "\"}\n";
 	struct timespec ts;
@@ -355,25 +356,40 @@ static int json_line(char *line, size_t cap, int level, const char *msg, int m)
 
 	clock_gettime(CLOCK_REALTIME, &ts);
 	log_format_time(when, sizeof(when), ts.tv_sec, ts.tv_nsec);
-	n = snprintf(line, cap, "{\"ts\":\"%s\",\"level\":\"%s\",\"pid\":%d,\"program\":\"%s\","
-		     "\"msg\":\"", when, level_names[level], log_pid, log_prog_json);
-	if (n < 0 || (size_t)n + sizeof(tail) > cap)
+	n = snprintf(line, cap, "{\"ts\":\"%s\",\"level\":\"%s\",\"pid\":%d,\"program\":\"%s\",",
+		     when, level_names[level], log_pid, log_prog_json);
+	if (n < 0 || (size_t)n + sizeof(tail) + 64 > cap)
 		return 0;
+	if (lock) {
+		memcpy(line + n, "\"lock\":\"", 8);
+		n += 8;
+		n += (int)log_json_escape(line + n, cap / 4, lock, strlen(lock));
+		memcpy(line + n, "\",", 2);
+		n += 2;
+	}
+	if (key) {
+		memcpy(line + n, "\"key\":\"", 7);
+		n += 7;
+		n += (int)log_json_escape(line + n, cap / 4, key, klen);
+		memcpy(line + n, "\",", 2);
+		n += 2;
+	}
+	memcpy(line + n, "\"msg\":\"", 7);
+	n += 7;
 	n += (int)log_json_escape(line + n, cap - (size_t)n - sizeof(tail), msg, (size_t)m);
 	memcpy(line + n, tail, sizeof(tail) - 1);
 	return n + (int)sizeof(tail) - 1;
 }
 
-void log_write(int level, const char *fmt, ...)
+/* log_write and log_write_key: formats fmt/ap and writes the line. */
+static void log_vwrite(int level, const char *lock, const char *key, size_t klen,
+		       const char *fmt, va_list ap)
 {
 	char msg[1024], line[2048];
 	int saved_errno = errno, fd = log_fd();
 	int n = 0, m;
-	va_list ap;
 
-	va_start(ap, fmt);
 	m = vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
 	if (m < 0)
 		m = 0;
 	if (m >= (int)sizeof(msg))
@@ -381,7 +397,7 @@ void log_write(int level, const char *fmt, ...)
 	if (!log_pid)
 		log_init(); /* a program that never called it (a unit test) */
 	if (log_json) {
-		n = json_line(line, sizeof(line), level, msg, m);
+		n = json_line(line, sizeof(line), level, lock, key, klen, msg, m);
 	} else {
 		if (fd != 2) {
 			struct timespec ts;
@@ -400,4 +416,23 @@ void log_write(int level, const char *fmt, ...)
 	if (__atomic_load_n(&log_sys_addr.sun_family, __ATOMIC_ACQUIRE) == AF_UNIX)
 		syslog_send(level, msg, m);
 	errno = saved_errno;
+}
+
+void log_write(int level, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vwrite(level, NULL, NULL, 0, fmt, ap);
+	va_end(ap);
+}
+
+void log_write_key(int level, const char *lock, const char *key, size_t klen,
+		   const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vwrite(level, lock, key, klen, fmt, ap);
+	va_end(ap);
 }

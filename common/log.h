@@ -27,6 +27,18 @@ extern int log_threshold;
 void log_write(int level, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
+/* LOG for an event of one lock: with log_format = "json" the line also
+ * has "lock" (its name, the symbol; NULL: none) and "key" (key[0..klen);
+ * NULL: none). Text lines are as LOG's (the message names them). */
+#define LOGK(level, lock, key, klen, ...)                                      \
+	do {                                                                   \
+		if ((level) <= log_threshold)                                  \
+			log_write_key((level), (lock), (key), (klen), __VA_ARGS__); \
+	} while (0)
+
+void log_write_key(int level, const char *lock, const char *key, size_t klen,
+		   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
 /* Returns the level named by s ("error", "warn", "info", "debug", in any
  * case) or -1. */
 int log_level_parse(const char *s);

@@ -187,8 +187,8 @@ static int acquired(struct lease *l, int64_t since, int tries, const char *how)
 {
 	l->acquired_us = since;
 	l->reuse_until_us = util_now_us() + l->spec->handoff_us;
-	LOG(LOG_DEBUG, "acquired %.*s for %s (%d tries%s)", (int)l->klen, l->key,
-	    l->spec->symbol, tries, how);
+	LOGK(LOG_DEBUG, l->spec->symbol, l->key, l->klen, "acquired %.*s for %s (%d tries%s)",
+	     (int)l->klen, l->key, l->spec->symbol, tries, how);
 	return LOCK_OK;
 }
 
@@ -207,8 +207,8 @@ static void slow_wait(const struct lease *l, int64_t start_ms, const char *holde
 	    (waited = (long long)(util_now_ms() - start_ms)) <= s->warn_wait_ms)
 		return;
 	owner_describe(holder, hlen, who, sizeof(who));
-	LOG(LOG_WARN, "%s: lock %.*s taken after waiting %lld ms (holder: %s)", s->symbol,
-	    (int)l->klen, l->key, waited, who);
+	LOGK(LOG_WARN, s->symbol, l->key, l->klen, "%s: lock %.*s taken after waiting %lld ms "
+	     "(holder: %s)", s->symbol, (int)l->klen, l->key, waited, who);
 }
 
 /*
@@ -231,8 +231,8 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
 	dead.turn_done = 1; /* a queued waiter may have it at once */
 	if (conn_check(t, backend->ops->release(t->conn, &dead, 0), err, errlen) != BACKEND_OK)
 		return 0;
-	LOG(LOG_WARN, "%.*s was held by process %d of this machine, which is gone; "
-	    "lock broken", (int)it->klen, it->key, pid);
+	LOGK(LOG_WARN, NULL, it->key, it->klen, "%.*s was held by process %d of this machine, "
+	     "which is gone; lock broken", (int)it->klen, it->key, pid);
 	return 1;
 }
 
@@ -342,14 +342,16 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 		return LOCK_NOLEASE;
 	}
 	if (!busy) {
-		LOG(LOG_ERROR, "%s: Redis unavailable for %lld ms, lock %.*s not taken: %s",
-		    s->symbol, s->wait_ms, (int)l->klen, l->key, err);
+		LOGK(LOG_ERROR, s->symbol, l->key, l->klen,
+		     "%s: Redis unavailable for %lld ms, lock %.*s not taken: %s",
+		     s->symbol, s->wait_ms, (int)l->klen, l->key, err);
 		return LOCK_ERROR;
 	}
 	if (LOG_WARN <= log_threshold) {
 		owner_describe(seen, seen_len, holder, sizeof(holder));
-		LOG(LOG_WARN, "%s: lock %.*s still held by another owner after %lld ms "
-		    "(holder: %s)", s->symbol, (int)l->klen, l->key, s->wait_ms, holder);
+		LOGK(LOG_WARN, s->symbol, l->key, l->klen,
+		     "%s: lock %.*s still held by another owner after %lld ms "
+		     "(holder: %s)", s->symbol, (int)l->klen, l->key, s->wait_ms, holder);
 	}
 	return LOCK_TIMEOUT;
 }

@@ -5,7 +5,8 @@
   a line in `log_file` starts with the UTC time, RFC 3339 with
   milliseconds, close to the test's own clock;
 - `log_format = "json"`: every line, on stderr and in `log_file`, is one
-  JSON object with exactly ts, level, pid, program and msg, parsed by
+  JSON object with ts, level, pid, program, msg (and lock, key for the
+  events of one lock: acquired, released, timeouts, ...), parsed by
   Python's json module, for a guarded call at `debug` and for a lock-wait
   timeout at the default level; program data with quotes, backslashes,
   control characters and bytes that are not UTF-8 stays one parseable
@@ -61,10 +62,15 @@ def epoch(ts):
 
 
 def json_lines(data):
-    """Parses every line of data (bytes) as one JSON object; returns them."""
+    """Parses every line of data (bytes) as one JSON object with ts, level,
+    pid, program, msg and, for events of one lock, lock and key; returns
+    them."""
     objs = [json.loads(line) for line in data.decode("utf-8").splitlines()]
     for o in objs:
-        assert set(o) == {"ts", "level", "pid", "program", "msg"}, o
+        assert list(o) in (["ts", "level", "pid", "program", "msg"],
+                           ["ts", "level", "pid", "program", "lock", "key", "msg"],
+                           ["ts", "level", "pid", "program", "lock", "msg"],
+                           ["ts", "level", "pid", "program", "key", "msg"]), o
         assert o["level"] in ("error", "warn", "info", "debug"), o
         assert isinstance(o["pid"], int) and isinstance(o["msg"], str), o
     return objs
@@ -110,8 +116,9 @@ def test_json_lines_parse_on_stderr_and_in_the_log_file(progs, redis, tmp_path):
     objs = json_lines(err)
     assert objs and all(o["pid"] == pid and o["program"] == "driver" for o in objs), objs
     assert all(before - 1 <= epoch(o["ts"]) <= after + 1 for o in objs), objs
-    assert any(o["level"] == "debug" and o["msg"].startswith("acquired lockshim:hold_call")
-               for o in objs), objs
+    acq = [o for o in objs if o["msg"].startswith("acquired lockshim:hold_call")]
+    assert len(acq) == 1 and acq[0]["level"] == "debug", objs
+    assert acq[0]["lock"] == "hold_call" and acq[0]["key"] == "lockshim:hold_call", acq
 
     log = tmp_path / "shim.log"
     cfg = write_config(tmp_path, redis, 'log_level = "debug"; log_format = "json"; '
@@ -135,6 +142,7 @@ def test_json_lock_timeout_line(progs, redis, tmp_path):
     assert objs[0]["msg"] == "hold_call: lock lockshim:hold_call still held by another " \
         "owner after 300 ms (holder: host elsewhere, pid 4242)", objs
     assert objs[0]["pid"] == pid and objs[0]["program"] == "driver", objs
+    assert objs[0]["lock"] == "hold_call" and objs[0]["key"] == "lockshim:hold_call", objs
 
 
 def test_json_escapes_program_data(progs, redis, tmp_path):
@@ -152,7 +160,9 @@ def test_json_escapes_program_data(progs, redis, tmp_path):
     objs = json_lines(err)
     want = "acquired lockshim:" + path.replace(b":", b"%3A").decode("latin-1") \
         .replace("\xc3\xa9", "\xe9")
-    assert any(o["msg"].startswith(want) for o in objs), (want, objs)
+    acq = [o for o in objs if o["msg"].startswith(want)]
+    assert len(acq) == 1 and acq[0]["key"] == want[len("acquired "):], (want, objs)
+    assert acq[0]["lock"] == "log_call", acq
 
 
 # ---- syslog --------------------------------------------------------------------
