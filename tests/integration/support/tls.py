@@ -103,6 +103,7 @@ class TlsServer(RedisServer):
         self.extra = list(extra)  # more redis-server arguments
 
     def start(self):
+        self.unhold()
         p = self.pki
         self.proc = subprocess.Popen(
             ["redis-server", "--port", "0", "--tls-port", str(self.port), "--bind", "127.0.0.1",
