@@ -2,26 +2,18 @@
 /*
  * log.c - the shim's only output channel.
  *
- * Everything is formatted with vsnprintf into a stack buffer and emitted with
- * one write(2), so lines from several threads never interleave and no stdio
- * lock is ever taken (stdio is unsafe after fork and may be guarded itself).
- * A line names the program (the executable's file name, read once by
- * log_init); one written to the log file starts with the UTC time, which
- * log_format_time computes from clock_gettime alone (no gmtime: no tz lock,
- * nothing allocated), and only when a line is written. With log_syslog, each
- * line is also one datagram sent with one sendto(2) on the shim's own
- * AF_UNIX socket (fdown.h) to /dev/log, built here (RFC 3164 without the
- * local-time stamp, which would need the tz lock): no openlog/syslog(3),
- * whose lock and state are unsafe in a fork child or a guarded call. A
- * daemon that lags delays a line 100 ms at most, then lines are dropped
- * until it takes one again.
- * Control characters (a key built from program data may hold CR or LF) are
- * written escaped, so one event is always one line. The log file's
- * descriptor is the shim's own (fdown.h): when the program closes or
- * replaces it, the file is opened again, and nothing is written to the
- * program's file. The shim's own write(2) calls go through its own PLT,
- * which the redirector never patches, so a config that guards `write`
- * cannot loop back here.
+ * A line (text, or JSON with log_format) is formatted into a stack buffer
+ * and written with one write(2): lines of several threads never interleave,
+ * no stdio lock is taken (unsafe after fork, maybe guarded). It names the
+ * program (read once, log_init); in the log file it starts with the UTC
+ * time, from clock_gettime when a line is written, without gmtime (no tz
+ * lock). Control characters are escaped: one event, one line. The log
+ * file's descriptor is the shim's own (fdown.h; reopened when the program
+ * takes it), as is log_syslog's AF_UNIX socket: one sendto(2) per line to
+ * /dev/log, RFC 3164 without the local-time stamp, not syslog(3) (its lock
+ * is unsafe in a guarded call or fork child); a lagging daemon delays a
+ * line 100 ms at most. The shim's write(2) goes through its own PLT, never
+ * patched, so guarding `write` cannot loop back here.
  */
 #include "log.h"
 

@@ -6,8 +6,8 @@
  * (redis serverLog style). Lines are formatted into a stack buffer and
  * written with a single write(2) to stderr or the configured log file,
  * prefixed "lockshim[pid] program: level: " (the log file's lines first
- * with the UTC time, RFC 3339 with milliseconds). Safe to call from any
- * thread and after fork.
+ * with the UTC time, RFC 3339 with milliseconds), or as JSON objects; and
+ * to syslog too with log_syslog. Safe from any thread and after fork.
  */
 #ifndef LOCKSHIM_LOG_H
 #define LOCKSHIM_LOG_H
