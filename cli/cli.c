@@ -550,6 +550,7 @@ int main(int argc, char **argv)
 {
 	const struct cmd_struct *cmd;
 
+	log_init();
 	if (argc < 2) {
 		print_usage(stderr, 0);
 		return EX_USAGE;

@@ -38,6 +38,7 @@ static const char *const methods[] = { "auto", "entry", "reloc", NULL };
 /* Level names of log.h's enum log_level; log.c parses them
  * (log_level_parse, any case). */
 static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
+static const char *const log_formats[] = { "text", "json", NULL };
 
 _Static_assert(sizeof(call_policies) / sizeof(*call_policies) == POLICY_PROCEED + 2,
 	       "call_policies names every enum call_policy");
@@ -80,6 +81,7 @@ const struct conf_field conf_lock_fields[] = {
 	LOCK_FIELD(linger_ms, F_INT, 0, 60000, .def = 1),
 	LOCK_FIELD(stack_args_bytes, F_INT, 0, STACK_ARGS_MAX, .def = 256),
 	LOCK_FIELD(retry_max_ms, F_INT, 1, 60000, .def = 100),
+	LOCK_FIELD(warn_wait_ms, F_INT, 0, LLONG_MAX / 4, .def = 1000),
 	/* the top level's strict (parse_root) */
 	LOCK_FIELD(strict, F_BOOL, 0, 1, .dflt = "=top.strict"),
 	LOCK_FIELD(method, F_ENUM, 0, METHOD_RELOC, .names = methods, .def = METHOD_AUTO),
@@ -97,6 +99,8 @@ const struct conf_field conf_top_fields[] = {
 	FIELD(struct conf, "log_level", log_level, F_LOGLEVEL, LOG_ERROR, LOG_DEBUG,
 	      .names = log_levels, .def = -1),
 	FIELD(struct conf, "log_file", log_file, F_STR, 0, 0),
+	FIELD(struct conf, "log_format", log_format, F_ENUM, 0, 1, .names = log_formats),
+	FIELD(struct conf, "log_syslog", log_syslog, F_BOOL, 0, 1),
 	FIELD(struct conf, "strict", strict, F_BOOL, 0, 1),
 	FIELD(struct conf, "debug_dirs", debug_dirs, F_STRS, 0, 0,
 	      .def_strs = (const char *const[]){ "/usr/lib/debug", NULL }),
@@ -610,6 +614,17 @@ int conf_logging(const struct conf *cfg, int apply, char *err, size_t errlen)
 	}
 	if (apply && level >= 0)
 		log_threshold = level;
+	if (apply)
+		log_set_json(cfg->log_format == 1);
+	if (apply && cfg->log_syslog) {
+		/* the tests' own socket; never read in secure-execution mode */
+		const char *sys = secure_getenv("LOCKSHIM_TEST_SYSLOG_PATH");
+
+		if ((rc = log_open_syslog(sys && *sys ? sys : "/dev/log")) < 0) {
+			snprintf(err, errlen, "%s: log_syslog: %s", cfg->path, strerror(-rc));
+			return -1;
+		}
+	}
 	return 0;
 }
 

@@ -52,6 +52,7 @@ struct lock_spec {
 	long long retry_max_ms;
 	long long handoff_us;    /* default mode: waiters let a releaser barge this long */
 	long long linger_ms;     /* default mode: a released lock kept for the next call */
+	long long warn_wait_ms;  /* a call that waited longer logs a warn line; 0: never */
 	long long ret;           /* value a skipped call returns in rax */
 	double ret_double;       /* ... and in xmm0 */
 	int err;                 /* errno a skipped call sets */
@@ -94,6 +95,8 @@ struct conf {
 	char *ns;
 	int log_level;      /* -1 when not set */
 	char *log_file;
+	int log_format;     /* 0 text, 1 json (log_set_json) */
+	int log_syslog;     /* lines also to syslog (log_open_syslog) */
 	int strict;         /* the default of every lock's `strict` */
 	char **debug_dirs;  /* where separate debug files are looked for; NULL-terminated */
 	struct lock_spec *locks; /* one per guarded symbol (struct lock_spec) */

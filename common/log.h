@@ -5,7 +5,9 @@
  * LOG(level, fmt, ...) tests the level before evaluating its arguments
  * (redis serverLog style). Lines are formatted into a stack buffer and
  * written with a single write(2) to stderr or the configured log file,
- * prefixed "lockshim[pid]: ". Safe to call from any thread and after fork.
+ * prefixed "lockshim[pid] program: level: " (the log file's lines first
+ * with the UTC time, RFC 3339 with milliseconds), or as JSON objects; and
+ * to syslog too with log_syslog. Safe from any thread and after fork.
  */
 #ifndef LOCKSHIM_LOG_H
 #define LOCKSHIM_LOG_H
@@ -24,6 +26,18 @@ extern int log_threshold;
 
 void log_write(int level, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+
+/* LOG for an event of one lock: with log_format = "json" the line also
+ * has "lock" (its name, the symbol; NULL: none) and "key" (key[0..klen);
+ * NULL: none). Text lines are as LOG's (the message names them). */
+#define LOGK(level, lock, key, klen, ...)                                      \
+	do {                                                                   \
+		if ((level) <= log_threshold)                                  \
+			log_write_key((level), (lock), (key), (klen), __VA_ARGS__); \
+	} while (0)
+
+void log_write_key(int level, const char *lock, const char *key, size_t klen,
+		   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /* Returns the level named by s ("error", "warn", "info", "debug", in any
  * case) or -1. */
@@ -47,7 +61,42 @@ int log_check_file(const char *path);
  */
 size_t log_escape(char *dst, size_t cap, const char *src, size_t len);
 
-/* Sets the pid printed in the prefix; called at init and in a fork child. */
+/*
+ * Copies src[0..len) to dst (at most cap bytes) as the inside of a JSON
+ * string: '"' and '\\' escaped, control characters and bytes that are not
+ * part of well-formed UTF-8 as \u00XX (the byte's Latin-1 reading), UTF-8
+ * kept. Returns the bytes written; an escape that does not fit is dropped
+ * whole, and so is everything after it.
+ */
+size_t log_json_escape(char *dst, size_t cap, const char *src, size_t len);
+
+/* Nonzero: later lines are JSON objects (log_format = "json"):
+ * {"ts":..,"level":..,"pid":..,"program":..,"msg":..}, to stderr too. */
+void log_set_json(int json);
+
+/* Sends every later line to syslog too (log_syslog): as one datagram on a
+ * socket of the shim's own to the AF_UNIX datagram socket at path
+ * (normally /dev/log), ident "lockshim", facility LOG_DAEMON, the level
+ * mapped to err, warning, info or debug. Returns 0 or -errno. */
+int log_open_syslog(const char *path);
+
+/* Sets the pid printed in the prefix; called in a fork child. */
 void log_set_pid(int pid);
+
+/* Reads the pid and the program's name (the file name of /proc/self/exe,
+ * else program_invocation_short_name) printed in the prefix; called once,
+ * at start-up, by the shim's constructor and the CLI. */
+void log_init(void);
+
+/* Writes "lockshim[pid] program: " to buf (at most cap bytes, NUL
+ * included). Returns its length. */
+size_t log_prefix(char *buf, size_t cap);
+
+/* Writes sec.nsec since the epoch as UTC, RFC 3339 with milliseconds
+ * ("2026-11-25T11:43:25.123Z", 24 bytes for years 0-9999; milliseconds
+ * truncated, never rounded up to the next second) to buf (at most cap
+ * bytes, NUL included). Returns its length. Takes no lock, allocates
+ * nothing. */
+size_t log_format_time(char *buf, size_t cap, long long sec, long nsec);
 
 #endif

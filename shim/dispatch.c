@@ -147,13 +147,15 @@ static int policy_for(const struct lock_spec *s, int outcome)
 			  outcome == LOCK_NOLEASE ? "lease cannot be kept" : "Redis unavailable";
 
 	if (p == POLICY_PROCEED)
-		LOG(LOG_WARN, "%s: %s; running the call unguarded (proceed)", s->symbol, why);
+		LOGK(LOG_WARN, s->symbol, NULL, 0, "%s: %s; running the call unguarded (proceed)",
+		     s->symbol, why);
 	else if (p == POLICY_EXIT)
-		LOG(LOG_ERROR, "%s: %s; exiting with status %d", s->symbol, why, s->exit_code);
+		LOGK(LOG_ERROR, s->symbol, NULL, 0, "%s: %s; exiting with status %d", s->symbol, why,
+		     s->exit_code);
 	else if (p == POLICY_ABORT)
-		LOG(LOG_ERROR, "%s: %s; aborting", s->symbol, why);
+		LOGK(LOG_ERROR, s->symbol, NULL, 0, "%s: %s; aborting", s->symbol, why);
 	else
-		LOG(LOG_INFO, "%s: %s; call skipped", s->symbol, why);
+		LOGK(LOG_INFO, s->symbol, NULL, 0, "%s: %s; call skipped", s->symbol, why);
 	return p;
 }
 

@@ -49,8 +49,9 @@ static struct backend backend;
 static void die_config(const char *msg)
 {
 	char line[2048];
-	int n = snprintf(line, sizeof(line), "lockshim[%d]: config error: ", (int)getpid());
+	int n = (int)log_prefix(line, sizeof(line));
 
+	n += snprintf(line + n, sizeof(line) - (size_t)n, "config error: ");
 	n += (int)log_escape(line + n, sizeof(line) - (size_t)n - 1, msg, strlen(msg));
 	line[n++] = '\n';
 	if (write(2, line, (size_t)n) < 0) {
@@ -63,9 +64,10 @@ static void die_config(const char *msg)
 static void refuse_untrusted(const char *why)
 {
 	char line[2048];
-	int n = snprintf(line, sizeof(line), "lockshim[%d]: secure-execution mode: ", (int)getpid());
+	int n = (int)log_prefix(line, sizeof(line));
 	static const char tail[] = "; nothing is guarded in this process\n";
 
+	n += snprintf(line + n, sizeof(line) - (size_t)n, "secure-execution mode: ");
 	n += (int)log_escape(line + n, sizeof(line) - (size_t)n - sizeof(tail), why, strlen(why));
 	memcpy(line + n, tail, sizeof(tail) - 1);
 	if (write(2, line, (size_t)n + sizeof(tail) - 1) < 0) {
@@ -132,7 +134,7 @@ __attribute__((constructor)) static void shim_init(void)
 
 	guard_enter();
 	shim_initial_thread = pthread_self();
-	log_set_pid(getpid());
+	log_init();
 	path = init_config_path();
 	backend_conf_groups(groups, sizeof(groups) / sizeof(*groups));
 	if ((rc = conf_load(&cfg, path, groups, err, sizeof(err))) == 0)

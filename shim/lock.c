@@ -187,9 +187,28 @@ static int acquired(struct lease *l, int64_t since, int tries, const char *how)
 {
 	l->acquired_us = since;
 	l->reuse_until_us = util_now_us() + l->spec->handoff_us;
-	LOG(LOG_DEBUG, "acquired %.*s for %s (%d tries%s)", (int)l->klen, l->key,
-	    l->spec->symbol, tries, how);
+	LOGK(LOG_DEBUG, l->spec->symbol, l->key, l->klen, "acquired %.*s for %s (%d tries%s)",
+	     (int)l->klen, l->key, l->spec->symbol, tries, how);
 	return LOCK_OK;
+}
+
+/*
+ * Logs one warn line when the call about to enter l waited longer than its
+ * warn_wait_ms (0: never) since start_ms: the key, the wait and the last
+ * holder it saw (holder[0..hlen), a lock value; hlen 0: none seen).
+ */
+static void slow_wait(const struct lease *l, int64_t start_ms, const char *holder, size_t hlen)
+{
+	const struct lock_spec *s = l->spec;
+	long long waited;
+	char who[BACKEND_VAL_MAX];
+
+	if (s->warn_wait_ms <= 0 || LOG_WARN > log_threshold ||
+	    (waited = (long long)(util_now_ms() - start_ms)) <= s->warn_wait_ms)
+		return;
+	owner_describe(holder, hlen, who, sizeof(who));
+	LOGK(LOG_WARN, s->symbol, l->key, l->klen, "%s: lock %.*s taken after waiting %lld ms "
+	     "(holder: %s)", s->symbol, (int)l->klen, l->key, waited, who);
 }
 
 /*
@@ -212,8 +231,8 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
 	dead.turn_done = 1; /* a queued waiter may have it at once */
 	if (conn_check(t, backend->ops->release(t->conn, &dead, 0), err, errlen) != BACKEND_OK)
 		return 0;
-	LOG(LOG_WARN, "%.*s was held by process %d of this machine, which is gone; "
-	    "lock broken", (int)it->klen, it->key, pid);
+	LOGK(LOG_WARN, NULL, it->key, it->klen, "%.*s was held by process %d of this machine, "
+	     "which is gone; lock broken", (int)it->klen, it->key, pid);
 	return 1;
 }
 
@@ -239,7 +258,8 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 			long long *granted_ttl_ms)
 {
 	const struct lock_spec *s = l->spec;
-	int64_t now = util_now_ms(), step = 2, deadline, logged = now - LOCK_ERROR_LOG_MS;
+	int64_t now = util_now_ms(), start = now, step = 2, deadline;
+	int64_t logged = now - LOCK_ERROR_LOG_MS;
 	int busy = 0, tries = 0, unsure = 0, start_rc = 0, rc;
 	char err[192] = "", holder[BACKEND_VAL_MAX], seen[BACKEND_VAL_MAX];
 	size_t hlen, seen_len = 0;
@@ -258,20 +278,25 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 			unsure |= rc == BACKEND_ERR; /* sent, maybe run, unanswered */
 		}
 		tries++;
-		if (rc == BACKEND_OK)
+		if (rc == BACKEND_OK) {
+			if (tries > 1)
+				slow_wait(l, start, seen, seen_len);
 			return acquired(l, sent, tries, "");
+		}
 		busy |= rc == BACKEND_NO;
 		now = util_now_ms();
-		if (rc == BACKEND_NO && hlen && s->break_dead) {
+		if (rc == BACKEND_NO && hlen) {
 			int again = hlen == seen_len && memcmp(holder, seen, hlen) == 0;
 
 			memcpy(seen, holder, hlen);
 			seen_len = hlen;
-			if (break_dead(t, it, holder, hlen, again || now >= deadline,
-				       err, sizeof(err)))
-				continue;
-			if (!t->conn) /* its release failed: an error, no wait */
-				rc = BACKEND_ERR;
+			if (s->break_dead) {
+				if (break_dead(t, it, holder, hlen, again || now >= deadline,
+					       err, sizeof(err)))
+					continue;
+				if (!t->conn) /* its release failed: an error, no wait */
+					rc = BACKEND_ERR;
+			}
 		}
 		if (now >= deadline)
 			break;
@@ -290,6 +315,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 			if (rc == BACKEND_GRANTED) {
 				if (it->waiter_ttl_ms < *granted_ttl_ms)
 					*granted_ttl_ms = it->waiter_ttl_ms;
+				slow_wait(l, start, seen, seen_len);
 				return acquired(l, now * 1000, tries, ", handed over");
 			}
 			if (rc != BACKEND_ERR)
@@ -316,12 +342,17 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 		return LOCK_NOLEASE;
 	}
 	if (!busy) {
-		LOG(LOG_ERROR, "%s: Redis unavailable for %lld ms, lock %.*s not taken: %s",
-		    s->symbol, s->wait_ms, (int)l->klen, l->key, err);
+		LOGK(LOG_ERROR, s->symbol, l->key, l->klen,
+		     "%s: Redis unavailable for %lld ms, lock %.*s not taken: %s",
+		     s->symbol, s->wait_ms, (int)l->klen, l->key, err);
 		return LOCK_ERROR;
 	}
-	LOG(LOG_WARN, "%s: lock %.*s still held by another owner after %lld ms",
-	    s->symbol, (int)l->klen, l->key, s->wait_ms);
+	if (LOG_WARN <= log_threshold) {
+		owner_describe(seen, seen_len, holder, sizeof(holder));
+		LOGK(LOG_WARN, s->symbol, l->key, l->klen,
+		     "%s: lock %.*s still held by another owner after %lld ms "
+		     "(holder: %s)", s->symbol, (int)l->klen, l->key, s->wait_ms, holder);
+	}
 	return LOCK_TIMEOUT;
 }
 

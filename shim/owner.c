@@ -218,3 +218,28 @@ int owner_gone(const char *val, size_t len, int thorough, int *pid)
 		return 0;
 	return state == 'Z' || state == 'X' || seen_start != start;
 }
+
+size_t owner_describe(const char *val, size_t len, char *buf, size_t cap)
+{
+	const char *f[5][2]; /* start, ns, boot, tid, pid */
+	const char *host = val + 33;
+	unsigned long long pid;
+	int n;
+
+	char name[256];
+	size_t hlen;
+
+	if (len < 33 || val[32] != ':' || split_tail(val, len, 5, f) != 0 ||
+	    f[4][0] - 1 <= host || num(f[4][0], f[4][1], &pid)) {
+		n = snprintf(buf, cap, "unknown");
+	} else {
+		/* as the shim writes it: a value written by anything else (or
+		 * mangled) shows no control or non-ASCII byte either */
+		hlen = (size_t)(f[4][0] - 1 - host);
+		hlen = hlen < sizeof(name) ? hlen : sizeof(name) - 1;
+		for (size_t i = 0; i < hlen; i++)
+			name[i] = host[i] > 0x20 && host[i] < 0x7f ? host[i] : '-';
+		n = snprintf(buf, cap, "host %.*s, pid %llu", (int)hlen, name, pid);
+	}
+	return n < 0 ? 0 : (size_t)n >= cap ? cap - 1 : (size_t)n;
+}

@@ -31,6 +31,12 @@ size_t owner_suffix(char *buf, size_t cap, int tid);
  */
 int owner_gone(const char *val, size_t len, int thorough, int *pid);
 
+/* Writes "host H, pid P" for the holder named by the lock value
+ * val[0..len) into buf (NUL-terminated, truncated to cap; in H, a control
+ * or non-ASCII byte as '-'), or "unknown" when the value does not have
+ * the form above. Returns the length. */
+size_t owner_describe(const char *val, size_t len, char *buf, size_t cap);
+
 /* Fork child: the identity is read afresh on next use. */
 void owner_atfork_child(void);
 

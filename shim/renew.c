@@ -149,7 +149,8 @@ int renew_release(struct backend_conn **c, const struct lease *l, int idle, cons
 
 	it.turn_done = idle || (l->spec->handoff_us > 0 && util_now_us() >= l->reuse_until_us);
 	if (conn_up(c, err, sizeof(err)) && backend->ops->release(*c, &it, 1) != BACKEND_ERR) {
-		LOG(LOG_DEBUG, "%s: released %.*s", when, (int)l->klen, l->key);
+		LOGK(LOG_DEBUG, l->spec->symbol, l->key, l->klen, "%s: released %.*s", when,
+		     (int)l->klen, l->key);
 		return 0;
 	}
 	renew_conn_failed(c, err, sizeof(err));
@@ -186,8 +187,8 @@ static void act(struct lease *l, int p, const char *why)
 {
 	const struct lock_spec *s = l->spec;
 
-	LOG(LOG_ERROR, "%s: lease on %.*s %s; applying %s", s->symbol, (int)l->klen,
-	    l->key, why, conf_hold_policy_name(p));
+	LOGK(LOG_ERROR, s->symbol, l->key, l->klen, "%s: lease on %.*s %s; applying %s", s->symbol,
+	     (int)l->klen, l->key, why, conf_hold_policy_name(p));
 	if (p == HOLD_ABORT)
 		abort();
 	if (p == HOLD_KILL) {

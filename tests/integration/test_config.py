@@ -2,6 +2,7 @@
 """Unusable configs stop the program before main; connection settings."""
 import errno
 import os
+import re
 
 import pytest
 
@@ -70,7 +71,9 @@ def test_log_file(progs, redis, tmp_path):
     assert r.returncode == 0 and "lockshim" not in r.stderr
     text = log.read_text()
     assert "debug: acquired lockshim:hold_call" in text
-    assert text.startswith("lockshim[")
+    # every line: the UTC time (RFC 3339, milliseconds), the pid, the program
+    assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z lockshim\[\d+\] driver: "
+                        r"(error|warn|info|debug): ", l) for l in text.splitlines()), text
 
 
 @pytest.fixture

@@ -113,7 +113,7 @@ def locks(*entries):
 
 
 def lines_at(level, stderr):
-    return [l for l in stderr.splitlines() if re.match(r"lockshim\[\d+\]: %s: " % level, l)]
+    return [l for l in stderr.splitlines() if re.match(r"lockshim\[\d+\] \S+: %s: " % level, l)]
 
 
 def acquires(stderr, symbol, key=None):

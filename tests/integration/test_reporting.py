@@ -33,8 +33,8 @@ from support.server import RedisServer, start_servers
 from support.util import ASAN, CLI, ROOT, TIMEOUT, cc, run, shim_env, wait_for, write_config
 
 HOLD = '{ symbol = "hold_call"; }'
-FORGED = "lockshim[1]: error: forged"
-LOG_LINE = re.compile(rb"lockshim\[\d+\]: (error|warn|info|debug): [^\r]*")
+FORGED = "lockshim[1] driver: error: forged"
+LOG_LINE = re.compile(rb"lockshim\[\d+\] \S+: (error|warn|info|debug): [^\r]*")
 
 
 # ---- helpers -----------------------------------------------------------------
@@ -45,7 +45,7 @@ def locks(*entries):
 
 def lines_at(level, stderr):
     """The shim's log lines of one level."""
-    return [l for l in stderr.splitlines() if re.match(r"lockshim\[\d+\]: %s: " % level, l)]
+    return [l for l in stderr.splitlines() if re.match(r"lockshim\[\d+\] \S+: %s: " % level, l)]
 
 
 def cli(*args, **env):
@@ -88,6 +88,7 @@ class Server(RedisServer):
         self.tls_ca = tls_ca  # set: the port speaks TLS only, with this CA
 
     def start(self):
+        self.unhold()
         args = ["redis-server", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--daemonize", "no", "--logfile", self.log, "--dir", self.dir]
         if self.tls_ca:

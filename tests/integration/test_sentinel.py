@@ -450,7 +450,7 @@ def test_unacknowledged_renewal_is_a_warning_and_keeps_the_lease(topo, worker_pr
     assert b.wait() == 0
     err = b.stderr()
     warns = [l for l in err.splitlines() if "not acknowledged" in l]
-    assert warns and all(re.match(r"lockshim\[\d+\]: warn: ", l) for l in warns), err
+    assert warns and all(re.match(r"lockshim\[\d+\] \S+: warn: ", l) for l in warns), err
     assert lost_lines(err) == [], err
     wait_for(lambda: lock_keys(p) == [], timeout=5, what="the release")
 

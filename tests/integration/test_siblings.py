@@ -97,7 +97,7 @@ def cli(*args):
 
 
 def lines_at(level, stderr):
-    return [l for l in stderr.splitlines() if re.match(r"lockshim\[\d+\]: %s: " % level, l)]
+    return [l for l in stderr.splitlines() if re.match(r"lockshim\[\d+\] \S+: %s: " % level, l)]
 
 
 MV_LOCK = '{ symbols = ( "rename", "renameat2" ); key = "mv"; wait_ms = 30000; }'

@@ -61,6 +61,7 @@ static void dump(const struct conf *cfg, char *buf, size_t len)
 			     r->db, r->connect_timeout_ms, r->command_timeout_ms, r->wait_replicas,
 			     r->wait_replicas_ms, r->tls.verify, cfg->ns, cfg->log_level,
 			     str_or(cfg->log_file), cfg->strict, cfg->nlocks);
+	n += (size_t)snprintf(buf + n, len - n, "|log %d %d", cfg->log_format, cfg->log_syslog);
 	for (int i = 0; i < cfg->nlocks && n < len; i++) {
 		const struct lock_spec *l = &cfg->locks[i];
 
@@ -72,6 +73,8 @@ static void dump(const struct conf *cfg, char *buf, size_t len)
 			l->kill_signal, l->on_timeout, l->on_error, l->on_lost, l->on_overrun,
 			l->reentrant, l->fair, l->break_dead, l->strict, l->stack_args_bytes,
 			l->index, l->waiter_ttl_ms);
+		if (n < len)
+			n += (size_t)snprintf(buf + n, len - n, " warn %lld", l->warn_wait_ms);
 	}
 }
 
@@ -391,6 +394,14 @@ int main(void)
 			    err, sizeof(err)) == 0);
 	test_cond(cfg.log_level == 2 && strcmp(cfg.log_file, "/tmp/x") == 0 && cfg.strict == 1);
 	conf_release(&cfg);
+	test_cond(load_text(&cfg, "log_format = \"json\"; log_syslog = true;", err,
+			    sizeof(err)) == 0);
+	test_cond(cfg.log_format == 1 && cfg.log_syslog == 1);
+	conf_release(&cfg);
+	test_cond(load_text(&cfg, "", err, sizeof(err)) == 0 && cfg.log_format == 0 &&
+		  cfg.log_syslog == 0);
+	conf_release(&cfg);
+	test_cond(rejects("log_format = \"xml\";", "log_format", "\"xml\""));
 
 	test("waiter_ttl_ms = 2 * retry_max_ms + redis.command_timeout_ms, for every lock");
 	test_cond(load_text(&cfg, "locks = ( { symbol = \"a\"; } );", err, sizeof(err)) == 0);
@@ -498,7 +509,7 @@ int main(void)
 		}
 		/* A new setting changes these counts: give it a round trip in
 		 * the tests above, then count it here. */
-		test_cond(n == 8 + 18 + 6 + 8 + 27 && nlock == 27 && literal >= 29);
+		test_cond(n == 10 + 18 + 6 + 8 + 28 && nlock == 28 && literal >= 32);
 		test_cond(!settings_describe(groups, n, &d) && !settings_describe(groups, -1, &d));
 		test_cond(settings_describe(groups, 0, &d) && !strcmp(d.group, "top") &&
 			  !strcmp(d.name, "redis"));

@@ -28,7 +28,7 @@ import time
 from support.topology import stop_pid
 from support.util import MULT, TIMEOUT, shim_env
 
-LOST = re.compile(r"lockshim\[\d+\]: error: (\S+): lease on (\S+) (.+); applying (\w+)$")
+LOST = re.compile(r"lockshim\[\d+\] \S+: error: (\S+): lease on (\S+) (.+); applying (\w+)$")
 
 # ---- the programs ----------------------------------------------------------------
 
