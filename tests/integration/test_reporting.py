@@ -88,7 +88,6 @@ class Server(RedisServer):
         self.tls_ca = tls_ca  # set: the port speaks TLS only, with this CA
 
     def start(self):
-        self.unhold()
         args = ["redis-server", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--daemonize", "no", "--logfile", self.log, "--dir", self.dir]
         if self.tls_ca:

@@ -102,7 +102,6 @@ class TlsServer(RedisServer):
         self.extra = list(extra)  # more redis-server arguments
 
     def start(self):
-        self.unhold()
         p = self.pki
         return self.launch(
             ["redis-server", "--port", "0", "--tls-port", str(self.port), "--bind", "127.0.0.1",
