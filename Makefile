@@ -149,7 +149,7 @@ test-repeat-asan: deps
 bench:
 	scripts/install-deps.sh --bench
 	$(MAKE) all
-	/usr/bin/python3 bench/bench.py --make --build $(BUILD)
+	/usr/bin/python3 bench/bench.py --make --build $(BUILD) $(if $(BASELINE),--baseline $(BASELINE))
 
 demo: deps
 	$(MAKE) all

@@ -356,6 +356,22 @@ def symbol_counts(path):
     return counts[".dynsym"], counts[".symtab"]
 
 
+def baseline_shim(spec, work):
+    """The shim of the baseline: spec is a build directory holding
+    liblockshim.so, or a git revision of this repository, built here once
+    (git archive, make all) under work."""
+    if os.path.isfile(os.path.join(spec, "liblockshim.so")):
+        return os.path.join(os.path.abspath(spec), "liblockshim.so")
+    src = os.path.join(work, "baseline")
+    os.makedirs(src, exist_ok=True)
+    tar = subprocess.run(["git", "-C", ROOT, "archive", spec], check=True,
+                         capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", src], input=tar, check=True)
+    subprocess.run(["make", "-C", src, "-s", "all", "BUILD=build"], check=True,
+                   stdout=subprocess.DEVNULL)
+    return os.path.join(src, "build", "liblockshim.so")
+
+
 def pct(values, p):
     v = sorted(values)
     return v[min(len(v) - 1, int(p * len(v)))]
@@ -610,17 +626,53 @@ class Bench:
 
     def startup(self):
         cfg = self.config(symbol="not_called_anywhere")
+        return self.startup_ms(self.env(None)), self.startup_ms(self.env(cfg))
 
-        def mean_ms(env):
-            ts = []
-            for _ in range(self.args.startup_runs):
-                t0 = time.perf_counter()
-                subprocess.run([self.empty], env=env, check=True)
-                ts.append(time.perf_counter() - t0)
-            return statistics.mean(sorted(ts)[: len(ts) * 9 // 10]) * 1000
-        plain = mean_ms(self.env(None))
-        shim = mean_ms(self.env(cfg))
-        return plain, shim
+    def startup_ms(self, env):
+        """Mean wall time (ms) of the fastest 90 % of args.startup_runs runs of
+        a program that calls nothing guarded."""
+        ts = []
+        for _ in range(self.args.startup_runs):
+            t0 = time.perf_counter()
+            subprocess.run([self.empty], env=env, check=True)
+            ts.append(time.perf_counter() - t0)
+        return statistics.mean(sorted(ts)[: len(ts) * 9 // 10]) * 1000
+
+    def startup_cost(self, cfg):
+        """The shim's start-up cost (ms) with config cfg."""
+        return self.startup_ms(self.env(cfg)) - self.startup_ms(self.env(None))
+
+    def versus(self):
+        """What a change costs: the uncontended guarded call (default and
+        linger_ms = 0, client and server on one CPU), P = 8 contended
+        (lockshim default, sections/s) and the start-up cost, each measured
+        with the baseline's shim (--baseline) and this build's in turns,
+        args.versus_rounds rounds; the medians of the rounds."""
+        shims = {"before": baseline_shim(self.args.baseline, self.work), "after": self.shim}
+        cfg = self.config(symbol="bench_noop")
+        cfg0 = self.config(symbol="bench_noop", extra=NO_LINGER)
+        idle = self.config(symbol="not_called_anywhere")
+        section = self.config()
+        argv = [self.worker, "section", self.counter, str(self.args.k)]
+        got = {m: {v: [] for v in shims} for m, _, _ in VERSUS}
+        try:
+            for _ in range(self.args.versus_rounds):
+                for v, shim in shims.items():
+                    self.shim = shim
+                    self.server.pin("0")
+                    plain = self.noop("0", None)
+                    got["call"][v].append(self.noop("0", cfg) - plain)
+                    got["call0"][v].append(self.noop("0", cfg0) - plain)
+                    self.server.pin("0,1")
+                    r = self.contended_once(argv, self.env(section), 8)
+                    if not r["exact"]:
+                        raise RuntimeError("%s: P=8 counter %d, expected %d" % (v, r["final"], r["n"]))
+                    got["p8"][v].append(r["rate"])
+                    got["startup"][v].append(self.startup_cost(idle))
+        finally:
+            self.shim = shims["after"]
+            self.server.pin("0,1")
+        return {m: {v: statistics.median(x) for v, x in d.items()} for m, d in got.items()}
 
     def imports(self):
         """Mean wall time in ms of SYSTEM_PYTHON importing IMPORT_MODULES, over
@@ -1026,8 +1078,13 @@ IMPLS = [("poll", "plain C, SET NX / 1 ms poll / compare-and-delete"),
          ("redis-py", "redis-py Lock, defaults (sleep 0.1)"),
          ("redis-py-0.001", "redis-py Lock, sleep=0.001")]
 PARTS = ["uncontended", "contended", "startup", "imports", "entry", "symbols", "tls",
-         "replicas", "cluster", "redlock"]
+         "replicas", "cluster", "redlock", "versus"]
 CLUSTER_PS = (1, 2, 4, 8)
+# The versus part: key, row name, unit, and whether more is better.
+VERSUS = [("call", "uncontended guarded call, default (lock kept between calls), one CPU", "µs"),
+          ("call0", "uncontended guarded call, linger_ms = 0, one CPU", "µs"),
+          ("p8", "P=8 contended, lockshim default: sections/s", "/s"),
+          ("startup", "start-up cost of the shim", "ms")]
 ENTRY_CASES = [("reloc", 'library function (bench_noop_wide in libsection.so, through the '
                 'PLT), method = "reloc"'),
                ("entry", 'the same library function, method = "entry"'),
@@ -1036,7 +1093,7 @@ ENTRY_CASES = [("reloc", 'library function (bench_noop_wide in libsection.so, th
 
 
 def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, symbols=None,
-           tls=None, replicas=None, cluster=None, redlock=None):
+           tls=None, replicas=None, cluster=None, redlock=None, versus=None):
     """The markdown report of the parts measured (those not None)."""
     lines = []
     add = lines.append
@@ -1299,6 +1356,17 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
                    r["max"], r["handoffs"],
                    "yes" if r["exact"] else "NO (%d of %d)" % (r["final"], r["n"])))
         add("")
+    if versus:
+        add("## Before and after: this build against %s (medians of %d rounds, both builds "
+            "measured in turn in each round)" % (args.baseline, args.versus_rounds))
+        add("")
+        add("| measured | before | after | change |")
+        add("|---|---:|---:|---:|")
+        for m, name, unit in VERSUS:
+            before, after = versus[m]["before"], versus[m]["after"]
+            add("| %s | %.2f %s | %.2f %s | %+.1f %% |" % (name, before, unit, after, unit,
+                                                         (after / before - 1) * 100))
+        add("")
     add("## Targets")
     add("")
     checks = []
@@ -1368,6 +1436,14 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
         checks.append(("Redlock P=8 contended: counter exact",
                        1.0 if redlock[("contended", 3)]["exact"] else 0.0, "%.0f",
                        lambda v: v == 1))
+    if versus:
+        for m, name, unit in VERSUS:
+            before, after = versus[m]["before"], versus[m]["after"]
+            # sections/s: more is better; the rest: less is better
+            change = before / after - 1 if unit == "/s" else (after - before) / max(before, 1e-9)
+            checks.append(("%s: after (%.2f %s) vs before %s (%.2f %s) ≤ +5 %%" % (
+                name, after, unit, args.baseline, before, unit), change * 100, "%+.1f %%",
+                lambda v: v <= 5))
     add("| target | measured | met |")
     add("|---|---:|---|")
     for name, v, fmt, ok in checks:
@@ -1409,6 +1485,10 @@ def main():
     ap.add_argument("--out", default=None, help="markdown file (default bench/results/)")
     ap.add_argument("--settings", default="", help="extra per-lock settings for lockshim, "
                     "e.g. 'handoff_ms = 2;'")
+    ap.add_argument("--baseline", default=None, help="versus part: the build directory or git "
+                    "revision to compare this build with (e.g. HEAD~3, or origin's main)")
+    ap.add_argument("--versus-rounds", type=int, default=5,
+                    help="rounds of the versus part (each measures both builds in turn)")
     ap.add_argument("--make", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     b = Bench(args)
@@ -1440,6 +1520,8 @@ def main():
             res["cluster"] = b.cluster()
         if "redlock" in wanted:
             res["redlock"] = b.redlock()
+        if "versus" in wanted and args.baseline:
+            res["versus"] = b.versus()
         text = report(b, args, **res)
     finally:
         b.close()
