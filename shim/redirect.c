@@ -367,6 +367,65 @@ static void cgo_note(int go, int check_fd, const char *why)
 }
 
 /*
+ * Says how lock l is caught (entry, reloc), or that its object is not
+ * loaded yet (deferred: later, not never), on check_fd or in the log, with
+ * a Go program's caveat (go, why: golang_why's). Returns 1 when it said so,
+ * 0 when l is unguarded so far.
+ */
+static int say_caught(const struct lock_spec *l, const struct redirect_name *n, int go,
+		      const char *why, int check_fd)
+{
+	const char *where;
+	int in_exe;
+
+	if (n && n->entry_in) {
+		if (check_fd >= 0)
+			check_line(check_fd, "%s: entry in %s", l->symbol, n->entry_in);
+	} else if (n && n->caught) {
+		if (check_fd >= 0) {
+			where = defined_in(l->symbol, &in_exe);
+			check_line(check_fd, "%s: reloc (%d call site%s) in %s", l->symbol,
+				   n->caught, n->caught == 1 ? "" : "s",
+				   where ? where : "an object loaded with it");
+		}
+	} else if (not_loaded_yet(l->object)) {
+		if (check_fd >= 0)
+			check_line(check_fd, "%s: deferred: %s is not loaded at start-up; "
+				   "it is scanned when dlopen loads it", l->symbol, l->object);
+		else
+			LOG(LOG_INFO, "%s: %s is not loaded yet; it is scanned when dlopen "
+			    "loads it", l->symbol, l->object);
+		return 1;
+	} else {
+		return 0;
+	}
+	cgo_note(go, check_fd, why);
+	return 1;
+}
+
+/*
+ * Says that lock l is unguarded (why, at level; SIBLING_COVERED: a sibling
+ * it names is guarded) on check_fd or in the log. Returns 1 when it counts
+ * as unguarded for `check`, 0 when not, -1 with err when the program must
+ * stop (l is strict).
+ */
+static int say_unguarded(const struct lock_spec *l, int level, const char *why,
+			 int check_fd, char *err, size_t errlen)
+{
+	if (check_fd >= 0) {
+		check_line(check_fd, "%s: unguarded: %s", l->symbol, why);
+		return level != SIBLING_COVERED;
+	}
+	if (l->strict && level != SIBLING_COVERED) {
+		snprintf(err, errlen, "locks[%d] (%s) cannot be guarded in this program and "
+			 "is strict: %s", l->index, l->symbol, why);
+		return -1;
+	}
+	LOG(level == SIBLING_COVERED ? LOG_INFO : level, "%s", why);
+	return 0;
+}
+
+/*
  * Says, once, which locks have no call site (or entry) any method could
  * redirect, where their function is defined, and what the methods miss.
  * Returns 0, or -1 with err set for the first such lock that is `strict`,
@@ -382,9 +441,8 @@ static int report(const struct conf *cfg, int check_fd, char *err, size_t errlen
 	for (int i = 0; i < cfg->nlocks; i++) {
 		const struct lock_spec *l = &cfg->locks[i];
 		const struct redirect_name *n = redirect_find(l->symbol);
-		const char *where;
 		char why[1000];
-		int level, in_exe, go;
+		int level = LOG_WARN, go, r;
 
 		if (n && n->refused) {
 			if (check_fd >= 0) {
@@ -398,52 +456,18 @@ static int report(const struct conf *cfg, int check_fd, char *err, size_t errlen
 			break;
 		}
 		/* a Go program: only cgo calls reach libc (golang.c) */
-		if ((go = golang_why(l->symbol, why, sizeof(why))) == GOLANG_UNGUARDED) {
-			level = LOG_WARN;
-			goto unguarded;
+		go = golang_why(l->symbol, why, sizeof(why));
+		if (go != GOLANG_UNGUARDED) {
+			if (say_caught(l, n, go, why, check_fd))
+				continue;
+			level = unguarded_why(l, n, &exe, &opened, why, sizeof(why));
+			level = sibling_note(cfg, l, was_caught, why, sizeof(why), level);
 		}
-		if (n && n->entry_in) {
-			if (check_fd >= 0)
-				check_line(check_fd, "%s: entry in %s", l->symbol, n->entry_in);
-			cgo_note(go, check_fd, why);
-			continue;
-		}
-		if (n && n->caught) {
-			if (check_fd >= 0) {
-				where = defined_in(l->symbol, &in_exe);
-				check_line(check_fd, "%s: reloc (%d call site%s) in %s", l->symbol,
-					   n->caught, n->caught == 1 ? "" : "s",
-					   where ? where : "an object loaded with it");
-			}
-			cgo_note(go, check_fd, why);
-			continue;
-		}
-		if (not_loaded_yet(l->object)) {
-			/* later, not never: not unguarded, not fatal with strict */
-			if (check_fd >= 0)
-				check_line(check_fd, "%s: deferred: %s is not loaded at start-up; "
-					   "it is scanned when dlopen loads it", l->symbol,
-					   l->object);
-			else
-				LOG(LOG_INFO, "%s: %s is not loaded yet; it is scanned when dlopen "
-				    "loads it", l->symbol, l->object);
-			continue;
-		}
-		level = unguarded_why(l, n, &exe, &opened, why, sizeof(why));
-		level = sibling_note(cfg, l, was_caught, why, sizeof(why), level);
-unguarded:
-		if (check_fd >= 0) {
-			check_line(check_fd, "%s: unguarded: %s", l->symbol, why);
-			unguarded += level != SIBLING_COVERED;
-			continue;
-		}
-		if (l->strict && level != SIBLING_COVERED) {
-			snprintf(err, errlen, "locks[%d] (%s) cannot be guarded in this program and "
-				 "is strict: %s", l->index, l->symbol, why);
+		if ((r = say_unguarded(l, level, why, check_fd, err, errlen)) < 0) {
 			rc = -1;
 			break;
 		}
-		LOG(level == SIBLING_COVERED ? LOG_INFO : level, "%s", why);
+		unguarded += r;
 	}
 	if (opened > 0)
 		symfile_close(&exe);
