@@ -52,7 +52,7 @@ UNIT_BIN := $(UNIT:%=$(BUILD)/tests/test_%)
 # The unit tests link the parser with the redis backend's settings and the
 # CLI's description of them (not the backends, nor hiredis).
 UNIT_OBJ := $(addprefix $(BUILD)/shim/,shim/guard.o common/conf.o common/conf_field.o \
-	common/key.o common/log.o shim/lock.o shim/renew.o common/sha1.o shim/owner.o \
+	common/key.o common/log.o shim/lock.o shim/renew.o common/sha1.o common/owner.o \
 	common/fdown.o backend/backend_redis_conf.o cli/settings.o shim/symhash.o)
 
 # The man pages: doc/<page>.scd, turned into man(7) by scdoc.
