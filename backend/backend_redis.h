@@ -82,7 +82,7 @@ int backend_redis_redirected(struct backend_conn *c,
  */
 int backend_redis_acquire_send(struct backend_conn *c, const struct backend_item *it);
 int backend_redis_acquire_recv(struct backend_conn *c, const struct backend_item *it,
-		       long long *wait_ms, char *holder, size_t *holder_len);
+		       long long *wait_ms, char *holder, size_t *holder_len, long long *fence);
 int backend_redis_renew_send(struct backend_conn *c, int n, const struct backend_item *items);
 int backend_redis_renew_recv(struct backend_conn *c, int n, const struct backend_item *items,
 		     int *results);
@@ -102,9 +102,10 @@ extern const struct backend_ops backend_redis;
 /* backend_redis.c's operations (backend.h), for other tables to list. */
 void backend_redis_close(struct backend_conn *c);
 int backend_redis_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
-		  char *holder, size_t *holder_len);
+		  char *holder, size_t *holder_len, long long *fence);
 int backend_redis_release(struct backend_conn *c, const struct backend_item *it, int async);
-int backend_redis_wait(struct backend_conn *c, const struct backend_item *it, long long timeout_ms);
+int backend_redis_wait(struct backend_conn *c, const struct backend_item *it, long long timeout_ms,
+		       long long *fence);
 int backend_redis_leave(struct backend_conn *c, const struct backend_item *it, int async);
 int backend_redis_flush(struct backend_conn *c);
 void backend_redis_unconfirmed(struct backend_conn *c,

@@ -89,7 +89,7 @@ static int probe(const struct backend_ops *ops, struct backend_conn *c, const ch
 {
 	struct backend_item it = { .key = key, .klen = klen };
 	char val[64], holder[BACKEND_VAL_MAX];
-	long long wait = 0;
+	long long wait = 0, fence = 0;
 	size_t hlen;
 	int rc, renewed = 0;
 
@@ -98,15 +98,15 @@ static int probe(const struct backend_ops *ops, struct backend_conn *c, const ch
 	it.lease_ms = PROBE_LEASE_MS;
 	it.waiter_ttl_ms = 1000;
 	it.handoff_us = 500;
-	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen)) != BACKEND_OK)
+	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen, &fence)) != BACKEND_OK)
 		goto fail_acquire;
 	if ((rc = ops->renew(c, 1, &it, &renewed)) != BACKEND_OK || renewed != BACKEND_OK)
 		return failed(msg, len, "renew (EVALSHA)", rc != BACKEND_OK ? ops->errstr(c) :
 			      "the probe key was not ours");
 	it.waiting = 1;
-	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen)) != BACKEND_OK)
+	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen, &fence)) != BACKEND_OK)
 		goto fail_acquire;
-	if (ops->wait(c, &it, 10) == BACKEND_ERR)
+	if (ops->wait(c, &it, 10, &fence) == BACKEND_ERR)
 		return failed(msg, len, "wait for a wake-up (BLPOP)", ops->errstr(c));
 	if ((rc = ops->release(c, &it, 0)) != BACKEND_OK)
 		return failed(msg, len, "release (EVALSHA)", rc == BACKEND_ERR ? ops->errstr(c) :
@@ -116,7 +116,7 @@ static int probe(const struct backend_ops *ops, struct backend_conn *c, const ch
 	return 0;
 fail_acquire:
 	return failed(msg, len, it.waiting ? "acquire through the queue (EVALSHA)" :
-		      "acquire (SET NX PX)", rc == BACKEND_ERR ? ops->errstr(c) :
+		      "acquire (EVALSHA)", rc == BACKEND_ERR ? ops->errstr(c) :
 		      "the probe key is held by someone else");
 }
 

@@ -41,6 +41,7 @@ struct lease {
 	int64_t acquired_us;       /* the acquire was sent (mu once tracked:
 				    * max_hold_ms counts from here) */
 	int64_t reuse_until_us;    /* its thread may take it back until then */
+	long long fence;           /* the fencing token of this acquisition */
 	size_t klen, vlen;
 	char key[KEY_BUF_SIZE];
 	char val[BACKEND_VAL_MAX];
