@@ -46,7 +46,7 @@ import time
 import pytest
 
 from resp import RespError
-from support.server import started
+from support.server import lock_keys, started
 from support.topology import Cluster, keyslot, lock_key, stop_pid
 from support.util import CLI, MULT, TIMEOUT, run, shim_env, wait_for
 from support.workers import (WORK, assert_lost_format, calls, counter, finish_workers, lost_lines,
@@ -252,7 +252,7 @@ def test_user_hash_tag_keeps_two_locks_on_one_node(cluster, worker_progs, bg, tm
         p.send()
         assert p.expect("call") == OK_LINE
         assert p.wait() == 0, p.stderr()
-    wait_for(lambda: owner.cmd("KEYS", "lockshim:*") == [], timeout=10, what="the releases")
+    wait_for(lambda: lock_keys(owner) == [], timeout=10, what="the releases")
 
 
 # ---- 3. slot migration ----------------------------------------------------------------
