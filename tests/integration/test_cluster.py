@@ -276,6 +276,17 @@ def traffic_reaches(node, path):
              what="lock traffic on port %d" % node.port)
 
 
+def move_counter(source, target, name):
+    """MIGRATEs the fencing counter of lock name (it never expires) to
+    target, so that the lock's scripts, which name it, are sent on with ASK
+    whenever the lock key is not at the source either (with it still at the
+    source they get TRYAGAIN: the lock waits for the migration)."""
+    key = lock_key(name) + ":f"
+    if source.cmd("EXISTS", key):
+        r = source.cmd("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", key)
+        assert r in ("OK", "NOKEY"), r
+
+
 def migrate_slot(cluster, slot, source, target, between=None):
     """Moves slot from source to target as redis-cli --cluster reshard does:
     IMPORTING on the target, MIGRATING on the source, between() (if given),
@@ -321,6 +332,7 @@ def test_slot_migrated_while_workers_run(cluster, worker_progs, bg, tmp_path):
             # target through ASK, before the other keys move. (Scripts on
             # the lock's several keys get TRYAGAIN until all of them are on
             # one side: locks of a migrating slot wait for the migration.)
+            move_counter(source, target, "ledger")
             wait_for(lambda: calls(target, "asking") > 0, timeout=20,
                      what="ASKING at the target during the migration")
         migrate_slot(cluster, slot, source, target, between=asked)
@@ -450,8 +462,10 @@ def test_slot_migration_is_logged_at_debug_level(cluster, worker_progs, bg, tmp_
               for _ in range(2)]
         for w in ws:
             w.expect("started")
-        migrate_slot(cluster, slot, source, target, between=lambda: wait_for(
-            lambda: any(ask in w.stderr() for w in ws), timeout=20, what=repr(ask)))
+        def asked():
+            move_counter(source, target, "ledger")
+            wait_for(lambda: any(ask in w.stderr() for w in ws), timeout=20, what=repr(ask))
+        migrate_slot(cluster, slot, source, target, between=asked)
         wait_for(lambda: any(moved in w.stderr() for w in ws), timeout=20, what=repr(moved))
     finally:
         open(stop, "w").close()
