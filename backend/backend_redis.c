@@ -8,8 +8,9 @@
  * (EVAL on NOSCRIPT), named by the SHA-1 computed here, so a new connection
  * sends its first command at once (AUTH and SELECT, when configured, go
  * ahead of it in one round trip); the uncontended acquire too (S_ACQUIRE:
- * GET, SET PX and HINCRBY of the fence in one round trip, ~5 µs of server
- * time; a pipelined INCR would count failed attempts as well). Keys and
+ * SET NX PX and HINCRBY of the fence in one round trip, ~3 µs more server
+ * time than a plain SET NX GET; a pipelined INCR would count failed
+ * attempts as well). Keys and
  * values are separate arguments with lengths, never spliced into command
  * text. Auxiliary keys hang off the lock key, and every script gets all the
  * keys it touches in KEYS (built here, by append_script), as Redis Cluster
@@ -98,9 +99,9 @@ static const char *const scripts[NSCRIPTS] = {
 	 * the holder's value (a string).
 	 */
 	[S_ACQUIRE] =
-	"local cur = redis.call('get', KEYS[1]) "
-	"if not cur then redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) "
+	"if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then "
 	"return redis.call('hincrby', KEYS[2], 'n', 1) end "
+	"local cur = redis.call('get', KEYS[1]) "
 	"if cur == ARGV[1] then return tonumber(redis.call('hget', KEYS[2], 'n')) or 0 end "
 	"return cur",
 	/*
