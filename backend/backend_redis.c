@@ -75,7 +75,7 @@
 	"if redis.call('hget', F, 'k') == tok:sub(1, 32) then "                 \
 	"redis.call('hdel', F, 'k') end "
 
-enum script { S_ACQUIRE, S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, S_UNLOCK, NSCRIPTS };
+enum script { S_ACQUIRE, S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, S_UNLOCK, S_FENCE, NSCRIPTS };
 
 /* Suffixes of the keys after the lock key: the fencing counter, then the
  * queue's; the sixth is followed by the caller's token (its own signal
@@ -87,7 +87,7 @@ static const char *const queue_suffix[] = { "", ":f", ":q", ":qx", ":due", ":w:"
 #define ENQUEUE_ARGS 5 /* S_ENQUEUE's numeric arguments (enqueue_args) */
 static const int script_nkeys[NSCRIPTS] = {
 	[S_ACQUIRE] = 2, [S_ENQUEUE] = QUEUE_KEYS, [S_RELEASE] = QUEUE_KEYS, [S_RENEW] = 2,
-	[S_LEAVE] = QUEUE_KEYS, [S_UNLOCK] = 1,
+	[S_LEAVE] = QUEUE_KEYS, [S_UNLOCK] = 1, [S_FENCE] = 2,
 };
 
 static const char *const scripts[NSCRIPTS] = {
@@ -192,6 +192,12 @@ static const char *const scripts[NSCRIPTS] = {
 	[S_UNLOCK] =
 	"if redis.call('get', KEYS[1]) == ARGV[1] then "
 	"return redis.call('del', KEYS[1]) else return 0 end",
+	/* KEYS: the lock, its fencing counter. ARGV: token, fence. Raises the
+	 * counter's n to the fence when it is lower (Redlock: a grant's fence,
+	 * the largest of its quorum's, on each master of the quorum). 1. */
+	[S_FENCE] =
+	"if (tonumber(redis.call('hget', KEYS[2], 'n')) or 0) < tonumber(ARGV[2]) then "
+	"redis.call('hset', KEYS[2], 'n', ARGV[2]) end return 1",
 	/* KEYS: the lock, its fencing counter. ARGV: token, lease, and
 	 * optionally kept: 1 the lease is kept between calls (F's k = our
 	 * token), 2 in use again (F's k goes if it is ours). 1 renewed, 0 gone
@@ -801,19 +807,24 @@ int backend_redis_is_redirect(const char *err)
 
 /* Logs the outcome of an asynchronous command read back later; keeps one
  * that a cluster node refused for another node, for backend_redis_redirected. */
+static const char *async_name(enum script s)
+{
+	return s == S_RELEASE ? "release" : s == S_LEAVE ? "leave" : "fence";
+}
+
 static void settle_one(struct backend_conn *c, const struct pending *p, const redisReply *r)
 {
 	if (r->type == REDIS_REPLY_ERROR && backend_redis_is_redirect(r->str) &&
-	    c->nredirected < PENDING_MAX) {
-		LOG(LOG_DEBUG, "%s of %.*s: %s; sent again", p->script == S_RELEASE ? "release" :
-		    "leave", (int)p->c.klen, p->c.key, r->str);
+	    p->script != S_FENCE && c->nredirected < PENDING_MAX) {
+		LOG(LOG_DEBUG, "%s of %.*s: %s; sent again", async_name(p->script),
+		    (int)p->c.klen, p->c.key, r->str);
 		c->redirected[c->nredirected++] = *p;
 	} else if (r->type == REDIS_REPLY_INTEGER && r->integer == 0 && p->script == S_RELEASE)
 		LOG(c->one_of_many ? LOG_DEBUG : LOG_WARN, "%.*s was no longer ours at release "
 		    "(expired or taken over); nothing deleted", (int)p->c.klen, p->c.key);
 	else if (r->type != REDIS_REPLY_INTEGER)
 		LOG(LOG_ERROR, "%s of %.*s failed: %s",
-		    p->script == S_RELEASE ? "release" : "leave", (int)p->c.klen, p->c.key,
+		    async_name(p->script), (int)p->c.klen, p->c.key,
 		    r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
 }
 
@@ -1126,7 +1137,7 @@ static int send_async(struct backend_conn *c, enum script s, const struct backen
 	 * failover's CLIENT KILL) the command would be lost in silence. */
 	if (!net_alive(&c->sock)) {
 		snprintf(c->ioerr, sizeof(c->ioerr), "Server closed the connection");
-		return conn_fail(c, s == S_RELEASE ? "release" : "leave", NULL);
+		return conn_fail(c, async_name(s), NULL);
 	}
 	if (append_script(c, s, it, args, nargs, 1) != 0)
 		return BACKEND_ERR;
@@ -1134,7 +1145,7 @@ static int send_async(struct backend_conn *c, enum script s, const struct backen
 	c->npending++;
 	if (out_flush(c) != 0) {
 		c->npending--; /* the caller owns the fate of a command it could not send */
-		return conn_fail(c, s == S_RELEASE ? "release" : "leave", NULL);
+		return conn_fail(c, async_name(s), NULL);
 	}
 	return BACKEND_OK;
 }
@@ -1176,19 +1187,27 @@ int backend_redis_leave(struct backend_conn *c, const struct backend_item *it, i
 	return run_int(c, "leave", S_LEAVE, it, &ttl, 1);
 }
 
+int backend_redis_fence_send(struct backend_conn *c, const struct backend_item *it,
+			     long long fence)
+{
+	return send_async(c, S_FENCE, it, &fence, 1);
+}
+
 int backend_redis_unlock(struct backend_conn *c, const struct backend_item *it)
 {
 	return run_int(c, "unlock", S_UNLOCK, it, NULL, 0);
 }
 
-/* Passes each of the n commands of p to fn as an item to forget. */
+/* Passes each of the n commands of p to fn as an item to forget (not a
+ * fence: its token is still held, and the counter can only go up). */
 static void hand_back(const struct pending *p, int n,
 		      void (*fn)(void *arg, const struct backend_item *it), void *arg)
 {
 	for (int i = 0; i < n; i++) {
 		struct backend_item it = backend_copy_item(&p[i].c);
 
-		fn(arg, &it);
+		if (p[i].script != S_FENCE)
+			fn(arg, &it);
 	}
 }
 

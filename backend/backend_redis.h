@@ -88,6 +88,16 @@ int backend_redis_renew_recv(struct backend_conn *c, int n, const struct backend
 		     int *results);
 
 /*
+ * Raises it->key's fencing counter (<key>:f n) to fence when it is lower,
+ * without waiting for the reply (read in front of the next command's, as
+ * an asynchronous release's; never handed back by unconfirmed). For
+ * Redlock: a grant's fence on each master of its quorum. Returns
+ * BACKEND_OK once sent, or BACKEND_ERR.
+ */
+int backend_redis_fence_send(struct backend_conn *c, const struct backend_item *it,
+			     long long fence);
+
+/*
  * Deletes it->key only while it holds it->val, naming no other key: no
  * waiter is woken. For a Redis Cluster slot in migration, where the queue
  * scripts' keys are split between two nodes and get TRYAGAIN. Returns

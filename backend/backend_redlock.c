@@ -13,9 +13,10 @@
  * wherever it was taken and the caller gets BACKEND_NO ("busy": lock.c
  * waits and retries). Each master keeps its own fencing counter; the fence
  * of a grant is the largest of the counters of the masters that granted it
- * (each just incremented): larger than that of any earlier grant by a
- * quorum, since two quorums share a master, as long as no master lost its
- * data (doc/topologies.md).
+ * (each just incremented), and is then written back (asynchronously, ahead
+ * of the release on each connection) to those of the quorum whose counter
+ * is lower: any later quorum shares one of them, so its fence is larger,
+ * as long as no master lost its data (doc/topologies.md).
  * Renewals go to every master the same way; a lease confirmed by less than
  * a quorum is lost. Releases and leaves are written to every master without
  * waiting (backend_redis's asynchronous release).
@@ -459,7 +460,7 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 	const struct backend_config *bc = c->bc;
 	struct backend_item it = item_for(c, it0), back;
 	int st[MASTERS_MAX], taken = 0, refused = 0;
-	long long hint[MASTERS_MAX];
+	long long hint[MASTERS_MAX], fences[MASTERS_MAX];
 	int64_t t0, left;
 
 	*holder_len = 0;
@@ -481,13 +482,13 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 	for (int i = 0; i < bc->n; i++) {
 		char h[BACKEND_VAL_MAX];
 		size_t hl = 0;
-		long long f = 0;
 		int rc;
 
 		if (st[i] != M_SENT)
 			continue;
 		hint[i] = 0;
-		rc = backend_redis_acquire_recv(c->m[i], &it, &hint[i], h, &hl, &f);
+		fences[i] = 0;
+		rc = backend_redis_acquire_recv(c->m[i], &it, &hint[i], h, &hl, &fences[i]);
 		if (rc == BACKEND_ERR) {
 			st[i] = M_SKIP;
 			fail_conn(c, i, &it);
@@ -497,8 +498,8 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 		st[i] = rc == BACKEND_OK ? M_TAKEN : M_REFUSED;
 		taken += rc == BACKEND_OK;
 		refused += rc == BACKEND_NO;
-		if (rc == BACKEND_OK && f > *fence)
-			*fence = f;
+		if (rc == BACKEND_OK && fences[i] > *fence)
+			*fence = fences[i];
 		if (rc == BACKEND_NO && hl && !*holder_len) {
 			memcpy(holder, h, hl);
 			*holder_len = hl;
@@ -509,6 +510,12 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 		/* the queues where it waited in vain: leave them */
 		for (int i = 0; it.waiting && i < bc->n; i++)
 			if (st[i] == M_REFUSED && backend_redis_leave(c->m[i], &it, 1) == BACKEND_ERR)
+				fail_conn(c, i, NULL);
+		/* the fence on every master of the quorum, so that any later
+		 * quorum, which shares one of them, counts past it */
+		for (int i = 0; i < bc->n; i++)
+			if (st[i] == M_TAKEN && fences[i] < *fence &&
+			    backend_redis_fence_send(c->m[i], &it, *fence) == BACKEND_ERR)
 				fail_conn(c, i, NULL);
 		return BACKEND_OK;
 	}
