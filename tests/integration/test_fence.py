@@ -14,8 +14,8 @@ quorum's counters, written back to the quorum's masters, so it may skip
 numbers but never goes back; without the write-back, 1 run in 5 saw a
 token lower than the one before). A lease
 kept between calls (linger_ms) for 100 ms or more is named in field k by
-its renewal, and its release takes k away. The value carries since_ms and
-the program.
+its renewal, and its release takes k away, as does the first renewal once
+the lease is in use again. The value carries since_ms and the program.
 """
 import re
 import time
@@ -162,3 +162,27 @@ def test_control_a_lease_not_kept_is_never_named(redis, worker_progs, bg, tmp_pa
     b.send()
     assert b.wait() == 0, b.stderr()
     assert redis.cmd("HEXISTS", "lockshim:blk:f", "k") == 0
+
+
+@pytest.mark.timing  # the renewal comes within the 5 s call
+def test_k_goes_once_the_kept_lease_is_in_use_again(progs, redis, tmp_path, procs):
+    """driver's first call ends and its lock is kept (k appears); its second
+    call (5 s) takes the kept lock back without asking Redis, and the first
+    renewal while it runs takes k away: the key still holds the same value
+    (not released, not taken again) and the call has not ended yet."""
+    cfg = write_config(tmp_path, redis, 'locks = ( { symbol = "hold_call"; key = "kk"; '
+                       'lease_ms = 600; linger_ms = 20000; handoff_ms = 20000; } );\n')
+    p = procs([progs["driver"], "call:0", "stdin", "call:5000", "stdin"], cfg)
+    assert p.expect("call") == "call rc=42 errno=0"
+    val = redis.cmd("GET", "lockshim:kk")
+    wait_for(lambda: redis.cmd("HGET", "lockshim:kk:f", "k") == val[:32], timeout=10,
+             what="the kept lease to be named in k")
+    p.send()
+    wait_for(lambda: redis.cmd("HEXISTS", "lockshim:kk:f", "k") == 0, timeout=4,
+             what="k to go while the second call runs")
+    assert redis.cmd("GET", "lockshim:kk") == val
+    assert redis.cmd("HGET", "lockshim:kk:f", "n") == "1"  # one acquisition for both calls
+    assert p.expect("call") == "call rc=42 errno=0"
+    p.send()
+    rc, _, err = p.finish()
+    assert rc == 0, err
