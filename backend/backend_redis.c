@@ -198,10 +198,11 @@ static const char *const scripts[NSCRIPTS] = {
 	[S_FENCE] =
 	"if (tonumber(redis.call('hget', KEYS[2], 'n')) or 0) < tonumber(ARGV[2]) then "
 	"redis.call('hset', KEYS[2], 'n', ARGV[2]) end return 1",
-	/* KEYS: the lock, its fencing counter. ARGV: token, lease, and
-	 * optionally kept: 1 the lease is kept between calls (F's k = our
-	 * token), 2 in use again (F's k goes if it is ours). 1 renewed, 0 gone
-	 * or not ours. */
+	/* KEYS: the lock, and its fencing counter when kept is given. ARGV:
+	 * token, lease, and optionally kept: 1 the lease is kept between calls
+	 * (F's k = our token), 2 in use again (F's k goes if it is ours); a
+	 * plain renewal names the lock alone (a cluster slot in migration
+	 * follows it by ASK). 1 renewed, 0 gone or not ours. */
 	[S_RENEW] =
 	"if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
 	"local t = ARGV[1]:sub(1, 32) "
@@ -758,13 +759,14 @@ static struct backend_conn *backend_redis_open(const struct backend_config *bc, 
 }
 
 /* Appends EVALSHA (or EVAL) of script s with its keys (script_nkeys of
- * them) and value, followed by the numeric arguments args[0..nargs).
- * Returns 0 or -1. */
+ * them; a plain renewal, one) and value, followed by the numeric arguments
+ * args[0..nargs). Returns 0 or -1. */
 static int append_script(struct backend_conn *c, enum script s,
 			 const struct backend_item *it, const long long *args, int nargs,
 			 int eval)
 {
-	int nkeys = script_nkeys[s];
+	/* a renewal names the counter only to mark it kept or not */
+	int nkeys = s == S_RENEW && !it->kept ? 1 : script_nkeys[s];
 	struct resp r;
 
 	resp_start(&r, 4 + nkeys + nargs);
