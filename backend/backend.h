@@ -58,8 +58,9 @@
 
 #include "key.h" /* KEY_BUF_SIZE */
 
-/* A lock value (token and holder identity) is at most this long. */
-#define BACKEND_VAL_MAX 448
+/* A lock value (token and holder identity, owner.h) is at most this long:
+ * 32 + 357 (the identity, a 255-byte host) + 86 (since_ms, program). */
+#define BACKEND_VAL_MAX 512
 
 struct conf;
 struct conf_group;
@@ -93,6 +94,9 @@ struct backend_item {
 				  * due yet */
 	long long ticket;        /* waiting: the waiter's place in the queue, the
 				  * same on every server (0: its arrival order) */
+	int kept;                /* renew: 1 the lease is kept between calls
+				  * (the counter's k names it), 2 in use again
+				  * (k forgotten), 0 neither */
 };
 
 /* A backend_item kept past the call that gave it (an asynchronous command
@@ -150,25 +154,28 @@ struct backend_ops {
 	/* Closes c without sending anything (also safe in a fork child). */
 	void (*close)(struct backend_conn *c);
 	/*
-	 * Takes the lock: SET NX PX, or (fair, or waiting) a script that takes
-	 * it when free and nobody is ahead, else joins the queue. The key
-	 * holding it->val already (an earlier attempt whose reply was lost)
-	 * counts as taken. On BACKEND_NO, *wait_ms is how long a wait for a
-	 * signal may take at most (the key's remaining TTL, or the queue
-	 * head's), or BACKEND_NOT_QUEUED; and holder[0..*holder_len) is the
-	 * holder's value (BACKEND_VAL_MAX bytes at most; length 0 when unknown).
+	 * Takes the lock: a script that sets the key when it is free, or (fair,
+	 * or waiting) one that takes it when free and nobody is ahead, else
+	 * joins the queue. The key holding it->val already (an earlier attempt
+	 * whose reply was lost) counts as taken. On BACKEND_OK, *fence is the
+	 * fencing token of the grant (the key's counter "<key>:f" n, incremented
+	 * by the same script; 0 when the backend keeps none). On BACKEND_NO,
+	 * *wait_ms is how long a wait for a signal may take at most (the key's
+	 * remaining TTL, or the queue head's), or BACKEND_NOT_QUEUED; and
+	 * holder[0..*holder_len) is the holder's value (BACKEND_VAL_MAX bytes
+	 * at most; length 0 when unknown).
 	 */
 	int (*acquire)(struct backend_conn *c, const struct backend_item *it,
-		       long long *wait_ms, char *holder, size_t *holder_len);
+		       long long *wait_ms, char *holder, size_t *holder_len, long long *fence);
 	/* Deletes key only while it still holds val, or hands it to the queue
 	 * head: BACKEND_OK, or BACKEND_NO when it was not ours. async: do not
 	 * wait for the reply (BACKEND_OK once sent). */
 	int (*release)(struct backend_conn *c, const struct backend_item *it, int async);
 	/* Blocks until a release signals this waiter or timeout_ms passes.
-	 * Returns BACKEND_GRANTED, BACKEND_OK (woken), BACKEND_NO (timed out)
-	 * or BACKEND_ERR. */
+	 * Returns BACKEND_GRANTED (with the grant's fencing token in *fence),
+	 * BACKEND_OK (woken), BACKEND_NO (timed out) or BACKEND_ERR. */
 	int (*wait)(struct backend_conn *c, const struct backend_item *it,
-		    long long timeout_ms);
+		    long long timeout_ms, long long *fence);
 	/*
 	 * Forgets token it->val: leaves the queue, and deletes the key when it
 	 * holds the token (a grant the waiter will not use, or an acquire whose

@@ -323,6 +323,7 @@ struct op {
 	int (*run)(struct backend_conn *nc, struct op *o);
 	const struct backend_item *it;
 	long long wait_ms;    /* acquire: out; wait: the timeout */
+	long long fence;      /* acquire, wait: out */
 	char *holder;         /* acquire */
 	size_t *holder_len;
 	int async;            /* release, leave */
@@ -334,7 +335,7 @@ struct op {
 
 static int run_acquire(struct backend_conn *nc, struct op *o)
 {
-	return backend_redis_acquire(nc, o->it, &o->wait_ms, o->holder, o->holder_len);
+	return backend_redis_acquire(nc, o->it, &o->wait_ms, o->holder, o->holder_len, &o->fence);
 }
 
 static int run_release(struct backend_conn *nc, struct op *o)
@@ -349,7 +350,7 @@ static int run_leave(struct backend_conn *nc, struct op *o)
 
 static int run_wait(struct backend_conn *nc, struct op *o)
 {
-	return backend_redis_wait(nc, o->it, o->wait_ms);
+	return backend_redis_wait(nc, o->it, o->wait_ms, &o->fence);
 }
 
 static int run_unlock(struct backend_conn *nc, struct op *o)
@@ -582,13 +583,14 @@ static void cluster_close(struct backend_conn *c)
 }
 
 static int cluster_acquire(struct backend_conn *c, const struct backend_item *it,
-			   long long *wait_ms, char *holder, size_t *holder_len)
+			   long long *wait_ms, char *holder, size_t *holder_len, long long *fence)
 {
 	struct op o = { .run = run_acquire, .it = it, .holder = holder,
 			.holder_len = holder_len };
 	int rc = slot_op(c, it->key, it->klen, &o);
 
 	*wait_ms = o.wait_ms;
+	*fence = o.fence;
 	return rc;
 }
 
@@ -607,11 +609,12 @@ static int cluster_leave(struct backend_conn *c, const struct backend_item *it, 
 }
 
 static int cluster_wait(struct backend_conn *c, const struct backend_item *it,
-			long long timeout_ms)
+			long long timeout_ms, long long *fence)
 {
 	struct op o = { .run = run_wait, .it = it, .wait_ms = timeout_ms };
 	int rc = slot_op(c, it->key, it->klen, &o);
 
+	*fence = o.fence;
 	/* the slot moved while we waited: the caller asks again there */
 	return rc == BACKEND_ERR && strstr(CC(c)->errstr, "MOVED") ? BACKEND_OK : rc;
 }

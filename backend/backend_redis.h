@@ -82,10 +82,20 @@ int backend_redis_redirected(struct backend_conn *c,
  */
 int backend_redis_acquire_send(struct backend_conn *c, const struct backend_item *it);
 int backend_redis_acquire_recv(struct backend_conn *c, const struct backend_item *it,
-		       long long *wait_ms, char *holder, size_t *holder_len);
+		       long long *wait_ms, char *holder, size_t *holder_len, long long *fence);
 int backend_redis_renew_send(struct backend_conn *c, int n, const struct backend_item *items);
 int backend_redis_renew_recv(struct backend_conn *c, int n, const struct backend_item *items,
 		     int *results);
+
+/*
+ * Raises it->key's fencing counter (<key>:f n) to fence when it is lower,
+ * without waiting for the reply (read in front of the next command's, as
+ * an asynchronous release's; never handed back by unconfirmed). For
+ * Redlock: a grant's fence on each master of its quorum. Returns
+ * BACKEND_OK once sent, or BACKEND_ERR.
+ */
+int backend_redis_fence_send(struct backend_conn *c, const struct backend_item *it,
+			     long long fence);
 
 /*
  * Deletes it->key only while it holds it->val, naming no other key: no
@@ -102,9 +112,10 @@ extern const struct backend_ops backend_redis;
 /* backend_redis.c's operations (backend.h), for other tables to list. */
 void backend_redis_close(struct backend_conn *c);
 int backend_redis_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
-		  char *holder, size_t *holder_len);
+		  char *holder, size_t *holder_len, long long *fence);
 int backend_redis_release(struct backend_conn *c, const struct backend_item *it, int async);
-int backend_redis_wait(struct backend_conn *c, const struct backend_item *it, long long timeout_ms);
+int backend_redis_wait(struct backend_conn *c, const struct backend_item *it, long long timeout_ms,
+		       long long *fence);
 int backend_redis_leave(struct backend_conn *c, const struct backend_item *it, int async);
 int backend_redis_flush(struct backend_conn *c);
 void backend_redis_unconfirmed(struct backend_conn *c,

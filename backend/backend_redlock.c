@@ -6,11 +6,17 @@
  * A connection is one backend_redis connection per master (opened when
  * needed; backend_redis.c owns that struct, never dereferenced here). An
  * acquire writes the same command with the same token to every usable
- * master (SET NX PX GET, or the queue script while waiting), then reads
- * every reply (backend_redis_acquire_send/recv): the lock is held when a quorum
- * (N/2+1) took it and the validity left, lease - elapsed - drift (drift =
- * lease/100 + 2 ms), is positive; otherwise it is released wherever it was
- * taken and the caller gets BACKEND_NO ("busy": lock.c waits and retries).
+ * master (the acquire script, or the queue script while waiting), then
+ * reads every reply (backend_redis_acquire_send/recv): the lock is held when
+ * a quorum (N/2+1) took it and the validity left, lease - elapsed - drift
+ * (drift = lease/100 + 2 ms), is positive; otherwise it is released
+ * wherever it was taken and the caller gets BACKEND_NO ("busy": lock.c
+ * waits and retries). Each master keeps its own fencing counter; the fence
+ * of a grant is the largest of the counters of the masters that granted it
+ * (each just incremented), and is then written back (asynchronously, ahead
+ * of the release on each connection) to those of the quorum whose counter
+ * is lower: any later quorum shares one of them, so its fence is larger,
+ * as long as no master lost its data (doc/topologies.md).
  * Renewals go to every master the same way; a lease confirmed by less than
  * a quorum is lost. Releases and leaves are written to every master without
  * waiting (backend_redis's asynchronous release).
@@ -448,17 +454,18 @@ static long long busy_hint(struct redlock_conn *c, const int *st, const long lon
 }
 
 static int redlock_acquire(struct backend_conn *conn, const struct backend_item *it0,
-			   long long *wait_ms, char *holder, size_t *holder_len)
+			   long long *wait_ms, char *holder, size_t *holder_len, long long *fence)
 {
 	struct redlock_conn *c = RC(conn);
 	const struct backend_config *bc = c->bc;
 	struct backend_item it = item_for(c, it0), back;
 	int st[MASTERS_MAX], taken = 0, refused = 0;
-	long long hint[MASTERS_MAX];
+	long long hint[MASTERS_MAX], fences[MASTERS_MAX];
 	int64_t t0, left;
 
 	*holder_len = 0;
 	*wait_ms = BACKEND_NOT_QUEUED;
+	*fence = 0;
 	memset(c->gave, 0, sizeof(c->gave));
 	op_start(c);
 	for (int i = 0; i < bc->n; i++)
@@ -480,7 +487,8 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 		if (st[i] != M_SENT)
 			continue;
 		hint[i] = 0;
-		rc = backend_redis_acquire_recv(c->m[i], &it, &hint[i], h, &hl);
+		fences[i] = 0;
+		rc = backend_redis_acquire_recv(c->m[i], &it, &hint[i], h, &hl, &fences[i]);
 		if (rc == BACKEND_ERR) {
 			st[i] = M_SKIP;
 			fail_conn(c, i, &it);
@@ -490,6 +498,8 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 		st[i] = rc == BACKEND_OK ? M_TAKEN : M_REFUSED;
 		taken += rc == BACKEND_OK;
 		refused += rc == BACKEND_NO;
+		if (rc == BACKEND_OK && fences[i] > *fence)
+			*fence = fences[i];
 		if (rc == BACKEND_NO && hl && !*holder_len) {
 			memcpy(holder, h, hl);
 			*holder_len = hl;
@@ -501,8 +511,15 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 		for (int i = 0; it.waiting && i < bc->n; i++)
 			if (st[i] == M_REFUSED && backend_redis_leave(c->m[i], &it, 1) == BACKEND_ERR)
 				fail_conn(c, i, NULL);
+		/* the fence on every master of the quorum, so that any later
+		 * quorum, which shares one of them, counts past it */
+		for (int i = 0; i < bc->n; i++)
+			if (st[i] == M_TAKEN && fences[i] < *fence &&
+			    backend_redis_fence_send(c->m[i], &it, *fence) == BACKEND_ERR)
+				fail_conn(c, i, NULL);
 		return BACKEND_OK;
 	}
+	*fence = 0;
 	if (taken >= bc->quorum)
 		LOG(LOG_WARN, "%.*s: taken on %d masters but only after %lld ms of a %lld ms "
 		    "lease; released", (int)it.klen, it.key, taken,
@@ -577,13 +594,14 @@ static int redlock_leave(struct backend_conn *conn, const struct backend_item *i
  * BACKEND_OK: try again.
  */
 static int redlock_wait(struct backend_conn *conn, const struct backend_item *it0,
-			long long timeout_ms)
+			long long timeout_ms, long long *fence)
 {
 	struct redlock_conn *c = RC(conn);
 	struct backend_item it = item_for(c, it0);
 	int64_t t0 = util_now_ms();
-	long long sleep_ms;
+	long long sleep_ms, f;
 
+	*fence = 0; /* never granted: the caller takes it by a quorum */
 	op_start(c);
 	for (int i = 0; i < c->bc->n; i++) {
 		int own = c->gave[i], rc;
@@ -591,7 +609,7 @@ static int redlock_wait(struct backend_conn *conn, const struct backend_item *it
 		if (!master_up(c, i))
 			continue;
 		memset(c->gave, 0, sizeof(c->gave));
-		rc = backend_redis_wait(c->m[i], &it, timeout_ms);
+		rc = backend_redis_wait(c->m[i], &it, timeout_ms, &f);
 		if (rc != BACKEND_ERR && rc != BACKEND_NO && own) {
 			/* the signal of our own give-back, most likely: the
 			 * key there is ours again; wait for another one */
@@ -599,7 +617,7 @@ static int redlock_wait(struct backend_conn *conn, const struct backend_item *it
 
 			if (left <= 0)
 				return BACKEND_OK;
-			rc = backend_redis_wait(c->m[i], &it, left);
+			rc = backend_redis_wait(c->m[i], &it, left, &f);
 		}
 		if (rc != BACKEND_ERR) {
 			health_ok(c->bc, i);

@@ -5,7 +5,8 @@
  *
  * Every step goes through the backend's table, so it sends byte for byte
  * what a guarded call sends. The probe key holds a token of the check's
- * own and is deleted at the end; a step that fails is explained from
+ * own and is deleted at the end, and so is its fencing counter (with DEL on
+ * the one server, or on each node of a topology of several); a step that fails is explained from
  * Redis's error text or the transport's (TLS's: unknown CA, name
  * mismatch, expiry).
  */
@@ -45,8 +46,10 @@ static const struct cause tls_causes[] = {
 static const char *cause(const char *err, int tls)
 {
 	static const struct cause causes[] = {
-		{ "NOPERM", "the ACL user may not run a command lockshim sends (it needs SET, "
-			    "EVAL, EVALSHA and BLPOP on the keys under the namespace)" },
+		{ "NOPERM", "the ACL user may not run a command lockshim sends (it needs EVAL, "
+			    "EVALSHA, BLPOP and DEL, and what its scripts run: GET, SET, "
+			    "PEXPIRE, HINCRBY, HGET, HSET, HDEL and the sorted-set and list "
+			    "commands, on the keys under the namespace)" },
 		{ "NOAUTH", "the server wants a password: set redis.password" },
 		{ "WRONGPASS", "wrong redis.username or redis.password" },
 		{ "MOVED", "this server is a Redis Cluster node: list the cluster's nodes in "
@@ -89,7 +92,7 @@ static int probe(const struct backend_ops *ops, struct backend_conn *c, const ch
 {
 	struct backend_item it = { .key = key, .klen = klen };
 	char val[64], holder[BACKEND_VAL_MAX];
-	long long wait = 0;
+	long long wait = 0, fence = 0;
 	size_t hlen;
 	int rc, renewed = 0;
 
@@ -98,15 +101,15 @@ static int probe(const struct backend_ops *ops, struct backend_conn *c, const ch
 	it.lease_ms = PROBE_LEASE_MS;
 	it.waiter_ttl_ms = 1000;
 	it.handoff_us = 500;
-	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen)) != BACKEND_OK)
+	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen, &fence)) != BACKEND_OK)
 		goto fail_acquire;
 	if ((rc = ops->renew(c, 1, &it, &renewed)) != BACKEND_OK || renewed != BACKEND_OK)
 		return failed(msg, len, "renew (EVALSHA)", rc != BACKEND_OK ? ops->errstr(c) :
 			      "the probe key was not ours");
 	it.waiting = 1;
-	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen)) != BACKEND_OK)
+	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen, &fence)) != BACKEND_OK)
 		goto fail_acquire;
-	if (ops->wait(c, &it, 10) == BACKEND_ERR)
+	if (ops->wait(c, &it, 10, &fence) == BACKEND_ERR)
 		return failed(msg, len, "wait for a wake-up (BLPOP)", ops->errstr(c));
 	if ((rc = ops->release(c, &it, 0)) != BACKEND_OK)
 		return failed(msg, len, "release (EVALSHA)", rc == BACKEND_ERR ? ops->errstr(c) :
@@ -116,7 +119,7 @@ static int probe(const struct backend_ops *ops, struct backend_conn *c, const ch
 	return 0;
 fail_acquire:
 	return failed(msg, len, it.waiting ? "acquire through the queue (EVALSHA)" :
-		      "acquire (SET NX PX)", rc == BACKEND_ERR ? ops->errstr(c) :
+		      "acquire (EVALSHA)", rc == BACKEND_ERR ? ops->errstr(c) :
 		      "the probe key is held by someone else");
 }
 
@@ -132,20 +135,37 @@ static size_t probe_key(char *key, const char *ns, const char *tag)
 				*tag ? "}" : "", host, (int)getpid());
 }
 
+/* Deletes the fencing counter of the probe key key[0..klen) on c, a
+ * backend_redis connection (a cluster node that does not serve it answers
+ * MOVED: nothing to delete there). */
+static void drop_counter(struct backend_conn *c, const char *key, size_t klen)
+{
+	char f[KEY_BUF_SIZE + 3];
+	const char *argv[2] = { "DEL", f };
+	redisReply *r;
+
+	snprintf(f, sizeof(f), "%.*s:f", (int)klen, key);
+	if ((r = backend_redis_command(c, 2, argv)) != NULL)
+		freeReplyObject(r);
+}
+
 /* Runs the probe through the topology (ops, bc), then on each of its
  * nodes when it has several. Returns 0 with what was done in msg, or -1
  * with the failed step in msg. */
 static int probe_all(const struct backend_ops *ops, const struct backend_config *bc,
 		     const char *ns, char *msg, size_t len)
 {
-	char key[KEY_BUF_SIZE], err[256], name[160], tag[16];
-	size_t klen = probe_key(key, ns, ""), k;
+	char key[KEY_BUF_SIZE], top[KEY_BUF_SIZE], err[256], name[160], tag[16];
+	size_t klen = probe_key(key, ns, ""), tlen = probe_key(top, ns, ""), k;
 	struct backend_conn *c;
 	int rc, n;
 
 	if (!(c = ops->open(bc, err, sizeof(err))))
 		return failed(msg, len, "connect", err);
+	n = ops->node_count ? ops->node_count(bc) : 0;
 	rc = probe(ops, c, key, klen, msg, len);
+	if (!n) /* one server: c is backend_redis's */
+		drop_counter(c, key, klen);
 	ops->close(c);
 	if (rc != 0)
 		return rc;
@@ -155,7 +175,6 @@ static int probe_all(const struct backend_ops *ops, const struct backend_config 
 		k += (size_t)snprintf(msg + k, len - k, " at ");
 		ops->describe(bc, msg + k, len - k);
 	}
-	n = ops->node_count ? ops->node_count(bc) : 0;
 	for (int i = 0; i < n; i++) {
 		char step[200];
 
@@ -165,6 +184,8 @@ static int probe_all(const struct backend_ops *ops, const struct backend_config 
 			return failed(msg, len, step, err);
 		klen = probe_key(key, ns, tag);
 		rc = probe(&backend_redis, c, key, klen, err, sizeof(err));
+		drop_counter(c, key, klen);
+		drop_counter(c, top, tlen); /* the topology's probe's, wherever it is */
 		backend_redis.close(c);
 		if (rc != 0) {
 			snprintf(step, sizeof(step), "node %s", name);

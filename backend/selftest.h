@@ -13,7 +13,7 @@ struct conf;
 /*
  * Connects as the shim would (the backend that serves cfg) and runs, on
  * "<namespace>:{lockshim-check:<host>:<pid>}" (a node's hash tag first
- * inside the braces when each node of a cluster is probed), an acquire (SET NX PX GET), a renewal, an acquire through
+ * inside the braces when each node of a cluster is probed), an acquire (the acquire script), a renewal, an acquire through
  * the queue script, a short wait for a wake-up (BLPOP), a release and a
  * leave. Returns 0 with what was done in msg, or -1 with the failed step,
  * Redis's words and the likely cause (an ACL user without EVAL, a Cluster

@@ -11,7 +11,8 @@
  * to it, share its slot; a key that is empty or starts with '}' (which would
  * make the hash tag empty) gets a leading '~'. A value (an argument,
  * {env:NAME}, {host}) is percent-encoded (put_val) so that no value makes a
- * key another lock's queue key (<key>:q, :qx, :due, :w:<token>) or another
+ * key another lock's queue key (<key>:q, :qx, :due, :w:<token>), its fencing
+ * counter (<key>:f) or another
  * value's key; the template's own text is checked once (check_text).
  */
 #include "key.h"
@@ -34,12 +35,13 @@ struct sink {
 
 /*
  * The text since the last ':' as a prefix of a word the layout appends
- * after one (q, qx, due, w): 0 none (or no ':' yet), 1 empty, 2 "q", 3 "qx",
- * 4 "d", 5 "du", 6 "due", 7 "w". Returns the state after byte c.
+ * after one (q, qx, due, w, f): 0 none (or no ':' yet), 1 empty, 2 "q",
+ * 3 "qx", 4 "d", 5 "du", 6 "due", 7 "w", 8 "f". Returns the state after
+ * byte c.
  */
 static unsigned word_next(unsigned w, unsigned char c)
 {
-	static const char step[] = "\1q\2\2x\3\1d\4\4u\5\5e\6\1w\7";
+	static const char step[] = "\1q\2\2x\3\1d\4\4u\5\5e\6\1w\7\1f\10";
 
 	if (c == ':')
 		return 1;
@@ -100,9 +102,9 @@ static size_t sink_finish(struct sink *s)
 /*
  * Puts a value of n bytes, writing a byte as "%XX" when it is '%', ':', '{'
  * or '}', a '~' that would begin the key, or the first byte of a value after
- * which the text since the last ':' is still a prefix of q, qx, due or w.
+ * which the text since the last ':' is still a prefix of q, qx, due, w or f.
  * So a value never brings a ':' or a brace (a cluster's hash tag is the whole
- * key), never ends a key in ":q", ":qx" or ":due" nor puts ":w:" in it, and
+ * key), never ends a key in ":q", ":qx", ":due" or ":f" nor puts ":w:" in it, and
  * two values never give the same bytes.
  */
 static void put_val(struct sink *s, const char *p, size_t n)
@@ -282,13 +284,13 @@ bad:
 
 /*
  * The template's own text (its literal segments, values left out, as when
- * they are empty) must not end in ":q", ":qx" or ":due" nor contain ":w:":
- * such a key would be another lock's queue key. Returns 0, or -1 with a
- * message in err.
+ * they are empty) must not end in ":q", ":qx", ":due" or ":f" nor contain
+ * ":w:": such a key would be another lock's queue key or fencing counter.
+ * Returns 0, or -1 with a message in err.
  */
 static int check_text(const struct key_tmpl *t, char *err, size_t errlen)
 {
-	static const char *const end[] = { [2] = ":q", [3] = ":qx", [6] = ":due" };
+	static const char *const end[] = { [2] = ":q", [3] = ":qx", [6] = ":due", [8] = ":f" };
 	unsigned w = 0;
 
 	for (int i = 0; i < t->nsegs; i++)
@@ -300,9 +302,10 @@ static int check_text(const struct key_tmpl *t, char *err, size_t errlen)
 			}
 			w = word_next(w, (unsigned char)t->segs[i].lit[j]);
 		}
-	if (w < 7 && end[w]) {
+	if (w < sizeof(end) / sizeof(end[0]) && end[w]) {
 		snprintf(err, errlen, "the key's text ends in \"%s\", which the shim appends "
-			 "to a lock's key for its queue (<key>:q, :qx, :due)", end[w]);
+			 "to a lock's key for its queue or fencing counter (<key>:q, :qx, "
+			 ":due, :f)", end[w]);
 		return -1;
 	}
 	return 0;

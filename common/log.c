@@ -278,6 +278,13 @@ size_t log_format_time(char *buf, size_t cap, long long sec, long nsec)
 	return n < 0 ? 0 : (size_t)n >= cap ? cap - 1 : (size_t)n;
 }
 
+const char *log_program(void)
+{
+	if (!log_pid)
+		log_init(); /* a program that never called it (a unit test) */
+	return log_prog;
+}
+
 size_t log_prefix(char *buf, size_t cap)
 {
 	int n;

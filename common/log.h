@@ -88,6 +88,10 @@ void log_set_pid(int pid);
  * at start-up, by the shim's constructor and the CLI. */
 void log_init(void);
 
+/* Returns the program's name as the prefix prints it (log_init's; read
+ * on first use when log_init was never called). Static storage. */
+const char *log_program(void);
+
 /* Writes "lockshim[pid] program: " to buf (at most cap bytes, NUL
  * included). Returns its length. */
 size_t log_prefix(char *buf, size_t cap);

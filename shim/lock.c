@@ -3,7 +3,8 @@
  * lock.c - acquiring and releasing locks for guarded calls (see lock.h).
  *
  * Hot path: expand the key into a stack buffer, look for a reentrant hold
- * (no round trip), else one SET NX PX on the thread's own connection; the
+ * (no round trip), else one acquire script (SET and the fencing counter's
+ * increment) on the thread's own connection; the
  * release is sent without waiting for its reply. A busy lock queues the
  * caller in Redis until a release wakes it or hands it the lock, up to
  * wait_ms (acquire_wait). No process-wide lock is taken while talking to
@@ -27,6 +28,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -51,7 +53,7 @@ struct lock_thread {
 	uint64_t seed[2];   /* random, per thread: tokens derive from it */
 	uint64_t tokens;    /* tokens made so far */
 	size_t suffix_len;
-	char suffix[BACKEND_VAL_MAX - 33]; /* owner.h: ":host:pid:tid:boot:ns:start" */
+	char suffix[BACKEND_VAL_MAX - 33 - 86]; /* owner.h: ":host:pid:tid:boot:ns:start" */
 	int nholds;
 	struct lock_hold holds[LOCK_MAX_HOLDS];
 };
@@ -125,12 +127,15 @@ static uint64_t rng_next(struct lock_thread *t)
 }
 
 /*
- * Writes "<128-bit token in hex>" and the holder identity into l->val. The token
- * mixes the thread's random seed with a counter: unpredictable without the
- * seed, never repeated by the thread, and made without a system call.
+ * Writes "<128-bit token in hex>", the holder identity, the time (wall
+ * clock, ms: when this acquisition, or wait, began) and the program into
+ * l->val (owner.h). The token mixes the thread's random seed with a
+ * counter: unpredictable without the seed, never repeated by the thread,
+ * and made without a system call (the clock is the vDSO's).
  */
 static void make_value(struct lock_thread *t, struct lease *l)
 {
+	struct timespec ts;
 	static const char hex[] = "0123456789abcdef";
 	uint64_t n = ++t->tokens;
 	uint64_t r[2] = { util_mix64(t->seed[0] + n * 0x9e3779b97f4a7c15ULL),
@@ -142,6 +147,9 @@ static void make_value(struct lock_thread *t, struct lease *l)
 		set_identity(t);
 	memcpy(l->val + 32, t->suffix, t->suffix_len);
 	l->vlen = 32 + t->suffix_len;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	l->vlen += owner_tail(l->val + l->vlen, sizeof(l->val) - l->vlen,
+			      (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
 }
 
 /* Opens the thread's connection if needed. Returns 0 or -1 (err filled). */
@@ -182,13 +190,15 @@ static int lingers(const struct lock_spec *s)
 	return !s->fair && s->handoff_us > 0 && s->linger_ms > 0;
 }
 
-/* Records that l is ours since `since` (µs) and logs it. */
-static int acquired(struct lease *l, int64_t since, int tries, const char *how)
+/* Records that l is ours since `since` (µs) with fencing token fence and
+ * logs it. */
+static int acquired(struct lease *l, int64_t since, long long fence, int tries, const char *how)
 {
 	l->acquired_us = since;
 	l->reuse_until_us = util_now_us() + l->spec->handoff_us;
-	LOGK(LOG_DEBUG, l->spec->symbol, l->key, l->klen, "acquired %.*s for %s (%d tries%s)",
-	     (int)l->klen, l->key, l->spec->symbol, tries, how);
+	l->fence = fence;
+	LOGK(LOG_DEBUG, l->spec->symbol, l->key, l->klen, "acquired %.*s for %s (%d tries%s), "
+	     "fence %lld", (int)l->klen, l->key, l->spec->symbol, tries, how, fence);
 	return LOCK_OK;
 }
 
@@ -237,7 +247,7 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
 }
 
 /*
- * The wait path. The first attempt is a plain SET NX; when the lock is busy
+ * The wait path. The first attempt is the plain acquire script; when the lock is busy
  * the waiter joins the queue in Redis (one script, which also says how long
  * a signal may take at most: the holder's remaining lease, or the queue
  * head's expiry) and blocks on its signal list for at most that, retry_max_ms
@@ -268,12 +278,13 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 	deadline = s->wait_ms < 0 ? INT64_MAX : now + s->wait_ms;
 	for (;;) {
 		int64_t sent = util_now_us();
-		long long hint = 0;
+		long long hint = 0, fence = 0;
 
 		hlen = 0;
 		rc = conn_get(t, err, sizeof(err));
 		if (rc == 0) {
-			rc = conn_check(t, backend->ops->acquire(t->conn, it, &hint, holder, &hlen),
+			rc = conn_check(t, backend->ops->acquire(t->conn, it, &hint, holder, &hlen,
+								  &fence),
 					err, sizeof(err));
 			unsure |= rc == BACKEND_ERR; /* sent, maybe run, unanswered */
 		}
@@ -281,7 +292,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 		if (rc == BACKEND_OK) {
 			if (tries > 1)
 				slow_wait(l, start, seen, seen_len);
-			return acquired(l, sent, tries, "");
+			return acquired(l, sent, fence, tries, "");
 		}
 		busy |= rc == BACKEND_NO;
 		now = util_now_ms();
@@ -309,14 +320,14 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 			if (hint == BACKEND_NOT_QUEUED)
 				continue;
 			rc = conn_check(t, backend->ops->wait(t->conn, it,
-					min64(min64(hint, s->retry_max_ms), deadline - now)),
+					min64(min64(hint, s->retry_max_ms), deadline - now), &fence),
 					err, sizeof(err));
 			unsure |= rc == BACKEND_ERR;
 			if (rc == BACKEND_GRANTED) {
 				if (it->waiter_ttl_ms < *granted_ttl_ms)
 					*granted_ttl_ms = it->waiter_ttl_ms;
 				slow_wait(l, start, seen, seen_len);
-				return acquired(l, now * 1000, tries, ", handed over");
+				return acquired(l, now * 1000, fence, tries, ", handed over");
 			}
 			if (rc != BACKEND_ERR)
 				continue;
@@ -647,6 +658,11 @@ void lock_release_all(void)
 {
 	if (own_process())
 		with_thread_conn(renew_exit);
+}
+
+long long lock_fence(const struct lock_call *call)
+{
+	return call->hold ? call->hold->lease.fence : 0;
 }
 
 int lock_thread_holds(void)

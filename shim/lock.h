@@ -70,6 +70,11 @@ void lock_before_exec(void);
  * Does nothing in a child that shares the process's memory (vfork). */
 void lock_release_all(void);
 
+/* Returns the fencing token of call's hold (the key's counter when this
+ * thread acquired it; a reentrant or kept call shares it), 0 when it holds
+ * nothing. */
+long long lock_fence(const struct lock_call *call);
+
 /* Returns the number of hold slots the calling thread uses (kept, active or
  * inherited); for tests. */
 int lock_thread_holds(void);

@@ -17,7 +17,10 @@
  * (thread_wake_us), so a burst of guarded calls costs it one wake-up.
  *
  * Parked leases (lock.c: a call ended, its thread may take the lock back for
- * its next call) stay in the list and keep being renewed. At park_until the
+ * its next call) stay in the list and keep being renewed; a renewal of one
+ * parked KEPT_MARK_US or more also names it in the key's fencing counter
+ * (field k: `lockshim status` says "kept"), and the first renewal once it
+ * is in use again takes that back (the release does too). At park_until the
  * thread marks one RELEASING, releases it on its own connection (all due
  * ones in one round trip) and unlinks it; an owner taking it back meanwhile
  * waits on the second condvar until that is done, so a lease is released by
@@ -63,6 +66,7 @@
 
 #define RENEW_BATCH 256
 #define MS 1000 /* µs */
+#define KEPT_MARK_US (100 * MS) /* a lease parked this long is marked kept */
 #define FORGET_RETRY_MIN_US (50 * MS)
 #define FORGET_RETRY_MAX_US (2000 * MS)
 #define FORGET_SETTLE_US (1000 * MS) /* asked again this long after "not there" */
@@ -208,6 +212,7 @@ static void act(struct lease *l, int p, const char *why)
  */
 static int collect_due(int64_t now, struct lease *batch, int64_t *wake)
 {
+	struct lease *b;
 	int n = 0;
 
 	if (kill_pending) {
@@ -233,7 +238,13 @@ static int collect_due(int64_t now, struct lease *batch, int64_t *wake)
 		if (s->max_hold_ms && max_hold_end < *wake)
 			*wake = max_hold_end;
 		if (l->next_renew_us <= now && n < RENEW_BATCH) {
-			batch[n++] = *l;
+			b = &batch[n++];
+			*b = *l;
+			b->kept = 0;
+			if (l->park == PARK_PARKED && now - l->parked_us >= KEPT_MARK_US)
+				b->kept = l->kept = 1;
+			else if (l->park == PARK_NONE && l->kept)
+				b->kept = 2, l->kept = 0;
 			l->next_renew_us = now + period_us(l);
 		}
 		if (l->next_renew_us < *wake)
@@ -298,8 +309,10 @@ static int renew_batch(const struct lease *batch, int n, int *results, char *err
 
 	if (!conn_up(&conn, err, errlen))
 		return BACKEND_ERR;
-	for (int i = 0; i < n; i++)
+	for (int i = 0; i < n; i++) {
 		items[i] = renew_item(&batch[i]);
+		items[i].kept = batch[i].kept;
+	}
 	if (backend->ops->renew(conn, n, items, results) == BACKEND_OK)
 		return BACKEND_OK;
 	renew_conn_failed(&conn, err, errlen);
@@ -569,6 +582,7 @@ int renew_park(struct lease *l, int64_t until_us)
 	if (l->next && l->state == LEASE_HELD && !stopping) {
 		l->park = PARK_PARKED;
 		l->park_until_us = until_us;
+		l->parked_us = util_now_us();
 		wake_by(until_us);
 		rc = 0;
 	}

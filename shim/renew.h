@@ -37,10 +37,14 @@ struct lease {
 	int64_t park_until_us;     /* mu: parked: when the thread releases it */
 	int state;                 /* mu: enum lease_state */
 	int park;                  /* mu: enum park_state */
+	int64_t parked_us;         /* mu: parked: since when */
+	int kept;                  /* mu: the counter's k names it (a renewal
+				    * said so); in a renewal batch: backend_item's */
 	const struct lock_spec *spec;
 	int64_t acquired_us;       /* the acquire was sent (mu once tracked:
 				    * max_hold_ms counts from here) */
 	int64_t reuse_until_us;    /* its thread may take it back until then */
+	long long fence;           /* the fencing token of this acquisition */
 	size_t klen, vlen;
 	char key[KEY_BUF_SIZE];
 	char val[BACKEND_VAL_MAX];

@@ -46,7 +46,7 @@ import time
 import pytest
 
 from resp import RespError
-from support.server import started
+from support.server import lock_keys, started
 from support.topology import Cluster, keyslot, lock_key, stop_pid
 from support.util import CLI, MULT, TIMEOUT, run, shim_env, wait_for
 from support.workers import (WORK, assert_lost_format, calls, counter, finish_workers, lost_lines,
@@ -252,7 +252,7 @@ def test_user_hash_tag_keeps_two_locks_on_one_node(cluster, worker_progs, bg, tm
         p.send()
         assert p.expect("call") == OK_LINE
         assert p.wait() == 0, p.stderr()
-    wait_for(lambda: owner.cmd("KEYS", "lockshim:*") == [], timeout=10, what="the releases")
+    wait_for(lambda: lock_keys(owner) == [], timeout=10, what="the releases")
 
 
 # ---- 3. slot migration ----------------------------------------------------------------
@@ -274,6 +274,17 @@ def traffic_reaches(node, path):
     start = live_counter(path)
     wait_for(lambda: calls(node, "set") >= 10 and live_counter(path) >= start + 10, timeout=40,
              what="lock traffic on port %d" % node.port)
+
+
+def move_counter(source, target, name):
+    """MIGRATEs the fencing counter of lock name (it never expires) to
+    target, so that the lock's scripts, which name it, are sent on with ASK
+    whenever the lock key is not at the source either (with it still at the
+    source they get TRYAGAIN: the lock waits for the migration)."""
+    key = lock_key(name) + ":f"
+    if source.cmd("EXISTS", key):
+        r = source.cmd("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", key)
+        assert r in ("OK", "NOKEY"), r
 
 
 def migrate_slot(cluster, slot, source, target, between=None):
@@ -321,6 +332,7 @@ def test_slot_migrated_while_workers_run(cluster, worker_progs, bg, tmp_path):
             # target through ASK, before the other keys move. (Scripts on
             # the lock's several keys get TRYAGAIN until all of them are on
             # one side: locks of a migrating slot wait for the migration.)
+            move_counter(source, target, "ledger")
             wait_for(lambda: calls(target, "asking") > 0, timeout=20,
                      what="ASKING at the target during the migration")
         migrate_slot(cluster, slot, source, target, between=asked)
@@ -450,8 +462,10 @@ def test_slot_migration_is_logged_at_debug_level(cluster, worker_progs, bg, tmp_
               for _ in range(2)]
         for w in ws:
             w.expect("started")
-        migrate_slot(cluster, slot, source, target, between=lambda: wait_for(
-            lambda: any(ask in w.stderr() for w in ws), timeout=20, what=repr(ask)))
+        def asked():
+            move_counter(source, target, "ledger")
+            wait_for(lambda: any(ask in w.stderr() for w in ws), timeout=20, what=repr(ask))
+        migrate_slot(cluster, slot, source, target, between=asked)
         wait_for(lambda: any(moved in w.stderr() for w in ws), timeout=20, what=repr(moved))
     finally:
         open(stop, "w").close()

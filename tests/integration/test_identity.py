@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: MIT
 """The holder identity in lock values (owner.c) is whole: every value any
-thread writes is "<token>:<host>:<pid>:<tid>:<boot id>:<pid ns>:<start>"
-with every field this process's, never empty, never cut or split.
+thread writes is "<token>:<host>:<pid>:<tid>:<boot id>:<pid ns>:<start>:
+<since_ms>:<program>" with every field this process's, never empty, never
+cut or split (since_ms: when the value was made, wall-clock ms; program: the
+executable's file name).
 
 Many threads of several processes make their first value at the same
 moment (a barrier), which is when the shim reads the process's identity:
@@ -15,6 +17,7 @@ import os
 import re
 import socket
 import subprocess
+import time
 
 import pytest
 
@@ -26,6 +29,7 @@ CONFIG = 'locks = ( { symbol = "ledger_update"; key = "burst"; wait_ms = 60000; 
 # An argument as MONITOR prints it, and a lock value among them.
 ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
 TOKEN = re.compile(r"[0-9a-f]{32}:")
+GRANT = re.compile(r"[0-9a-f]{32}:\d+")
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +69,10 @@ class Monitor:
 
 
 def values(lines):
-    """The lock values among the commands' arguments."""
-    return {a for line in lines for a in ARG.findall(line) if TOKEN.match(a)}
+    """The lock values among the commands' arguments (not the grant record
+    "<token>:<ms>" that the scripts write in the fencing counter's g)."""
+    return {a for line in lines for a in ARG.findall(line)
+            if TOKEN.match(a) and not GRANT.fullmatch(a)}
 
 
 def field_name(host):
@@ -106,9 +112,12 @@ def assert_whole(vals, starts, host):
         boot = f.read().strip()
     ns = str(os.stat("/proc/self/ns/pid").st_ino)
     threads = set()
+    now_ms = time.time() * 1000
     for v in vals:
-        head, pid, tid, v_boot, v_ns, start = v.rsplit(":", 5)
+        head, pid, tid, v_boot, v_ns, start, since, prog = v.rsplit(":", 7)
         assert head[32] == ":" and head[33:] == host, (v, host)
+        assert prog == "burst" and since.isdigit(), v
+        assert now_ms - 600000 < int(since) <= now_ms + 1000, v
         assert int(pid) in starts and tid.isdigit() and int(tid) > 0, v
         assert (v_boot, v_ns, start) == (boot, ns, starts[int(pid)]), v
         threads.add((pid, tid))

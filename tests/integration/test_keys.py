@@ -2,9 +2,9 @@
 """A program's arguments never reach the shim's own keys.
 
 With key = "kc:{arg0:str}", the lock of the path P is lockshim:kc:P and its
-waiters queue in lockshim:kc:P:q, :qx, :due and :w:<token>. A caller whose
-path is P + ":q" (or ":qx", ":due") must hold a key of its own, not the
-queue of P: the holder H1 of P and the holder H2 of P + suffix block inside
+waiters queue in lockshim:kc:P:q, :qx, :due and :w:<token>, and its fencing
+counter is lockshim:kc:P:f. A caller whose path is P + ":q" (or ":qx",
+":due", ":f") must hold a key of its own, not the queue or counter of P: the holder H1 of P and the holder H2 of P + suffix block inside
 their calls (log_call opens a FIFO, which waits for a reader), a waiter W
 for P queues, and once the test releases H1 (by opening P's FIFO for
 reading) W enters at once; H2 still holds its key with its own value all
@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+from support.server import lock_keys
 from support.util import CLI, MULT, TIMEOUT, run, shim_env, wait_for, write_config
 
 CFG = 'locks = ( { symbol = "log_call"; key = "kc:{arg0:str}"; lease_ms = 20000; ' \
@@ -42,7 +43,7 @@ def release(fifo):
     return os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
 
 
-@pytest.mark.parametrize("suffix", [":q", ":qx", ":due", ":r"])
+@pytest.mark.parametrize("suffix", [":q", ":qx", ":due", ":f", ":r"])
 def test_an_argument_ending_like_a_queue_key_is_a_lock_of_its_own(progs, redis, tmp_path,
                                                                   procs, suffix):
     c = write_config(tmp_path, redis, CFG)
@@ -76,7 +77,7 @@ def test_an_argument_ending_like_a_queue_key_is_a_lock_of_its_own(progs, redis, 
     for x in (h1, h2, w):
         rc, _, err = x.finish()
         assert rc == 0 and "WRONGTYPE" not in err, err
-    assert redis.cmd("KEYS", "lockshim:*") == []
+    assert lock_keys(redis) == []
 
 
 def test_argument_bytes_of_the_layout_are_percent_encoded(progs, redis, tmp_path, procs):
@@ -100,6 +101,8 @@ def test_argument_bytes_of_the_layout_are_percent_encoded(progs, redis, tmp_path
 @pytest.mark.parametrize("key,message", [
     ("kc:q", 'ends in ":q", which the shim appends to a lock\'s key for its queue'),
     ("kc:{arg0:str}:due", 'ends in ":due"'),
+    ("kc:{arg0:str}:f", 'ends in ":f", which the shim appends to a lock\'s key for its queue '
+                        'or fencing counter'),
     ("a:w:{arg0}", 'contains ":w:", which the shim uses for a waiter\'s list'),
     ("kc:qq", None)])
 def test_a_template_spelling_a_queue_key_is_refused(progs, redis, tmp_path, key, message):

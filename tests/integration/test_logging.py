@@ -32,7 +32,7 @@ import time
 from support.util import TIMEOUT, Proc, shim_env, write_config
 
 TS = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d{3})Z")
-FOREIGN = "0" * 32 + ":elsewhere:4242:4242:-:0:0"  # a holder on another machine
+FOREIGN = "0" * 32 + ":elsewhere:4242:4242:-:0:0:1764000000000:batch"  # a holder on another machine
 
 
 def locks(*entries):
@@ -140,7 +140,7 @@ def test_json_lock_timeout_line(progs, redis, tmp_path):
     objs = json_lines(err)
     assert [o["level"] for o in objs] == ["warn"], objs
     assert objs[0]["msg"] == "hold_call: lock lockshim:hold_call still held by another " \
-        "owner after 300 ms (holder: host elsewhere, pid 4242)", objs
+        "owner after 300 ms (holder: host elsewhere, pid 4242, program batch)", objs
     assert objs[0]["pid"] == pid and objs[0]["program"] == "driver", objs
     assert objs[0]["lock"] == "hold_call" and objs[0]["key"] == "lockshim:hold_call", objs
 
@@ -244,7 +244,7 @@ def test_syslog_gets_every_line_as_one_datagram(progs, redis, tmp_path):
         assert rc == 0 and out.startswith(b"call rc=-1 "), (out, err)
         assert sl.take() == [
             "<28>lockshim[%d]: driver: warn: hold_call: lock lockshim:hold_call still held "
-            "by another owner after 300 ms (holder: host elsewhere, pid 4242)" % pid], err
+            "by another owner after 300 ms (holder: host elsewhere, pid 4242, program batch)" % pid], err
     finally:
         sl.close()
 
@@ -263,7 +263,7 @@ def test_syslog_without_a_listener_drops_lines(progs, redis, tmp_path):
 # ---- slow waits ----------------------------------------------------------------
 
 SLOW = re.compile(r"lockshim\[(\d+)\] driver: warn: hold_call: lock lockshim:hold_call taken "
-                  r"after waiting (\d+) ms \(holder: host (\S+), pid (\d+)\)")
+                  r"after waiting (\d+) ms \(holder: host (\S+), pid (\d+), program (\S+)\)")
 
 
 def warn_lines(err):

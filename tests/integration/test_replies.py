@@ -198,7 +198,8 @@ MODES = {
     "huge-number": fixed(b"*99999999999999999999999\r\n", close=False),
     "deep-nesting": fixed(b"*1\r\n" * 64 + b":1\r\n", close=False),
     "truncated": send_truncated,
-    "wrong-type": fixed(b":7\r\n", close=False),
+    # the acquire script answers an integer (the fence) or a string (the holder)
+    "wrong-type": fixed(b"+OK\r\n", close=False),
     "wrong-array": fixed(b"*2\r\n*1\r\n:1\r\n$1\r\nx\r\n", close=False),
     "extra": send_extra,
     "garbage": fixed(b"HTTP/1.1 400 Bad Request\r\n\r\n", close=False),

@@ -298,8 +298,9 @@ def other_boot(boot):
 
 
 def forged(pid, boot, ns, start):
-    return "%s:%s:%d:%d:%s:%d:%d" % ("0123456789abcdef" * 2, socket.gethostname(), pid, pid,
-                                     boot, ns, start)
+    return "%s:%s:%d:%d:%s:%d:%d:%d:forged" % ("0123456789abcdef" * 2, socket.gethostname(),
+                                               pid, pid, boot, ns, start,
+                                               int(time.time() * 1000))
 
 
 FORGED = {
@@ -439,7 +440,11 @@ def test_call_whose_reply_was_lost_leaves_no_key(progs, redis, tmp_path, procs, 
     """Redis runs the SET but its reply is lost (the proxy drops replies): the
     call is skipped, and once replies flow again the token is gone well
     before its lease ends (deleted by the renewal thread, which retries
-    until Redis answers)."""
+    until Redis answers). A call on another key first loads the acquire
+    script into Redis (else the dropped reply would be EVALSHA's NOSCRIPT,
+    and nothing would have run)."""
+    warm = run([progs["driver"], "call:0"], lock_cfg(tmp_path / "warm", redis, "", key="warm"))
+    assert warm.returncode == 0 and warm.stdout.endswith(OK_LINE + "\n"), warm.stderr
     proxy.set_mode(DROP_REPLIES)
     p = procs([progs["driver"], "call:0", "stdin"], proxied_cfg(tmp_path, proxy))
     assert p.expect("call") == EBUSY_LINE

@@ -589,14 +589,14 @@ int main(void)
 	{
 		char one[2048], list[2048];
 
-		test_cond(load_text(&cfg, "locks = ( { symbol = \"f\"; key = \"x:{symbol}\"; } );",
+		test_cond(load_text(&cfg, "locks = ( { symbol = \"fn\"; key = \"x:{symbol}\"; } );",
 				    err, sizeof(err)) == 0);
 		dump(&cfg, one, sizeof(one));
 		conf_release(&cfg);
-		test_cond(load_text(&cfg, "locks = ( { symbols = ( \"f\" ); key = \"x:{symbol}\"; } );",
+		test_cond(load_text(&cfg, "locks = ( { symbols = ( \"fn\" ); key = \"x:{symbol}\"; } );",
 				    err, sizeof(err)) == 0);
 		dump(&cfg, list, sizeof(list));
-		test_cond(!strcmp(one, list) && !strcmp(cfg.locks[0].symbols[0], "f"));
+		test_cond(!strcmp(one, list) && !strcmp(cfg.locks[0].symbols[0], "fn"));
 		conf_release(&cfg);
 	}
 

@@ -72,7 +72,7 @@ static const char *const tricky[] = {
 	"", "%", "%%", "%25", "%3A", "%3a", ":", "::", "{", "}", "{}", "}{", "~", "~~",
 	"%7E", "a~", "q", "qx", "qq", "d", "du", "due", "duet", "w", "w:", "wx", ":q",
 	":qx", ":due", ":w:", "a:q", "a%3Aq", "v", "v:q", "\x80", "\xff\xfe", "\xc3\xa9:q",
-	"(null)", "%00", " ", "#", "a#0123456789abcdef",
+	"(null)", "%00", " ", "#", "a#0123456789abcdef", "f", "ff", ":f", "a:f",
 };
 #define NTRICKY (sizeof(tricky) / sizeof(tricky[0]))
 
@@ -174,13 +174,13 @@ static void layout_tests(void)
 		"kc:{arg0:str}{arg1:str}", "kc:du{arg0:str}", "kc:d{arg0:str}", "kc:{arg0:str}ue",
 		"{arg0:str}:w", "kc:{arg0:str}:w", "kc:{arg0:x}", "kc:v",
 	};
-	static const char *const sfx[] = { "", ":q", ":qx", ":due",
+	static const char *const sfx[] = { "", ":q", ":qx", ":due", ":f",
 					   ":w:0123456789abcdef0123456789abcdef:h:1:1:-:0:1" };
 	enum { NT = sizeof(tmpl) / sizeof(tmpl[0]), MAXK = NT * NTRICKY * NTRICKY };
-	static char *locks[MAXK], *all[MAXK * 5];
+	static char *locks[MAXK], *all[MAXK * 6];
 	uint64_t a[ARCH_INT_ARGS] = { 0 };
 
-	test("layout: no lock's key, queue, due or waiter list is another lock's key");
+	test("layout: no lock's key, queue, due, fencing counter or waiter list is another lock's key");
 	for (int tagged = 0; tagged < 2; tagged++) {
 		size_t nl = 0, nu = 0, na = 0;
 		int bad = 0;
@@ -199,7 +199,7 @@ static void layout_tests(void)
 			else
 				free(locks[m]);
 		for (size_t m = 0; m < nu; m++)
-			for (int u = 0; u < 5; u++) {
+			for (int u = 0; u < 6; u++) {
 				all[na] = malloc(strlen(locks[m]) + strlen(sfx[u]) + 1);
 				strcat(strcpy(all[na++], locks[m]), sfx[u]);
 			}
@@ -364,11 +364,14 @@ int main(void)
 	test_cond(compile_error("x:q", "ends in \":q\""));
 	test_cond(compile_error("x:qx", "ends in \":qx\""));
 	test_cond(compile_error("{arg0}:due", "ends in \":due\""));
+	test_cond(compile_error("x:f", "ends in \":f\""));
+	test_cond(compile_error("x:{arg0:str}f", "fencing counter")); /* an empty value */
 	test_cond(compile_error("x:{arg0:str}q", "ends in \":q\"")); /* an empty value */
 	test_cond(compile_error("a:w:{arg0}", "contains \":w:\""));
 	test_cond(compile_error("a:w{env:LOCKSHIM_T_UNSET}:b", "contains \":w:\""));
 	test_cond(!compile_error("x:qq", "") && !compile_error("x:w", "") &&
 		  !compile_error("q", "") && !compile_error("due:{arg0}", "") &&
-		  !compile_error("x:{arg0:str}:q:{arg1}", "") && !compile_error("aw:b", ""));
+		  !compile_error("x:{arg0:str}:q:{arg1}", "") && !compile_error("aw:b", "") &&
+		  !compile_error("x:ff", "") && !compile_error("f:{arg0}", ""));
 	return test_report("key");
 }

@@ -11,12 +11,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend.h"
 #include "conf.h"
 #include "lock.h"
 #include "log.h"
+#include "owner.h"
 #include "test.h"
 #include "util.h"
 
@@ -50,14 +52,17 @@ static struct backend_conn *f_open(const struct backend_config *bc, char *err, s
 	return &the_conn;
 }
 static void f_close(struct backend_conn *c) { (void)c; }
+static long long fence_n; /* the store's fencing counter (one for every key) */
+
 static int f_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait,
-		     char *holder, size_t *hlen)
+		     char *holder, size_t *hlen, long long *fence)
 {
 	int rc = 0, i;
 
 	(void)c;
 	*wait = it->waiting ? 1 : -1; /* first: join the queue; then wait 1 ms */
 	*hlen = 0;
+	*fence = 0;
 	if (fail_all)
 		return BACKEND_ERR;
 	pthread_mutex_lock(&store_mu);
@@ -73,6 +78,7 @@ static int f_acquire(struct backend_conn *c, const struct backend_item *it, long
 				memcpy(store[i].val, it->val, it->vlen);
 				store[i].val[it->vlen] = 0;
 				store[i].used = 1;
+				*fence = ++fence_n;
 				rc = BACKEND_OK;
 				break;
 			}
@@ -111,17 +117,20 @@ static int f_renew(struct backend_conn *c, int n, const struct backend_item *ite
 	pthread_mutex_unlock(&store_mu);
 	return BACKEND_OK;
 }
-static int f_wait(struct backend_conn *c, const struct backend_item *it, long long ms)
+static int f_wait(struct backend_conn *c, const struct backend_item *it, long long ms,
+		  long long *fence)
 {
 	int i;
 
 	(void)c;
 	n_wait++;
+	*fence = 0;
 	if (grant_on_wait) { /* a release handed the key over to this waiter */
 		pthread_mutex_lock(&store_mu);
 		if ((i = slot_of(it)) >= 0) {
 			memcpy(store[i].val, it->val, it->vlen);
 			store[i].val[it->vlen] = 0;
+			*fence = ++fence_n;
 		}
 		pthread_mutex_unlock(&store_mu);
 		return i >= 0 ? BACKEND_GRANTED : BACKEND_NO;
@@ -312,17 +321,30 @@ int main(void)
 		char want[300];
 		const char *v = store[stored("t:a")].val;
 
+		struct owner_info o;
+		struct timespec ts;
+
 		snprintf(want, sizeof(want), ":%s:%d:", host, getpid());
 		test_cond(strlen(v) > 32 && strstr(v, want) == v + 32);
+		clock_gettime(CLOCK_REALTIME, &ts);
+		test("the value ends with since_ms (now) and the program (owner_parse)");
+		test_cond(owner_parse(v, strlen(v), &o) == 0 && o.pid == getpid() &&
+			  strcmp(o.program, "test_lock") == 0 && o.local &&
+			  o.since_ms <= ts.tv_sec * 1000LL + ts.tv_nsec / 1000000 &&
+			  o.since_ms > ts.tv_sec * 1000LL - 10000);
+		test("lock_fence: the fence the backend gave the acquisition");
+		test_cond(lock_fence(&c1) == fence_n && fence_n > 0);
 	}
 	lock_release(&c1);
 	test_cond(stored("t:a") < 0 && lock_thread_holds() == 0);
+	test_cond(lock_fence(&c1) == 0);
 
 	test("reentrant: one SET, count kept locally, outermost release deletes");
 	n_set = n_del = 0;
 	test_cond(lock_acquire(&a, args, &c1) == LOCK_OK);
 	test_cond(lock_acquire(&a, args, &c2) == LOCK_OK);
 	test_cond(n_set == 1 && lock_thread_holds() == 1);
+	test_cond(lock_fence(&c2) == lock_fence(&c1) && lock_fence(&c1) == fence_n);
 	lock_release(&c2);
 	test_cond(stored("t:a") >= 0 && n_del == 0);
 	lock_release(&c1);
@@ -355,7 +377,7 @@ int main(void)
 		char holder[BACKEND_VAL_MAX];
 		size_t hlen;
 
-		f_acquire(&the_conn, &other, &hint, holder, &hlen);
+		f_acquire(&the_conn, &other, &hint, holder, &hlen, &hint);
 		test_cond(lock_acquire(&w, args, &c1) == LOCK_TIMEOUT);
 		test_cond(util_now_ms() - t0 >= 60);
 		test_cond(n_set > 3 && n_wait > 3); /* waited for wake-ups between tries */
@@ -443,10 +465,11 @@ int main(void)
 
 		h.lease_ms = 60000; /* a third of the lease: 20 s, past the wait below */
 		h.waiter_ttl_ms = 60;
-		f_acquire(&the_conn, &other, &hint, holder, &hlen);
+		f_acquire(&the_conn, &other, &hint, holder, &hlen, &hint);
 		grant_on_wait = 1;
 		n_renew = 0;
 		test_cond(lock_acquire(&h, args, &c3) == LOCK_OK);
+		test_cond(lock_fence(&c3) == fence_n); /* the hand-over's */
 		grant_on_wait = 0;
 		for (int i = 0; i < 400 && n_renew < 1; i++)
 			util_sleep_ms(5);

@@ -50,7 +50,7 @@ static int matches_gmtime(void)
 
 static int holder_is(const char *val, const char *want)
 {
-	char buf[64];
+	char buf[128];
 	size_t n = owner_describe(val, strlen(val), buf, sizeof(buf));
 
 	if (n != strlen(want) || strcmp(buf, want) != 0) {
@@ -115,13 +115,15 @@ int main(void)
 	test_cond(json_is("ab\ncd", 5, 7, "ab"));
 	test_cond(json_is("a\xc3\xa9", 3, 2, "a"));
 	test("the holder a wait line names (owner_describe)");
+	test_cond(holder_is("0123456789abcdef0123456789abcdef:db2:4242:4243:-:0:0:1764000000000:batch",
+			    "host db2, pid 4242, program batch"));
+	test_cond(holder_is("0123456789abcdef0123456789abcdef:d\x1b\xff b:7:7:-:0:0:1:p\x01",
+			    "host d---b, pid 7, program p-"));
+	test_cond(holder_is("0123456789abcdef0123456789abcdef::7:7:-:0:0:1:p", "unknown"));
+	test_cond(holder_is("0123456789abcdef0123456789abcdef:h:x7:7:-:0:0:1:p", "unknown"));
 	test_cond(holder_is("0123456789abcdef0123456789abcdef:db2:4242:4243:-:0:0",
-			    "host db2, pid 4242"));
-	test_cond(holder_is("0123456789abcdef0123456789abcdef:d\x1b\xff b:7:7:-:0:0",
-			    "host d---b, pid 7"));
-	test_cond(holder_is("0123456789abcdef0123456789abcdef::7:7:-:0:0", "unknown"));
-	test_cond(holder_is("0123456789abcdef0123456789abcdef:h:x7:7:-:0:0", "unknown"));
-	test_cond(holder_is("short:h:7:7:-:0:0", "unknown"));
+			    "unknown")); /* the 7 fields before since_ms and program */
+	test_cond(holder_is("short:h:7:7:-:0:0:1:p", "unknown"));
 	test_cond(holder_is("", "unknown"));
 	test("the prefix: lockshim[pid] program: (the executable's file name)");
 	snprintf(want, sizeof(want), "lockshim[%d] test_log: ", (int)getpid());

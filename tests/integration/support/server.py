@@ -136,11 +136,12 @@ def start_servers(request, make, label):
         s.cleanup()
 
 
-AUX_SUFFIXES = (":q", ":qx", ":due")
+AUX_SUFFIXES = (":q", ":qx", ":due", ":f")
 
 
 def lock_keys(redis, pattern="lockshim:*"):
-    """Lock keys matching pattern, without the short-lived auxiliary keys
-    (waiter queues and signal lists) that hang off them."""
+    """Lock keys matching pattern, without the auxiliary keys that hang off
+    them: the short-lived waiter queues and signal lists, and the fencing
+    counter (<key>:f, which never expires)."""
     return sorted(k for k in redis.cmd("KEYS", pattern)
                   if not k.endswith(AUX_SUFFIXES) and ":w:" not in k)

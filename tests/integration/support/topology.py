@@ -406,8 +406,10 @@ class Cluster:
         return path
 
     def keys(self, pattern="lockshim:*"):
-        """{port: sorted keys matching pattern} for every live primary."""
-        return {p.port: sorted(p.cmd("KEYS", pattern)) for p in self.primaries()}
+        """{port: sorted keys matching pattern} for every live primary, without
+        the fencing counters (<key>:f: they never expire)."""
+        return {p.port: sorted(k for k in p.cmd("KEYS", pattern) if not k.endswith(":f"))
+                for p in self.primaries()}
 
     def logs(self):
         return "\n".join("---- %s %d ----\n%s" % (n.name, n.port, n.tail()) for n in self.nodes)

@@ -14,7 +14,9 @@
  * process is a zombie, or it started at another time (the pid was reused).
  * Anything that does not parse, or another machine or namespace, counts as
  * alive: a live holder's lock is never broken, a dead one on another
- * machine expires with its lease.
+ * machine expires with its lease. Values are split from the tail, since
+ * the host is the one field whose length varies before the numbers; the
+ * program name (log.c's, or owner_set_program's) is read with the identity.
  */
 #include "owner.h"
 
@@ -28,7 +30,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "log.h"
+
 #define BOOT_ID_LEN 36
+#define OWNER_FIELDS 7 /* after the host: pid tid boot ns start since program */
 
 static struct {
 	int pid;
@@ -36,9 +41,24 @@ static struct {
 	unsigned long long ns, start;
 	char boot[BOOT_ID_LEN + 1]; /* "" when unknown */
 	char host[256];             /* never empty, no ':' nor blank */
+	char program[OWNER_PROGRAM_MAX + 1]; /* the same */
 } me;                               /* written only by load(), before `ready` */
 static atomic_int ready;            /* me holds this process's identity */
 static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
+static char program_set[OWNER_PROGRAM_MAX + 1]; /* owner_set_program's, or "" */
+
+/* Copies name[0..len) into dst (cap bytes) as one field of a value: ':',
+ * blanks, control and non-ASCII bytes as '-', "unknown" when empty. */
+static void field_copy(char *dst, size_t cap, const char *name, size_t len)
+{
+	size_t i;
+
+	for (i = 0; i < len && i < cap - 1; i++)
+		dst[i] = name[i] == ':' || name[i] <= ' ' || name[i] > '~' ? '-' : name[i];
+	dst[i] = 0;
+	if (!i)
+		snprintf(dst, cap, "unknown");
+}
 
 /* Reads up to cap - 1 bytes of path into buf. Returns the length or -errno. */
 static ssize_t read_file(const char *path, char *buf, size_t cap)
@@ -101,11 +121,15 @@ static void load(void)
 	int pid = getpid();
 
 	memset(&me, 0, sizeof(me));
-	if (gethostname(me.host, sizeof(me.host) - 1) != 0 || !me.host[0])
-		strcpy(me.host, "unknown");
-	for (char *p = me.host; *p; p++) /* one field of the value, printable */
-		if (*p == ':' || *p <= ' ' || *p > '~')
-			*p = '-';
+	if (gethostname(buf, sizeof(me.host) - 1) != 0)
+		buf[0] = 0;
+	buf[sizeof(me.host) - 1] = 0;
+	field_copy(me.host, sizeof(me.host), buf, strlen(buf));
+	if (program_set[0])
+		memcpy(me.program, program_set, sizeof(me.program));
+	else
+		field_copy(me.program, sizeof(me.program), log_program(),
+			   strlen(log_program()));
 	me.ns = ns_inode("/proc/self/ns/pid");
 	n = readlink("/proc/self", self, sizeof(self) - 1);
 	if (n > 0)
@@ -146,6 +170,41 @@ size_t owner_suffix(char *buf, size_t cap, int tid)
 	n = snprintf(buf, cap, ":%.255s:%d:%d:%s:%llu:%llu", me.host, me.pid, tid,
 		     me.boot[0] ? me.boot : "-", me.ns, me.start);
 	return n < 0 ? 0 : (size_t)n >= cap ? cap - 1 : (size_t)n;
+}
+
+size_t owner_tail(char *buf, size_t cap, long long since_ms)
+{
+	char tmp[24 + 1 + OWNER_PROGRAM_MAX];
+	char *p = tmp + 24, *d;
+	size_t plen, n;
+	unsigned long long v = since_ms < 0 ? 0 : (unsigned long long)since_ms;
+
+	identity();
+	plen = strlen(me.program);
+	do
+		*--p = (char)('0' + v % 10);
+	while ((v /= 10) != 0);
+	*--p = ':';
+	d = tmp + 24;
+	*d++ = ':';
+	memcpy(d, me.program, plen);
+	n = (size_t)(d + plen - p);
+	if (!cap)
+		return 0;
+	n = n < cap - 1 ? n : cap - 1;
+	memcpy(buf, p, n);
+	buf[n] = 0;
+	return n;
+}
+
+void owner_set_program(const char *name)
+{
+	const char *base = name ? strrchr(name, '/') : NULL;
+
+	name = base ? base + 1 : name ? name : "";
+	field_copy(program_set, sizeof(program_set), name, strlen(name));
+	if (atomic_load_explicit(&ready, memory_order_acquire))
+		memcpy(me.program, program_set, sizeof(me.program));
 }
 
 void owner_atfork_child(void)
@@ -190,22 +249,86 @@ static int split_tail(const char *val, size_t len, int n, const char *f[][2])
 	return 0;
 }
 
-int owner_gone(const char *val, size_t len, int thorough, int *pid)
+/* The fields of a value, split from its tail. */
+enum { F_PROGRAM, F_SINCE, F_START, F_NS, F_BOOT, F_TID, F_PID };
+struct fields {
+	const char *f[OWNER_FIELDS][2];
+	const char *host;
+	size_t hlen;
+	unsigned long long pid, tid, start, ns, since;
+};
+
+/* Splits val[0..len) into *v. Returns 0, or -1 when it is not a value of
+ * the form of owner.h (a non-empty host, every number decimal). */
+static int fields_split(const char *val, size_t len, struct fields *v)
 {
-	const char *f[5][2]; /* start, ns, boot, tid, pid */
-	unsigned long long start, ns, p, seen_start;
+	if (len < 33 || val[32] != ':' || split_tail(val, len, OWNER_FIELDS, v->f) != 0)
+		return -1;
+	v->host = val + 33;
+	if (v->f[F_PID][0] - 1 <= v->host)
+		return -1;
+	v->hlen = (size_t)(v->f[F_PID][0] - 1 - v->host);
+	if (num(v->f[F_PID][0], v->f[F_PID][1], &v->pid) ||
+	    num(v->f[F_TID][0], v->f[F_TID][1], &v->tid) ||
+	    num(v->f[F_NS][0], v->f[F_NS][1], &v->ns) ||
+	    num(v->f[F_START][0], v->f[F_START][1], &v->start) ||
+	    num(v->f[F_SINCE][0], v->f[F_SINCE][1], &v->since) ||
+	    v->pid > 0x7fffffff || v->tid > 0x7fffffff || v->since > (1ULL << 62))
+		return -1;
+	return 0;
+}
+
+/* Whether the value's boot id and pid namespace are this process's (and
+ * /proc can tell about them). Call after identity(). */
+static int is_local(const struct fields *v)
+{
+	return me.trusted && v->ns == me.ns &&
+	       v->f[F_BOOT][1] - v->f[F_BOOT][0] == BOOT_ID_LEN &&
+	       memcmp(v->f[F_BOOT][0], me.boot, BOOT_ID_LEN) == 0;
+}
+
+/* Copies a field for people to read: control and non-ASCII bytes as '-'. */
+static void shown_copy(char *dst, size_t cap, const char *src, size_t len)
+{
+	size_t i;
+
+	for (i = 0; i < len && i < cap - 1; i++)
+		dst[i] = src[i] > 0x20 && src[i] < 0x7f ? src[i] : '-';
+	dst[i] = 0;
+}
+
+int owner_parse(const char *val, size_t len, struct owner_info *out)
+{
+	struct fields v;
+
+	memset(out, 0, sizeof(*out));
+	if (fields_split(val, len, &v) != 0) {
+		strcpy(out->host, "unknown");
+		strcpy(out->program, "unknown");
+		return -1;
+	}
+	shown_copy(out->host, sizeof(out->host), v.host, v.hlen);
+	shown_copy(out->program, sizeof(out->program), v.f[F_PROGRAM][0],
+		   (size_t)(v.f[F_PROGRAM][1] - v.f[F_PROGRAM][0]));
+	if (!out->program[0])
+		strcpy(out->program, "unknown");
+	out->pid = (int)v.pid;
+	out->tid = (int)v.tid;
+	out->since_ms = (long long)v.since;
+	identity();
+	out->local = is_local(&v);
+	return 0;
+}
+
+/* Whether pid, a process of this boot and namespace, is gone: no such
+ * process; thorough: also a zombie, or another process under the pid
+ * (its start time is not start). */
+static int pid_gone(unsigned long long p, unsigned long long start, int thorough)
+{
 	char path[64], buf[1024], state;
+	unsigned long long seen_start;
 	ssize_t n;
 
-	identity();
-	if (!me.trusted || len < 33 || val[32] != ':' || split_tail(val, len, 5, f) != 0 ||
-	    num(f[0][0], f[0][1], &start) || num(f[1][0], f[1][1], &ns) ||
-	    num(f[4][0], f[4][1], &p) || p == 0 || p > 0x7fffffff)
-		return 0;
-	if (ns != me.ns || f[2][1] - f[2][0] != BOOT_ID_LEN ||
-	    memcmp(f[2][0], me.boot, BOOT_ID_LEN) != 0 || (int)p == me.pid)
-		return 0;
-	*pid = (int)p;
 	if (kill((pid_t)p, 0) != 0 && errno == ESRCH)
 		return 1;
 	if (!thorough)
@@ -219,27 +342,38 @@ int owner_gone(const char *val, size_t len, int thorough, int *pid)
 	return state == 'Z' || state == 'X' || seen_start != start;
 }
 
+int owner_gone(const char *val, size_t len, int thorough, int *pid)
+{
+	struct fields v;
+
+	identity();
+	if (fields_split(val, len, &v) != 0 || v.pid == 0 || !is_local(&v) ||
+	    (int)v.pid == me.pid)
+		return 0;
+	*pid = (int)v.pid;
+	return pid_gone(v.pid, v.start, thorough);
+}
+
+int owner_state(const char *val, size_t len)
+{
+	struct fields v;
+
+	identity();
+	if (fields_split(val, len, &v) != 0 || v.pid == 0 || !is_local(&v))
+		return OWNER_ELSEWHERE;
+	if ((int)v.pid == me.pid)
+		return OWNER_ALIVE_HERE;
+	return pid_gone(v.pid, v.start, 1) ? OWNER_GONE : OWNER_ALIVE_HERE;
+}
+
 size_t owner_describe(const char *val, size_t len, char *buf, size_t cap)
 {
-	const char *f[5][2]; /* start, ns, boot, tid, pid */
-	const char *host = val + 33;
-	unsigned long long pid;
+	struct owner_info o;
 	int n;
 
-	char name[256];
-	size_t hlen;
-
-	if (len < 33 || val[32] != ':' || split_tail(val, len, 5, f) != 0 ||
-	    f[4][0] - 1 <= host || num(f[4][0], f[4][1], &pid)) {
+	if (owner_parse(val, len, &o) != 0)
 		n = snprintf(buf, cap, "unknown");
-	} else {
-		/* as the shim writes it: a value written by anything else (or
-		 * mangled) shows no control or non-ASCII byte either */
-		hlen = (size_t)(f[4][0] - 1 - host);
-		hlen = hlen < sizeof(name) ? hlen : sizeof(name) - 1;
-		for (size_t i = 0; i < hlen; i++)
-			name[i] = host[i] > 0x20 && host[i] < 0x7f ? host[i] : '-';
-		n = snprintf(buf, cap, "host %.*s, pid %llu", (int)hlen, name, pid);
-	}
+	else
+		n = snprintf(buf, cap, "host %s, pid %d, program %s", o.host, o.pid, o.program);
 	return n < 0 ? 0 : (size_t)n >= cap ? cap - 1 : (size_t)n;
 }
