@@ -30,7 +30,7 @@ import pytest
 from support.server import call_failed, started
 from support.topology import Cluster, Masters, Topology
 from support.util import CLI, MULT, run, wait_for, write_config
-from support.workers import lost_lines
+from support.workers import assert_lost_format, calls, lost_lines
 
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 # the blocking holder's lock; %s: the key, %d: lease_ms, %s: more settings
@@ -162,8 +162,31 @@ def test_status_pattern(redis, worker_progs, bg, tmp_path):
         h.expect("call rc=42")
 
 
+def test_status_cost(redis, tmp_path):
+    """Many locks among many other keys (and their fencing counters): SCAN
+    pages (never KEYS), one read of each lock, every lock listed once, in
+    key order."""
+    n, other = 2500, 5000
+    redis.cmd("EVAL", "for i = 1, tonumber(ARGV[1]) do "
+              "local k = string.format('lockshim:k%05d', i) "
+              "redis.call('set', k, string.format('%032x:h:%d:%d:b:1:1:1700000000000:p', "
+              "i, i, i), 'PX', 600000) redis.call('hset', k .. ':f', 'n', i) end "
+              "for i = 1, tonumber(ARGV[2]) do redis.call('set', 'other:' .. i, 'x') end",
+              0, n, other)
+    cfg = write_config(tmp_path, redis, "")
+    redis.cmd("CONFIG", "RESETSTAT")
+    locks = status_json(cfg)
+    assert [l["key"] for l in locks] == ["k%05d" % i for i in range(1, n + 1)]
+    assert [l["pid"] for l in locks] == list(range(1, n + 1))
+    assert [l["fence"] for l in locks] == list(range(1, n + 1))
+    assert calls(redis, "keys") == 0
+    assert calls(redis, "get") == n and calls(redis, "zrange") == n
+    assert 1 <= calls(redis, "scan") <= 3 * (n + other) // 1000 + 1
+
+
 # ---- 2. unlock ---------------------------------------------------------------------
 
+@pytest.mark.timing
 def test_unlock_live_holder(redis, worker_progs, bg, tmp_path):
     """Refused without --force while the holder lives here; with --force
     the lock goes to the waiter at once and the former holder's on_lost
@@ -190,7 +213,7 @@ def test_unlock_live_holder(redis, worker_progs, bg, tmp_path):
     assert time.monotonic() - t0 < 2.5 * MULT  # the hand-off, before h's lease would end
     assert ":%d:" % w.p.pid in redis.cmd("GET", "lockshim:blk")
     wait_for(lambda: lost_lines(h.stderr()), timeout=10, what="the former holder's on_lost")
-    assert "lockshim:blk" in lost_lines(h.stderr())[0]
+    assert_lost_format(h.stderr(), "block_call", "lockshim:blk")
     for p in (h, w):
         p.send()
         p.expect("call rc=42")
