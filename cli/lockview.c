@@ -195,9 +195,8 @@ static int read_keys(const struct lockview *lv, struct backend_conn *c, const ch
 		memcpy(q + kl, ":q", 2);
 		for (int j = 0; j < ARGS_PER_KEY; j++) {
 			a[j] = words[j] ? words[j] : keys[i];
-			al[j] = words[j] ? strlen(words[j]) : kl;
+			al[j] = j == 5 || j == 10 ? kl + 2 : words[j] ? strlen(words[j]) : kl;
 		}
-		al[5] = al[10] = kl + 2;
 		argc[i * CMDS_PER_KEY] = 2;
 		argc[i * CMDS_PER_KEY + 1] = 2;
 		argc[i * CMDS_PER_KEY + 2] = 5;
