@@ -359,6 +359,7 @@ static int each_node(const struct lockview *lv, struct node_job *job, char *err,
 	for (int i = 0; i < n; i++) {
 		int rc;
 
+		name[0] = 0;
 		if (ops->node_count) {
 			c = ops->node_open(lv->b.cfg, i, name, sizeof(name), tag, sizeof(tag), e,
 					   sizeof(e));

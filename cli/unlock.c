@@ -7,7 +7,8 @@
  * (compare-and-delete: a newer holder's lock is never removed; the head
  * waiter gets the lock at once, as the release of a holder done with its
  * turn hands it over; with Redlock, on every master), synchronous, with the
- * built-in lock settings (this KEY may be no lock of the config). The
+ * built-in lock settings (this KEY may be no lock of the config) and the
+ * longest waiter TTL of the config's locks for the hand-off. The
  * former holder finds its lease gone at its next renewal (on_lost).
  * Exit 0 removed, 1 not held or changed meanwhile or refused, 69 the server
  * unreachable, 78 a bad config, 64 a usage error.
@@ -23,8 +24,9 @@
 #define EX_UNAVAILABLE 69
 #define USAGE "[-c FILE] [--force] [--json] KEY"
 
-/* Fills it with l's key and value and the built-in lock settings of cfg's
- * backend. Returns 0, or -1 out of memory. */
+/* Fills it with l's key and value and the built-in lock settings; a
+ * waiter handed the lock gets the longest waiter TTL of cfg's locks (or
+ * the built-in one) to take it up. Returns 0, or -1 out of memory. */
 static int release_item(const struct conf *cfg, const struct lv_lock *l,
 			struct backend_item *it)
 {
@@ -45,6 +47,9 @@ static int release_item(const struct conf *cfg, const struct lv_lock *l,
 	it->fair = d.fair;
 	it->handoff_us = d.handoff_us;
 	it->waiter_ttl_ms = conf_waiter_ttl_ms(&d, request_ms);
+	for (int i = 0; i < cfg->nlocks; i++)
+		if (cfg->locks[i].waiter_ttl_ms > it->waiter_ttl_ms)
+			it->waiter_ttl_ms = cfg->locks[i].waiter_ttl_ms;
 	it->turn_done = 1; /* a queued waiter gets it now, due or not */
 	conf_fields_release(conf_lock_fields, &d);
 	return 0;
