@@ -14,9 +14,9 @@ writes the lock values).
    fires at its next renewal), removes a dead holder's lock without
    --force, and exits 1 for a key nobody holds;
 3. exit statuses: 69 with the server stopped, 78 a bad config, 64 usage;
-4. Sentinel, Cluster (every primary scanned, KEY shown without the braces)
-   and Redlock (a lock shown when a quorum holds it, with `masters`;
-   unlock removes it on every master).
+4. Sentinel, Cluster (every primary scanned, KEY shown without the braces),
+   Redlock (a lock shown when a quorum holds it, with `masters`; unlock
+   removes it on every master) and a TLS-only server.
 """
 import json
 import os
@@ -27,7 +27,8 @@ import time
 
 import pytest
 
-from support.server import call_failed, started
+from support.server import call_failed, start_servers, started
+from support.tls import TlsServer
 from support.topology import Cluster, Masters, Topology
 from support.util import CLI, MULT, run, wait_for, write_config
 from support.workers import assert_lost_format, calls, lost_lines
@@ -347,5 +348,24 @@ def test_redlock(masters, worker_progs, bg, tmp_path):
     r = cli("unlock", "-c", cfg, "--force", "blk")
     assert r.returncode == 0, r.stderr
     assert all(n.cmd("EXISTS", "lockshim:blk") == 0 for n in masters.nodes)
+    h.send()
+    h.expect("call rc=42")
+
+
+@pytest.fixture
+def tls_server(request, pki):
+    yield from start_servers(request, lambda: TlsServer(pki), lambda s: "redis-server (TLS)")
+
+
+def test_tls(tls_server, pki, worker_progs, bg, tmp_path):
+    s = tls_server()
+    cfg = write_config(tmp_path, None, 'redis = { host = "127.0.0.1"; port = %d; '
+                       'tls = { ca_file = "%s"; }; };\n%s'
+                       % (s.port, pki["ca"], BLOCK % ("blk", 30000, "")))
+    h = holder(bg, worker_progs, cfg)
+    [l] = status_json(cfg)
+    assert l["key"] == "blk" and l["pid"] == h.p.pid
+    assert cli("unlock", "-c", cfg, "--force", "blk").returncode == 0
+    assert status_json(cfg) == []
     h.send()
     h.expect("call rc=42")
