@@ -328,6 +328,9 @@ def test_cluster(cluster, worker_progs, bg, tmp_path):
     for h in hs:
         h.send()
         h.expect("call rc=42")
+    cluster.primaries()[0].kill()  # no replicas: its slots are not served
+    r = cli("status", "-c", cfg)
+    assert r.returncode == 69 and r.stderr, r
 
 
 def test_redlock(masters, worker_progs, bg, tmp_path):
@@ -348,6 +351,25 @@ def test_redlock(masters, worker_progs, bg, tmp_path):
     r = cli("unlock", "-c", cfg, "--force", "blk")
     assert r.returncode == 0, r.stderr
     assert all(n.cmd("EXISTS", "lockshim:blk") == 0 for n in masters.nodes)
+    h.send()
+    h.expect("call rc=42")
+
+
+def test_redlock_masters_down(masters, worker_progs, bg, tmp_path):
+    """One master of three down: the quorum left still shows the lock (with
+    a warning); two down: no quorum can be read, exit 69."""
+    cfg = masters.config(tmp_path, BLOCK % ("blk", 30000, ""))
+    h = holder(bg, worker_progs, cfg)
+    masters.nodes[0].stop()
+    r = cli("status", "-c", cfg, "--json")
+    assert r.returncode == 0, r.stderr
+    [l] = [json.loads(line) for line in r.stdout.splitlines()]
+    assert l["masters"] == 2 and l["pid"] == h.p.pid, l
+    assert "1 of 3 masters not read" in r.stderr, r.stderr
+    masters.nodes[1].stop()
+    r = cli("status", "-c", cfg)
+    assert r.returncode == 69 and r.stdout == "", r
+    assert cli("unlock", "-c", cfg, "--force", "blk").returncode == 69
     h.send()
     h.expect("call rc=42")
 
