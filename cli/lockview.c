@@ -13,7 +13,9 @@
  * each key GET, PTTL, HMGET <key>:f n g k, ZRANGE <key>:q 0 -1. With Redlock
  * the per-master reads are grouped by (key, value) and a lock is shown when
  * a quorum holds it: its fence is the largest counter, its lease the
- * shortest. Nothing is written to the server.
+ * shortest. Nothing is written to the server. The two verbs' options and
+ * config loading (lockview_args, lockview_load) are here too: cli.c's are
+ * its own.
  */
 #include "lockview.h"
 
