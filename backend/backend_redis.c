@@ -1383,3 +1383,42 @@ const struct backend_ops backend_redis = {
 	.open = backend_redis_open,
 	REDIS_CONN_OPS,
 };
+
+/*
+ * `lockshim status` and `unlock`: ncmd commands written at once and their
+ * replies read in one round trip. The reply limits stay the shim's: a
+ * SCAN page (COUNT 1000) and a queue of waiters fit them.
+ */
+int backend_redis_pipeline(struct backend_conn *c, int ncmd, const int *argc,
+			   const char *const *argv, const size_t *argvlen, redisReply **replies)
+{
+	struct resp cmd;
+	int i, k = 0;
+
+	for (i = 0; i < ncmd; i++)
+		replies[i] = NULL;
+	for (i = 0; i < ncmd; k += argc[i++]) {
+		resp_start(&cmd, argc[i]);
+		for (int j = k; j < k + argc[i]; j++)
+			resp_arg(&cmd, argv[j], argvlen[j]);
+		if (resp_append(c, &cmd) != 0) {
+			/* those queued already would be sent with the next command */
+			c->broken = 1;
+			net_close(&c->sock);
+			return -1;
+		}
+	}
+	if (settle(c) != 0)
+		return -1;
+	for (i = 0; i < ncmd; i++) {
+		if (get_reply(c, &replies[i]) != 0) {
+			conn_fail(c, argv[0], NULL);
+			while (i-- > 0) {
+				freeReplyObject(replies[i]);
+				replies[i] = NULL;
+			}
+			return -1;
+		}
+	}
+	return 0;
+}

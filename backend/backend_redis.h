@@ -105,6 +105,17 @@ int backend_redis_fence_send(struct backend_conn *c, const struct backend_item *
  */
 int backend_redis_unlock(struct backend_conn *c, const struct backend_item *it);
 
+/*
+ * Sends ncmd commands in one write and reads their replies (one round
+ * trip): command i is argc[i] strings, taken in turn from argv (with their
+ * lengths in argvlen). Returns 0 with replies[0..ncmd) set (each an error
+ * reply, maybe; the caller frees each with freeReplyObject), or -1 with
+ * every replies[i] NULL and the reason in the ops' errstr (a transport
+ * error: close the connection). For `lockshim status` and `unlock`.
+ */
+int backend_redis_pipeline(struct backend_conn *c, int ncmd, const int *argc,
+			   const char *const *argv, const size_t *argvlen, redisReply **replies);
+
 /* backend_redis.c's table (the one-server backend), for the self-test's
  * probes of single nodes. */
 extern const struct backend_ops backend_redis;

@@ -1,0 +1,708 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * lockview.c - reading and printing the locks a server holds, for
+ * `lockshim status` and `lockshim unlock` (see lockview.h).
+ *
+ * The nodes are the backend's own: the one connection open() gives
+ * (one server, Sentinel's primary), else node_open() for each node
+ * (Cluster primaries, Redlock masters); every one is a backend_redis
+ * connection, read with backend_redis_pipeline. Keys are found with SCAN
+ * (never KEYS) ... MATCH "<ns>:<glob>" COUNT 1000; the auxiliary keys of a
+ * lock (:q, :qx, :due, :f, :w:<token>) and any key whose value is not a
+ * lock value are skipped. Each page of keys is read in one round trip: for
+ * each key GET, PTTL, HMGET <key>:f n g k, ZRANGE <key>:q 0 -1. With Redlock
+ * the per-master reads are grouped by (key, value) and a lock is shown when
+ * a quorum holds it: its fence is the largest counter, its lease the
+ * shortest. Nothing is written to the server. The two verbs' options and
+ * config loading (lockview_args, lockview_load) are here too: cli.c's are
+ * its own.
+ */
+#include "lockview.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend_redis.h"
+#include "conf.h"
+#include "conf_field.h"
+#include "log.h"
+
+#define SCAN_COUNT "1000"
+#define ARGS_PER_KEY 13 /* GET k, PTTL k, HMGET k:f n g k, ZRANGE k:q 0 -1 */
+#define CMDS_PER_KEY 4
+#define TOKEN_LEN 32
+
+int lockview_open(struct lockview *lv, const struct conf *cfg, char *err, size_t errlen)
+{
+	memset(lv, 0, sizeof(*lv));
+	lv->cfg = cfg;
+	if (backend_init(&lv->b, cfg, err, errlen) != 0)
+		return -1;
+	lv->redlock = strcmp(lv->b.ops->name, "redlock") == 0;
+	if (lv->redlock)
+		lv->quorum = lv->b.ops->node_count(lv->b.cfg) / 2 + 1;
+	for (int i = 0; cfg->groups[i]; i++)
+		if (cfg->groups[i]->hash_tag && cfg->groups[i]->hash_tag(cfg->group_data[i]))
+			lv->tagged = 1;
+	return 0;
+}
+
+void lockview_close(struct lockview *lv)
+{
+	backend_release(&lv->b);
+}
+
+void lv_lock_free(struct lv_lock *l)
+{
+	free(l->waiters);
+	l->waiters = NULL;
+	l->nwaiters = 0;
+}
+
+void lv_set_free(struct lv_set *s)
+{
+	for (int i = 0; i < s->n; i++)
+		lv_lock_free(&s->v[i]);
+	free(s->v);
+	memset(s, 0, sizeof(*s));
+}
+
+/* Appends a zeroed lock to s; returns it, or NULL out of memory. */
+static struct lv_lock *set_add(struct lv_set *s)
+{
+	if (s->n == s->cap) {
+		int cap = s->cap ? 2 * s->cap : 16;
+		struct lv_lock *v = realloc(s->v, (size_t)cap * sizeof(*v));
+
+		if (!v)
+			return NULL;
+		s->v = v;
+		s->cap = cap;
+	}
+	memset(&s->v[s->n], 0, sizeof(s->v[0]));
+	return &s->v[s->n++];
+}
+
+size_t lockview_key(const struct lockview *lv, const char *key, char *buf)
+{
+	int n = snprintf(buf, KEY_BUF_SIZE, lv->tagged ? "%s:{%s%s}" : "%s:%s%s", lv->cfg->ns,
+			 lv->tagged && (!*key || *key == '}') ? "~" : "", key);
+
+	return n > 0 && n < KEY_BUF_SIZE ? (size_t)n : 0;
+}
+
+/* Returns 1 when key[0..n) (after the namespace) is a lock's auxiliary key. */
+static int auxiliary(const char *k, size_t n)
+{
+	static const char *const tails[] = { ":q", ":qx", ":due", ":f" };
+
+	for (size_t i = 0; i < sizeof(tails) / sizeof(*tails); i++) {
+		size_t t = strlen(tails[i]);
+
+		if (n >= t && memcmp(k + n - t, tails[i], t) == 0)
+			return 1;
+	}
+	return memmem(k, n, ":w:", 3) != NULL;
+}
+
+/* Returns the integer in a string or integer reply, or dflt. */
+static long long reply_num(const redisReply *r, long long dflt)
+{
+	char *end;
+	long long v;
+
+	if (r && r->type == REDIS_REPLY_INTEGER)
+		return r->integer;
+	if (!r || r->type != REDIS_REPLY_STRING || r->len == 0)
+		return dflt;
+	v = strtoll(r->str, &end, 10);
+	return *end && *end != ':' ? dflt : v;
+}
+
+/* Fills l's fields from the replies of its four commands (GET, PTTL, HMGET,
+ * ZRANGE). Returns 1 when the key holds a lock value, 0 when not, -1 out of
+ * memory. */
+static int interpret(struct lv_lock *l, redisReply **r)
+{
+	const redisReply *f = r[2], *q = r[3];
+	const redisReply *g = NULL, *k = NULL;
+
+	if (r[0]->type != REDIS_REPLY_STRING || r[0]->len > BACKEND_VAL_MAX ||
+	    owner_parse(r[0]->str, r[0]->len, &l->owner) != 0)
+		return 0;
+	memcpy(l->val, r[0]->str, r[0]->len);
+	l->vlen = r[0]->len;
+	l->lease_left_ms = r[1]->type == REDIS_REPLY_INTEGER && r[1]->integer >= 0 ?
+		r[1]->integer : -1;
+	l->fence = -1;
+	l->since_ms = l->owner.since_ms;
+	if (f->type == REDIS_REPLY_ARRAY && f->elements == 3) {
+		l->fence = reply_num(f->element[0], -1);
+		g = f->element[1];
+		k = f->element[2];
+	}
+	/* g: "<token>:<ms>" of a hand-off; the grant time when it is this holder's */
+	if (g && g->type == REDIS_REPLY_STRING && g->len > TOKEN_LEN + 1 &&
+	    l->vlen > TOKEN_LEN && memcmp(g->str, l->val, TOKEN_LEN) == 0)
+		l->since_ms = strtoll(g->str + TOKEN_LEN + 1, NULL, 10);
+	l->kept = k && k->type == REDIS_REPLY_STRING && k->len == TOKEN_LEN &&
+		  l->vlen > TOKEN_LEN && memcmp(k->str, l->val, TOKEN_LEN) == 0;
+	if (q->type == REDIS_REPLY_ARRAY && q->elements > 0) {
+		l->waiters = calloc(q->elements, sizeof(*l->waiters));
+		if (!l->waiters)
+			return -1;
+		for (size_t i = 0; i < q->elements; i++) {
+			const redisReply *w = q->element[i];
+
+			if (w->type == REDIS_REPLY_STRING &&
+			    owner_parse(w->str, w->len, &l->waiters[l->nwaiters]) == 0)
+				l->nwaiters++;
+		}
+	}
+	return 1;
+}
+
+/*
+ * Reads the n keys on c in one round trip, appending the locks found to
+ * out (masters = 1 each with Redlock). Returns 0, or -1 with err set.
+ */
+static int read_keys(const struct lockview *lv, struct backend_conn *c, const char *const *keys,
+		     const size_t *klens, int n, struct lv_set *out, char *err, size_t errlen)
+{
+	const char **argv = calloc((size_t)n * ARGS_PER_KEY, sizeof(*argv));
+	size_t *argvlen = calloc((size_t)n * ARGS_PER_KEY, sizeof(*argvlen));
+	int *argc = calloc((size_t)n * CMDS_PER_KEY, sizeof(*argc));
+	redisReply **rep = calloc((size_t)n * CMDS_PER_KEY, sizeof(*rep));
+	char *aux = malloc((size_t)n * 2 * (KEY_BUF_SIZE + 4));
+	int rc = -1;
+
+	if (!argv || !argvlen || !argc || !rep || !aux) {
+		snprintf(err, errlen, "out of memory");
+		goto out;
+	}
+	for (int i = 0; i < n; i++) {
+		const char **a = argv + i * ARGS_PER_KEY;
+		size_t *al = argvlen + i * ARGS_PER_KEY, kl = klens[i];
+		char *f = aux + (size_t)i * 2 * (KEY_BUF_SIZE + 4), *q = f + KEY_BUF_SIZE + 4;
+		const char *words[ARGS_PER_KEY] = { "GET", NULL, "PTTL", NULL, "HMGET", f, "n",
+						    "g", "k", "ZRANGE", q, "0", "-1" };
+
+		if (kl > KEY_BUF_SIZE)
+			kl = KEY_BUF_SIZE;
+		memcpy(f, keys[i], kl);
+		memcpy(f + kl, ":f", 2);
+		memcpy(q, keys[i], kl);
+		memcpy(q + kl, ":q", 2);
+		for (int j = 0; j < ARGS_PER_KEY; j++) {
+			a[j] = words[j] ? words[j] : keys[i];
+			al[j] = j == 5 || j == 10 ? kl + 2 : words[j] ? strlen(words[j]) : kl;
+		}
+		argc[i * CMDS_PER_KEY] = 2;
+		argc[i * CMDS_PER_KEY + 1] = 2;
+		argc[i * CMDS_PER_KEY + 2] = 5;
+		argc[i * CMDS_PER_KEY + 3] = 4;
+	}
+	if (backend_redis_pipeline(c, n * CMDS_PER_KEY, argc, argv, argvlen, rep) != 0) {
+		snprintf(err, errlen, "%s", backend_redis_errstr(c));
+		goto out;
+	}
+	rc = 0;
+	for (int i = 0; i < n && rc == 0; i++) {
+		struct lv_lock *l = set_add(out);
+		int got;
+
+		if (!l) {
+			snprintf(err, errlen, "out of memory");
+			rc = -1;
+			break;
+		}
+		l->klen = klens[i] > KEY_BUF_SIZE ? KEY_BUF_SIZE : klens[i];
+		memcpy(l->key, keys[i], l->klen);
+		l->masters = lv->redlock;
+		got = interpret(l, rep + i * CMDS_PER_KEY);
+		if (got <= 0) {
+			lv_lock_free(l);
+			out->n--;
+		}
+		if (got < 0) {
+			snprintf(err, errlen, "out of memory");
+			rc = -1;
+		}
+	}
+out:
+	for (int i = 0; rep && i < n * CMDS_PER_KEY; i++)
+		if (rep[i])
+			freeReplyObject(rep[i]);
+	free(argv);
+	free(argvlen);
+	free(argc);
+	free(rep);
+	free(aux);
+	return rc;
+}
+
+/* Writes pattern into buf with Redis glob's special characters escaped. */
+static void glob_escape(char *buf, size_t len, const char *s)
+{
+	size_t k = 0;
+
+	for (; *s && k + 2 < len; s++) {
+		if (strchr("*?[]\\", *s))
+			buf[k++] = '\\';
+		buf[k++] = *s;
+	}
+	buf[k] = 0;
+}
+
+struct scan_job {
+	const char *match;
+	size_t prefix_len; /* of "<ns>:" */
+	int tagged;
+	struct lv_set *out;
+};
+
+/* SCANs c for the job's keys, reading each page's locks. Returns 0 or -1. */
+static int scan_node(const struct lockview *lv, struct backend_conn *c, struct scan_job *job,
+		     char *err, size_t errlen)
+{
+	char cursor[32] = "0";
+
+	do {
+		const char *argv[6] = { "SCAN", cursor, "MATCH", job->match, "COUNT", SCAN_COUNT };
+		size_t argvlen[6];
+		int argc = 6, n = 0, rc;
+		redisReply *r;
+		const char **keys;
+		size_t *klens;
+
+		for (int i = 0; i < 6; i++)
+			argvlen[i] = strlen(argv[i]);
+		if (backend_redis_pipeline(c, 1, &argc, argv, argvlen, &r) != 0) {
+			snprintf(err, errlen, "SCAN: %s", backend_redis_errstr(c));
+			return -1;
+		}
+		if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+		    r->element[0]->type != REDIS_REPLY_STRING ||
+		    r->element[1]->type != REDIS_REPLY_ARRAY) {
+			snprintf(err, errlen, "SCAN: %s", r->type == REDIS_REPLY_ERROR ? r->str :
+				 "unexpected reply");
+			freeReplyObject(r);
+			return -1;
+		}
+		snprintf(cursor, sizeof(cursor), "%s", r->element[0]->str);
+		keys = calloc(r->element[1]->elements + 1, sizeof(*keys));
+		klens = calloc(r->element[1]->elements + 1, sizeof(*klens));
+		if (!keys || !klens) {
+			free(keys);
+			free(klens);
+			freeReplyObject(r);
+			snprintf(err, errlen, "out of memory");
+			return -1;
+		}
+		for (size_t i = 0; i < r->element[1]->elements; i++) {
+			const redisReply *k = r->element[1]->element[i];
+			const char *name;
+			size_t nl;
+
+			if (k->type != REDIS_REPLY_STRING || k->len <= job->prefix_len ||
+			    k->len > KEY_BUF_SIZE)
+				continue;
+			name = k->str + job->prefix_len;
+			nl = k->len - job->prefix_len;
+			if (auxiliary(name, nl))
+				continue;
+			if (job->tagged && (name[0] != '{' || name[nl - 1] != '}'))
+				continue;
+			keys[n] = k->str;
+			klens[n++] = k->len;
+		}
+		rc = n ? read_keys(lv, c, keys, klens, n, job->out, err, errlen) : 0;
+		free(keys);
+		free(klens);
+		freeReplyObject(r);
+		if (rc != 0)
+			return -1;
+	} while (strcmp(cursor, "0") != 0);
+	return 0;
+}
+
+/* What to do on each node: scan it, or read one key. */
+struct node_job {
+	struct scan_job *scan;
+	const char *key;
+	size_t klen;
+	struct lv_set *out;
+};
+
+/*
+ * Runs job on every node of lv's topology. Returns 0, or -1 with err set
+ * when a node could not be read (with Redlock: more than n - quorum).
+ */
+static int each_node(const struct lockview *lv, struct node_job *job, char *err, size_t errlen)
+{
+	const struct backend_ops *ops = lv->b.ops;
+	char e[512] = "", name[160], tag[16];
+	struct backend_conn *c;
+	int n = 1, failed = 0;
+
+	/* the topology's own open: the primary, or the cluster's slot map */
+	c = ops->open(lv->b.cfg, e, sizeof(e));
+	if (!c && !lv->redlock) {
+		snprintf(err, errlen, "%s", e);
+		return -1;
+	}
+	if (ops->node_count) {
+		if (c)
+			ops->close(c);
+		n = ops->node_count(lv->b.cfg);
+	}
+	for (int i = 0; i < n; i++) {
+		int rc;
+
+		name[0] = 0;
+		if (ops->node_count) {
+			c = ops->node_open(lv->b.cfg, i, name, sizeof(name), tag, sizeof(tag), e,
+					   sizeof(e));
+			if (!c) {
+				snprintf(err, errlen, "%s: %s", name, e);
+				failed++;
+				continue;
+			}
+		}
+		rc = job->scan ? scan_node(lv, c, job->scan, e, sizeof(e)) :
+			read_keys(lv, c, &job->key, &job->klen, 1, job->out, e, sizeof(e));
+		backend_redis_close(c);
+		if (rc != 0) {
+			snprintf(err, errlen, "%s%s%s", ops->node_count ? name : "",
+				 ops->node_count ? ": " : "", e);
+			failed++;
+		}
+	}
+	if (lv->redlock && failed && failed <= n - lv->quorum) {
+		fprintf(stderr, "lockshim: warning: %d of %d masters not read: %s\n", failed, n,
+			err);
+		return 0;
+	}
+	return failed ? -1 : 0;
+}
+
+static int by_key_val(const void *a, const void *b)
+{
+	const struct lv_lock *x = a, *y = b;
+	size_t n = x->klen < y->klen ? x->klen : y->klen;
+	int c = memcmp(x->key, y->key, n);
+
+	if (c || x->klen != y->klen)
+		return c ? c : (x->klen < y->klen ? -1 : 1);
+	n = x->vlen < y->vlen ? x->vlen : y->vlen;
+	c = memcmp(x->val, y->val, n);
+	return c ? c : (x->vlen > y->vlen) - (x->vlen < y->vlen);
+}
+
+static int same(const struct lv_lock *x, const struct lv_lock *y)
+{
+	return x->klen == y->klen && x->vlen == y->vlen && !memcmp(x->key, y->key, x->klen) &&
+	       !memcmp(x->val, y->val, x->vlen);
+}
+
+/*
+ * Sorts s by key; with Redlock, merges the masters' copies of one (key,
+ * value) into one lock (masters: how many; fence: the largest; lease: the
+ * shortest) and keeps those on at least min_masters.
+ */
+static void settle_set(const struct lockview *lv, struct lv_set *s, int min_masters)
+{
+	int out = 0;
+
+	qsort(s->v, (size_t)s->n, sizeof(*s->v), by_key_val);
+	if (!lv->redlock)
+		return;
+	for (int i = 0; i < s->n;) {
+		struct lv_lock *first = &s->v[i];
+		int j = i + 1;
+
+		for (; j < s->n && same(first, &s->v[j]); j++) {
+			struct lv_lock *o = &s->v[j];
+
+			first->masters++;
+			if (o->fence > first->fence)
+				first->fence = o->fence;
+			if (o->lease_left_ms >= 0 && (first->lease_left_ms < 0 ||
+						      o->lease_left_ms < first->lease_left_ms))
+				first->lease_left_ms = o->lease_left_ms;
+			first->kept |= o->kept;
+			lv_lock_free(o);
+		}
+		if (first->masters >= min_masters)
+			s->v[out++] = *first;
+		else
+			lv_lock_free(first);
+		i = j;
+	}
+	s->n = out;
+}
+
+int lockview_scan(struct lockview *lv, const char *pattern, struct lv_set *out, char *err,
+		  size_t errlen)
+{
+	char ns[2 * KEY_MAX_NAMESPACE + 1], match[2 * KEY_MAX_NAMESPACE + 16 + 4096];
+	struct scan_job sj = { match, strlen(lv->cfg->ns) + 1, lv->tagged, out };
+	struct node_job job = { .scan = &sj };
+	int rc;
+
+	glob_escape(ns, sizeof(ns), lv->cfg->ns);
+	if (snprintf(match, sizeof(match), lv->tagged ? "%s:{%s}" : "%s:%s", ns,
+		     pattern ? pattern : "*") >= (int)sizeof(match)) {
+		snprintf(err, errlen, "pattern too long");
+		return -1;
+	}
+	rc = each_node(lv, &job, err, errlen);
+	settle_set(lv, out, lv->quorum);
+	return rc;
+}
+
+int lockview_read(struct lockview *lv, const char *key, struct lv_lock *out, char *err,
+		  size_t errlen)
+{
+	char full[KEY_BUF_SIZE];
+	struct lv_set s = { 0 };
+	struct node_job job = { .out = &s, .key = full };
+	int best = -1;
+
+	if (!(job.klen = lockview_key(lv, key, full))) {
+		snprintf(err, errlen, "key too long");
+		return -1;
+	}
+	if (each_node(lv, &job, err, errlen) != 0) {
+		lv_set_free(&s);
+		return -1;
+	}
+	/* a Cluster's other primaries answered MOVED: not a lock value */
+	settle_set(lv, &s, 1);
+	for (int i = 0; i < s.n; i++)
+		if (best < 0 || s.v[i].masters > s.v[best].masters)
+			best = i;
+	if (best >= 0) {
+		*out = s.v[best];
+		s.v[best] = s.v[--s.n];
+	}
+	lv_set_free(&s);
+	return best >= 0;
+}
+
+/* Writes ms (CLOCK_REALTIME) as RFC 3339 UTC with milliseconds. */
+static void rfc3339(char *buf, size_t len, long long ms)
+{
+	time_t t = (time_t)(ms / 1000);
+	struct tm tm;
+
+	gmtime_r(&t, &tm);
+	snprintf(buf, len, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+		 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(ms % 1000));
+}
+
+/* Writes s as a JSON string (quoted, escaped) on f. */
+static void json_str(FILE *f, const char *s, size_t n)
+{
+	fputc('"', f);
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)s[i];
+
+		if (c == '"' || c == '\\')
+			fprintf(f, "\\%c", c);
+		else if (c < 0x20 || c >= 0x7f)
+			fprintf(f, "\\u%04x", c);
+		else
+			fputc(c, f);
+	}
+	fputc('"', f);
+}
+
+/* Writes s with control characters escaped on f. */
+static void text_str(FILE *f, const char *s, size_t n)
+{
+	char buf[4 * KEY_BUF_SIZE + 16];
+
+	fwrite(buf, 1, log_escape(buf, sizeof(buf), s, n), f);
+}
+
+/* Returns the KEY of l as the config names it: without the namespace, and
+ * without a Cluster's braces; its length in *n. */
+static const char *short_key(const struct lockview *lv, const struct lv_lock *l, size_t *n)
+{
+	size_t p = strlen(lv->cfg->ns) + 1;
+	const char *k = l->key + p;
+
+	*n = l->klen - p;
+	if (lv->tagged && *n >= 2 && k[0] == '{' && k[*n - 1] == '}') {
+		k++;
+		*n -= 2;
+	}
+	return k;
+}
+
+static void print_json(const struct lockview *lv, const struct lv_lock *l, long long now_ms)
+{
+	const struct owner_info *o = &l->owner;
+	char since[80];
+	size_t kn;
+	const char *k = short_key(lv, l, &kn);
+
+	fputs("{\"key\":", stdout);
+	json_str(stdout, k, kn);
+	fputs(",\"host\":", stdout);
+	json_str(stdout, o->host, strlen(o->host));
+	printf(",\"pid\":%d,\"tid\":%d,\"program\":", o->pid, o->tid);
+	json_str(stdout, o->program, strlen(o->program));
+	if (l->since_ms > 0) {
+		rfc3339(since, sizeof(since), l->since_ms);
+		printf(",\"since\":\"%s\",\"held_ms\":%lld", since,
+		       now_ms > l->since_ms ? now_ms - l->since_ms : 0);
+	} else {
+		fputs(",\"since\":null,\"held_ms\":null", stdout);
+	}
+	if (l->lease_left_ms >= 0)
+		printf(",\"lease_left_ms\":%lld", l->lease_left_ms);
+	else
+		fputs(",\"lease_left_ms\":null", stdout);
+	if (l->fence >= 0)
+		printf(",\"fence\":%lld", l->fence);
+	else
+		fputs(",\"fence\":null", stdout);
+	printf(",\"kept\":%s,\"waiters\":[", l->kept ? "true" : "false");
+	for (int i = 0; i < l->nwaiters; i++) {
+		const struct owner_info *w = &l->waiters[i];
+
+		fputs(i ? ",{\"host\":" : "{\"host\":", stdout);
+		json_str(stdout, w->host, strlen(w->host));
+		printf(",\"pid\":%d,\"program\":", w->pid);
+		json_str(stdout, w->program, strlen(w->program));
+		if (w->since_ms > 0)
+			printf(",\"waited_ms\":%lld}",
+			       now_ms > w->since_ms ? now_ms - w->since_ms : 0);
+		else
+			fputs(",\"waited_ms\":null}", stdout);
+	}
+	fputc(']', stdout);
+	if (lv->redlock)
+		printf(",\"masters\":%d", l->masters);
+	fputs("}\n", stdout);
+}
+
+static void print_text(const struct lockview *lv, const struct lv_lock *l, long long now_ms)
+{
+	const struct owner_info *o = &l->owner;
+	size_t kn;
+	const char *k = short_key(lv, l, &kn);
+	char since[80];
+
+	text_str(stdout, k, kn);
+	fputs("  held by ", stdout);
+	text_str(stdout, o->host, strlen(o->host));
+	printf(" pid %d tid %d (", o->pid, o->tid);
+	text_str(stdout, o->program, strlen(o->program));
+	if (l->since_ms > 0) {
+		rfc3339(since, sizeof(since), l->since_ms);
+		printf(") since %s (%.1f s)", since,
+		       (double)(now_ms > l->since_ms ? now_ms - l->since_ms : 0) / 1000);
+	} else {
+		fputs(") since unknown", stdout);
+	}
+	if (l->lease_left_ms >= 0)
+		printf(", lease %.1f s left", (double)l->lease_left_ms / 1000);
+	else
+		fputs(", no lease", stdout);
+	if (l->fence >= 0)
+		printf(", fence %lld", l->fence);
+	if (l->kept)
+		fputs(", kept", stdout);
+	if (lv->redlock)
+		printf(", on %d masters", l->masters);
+	if (l->nwaiters) {
+		const struct owner_info *w = &l->waiters[0];
+
+		printf(", %d waiting, oldest ", l->nwaiters);
+		text_str(stdout, w->host, strlen(w->host));
+		printf(" pid %d (", w->pid);
+		text_str(stdout, w->program, strlen(w->program));
+		if (w->since_ms > 0)
+			printf(") %.1f s",
+			       (double)(now_ms > w->since_ms ? now_ms - w->since_ms : 0) / 1000);
+		else
+			fputc(')', stdout);
+	}
+	fputc('\n', stdout);
+}
+
+void lockview_print(const struct lockview *lv, const struct lv_lock *l, int json,
+		    long long now_ms)
+{
+	if (json)
+		print_json(lv, l, now_ms);
+	else
+		print_text(lv, l, now_ms);
+}
+
+int lockview_args(int argc, char **argv, int allow_force, const char *usage,
+		  struct lv_args *a)
+{
+	const char *env = getenv("LOCKSHIM_CONFIG");
+	int i = 2;
+
+	memset(a, 0, sizeof(*a));
+	a->config = env && *env ? env : CONF_DEFAULT_PATH;
+	for (; i < argc; i++) {
+		const char *s = argv[i];
+
+		if (!strcmp(s, "--")) {
+			i++;
+			break;
+		}
+		if (!strcmp(s, "-c") || !strcmp(s, "--config")) {
+			if (++i == argc)
+				goto bad;
+			a->config = argv[i];
+		} else if (!strncmp(s, "--config=", 9)) {
+			a->config = s + 9;
+		} else if (!strcmp(s, "--json")) {
+			a->json = 1;
+		} else if (allow_force && !strcmp(s, "--force")) {
+			a->force = 1;
+		} else if (s[0] == '-' && s[1]) {
+			fprintf(stderr, "lockshim: unknown option %s\n", s);
+			goto usage;
+		} else {
+			break;
+		}
+	}
+	if (i < argc)
+		a->operand = argv[i++];
+	if (i < argc) {
+		fprintf(stderr, "lockshim: %s takes one operand\n", argv[1]);
+		goto usage;
+	}
+	return 0;
+bad:
+	fprintf(stderr, "lockshim: %s needs a file\n", argv[i - 1]);
+usage:
+	fprintf(stderr, "usage: lockshim %s %s\n", argv[1], usage);
+	return 64;
+}
+
+int lockview_load(struct conf *cfg, const struct lv_args *a)
+{
+	const struct conf_group *groups[CONF_GROUPS_MAX + 1];
+	char err[1024], line[4096];
+	size_t n;
+
+	backend_conf_groups(groups, sizeof(groups) / sizeof(*groups));
+	if (conf_load(cfg, a->config, groups, err, sizeof(err)) == 0 &&
+	    conf_logging(cfg, 0, err, sizeof(err)) == 0)
+		return 0;
+	n = log_escape(line, sizeof(line) - 1, err, strlen(err));
+	line[n] = 0;
+	fprintf(stderr, "lockshim: config error: %s\n", line);
+	return -1;
+}
