@@ -15,7 +15,7 @@
 #include <stddef.h>
 
 #include "backend.h"
-#include "owner_tmp.h" /* TEMPORARY: "owner.h" once engineer A's branch is in */
+#include "owner.h"
 
 struct conf;
 
