@@ -105,9 +105,9 @@ static void on_child(int sig)
  * so once and wakes the main thread, which stops the child. */
 static void on_lost(const struct lease *l, const char *why)
 {
-	LOG(LOG_ERROR, "lease on %.*s %s: stopping %s (SIGTERM to its process group, "
-	    "SIGKILL %d s later); exiting %d", (int)l->klen, l->key, why, l->spec->symbol,
-	    LOCK_KILL_GRACE_MS / 1000, EX_TEMPFAIL);
+	LOG(LOG_ERROR, "lease on %.*s %s: SIGTERM to the command's process group %d, SIGKILL "
+	    "%d s later if any of it is left; exiting %d", (int)l->klen, l->key, why,
+	    (int)child_pid, LOCK_KILL_GRACE_MS / 1000, EX_TEMPFAIL);
 	__atomic_store_n(&lease_lost, 1, __ATOMIC_SEQ_CST);
 	if (write(wake_fd, "l", 1) < 0) {
 		/* full: the main thread has a wake-up pending anyway */
@@ -308,21 +308,17 @@ static int export_lock(const struct lock_spec *spec, const struct lock_call *cal
 }
 
 /*
- * Holding the lock of call: starts COMMAND and waits for it with the four
- * signals passed on. Returns the exit status of `lockshim lock`.
+ * Holding the lock: starts COMMAND and waits for it with the four signals
+ * passed on; rfd is the wake-up pipe's read end. Returns the exit status of
+ * `lockshim lock`.
  */
-static int run_locked(char **argv)
+static int run_locked(char **argv, int rfd)
 {
 	struct sigaction sa = { 0 }, old[NFORWARDED + 1];
 	sigset_t block, mask;
-	int fds[2], rc;
 	pid_t parent = getpid(), pid;
+	int rc;
 
-	if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
-		fprintf(stderr, "lockshim: pipe: %s\n", strerror(errno));
-		return EX_OSERR;
-	}
-	wake_fd = fds[1];
 	sigemptyset(&block);
 	for (int i = 0; i < NFORWARDED; i++)
 		sigaddset(&block, forwarded[i]);
@@ -346,14 +342,11 @@ static int run_locked(char **argv)
 		setpgid(pid, pid); /* also here: the group exists before any signal */
 		child_pid = pid;
 		sigprocmask(SIG_SETMASK, &mask, NULL);
-		rc = supervise(pid, fds[0]);
+		rc = supervise(pid, rfd);
 	}
 	for (int i = 0; i < NFORWARDED; i++)
 		sigaction(forwarded[i], &old[i], NULL);
 	sigaction(SIGCHLD, &old[NFORWARDED], NULL);
-	wake_fd = -1;
-	close(fds[0]);
-	close(fds[1]);
 	return rc;
 }
 
@@ -364,23 +357,28 @@ static int lock_and_run(const struct backend *b, const struct lock_spec *spec,
 {
 	uint64_t args[ARCH_INT_ARGS] = { 0 };
 	struct lock_call call;
-	int rc;
+	int rc, fds[2];
 
-	renew_on_lost(on_lost);
-	if (lock_setup(b) != 0) {
-		fprintf(stderr, "lockshim: cannot set up the lock state\n");
+	/* open until the renewal thread is gone: the lost hook writes to it */
+	if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0 || lock_setup(b) != 0) {
+		fprintf(stderr, "lockshim: cannot set up the lock state: %s\n", strerror(errno));
 		return EX_OSERR;
 	}
+	wake_fd = fds[1];
+	renew_on_lost(on_lost);
 	owner_set_program(base_name(o->argv[0]));
 	switch (lock_acquire(spec, args, &call)) {
 	case LOCK_OK:
 		break;
 	case LOCK_TIMEOUT:
-		return o->conflict_code;
+		rc = o->conflict_code;
+		goto out;
 	case LOCK_ERROR:
-		return EX_UNAVAILABLE;
+		rc = EX_UNAVAILABLE;
+		goto out;
 	default: /* LOCK_NOLEASE: said by lock.c */
-		return EX_OSERR;
+		rc = EX_OSERR;
+		goto out;
 	}
 	if (export_lock(spec, &call) != 0) {
 		fprintf(stderr, "lockshim: cannot set the environment: %s\n", strerror(errno));
@@ -388,10 +386,14 @@ static int lock_and_run(const struct backend *b, const struct lock_spec *spec,
 	} else if (__atomic_load_n(&lease_lost, __ATOMIC_SEQ_CST)) {
 		rc = EX_TEMPFAIL; /* lost before COMMAND could start: it never does */
 	} else {
-		rc = run_locked(o->argv);
+		rc = run_locked(o->argv, fds[0]);
 	}
 	lock_release(&call);
-	lock_release_all();
+out:
+	lock_release_all(); /* also stops the renewal thread */
+	close(fds[0]);
+	close(fds[1]);
+	wake_fd = -1;
 	return rc;
 }
 
