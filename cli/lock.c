@@ -15,7 +15,11 @@
  * lost lease (renew_on_lost) stops the group: SIGTERM, SIGKILL 5 s later if
  * anything of it is left, and exit 75. The main thread sleeps in poll(2) on
  * a pipe that the SIGCHLD handler and the lost hook write to; it alone
- * sends the group's signals.
+ * sends the group's signals. When lockshim leads the foreground group of
+ * its terminal (a shell's job), the child's group gets the foreground (it may read the
+ * terminal, and a Ctrl-C reaches it directly); when the child is stopped
+ * (Ctrl-Z), lockshim takes the terminal back and stops itself, so the
+ * shell sees its job stopped, and continues the child when continued.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,8 +31,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -195,6 +201,43 @@ static int parse_args(int argc, char **argv, struct lock_opts *o)
 	return 0;
 }
 
+/*
+ * Returns the controlling terminal (a descriptor the caller closes) when
+ * this process leads the terminal's foreground group, as a job of an
+ * interactive shell does, else -1. A process in someone else's group (a
+ * script's, without job control) leaves the terminal alone: handing it
+ * over would put the rest of that group in the background.
+ */
+static int foreground_tty(void)
+{
+	int fd;
+
+	if (getpgrp() != getpid())
+		return -1;
+	fd = open("/dev/tty", O_RDWR | O_NOCTTY | O_CLOEXEC);
+
+	if (fd >= 0 && tcgetpgrp(fd) == getpgrp())
+		return fd;
+	if (fd >= 0)
+		close(fd);
+	return -1;
+}
+
+/* Makes pgid the foreground group of terminal fd (none: -1), with SIGTTOU
+ * blocked, which a caller in the background would get. */
+static void tty_give(int fd, pid_t pgid)
+{
+	sigset_t ttou, old;
+
+	if (fd < 0)
+		return;
+	sigemptyset(&ttou);
+	sigaddset(&ttou, SIGTTOU);
+	pthread_sigmask(SIG_BLOCK, &ttou, &old);
+	tcsetpgrp(fd, pgid);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
 /* Returns the file name of path (after its last '/'). */
 static const char *base_name(const char *path)
 {
@@ -204,16 +247,18 @@ static const char *base_name(const char *path)
 }
 
 /*
- * The child: its own process group, killed when lockshim dies, the caller's
- * signal dispositions (old) and mask (mask), then COMMAND. Never returns.
+ * The child: its own process group (the terminal's foreground group when
+ * tty is not -1), killed when lockshim dies, the caller's signal
+ * dispositions (old) and mask (mask), then COMMAND. Never returns.
  */
-static void run_child(char **argv, pid_t parent, const struct sigaction *old,
+static void run_child(char **argv, pid_t parent, int tty, const struct sigaction *old,
 		      const sigset_t *mask)
 {
 	char msg[512];
 	int n, e;
 
 	setpgid(0, 0);
+	tty_give(tty, getpid());
 	if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
 		_exit(EX_TEMPFAIL); /* lockshim is gone: the lock is not ours to use */
 	for (int i = 0; i < NFORWARDED; i++)
@@ -245,13 +290,27 @@ static int group_alive(pid_t pgid)
 }
 
 /*
+ * The child, in the foreground of terminal tty, was stopped: takes the
+ * terminal back and stops lockshim (the shell's job), then continues the
+ * child, in the foreground again if the shell gave it back (fg, not bg).
+ */
+static void stopped(pid_t child, int tty)
+{
+	tty_give(tty, getpgrp());
+	kill(getpid(), SIGSTOP);
+	if (tcgetpgrp(tty) == getpgrp())
+		tty_give(tty, child);
+	kill(-child, SIGCONT);
+}
+
+/*
  * Waits for child, the leader of its process group: passes on a lost lease
  * (SIGTERM to the group, SIGKILL LOCK_KILL_GRACE_MS later if any of it is
- * left, also after the child itself ended). rfd is the wake-up pipe's read
- * end. Returns the child's shell status, or EX_TEMPFAIL once the lease was
- * lost.
+ * left, also after the child itself ended) and, with a terminal tty (-1:
+ * none), the child's stops. rfd is the wake-up pipe's read end. Returns the
+ * child's shell status, or EX_TEMPFAIL once the lease was lost.
  */
-static int supervise(pid_t child, int rfd)
+static int supervise(pid_t child, int rfd, int tty)
 {
 	int64_t kill_at = 0;
 	int status = 0, reaped = 0, killed = 0;
@@ -261,9 +320,16 @@ static int supervise(pid_t child, int rfd)
 		char buf[64];
 		int timeout = -1;
 
-		if (!reaped && waitpid(child, &status, WNOHANG) == child) {
+		if (!reaped &&
+		    waitpid(child, &status, WNOHANG | (tty >= 0 ? WUNTRACED : 0)) == child) {
+			if (WIFSTOPPED(status)) {
+				stopped(child, tty);
+				continue;
+			}
 			reaped = 1;
 			child_pid = 0; /* no more forwarding: the group may be gone */
+			if (tty >= 0 && tcgetpgrp(tty) == child)
+				tty_give(tty, getpgrp());
 		}
 		if (__atomic_load_n(&lease_lost, __ATOMIC_SEQ_CST) && !kill_at) {
 			kill(-child, SIGTERM);
@@ -317,33 +383,37 @@ static int run_locked(char **argv, int rfd)
 	struct sigaction sa = { 0 }, old[NFORWARDED + 1];
 	sigset_t block, mask;
 	pid_t parent = getpid(), pid;
-	int rc;
+	int rc, tty = foreground_tty();
 
 	sigemptyset(&block);
 	for (int i = 0; i < NFORWARDED; i++)
 		sigaddset(&block, forwarded[i]);
 	sigaddset(&block, SIGCHLD);
+	sigaddset(&block, SIGTTOU);
 	sigprocmask(SIG_BLOCK, &block, &mask);
 	sa.sa_handler = on_forwarded;
 	sigfillset(&sa.sa_mask);
 	for (int i = 0; i < NFORWARDED; i++)
 		sigaction(forwarded[i], &sa, &old[i]);
 	sa.sa_handler = on_child;
-	sa.sa_flags = SA_NOCLDSTOP | SA_RESTART;
+	sa.sa_flags = SA_RESTART; /* a stop wakes supervise too */
 	sigaction(SIGCHLD, &sa, &old[NFORWARDED]);
 	fflush(NULL);
 	pid = fork();
 	if (pid == 0)
-		run_child(argv, parent, old, &mask);
+		run_child(argv, parent, tty, old, &mask);
 	if (pid < 0) {
 		fprintf(stderr, "lockshim: fork: %s\n", strerror(errno));
 		rc = EX_OSERR;
 	} else {
 		setpgid(pid, pid); /* also here: the group exists before any signal */
+		tty_give(tty, pid);
 		child_pid = pid;
 		sigprocmask(SIG_SETMASK, &mask, NULL);
-		rc = supervise(pid, rfd);
+		rc = supervise(pid, rfd, tty);
 	}
+	if (tty >= 0)
+		close(tty);
 	for (int i = 0; i < NFORWARDED; i++)
 		sigaction(forwarded[i], &old[i], NULL);
 	sigaction(SIGCHLD, &old[NFORWARDED], NULL);

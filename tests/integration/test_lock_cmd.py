@@ -19,7 +19,9 @@ COMMAND [ARG...]`: a distributed flock(1) on the shim's own locks.
 7. 69 server unreachable, 78 bad config, 64 usage;
 8. a guarded function in a program and `lockshim lock` on one key exclude
    each other;
-9. Sentinel, Cluster and Redlock.
+9. Sentinel, Cluster and Redlock;
+10. in the foreground of a terminal, COMMAND can read it, and Ctrl-Z stops
+    COMMAND and lockshim, which continues it when continued.
 Synchronisation is by lines COMMAND prints, files it writes and Redis state.
 """
 import os
@@ -352,3 +354,61 @@ def test_redlock(masters, bg, tmp_path):
     h.send()
     assert h.wait() == 0
     busy_then_free(bg, cfg, "lockshim:k")
+
+
+# ---- 10. a terminal -------------------------------------------------------------------
+
+def read_until(fd, text, timeout):
+    """Reads the pty master fd until text shows; returns what was read."""
+    import select
+    out, deadline = b"", time.monotonic() + timeout * MULT
+    while text.encode() not in out:
+        left = deadline - time.monotonic()
+        assert left > 0, "no %r on the terminal; got %r" % (text, out)
+        r, _, _ = select.select([fd], [], [], left)
+        if r:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # EIO: the terminal's last user is gone
+                break
+            if not chunk:
+                break
+            out += chunk
+    return out.decode(errors="replace")
+
+
+@pytest.mark.parametrize("suspend", [False, True])
+def test_command_reads_the_terminal(redis, tmp_path, suspend):
+    """lockshim in the foreground of a terminal hands the terminal to
+    COMMAND's process group, so COMMAND can read it (a prompt such as
+    apt-get's) instead of being stopped by SIGTTIN. suspend: a Ctrl-Z stops
+    COMMAND and then lockshim itself (the shell's job), and continuing
+    lockshim continues COMMAND in the foreground."""
+    import pty
+    cfg = write_config(tmp_path, redis, "")
+    pid, fd = pty.fork()
+    if pid == 0:  # a session leader with the pty as its controlling terminal
+        try:
+            env = shim_env(None, preload=False)
+            os.execve(CLI, lock(cfg, "k", "--", "sh", "-c",
+                                'echo ask; read x; echo "got $x"'), env)
+        finally:
+            os._exit(99)
+    try:
+        read_until(fd, "ask", 10)
+        if suspend:
+            os.write(fd, b"\x1a")  # VSUSP: SIGTSTP to the foreground group
+            _, status = os.waitpid(pid, os.WUNTRACED)
+            assert os.WIFSTOPPED(status), status
+            assert redis.cmd("EXISTS", "lockshim:k") == 1
+            os.kill(pid, signal.SIGCONT)
+        os.write(fd, b"yes\n")
+        assert "got yes" in read_until(fd, "got yes", 10)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        pid = 0
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
