@@ -74,9 +74,21 @@ __attribute__((weak)) void owner_set_program(const char *name)
 static const int forwarded[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT };
 #define NFORWARDED (int)(sizeof(forwarded) / sizeof(*forwarded))
 
-static volatile sig_atomic_t child_pid; /* the group to forward to; 0: none */
-static int wake_fd = -1;                /* the pipe's write end */
-static int lease_lost;                  /* atomic: set by the lost hook */
+/* Shared with the signal handlers and the renewal thread: lock-free
+ * atomics (__atomic_*), safe in a handler. */
+static int child_pid;    /* the group to forward to; 0: none */
+static int wake_fd = -1; /* the pipe's write end */
+static int lease_lost;   /* set by the lost hook */
+
+static int get(const int *v)
+{
+	return __atomic_load_n(v, __ATOMIC_SEQ_CST);
+}
+
+static void set(int *v, int x)
+{
+	__atomic_store_n(v, x, __ATOMIC_SEQ_CST);
+}
 
 struct lock_opts {
 	const char *config;
@@ -91,8 +103,10 @@ static void on_forwarded(int sig)
 {
 	int e = errno;
 
-	if (child_pid > 0)
-		kill(-child_pid, sig);
+	int pid = get(&child_pid);
+
+	if (pid > 0)
+		kill(-pid, sig);
 	errno = e;
 }
 
@@ -101,7 +115,7 @@ static void on_child(int sig)
 	int e = errno;
 
 	(void)sig;
-	if (write(wake_fd, "c", 1) < 0) {
+	if (write(get(&wake_fd), "c", 1) < 0) {
 		/* full: the main thread has a wake-up pending anyway */
 	}
 	errno = e;
@@ -113,9 +127,9 @@ static void on_lost(const struct lease *l, const char *why)
 {
 	LOG(LOG_ERROR, "lease on %.*s %s: SIGTERM to the command's process group %d, SIGKILL "
 	    "%d s later if any of it is left; exiting %d", (int)l->klen, l->key, why,
-	    (int)child_pid, LOCK_KILL_GRACE_MS / 1000, EX_TEMPFAIL);
-	__atomic_store_n(&lease_lost, 1, __ATOMIC_SEQ_CST);
-	if (write(wake_fd, "l", 1) < 0) {
+	    get(&child_pid), LOCK_KILL_GRACE_MS / 1000, EX_TEMPFAIL);
+	set(&lease_lost, 1);
+	if (write(get(&wake_fd), "l", 1) < 0) {
 		/* full: the main thread has a wake-up pending anyway */
 	}
 }
@@ -327,11 +341,11 @@ static int supervise(pid_t child, int rfd, int tty)
 				continue;
 			}
 			reaped = 1;
-			child_pid = 0; /* no more forwarding: the group may be gone */
+			set(&child_pid, 0); /* no more forwarding: the group may be gone */
 			if (tty >= 0 && tcgetpgrp(tty) == child)
 				tty_give(tty, getpgrp());
 		}
-		if (__atomic_load_n(&lease_lost, __ATOMIC_SEQ_CST) && !kill_at) {
+		if (get(&lease_lost) && !kill_at) {
 			kill(-child, SIGTERM);
 			kill_at = util_now_ms() + LOCK_KILL_GRACE_MS;
 		}
@@ -408,7 +422,7 @@ static int run_locked(char **argv, int rfd)
 	} else {
 		setpgid(pid, pid); /* also here: the group exists before any signal */
 		tty_give(tty, pid);
-		child_pid = pid;
+		set(&child_pid, pid);
 		sigprocmask(SIG_SETMASK, &mask, NULL);
 		rc = supervise(pid, rfd, tty);
 	}
@@ -434,7 +448,7 @@ static int lock_and_run(const struct backend *b, const struct lock_spec *spec,
 		fprintf(stderr, "lockshim: cannot set up the lock state: %s\n", strerror(errno));
 		return EX_OSERR;
 	}
-	wake_fd = fds[1];
+	set(&wake_fd, fds[1]);
 	renew_on_lost(on_lost);
 	owner_set_program(base_name(o->argv[0]));
 	switch (lock_acquire(spec, args, &call)) {
@@ -453,7 +467,7 @@ static int lock_and_run(const struct backend *b, const struct lock_spec *spec,
 	if (export_lock(spec, &call) != 0) {
 		fprintf(stderr, "lockshim: cannot set the environment: %s\n", strerror(errno));
 		rc = EX_OSERR;
-	} else if (__atomic_load_n(&lease_lost, __ATOMIC_SEQ_CST)) {
+	} else if (get(&lease_lost)) {
 		rc = EX_TEMPFAIL; /* lost before COMMAND could start: it never does */
 	} else {
 		rc = run_locked(o->argv, fds[0]);
@@ -463,7 +477,7 @@ out:
 	lock_release_all(); /* also stops the renewal thread */
 	close(fds[0]);
 	close(fds[1]);
-	wake_fd = -1;
+	set(&wake_fd, -1);
 	return rc;
 }
 
