@@ -659,6 +659,7 @@ struct lock_spec *conf_add_literal_lock(struct conf *cfg, const char *key, char 
 	l->index = cfg->nlocks > 1 ? locks[cfg->nlocks - 2].index + 1 : 0;
 	if (l->on_error < 0)
 		l->on_error = l->on_timeout;
+	l->waiter_ttl_ms = conf_waiter_ttl_ms(l, request_ms_of(cfg));
 	if (key_compile(&l->key, cfg->ns, src, key, "", tagged, err, errlen)) {
 		cfg->nlocks--;
 		conf_fields_release(conf_lock_fields, l);

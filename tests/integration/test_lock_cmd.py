@@ -125,6 +125,26 @@ def test_busy_lock_exit_codes_and_wakeup(redis, bg, tmp_path):
     assert lock_keys(redis) == []
 
 
+def test_fair_hand_off(redis, bg, tmp_path):
+    """defaults.fair: the waiter stays queued for its waiter TTL (derived
+    for lockshim lock's lock too: 2 * retry_max_ms + command_timeout_ms)
+    and the release hands it the lock."""
+    cfg = write_config(tmp_path, redis, "defaults = { fair = true; };\n")
+    h, _ = holder(bg, cfg)
+    w = bg(lock(cfg, "k", "--", "sh", "-c", "echo entered; read x"), None)
+    wait_for(lambda: waiters(redis) == 1, what="the waiter queued")
+    _, expiry = redis.cmd("ZRANGE", "lockshim:k:qx", 0, 0, "WITHSCORES")
+    sec, usec = redis.cmd("TIME")
+    assert float(expiry) - (int(sec) * 1000 + int(usec) // 1000) > 300  # 700 ms TTL
+    h.send()
+    assert h.wait() == 0
+    w.expect("entered", timeout=5)
+    assert int(redis.cmd("GET", "lockshim:k").split(":")[2]) == w.p.pid
+    w.send()
+    assert w.wait() == 0
+    assert lock_keys(redis) == []
+
+
 # ---- 3. exit status and environment --------------------------------------------------
 
 def test_exit_status_passthrough(redis, tmp_path):
