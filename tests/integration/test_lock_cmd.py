@@ -167,10 +167,11 @@ def test_environment_and_lock_value(redis, bg, tmp_path):
     lockshim process."""
     cfg = write_config(tmp_path, redis, 'namespace = "ns1";\n')
     h = bg(lock(cfg, "k", "--", "sh", "-c",
-                'echo "env $LOCKSHIM_LOCK_KEY|$LOCKSHIM_FENCE|${LD_PRELOAD-unset}"; read x'),
-           None)
-    key, fence, preload = h.expect("env ")[4:].split("|")
+                'echo "env $LOCKSHIM_LOCK_KEY|$LOCKSHIM_FENCE|${LD_PRELOAD-unset}|'
+                '$(ls -l /proc/$$/fd | grep -c -e socket: -e anon_inode)"; read x'), None)
+    key, fence, preload, sockets = h.expect("env ")[4:].split("|")
     assert key == "ns1:k" and preload == "unset"
+    assert sockets == "0"  # lockshim's connections are not COMMAND's
     assert int(fence) >= 0
     fields = redis.cmd("GET", "ns1:k").split(":")
     assert int(fields[2]) == h.p.pid  # owner.h: token, host, pid, ...
@@ -215,6 +216,22 @@ def test_lease_lost_terminates_command(redis, bg, tmp_path):
     assert gone(child)
     err = h.stderr()
     assert "error: lease on lockshim:k was lost" in err and "exiting 75" in err, err
+
+
+@pytest.mark.timing
+def test_lease_lost_when_server_frozen(redis, bg, tmp_path):
+    """The server unreachable for a whole lease (frozen) is a loss too."""
+    cfg = write_config(tmp_path, redis, "", "command_timeout_ms = 200;")
+    h = bg(lock(cfg, "-l", "600", "k", "--", "sh", "-c", "echo ready $$; exec sleep 60"),
+           None)
+    child = int(h.expect("ready").split()[1])
+    os.kill(redis.proc.pid, signal.SIGSTOP)
+    try:
+        assert h.wait(timeout=20 * MULT) == 75
+    finally:
+        os.kill(redis.proc.pid, signal.SIGCONT)
+    assert gone(child)
+    assert "expired while Redis was unreachable" in h.stderr()
 
 
 @pytest.mark.timing
