@@ -487,7 +487,7 @@ int cmd_lock(int argc, char **argv)
 	struct lock_spec *spec;
 	struct backend b;
 	struct conf cfg;
-	char err[1024];
+	char err[1024], *log_file;
 	int rc;
 
 	if ((rc = parse_args(argc, argv, &o)) != 0)
@@ -496,7 +496,13 @@ int cmd_lock(int argc, char **argv)
 		conf_release(&cfg);
 		return CONF_EXIT_CODE;
 	}
-	if (conf_logging(&cfg, 1, err, sizeof(err)) != 0) {
+	/* the level, format and syslog apply; the lines go to the operator on
+	 * standard error, not to log_file (checked by cli_load) */
+	log_file = cfg.log_file;
+	cfg.log_file = NULL;
+	rc = conf_logging(&cfg, 1, err, sizeof(err));
+	cfg.log_file = log_file;
+	if (rc != 0) {
 		fprintf(stderr, "lockshim: config error: %s\n", err);
 		conf_release(&cfg);
 		return CONF_EXIT_CODE;

@@ -207,7 +207,9 @@ def test_signals_passed_to_command(redis, bg, tmp_path, sig):
 # ---- 5. a lost lease ----------------------------------------------------------------
 
 def test_lease_lost_terminates_command(redis, bg, tmp_path):
-    cfg = write_config(tmp_path, redis, "")
+    """The line goes to standard error, also with a log_file (the shim's)."""
+    log = str(tmp_path / "shim.log")
+    cfg = write_config(tmp_path, redis, 'log_file = "%s";\n' % log)
     h = bg(lock(cfg, "-l", "300", "k", "--", "sh", "-c", "echo ready $$; exec sleep 60"),
            None)
     child = int(h.expect("ready").split()[1])
@@ -216,6 +218,8 @@ def test_lease_lost_terminates_command(redis, bg, tmp_path):
     assert gone(child)
     err = h.stderr()
     assert "error: lease on lockshim:k was lost" in err and "exiting 75" in err, err
+    with open(log) as f:
+        assert f.read() == ""
 
 
 @pytest.mark.timing
