@@ -16,10 +16,10 @@
  * anything of it is left, and exit 75. The main thread sleeps in poll(2) on
  * a pipe that the SIGCHLD handler and the lost hook write to; it alone
  * sends the group's signals. When lockshim leads the foreground group of
- * its terminal (a shell's job), the child's group gets the foreground (it may read the
- * terminal, and a Ctrl-C reaches it directly); when the child is stopped
- * (Ctrl-Z), lockshim takes the terminal back and stops itself, so the
- * shell sees its job stopped, and continues the child when continued.
+ * its terminal (a shell's job), the child's group gets the foreground (it
+ * may read the terminal; a Ctrl-C reaches it directly); when the child is
+ * stopped (Ctrl-Z), lockshim takes the terminal back and stops itself, so
+ * the shell sees its job stopped, and continues the child when continued.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,11 +27,11 @@
 #include <limits.h>
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -101,9 +101,7 @@ struct lock_opts {
 
 static void on_forwarded(int sig)
 {
-	int e = errno;
-
-	int pid = get(&child_pid);
+	int e = errno, pid = get(&child_pid);
 
 	if (pid > 0)
 		kill(-pid, sig);
@@ -122,7 +120,8 @@ static void on_child(int sig)
 }
 
 /* renew_on_lost's hook: runs on the renewal thread (its mutex held); says
- * so once and wakes the main thread, which stops the child. */
+ * so once and wakes the main thread, which stops the child's group (if
+ * COMMAND has not started yet, it never does). */
 static void on_lost(const struct lease *l, const char *why)
 {
 	LOG(LOG_ERROR, "lease on %.*s %s: SIGTERM to the command's process group %d, SIGKILL "
@@ -229,7 +228,6 @@ static int foreground_tty(void)
 	if (getpgrp() != getpid())
 		return -1;
 	fd = open("/dev/tty", O_RDWR | O_NOCTTY | O_CLOEXEC);
-
 	if (fd >= 0 && tcgetpgrp(fd) == getpgrp())
 		return fd;
 	if (fd >= 0)
@@ -282,8 +280,11 @@ static void run_child(char **argv, pid_t parent, int tty, const struct sigaction
 	execvp(argv[0], argv);
 	e = errno;
 	n = snprintf(msg, sizeof(msg), "lockshim: cannot run %s: %s\n", argv[0], strerror(e));
-	if (n > 0 && write(STDERR_FILENO, msg, (size_t)n < sizeof(msg) ? (size_t)n : sizeof(msg)) < 0)
-		_exit(e == ENOENT ? 127 : 126);
+	if (n > (int)sizeof(msg) - 1)
+		n = (int)sizeof(msg) - 1;
+	if (n > 0 && write(STDERR_FILENO, msg, (size_t)n) < 0) {
+		/* no standard error: the status says it */
+	}
 	_exit(e == ENOENT ? 127 : 126);
 }
 
