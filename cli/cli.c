@@ -46,7 +46,7 @@
  *
  * Exit statuses of the CLI itself follow sysexits: 64 usage, 69 Redis unavailable (check) or the shim cannot be loaded
  * (run), 78 config error, 126/127 as a shell for a program that cannot be
- * executed or found.
+ * executed or found; `lock` adds 1 (busy), 71 and 75 (lease lost).
  */
 #include <elf.h>
 #include <errno.h>

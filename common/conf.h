@@ -175,11 +175,13 @@ int conf_open_trusted(const char *path, int flags, int mode, int file_too, char 
 
 /*
  * Appends to cfg->locks a lock on key taken literally (every byte is the
- * key's: no placeholder, a brace is a brace) with cfg->defaults' settings,
- * as `lockshim lock` takes it; its symbol is key (log lines and metrics
- * name the lock so). Returns it (owned by cfg, valid until the next call
- * or conf_release; the caller may adjust its settings before use), or NULL with one line in err: a key the layout refuses
- * (empty, or one that could be another lock's queue key), or no memory.
+ * key's: no placeholder, a brace is a brace) with cfg->defaults' settings
+ * and its derived waiter_ttl_ms, as `lockshim lock` takes it; its symbol
+ * is key (log lines and metrics name the lock so). Returns it (owned by
+ * cfg, valid until the next call or conf_release; the caller may adjust
+ * its settings before use), or NULL with one line in err: a key the
+ * layout refuses (empty, or one that could be another lock's queue key),
+ * or no memory.
  */
 struct lock_spec *conf_add_literal_lock(struct conf *cfg, const char *key, char *err,
 					size_t errlen);
