@@ -515,7 +515,8 @@ int cmd_lock(int argc, char **argv)
 	spec->wait_ms = o.wait_ms;
 	if (o.lease_ms)
 		spec->lease_ms = o.lease_ms;
-	spec->linger_ms = 0; /* one call: nothing to keep the lock for */
+	spec->linger_ms = 0;   /* one call: nothing to keep the lock for */
+	spec->max_hold_ms = 0; /* COMMAND's duration is its own business */
 	if (backend_init(&b, &cfg, err, sizeof(err)) != 0) {
 		fprintf(stderr, "lockshim: config error: %s\n", err);
 		conf_release(&cfg);
