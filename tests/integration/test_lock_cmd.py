@@ -19,7 +19,7 @@ COMMAND [ARG...]`: a distributed flock(1) on the shim's own locks.
 7. 69 server unreachable, 78 bad config, 64 usage;
 8. a guarded function in a program and `lockshim lock` on one key exclude
    each other;
-9. Sentinel, Cluster and Redlock;
+9. Sentinel, Cluster, Redlock and TLS;
 10. in the foreground of a terminal, COMMAND can read it, and Ctrl-Z stops
     COMMAND and lockshim, which continues it when continued.
 Synchronisation is by lines COMMAND prints, files it writes and Redis state.
@@ -31,7 +31,8 @@ import time
 
 import pytest
 
-from support.server import call_failed, lock_keys, started
+from support.server import call_failed, lock_keys, start_servers, started
+from support.tls import TlsServer
 from support.topology import Cluster, Masters, Topology
 from support.util import CLI, MULT, TIMEOUT, run, shim_env, wait_for, write_config
 
@@ -376,6 +377,21 @@ def masters(request):
             print(ms.logs())
     finally:
         ms.stop()
+
+
+@pytest.fixture
+def tls_servers(request, pki):
+    """Starts TLS-only redis-servers (support/tls.py), each stopped by pid."""
+    yield from start_servers(request, lambda **kw: TlsServer(pki, **kw),
+                             lambda s: "redis-server (TLS, %s)" % s.cert)
+
+
+def test_tls(tls_servers, pki, bg, tmp_path):
+    server = tls_servers()
+    cfg = write_config(tmp_path, None, 'redis = { host = "127.0.0.1"; port = %d; '
+                       'tls = { ca_file = "%s"; }; };\n' % (server.port, pki["ca"]))
+    busy_then_free(bg, cfg, "lockshim:k")
+    assert server.cmd("EXISTS", "lockshim:k") == 0
 
 
 def test_sentinel(sentinel_topo, bg, tmp_path):
