@@ -42,9 +42,12 @@ SHIM_LIBS = $(HIREDIS_A) $(CAPSTONE_A) $(MBEDTLS_A) -lconfig -lpthread -ldl
 # library proper, backend/ speaks to lock servers, common/ is what both
 # products link, arch/$(ARCH)/ is one architecture, cli/ is the command.
 # Object lists come from the folders, so a new file needs no edit here.
+# `lockshim lock` takes its lock with the shim's own machinery: the lock
+# state, the renewal thread and the holder identity (CLI_SHARED).
 COMMON_SRC := $(wildcard common/*.c backend/*.c)
 SHIM_SRC := $(wildcard shim/*.c) $(COMMON_SRC) $(wildcard arch/$(ARCH)/*.c arch/$(ARCH)/*.S)
-CLI_SRC := $(wildcard cli/*.c) $(COMMON_SRC)
+CLI_SHARED := shim/lock.c shim/renew.c shim/guard.c $(wildcard shim/owner.c)
+CLI_SRC := $(wildcard cli/*.c) $(CLI_SHARED) $(COMMON_SRC)
 SHIM_OBJ := $(patsubst %,$(BUILD)/shim/%.o,$(basename $(SHIM_SRC)))
 CLI_OBJ := $(patsubst %,$(BUILD)/cli/%.o,$(basename $(CLI_SRC)))
 UNIT := config key lock log owner sha1 symhash
@@ -123,7 +126,7 @@ test-asan: deps
 # shim (about 5 minutes on 2 cores). Any report fails the test that caused
 # it (support/util.py sends reports to files, conftest.py reads them).
 TSAN_TESTS := exclusion identity lease linger release fork wakeup stranded policies real_programs \
-	redlock entry interposition abi cluster sentinel tls_topologies
+	redlock entry interposition abi cluster sentinel tls_topologies lock_cmd
 
 test-tsan: deps
 	$(MAKE) BUILD=build/tsan SANITIZER=thread all unit

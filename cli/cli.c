@@ -5,6 +5,8 @@
  *   lockshim run [-c FILE] [--] PROGRAM [ARG...]   run PROGRAM under the shim
  *   lockshim check [-c FILE] [-- PROGRAM [ARG...]] validate FILE, test Redis,
  *                                                  say how PROGRAM's locks are caught
+ *   lockshim lock [-c FILE] [-w SECONDS] [-n] [-E CODE] [-l LEASE_MS] KEY -- COMMAND [ARG...]
+ *                                                  run COMMAND holding KEY (cli/lock.c)
  *   lockshim settings                              the settings the parser knows
  *   lockshim version | help
  *
@@ -44,7 +46,7 @@
  *
  * Exit statuses of the CLI itself follow sysexits: 64 usage, 69 Redis unavailable (check) or the shim cannot be loaded
  * (run), 78 config error, 126/127 as a shell for a program that cannot be
- * executed or found.
+ * executed or found; `lock` adds 1 (busy), 71 and 75 (lease lost).
  */
 #include <elf.h>
 #include <errno.h>
@@ -62,6 +64,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "cli.h"
 #include "conf.h"
 #include "lockview.h"
 #include "log.h"
@@ -74,9 +77,6 @@
 #ifndef LOCKSHIM_VERSION
 #define LOCKSHIM_VERSION "0.1.0"
 #endif
-
-#define EX_USAGE 64
-#define EX_UNAVAILABLE 69
 
 /* One verb. commands[] is the only list of them: main dispatches through
  * it, print_usage prints it, and the README's CLI table is checked against
@@ -107,6 +107,9 @@ static const struct cmd_struct commands[] = {
 	{ "unlock", { NULL }, cmd_unlock, "[-c FILE] [--force] [--json] KEY",
 	  "remove KEY's lock as its holder's release would (refused for a live holder on this "
 	  "host without --force)" },
+	{ "lock", { NULL }, cmd_lock,
+	  "[-c FILE] [-w SECONDS] [-n] [-E CODE] [-l LEASE_MS] KEY -- COMMAND [ARG...]",
+	  "run COMMAND while holding the lock KEY (a distributed flock(1))" },
 	{ "settings", { NULL }, cmd_settings, "",
 	  "print the settings the shim knows, one per line: group name type default" },
 	{ "version", { "--version", NULL }, cmd_version, "", "print the version" },
@@ -134,10 +137,7 @@ static void print_usage(FILE *f, int help)
 	fputs("FILE defaults to $LOCKSHIM_CONFIG, else " CONF_DEFAULT_PATH ".\n", f);
 }
 
-/* Prints "lockshim: <message>" and the usage on stderr; returns EX_USAGE. */
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static int usage_error(const char *fmt, ...)
+int cli_usage_error(const char *fmt, ...)
 {
 	va_list ap;
 
@@ -159,14 +159,14 @@ static int parse_opts(int argc, char **argv, int i, const char **config)
 			return i + 1;
 		if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "--config")) {
 			if (++i == argc) {
-				usage_error("%s needs a file", argv[i - 1]);
+				cli_usage_error("%s needs a file", argv[i - 1]);
 				return -1;
 			}
 			*config = argv[i];
 		} else if (!strncmp(argv[i], "--config=", 9)) {
 			*config = argv[i] + 9;
 		} else if (argv[i][0] == '-' && argv[i][1]) {
-			usage_error("unknown option %s", argv[i]);
+			cli_usage_error("unknown option %s", argv[i]);
 			return -1;
 		} else {
 			return i;
@@ -175,7 +175,7 @@ static int parse_opts(int argc, char **argv, int i, const char **config)
 	return i;
 }
 
-static const char *default_config(void)
+const char *cli_default_config(void)
 {
 	const char *env = getenv("LOCKSHIM_CONFIG");
 
@@ -192,9 +192,7 @@ static void print_escaped(FILE *f, const char *what, const char *s)
 	fprintf(f, "lockshim: %s%s\n", what, buf);
 }
 
-/* Loads path as the shim would; prints the error and returns -1 when
- * unusable. */
-static int load(struct conf *cfg, const char *path)
+int cli_load(struct conf *cfg, const char *path)
 {
 	const struct conf_group *groups[CONF_GROUPS_MAX + 1];
 	char err[1024];
@@ -384,15 +382,15 @@ static int loadable(const char *argv0, const char *what)
 
 static int cmd_run(int argc, char **argv)
 {
-	const char *config = default_config();
+	const char *config = cli_default_config();
 	struct conf cfg;
 	int i = parse_opts(argc, argv, 2, &config), rc;
 
 	if (i < 0)
 		return EX_USAGE;
 	if (i >= argc)
-		return usage_error("run needs a program");
-	if (load(&cfg, config) != 0)
+		return cli_usage_error("run needs a program");
+	if (cli_load(&cfg, config) != 0)
 		return CONF_EXIT_CODE;
 	conf_release(&cfg);
 	if ((rc = loadable(argv[i], "not running it unguarded")) != 0 ||
@@ -465,7 +463,7 @@ static int check_program(const char *config, char **argv)
 
 static int cmd_check(int argc, char **argv)
 {
-	const char *config = default_config();
+	const char *config = cli_default_config();
 	struct conf cfg;
 	char msg[1024], diff[4096];
 	int i = parse_opts(argc, argv, 2, &config), rc = 0, prc;
@@ -473,8 +471,8 @@ static int cmd_check(int argc, char **argv)
 	if (i < 0)
 		return EX_USAGE;
 	if (i < argc && strcmp(argv[i - 1], "--") != 0)
-		return usage_error("check takes a program only after --");
-	if (load(&cfg, config) != 0)
+		return cli_usage_error("check takes a program only after --");
+	if (cli_load(&cfg, config) != 0)
 		return CONF_EXIT_CODE;
 	printf("%s: ok, %d lock(s)\n", config,
 	       cfg.nlocks ? cfg.locks[cfg.nlocks - 1].index + 1 : 0);
@@ -519,8 +517,8 @@ static int cmd_settings(int argc, char **argv)
 
 	if (argc > 2)
 		return argv[2][0] == '-' && argv[2][1] ?
-			usage_error("unknown option %s", argv[2]) :
-			usage_error("settings takes no operand");
+			cli_usage_error("unknown option %s", argv[2]) :
+			cli_usage_error("settings takes no operand");
 	backend_conf_groups(groups, sizeof(groups) / sizeof(*groups));
 	for (int i = 0; settings_describe(groups, i, &d); i++)
 		printf("%s %s %s %s\n", d.group, d.name, d.type, d.dflt);
@@ -564,6 +562,6 @@ int main(int argc, char **argv)
 	}
 	cmd = find_command(argv[1]);
 	if (!cmd)
-		return usage_error("unknown command \"%s\"", argv[1]);
+		return cli_usage_error("unknown command \"%s\"", argv[1]);
 	return cmd->fn(argc, argv);
 }

@@ -316,6 +316,17 @@ static int group_index(const struct conf *cfg, const char *name)
 	return -1;
 }
 
+/* Returns the backends' request_ms summed (conf_waiter_ttl_ms). */
+static long long request_ms_of(const struct conf *cfg)
+{
+	long long ms = 0;
+
+	for (int i = 0; cfg->groups[i]; i++)
+		if (cfg->groups[i]->request_ms)
+			ms += cfg->groups[i]->request_ms(cfg->group_data[i]);
+	return ms;
+}
+
 /* Reads the top level: the backends' groups and conf_top_fields; defaults
  * and locks are read after it, so that they see the whole top level
  * (namespace, strict, the backends' settings). */
@@ -323,14 +334,12 @@ static int parse_root(struct conf_err *e, config_t *cf, struct conf *cfg)
 {
 	const config_setting_t *root = config_root_setting(cf), *s;
 	const config_setting_t *locks = NULL, *defaults_g = NULL;
-	struct lock_spec defaults = { 0 };
-	int n = config_setting_length(root), rc = -1, nfile, nspecs = 0, first = 0;
-	long long request_ms = 0;
+	struct lock_spec *defaults = &cfg->defaults; /* released with cfg */
+	int n = config_setting_length(root), nfile, nspecs = 0, first = 0;
+	long long request_ms;
 
-	if (conf_fields_default(conf_lock_fields, &defaults)) {
-		conf_fail(e, NULL, "config", "out of memory");
-		goto out;
-	}
+	if (conf_fields_default(conf_lock_fields, defaults))
+		return conf_fail(e, NULL, "config", "out of memory");
 	for (int i = 0; i < n; i++) {
 		const char *name;
 		const struct conf_field *f;
@@ -343,22 +352,20 @@ static int parse_root(struct conf_err *e, config_t *cf, struct conf *cfg)
 					     cfg->group_data[gi]) ||
 			    (cfg->groups[gi]->check &&
 			     cfg->groups[gi]->check(e, s, cfg->group_data[gi])))
-				goto out;
+				return -1;
 			continue;
 		}
 		f = conf_field_find(conf_top_fields, name);
-		if (!f) {
-			conf_fail(e, s, name, "unknown setting");
-			goto out;
-		}
+		if (!f)
+			return conf_fail(e, s, name, "unknown setting");
 		if (f->kind == F_DEFAULTS)
 			defaults_g = s;
 		else if (f->kind == F_LOCKS)
 			locks = s;
 		else if (conf_field_apply(e, f, s, name, cfg))
-			goto out;
+			return -1;
 	}
-	defaults.strict = cfg->strict;
+	defaults->strict = cfg->strict;
 	if (defaults_g) {
 		for (const struct conf_field *f = conf_lock_fields; f->name; f++) {
 			char what[64];
@@ -367,47 +374,38 @@ static int parse_root(struct conf_err *e, config_t *cf, struct conf *cfg)
 			    !(s = config_setting_get_member(defaults_g, f->name)))
 				continue;
 			snprintf(what, sizeof(what), "defaults.%s", f->name);
-			conf_fail(e, s, what, "%s is per lock, not a default", f->name);
-			goto out;
+			return conf_fail(e, s, what, "%s is per lock, not a default", f->name);
 		}
-		if (conf_group_apply(e, defaults_g, "defaults", conf_lock_fields, &defaults))
-			goto out;
+		if (conf_group_apply(e, defaults_g, "defaults", conf_lock_fields, defaults))
+			return -1;
 	}
-	if (!locks) {
-		rc = 0;
-		goto out;
-	}
-	if (!config_setting_is_list(locks) && !config_setting_is_array(locks)) {
-		conf_fail(e, locks, "locks", "expected a list ( { ... }, ... ), got %s",
-			  conf_type_name(locks));
-		goto out;
-	}
+	/* Derived fields, once everything they read is valid and final. */
+	request_ms = request_ms_of(cfg);
+	defaults->waiter_ttl_ms = conf_waiter_ttl_ms(defaults, request_ms);
+	if (!locks)
+		return 0;
+	if (!config_setting_is_list(locks) && !config_setting_is_array(locks))
+		return conf_fail(e, locks, "locks", "expected a list ( { ... }, ... ), got %s",
+				 conf_type_name(locks));
 	nfile = config_setting_length(locks);
 	for (int i = 0; i < nfile; i++)
 		nspecs += lock_specs(config_setting_get_elem(locks, (unsigned)i));
 	cfg->locks = calloc((size_t)nspecs + 1, sizeof(*cfg->locks));
 	if (!cfg->locks)
-		goto out;
+		return conf_fail(e, locks, "locks", "out of memory");
 	for (int i = 0, made; i < nfile; i++) {
 		/* what a failure leaves is released with cfg: every spec it may touch */
 		cfg->nlocks = nspecs;
 		made = parse_lock(e, config_setting_get_elem(locks, (unsigned)i), i, first,
-				  &defaults, defaults_g, cfg);
+				  defaults, defaults_g, cfg);
 		if (made < 0)
-			goto out;
+			return -1;
 		first += made;
 	}
 	cfg->nlocks = first;
-	/* Derived fields, once everything they read is valid and final. */
-	for (int i = 0; cfg->groups[i]; i++)
-		if (cfg->groups[i]->request_ms)
-			request_ms += cfg->groups[i]->request_ms(cfg->group_data[i]);
 	for (int i = 0; i < cfg->nlocks; i++)
 		cfg->locks[i].waiter_ttl_ms = conf_waiter_ttl_ms(&cfg->locks[i], request_ms);
-	rc = 0;
-out:
-	conf_fields_release(conf_lock_fields, &defaults);
-	return rc;
+	return 0;
 }
 
 /* Gives cfg the built-in values: the top level's, and each group's (in a
@@ -564,6 +562,7 @@ void conf_release(struct conf *cfg)
 		key_tmpl_release(&cfg->locks[i].key);
 	}
 	free(cfg->locks);
+	conf_fields_release(conf_lock_fields, &cfg->defaults);
 	for (int i = 0; i < CONF_GROUPS_MAX && cfg->groups[i]; i++) {
 		if (cfg->group_data[i])
 			conf_fields_release(cfg->groups[i]->fields, cfg->group_data[i]);
@@ -626,6 +625,53 @@ int conf_logging(const struct conf *cfg, int apply, char *err, size_t errlen)
 		}
 	}
 	return 0;
+}
+
+struct lock_spec *conf_add_literal_lock(struct conf *cfg, const char *key, char *err,
+					size_t errlen)
+{
+	struct lock_spec *locks, *l;
+	char *src = malloc(2 * strlen(key) + 1), *q = src;
+	int tagged = 0;
+
+	if (!src)
+		goto nomem;
+	for (const char *p = key; *p; p++) { /* "{{" and "}}": the brace itself */
+		if (*p == '{' || *p == '}')
+			*q++ = *p;
+		*q++ = *p;
+	}
+	*q = 0;
+	locks = realloc(cfg->locks, sizeof(*locks) * (size_t)(cfg->nlocks + 2));
+	if (!locks)
+		goto nomem;
+	cfg->locks = locks;
+	l = &locks[cfg->nlocks];
+	memset(l, 0, 2 * sizeof(*l));
+	for (int i = 0; cfg->groups[i]; i++)
+		if (cfg->groups[i]->hash_tag && cfg->groups[i]->hash_tag(cfg->group_data[i]))
+			tagged = 1;
+	/* counted from here: conf_release frees whatever was set */
+	cfg->nlocks++;
+	if (conf_fields_copy(conf_lock_fields, l, &cfg->defaults) ||
+	    conf_str_set(&l->symbol, key) || conf_str_set(&l->key_src, src))
+		goto nomem;
+	l->index = cfg->nlocks > 1 ? locks[cfg->nlocks - 2].index + 1 : 0;
+	if (l->on_error < 0)
+		l->on_error = l->on_timeout;
+	l->waiter_ttl_ms = conf_waiter_ttl_ms(l, request_ms_of(cfg));
+	if (key_compile(&l->key, cfg->ns, src, key, "", tagged, err, errlen)) {
+		cfg->nlocks--;
+		conf_fields_release(conf_lock_fields, l);
+		free(src);
+		return NULL;
+	}
+	free(src);
+	return l;
+nomem:
+	free(src);
+	snprintf(err, errlen, "out of memory");
+	return NULL;
 }
 
 long long conf_waiter_ttl_ms(const struct lock_spec *l, long long request_ms)

@@ -99,6 +99,9 @@ struct conf {
 	int log_syslog;     /* lines also to syslog (log_open_syslog) */
 	int strict;         /* the default of every lock's `strict` */
 	char **debug_dirs;  /* where separate debug files are looked for; NULL-terminated */
+	/* Every lock's settings before its own: the built-in values, then the
+	 * file's `defaults` (no symbol, no key; waiter_ttl_ms derived). */
+	struct lock_spec defaults;
 	struct lock_spec *locks; /* one per guarded symbol (struct lock_spec) */
 	int nlocks;              /* specs in locks; locks[nlocks - 1].index + 1 locks */
 };
@@ -169,6 +172,19 @@ int conf_secure(void);
  */
 int conf_open_trusted(const char *path, int flags, int mode, int file_too, char *why,
 		      size_t whylen);
+
+/*
+ * Appends to cfg->locks a lock on key taken literally (every byte is the
+ * key's: no placeholder, a brace is a brace) with cfg->defaults' settings
+ * and its derived waiter_ttl_ms, as `lockshim lock` takes it; its symbol
+ * is key (log lines and metrics name the lock so). Returns it (owned by
+ * cfg, valid until the next call or conf_release; the caller may adjust
+ * its settings before use), or NULL with one line in err: a key the
+ * layout refuses (empty, or one that could be another lock's queue key),
+ * or no memory.
+ */
+struct lock_spec *conf_add_literal_lock(struct conf *cfg, const char *key, char *err,
+					size_t errlen);
 
 /* Returns the spec guarding symbol, or NULL. */
 const struct lock_spec *conf_find(const struct conf *cfg, const char *symbol);

@@ -30,8 +30,9 @@
  * else's, or when Redis stayed unreachable for a whole lease since the last
  * confirmation; HELD -> OVERRUN when max_hold_ms passes (renewal stops).
  * Both apply the lock's policy once: log, kill (kill_signal, then SIGKILL
- * after kill_grace_ms) or abort; a parked lease has no call to protect, so
- * losing it is only logged. The thread blocks all signals and runs with
+ * after kill_grace_ms) or abort (a program of its own, `lockshim lock`,
+ * replaces on_lost with renew_on_lost); a parked lease has no call to
+ * protect, so losing it is only logged. The thread blocks all signals and runs with
  * the guard set, so it never enters a wrapper. A fork child starts with an
  * empty list and no thread; at exit renew_exit takes every lease off the
  * list (drain) and releases it.
@@ -92,6 +93,7 @@ static uint64_t next_id;
 static const struct backend *backend;
 static struct backend_conn *conn; /* the thread's own */
 static struct forget *forgets;
+static void (*lost_hook)(const struct lease *l, const char *why); /* renew_on_lost */
 
 static void cv_init(void)
 {
@@ -102,6 +104,11 @@ static void cv_init(void)
 	pthread_cond_init(&cv, &a);
 	pthread_cond_init(&done_cv, NULL);
 	pthread_condattr_destroy(&a);
+}
+
+void renew_on_lost(void (*fn)(const struct lease *l, const char *why))
+{
+	lost_hook = fn;
 }
 
 void renew_setup(const struct backend *b)
@@ -253,11 +260,14 @@ static int collect_due(int64_t now, struct lease *batch, int64_t *wake)
 	return n;
 }
 
-/* Marks l lost; applies on_lost unless it is parked (no call runs). Holds mu. */
+/* Marks l lost; applies on_lost (or the renew_on_lost hook) unless it is
+ * parked (no call runs). Holds mu. */
 static void lost(struct lease *l, const char *why)
 {
 	l->state = LEASE_LOST;
-	if (l->park == PARK_NONE)
+	if (l->park == PARK_NONE && lost_hook)
+		lost_hook(l, why);
+	else if (l->park == PARK_NONE)
 		act(l, l->spec->on_lost, why);
 	else
 		LOG(LOG_WARN, "%s: parked lease on %.*s %s", l->spec->symbol, (int)l->klen,

@@ -50,6 +50,16 @@ struct lease {
 	char val[BACKEND_VAL_MAX];
 };
 
+/*
+ * Replaces the on_lost policy of every lock with fn (NULL: the policies
+ * again): called once for each lease lost while its call runs, with why
+ * ("was lost (...)", "expired while ..."), on the renewal thread with its
+ * mutex held, so fn must be quick and must not call into renew.c. For a
+ * program that owns what the lock protects (`lockshim lock` stops its
+ * command); set it before the first lease.
+ */
+void renew_on_lost(void (*fn)(const struct lease *l, const char *why));
+
 /* Sets the backend the thread connects to. Call once, before any lease. */
 void renew_setup(const struct backend *b);
 

@@ -1,6 +1,7 @@
 """The source layout's promises (doc/design.md): the folders are levels
 that use only the levels below them (cli -> shim -> backend -> common ->
-arch; the CLI never reaches shim/), the include graph has no cycle, the
+arch; the CLI reaches shim/ only for the lock layers that `lockshim lock`
+links), the include graph has no cycle, the
 lock layers depend one way (dispatch -> lock -> renew -> backend), and only
 arch/<name>/ names an architecture (a new one is a new folder)."""
 import glob
@@ -19,6 +20,9 @@ MAY_USE = {
     "common": {"arch"},
     "arch": {"shim"},  # the trampoline reads the guard (guard.h)
 }
+# `lockshim lock` takes its lock with the shim's own lock layers, linked
+# into the command (the Makefile's CLI_SHARED), and nothing else of shim/.
+CLI_FROM_SHIM = {"lock.h", "renew.h", "guard.h", "owner.h"}
 
 
 def sources():
@@ -79,7 +83,8 @@ def test_folders_use_only_the_levels_below():
         for n in names:
             other = where.get(n)
             assert other, (path, n)
-            if other != folder and other not in MAY_USE[folder]:
+            if other != folder and other not in MAY_USE[folder] and \
+                    not (folder == "cli" and other == "shim" and n in CLI_FROM_SHIM):
                 offenders.append((path, n))
     assert offenders == []
 

@@ -419,6 +419,39 @@ int main(void)
 		  conf_waiter_ttl_ms(&cfg.locks[1], REDIS(cfg)->command_timeout_ms));
 	conf_release(&cfg);
 
+	test("a literal lock (lockshim lock): cfg->defaults' settings, KEY taken as written");
+	{
+		const uint64_t none[ARCH_INT_ARGS] = { 0 };
+		struct lock_spec *l;
+		char key[KEY_BUF_SIZE];
+		size_t n;
+
+		test_cond(load_text(&cfg, "namespace = \"ns\"; defaults = { lease_ms = 900; "
+				    "retry_max_ms = 7; key = \"{arg0}\"; };\n"
+				    "redis = { command_timeout_ms = 20; };", err, sizeof(err)) == 0);
+		test_cond(cfg.nlocks == 0 && cfg.defaults.lease_ms == 900 &&
+			  cfg.defaults.waiter_ttl_ms == 2 * 7 + 20);
+		l = conf_add_literal_lock(&cfg, "a{arg0}:}{", err, sizeof(err));
+		test_cond(l && cfg.nlocks == 1 && l == &cfg.locks[0] && l->lease_ms == 900 &&
+			  l->waiter_ttl_ms == 2 * 7 + 20 && !strcmp(l->symbol, "a{arg0}:}{"));
+		n = l ? key_expand(&l->key, none, 1, key) : 0;
+		test_cond(n == strlen("ns:a{arg0}:}{") && !memcmp(key, "ns:a{arg0}:}{", n));
+		test_cond(!conf_add_literal_lock(&cfg, "x:q", err, sizeof(err)) &&
+			  strstr(err, ":q") && cfg.nlocks == 1);
+		test_cond(!conf_add_literal_lock(&cfg, "", err, sizeof(err)) && cfg.nlocks == 1);
+		conf_release(&cfg);
+		test_cond(load_text(&cfg, "redis = { cluster = ( \"h:7000\" ); };\n"
+				    "locks = ( { symbol = \"f\"; key = \"k\"; } );", err,
+				    sizeof(err)) == 0);
+		l = conf_add_literal_lock(&cfg, "k", err, sizeof(err));
+		n = l ? key_expand(&l->key, none, 1, key) : 0;
+		test_cond(l && cfg.nlocks == 2 && l->index == 1 &&
+			  n == strlen("lockshim:{k}") && !memcmp(key, "lockshim:{k}", n));
+		/* the guarded function's key and lockshim lock's are one key */
+		test_cond(key_expand(&cfg.locks[0].key, none, 1, err) == n && !memcmp(err, key, n));
+		conf_release(&cfg);
+	}
+
 	test("scaling out: Redis Cluster seeds, Redlock masters");
 	test_cond(load_text(&cfg, "redis = { cluster = ( \"10.0.0.5:7000\", \"h:7001\" ); };",
 			    err, sizeof(err)) == 0);

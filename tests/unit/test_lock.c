@@ -17,6 +17,7 @@
 #include "backend.h"
 #include "conf.h"
 #include "lock.h"
+#include "renew.h"
 #include "log.h"
 #include "owner.h"
 #include "test.h"
@@ -303,6 +304,17 @@ static void test_parking(void)
 	key_tmpl_release(&q.key);
 }
 
+/* renew_on_lost's hook for the test: counts, and keeps the key and why. */
+static _Atomic int n_hook;
+static char hook_key[64], hook_why[128];
+
+static void on_lost_hook(const struct lease *l, const char *why)
+{
+	snprintf(hook_key, sizeof(hook_key), "%.*s", (int)l->klen, l->key);
+	snprintf(hook_why, sizeof(hook_why), "%s", why);
+	n_hook++;
+}
+
 int main(void)
 {
 	struct backend be = { &fake, NULL };
@@ -451,6 +463,33 @@ int main(void)
 		lock_release(&c3); /* the key is deleted only if still ours */
 		renew_says_lost = 0;
 		test_cond(stored("t:r") < 0);
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		key_tmpl_release(&r.key);
+	}
+	test("renew_on_lost: the hook replaces on_lost, once per lost lease");
+	{
+		struct lock_spec r = spec("o", 1, 0);
+		sigset_t usr1, old;
+
+		r.lease_ms = 30;
+		r.on_lost = HOLD_KILL; /* would send SIGUSR1 without the hook */
+		r.kill_signal = SIGUSR1;
+		r.kill_grace_ms = 3600000;
+		sigemptyset(&usr1);
+		sigaddset(&usr1, SIGUSR1);
+		pthread_sigmask(SIG_BLOCK, &usr1, &old);
+		renew_on_lost(on_lost_hook);
+		n_hook = 0;
+		test_cond(lock_acquire(&r, args, &c3) == LOCK_OK);
+		renew_says_lost = 1;
+		for (int i = 0; i < 400 && !n_hook; i++)
+			util_sleep_ms(5);
+		test_cond(n_hook == 1 && strcmp(hook_key, "t:o") == 0 &&
+			  strstr(hook_why, "lost"));
+		test_cond(sig_within(&usr1, 200) < 0 && n_hook == 1); /* no policy, once */
+		lock_release(&c3);
+		renew_says_lost = 0;
+		renew_on_lost(NULL);
 		pthread_sigmask(SIG_SETMASK, &old, NULL);
 		key_tmpl_release(&r.key);
 	}
