@@ -43,10 +43,10 @@ SHIM_LIBS = $(HIREDIS_A) $(CAPSTONE_A) $(MBEDTLS_A) -lconfig -lpthread -ldl
 # products link, arch/$(ARCH)/ is one architecture, cli/ is the command.
 # Object lists come from the folders, so a new file needs no edit here.
 # `lockshim lock` takes its lock with the shim's own machinery: the lock
-# state, the renewal thread and the holder identity (CLI_SHARED).
+# state and the renewal thread (CLI_SHARED).
 COMMON_SRC := $(wildcard common/*.c backend/*.c)
 SHIM_SRC := $(wildcard shim/*.c) $(COMMON_SRC) $(wildcard arch/$(ARCH)/*.c arch/$(ARCH)/*.S)
-CLI_SHARED := shim/lock.c shim/renew.c shim/guard.c $(wildcard shim/owner.c)
+CLI_SHARED := shim/lock.c shim/renew.c shim/guard.c
 CLI_SRC := $(wildcard cli/*.c) $(CLI_SHARED) $(COMMON_SRC)
 SHIM_OBJ := $(patsubst %,$(BUILD)/shim/%.o,$(basename $(SHIM_SRC)))
 CLI_OBJ := $(patsubst %,$(BUILD)/cli/%.o,$(basename $(CLI_SRC)))

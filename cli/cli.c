@@ -101,15 +101,15 @@ static const struct cmd_struct commands[] = {
 	{ "check", { NULL }, cmd_check, "[-c FILE] [-- PROGRAM [ARG...]]",
 	  "validate FILE as the shim does, print its locks, test the Redis server and say "
 	  "how PROGRAM's calls would be caught" },
+	{ "lock", { NULL }, cmd_lock,
+	  "[-c FILE] [-w SECONDS] [-n] [-E CODE] [-l LEASE_MS] KEY -- COMMAND [ARG...]",
+	  "run COMMAND while holding the lock KEY (a distributed flock(1))" },
 	{ "status", { NULL }, cmd_status, "[-c FILE] [--json] [PATTERN]",
 	  "list the locks held in the namespace (PATTERN: a glob on KEY): holder, since, "
 	  "lease left, fence, waiters" },
 	{ "unlock", { NULL }, cmd_unlock, "[-c FILE] [--force] [--json] KEY",
 	  "remove KEY's lock as its holder's release would (refused for a live holder on this "
 	  "host without --force)" },
-	{ "lock", { NULL }, cmd_lock,
-	  "[-c FILE] [-w SECONDS] [-n] [-E CODE] [-l LEASE_MS] KEY -- COMMAND [ARG...]",
-	  "run COMMAND while holding the lock KEY (a distributed flock(1))" },
 	{ "settings", { NULL }, cmd_settings, "",
 	  "print the settings the shim knows, one per line: group name type default" },
 	{ "version", { "--version", NULL }, cmd_version, "", "print the version" },

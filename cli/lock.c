@@ -50,26 +50,6 @@
 #define EX_TEMPFAIL 75
 #define LOCK_KILL_GRACE_MS 5000 /* SIGTERM to SIGKILL after a lost lease */
 
-/*
- * TODO(merge): engineer A's fencing and owner identity (lock.h lock_fence,
- * owner.h owner_set_program). Until they land, these weak stand-ins keep the
- * build linking: no fence (0) and the default program name. A's definitions,
- * being strong, replace them at link time; drop these then.
- */
-long long lock_fence(const struct lock_call *call);
-void owner_set_program(const char *name);
-
-__attribute__((weak)) long long lock_fence(const struct lock_call *call)
-{
-	(void)call;
-	return 0;
-}
-
-__attribute__((weak)) void owner_set_program(const char *name)
-{
-	(void)name;
-}
-
 /* The signals passed to the child's process group. */
 static const int forwarded[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT };
 #define NFORWARDED (int)(sizeof(forwarded) / sizeof(*forwarded))
