@@ -6,6 +6,7 @@
  *   lockshim check [-c FILE] [-- PROGRAM [ARG...]] validate FILE, test Redis,
  *                                                  say how PROGRAM's locks are caught
  *   lockshim settings                              the settings the parser knows
+ *   lockshim metrics [-c FILE] [--listen HOST:PORT] counts and gauges (metrics.c)
  *   lockshim version | help
  *
  * The verbs are one table (commands[], in the style of git's cmd_struct):
@@ -93,6 +94,7 @@ static int cmd_check(int argc, char **argv);
 static int cmd_settings(int argc, char **argv);
 static int cmd_version(int argc, char **argv);
 static int cmd_help(int argc, char **argv);
+int cmd_metrics(int argc, char **argv); /* metrics.c */
 
 static const struct cmd_struct commands[] = {
 	{ "run", { NULL }, cmd_run, "[-c FILE] [--] PROGRAM [ARG...]",
@@ -102,6 +104,9 @@ static const struct cmd_struct commands[] = {
 	  "how PROGRAM's calls would be caught" },
 	{ "settings", { NULL }, cmd_settings, "",
 	  "print the settings the shim knows, one per line: group name type default" },
+	{ "metrics", { NULL }, cmd_metrics, "[-c FILE] [--listen HOST:PORT]",
+	  "print the counts of every host and the locks held and waited for now, in the "
+	  "Prometheus text format, or serve them at GET /metrics" },
 	{ "version", { "--version", NULL }, cmd_version, "", "print the version" },
 	{ "help", { "--help", "-h", NULL }, cmd_help, "", "print this help" },
 };
