@@ -5,12 +5,13 @@
  * Prometheus text format (common/metrics.h writes it).
  *
  * A scrape reads every node the config names (a Cluster's primaries,
- * Redlock's masters, else the one server): SCAN (never KEYS) of
- * "<namespace>:metrics:*", HGETALL of each, summed per (lock, host), the
- * host being the hash's tag; then SCAN of "<namespace>:*" for the gauges:
- * each lock key (auxiliary keys skipped) is one held lock and each queue
- * ("<key>:q") adds its ZCARD to the waiters, a key seen on several
- * masters counted once. A key's lock name is the symbol of the first
+ * Redlock's masters, else the one server) with SCAN (never KEYS) of
+ * "<namespace>:*" by type (Redis 6.0 or later): the hashes
+ * "<namespace>:metrics:{<host>}", HGETALL of each, summed per (lock,
+ * host); the strings, lock keys (":due" keys skipped), each one held
+ * lock; the sorted sets "<key>:q", each adding its ZCARD to the waiters.
+ * A key seen on several masters counts once. Types tell a lock key "f"
+ * or "q" from the auxiliary keys of the namespace's other keys. A key's lock name is the symbol of the first
  * config lock whose key template, made a glob, matches it, else the key
  * without the namespace (a `lockshim lock` KEY). --listen serves the same
  * at GET /metrics (HTTP/1.0, one request per connection, each scrape read
@@ -221,49 +222,64 @@ static int read_hash(struct backend_conn *c, struct scrape *s, const char *node,
 	return 0;
 }
 
-/* Handles one key of the namespace found by SCAN. Returns 0 or -1. */
-static int one_key(struct backend_conn *c, struct scrape *s, const char *node,
-		   const char *ns, const char *key, size_t len)
+/* Returns whether key (len bytes) is "<ns>:" + at least one byte + suffix:
+ * an auxiliary key of a lock key (key.c never lets a lock key's own text
+ * end so; "<ns>:q" alone is the lock key "q"). */
+static int aux_of_lock(const char *key, size_t len, size_t nslen, const char *suffix)
 {
-	static const char *const aux[] = { ":qx", ":due", ":f" };
+	size_t n = strlen(suffix);
+
+	return len > nslen + 1 + n && !memcmp(key + len - n, suffix, n);
+}
+
+/* Handles one key of type type ("string", "zset" or "hash") found by SCAN
+ * on node c. Returns 0 or -1. */
+static int one_key(struct backend_conn *c, struct scrape *s, const char *node,
+		   const char *ns, const char *type, const char *key, size_t len)
+{
 	char mprefix[KEY_MAX_NAMESPACE + 16];
+	size_t nslen = strlen(ns);
 	size_t mlen = (size_t)snprintf(mprefix, sizeof(mprefix), "%s:metrics:{", ns);
 
-	if (len > mlen && memcmp(key, mprefix, mlen) == 0 && key[len - 1] == '}') {
+	if (type[0] == 'h') { /* a host's counts; a fence hash is not a host's */
 		char host[256];
 
+		if (len <= mlen || memcmp(key, mprefix, mlen) != 0 || key[len - 1] != '}' ||
+		    memchr(key + mlen, '}', len - mlen - 1) || len - mlen > sizeof(host))
+			return 0;
 		snprintf(host, sizeof(host), "%.*s", (int)(len - mlen - 1), key + mlen);
 		return read_hash(c, s, node, key, host);
 	}
-	if (memmem(key, len, ":w:", 3))
-		return 0;
-	for (size_t i = 0; i < sizeof(aux) / sizeof(aux[0]); i++)
-		if (len >= strlen(aux[i]) && !strcmp(key + len - strlen(aux[i]), aux[i]))
-			return 0;
-	if (len > 2 && !strcmp(key + len - 2, ":q")) {
+	if (type[0] == 'z') { /* a lock's queue of waiters */
 		const char *argv[] = { "ZCARD", key };
-		redisReply *r = command(c, s, node, 2, argv);
+		redisReply *r;
 		int rc;
 
-		if (!r)
+		if (!aux_of_lock(key, len, nslen, ":q"))
+			return 0;
+		if (!(r = command(c, s, node, 2, argv)))
 			return -1;
 		rc = key_add(s, key, len - 2, 0, r->type == REDIS_REPLY_INTEGER ? r->integer : 0);
 		freeReplyObject(r);
 		return rc;
 	}
-	return key_add(s, key, len, 1, 0);
+	if (aux_of_lock(key, len, nslen, ":due"))
+		return 0;
+	return key_add(s, key, len, 1, 0); /* a lock key: a string */
 }
 
-/* SCANs node c for "<ns>:*" and reads what it finds into s. Returns 0 or -1. */
-static int read_node(struct backend_conn *c, struct scrape *s, const char *node,
-		     const char *ns)
+/* SCANs node c for the keys "<ns>:*" of type type and reads what it finds
+ * into s. Returns 0 or -1. */
+static int scan_type(struct backend_conn *c, struct scrape *s, const char *node,
+		     const char *ns, const char *type)
 {
 	char cursor[32] = "0", match[2 * KEY_MAX_NAMESPACE + 4];
 
 	strcpy(glob_escape(match, ns, strlen(ns)), ":*");
 	do {
-		const char *argv[] = { "SCAN", cursor, "MATCH", match, "COUNT", SCAN_COUNT };
-		redisReply *r = command(c, s, node, 6, argv);
+		const char *argv[] = { "SCAN", cursor, "MATCH", match, "COUNT", SCAN_COUNT,
+				       "TYPE", type };
+		redisReply *r = command(c, s, node, 8, argv);
 		const redisReply *keys;
 
 		if (!r)
@@ -281,13 +297,26 @@ static int read_node(struct backend_conn *c, struct scrape *s, const char *node,
 			const redisReply *k = keys->element[i];
 
 			if (k->type == REDIS_REPLY_STRING &&
-			    one_key(c, s, node, ns, k->str, k->len) != 0) {
+			    one_key(c, s, node, ns, type, k->str, k->len) != 0) {
 				freeReplyObject(r);
 				return -1;
 			}
 		}
 		freeReplyObject(r);
 	} while (strcmp(cursor, "0") != 0);
+	return 0;
+}
+
+/* Reads node c: the hosts' counts (hashes), the lock keys (strings) and
+ * their queues (sorted sets). Returns 0 or -1. */
+static int read_node(struct backend_conn *c, struct scrape *s, const char *node,
+		     const char *ns)
+{
+	static const char *const types[] = { "hash", "string", "zset" };
+
+	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
+		if (scan_type(c, s, node, ns, types[i]) != 0)
+			return -1;
 	return 0;
 }
 
