@@ -137,10 +137,18 @@ def start_servers(request, make, label):
 
 
 AUX_SUFFIXES = (":q", ":qx", ":due")
+METRICS_PREFIX = "lockshim:metrics:{"  # a host's counts (`lockshim metrics`), kept for good
+
+
+def namespace_keys(redis, pattern="lockshim:*"):
+    """Keys matching pattern but the hosts' count hashes, which the shim
+    ships at exit and keeps (lockshim metrics)."""
+    return [k for k in redis.cmd("KEYS", pattern) if not k.startswith(METRICS_PREFIX)]
 
 
 def lock_keys(redis, pattern="lockshim:*"):
     """Lock keys matching pattern, without the short-lived auxiliary keys
-    (waiter queues and signal lists) that hang off them."""
-    return sorted(k for k in redis.cmd("KEYS", pattern)
+    (waiter queues and signal lists) that hang off them, nor the hosts'
+    count hashes."""
+    return sorted(k for k in namespace_keys(redis, pattern)
                   if not k.endswith(AUX_SUFFIXES) and ":w:" not in k)
