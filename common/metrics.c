@@ -13,7 +13,9 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 const int64_t metrics_bucket_us[METRICS_NBUCKETS - 1] = {
 	100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000,
@@ -123,6 +125,20 @@ int metrics_parse_field(const char *field, size_t len, size_t *lock_len)
 			return v;
 		}
 	return -1;
+}
+
+void metrics_host(char *buf, size_t cap)
+{
+	const char *env = secure_getenv("LOCKSHIM_TEST_HOST");
+
+	if (env && *env)
+		snprintf(buf, cap, "%s", env);
+	else if (gethostname(buf, cap - 1) != 0 || !buf[0])
+		snprintf(buf, cap, "unknown");
+	buf[cap - 1] = 0;
+	for (char *p = buf; *p; p++)
+		if (*p == ':' || *p == '{' || *p == '}' || *p <= 0x20 || *p >= 0x7f)
+			*p = '-';
 }
 
 size_t metrics_key(char *buf, size_t cap, const char *ns, const char *host)

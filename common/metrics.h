@@ -69,6 +69,12 @@ int metrics_parse_field(const char *field, size_t len, size_t *lock_len);
  */
 size_t metrics_key(char *buf, size_t cap, const char *ns, const char *host);
 
+/* Writes the host name counts are filed under into buf (cap bytes,
+ * NUL-terminated): the machine's, or LOCKSHIM_TEST_HOST (for tests; not
+ * read in secure-execution mode), with ':', braces, blanks and non-ASCII
+ * bytes as '-'. */
+void metrics_host(char *buf, size_t cap);
+
 /* Counts of one lock from one host (the CLI's sums). */
 struct metrics_row {
 	const char *lock, *host;

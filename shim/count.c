@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 
 struct count_block *count_blocks;
@@ -29,27 +28,11 @@ static struct count_block *sent; /* ship_mu */
 static char key[KEY_MAX_NAMESPACE + 300];
 static size_t klen;
 
-/* Writes the host name the counts are filed under into buf: the machine's
- * (or LOCKSHIM_TEST_HOST), with ':', braces, blanks and non-ASCII as '-'. */
-static void host_name(char *buf, size_t cap)
-{
-	const char *env = secure_getenv("LOCKSHIM_TEST_HOST");
-
-	if (env && *env)
-		snprintf(buf, cap, "%s", env);
-	else if (gethostname(buf, cap - 1) != 0 || !buf[0])
-		snprintf(buf, cap, "unknown");
-	buf[cap - 1] = 0;
-	for (char *p = buf; *p; p++)
-		if (*p == ':' || *p == '{' || *p == '}' || *p <= 0x20 || *p >= 0x7f)
-			*p = '-';
-}
-
 int count_setup(const struct conf *cfg)
 {
 	char host[256];
 
-	host_name(host, sizeof(host));
+	metrics_host(host, sizeof(host));
 	klen = metrics_key(key, sizeof(key), cfg->ns, host);
 	if (!klen || cfg->nlocks <= 0)
 		return -1;

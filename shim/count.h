@@ -32,9 +32,8 @@ extern int count_nspecs;
 
 /*
  * Allocates the counters of cfg's locks and names the hash they are
- * shipped to: "<namespace>:metrics:{<host>}", host being the machine's
- * name (LOCKSHIM_TEST_HOST instead, for tests; not read in
- * secure-execution mode). Returns 0 or -1 (then nothing is counted).
+ * shipped to: "<namespace>:metrics:{<host>}" (metrics_host). Returns 0
+ * or -1 (then nothing is counted).
  */
 int count_setup(const struct conf *cfg);
 

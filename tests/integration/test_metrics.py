@@ -19,7 +19,8 @@ host name a process files its counts under).
    reads the server afresh at each scrape, and exits 0 on SIGTERM;
 6. exit statuses: 69 server unreachable, 78 bad config, 64 usage; a config
    without locks is fine;
-7. the same counts through a Redis Cluster and Redlock masters.
+7. the same counts and gauges through Sentinel, a Redis Cluster and Redlock
+   masters.
 """
 import os
 import signal
@@ -31,7 +32,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from support.server import started
-from support.topology import Cluster, Masters
+from support.topology import Cluster, Masters, Topology
 from support.util import CLI, TIMEOUT, run, wait_for, write_config
 
 LOCKS = ('locks = ( { symbol = "hold_call"; key = "f"; %s },\n'
@@ -234,6 +235,12 @@ def masters(request):
     yield from started(request, ThreeMasters())
 
 
+@pytest.fixture
+def sentinel(request):
+    """A primary, two replicas, three sentinels."""
+    yield from started(request, Topology())
+
+
 def counted_on(config, progs):
     driver(progs, config, "call:0", "call:0", host="a")
     driver(progs, config, "call:0", host="b")
@@ -258,6 +265,14 @@ def test_redlock(masters, progs, tmp_path, procs):
     c = masters.config(tmp_path, LOCKS % "")
     counted_on(c, progs)
     # each count is on one master: a key held on every master counts once
+    p = procs([progs["driver"], "call:60000"], c, LOCKSHIM_TEST_HOST="a")
+    assert p.expect("enter") == "enter 60000"
+    assert val(scrape(c), "lockshim_held", "hold_call") == 1
+
+
+def test_sentinel(sentinel, progs, tmp_path, procs):
+    c = sentinel.config(tmp_path, LOCKS % "")
+    counted_on(c, progs)
     p = procs([progs["driver"], "call:60000"], c, LOCKSHIM_TEST_HOST="a")
     assert p.expect("enter") == "enter 60000"
     assert val(scrape(c), "lockshim_held", "hold_call") == 1
