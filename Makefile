@@ -47,7 +47,7 @@ SHIM_SRC := $(wildcard shim/*.c) $(COMMON_SRC) $(wildcard arch/$(ARCH)/*.c arch/
 CLI_SRC := $(wildcard cli/*.c) $(COMMON_SRC)
 SHIM_OBJ := $(patsubst %,$(BUILD)/shim/%.o,$(basename $(SHIM_SRC)))
 CLI_OBJ := $(patsubst %,$(BUILD)/cli/%.o,$(basename $(CLI_SRC)))
-UNIT := config key lock log sha1 symhash
+UNIT := config key lock log metrics sha1 symhash
 UNIT_BIN := $(UNIT:%=$(BUILD)/tests/test_%)
 # The unit tests link the parser with the redis backend's settings and the
 # CLI's description of them (not the backends, nor hiredis).
