@@ -70,7 +70,8 @@ static char *glob_escape(char *out, const char *s, size_t n)
 	return out;
 }
 
-/* Returns spec's key template as a glob (malloc'd), or NULL. */
+/* Returns key template t as a glob (malloc'd: literal text escaped, '*'
+ * for a placeholder), or NULL. */
 static char *tmpl_glob(const struct key_tmpl *t)
 {
 	size_t cap = 2 * t->prefix_len + 4;
@@ -83,8 +84,12 @@ static char *tmpl_glob(const struct key_tmpl *t)
 		return NULL;
 	p = glob_escape(g, t->prefix, t->prefix_len);
 	for (int i = 0; i < t->nsegs; i++) {
-		if (t->segs[i].kind == KEY_SEG_LIT || t->segs[i].kind == KEY_SEG_VAL)
-			p = glob_escape(p, t->segs[i].lit, t->segs[i].len);
+		const struct key_seg *sg = &t->segs[i];
+
+		/* a value with a byte key.c encodes ({host}, {env:NAME}): any text */
+		if (sg->kind == KEY_SEG_LIT || (sg->kind == KEY_SEG_VAL &&
+						strcspn(sg->lit, "%:{}~") >= sg->len))
+			p = glob_escape(p, sg->lit, sg->len);
 		else if (p == g || p[-1] != '*')
 			*p++ = '*';
 	}

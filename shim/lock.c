@@ -280,7 +280,6 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 
 		if (!asked_us)
 			asked_us = sent;
-
 		hlen = 0;
 		rc = conn_get(t, err, sizeof(err));
 		if (rc == 0) {

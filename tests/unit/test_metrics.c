@@ -51,8 +51,12 @@ int main(void)
 	test_cond(fields_round_trip("write") && fields_round_trip("a\x1f" "b") &&
 		  fields_round_trip("x:{y}") && fields_round_trip(""));
 	test("fields of no known value are refused");
-	test_cond(metrics_parse_field("lock\x1flockshim_nothing\x1f", 25, &llen) == -1 &&
-		  metrics_parse_field("no separator", 12, &llen) == -1);
+	{
+		static const char unknown[] = "lock\x1f" "lockshim_nothing\x1f", none[] = "no sep";
+
+		test_cond(metrics_parse_field(unknown, sizeof(unknown) - 1, &llen) == -1 &&
+			  metrics_parse_field(none, sizeof(none) - 1, &llen) == -1);
+	}
 	test("the values' fields are distinct");
 	{
 		int dup = 0;
