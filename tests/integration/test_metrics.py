@@ -14,7 +14,9 @@ host name a process files its counts under).
 3. a call timing out under on_timeout = "skip" counts one timeout and one
    skip; lockshim_held and lockshim_waiting while a holder and a waiter
    exist (and 0 once they are gone);
-4. a lease lost, a call past max_hold_ms, a dead holder broken;
+4. a lease lost, a call past max_hold_ms, a dead holder broken; a fork
+   child ships its own counts only; counts the server refused go with a
+   later shipment, none twice;
 5. --listen serves GET /metrics (200, version 0.0.4) and 404 elsewhere,
    reads the server afresh at each scrape, and exits 0 on SIGTERM;
 6. exit statuses: 69 server unreachable, 78 bad config, 64 usage; a config
@@ -170,6 +172,38 @@ def test_lost_and_overrun_leases_are_counted(progs, redis, tmp_path, procs):
     assert val(m, "lockshim_lost_total", "hold_call", "over") == 0
     assert val(m, "lockshim_lost_total", "hold_call", "fine") == 0
     assert val(m, "lockshim_overruns_total", "hold_call", "fine") == 0
+
+
+def test_a_fork_child_ships_only_its_own_counts(progs, redis, tmp_path):
+    c = cfg(tmp_path, redis)
+    # one call before the fork (the parent's), one in the child
+    r = driver(progs, c, "call:0", "fork", host="f")
+    assert "child-own rc=42" in r.stdout, r.stdout
+    m = scrape(c)
+    assert val(m, "lockshim_calls_total", "hold_call", "f") == 2  # 3 if the child re-sent
+    assert val(m, "lockshim_hold_seconds_count", "hold_call", "f") == 2
+
+
+def test_counts_refused_by_the_server_go_with_a_later_shipment(progs, redis, tmp_path,
+                                                                  procs):
+    log = os.path.join(str(tmp_path), "shim.log")
+    c = write_config(tmp_path, redis, 'log_file = "%s"; log_level = "debug";\n%s'
+                     % (log, LOCKS % ""))
+    redis.cmd("ACL", "SETUSER", "default", "-hincrby")
+    p = procs([progs["driver"], "call:0", "stdin", "call:0"], c, LOCKSHIM_TEST_HOST="r")
+    assert p.expect("call") == "call rc=42 errno=0"
+    wait_for(lambda: os.path.exists(log) and "counts not sent" in open(log).read(),
+             what="a shipment refused (NOPERM)")
+    assert val(scrape(c), "lockshim_calls_total", "hold_call", "r") == 0
+    redis.cmd("ACL", "SETUSER", "default", "+hincrby")
+    wait_for(lambda: val(scrape(c), "lockshim_calls_total", "hold_call", "r") == 1,
+             timeout=5, what="the counts kept, sent by the next shipment")
+    p.send()
+    assert p.expect("call") == "call rc=42 errno=0"
+    assert p.finish()[0] == 0
+    m = scrape(c)
+    assert val(m, "lockshim_calls_total", "hold_call", "r") == 2  # none twice, none lost
+    assert val(m, "lockshim_acquired_total", "hold_call", "r", how="fast") == 2
 
 
 def get(url):
