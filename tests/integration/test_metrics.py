@@ -108,6 +108,7 @@ def test_exited_processes_are_counted_per_host(progs, redis, tmp_path):
     assert redis.cmd("TTL", "lockshim:metrics:{h1}") == -1
 
 
+@pytest.mark.timing
 def test_a_running_process_ships_its_counts_within_a_second(progs, redis, tmp_path, procs):
     c = cfg(tmp_path, redis)
     p = procs([progs["driver"], "call:0", "stdin"], c, LOCKSHIM_TEST_HOST="live")
@@ -184,6 +185,7 @@ def test_a_fork_child_ships_only_its_own_counts(progs, redis, tmp_path):
     assert val(m, "lockshim_hold_seconds_count", "hold_call", "f") == 2
 
 
+@pytest.mark.timing
 def test_counts_refused_by_the_server_go_with_a_later_shipment(progs, redis, tmp_path,
                                                                   procs):
     log = os.path.join(str(tmp_path), "shim.log")
@@ -302,6 +304,16 @@ def test_redlock(masters, progs, tmp_path, procs):
     p = procs([progs["driver"], "call:60000"], c, LOCKSHIM_TEST_HOST="a")
     assert p.expect("enter") == "enter 60000"
     assert val(scrape(c), "lockshim_held", "hold_call") == 1
+    # the counts went to the first master: with the last one down they are
+    # all there, and the master left out is said
+    m = masters.nodes[2]
+    m.proc.kill()
+    m.proc.wait()
+    r = subprocess.run([CLI, "metrics", "-c", c], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0 and "left out" in r.stderr, r.stderr
+    assert val(parse(r.stdout), "lockshim_calls_total", "hold_call", "b") == 1
+    assert val(parse(r.stdout), "lockshim_held", "hold_call") == 1
 
 
 def test_sentinel(sentinel, progs, tmp_path, procs):
