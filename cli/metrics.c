@@ -1,22 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * metrics.c - `lockshim metrics [-c FILE] [--listen HOST:PORT]`: the
- * counts of every host, and the locks held and waited for now, in the
- * Prometheus text format (common/metrics.h writes it).
+ * metrics.c - `lockshim metrics [-c FILE] [--listen HOST:PORT]`: every
+ * host's counts and the locks held and waited for now, in the Prometheus
+ * text format (common/metrics.h writes it).
  *
- * A scrape reads every node the config names (a Cluster's primaries,
- * Redlock's masters, else the one server) with SCAN (never KEYS) of
- * "<namespace>:*" by type (Redis 6.0 or later): the hashes
- * "<namespace>:metrics:{<host>}", HGETALL of each, summed per (lock,
- * host); the strings, lock keys (":due" keys skipped), each one held
- * lock; the sorted sets "<key>:q", each adding its ZCARD to the waiters.
- * A key seen on several masters counts once. Types tell a lock key "f"
- * or "q" from the auxiliary keys of the namespace's other keys. A key's lock name is the symbol of the first
- * config lock whose key template, made a glob, matches it, else the key
- * without the namespace (a `lockshim lock` KEY). --listen serves the same
- * at GET /metrics (HTTP/1.0, one request per connection, each scrape read
- * afresh) until SIGTERM or SIGINT; it prints "listening on HOST:PORT"
- * once bound. Exit: 0, 64 usage, 69 a server unreachable, 78 config.
+ * A scrape reads each node (Cluster primaries, Redlock masters, else the
+ * server) with SCAN "<namespace>:*" by type (Redis 6.0+; never KEYS):
+ * hashes "<namespace>:metrics:{<host>}" (HGETALL, summed per lock and
+ * host), strings (lock keys; ":due" skipped) and sorted sets "<key>:q"
+ * (ZCARD: waiters); types tell the lock key "q" from a queue. A key on
+ * several masters counts once; its lock name is the symbol of the first
+ * lock whose key template, as a glob, matches, else the key without the
+ * namespace. --listen serves GET /metrics (HTTP/1.0, a fresh scrape per
+ * request) until SIGTERM or SIGINT. Exit: 0, 64, 69 unreachable, 78.
  */
 #include <errno.h>
 #include <fnmatch.h>
@@ -150,6 +146,8 @@ static struct metrics_row *row_get(struct scrape *s, const char *lock, size_t ll
 	return r;
 }
 
+/* Records key[0..len) as seen with held locks and waiting callers.
+ * Returns 0 or -1 (out of memory). */
 static int key_add(struct scrape *s, const char *key, size_t len, long long held,
 		   long long waiting)
 {
@@ -169,6 +167,7 @@ static int key_add(struct scrape *s, const char *key, size_t len, long long held
 	return 0;
 }
 
+/* Frees what s owns and zeroes it. */
 static void scrape_free(struct scrape *s)
 {
 	for (size_t i = 0; i < s->nrows; i++) {
@@ -363,6 +362,7 @@ static int read_all(const struct backend *b, const struct conf *cfg, struct scra
 	return rc == 0 && answered > 0 ? 0 : -1;
 }
 
+/* qsort orders: keys, rows by (lock, host), gauges by lock. */
 static int cmp_key(const void *a, const void *b)
 {
 	return strcmp(((const struct keyent *)a)->key, ((const struct keyent *)b)->key);
@@ -468,6 +468,7 @@ static void on_stop(int sig)
 	stopping = 1;
 }
 
+/* Sends n bytes of p on fd, giving up on an error (the client left). */
 static void send_all(int fd, const char *p, size_t n)
 {
 	while (n > 0) {
@@ -482,6 +483,7 @@ static void send_all(int fd, const char *p, size_t n)
 	}
 }
 
+/* Sends an HTTP/1.0 response: status, type and the body p[0..n). */
 static void respond(int fd, const char *status, const char *type, const char *body, size_t n)
 {
 	char head[256];
@@ -621,6 +623,7 @@ static int serve(int ls, const struct backend *b, const struct conf *cfg)
 
 /* ---- the verb ------------------------------------------------------------ */
 
+/* Prints the usage error fmt (with arg) and the verb's usage; returns 64. */
 static int usage(const char *fmt, const char *arg)
 {
 	fputs("lockshim: ", stderr);
