@@ -47,8 +47,9 @@
  * Every release goes through renew_release: a thread's own call ending
  * (lock.c), a parked lease due (this thread), exec and exit.
  *
- * Counts (count.h): the thread wakes at least once a second and ships
- * what changed, after its renewals, on its own connection; exec and exit
+ * Counts (count.h): the thread wakes at least once a second (the first
+ * time a second after it starts) and ships what changed, after its
+ * renewals, on its own connection; exec and exit
  * ship the rest on the caller's (one round trip; skipped at exit when the
  * last shipment failed, so a server that does not answer delays no exit).
  */
@@ -532,6 +533,10 @@ static int start_thread(void)
 
 	if (running || stopping)
 		return 0;
+	/* the first shipment a period after the start: a process of a few
+	 * calls ships at exit, on a connection it has, and the thread opens
+	 * none for it */
+	next_ship_us = util_now_us() + SHIP_PERIOD_US;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
 	pthread_attr_init(&a);
