@@ -43,20 +43,21 @@ SHIM_LIBS = $(HIREDIS_A) $(CAPSTONE_A) $(MBEDTLS_A) -lconfig -lpthread -ldl
 # products link, arch/$(ARCH)/ is one architecture, cli/ is the command.
 # Object lists come from the folders, so a new file needs no edit here.
 # `lockshim lock` takes its lock with the shim's own machinery: the lock
-# state and the renewal thread (CLI_SHARED).
+# state, the renewal thread and the counts (CLI_SHARED).
 COMMON_SRC := $(wildcard common/*.c backend/*.c)
 SHIM_SRC := $(wildcard shim/*.c) $(COMMON_SRC) $(wildcard arch/$(ARCH)/*.c arch/$(ARCH)/*.S)
-CLI_SHARED := shim/lock.c shim/renew.c shim/guard.c
+CLI_SHARED := shim/lock.c shim/renew.c shim/guard.c shim/count.c
 CLI_SRC := $(wildcard cli/*.c) $(CLI_SHARED) $(COMMON_SRC)
 SHIM_OBJ := $(patsubst %,$(BUILD)/shim/%.o,$(basename $(SHIM_SRC)))
 CLI_OBJ := $(patsubst %,$(BUILD)/cli/%.o,$(basename $(CLI_SRC)))
-UNIT := config key lock log owner sha1 symhash
+UNIT := config key lock log metrics owner sha1 symhash
 UNIT_BIN := $(UNIT:%=$(BUILD)/tests/test_%)
 # The unit tests link the parser with the redis backend's settings and the
 # CLI's description of them (not the backends, nor hiredis).
 UNIT_OBJ := $(addprefix $(BUILD)/shim/,shim/guard.o common/conf.o common/conf_field.o \
 	common/key.o common/log.o shim/lock.o shim/renew.o common/sha1.o common/owner.o \
-	common/fdown.o backend/backend_redis_conf.o cli/settings.o shim/symhash.o)
+	common/fdown.o backend/backend_redis_conf.o cli/settings.o shim/symhash.o \
+	shim/count.o common/metrics.o)
 
 # The man pages: doc/<page>.scd, turned into man(7) by scdoc.
 MAN := $(BUILD)/man/lockshim.1 $(BUILD)/man/lockshim.cfg.5
@@ -126,7 +127,7 @@ test-asan: deps
 # shim (about 5 minutes on 2 cores). Any report fails the test that caused
 # it (support/util.py sends reports to files, conftest.py reads them).
 TSAN_TESTS := exclusion identity lease linger release fork wakeup stranded policies real_programs \
-	redlock entry interposition abi cluster sentinel tls_topologies lock_cmd
+	redlock entry interposition abi cluster sentinel tls_topologies lock_cmd metrics
 
 test-tsan: deps
 	$(MAKE) BUILD=build/tsan SANITIZER=thread all unit

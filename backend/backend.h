@@ -29,7 +29,7 @@
  *      { .name, .settings = &backend_NAME_settings, .serves, .config_new,
  *      .config_free, .open, .close, .acquire, .release, .wait, .leave,
  *      .flush, .unconfirmed, .renew, .errstr, .ping }` (.describe,
- *      .node_count and .node_open optional). serves and config_new get
+ *      .count, .node_count and .node_open optional). serves and config_new get
  *      its struct NAME_spec.
  *   4. backend/backend.c: `&backend_NAME,` in backends[], and its name on
  *      the extern line above it.
@@ -202,6 +202,15 @@ struct backend_ops {
 	 */
 	int (*renew)(struct backend_conn *c, int n, const struct backend_item *items,
 		     int *results);
+	/*
+	 * Adds deltas[i] to field fields[i] (flens[i] bytes) of the hash key
+	 * (klen bytes; never expires), for each i < n, in one round trip: the
+	 * shim's metrics (shim/count.c). Returns BACKEND_OK or BACKEND_ERR
+	 * (the caller sends them again later: an increment Redis ran without
+	 * answering may then count twice). Optional.
+	 */
+	int (*count)(struct backend_conn *c, const char *key, size_t klen, int n,
+		     const char *const *fields, const size_t *flens, const long long *deltas);
 	/* Returns the last error text of c (never NULL). */
 	const char *(*errstr)(const struct backend_conn *c);
 	/* Sends PING; returns BACKEND_OK or BACKEND_ERR. Used by `lockshim check`. */

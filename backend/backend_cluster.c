@@ -331,6 +331,17 @@ struct op {
 	/* release, leave: run instead on TRYAGAIN (the lock's keys split by a
 	 * migration), so that a lock is not left held until its lease ends */
 	int (*fallback)(struct backend_conn *nc, struct op *o);
+	const struct count_args *count; /* count */
+};
+
+/* count's arguments (backend.h). */
+struct count_args {
+	const char *key;
+	size_t klen;
+	int n;
+	const char *const *fields;
+	const size_t *flens;
+	const long long *deltas;
 };
 
 static int run_acquire(struct backend_conn *nc, struct op *o)
@@ -356,6 +367,13 @@ static int run_wait(struct backend_conn *nc, struct op *o)
 static int run_unlock(struct backend_conn *nc, struct op *o)
 {
 	return backend_redis_unlock(nc, o->it);
+}
+
+static int run_count(struct backend_conn *nc, struct op *o)
+{
+	const struct count_args *a = o->count;
+
+	return backend_redis_count(nc, a->key, a->klen, a->n, a->fields, a->flens, a->deltas);
 }
 
 static int run_renew(struct backend_conn *nc, struct op *o)
@@ -619,6 +637,16 @@ static int cluster_wait(struct backend_conn *c, const struct backend_item *it,
 	return rc == BACKEND_ERR && strstr(CC(c)->errstr, "MOVED") ? BACKEND_OK : rc;
 }
 
+/* The metrics' hash (one hash tag: one slot) on the node serving it. */
+static int cluster_count(struct backend_conn *c, const char *key, size_t klen, int n,
+			 const char *const *fields, const size_t *flens, const long long *deltas)
+{
+	struct count_args a = { key, klen, n, fields, flens, deltas };
+	struct op o = { .run = run_count, .count = &a };
+
+	return slot_op(c, key, klen, &o);
+}
+
 /* Reads every node's asynchronous replies. */
 static int cluster_flush(struct backend_conn *c)
 {
@@ -876,6 +904,7 @@ const struct backend_ops backend_cluster = {
 	.renew = cluster_renew,
 	.errstr = cluster_errstr,
 	.ping = cluster_ping,
+	.count = cluster_count,
 	.node_count = cluster_node_count,
 	.node_open = cluster_node_open,
 };

@@ -1374,6 +1374,38 @@ int backend_redis_ping(struct backend_conn *c)
 	return rc;
 }
 
+/* The metrics' increments: one HINCRBY per field, pipelined (backend.h
+ * count). Each command is small, so any number of fields fits. */
+int backend_redis_count(struct backend_conn *c, const char *key, size_t klen, int n,
+			const char *const *fields, const size_t *flens, const long long *deltas)
+{
+	int rc = BACKEND_OK;
+
+	if (settle(c) != 0)
+		return BACKEND_ERR;
+	for (int i = 0; i < n; i++) {
+		struct resp cmd;
+
+		resp_start(&cmd, 4);
+		resp_str(&cmd, "HINCRBY");
+		resp_arg(&cmd, key, klen);
+		resp_arg(&cmd, fields[i], flens[i]);
+		resp_num(&cmd, deltas[i]);
+		if (resp_append(c, &cmd) != 0)
+			return BACKEND_ERR;
+	}
+	for (int i = 0; i < n; i++) {
+		redisReply *r = NULL;
+
+		if (get_reply(c, &r) != 0)
+			return conn_fail(c, "HINCRBY", NULL);
+		if (r->type != REDIS_REPLY_INTEGER && rc == BACKEND_OK)
+			rc = conn_fail(c, "HINCRBY", r);
+		freeReplyObject(r);
+	}
+	return rc;
+}
+
 const struct backend_ops backend_redis = {
 	.name = "redis",
 	.settings = &backend_redis_settings,

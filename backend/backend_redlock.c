@@ -714,6 +714,32 @@ static int redlock_renew(struct backend_conn *conn, int n, const struct backend_
 	return rc;
 }
 
+/*
+ * The metrics' increments go to one master: the first usable one in config
+ * order (each count lives on exactly one master; `lockshim metrics` sums
+ * every master's). A master that fails after the commands were sent is
+ * not replaced by the next one (it may have run them): the caller sends
+ * them again later.
+ */
+static int redlock_count(struct backend_conn *conn, const char *key, size_t klen, int n,
+			 const char *const *fields, const size_t *flens, const long long *deltas)
+{
+	struct redlock_conn *c = RC(conn);
+
+	op_start(c);
+	for (int i = 0; i < c->bc->n; i++) {
+		if (!master_up(c, i))
+			continue;
+		if (backend_redis_count(c->m[i], key, klen, n, fields, flens, deltas) == BACKEND_OK) {
+			health_ok(c->bc, i);
+			return BACKEND_OK;
+		}
+		fail_conn(c, i, NULL);
+		break;
+	}
+	return op_end(c, 0, "count");
+}
+
 static const char *redlock_errstr(const struct backend_conn *conn)
 {
 	const struct redlock_conn *c = (const struct redlock_conn *)(const void *)conn;
@@ -786,6 +812,7 @@ const struct backend_ops backend_redlock = {
 	.renew = redlock_renew,
 	.errstr = redlock_errstr,
 	.ping = redlock_ping,
+	.count = redlock_count,
 	.node_count = redlock_node_count,
 	.node_open = redlock_node_open,
 };

@@ -8,6 +8,7 @@
  *   lockshim lock [-c FILE] [-w SECONDS] [-n] [-E CODE] [-l LEASE_MS] KEY -- COMMAND [ARG...]
  *                                                  run COMMAND holding KEY (cli/lock.c)
  *   lockshim settings                              the settings the parser knows
+ *   lockshim metrics [-c FILE] [--listen HOST:PORT] counts and gauges (metrics.c)
  *   lockshim version | help
  *
  * The verbs are one table (commands[], in the style of git's cmd_struct):
@@ -94,6 +95,7 @@ static int cmd_check(int argc, char **argv);
 static int cmd_settings(int argc, char **argv);
 static int cmd_version(int argc, char **argv);
 static int cmd_help(int argc, char **argv);
+int cmd_metrics(int argc, char **argv); /* metrics.c */
 
 static const struct cmd_struct commands[] = {
 	{ "run", { NULL }, cmd_run, "[-c FILE] [--] PROGRAM [ARG...]",
@@ -112,6 +114,9 @@ static const struct cmd_struct commands[] = {
 	  "host without --force)" },
 	{ "settings", { NULL }, cmd_settings, "",
 	  "print the settings the shim knows, one per line: group name type default" },
+	{ "metrics", { NULL }, cmd_metrics, "[-c FILE] [--listen HOST:PORT]",
+	  "print the counts of every host and the locks held and waited for now, in the "
+	  "Prometheus text format, or serve them at GET /metrics" },
 	{ "version", { "--version", NULL }, cmd_version, "", "print the version" },
 	{ "help", { "--help", "-h", NULL }, cmd_help, "", "print this help" },
 };

@@ -40,6 +40,7 @@
 #include "backend.h"
 #include "cli.h"
 #include "conf.h"
+#include "count.h"
 #include "lock.h"
 #include "log.h"
 #include "owner.h"
@@ -436,9 +437,11 @@ static int lock_and_run(const struct backend *b, const struct lock_spec *spec,
 	case LOCK_OK:
 		break;
 	case LOCK_TIMEOUT:
+		count_add(spec, MC_TIMEOUTS);
 		rc = o->conflict_code;
 		goto out;
 	case LOCK_ERROR:
+		count_add(spec, MC_ERRORS);
 		rc = EX_UNAVAILABLE;
 		goto out;
 	default: /* LOCK_NOLEASE: said by lock.c */
@@ -497,6 +500,8 @@ int cmd_lock(int argc, char **argv)
 		spec->lease_ms = o.lease_ms;
 	spec->linger_ms = 0;   /* one call: nothing to keep the lock for */
 	spec->max_hold_ms = 0; /* COMMAND's duration is its own business */
+	if (count_setup(&cfg) != 0) /* counted as the lock KEY, shipped at exit */
+		fprintf(stderr, "lockshim: out of memory for the counters; not counted\n");
 	if (backend_init(&b, &cfg, err, sizeof(err)) != 0) {
 		fprintf(stderr, "lockshim: config error: %s\n", err);
 		conf_release(&cfg);

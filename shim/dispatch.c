@@ -20,6 +20,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "count.h"
 #include "guard.h"
 #include "hook.h"
 #include "lock.h"
@@ -139,12 +140,17 @@ static void dispatch_leave(struct lock_call *call)
 	errno = saved_errno;
 }
 
-/* Logs the outcome of a failed acquire and returns the policy to apply. */
+/* Counts and logs the outcome of a failed acquire and returns the policy
+ * to apply (a skip counts as one more: skipped_total). */
 static int policy_for(const struct lock_spec *s, int outcome)
 {
 	int p = outcome == LOCK_TIMEOUT ? s->on_timeout : s->on_error;
 	const char *why = outcome == LOCK_TIMEOUT ? "lock wait timed out" :
 			  outcome == LOCK_NOLEASE ? "lease cannot be kept" : "Redis unavailable";
+
+	count_add(s, outcome == LOCK_TIMEOUT ? MC_TIMEOUTS : MC_ERRORS);
+	if (p == POLICY_SKIP)
+		count_add(s, MC_SKIPPED);
 
 	if (p == POLICY_PROCEED)
 		LOGK(LOG_WARN, s->symbol, NULL, 0, "%s: %s; running the call unguarded (proceed)",

@@ -9,8 +9,9 @@
  * nothing runs unguarded by accident; so does a `strict` lock that cannot
  * be guarded. With no lock configured it stops there: no thread, no
  * connection, nothing redirected. Otherwise it picks the backend that
- * serves the `redis` group (backend.c), sizes the trampoline, prepares the
- * lock layer and redirects every call site it can find.
+ * serves the `redis` group (backend.c), sets up the counters (count.h),
+ * sizes the trampoline, prepares the lock layer and redirects every call
+ * site it can find.
  * Connections and the renewal thread start lazily, on the first guarded
  * call. With LOCKSHIM_CHECK_FD set (`lockshim check -- PROGRAM`), it writes
  * to that descriptor how each lock will be guarded (redirect_init) and
@@ -33,6 +34,7 @@
 
 #include "backend.h"
 #include "conf.h"
+#include "count.h"
 #include "guard.h"
 #include "lock.h"
 #include "log.h"
@@ -154,6 +156,8 @@ __attribute__((constructor)) static void shim_init(void)
 	}
 	if (backend_init(&backend, &cfg, err, sizeof(err)) != 0)
 		die_config(err);
+	if (count_setup(&cfg) != 0)
+		LOG(LOG_WARN, "out of memory for the counters; no metrics from this process");
 	if (arch_init() != 0 || lock_setup(&backend) != 0 ||
 	    pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0) {
 		LOG(LOG_ERROR, "initialisation failed; calls stay unguarded");

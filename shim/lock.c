@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "count.h"
 #include "log.h"
 #include "owner.h"
 #include "renew.h"
@@ -41,6 +42,7 @@
 
 struct lock_hold {
 	struct lease lease;
+	int64_t entered_us; /* its outermost call got the lock (hold_seconds) */
 	int count;
 	int parked;  /* no call runs; kept for the thread's next one (renew_park) */
 	int foreign; /* inherited through fork: never renewed, never released */
@@ -190,13 +192,17 @@ static int lingers(const struct lock_spec *s)
 	return !s->fair && s->handoff_us > 0 && s->linger_ms > 0;
 }
 
-/* Records that l is ours since `since` (µs) with fencing token fence and
- * logs it. */
-static int acquired(struct lease *l, int64_t since, long long fence, int tries, const char *how)
+/* Records that l is ours since `since` (µs) with fencing token fence,
+ * asked for at asked_us, and counts and logs it. */
+static int acquired(struct lease *l, int64_t since, int64_t asked_us, long long fence,
+		    int tries, const char *how)
 {
+	int64_t now = util_now_us();
+
 	l->acquired_us = since;
-	l->reuse_until_us = util_now_us() + l->spec->handoff_us;
+	l->reuse_until_us = now + l->spec->handoff_us;
 	l->fence = fence;
+	count_observe(l->spec, tries > 1 ? MC_ACQ_WAITED : MC_ACQ_FAST, MH_WAIT, now - asked_us);
 	LOGK(LOG_DEBUG, l->spec->symbol, l->key, l->klen, "acquired %.*s for %s (%d tries%s), "
 	     "fence %lld", (int)l->klen, l->key, l->spec->symbol, tries, how, fence);
 	return LOCK_OK;
@@ -268,7 +274,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 			long long *granted_ttl_ms)
 {
 	const struct lock_spec *s = l->spec;
-	int64_t now = util_now_ms(), start = now, step = 2, deadline;
+	int64_t now = util_now_ms(), start = now, step = 2, deadline, asked_us = 0;
 	int64_t logged = now - LOCK_ERROR_LOG_MS;
 	int busy = 0, tries = 0, unsure = 0, start_rc = 0, rc;
 	char err[192] = "", holder[BACKEND_VAL_MAX], seen[BACKEND_VAL_MAX];
@@ -280,6 +286,8 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 		int64_t sent = util_now_us();
 		long long hint = 0, fence = 0;
 
+		if (!asked_us)
+			asked_us = sent;
 		hlen = 0;
 		rc = conn_get(t, err, sizeof(err));
 		if (rc == 0) {
@@ -292,7 +300,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 		if (rc == BACKEND_OK) {
 			if (tries > 1)
 				slow_wait(l, start, seen, seen_len);
-			return acquired(l, sent, fence, tries, "");
+			return acquired(l, sent, asked_us, fence, tries, "");
 		}
 		busy |= rc == BACKEND_NO;
 		now = util_now_ms();
@@ -303,8 +311,10 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 			seen_len = hlen;
 			if (s->break_dead) {
 				if (break_dead(t, it, holder, hlen, again || now >= deadline,
-					       err, sizeof(err)))
+					       err, sizeof(err))) {
+					count_add(s, MC_DEAD_BROKEN);
 					continue;
+				}
 				if (!t->conn) /* its release failed: an error, no wait */
 					rc = BACKEND_ERR;
 			}
@@ -327,7 +337,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 				if (it->waiter_ttl_ms < *granted_ttl_ms)
 					*granted_ttl_ms = it->waiter_ttl_ms;
 				slow_wait(l, start, seen, seen_len);
-				return acquired(l, now * 1000, fence, tries, ", handed over");
+				return acquired(l, now * 1000, asked_us, fence, tries, ", handed over");
 			}
 			if (rc != BACKEND_ERR)
 				continue;
@@ -432,11 +442,16 @@ static void release_hold(struct lock_thread *t, struct lock_hold *h, int idle);
  */
 static int take_back(struct lock_thread *t, struct lock_hold *h)
 {
+	int64_t now;
+
 	h->parked = 0;
 	if (!renew_unpark(&h->lease))
 		return 0;
-	if (util_now_us() < h->lease.reuse_until_us)
+	now = util_now_us();
+	if (now < h->lease.reuse_until_us) {
+		h->entered_us = now;
 		return 1;
+	}
 	release_hold(t, h, 0);
 	return 0;
 }
@@ -509,11 +524,13 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS
 	if (spec->reentrant && (h = find_hold(t, key, klen, 0)) != NULL) {
 		h->count++;
 		push_call(t, call, h);
+		count_add(spec, MC_ACQ_REENTRANT);
 		return LOCK_OK;
 	}
 	if ((h = find_hold(t, key, klen, 1)) != NULL && take_back(t, h)) {
 		h->count = 1;
 		push_call(t, call, h);
+		count_add(spec, MC_ACQ_KEPT);
 		return LOCK_OK;
 	}
 	if ((h = slot_get(t)) == NULL) {
@@ -529,6 +546,7 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS
 	rc = acquire_wait(t, &h->lease, &granted_ttl_ms);
 	if (rc != LOCK_OK)
 		return rc;
+	h->entered_us = h->lease.reuse_until_us - spec->handoff_us; /* acquired()'s now */
 	h->foreign = 0; /* a slot a fork child inherited is ours now: unkept releases it */
 	if ((rc = renew_track(&h->lease, granted_ttl_ms)) != 0)
 		return unkept(t, h, rc);
@@ -543,16 +561,14 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS
  * Keeps h, whose last call just ended, for the thread's next call when its
  * lock lingers and its reuse window is open: the renewal thread releases it
  * linger_ms from now or when the window closes, unless the thread takes it
- * back first. Returns 1 when parked.
+ * back first; now: the current time (µs). Returns 1 when parked.
  */
-static int park_hold(struct lock_hold *h)
+static int park_hold(struct lock_hold *h, int64_t now)
 {
 	struct lease *l = &h->lease;
-	int64_t now;
 
 	if (h->foreign || !lingers(l->spec))
 		return 0;
-	now = util_now_us();
 	if (now >= l->reuse_until_us ||
 	    renew_park(l, min64(now + l->spec->linger_ms * 1000, l->reuse_until_us)) != 0)
 		return 0;
@@ -577,6 +593,7 @@ void lock_release(struct lock_call *call)
 {
 	struct lock_thread *t = self;
 	struct lock_hold *h = call->hold;
+	int64_t now;
 
 	if (!t || !h)
 		return;
@@ -584,7 +601,9 @@ void lock_release(struct lock_call *call)
 	call->hold = NULL;
 	if (--h->count > 0)
 		return;
-	if (!park_hold(h))
+	now = util_now_us();
+	count_observe(h->lease.spec, -1, MH_HOLD, now - h->entered_us);
+	if (!park_hold(h, now))
 		release_hold(t, h, 0);
 	while (t->nholds > 0 && t->holds[t->nholds - 1].count == 0 &&
 	       !t->holds[t->nholds - 1].parked)

@@ -50,6 +50,12 @@
  *
  * Every release goes through renew_release: a thread's own call ending
  * (lock.c), a parked lease due (this thread), exec and exit.
+ *
+ * Counts (count.h): the thread wakes at least once a second (the first
+ * time a second after it starts) and ships what changed, after its
+ * renewals, on its own connection; exec and exit
+ * ship the rest on the caller's (one round trip; skipped at exit when the
+ * last shipment failed, so a server that does not answer delays no exit).
  */
 #include "renew.h"
 
@@ -61,6 +67,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "count.h"
 #include "guard.h"
 #include "log.h"
 #include "util.h"
@@ -71,6 +78,7 @@
 #define FORGET_RETRY_MIN_US (50 * MS)
 #define FORGET_RETRY_MAX_US (2000 * MS)
 #define FORGET_SETTLE_US (1000 * MS) /* asked again this long after "not there" */
+#define SHIP_PERIOD_US (1000 * MS)   /* counts are shipped at most this often */
 
 /* A token to delete wherever it still holds its lock (renew_forget). */
 struct forget {
@@ -90,6 +98,8 @@ static int running, stopping, kill_pending;
 static int64_t kill_at_us;
 static int64_t thread_wake_us; /* when the sleeping thread wakes up anyway */
 static uint64_t next_id;
+static int64_t next_ship_us;
+static int ship_failed; /* the last shipment of counts failed */
 static const struct backend *backend;
 static struct backend_conn *conn; /* the thread's own */
 static struct forget *forgets;
@@ -239,6 +249,7 @@ static int collect_due(int64_t now, struct lease *batch, int64_t *wake)
 			continue;
 		if (s->max_hold_ms && l->park == PARK_NONE && now >= max_hold_end) {
 			l->state = LEASE_OVERRUN;
+			count_add(s, MC_OVERRUNS);
 			act(l, s->on_overrun, "exceeded max_hold_ms; renewal stopped");
 			continue;
 		}
@@ -265,6 +276,7 @@ static int collect_due(int64_t now, struct lease *batch, int64_t *wake)
 static void lost(struct lease *l, const char *why)
 {
 	l->state = LEASE_LOST;
+	count_add(l->spec, MC_LOST);
 	if (l->park == PARK_NONE && lost_hook)
 		lost_hook(l, why);
 	else if (l->park == PARK_NONE)
@@ -458,6 +470,20 @@ static int forget_batch(struct forget **fs, int n)
 	return left;
 }
 
+/* Ships the counts on *c; a failure drops *c (they go with the next
+ * shipment) and is logged at level (when: the occasion). */
+static void ship_counts(struct backend_conn **c, const char *when, int level)
+{
+	char err[192] = "";
+	int failed = count_ship(backend, c, err, sizeof(err)) != 0;
+
+	__atomic_store_n(&ship_failed, failed, __ATOMIC_RELAXED);
+	if (!failed)
+		return;
+	renew_conn_failed(c, NULL, 0);
+	LOG(level, "%s: counts not sent (kept for the next shipment): %s", when, err);
+}
+
 /* Sleeps until wake (INT64_MAX: until signalled). Holds mu. */
 static void sleep_until(int64_t wake)
 {
@@ -486,8 +512,13 @@ static void *renew_main(void *arg)
 		int n = collect_due(now, batch, &wake), rc = BACKEND_OK;
 		int np = take_parked(now, rel, RENEW_BATCH, &wake);
 		int nf = take_forgets(now, fs, RENEW_BATCH, &wake);
+		int ship = count_blocks && now >= next_ship_us;
 
-		if (n == 0 && np == 0 && nf == 0) {
+		if (ship)
+			next_ship_us = now + SHIP_PERIOD_US;
+		if (count_blocks && next_ship_us < wake)
+			wake = next_ship_us;
+		if (n == 0 && np == 0 && nf == 0 && !ship) {
 			sleep_until(wake);
 			continue;
 		}
@@ -499,6 +530,8 @@ static void *renew_main(void *arg)
 			rc = renew_batch(batch, n, results, err, sizeof(err));
 		if (nf)
 			nf = forget_batch(fs, nf);
+		if (ship)
+			ship_counts(&conn, "metrics", LOG_DEBUG);
 		pthread_mutex_lock(&mu);
 		parked_done(rel, np);
 		apply(batch, results, n, rc, now, err);
@@ -523,6 +556,10 @@ static int start_thread(void)
 
 	if (running || stopping)
 		return 0;
+	/* the first shipment a period after the start: a process of a few
+	 * calls ships at exit, on a connection it has, and the thread opens
+	 * none for it */
+	next_ship_us = util_now_us() + SHIP_PERIOD_US;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
 	pthread_attr_init(&a);
@@ -650,6 +687,7 @@ void renew_before_exec(struct backend_conn **c)
 		pthread_mutex_unlock(&mu);
 	}
 	free(rel);
+	ship_counts(c, "exec", LOG_INFO);
 }
 
 /* Untracks every lease (parked ones too, once no release of one is in
@@ -714,6 +752,8 @@ void renew_exit(struct backend_conn **c)
 		}
 		free(f);
 	}
+	if (!__atomic_load_n(&ship_failed, __ATOMIC_RELAXED))
+		ship_counts(c, "exit", LOG_INFO);
 }
 
 void renew_forget(const struct backend_item *it)
@@ -768,7 +808,8 @@ void renew_atfork_child(void)
 		free(f);
 	}
 	running = kill_pending = 0;
-	thread_wake_us = 0;
+	thread_wake_us = next_ship_us = 0;
+	count_atfork_child();
 	if (conn) {
 		backend->ops->close(conn);
 		conn = NULL;

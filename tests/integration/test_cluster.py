@@ -46,7 +46,7 @@ import time
 import pytest
 
 from resp import RespError
-from support.server import lock_keys, started
+from support.server import namespace_keys, started
 from support.topology import Cluster, keyslot, lock_key, stop_pid
 from support.util import CLI, MULT, TIMEOUT, run, shim_env, wait_for
 from support.workers import (WORK, assert_lost_format, calls, counter, finish_workers, lost_lines,
@@ -177,11 +177,11 @@ def test_lock_and_queue_keys_live_on_the_slot_owner(cluster, worker_progs, bg, t
     assert ":%d:" % h.p.pid in owner.cmd("GET", key)
     w = bg([worker_progs["block"]], cfg)
     wait_for(lambda: owner.cmd("ZCARD", key + ":q") == 1, what="W queued in %s:q" % key)
-    held = owner.cmd("KEYS", "lockshim:*")
+    held = namespace_keys(owner)
     assert key in held and key + ":q" in held, held
     assert all(k.startswith(key) and keyslot(k) == slot for k in held), held
     for p in others:
-        assert p.cmd("KEYS", "lockshim:*") == [], p.port
+        assert namespace_keys(p) == [], p.port
     assert w.lines.empty()
     h.send()
     assert h.expect("call") == OK_LINE
@@ -219,11 +219,11 @@ def test_an_argument_with_braces_keeps_its_lock_in_one_slot(cluster, progs, proc
              what="H holding %s" % key)
     w = procs([progs["driver"], "log:" + path], cfg)
     wait_for(lambda: owner.cmd("ZCARD", key + ":q") == 1, what="W queued in %s:q" % key)
-    held = owner.cmd("KEYS", "lockshim:*")
+    held = namespace_keys(owner)
     assert {key, key + ":q", key + ":qx", key + ":due"} <= set(held), held
     assert all(k.startswith(key) and keyslot(k) == slot for k in held), held
     for p in cluster.primaries():
-        assert p is owner or p.cmd("KEYS", "lockshim:*") == [], p.port
+        assert p is owner or namespace_keys(p) == [], p.port
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         assert h.expect("log") == "log rc=1 errno=0"
@@ -252,7 +252,7 @@ def test_user_hash_tag_keeps_two_locks_on_one_node(cluster, worker_progs, bg, tm
         p.send()
         assert p.expect("call") == OK_LINE
         assert p.wait() == 0, p.stderr()
-    wait_for(lambda: lock_keys(owner) == [], timeout=10, what="the releases")
+    wait_for(lambda: namespace_keys(owner) == [], timeout=10, what="the releases")
 
 
 # ---- 3. slot migration ----------------------------------------------------------------

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from support.server import lock_keys
+from support.server import namespace_keys
 from support.util import CLI, MULT, TIMEOUT, run, shim_env, wait_for, write_config
 
 CFG = 'locks = ( { symbol = "log_call"; key = "kc:{arg0:str}"; lease_ms = 20000; ' \
@@ -77,7 +77,7 @@ def test_an_argument_ending_like_a_queue_key_is_a_lock_of_its_own(progs, redis, 
     for x in (h1, h2, w):
         rc, _, err = x.finish()
         assert rc == 0 and "WRONGTYPE" not in err, err
-    assert lock_keys(redis) == []
+    assert namespace_keys(redis) == []
 
 
 def test_argument_bytes_of_the_layout_are_percent_encoded(progs, redis, tmp_path, procs):

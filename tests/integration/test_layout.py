@@ -22,7 +22,7 @@ MAY_USE = {
 }
 # `lockshim lock` takes its lock with the shim's own lock layers, linked
 # into the command (the Makefile's CLI_SHARED), and nothing else of shim/.
-CLI_FROM_SHIM = {"lock.h", "renew.h", "guard.h"}
+CLI_FROM_SHIM = {"lock.h", "renew.h", "guard.h", "count.h"}
 
 
 def sources():

@@ -38,7 +38,7 @@ import time
 import pytest
 
 from resp import free_port
-from support.server import RedisServer, lock_keys, started
+from support.server import RedisServer, lock_keys, namespace_keys, started
 from support.topology import FAST, MASTER, Node, Topology
 from support.util import CLI, MULT, TIMEOUT, run, shim_env, wait_for, write_config
 from support.workers import (PROCS, THREADS, WORK, assert_lost_format, calls, counter,
@@ -217,7 +217,7 @@ def test_a_restarted_old_primary_is_not_trusted_after_the_failover(topo, progs, 
                  what="D's second lock")
         assert ":%d:" % d.p.pid in (new.cmd("GET", "lockshim:k") or ""), \
             "taken at the restarted old primary (port %d)" % imp.port
-        assert imp.cmd("KEYS", "lockshim:*") == []
+        assert namespace_keys(imp) == []
     finally:
         imp.cleanup()
     rc, out, err = d.finish()

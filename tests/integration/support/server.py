@@ -136,12 +136,21 @@ def start_servers(request, make, label):
         s.cleanup()
 
 
-AUX_SUFFIXES = (":q", ":qx", ":due", ":f")
+AUX_SUFFIXES = (":q", ":qx", ":due")
+METRICS_PREFIX = "lockshim:metrics:{"  # a host's counts (`lockshim metrics`), kept for good
+
+
+def namespace_keys(redis, pattern="lockshim:*"):
+    """Keys matching pattern but those kept for good: the hosts' count
+    hashes, which the shim ships at exit (lockshim metrics), and the
+    fencing counters (<key>:f, which never expire)."""
+    return [k for k in redis.cmd("KEYS", pattern)
+            if not k.startswith(METRICS_PREFIX) and not k.endswith(":f")]
 
 
 def lock_keys(redis, pattern="lockshim:*"):
-    """Lock keys matching pattern, without the auxiliary keys that hang off
-    them: the short-lived waiter queues and signal lists, and the fencing
-    counter (<key>:f, which never expires)."""
-    return sorted(k for k in redis.cmd("KEYS", pattern)
+    """Lock keys matching pattern, without the short-lived auxiliary keys
+    (waiter queues and signal lists) that hang off them, nor the keys kept
+    for good (namespace_keys)."""
+    return sorted(k for k in namespace_keys(redis, pattern)
                   if not k.endswith(AUX_SUFFIXES) and ":w:" not in k)

@@ -15,7 +15,7 @@ import signal
 import subprocess
 
 from resp import Resp, RespError, free_port
-from support.server import RedisServer
+from support.server import RedisServer, namespace_keys
 from support.util import TIMEOUT, wait_for
 
 MASTER = "locks"  # the name the sentinels monitor the primary by
@@ -406,10 +406,9 @@ class Cluster:
         return path
 
     def keys(self, pattern="lockshim:*"):
-        """{port: sorted keys matching pattern} for every live primary, without
-        the fencing counters (<key>:f: they never expire)."""
-        return {p.port: sorted(k for k in p.cmd("KEYS", pattern) if not k.endswith(":f"))
-                for p in self.primaries()}
+        """{port: sorted keys matching pattern} for every live primary, but
+        those kept for good (namespace_keys: count hashes, fencing counters)."""
+        return {p.port: sorted(namespace_keys(p, pattern)) for p in self.primaries()}
 
     def logs(self):
         return "\n".join("---- %s %d ----\n%s" % (n.name, n.port, n.tail()) for n in self.nodes)

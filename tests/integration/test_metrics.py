@@ -1,0 +1,324 @@
+# SPDX-License-Identifier: MIT
+"""`lockshim metrics`: the shim's counts, shipped to the server by each
+process, summed per lock and host, and the gauges read from the lock keys.
+
+Every output is parsed with prometheus_client's text parser (the real one,
+python3-prometheus-client). Hosts are told apart by LOCKSHIM_TEST_HOST (the
+host name a process files its counts under).
+
+1. processes that have exited are counted, per host, and their counts match
+   the calls made: calls (a nested reentrant call is one), acquired fast,
+   kept and reentrant, the wait and hold histograms' counts;
+2. a process still running ships its counts within about a second (the
+   renewal thread), without exiting;
+3. a call timing out under on_timeout = "skip" counts one timeout and one
+   skip; lockshim_held and lockshim_waiting while a holder and a waiter
+   exist (and 0 once they are gone);
+4. a lease lost, a call past max_hold_ms, a dead holder broken; a fork
+   child ships its own counts only; counts the server refused go with a
+   later shipment, none twice;
+5. --listen serves GET /metrics (200, version 0.0.4) and 404 elsewhere,
+   reads the server afresh at each scrape, and exits 0 on SIGTERM;
+6. exit statuses: 69 server unreachable, 78 bad config, 64 usage; a config
+   without locks is fine;
+7. the same counts and gauges through Sentinel, a Redis Cluster and Redlock
+   masters.
+"""
+import os
+import signal
+import subprocess
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from support.server import started
+from support.topology import Cluster, Masters, Topology
+from support.util import CLI, TIMEOUT, run, wait_for, write_config
+
+LOCKS = ('locks = ( { symbol = "hold_call"; key = "f"; %s },\n'
+         '          { symbol = "nest"; key = "n"; } );\n')
+
+
+def cfg(tmp_path, redis, settings="", name="lockshim.cfg"):
+    """A config of the two locks (settings: hold_call's), as tmp_path/name."""
+    d = os.path.join(str(tmp_path), name[:-4])
+    os.makedirs(d, exist_ok=True)
+    return write_config(d, redis, LOCKS % settings)
+
+
+def scrape(config):
+    """Runs `lockshim metrics`; returns {(name, labels as a sorted tuple): value}."""
+    r = subprocess.run([CLI, "metrics", "-c", config], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    return parse(r.stdout)
+
+
+def parse(text):
+    samples = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def val(samples, name, lock, host=None, **labels):
+    """The value of one sample (0 when absent)."""
+    lab = dict(labels, lock=lock)
+    if host is not None:
+        lab["host"] = host
+    return samples.get((name, tuple(sorted(lab.items()))), 0)
+
+
+def driver(progs, config, *steps, host="h1", **env):
+    r = run([progs["driver"]] + list(steps), config, LOCKSHIM_TEST_HOST=host, **env)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_exited_processes_are_counted_per_host(progs, redis, tmp_path):
+    c = cfg(tmp_path, redis, "handoff_ms = 30000; linger_ms = 30000;")
+    # host h1: 3 calls of hold_call (1 fast, 2 taken back while kept) and
+    # nest(3), 4 nested calls on one key (1 fast, 3 reentrant)
+    driver(progs, c, "call:0", "call:0", "call:0", "nest:3:0", host="h1")
+    # host h2: 2 processes of 1 call each
+    driver(progs, c, "call:0", host="h2")
+    driver(progs, c, "call:0", host="h2")
+    m = scrape(c)
+    assert val(m, "lockshim_calls_total", "hold_call", "h1") == 3
+    assert val(m, "lockshim_acquired_total", "hold_call", "h1", how="fast") == 1
+    assert val(m, "lockshim_acquired_total", "hold_call", "h1", how="kept") == 2
+    assert val(m, "lockshim_acquired_total", "hold_call", "h1", how="waited") == 0
+    assert val(m, "lockshim_wait_seconds_count", "hold_call", "h1") == 1
+    assert val(m, "lockshim_hold_seconds_count", "hold_call", "h1") == 3
+    assert val(m, "lockshim_calls_total", "nest", "h1") == 4
+    assert val(m, "lockshim_acquired_total", "nest", "h1", how="fast") == 1
+    assert val(m, "lockshim_acquired_total", "nest", "h1", how="reentrant") == 3
+    assert val(m, "lockshim_hold_seconds_count", "nest", "h1") == 1  # the outermost call
+    assert val(m, "lockshim_calls_total", "hold_call", "h2") == 2
+    assert val(m, "lockshim_acquired_total", "hold_call", "h2", how="fast") == 2
+    assert val(m, "lockshim_hold_seconds_bucket", "hold_call", "h2", le="+Inf") == 2
+    assert val(m, "lockshim_timeouts_total", "hold_call", "h1") == 0
+    assert val(m, "lockshim_held", "hold_call") == 0
+    # where the counts live: one hash per host, kept after the processes
+    assert sorted(redis.cmd("KEYS", "lockshim:metrics:*")) == ["lockshim:metrics:{h1}",
+                                                                "lockshim:metrics:{h2}"]
+    assert redis.cmd("TTL", "lockshim:metrics:{h1}") == -1
+
+
+@pytest.mark.timing
+def test_a_running_process_ships_its_counts_within_a_second(progs, redis, tmp_path, procs):
+    c = cfg(tmp_path, redis)
+    p = procs([progs["driver"], "call:0", "stdin"], c, LOCKSHIM_TEST_HOST="live")
+    assert p.expect("call") == "call rc=42 errno=0"
+    wait_for(lambda: val(scrape(c), "lockshim_calls_total", "hold_call", "live") == 1,
+             timeout=5, what="the renewal thread's shipment")
+    assert p.p.poll() is None  # not the exit's
+    p.send()
+    assert p.finish()[0] == 0
+    assert val(scrape(c), "lockshim_calls_total", "hold_call", "live") == 1  # not twice
+
+
+@pytest.mark.timing
+def test_timeout_skip_and_the_gauges(progs, redis, tmp_path, procs):
+    c = cfg(tmp_path, redis, "wait_ms = 60000;")
+    holder = procs([progs["driver"], "call:60000"], c, LOCKSHIM_TEST_HOST="holder")
+    assert holder.expect("enter") == "enter 60000"
+    waiter = procs([progs["driver"], "call:0"], c, LOCKSHIM_TEST_HOST="waiter")
+    wait_for(lambda: val(scrape(c), "lockshim_waiting", "hold_call") == 1,
+             what="the waiter in the queue")
+    m = scrape(c)
+    assert val(m, "lockshim_held", "hold_call") == 1
+    assert val(m, "lockshim_held", "nest") == 0
+    # a caller giving up after 100 ms, skipping the call
+    skip = cfg(tmp_path, redis, 'wait_ms = 100; on_timeout = "skip"; return = -7;',
+               name="skip.cfg")
+    r = driver(progs, skip, "call:0", host="skipper")
+    assert "call rc=-7" in r.stdout
+    m = scrape(c)
+    assert val(m, "lockshim_calls_total", "hold_call", "skipper") == 1
+    assert val(m, "lockshim_timeouts_total", "hold_call", "skipper") == 1
+    assert val(m, "lockshim_skipped_total", "hold_call", "skipper") == 1
+    assert val(m, "lockshim_errors_total", "hold_call", "skipper") == 0
+    assert val(m, "lockshim_acquired_total", "hold_call", "skipper", how="fast") == 0
+    assert val(m, "lockshim_wait_seconds_count", "hold_call", "skipper") == 0
+    # the holder ends; the waiter takes the lock (waited) and exits
+    holder.p.send_signal(signal.SIGKILL)
+    holder.p.wait()
+    assert waiter.finish()[0] == 0
+    m = scrape(c)
+    assert val(m, "lockshim_acquired_total", "hold_call", "waiter", how="waited") == 1
+    assert val(m, "lockshim_dead_holders_broken_total", "hold_call", "waiter") == 1
+    assert val(m, "lockshim_wait_seconds_count", "hold_call", "waiter") == 1
+    assert val(m, "lockshim_held", "hold_call") == 0
+    assert val(m, "lockshim_waiting", "hold_call") == 0
+
+
+@pytest.mark.timing
+def test_lost_and_overrun_leases_are_counted(progs, redis, tmp_path, procs):
+    c = cfg(tmp_path, redis, "lease_ms = 600; max_hold_ms = 60000;")
+    p = procs([progs["driver"], "call:1500"], c, LOCKSHIM_TEST_HOST="lost")
+    assert p.expect("enter") == "enter 1500"
+    assert redis.cmd("DEL", "lockshim:f") == 1  # the next renewal finds it gone
+    assert p.finish()[0] == 0
+    over = cfg(tmp_path, redis, "max_hold_ms = 100;", name="over.cfg")
+    driver(progs, over, "call:600", host="over")
+    # control: the same calls with nothing lost nor overrun
+    driver(progs, c, "call:0", host="fine")
+    m = scrape(c)
+    assert val(m, "lockshim_lost_total", "hold_call", "lost") == 1
+    assert val(m, "lockshim_overruns_total", "hold_call", "over") == 1
+    assert val(m, "lockshim_lost_total", "hold_call", "over") == 0
+    assert val(m, "lockshim_lost_total", "hold_call", "fine") == 0
+    assert val(m, "lockshim_overruns_total", "hold_call", "fine") == 0
+
+
+def test_a_fork_child_ships_only_its_own_counts(progs, redis, tmp_path):
+    c = cfg(tmp_path, redis)
+    # one call before the fork (the parent's), one in the child
+    r = driver(progs, c, "call:0", "fork", host="f")
+    assert "child-own rc=42" in r.stdout, r.stdout
+    m = scrape(c)
+    assert val(m, "lockshim_calls_total", "hold_call", "f") == 2  # 3 if the child re-sent
+    assert val(m, "lockshim_hold_seconds_count", "hold_call", "f") == 2
+
+
+@pytest.mark.timing
+def test_counts_refused_by_the_server_go_with_a_later_shipment(progs, redis, tmp_path,
+                                                                  procs):
+    log = os.path.join(str(tmp_path), "shim.log")
+    c = write_config(tmp_path, redis, 'log_file = "%s"; log_level = "debug";\n%s'
+                     % (log, LOCKS % ""))
+    redis.cmd("ACL", "SETUSER", "default", "-hincrby")
+    p = procs([progs["driver"], "call:0", "stdin", "call:0"], c, LOCKSHIM_TEST_HOST="r")
+    assert p.expect("call") == "call rc=42 errno=0"
+    wait_for(lambda: os.path.exists(log) and "counts not sent" in open(log).read(),
+             what="a shipment refused (NOPERM)")
+    assert val(scrape(c), "lockshim_calls_total", "hold_call", "r") == 0
+    redis.cmd("ACL", "SETUSER", "default", "+hincrby")
+    wait_for(lambda: val(scrape(c), "lockshim_calls_total", "hold_call", "r") == 1,
+             timeout=5, what="the counts kept, sent by the next shipment")
+    p.send()
+    assert p.expect("call") == "call rc=42 errno=0"
+    assert p.finish()[0] == 0
+    m = scrape(c)
+    assert val(m, "lockshim_calls_total", "hold_call", "r") == 2  # none twice, none lost
+    assert val(m, "lockshim_acquired_total", "hold_call", "r", how="fast") == 2
+
+
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT) as r:
+            return r.status, r.headers.get("Content-Type"), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type"), e.read().decode()
+
+
+def test_listen_serves_metrics_and_404(progs, redis, tmp_path, procs):
+    c = cfg(tmp_path, redis)
+    srv = procs([CLI, "metrics", "-c", c, "--listen", "127.0.0.1:0"])
+    addr = srv.expect("listening on").split()[-1]
+    status, ctype, body = get("http://%s/metrics" % addr)
+    assert status == 200 and ctype == "text/plain; version=0.0.4"
+    assert val(parse(body), "lockshim_calls_total", "hold_call", "h1") == 0
+    driver(progs, c, "call:0", host="h1")
+    status, _, body = get("http://%s/metrics" % addr)  # read afresh
+    assert status == 200
+    assert val(parse(body), "lockshim_calls_total", "hold_call", "h1") == 1
+    assert get("http://%s/other" % addr)[0] == 404
+    assert get("http://%s/" % addr)[0] == 404
+    srv.p.send_signal(signal.SIGTERM)
+    assert srv.p.wait(timeout=TIMEOUT) == 0
+
+
+def test_exit_statuses(redis, tmp_path):
+    nolocks = write_config(tmp_path, redis, "")
+    r = subprocess.run([CLI, "metrics", "-c", nolocks], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "# TYPE lockshim_calls_total counter" in r.stdout
+    port = redis.port
+    down = os.path.join(str(tmp_path), "down.cfg")
+    with open(down, "w") as f:
+        f.write('redis = { host = "127.0.0.1"; port = 1; };\n')
+    r = subprocess.run([CLI, "metrics", "-c", down], capture_output=True, text=True)
+    assert r.returncode == 69, r.stderr
+    bad = os.path.join(str(tmp_path), "bad.cfg")
+    with open(bad, "w") as f:
+        f.write('redis = { host = "127.0.0.1"; port = %d; nonsense = 1; };\n' % port)
+    assert subprocess.run([CLI, "metrics", "-c", bad], capture_output=True).returncode == 78
+    for argv in (["--listen"], ["--bogus"], ["extra"], ["--listen", "nocolon"]):
+        r = subprocess.run([CLI, "metrics", "-c", nolocks] + argv, capture_output=True)
+        assert r.returncode == 64, argv
+
+
+# ---- topologies --------------------------------------------------------------------
+
+@pytest.fixture
+def cluster(request):
+    """Three primaries, no replicas."""
+    yield from started(request, Cluster(replicas=0))
+
+
+class ThreeMasters(Masters):
+    def start(self):
+        return super().start(3)
+
+
+@pytest.fixture
+def masters(request):
+    yield from started(request, ThreeMasters())
+
+
+@pytest.fixture
+def sentinel(request):
+    """A primary, two replicas, three sentinels."""
+    yield from started(request, Topology())
+
+
+def counted_on(config, progs):
+    driver(progs, config, "call:0", "call:0", host="a")
+    driver(progs, config, "call:0", host="b")
+    m = scrape(config)
+    assert val(m, "lockshim_calls_total", "hold_call", "a") == 2
+    assert val(m, "lockshim_calls_total", "hold_call", "b") == 1
+    assert val(m, "lockshim_hold_seconds_count", "hold_call", "a") == 2
+    assert val(m, "lockshim_held", "hold_call") == 0
+    return m
+
+
+def test_cluster(cluster, progs, tmp_path, procs):
+    c = cluster.config(tmp_path, LOCKS % "")
+    counted_on(c, progs)
+    # the hash of each host lives in its own slot; the gauges see a held lock
+    p = procs([progs["driver"], "call:60000"], c, LOCKSHIM_TEST_HOST="a")
+    assert p.expect("enter") == "enter 60000"
+    assert val(scrape(c), "lockshim_held", "hold_call") == 1
+
+
+def test_redlock(masters, progs, tmp_path, procs):
+    c = masters.config(tmp_path, LOCKS % "")
+    counted_on(c, progs)
+    # each count is on one master: a key held on every master counts once
+    p = procs([progs["driver"], "call:60000"], c, LOCKSHIM_TEST_HOST="a")
+    assert p.expect("enter") == "enter 60000"
+    assert val(scrape(c), "lockshim_held", "hold_call") == 1
+    # the counts went to the first master: with the last one down they are
+    # all there, and the master left out is said
+    m = masters.nodes[2]
+    m.proc.kill()
+    m.proc.wait()
+    r = subprocess.run([CLI, "metrics", "-c", c], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0 and "left out" in r.stderr, r.stderr
+    assert val(parse(r.stdout), "lockshim_calls_total", "hold_call", "b") == 1
+    assert val(parse(r.stdout), "lockshim_held", "hold_call") == 1
+
+
+def test_sentinel(sentinel, progs, tmp_path, procs):
+    c = sentinel.config(tmp_path, LOCKS % "")
+    counted_on(c, progs)
+    p = procs([progs["driver"], "call:60000"], c, LOCKSHIM_TEST_HOST="a")
+    assert p.expect("enter") == "enter 60000"
+    assert val(scrape(c), "lockshim_held", "hold_call") == 1
