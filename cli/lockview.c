@@ -691,6 +691,30 @@ usage:
 	return 64;
 }
 
+int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *a)
+{
+	char err[1024];
+
+	if (lockview_load(cfg, a) != 0) {
+		conf_release(cfg);
+		return CONF_EXIT_CODE;
+	}
+	if (lockview_open(lv, cfg, err, sizeof(err)) != 0) {
+		fprintf(stderr, "lockshim: %s\n", err);
+		conf_release(cfg);
+		return CONF_EXIT_CODE;
+	}
+	return 0;
+}
+
+long long lockview_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 int lockview_load(struct conf *cfg, const struct lv_args *a)
 {
 	const struct conf_group *groups[CONF_GROUPS_MAX + 1];

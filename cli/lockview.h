@@ -99,6 +99,14 @@ int lockview_args(int argc, char **argv, int allow_force, const char *usage,
  * printing the error. */
 int lockview_load(struct conf *cfg, const struct lv_args *a);
 
+/* lockview_load, then lockview_open on it. Returns 0, or the exit status
+ * (CONF_EXIT_CODE) after printing the error, cfg released. */
+int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *a);
+
+/* Returns the time of day in milliseconds since the epoch (for
+ * lockview_print's now_ms). */
+long long lockview_now_ms(void);
+
 /* The verbs (cli.c's commands[]). */
 int cmd_status(int argc, char **argv);
 int cmd_unlock(int argc, char **argv);

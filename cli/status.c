@@ -7,7 +7,6 @@
  * 78 a bad config, 64 a usage error.
  */
 #include <stdio.h>
-#include <time.h>
 
 #include "conf.h"
 #include "lockview.h"
@@ -20,27 +19,19 @@ int cmd_status(int argc, char **argv)
 	struct lv_set s = { 0 };
 	struct lockview lv;
 	struct conf cfg;
-	struct timespec ts;
 	char err[1024];
 	int rc;
 
 	if ((rc = lockview_args(argc, argv, 0, "[-c FILE] [--json] [PATTERN]", &a)) != 0)
 		return rc;
-	if (lockview_load(&cfg, &a) != 0) {
-		conf_release(&cfg);
-		return CONF_EXIT_CODE;
-	}
-	if (lockview_open(&lv, &cfg, err, sizeof(err)) != 0) {
-		fprintf(stderr, "lockshim: %s\n", err);
-		conf_release(&cfg);
-		return CONF_EXIT_CODE;
-	}
+	if ((rc = lockview_start(&lv, &cfg, &a)) != 0)
+		return rc;
 	rc = lockview_scan(&lv, a.operand, &s, err, sizeof(err));
 	if (rc == 0) {
-		clock_gettime(CLOCK_REALTIME, &ts);
+		long long now = lockview_now_ms();
+
 		for (int i = 0; i < s.n; i++)
-			lockview_print(&lv, &s.v[i], a.json,
-				       (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+			lockview_print(&lv, &s.v[i], a.json, now);
 	} else {
 		fprintf(stderr, "lockshim: cannot read the locks: %s\n", err);
 	}

@@ -15,7 +15,6 @@
  */
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "conf.h"
 #include "conf_field.h"
@@ -86,7 +85,6 @@ int cmd_unlock(int argc, char **argv)
 	struct lockview lv;
 	struct lv_lock l;
 	struct conf cfg;
-	struct timespec ts;
 	char err[1024];
 	int rc;
 
@@ -96,15 +94,8 @@ int cmd_unlock(int argc, char **argv)
 		fprintf(stderr, "lockshim: unlock needs a KEY\nusage: lockshim unlock " USAGE "\n");
 		return 64;
 	}
-	if (lockview_load(&cfg, &a) != 0) {
-		conf_release(&cfg);
-		return CONF_EXIT_CODE;
-	}
-	if (lockview_open(&lv, &cfg, err, sizeof(err)) != 0) {
-		fprintf(stderr, "lockshim: %s\n", err);
-		conf_release(&cfg);
-		return CONF_EXIT_CODE;
-	}
+	if ((rc = lockview_start(&lv, &cfg, &a)) != 0)
+		return rc;
 	rc = lockview_read(&lv, a.operand, &l, err, sizeof(err));
 	if (rc < 0) {
 		fprintf(stderr, "lockshim: cannot read the lock: %s\n", err);
@@ -121,11 +112,9 @@ int cmd_unlock(int argc, char **argv)
 	} else {
 		rc = remove_lock(&lv, &l);
 		if (rc == 0) {
-			clock_gettime(CLOCK_REALTIME, &ts);
 			if (!a.json)
 				fputs("removed ", stdout);
-			lockview_print(&lv, &l, a.json,
-				       (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+			lockview_print(&lv, &l, a.json, lockview_now_ms());
 		} else if (rc == 1) {
 			fprintf(stderr, "lockshim: %s changed hands meanwhile: not removed\n",
 				a.operand);

@@ -20,10 +20,18 @@ import signal
 import pytest
 
 from support.scenarios import build_hostile
-from support.server import RedisServer, call_failed
+from support.server import RedisServer, call_failed, started
+from support.topology import Masters
 from support.tls import make_pki
 from support.util import TSAN, TSAN_LOG_DIR, Proc, cc
 from support.workers import Bg, build_block, build_worker
+
+
+@pytest.fixture
+def masters(request):
+    """Three Redlock masters (support.topology.Masters), stopped at the end;
+    their logs printed when the test failed."""
+    yield from started(request, Masters())
 
 
 @pytest.fixture
@@ -60,6 +68,13 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "timing: the test asserts a time bound or forces a race; "
         "`make test-repeat` runs these RUNS times in a row")
+    # The programs under test start with the default action for the signals
+    # the tests send, whatever started pytest: under nohup (SIGHUP ignored)
+    # or as a shell's background job (SIGINT, SIGQUIT ignored) they would
+    # inherit SIG_IGN, which a shell's trap cannot undo.
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_DFL)
 
 
 @pytest.hookimpl(hookwrapper=True)

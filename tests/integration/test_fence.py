@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from support.server import call_failed, lock_keys, started
-from support.topology import Cluster, Masters, keyslot, lock_key
+from support.server import lock_keys, started
+from support.topology import Cluster, keyslot, lock_key
 from support.util import wait_for, write_config
 from support.workers import counter
 
@@ -38,15 +38,6 @@ LOCK = ('log_level = "debug"; log_file = "%s";\n'
 @pytest.fixture
 def cluster(request):
     yield from started(request, Cluster(replicas=0))
-
-
-@pytest.fixture
-def masters(request):
-    ms = Masters().start(3)
-    yield ms
-    if call_failed(request):
-        print(ms.logs())
-    ms.stop()
 
 
 def run_workers(bg, worker_progs, cfg, tmp_path, procs, iters):

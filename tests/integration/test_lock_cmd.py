@@ -31,9 +31,9 @@ import time
 
 import pytest
 
-from support.server import call_failed, lock_keys, start_servers, started
+from support.server import lock_keys, start_servers, started
 from support.tls import TlsServer
-from support.topology import Cluster, Masters, Topology
+from support.topology import Cluster, Topology
 from support.util import CLI, MULT, TIMEOUT, run, shim_env, wait_for, write_config
 
 # read, pause, write: two copies at once lose an update
@@ -365,18 +365,6 @@ def sentinel_topo(request):
 @pytest.fixture
 def cluster(request):
     yield from started(request, Cluster())
-
-
-@pytest.fixture
-def masters(request):
-    """Three Redlock masters (support.topology.Masters), stopped at the end."""
-    ms = Masters()
-    try:
-        yield ms.start(3)
-        if call_failed(request):
-            print(ms.logs())
-    finally:
-        ms.stop()
 
 
 @pytest.fixture

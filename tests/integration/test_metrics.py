@@ -34,7 +34,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from support.server import started
-from support.topology import Cluster, Masters, Topology
+from support.topology import Cluster, Topology
 from support.util import CLI, TIMEOUT, run, wait_for, write_config
 
 LOCKS = ('locks = ( { symbol = "hold_call"; key = "f"; %s },\n'
@@ -262,16 +262,6 @@ def test_exit_statuses(redis, tmp_path):
 def cluster(request):
     """Three primaries, no replicas."""
     yield from started(request, Cluster(replicas=0))
-
-
-class ThreeMasters(Masters):
-    def start(self):
-        return super().start(3)
-
-
-@pytest.fixture
-def masters(request):
-    yield from started(request, ThreeMasters())
 
 
 @pytest.fixture

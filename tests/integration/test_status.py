@@ -27,9 +27,9 @@ import time
 
 import pytest
 
-from support.server import call_failed, start_servers, started
+from support.server import start_servers, started
 from support.tls import TlsServer
-from support.topology import Cluster, Masters, Topology
+from support.topology import Cluster, Topology
 from support.util import CLI, MULT, run, wait_for, write_config
 from support.workers import assert_lost_format, calls, lost_lines
 
@@ -283,17 +283,6 @@ def topo(request):
 @pytest.fixture
 def cluster(request):
     yield from started(request, Cluster(replicas=0))
-
-
-@pytest.fixture
-def masters(request):
-    ms = Masters()
-    try:
-        yield ms.start(3)
-        if call_failed(request):
-            print(ms.logs())
-    finally:
-        ms.stop()
 
 
 def test_sentinel(topo, worker_progs, bg, tmp_path):

@@ -423,13 +423,15 @@ class Cluster:
 # ---- Redlock's masters ----------------------------------------------------------
 
 class Masters:
-    """n masters; each is a Node recorded as it starts."""
+    """n masters (3 unless start() is told); each is a Node recorded as it
+    starts."""
 
-    def __init__(self):
+    def __init__(self, n=3):
+        self.n = n
         self.nodes = []
 
-    def start(self, n):
-        for i in range(n):
+    def start(self, n=None):
+        for i in range(self.n if n is None else n):
             m = Node(name="master%d" % i)
             self.nodes.append(m)
             m.start()
