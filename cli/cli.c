@@ -7,12 +7,14 @@
  *                                                  say how PROGRAM's locks are caught
  *   lockshim lock [-c FILE] [-w SECONDS] [-n] [-E CODE] [-l LEASE_MS] KEY -- COMMAND [ARG...]
  *                                                  run COMMAND holding KEY (cli/lock.c)
- *   lockshim settings                              the settings the parser knows
+ *   lockshim status | unlock ...                   see and remove locks (status.c, unlock.c)
  *   lockshim metrics [-c FILE] [--listen HOST:PORT] counts and gauges (metrics.c)
+ *   lockshim settings                              the settings the parser knows
  *   lockshim version | help
  *
  * The verbs are one table (commands[], in the style of git's cmd_struct):
- * name, handler, usage and a one-line description. Dispatch and the usage
+ * name, handler, usage, a one-line description and the exit statuses
+ * (`lockshim help` prints them). Dispatch and the usage
  * text are made from it, and the README's CLI table is checked against
  * `lockshim help` (tests/integration/test_docs.py).
  *
@@ -88,6 +90,7 @@ struct cmd_struct {
 	int (*fn)(int argc, char **argv); /* argv[1] is the verb */
 	const char *usage;        /* what follows the name */
 	const char *help;         /* one line */
+	const char *exits;        /* its exit statuses, one line */
 };
 
 static int cmd_run(int argc, char **argv);
@@ -99,30 +102,40 @@ int cmd_metrics(int argc, char **argv); /* metrics.c */
 
 static const struct cmd_struct commands[] = {
 	{ "run", { NULL }, cmd_run, "[-c FILE] [--] PROGRAM [ARG...]",
-	  "validate FILE, then run PROGRAM under the shim" },
+	  "validate FILE, then run PROGRAM under the shim",
+	  "PROGRAM's; 64 usage, 69 the shim cannot be loaded, 78 config, 126/127 PROGRAM "
+	  "not executable/found" },
 	{ "check", { NULL }, cmd_check, "[-c FILE] [-- PROGRAM [ARG...]]",
 	  "validate FILE as the shim does, print its locks, test the Redis server and say "
-	  "how PROGRAM's calls would be caught" },
+	  "how PROGRAM's calls would be caught",
+	  "0 fine, 1 a lock of PROGRAM unguarded, 64 usage, 69 Redis unreachable, 78 config" },
 	{ "lock", { NULL }, cmd_lock,
 	  "[-c FILE] [-w SECONDS] [-n] [-E CODE] [-l LEASE_MS] KEY -- COMMAND [ARG...]",
-	  "run COMMAND while holding the lock KEY (a distributed flock(1))" },
+	  "run COMMAND while holding the lock KEY (a distributed flock(1))",
+	  "COMMAND's (128 + N: killed by signal N), 1 (or -E CODE) busy, 64 usage, 69 "
+	  "Redis unreachable, 71 system error, 75 lease lost, 78 config, 126/127" },
 	{ "status", { NULL }, cmd_status, "[-c FILE] [--json] [PATTERN]",
 	  "list the locks held in the namespace (PATTERN: a glob on KEY): holder, since, "
-	  "lease left, fence, waiters" },
+	  "lease left, fence, waiters",
+	  "0 (also when nothing is held), 64 usage, 69 Redis unreachable, 78 config" },
 	{ "unlock", { NULL }, cmd_unlock, "[-c FILE] [--force] [--json] KEY",
 	  "remove KEY's lock as its holder's release would (refused for a live holder on this "
-	  "host without --force)" },
-	{ "settings", { NULL }, cmd_settings, "",
-	  "print the settings the shim knows, one per line: group name type default" },
+	  "host without --force)",
+	  "0 removed, 1 not held, changed meanwhile or a live holder here, 64 usage, 69 "
+	  "Redis unreachable, 78 config" },
 	{ "metrics", { NULL }, cmd_metrics, "[-c FILE] [--listen HOST:PORT]",
 	  "print the counts of every host and the locks held and waited for now, in the "
-	  "Prometheus text format, or serve them at GET /metrics" },
-	{ "version", { "--version", NULL }, cmd_version, "", "print the version" },
-	{ "help", { "--help", "-h", NULL }, cmd_help, "", "print this help" },
+	  "Prometheus text format, or serve them at GET /metrics",
+	  "0, 64 usage, 69 Redis unreachable (or --listen cannot bind), 78 config" },
+	{ "settings", { NULL }, cmd_settings, "",
+	  "print the settings the shim knows, one per line: group name type default", "0" },
+	{ "version", { "--version", NULL }, cmd_version, "", "print the version", "0" },
+	{ "help", { "--help", "-h", NULL }, cmd_help, "", "print this help", "0" },
 };
 static const size_t ncommands = sizeof(commands) / sizeof(*commands);
 
-/* Prints the usage lines; with help, each command's description too. */
+/* Prints the usage lines; with help, each command's description and exit
+ * statuses too. */
 static void print_usage(FILE *f, int help)
 {
 	int width = 0;
@@ -136,7 +149,8 @@ static void print_usage(FILE *f, int help)
 	if (help) {
 		fputc('\n', f);
 		for (size_t i = 0; i < ncommands; i++)
-			fprintf(f, "  %-*s  %s\n", width, commands[i].name, commands[i].help);
+			fprintf(f, "  %-*s  %s\n  %-*s  exit: %s\n", width, commands[i].name,
+				commands[i].help, width, "", commands[i].exits);
 		fputc('\n', f);
 	}
 	fputs("FILE defaults to $LOCKSHIM_CONFIG, else " CONF_DEFAULT_PATH ".\n", f);

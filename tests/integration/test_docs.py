@@ -156,6 +156,21 @@ def test_man1_documents_every_command():
     assert commands == usage
 
 
+def test_help_gives_each_command_its_exit_statuses():
+    """`lockshim help` has an "exit:" line under each command's description,
+    and each status it names for a verb is in lockshim(1)'s EXIT STATUS
+    section."""
+    out = subprocess.run([CLI, "help"], capture_output=True, text=True,
+                         timeout=TIMEOUT).stdout
+    exits = re.findall(r"^ {2}(\w+) +.*\n +exit: (.*)$", out, re.M)
+    assert [v for v, _ in exits] == [u.split()[1] for u in usage_lines()]
+    man = section(read(MAN1), "# EXIT STATUS")
+    for verb, line in exits:
+        for code in re.findall(r"\b(\d+)\b", line):
+            if code != "0" and int(code) < 128:
+                assert "*%s*" % code in man, (verb, code)
+
+
 def test_readme_cli_table_is_the_command_table():
     """Each row of the README's CLI table is a usage line of `lockshim help`,
     and each usage line has a row."""
