@@ -1,25 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * lock.c - `lockshim lock [-c FILE] [-w SECONDS] [-n] [-E CODE] [-l LEASE_MS]
- * KEY -- COMMAND [ARG...]`: run COMMAND while holding the lock KEY, a
- * distributed flock(1).
+ * lock.c - `lockshim lock ... KEY -- COMMAND`: run COMMAND while holding
+ * the lock KEY, a distributed flock(1).
  *
- * The lock is the shim's own, so a guarded call naming the same key excludes
- * COMMAND: the config's defaults make a spec for KEY taken literally
- * (conf_add_literal_lock), shim/lock.c takes it (queue, wake-up by the
- * release, dead-holder breaking) and shim/renew.c renews it while COMMAND
- * runs. COMMAND is a child in its own process group, dying with lockshim
- * (PR_SET_PDEATHSIG), with LOCKSHIM_LOCK_KEY and LOCKSHIM_FENCE added to the
- * caller's environment and the caller's signal mask and dispositions.
- * SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed to the child's group. A
- * lost lease (renew_on_lost) stops the group: SIGTERM, SIGKILL 5 s later if
- * anything of it is left, and exit 75. The main thread sleeps in poll(2) on
- * a pipe that the SIGCHLD handler and the lost hook write to; it alone
- * sends the group's signals. When lockshim leads the foreground group of
- * its terminal (a shell's job), the child's group gets the foreground (it
- * may read the terminal; a Ctrl-C reaches it directly); when the child is
- * stopped (Ctrl-Z), lockshim takes the terminal back and stops itself, so
- * the shell sees its job stopped, and continues the child when continued.
+ * The lock is the shim's own, so a guarded call naming the same key
+ * excludes COMMAND: the config's defaults make a spec for KEY taken
+ * literally (conf_add_literal_lock), shim/lock.c takes it and shim/renew.c
+ * renews it. COMMAND is a child in its own process group that dies with
+ * lockshim (PR_SET_PDEATHSIG), gets LOCKSHIM_LOCK_KEY and LOCKSHIM_FENCE and
+ * the caller's signal mask and dispositions. The main thread sleeps in
+ * poll(2) on a pipe that the SIGCHLD handler and the lost-lease hook write
+ * to, and alone signals the group: the four forwarded signals, and after a
+ * lost lease SIGTERM, SIGKILL 5 s later, exit 75. As a shell's job it hands
+ * the terminal to COMMAND's group (foreground_tty, supervise).
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,21 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * lockview.c - reading and printing the locks a server holds, for
- * `lockshim status` and `lockshim unlock` (see lockview.h).
+ * `lockshim status` and `lockshim unlock` (see lockview.h), and their
+ * option parsing and config loading.
  *
- * The nodes are the backend's own: the one connection open() gives
- * (one server, Sentinel's primary), else node_open() for each node
- * (Cluster primaries, Redlock masters); every one is a backend_redis
- * connection, read with backend_redis_pipeline. Keys are found with SCAN
- * (never KEYS) ... MATCH "<ns>:<glob>" COUNT 1000; the auxiliary keys of a
- * lock (:q, :qx, :due, :f, :w:<token>) and any key whose value is not a
- * lock value are skipped. Each page of keys is read in one round trip: for
- * each key GET, PTTL, HMGET <key>:f n g k, ZRANGE <key>:q 0 -1. With Redlock
- * the per-master reads are grouped by (key, value) and a lock is shown when
- * a quorum holds it: its fence is the largest counter, its lease the
- * shortest. Nothing is written to the server. The two verbs' options and
- * config loading (lockview_args, lockview_load) are here too: cli.c's are
- * its own.
+ * The nodes are the backend's own: open()'s connection (one server,
+ * Sentinel's primary), else node_open() for each (Cluster primaries,
+ * Redlock masters), read with backend_redis_pipeline. Keys come from SCAN
+ * MATCH "<ns>:<glob>" COUNT 1000 (never KEYS); auxiliary keys and values
+ * that are not lock values are skipped. Each page is one round trip: GET,
+ * PTTL, HMGET <key>:f n g k, ZRANGE <key>:q 0 -1 per key. With Redlock a
+ * lock is shown when a quorum holds one value: the largest fence, the
+ * shortest lease. Nothing is written.
  */
 #include "lockview.h"
 

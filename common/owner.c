@@ -2,21 +2,17 @@
 /*
  * owner.c - lock holder identity and liveness (see owner.h).
  *
- * The identity is read once per process (after fork, again): the boot id
- * from /proc/sys/kernel/random/boot_id, the pid namespace from the link
- * /proc/self/ns/pid, the start time from /proc/self/stat. The first thread
- * that needs it reads it under a mutex into `me` and then publishes it
- * (release store); every later use is one acquire load, and no thread ever
- * sees a half-written identity. It is trusted
- * only when /proc is this pid namespace's (the link /proc/self names our
- * own pid); otherwise no holder is ever judged gone. A holder is gone when
+ * The identity (boot id, pid namespace, start time from /proc, the host,
+ * the program: log.c's or owner_set_program's) is read once per process,
+ * again after fork, by the first thread that needs it, under a mutex, then
+ * published with a release store: every later use is one acquire load. It
+ * is trusted only when /proc is this pid namespace's. A holder is gone when
  * its boot id and namespace are ours and no process has its pid, or that
- * process is a zombie, or it started at another time (the pid was reused).
- * Anything that does not parse, or another machine or namespace, counts as
- * alive: a live holder's lock is never broken, a dead one on another
- * machine expires with its lease. Values are split from the tail, since
- * the host is the one field whose length varies before the numbers; the
- * program name (log.c's, or owner_set_program's) is read with the identity.
+ * process is a zombie or started at another time (a reused pid). Anything
+ * that does not parse, or another machine or namespace, counts as alive: a
+ * live holder's lock is never broken, a dead one elsewhere expires with its
+ * lease. Values are split from the tail: the host is the one field of
+ * varying length before the numbers.
  */
 #include "owner.h"
 
