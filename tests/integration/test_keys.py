@@ -29,10 +29,12 @@ CFG = 'locks = ( { symbol = "log_call"; key = "kc:{arg0:str}"; lease_ms = 20000;
 
 
 def holders(redis, pid):
-    """The lock keys whose value names pid as their holder."""
+    """The lock keys whose value names pid as their holder (a key released
+    between KEYS and its read is not one)."""
     out = []
     for k in redis.cmd("KEYS", "lockshim:*"):
-        if redis.cmd("TYPE", k) == "string" and ":%d:" % pid in redis.cmd("GET", k):
+        v = redis.cmd("GET", k) if redis.cmd("TYPE", k) == "string" else None
+        if v is not None and ":%d:" % pid in v:
             out.append(k)
     return out
 
