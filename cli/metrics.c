@@ -27,12 +27,11 @@
 
 #include "backend.h"
 #include "backend_redis.h"
+#include "cli.h"
 #include "conf.h"
 #include "key.h"
 #include "metrics.h"
 
-#define EX_USAGE 64
-#define EX_UNAVAILABLE 69
 #define SCAN_COUNT "1000"
 #define REQUEST_MAX 8192
 

@@ -8,10 +8,9 @@
  */
 #include <stdio.h>
 
+#include "cli.h"
 #include "conf.h"
 #include "lockview.h"
-
-#define EX_UNAVAILABLE 69
 
 int cmd_status(int argc, char **argv)
 {

@@ -16,11 +16,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli.h"
 #include "conf.h"
 #include "conf_field.h"
 #include "lockview.h"
 
-#define EX_UNAVAILABLE 69
 #define USAGE "[-c FILE] [--force] [--json] KEY"
 
 /* Fills it with l's key and value and the built-in lock settings; a
@@ -92,7 +92,7 @@ int cmd_unlock(int argc, char **argv)
 		return rc;
 	if (!a.operand) {
 		fprintf(stderr, "lockshim: unlock needs a KEY\nusage: lockshim unlock " USAGE "\n");
-		return 64;
+		return EX_USAGE;
 	}
 	if ((rc = lockview_start(&lv, &cfg, &a)) != 0)
 		return rc;
