@@ -12,6 +12,15 @@ BUILD ?= build
 ARCH ?= $(shell uname -m)
 PYTEST ?= /usr/bin/python3 -m pytest
 VERSION := 0.1.0
+# The shim's implicit config and the system-wide preload list are always
+# these, whatever PREFIX: only DESTDIR moves them.
+ETC_CONFIG := /etc/lockshim/lockshim.cfg
+PRELOAD := /etc/ld.so.preload
+# `make deb`: its own build, with the package's paths compiled in.
+DEB_BUILD ?= build/deb
+DEB_LIBDIR := /usr/lib/x86_64-linux-gnu/lockshim
+DEB_MAINTAINER ?= lockshim developers <dev@lockshim.invalid>
+DEB := build/lockshim_$(VERSION)_amd64.deb
 
 WARN := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings
 OPT ?= -O2 -g
@@ -159,23 +168,43 @@ demo: deps
 	$(MAKE) all
 	examples/demo.sh $(BUILD)
 
+# The system-wide config is installed only where none is: never overwritten.
 install: all
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(DOCDIR) \
-		$(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5
+		$(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(dir $(ETC_CONFIG))
 	install -m 0755 $(BUILD)/liblockshim.so $(DESTDIR)$(LIBDIR)/liblockshim.so
 	install -m 0755 $(BUILD)/lockshim $(DESTDIR)$(BINDIR)/lockshim
 	install -m 0644 config/lockshim.cfg README.md $(DESTDIR)$(DOCDIR)/
 	install -m 0644 $(BUILD)/man/lockshim.1 $(DESTDIR)$(MANDIR)/man1/lockshim.1
 	install -m 0644 $(BUILD)/man/lockshim.cfg.5 $(DESTDIR)$(MANDIR)/man5/lockshim.cfg.5
+	@if [ -e "$(DESTDIR)$(ETC_CONFIG)" ] || [ -L "$(DESTDIR)$(ETC_CONFIG)" ]; then \
+		echo "lockshim: kept $(DESTDIR)$(ETC_CONFIG) as it is"; \
+	else \
+		echo "install -m 0644 config/lockshim.etc.cfg $(DESTDIR)$(ETC_CONFIG)"; \
+		install -m 0644 config/lockshim.etc.cfg "$(DESTDIR)$(ETC_CONFIG)"; \
+	fi
 
+# The preload line `lockshim enable` added goes first (the shim is still
+# there for the programs that start meanwhile); the config stays.
 uninstall:
+	@. ./packaging/unpreload.sh && \
+		lockshim_unpreload "$(DESTDIR)$(PRELOAD)" "$(LIBDIR)/liblockshim.so"
 	rm -f $(DESTDIR)$(LIBDIR)/liblockshim.so $(DESTDIR)$(BINDIR)/lockshim
 	rm -f $(DESTDIR)$(MANDIR)/man1/lockshim.1 $(DESTDIR)$(MANDIR)/man5/lockshim.cfg.5
 	rm -rf $(DESTDIR)$(DOCDIR)
+	@if [ -e "$(DESTDIR)$(ETC_CONFIG)" ]; then \
+		echo "lockshim: left $(DESTDIR)$(ETC_CONFIG) (your config: remove it by hand if unwanted)"; \
+	fi
+
+# build/lockshim_<version>_amd64.deb: packaging/build-deb.sh stages and
+# builds it from a build of its own.
+deb:
+	$(MAKE) BUILD=$(DEB_BUILD) PREFIX=/usr LIBDIR=$(DEB_LIBDIR) all
+	packaging/build-deb.sh $(DEB_BUILD) $(VERSION) $(DEB) "$(DEB_MAINTAINER)"
 
 clean:
 	rm -rf build
 
-.PHONY: all build-deps deps unit test asan test-asan test-tsan test-repeat test-repeat-asan bench demo install uninstall clean
+.PHONY: all build-deps deps unit test asan test-asan test-tsan test-repeat test-repeat-asan bench demo install uninstall deb clean
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
