@@ -208,8 +208,10 @@ uninstall:
 	fi
 
 # build/lockshim_<version>_amd64.deb: packaging/build-deb.sh stages and
-# builds it from a build of its own.
+# builds it from a clean build of its own (no object or link of an older
+# Makefile gets into a package).
 deb:
+	rm -rf $(DEB_BUILD)
 	$(MAKE) BUILD=$(DEB_BUILD) PREFIX=/usr LIBDIR=$(DEB_LIBDIR) all
 	packaging/build-deb.sh $(DEB_BUILD) $(VERSION) $(DEB) "$(DEB_MAINTAINER)"
 
