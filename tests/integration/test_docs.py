@@ -307,6 +307,9 @@ def test_make_install_layout(progs, redis, tmp_path):
     assert os.path.exists(os.path.join(dest, "opt/ls/share/doc/lockshim/lockshim.cfg"))
     assert os.path.exists(os.path.join(dest, "opt/ls/share/man/man1/lockshim.1"))
     assert os.path.exists(os.path.join(dest, "opt/ls/share/man/man5/lockshim.cfg.5"))
+    with open(os.path.join(dest, "etc/lockshim/lockshim.cfg")) as f, \
+            open(os.path.join(ROOT, "config/lockshim.etc.cfg")) as g:
+        assert f.read() == g.read()
     cfg = write_config(tmp_path, redis, 'log_level = "debug";\nlocks = ( { symbol = "hold_call"; } );\n')
     r = run([cli, "run", "-c", cfg, "--", progs["driver"], "call:0"], None)
     assert r.returncode == 0 and "call rc=42" in r.stdout, r.stderr
@@ -314,4 +317,4 @@ def test_make_install_layout(progs, redis, tmp_path):
     subprocess.run(["make", "-s", "-C", ROOT, "uninstall", "DESTDIR=" + dest, "PREFIX=/opt/ls",
                     "BUILD=" + build], check=True, timeout=300, capture_output=True)
     left = [os.path.relpath(os.path.join(d, f), dest) for d, _, fs in os.walk(dest) for f in fs]
-    assert left == [], left
+    assert left == ["etc/lockshim/lockshim.cfg"], left  # the operator's config stays
