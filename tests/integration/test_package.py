@@ -191,6 +191,12 @@ def test_install_run_enable_purge_in_a_bare_root(deb, redis, tmp_path):
     if in_root(root, "command -v man || true").stdout.strip():
         assert in_root(root, "man -w lockshim").stdout.strip() == \
             "/usr/share/man/man1/lockshim.1.gz"
+    elif shutil.which("man"):  # man-db is not in the bare root: the host's reads its pages
+        for page, path in (("lockshim", "man1/lockshim.1.gz"),
+                           ("lockshim.cfg", "man5/lockshim.cfg.5.gz")):
+            r = subprocess.run(["man", "-M", os.path.join(root, "usr/share/man"), "-w", page],
+                               capture_output=True, text=True)
+            assert r.stdout.strip() == os.path.join(root, "usr/share/man", path), r.stderr
     for page in ("man1/lockshim.1.gz", "man5/lockshim.cfg.5.gz"):
         assert os.path.getsize(os.path.join(root, "usr/share/man", page)) > 1000
 
@@ -230,6 +236,23 @@ def test_install_run_enable_purge_in_a_bare_root(deb, redis, tmp_path):
     with open(preload, "a") as f:
         f.write(SHIM_LINE + "\n")
     assert "cannot be preloaded" in in_root(root, "sh -c true").stderr
+
+    # apt-get remove (the prerm) also takes the line out, and keeps the
+    # conffile until purge.
+    with open(preload, "w") as f:
+        f.write(OTHER_LINE + "\n")
+    in_root(root, "cd / && apt-get install -y ./" + os.path.basename(deb))
+    with open(preload, "a") as f:
+        f.write(SHIM_LINE + "\n")  # as enable would, with the shipped config
+    assert in_root(root, "sh -c true").stderr == ""
+    r = in_root(root, "apt-get remove -y lockshim")
+    assert "removed %s from /etc/ld.so.preload" % SHIM_LINE in r.stdout
+    with open(preload) as f:
+        assert f.read() == OTHER_LINE + "\n"
+    assert os.path.exists(os.path.join(root, "etc/lockshim/lockshim.cfg"))
+    assert not os.path.lexists(root + SHIM_LINE)
+    in_root(root, "apt-get purge -y lockshim")
+    assert not os.path.exists(os.path.join(root, "etc/lockshim"))
 
 
 def make(*args):
