@@ -294,3 +294,55 @@ def test_make_uninstall_removes_only_the_preload_line_and_keeps_the_config(tmp_p
     assert r.returncode == 0 and "kept %s" % etc_cfg in r.stdout
     with open(etc_cfg) as f:
         assert f.read().endswith("# edited by the operator\n")
+
+
+def unpreload(path, line):
+    """Runs packaging/unpreload.sh's function on path; returns the CompletedProcess."""
+    return subprocess.run(["sh", "-c", '. "$0" && lockshim_unpreload "$1" "$2"',
+                           os.path.join(ROOT, "packaging", "unpreload.sh"), path, line],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("before,after", [
+    ("a.so\n%s\nb.so\n", "a.so\nb.so\n"),
+    ("%s\na.so\n%s\n", "a.so\n"),          # every copy of the line
+    ("a.so\n%s", "a.so\n"),                 # no newline after the last line
+    ("%s\n", ""),                           # the file stays, empty
+    ("a.so %s\n%s.bak\n %s\n", "a.so %s\n%s.bak\n %s\n"),  # not exactly the line: kept
+    ("a.so\n", "a.so\n"),                   # nothing to remove: the file untouched
+])
+def test_unpreload_removes_exactly_the_line(tmp_path, before, after):
+    line = "/usr/lib/x86_64-linux-gnu/lockshim/liblockshim.so"
+    target = tmp_path / "real.preload"
+    target.write_text(before.replace("%s", line))
+    os.chmod(target, 0o640)
+    link = tmp_path / "ld.so.preload"
+    os.symlink("real.preload", link)
+    ino = os.stat(target).st_ino
+    r = unpreload(str(link), line)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert target.read_text() == after.replace("%s", line)
+    assert os.path.islink(link)  # the link is followed, not replaced
+    assert os.stat(target).st_mode & 0o777 == 0o640
+    assert ("removed " + line in r.stdout) == (before != after)
+    assert (os.stat(target).st_ino == ino) == (before == after)  # renamed over, or untouched
+    assert sorted(os.listdir(tmp_path)) == ["ld.so.preload", "real.preload"]  # no temp file
+
+
+def test_unpreload_failure_stops_the_caller(tmp_path):
+    """A file it cannot rewrite (here: its directory is not writable) makes
+    it fail, so that prerm under set -e stops the removal instead of
+    leaving a preload line naming a deleted shim."""
+    line = "/usr/local/lib/liblockshim.so"
+    d = tmp_path / "ro"
+    d.mkdir()
+    (d / "ld.so.preload").write_text(line + "\n")
+    r = subprocess.run(["unshare", "--mount", "sh", "-c",
+                        'mount --bind -o ro "$1" "$1" && mount -o remount,bind,ro "$1" && '
+                        'set -e && . "$0" && lockshim_unpreload "$1/ld.so.preload" "$2"; echo after',
+                        os.path.join(ROOT, "packaging", "unpreload.sh"), str(d), line],
+                       capture_output=True, text=True, timeout=60)
+    if "unshare:" in r.stderr or "mount:" in r.stderr:
+        pytest.skip("cannot make a read-only mount here: " + r.stderr.strip())
+    assert r.returncode != 0 and "after" not in r.stdout, r
+    assert (d / "ld.so.preload").read_text() == line + "\n"
