@@ -220,6 +220,13 @@ def test_install_run_enable_purge_in_a_bare_root(deb, redis, tmp_path):
     r = in_root(root, mv)
     assert "acquired lockshim:pkgtest" in r.stderr, r.stderr
 
+    # An upgrade (here a reinstall) keeps the line and the edited conffile.
+    in_root(root, "cd / && dpkg -i ./" + os.path.basename(deb))
+    with open(preload) as f:
+        assert f.read().split("\n") == [OTHER_LINE, SHIM_LINE, ""]
+    with open(os.path.join(root, "etc/lockshim/lockshim.cfg")) as f:
+        assert f.read() == cfg
+
     r = in_root(root, "apt-get purge -y lockshim")
     assert "removed %s from /etc/ld.so.preload" % SHIM_LINE in r.stdout
     with open(preload) as f:
