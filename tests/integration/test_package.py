@@ -166,8 +166,15 @@ def in_root(root, cmd, **kw):
     return r
 
 
-def test_install_run_enable_purge_in_a_bare_root(deb, redis, tmp_path):
-    root = fresh_root(tmp_path / "root")
+@pytest.fixture
+def root(tmp_path):
+    """A fresh bare Debian 12 root, removed after the test (200 MB)."""
+    r = fresh_root(tmp_path / "root")
+    yield r
+    shutil.rmtree(r, ignore_errors=True)
+
+
+def test_install_run_enable_purge_in_a_bare_root(deb, redis, root):
     shutil.copy(deb, root)
     r = in_root(root, "cd / && apt-get install -y ./" + os.path.basename(deb))
     assert "Setting up lockshim" in r.stdout
