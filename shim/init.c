@@ -41,6 +41,7 @@
 #include "redirect.h"
 #include "renew.h"
 #include "shim.h"
+#include "staticlib.h"
 #include "arch.h"
 
 int shim_state;
@@ -137,6 +138,7 @@ __attribute__((constructor)) static void shim_init(void)
 	guard_enter();
 	shim_initial_thread = pthread_self();
 	log_init();
+	staticlib_init();
 	path = init_config_path();
 	backend_conf_groups(groups, sizeof(groups) / sizeof(*groups));
 	if ((rc = conf_load(&cfg, path, groups, err, sizeof(err))) == 0)
