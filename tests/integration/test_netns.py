@@ -14,8 +14,10 @@ the namespaces; the test creates and deletes them all, also on failure.
    with {host} in the key loses updates under the shim too: each host then
    has a lock of its own;
 2. `lockshim status` lists a lock held on each host with that host's name
-   and the holder's pid.
+   and the holder's pid;
+3. no key shipped (configs, examples, README, doc/) contains {host}.
 """
+import glob
 import os
 import re
 import secrets
@@ -178,3 +180,19 @@ def test_status_shows_both_host_names(net, progs, tmp_path):
         [line] = [l for l in out.splitlines() if "hold:%d" % (600000 + i) in l]
         assert re.search(r"  held by standin-%s pid %d " % (h, holders[h].pid), line), out
     assert os.uname().nodename not in out
+
+
+def test_no_shipped_key_has_host():
+    """Shipped keys are meant to be shared by hosts and containers, where
+    {host} would give each its own lock (the control above)."""
+    files = [p for pattern in ("config/**/*.cfg", "examples/**/*", "README.md", "doc/*.md",
+                               "doc/*.scd") for p in glob.glob(os.path.join(ROOT, pattern),
+                                                                 recursive=True)
+             if os.path.isfile(p)]
+    keys = []
+    for p in files:
+        with open(p, errors="replace") as f:
+            keys += [(os.path.relpath(p, ROOT), k) for k in re.findall(r'key\s*=\s*"([^"]*)"',
+                                                                       f.read())]
+    assert len(keys) >= 5 and ("examples/ledger.cfg", "ledger:{arg0:str}") in keys, keys
+    assert [k for k in keys if "{host}" in k[1]] == []
