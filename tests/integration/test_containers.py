@@ -108,6 +108,7 @@ def run_sh(pre, **kw):
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
+@pytest.mark.timing
 def test_run_sh_plain_loses_updates_guarded_none_nothing_left(podman_works):
     pre = prefix()
     p = run_sh(pre)

@@ -146,6 +146,7 @@ def post(net, batch, tmp_path, name, cfg):
     return int(ledger.read_text())
 
 
+@pytest.mark.timing
 def test_standin_hosts_exclude_each_other_with_a_shared_key(net, batch, tmp_path):
     expected = len(HOSTS) * PROCS * ENTRIES
     plain = post(net, batch, tmp_path, "plain", None)
