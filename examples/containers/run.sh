@@ -92,6 +92,7 @@ until [ "$(podman exec "$prefix-redis" redis-cli ping 2>/dev/null)" = PONG ]; do
 	[ $i -le 100 ] || die "the Redis container did not answer"
 	sleep 0.1
 done
+say "Redis answers in $prefix-redis"
 
 expected=$((containers * procs * entries))
 round() { # $1: plain or guarded
