@@ -66,7 +66,8 @@ cp "$here/job.sh" "$work/ledger/"
 root=$roots/bookworm-minbase
 if [ ! -f "$root/.complete" ]; then
 	mirror=$(grep -h -m1 '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' | head -1 || true)
-	say "no cached root in $roots: debootstrap into $work/root"
+	command -v debootstrap >/dev/null || die "no cached root in $roots and no debootstrap: apt-get install -y debootstrap"
+	say "no cached root in $roots: debootstrap into $work/root (a minute)"
 	root=$work/root
 	debootstrap --variant=minbase bookworm "$root" "${mirror:-http://deb.debian.org/debian}" >"$work/debootstrap.log" 2>&1 ||
 		die "debootstrap failed; see $work/debootstrap.log"
