@@ -2,7 +2,8 @@
 """Containers (rootful podman, runc, explicit ulimits; images imported from
 a debootstrap root, no registry):
 
-1. examples/containers/run.sh: the plain round (two job containers, no shim)
+1. examples/containers/run.sh (its config parses, its key has no {host}):
+   the plain round (two job containers, no shim)
    loses updates, the guarded round (the shim bind-mounted read-only and
    preloaded, Redis in a third container) loses none; nothing it named is
    left (containers, images, networks, volumes), also after a Ctrl-C
@@ -106,6 +107,16 @@ def run_sh(pre, **kw):
                LOCKSHIM_BUILD=os.path.relpath(BUILD, ROOT))
     return subprocess.Popen([RUN_SH], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_container_config_is_valid_and_shared():
+    """The config run.sh mounts parses (69: its Redis, "redis", is not
+    reachable from here), and its key is one for every container."""
+    cfg = os.path.join(ROOT, "examples", "containers", "ledger.cfg")
+    r = subprocess.run([CLI, "check", "-c", cfg], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode in (0, 69) and "ok, 1 lock(s)" in r.stdout, r.stdout + r.stderr
+    assert "  post_entry: key example:ledger:{arg0:str}, " in r.stdout, r.stdout
 
 
 @pytest.mark.timing
