@@ -13,7 +13,7 @@
 set -eu
 
 BUILD_PKGS="gcc make libc6-dev libhiredis-dev libconfig-dev libcapstone-dev libmbedtls-dev scdoc"
-TEST_PKGS="g++ redis-server python3 python3-pytest python3-prometheus-client sqlite3 curl openssl groff-base golang-go dpkg-dev lintian"
+TEST_PKGS="g++ redis-server python3 python3-pytest python3-prometheus-client sqlite3 curl openssl groff-base golang-go dpkg-dev lintian podman runc iproute2 debootstrap"
 BENCH_PKGS="python3-redis util-linux"
 
 mode=install
