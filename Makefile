@@ -22,21 +22,26 @@ BASE_CFLAGS := $(OPT) $(WARN) $(SAN) -D_GNU_SOURCE -MMD -MP \
 SHIM_CFLAGS := $(BASE_CFLAGS) -fPIC -fvisibility=hidden -fexceptions \
 	-ftls-model=initial-exec $(CFLAGS)
 
-# hiredis, capstone (the instruction decoder of entry patching) and mbedTLS
-# (redis.tls) are linked statically with hidden symbols, so neither the shim
-# nor a program linking another copy (or another TLS library) can see or
-# bind the other's. Capstone's tables (every
-# architecture's: its cs.c names them all) bring ~77,000 relative
-# relocations; -z pack-relative-relocs (DT_RELR, glibc 2.36) makes the
-# dynamic linker apply them from a bitmap. Debian's
-# libconfig.a is not PIC, so libconfig is linked dynamically; it is only
-# used by the constructor, before anything is redirected. The archive's path
-# is asked of the compiler when the link runs (`=`, not `:=`), after the
-# dependency check; `-z defs` makes any unresolved symbol a link error.
+# libconfig, hiredis, capstone (the instruction decoder of entry patching)
+# and mbedTLS (redis.tls) are linked statically with hidden symbols, so the
+# shim needs only libc6 and libgcc-s1 at run time (an image without
+# libconfig9 loads it), and neither the shim nor a program linking another
+# copy (or another TLS library) can see or bind the other's. Debian's
+# libconfig.a is not PIC: its scanner's stdin/stdout/stderr references are
+# renamed to the shim's own variables (shim/staticlib.c) in a copy of the
+# archive, which then links into a shared object without text relocations
+# (-z text proves it). The CLI links the archives as they are.
+# Capstone's tables (every architecture's: its cs.c names them all) bring
+# ~77,000 relative relocations; -z pack-relative-relocs (DT_RELR, glibc
+# 2.36) makes the dynamic linker apply them from a bitmap. The archives'
+# paths are asked of the compiler when the link runs (`=`, not `:=`),
+# after the dependency check; `-z defs` makes any unresolved symbol a link
+# error.
 HIREDIS_A = $(shell $(CC) -print-file-name=libhiredis.a)
 CAPSTONE_A = $(shell $(CC) -print-file-name=libcapstone.a)
+LIBCONFIG_A = $(shell $(CC) -print-file-name=libconfig.a)
 MBEDTLS_A = $(foreach l,mbedtls mbedx509 mbedcrypto,$(shell $(CC) -print-file-name=lib$(l).a))
-SHIM_LIBS = $(HIREDIS_A) $(CAPSTONE_A) $(MBEDTLS_A) -lconfig -lpthread -ldl
+SHIM_LIBS = $(HIREDIS_A) $(CAPSTONE_A) $(MBEDTLS_A) $(BUILD)/libconfig-shim.a -lpthread -ldl
 
 # The folders are the architecture (doc/design.md): shim/ is the preload
 # library proper, backend/ speaks to lock servers, common/ is what both
@@ -67,14 +72,20 @@ all: $(BUILD)/liblockshim.so $(BUILD)/lockshim $(MAN)
 # cli/settings.o is built for the unit tests alone: not an intermediate file.
 .SECONDARY: $(UNIT_OBJ)
 
-$(BUILD)/liblockshim.so: $(SHIM_OBJ) shim/shim.map
+$(BUILD)/liblockshim.so: $(SHIM_OBJ) shim/shim.map $(BUILD)/libconfig-shim.a
 	$(CC) -shared $(SAN) -o $@ $(SHIM_OBJ) -Wl,--version-script=shim/shim.map \
-		-Wl,--exclude-libs,ALL -Wl,-z,defs,-z,relro,-z,now,-z,noexecstack \
+		-Wl,--exclude-libs,ALL -Wl,-z,defs,-z,relro,-z,now,-z,noexecstack,-z,text \
 		-Wl,-z,pack-relative-relocs \
 		$(LDFLAGS) $(SHIM_LIBS)
 
 $(BUILD)/lockshim: $(CLI_OBJ)
-	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(LDFLAGS) -lhiredis -lconfig $(MBEDTLS_A) -lpthread
+	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(LDFLAGS) $(HIREDIS_A) $(LIBCONFIG_A) $(MBEDTLS_A) -lpthread
+
+$(BUILD)/libconfig-shim.a: | $(BUILD)/shim
+	rm -rf $@.d && mkdir -p $@.d && cd $@.d && ar x $(LIBCONFIG_A)
+	for o in $@.d/*.o; do objcopy --redefine-sym stdin=staticlib_stdin \
+		--redefine-sym stdout=staticlib_stdout --redefine-sym stderr=staticlib_stderr $$o || exit 1; done
+	rm -f $@ && ar rcs $@ $@.d/*.o && rm -rf $@.d
 
 $(BUILD)/shim/%.o: %.c | $(BUILD)/shim
 	@mkdir -p $(@D)

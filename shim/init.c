@@ -52,6 +52,7 @@
 #include "renew.h"
 #include "scope.h"
 #include "shim.h"
+#include "staticlib.h"
 #include "arch.h"
 
 int shim_state;
@@ -175,6 +176,7 @@ __attribute__((constructor)) static void shim_init(void)
 		}
 		goto out;
 	}
+	staticlib_init();
 	path = init_config_path();
 	if (implicit && access(path, F_OK) != 0 && errno == ENOENT) {
 		if (check >= 0)

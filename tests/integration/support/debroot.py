@@ -79,16 +79,20 @@ def chroot(root, cmd, **kw):
     if isinstance(cmd, str):
         cmd = ["/bin/sh", "-c", cmd]
     root = str(root)
-    setup = ("mount -t proc proc \"$R/proc\" && mount --rbind /dev \"$R/dev\" && "
-             "mount -t tmpfs tmpfs \"$R/tmp\" && exec chroot \"$R\" \"$@\"")
-    full = ["unshare", "--mount", "--propagation", "private", "sh", "-c", setup, "sh"] + cmd
-    env = {"R": root, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
-           "HOME": "/root", "DEBIAN_FRONTEND": "noninteractive"}
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "LANG": "C.UTF-8", "HOME": "/root", "DEBIAN_FRONTEND": "noninteractive"}
     env.update(kw.pop("env", {}))
+    # the command's environment is set inside the root, so that a variable
+    # such as LD_PRELOAD never reaches the machine's own unshare and mount
+    setup = ("mount -t proc proc \"$R/proc\" && mount --rbind /dev \"$R/dev\" && "
+             "mount -t tmpfs tmpfs \"$R/tmp\" && exec chroot \"$R\" /usr/bin/env -i \"$@\"")
+    full = ["unshare", "--mount", "--propagation", "private", "sh", "-c", setup, "sh"] + \
+        ["%s=%s" % kv for kv in env.items()] + cmd
+    host = {"R": root, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     kw.setdefault("capture_output", True)
     kw.setdefault("text", True)
     kw.setdefault("timeout", 600)
-    p = subprocess.run(full, env=env, **kw)
+    p = subprocess.run(full, env=host, **kw)
     if p.returncode != 0 and "unshare:" in (p.stderr or "") and "propagation" in (p.stderr or ""):
         pytest.skip("cannot make a private mount namespace here: " + p.stderr.strip())
     return p
