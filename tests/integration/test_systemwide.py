@@ -217,3 +217,18 @@ def test_check_reads_the_implicit_config(root):
     put(root, CFG, BROKEN)
     r = cli(root, "check")
     assert r.returncode == 78 and CFG in r.stderr and "colour" in r.stderr
+
+
+def test_strict_lock_unguarded_under_the_implicit_config(root):
+    """A strict lock that cannot be guarded: explicit, exit 78 (control);
+    implicit, one error line and the program runs."""
+    _enable(root)
+    put(root, CFG, 'redis = { host = "127.0.0.1"; port = 1; };\nprograms = ["ls"];\n'
+        'locks = ( { symbol = "no_such_function_here"; strict = true; } );\n')
+    r = chroot(root, ["ls", "/"])
+    assert r.returncode == 0 and "usr" in r.stdout.split(), r.stdout + r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and "] ls: error: config error: " in lines[0], r.stderr
+    assert "no_such_function_here" in lines[0] and "nothing is guarded" in lines[0]
+    r = chroot(root, ["ls", "/"], env={"LOCKSHIM_CONFIG": CFG})
+    assert r.returncode == 78, r.stdout + r.stderr
