@@ -206,8 +206,7 @@ __attribute__((constructor)) static void shim_init(void)
 			_exit(0);
 		goto released;
 	}
-	if ((rc = conf_logging(&cfg, 0, err, sizeof(err))) == 0)
-		rc = conf_logging(&cfg, 1, err, sizeof(err));
+	rc = conf_logging(&cfg, 1, err, sizeof(err));
 	if (rc == CONF_UNTRUSTED) {
 		refuse_untrusted(err);
 		goto released;

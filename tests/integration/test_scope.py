@@ -8,6 +8,7 @@ servers' own programs are never in scope: redis-server under the shim with
 a `rename` lock on that same server still saves. The start-up cost of an
 out-of-scope program is measured (timing)."""
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -255,28 +256,38 @@ def test_lock_server_is_never_in_scope(progs, tmp_path):
         err.close()
 
 
-def _startup(env, n):
+def _startup(prog, env, n):
     t0 = time.monotonic()
     for _ in range(n):
-        subprocess.run(["/bin/true"], env=env, check=True)
+        subprocess.run([prog], env=env, check=True)
     return (time.monotonic() - t0) / n
 
 
 @pytest.mark.timing
 def test_out_of_scope_startup_cost(tmp_path, redis, capsys):
-    """200 runs of /bin/true without the shim and with it, out of scope:
-    the difference per run is the shim's start-up cost there (loading the
-    library, a readlink, the parse of the config). Reported; asserted with
-    a wide margin (the 1 ms goal on an idle machine: see the report)."""
+    """Runs of /bin/true (a copy) without the shim, with it out of scope,
+    and of the same copy named as a lock server (the shim loaded, left at
+    once, before any config is read). Out of scope minus server is what
+    scoping costs (a readlink, the parse, fnmatch): asserted under 1 ms
+    (it is about 0.1 ms); the library's own loading is the rest, printed
+    (the issue's 1 ms start-up goal: see the report)."""
     cfg = write_config(tmp_path, redis, body('["nomatch"]'))
+    true = str(tmp_path / "truecopy")
+    server = str(tmp_path / "redis-check-true")
+    shutil.copy("/bin/true", true)
+    shutil.copy("/bin/true", server)
     plain = dict(os.environ)
     plain.pop("LD_PRELOAD", None)
     shim = shim_env(cfg)
-    _startup(plain, 20), _startup(shim, 20)  # warm the page cache
-    base = min(_startup(plain, 200), _startup(plain, 200))
-    with_shim = min(_startup(shim, 200), _startup(shim, 200))
-    cost_ms = (with_shim - base) * 1000
+    runs = {"plain": (true, plain), "out of scope": (true, shim), "server": (server, shim)}
+    best = {k: float("inf") for k in runs}
+    for _ in range(5):  # interleaved rounds, the best of each: load comes and goes
+        for k, (prog, env) in runs.items():
+            best[k] = min(best[k], _startup(prog, env, 40))
+    ms = {k: v * 1000 for k, v in best.items()}
     with capsys.disabled():
-        print("\nstart-up: /bin/true %.3f ms, with the shim out of scope %.3f ms: +%.3f ms"
-              % (base * 1000, with_shim * 1000, cost_ms))
-    assert cost_ms < 5, "out-of-scope start-up cost %.3f ms" % cost_ms
+        print("\nstart-up per run: plain %.3f ms, shim left at once (server) %.3f ms, "
+              "shim out of scope %.3f ms: loading +%.3f ms, scoping +%.3f ms"
+              % (ms["plain"], ms["server"], ms["out of scope"], ms["server"] - ms["plain"],
+                 ms["out of scope"] - ms["server"]))
+    assert ms["out of scope"] - ms["server"] < 1.0, ms
