@@ -232,3 +232,32 @@ def test_strict_lock_unguarded_under_the_implicit_config(root):
     assert "no_such_function_here" in lines[0] and "nothing is guarded" in lines[0]
     r = chroot(root, ["ls", "/"], env={"LOCKSHIM_CONFIG": CFG})
     assert r.returncode == 78, r.stdout + r.stderr
+
+
+def test_enable_disable_faults(root):
+    put(root, CFG, VALID)
+    preload = os.path.join(root, "etc", "ld.so.preload")
+    # the path among other names on one line (ld.so splits at blanks and
+    # colons): already there; disable leaves a line it did not write
+    put(root, "/etc/ld.so.preload", "%s %s\n" % (OTHER, LIB))
+    r = cli(root, "enable")
+    assert r.returncode == 0 and "already" in r.stdout, r.stdout + r.stderr
+    r = cli(root, "disable")
+    assert r.returncode == 0 and "nothing changed" in r.stdout
+    assert read(root, "/etc/ld.so.preload") == "%s %s\n" % (OTHER, LIB)
+    # no final newline: the line goes on a line of its own
+    put(root, "/etc/ld.so.preload", OTHER)
+    assert cli(root, "enable").returncode == 0
+    assert read(root, "/etc/ld.so.preload") == OTHER + "\n" + LIB + "\n"
+    # unreadable (a directory): 74, nothing written
+    os.unlink(preload)
+    os.mkdir(preload)
+    for verb in ("enable", "disable"):
+        r = cli(root, verb)
+        assert r.returncode == 74 and "/etc/ld.so.preload" in r.stderr, r.stdout + r.stderr
+    assert os.listdir(preload) == []
+    assert [f for f in os.listdir(os.path.join(root, "etc")) if "ld.so.preload." in f] == []
+    # usage
+    assert cli(root, "enable", "extra").returncode == 64
+    assert cli(root, "disable", "extra").returncode == 64
+    assert cli(root, "enable", "-c").returncode == 64
