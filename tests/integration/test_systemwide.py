@@ -261,3 +261,17 @@ def test_enable_disable_faults(root):
     assert cli(root, "enable", "extra").returncode == 64
     assert cli(root, "disable", "extra").returncode == 64
     assert cli(root, "enable", "-c").returncode == 64
+
+
+@pytest.mark.parametrize("on_error,rc,moved", [("skip", 1, False), ("proceed", 0, True),
+                                               ("exit", 75, False)])
+def test_in_scope_program_follows_on_error_while_redis_is_down(root, on_error, rc, moved):
+    """Under the preload, a program a lock applies to, with its server
+    down, does what the lock's on_error says; the others run untouched."""
+    _enable(root)
+    put(root, CFG, VALID.replace("wait_ms = 500;", 'wait_ms = 500; on_error = "%s";' % on_error))
+    r = chroot(root, "touch /root/a && mv /root/a /root/b")
+    assert r.returncode == rc, (r.returncode, r.stdout, r.stderr)
+    assert os.path.exists(os.path.join(root, "root", "b")) == moved
+    r = chroot(root, "touch /root/c && ls /root")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
