@@ -16,7 +16,7 @@ import time
 import pytest
 
 from support.server import RedisServer
-from support.util import CLI, SHIM, TIMEOUT, run, shim_env, wait_for, write_config
+from support.util import CLI, MULT, TIMEOUT, run, shim_env, wait_for, write_config
 from support.workers import Bg
 
 
@@ -256,17 +256,16 @@ def test_lock_server_is_never_in_scope(progs, tmp_path):
         err.close()
 
 
-def _startup(prog, env, n):
+def _once(prog, env):
     t0 = time.monotonic()
-    for _ in range(n):
-        subprocess.run([prog], env=env, check=True)
-    return (time.monotonic() - t0) / n
+    subprocess.run([prog], env=env, check=True)
+    return time.monotonic() - t0
 
 
 @pytest.mark.timing
 def test_out_of_scope_startup_cost(tmp_path, redis, capsys):
-    """Runs of /bin/true (a copy) without the shim, with it out of scope,
-    and of the same copy named as a lock server (the shim loaded, left at
+    """200 runs each, interleaved, of /bin/true (a copy) without the shim,
+    with it out of scope, and of the same copy named as a lock server (the shim loaded, left at
     once, before any config is read). Out of scope minus server is what
     scoping costs (a readlink, the parse, fnmatch): asserted under 1 ms
     (it is about 0.1 ms); the library's own loading is the rest, printed
@@ -280,14 +279,15 @@ def test_out_of_scope_startup_cost(tmp_path, redis, capsys):
     plain.pop("LD_PRELOAD", None)
     shim = shim_env(cfg)
     runs = {"plain": (true, plain), "out of scope": (true, shim), "server": (server, shim)}
-    best = {k: float("inf") for k in runs}
-    for _ in range(5):  # interleaved rounds, the best of each: load comes and goes
+    times = {k: [] for k in runs}
+    for _ in range(200):  # interleaved, so that load hits the three alike
         for k, (prog, env) in runs.items():
-            best[k] = min(best[k], _startup(prog, env, 40))
-    ms = {k: v * 1000 for k, v in best.items()}
+            times[k].append(_once(prog, env))
+    # the first quartile of each: what a run costs when nothing else runs
+    ms = {k: sorted(v)[len(v) // 4] * 1000 for k, v in times.items()}
     with capsys.disabled():
         print("\nstart-up per run: plain %.3f ms, shim left at once (server) %.3f ms, "
               "shim out of scope %.3f ms: loading +%.3f ms, scoping +%.3f ms"
               % (ms["plain"], ms["server"], ms["out of scope"], ms["server"] - ms["plain"],
                  ms["out of scope"] - ms["server"]))
-    assert ms["out of scope"] - ms["server"] < 1.0, ms
+    assert ms["out of scope"] - ms["server"] < 1.0 * MULT, ms
