@@ -3,8 +3,8 @@
  * init.c - the shim's life cycle: constructor, fork handlers, destructor.
  *
  * The constructor first asks scope.h whether this program is a lock
- * server's own (redis-server, ...): then it does nothing, not even read
- * the config. Otherwise it loads the config, named explicitly
+ * server's own (redis-server, ...) or lockshim's command: then it does
+ * nothing, not even read the config. Otherwise it loads the config, named explicitly
  * (LOCKSHIM_CONFIG, which `lockshim run -c` sets; a relative one is made
  * absolute in the environment, so that children started after a chdir
  * read the same file) or implicitly (the default path). Explicit: an
@@ -169,7 +169,7 @@ __attribute__((constructor)) static void shim_init(void)
 	shim_initial_thread = pthread_self();
 	log_init();
 	scope_self(&exe);
-	if (scope_server(&exe)) {
+	if (scope_exempt(&exe)) {
 		if (check >= 0) {
 			scope_report_program(check, &exe, NULL);
 			_exit(0);

@@ -2,11 +2,12 @@
 /*
  * scope.c - the programs the shim acts in (see scope.h).
  *
- * The lock servers' table names the programs that serve locks: under a
- * system-wide preload a `rename` lock would otherwise be taken by the very
- * server that must grant it (redis-server's SAVE renames its dump), a
- * self-deadlock. Debian's /usr/bin/redis-server is a link to
- * redis-check-rdb, so the table is matched on the resolved file name.
+ * The exempt table names the programs never in scope. The lock servers:
+ * under a system-wide preload a `rename` lock would otherwise be taken by
+ * the very server that must grant it (redis-server's SAVE renames its
+ * dump), a self-deadlock. Debian's /usr/bin/redis-server is a link to
+ * redis-check-rdb, so the table is matched on the resolved file name. And
+ * lockshim's own command.
  * Everything here runs in the constructor of every program the shim is
  * preloaded into, so it is a readlink(2) and a few fnmatch(3) calls: no
  * allocation, no file opened.
@@ -20,10 +21,20 @@
 
 #include "log.h"
 
-/* The lock servers' own programs (the executable's file name). A further
- * backend's server programs go here too. */
-static const char *const servers[] = {
-	"redis-server", "redis-sentinel", "redis-check-*", "valkey-*", "keydb-server", NULL
+/* The programs never in scope (the executable's file name), and why: the
+ * lock servers' own (a further backend's server programs go here too), and
+ * lockshim's command, which must be able to undo a system-wide preload
+ * (`lockshim disable` renames /etc/ld.so.preload) while the server is down. */
+static const struct {
+	const char *pattern, *what;
+} exempt[] = {
+	{ "redis-server", "a lock server's own program" },
+	{ "redis-sentinel", "a lock server's own program" },
+	{ "redis-check-*", "a lock server's own program" },
+	{ "valkey-*", "a lock server's own program" },
+	{ "keydb-server", "a lock server's own program" },
+	{ "lockshim", "lockshim's own command" },
+	{ NULL, NULL }
 };
 
 int scope_self(struct scope_exe *x)
@@ -46,12 +57,20 @@ int scope_self(struct scope_exe *x)
 	return 0;
 }
 
-const char *scope_server(const struct scope_exe *x)
+/* Returns the index in exempt[] of x's file name, or -1. */
+static int exempt_index(const struct scope_exe *x)
 {
-	for (int i = 0; servers[i]; i++)
-		if (fnmatch(servers[i], x->name, 0) == 0)
-			return servers[i];
-	return NULL;
+	for (int i = 0; exempt[i].pattern; i++)
+		if (fnmatch(exempt[i].pattern, x->name, 0) == 0)
+			return i;
+	return -1;
+}
+
+const char *scope_exempt(const struct scope_exe *x)
+{
+	int i = exempt_index(x);
+
+	return i < 0 ? NULL : exempt[i].pattern;
 }
 
 int scope_match(char *const *pats, const struct scope_exe *x)
@@ -125,8 +144,10 @@ void scope_report_program(int fd, const struct scope_exe *x, char *const *pats)
 		snprintf(why, sizeof(why), "programs %s match neither %s nor %s", list, x->path,
 			 x->name);
 	} else {
-		snprintf(why, sizeof(why), "a lock server's own program (%s) is never in scope",
-			 scope_server(x));
+		int i = exempt_index(x);
+
+		snprintf(why, sizeof(why), "%s (%s) is never in scope",
+			 i < 0 ? "a program" : exempt[i].what, i < 0 ? x->name : exempt[i].pattern);
 	}
 	snprintf(line, sizeof(line), "%s: out of scope (%s); nothing is guarded in this program",
 		 x->path[0] ? x->path : "the program", why);

@@ -210,6 +210,9 @@ def test_check_says_a_program_is_out_of_scope(progs, redis, tmp_path):
     c = subprocess.run([CLI, "check", "-c", cfg, "--", "redis-server", "--version"],
                        capture_output=True, text=True, timeout=TIMEOUT)
     assert c.returncode == 0 and "a lock server's own program" in c.stdout, c.stdout
+    c = subprocess.run([CLI, "check", "-c", cfg, "--", CLI, "version"], capture_output=True,
+                       text=True, timeout=TIMEOUT)
+    assert c.returncode == 0 and "lockshim's own command (lockshim)" in c.stdout, c.stdout
 
 
 def test_lock_server_is_never_in_scope(progs, tmp_path):

@@ -275,3 +275,17 @@ def test_in_scope_program_follows_on_error_while_redis_is_down(root, on_error, r
     assert os.path.exists(os.path.join(root, "root", "b")) == moved
     r = chroot(root, "touch /root/c && ls /root")
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_disable_works_when_every_program_is_guarded_and_redis_is_down(root):
+    """lockshim's own command is never in scope: with a `rename` lock on
+    every program and the server down, disable still renames the preload
+    file into place (control: mv, in scope, has its rename skipped)."""
+    put(root, "/etc/ld.so.preload", OTHER + "\n")  # disable will rename, not unlink
+    _enable(root)
+    put(root, CFG, VALID.replace('programs = ["mv"];\n', ""))
+    r = chroot(root, "touch /root/a && mv /root/a /root/b")
+    assert r.returncode == 1 and os.path.exists(os.path.join(root, "root", "a")), r.stderr
+    r = cli(root, "disable")
+    assert r.returncode == 0 and "removed" in r.stdout, r.stdout + r.stderr
+    assert read(root, "/etc/ld.so.preload") == OTHER + "\n"
