@@ -9,6 +9,8 @@
  *                                                  run COMMAND holding KEY (cli/lock.c)
  *   lockshim status | unlock ...                   see and remove locks (status.c, unlock.c)
  *   lockshim metrics [-c FILE] [--listen HOST:PORT] counts and gauges (metrics.c)
+ *   lockshim enable [-c FILE] | disable            the shim in /etc/ld.so.preload
+ *                                                  (preload.c)
  *   lockshim settings                              the settings the parser knows
  *   lockshim version | help
  *
@@ -127,6 +129,14 @@ static const struct cmd_struct commands[] = {
 	  "print the counts of every host and the locks held and waited for now, in the "
 	  "Prometheus text format, or serve them at GET /metrics",
 	  "0, 64 usage, 69 Redis unreachable (or --listen cannot bind), 78 config" },
+	{ "enable", { NULL }, cmd_enable, "[-c FILE]",
+	  "validate FILE (default " CONF_DEFAULT_PATH ") as the shim does, without the "
+	  "server, then add the shim to /etc/ld.so.preload: every program loads it",
+	  "0 added or already there, 64 usage, 69 the shim not found, 74 /etc/ld.so.preload "
+	  "not written, 77 not root, 78 config" },
+	{ "disable", { NULL }, cmd_disable, "",
+	  "remove the shim's line from /etc/ld.so.preload",
+	  "0 removed or not there, 64 usage, 74 /etc/ld.so.preload not written, 77 not root" },
 	{ "settings", { NULL }, cmd_settings, "",
 	  "print the settings the shim knows, one per line: group name type default", "0" },
 	{ "version", { "--version", NULL }, cmd_version, "", "print the version", "0" },
@@ -330,8 +340,7 @@ unknown:
 	return NULL;
 }
 
-/* Finds liblockshim.so; returns a malloc'd path or NULL. */
-static char *find_shim(void)
+char *cli_find_shim(void)
 {
 	char self[PATH_MAX], *dir, *p = NULL;
 	const char *candidates[] = { "%s/liblockshim.so", "%s/../lib/liblockshim.so",
@@ -350,7 +359,7 @@ static char *find_shim(void)
 		}
 	}
 	if (access(LOCKSHIM_LIBDIR "/liblockshim.so", R_OK) == 0)
-		return strdup(LOCKSHIM_LIBDIR "/liblockshim.so");
+		return realpath(LOCKSHIM_LIBDIR "/liblockshim.so", NULL);
 	return NULL;
 }
 
@@ -361,7 +370,7 @@ static char *find_shim(void)
  */
 static int shim_environment(const char *config)
 {
-	char *shim = find_shim(), *abs = realpath(config, NULL), *preload;
+	char *shim = cli_find_shim(), *abs = realpath(config, NULL), *preload;
 	const char *old = getenv("LD_PRELOAD");
 
 	if (!shim) {

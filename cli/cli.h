@@ -22,6 +22,17 @@ const char *cli_default_config(void);
  * when unusable (the caller releases cfg either way). */
 int cli_load(struct conf *cfg, const char *path);
 
+/* Returns the shim's absolute path (malloc'd; the caller frees it): the
+ * liblockshim.so next to this program, in ../lib or ../lib/lockshim,
+ * symbolic links resolved, else LOCKSHIM_LIBDIR's; NULL when none is
+ * readable. */
+char *cli_find_shim(void);
+
+/* `lockshim enable` and `disable` (cli/preload.c). argv[1] is the verb;
+ * return the exit status. */
+int cmd_enable(int argc, char **argv);
+int cmd_disable(int argc, char **argv);
+
 /* `lockshim lock` (cli/lock.c). argv[1] is the verb; returns the exit status. */
 int cmd_lock(int argc, char **argv);
 

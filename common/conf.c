@@ -89,6 +89,8 @@ const struct conf_field conf_lock_fields[] = {
 	/* -1: by symbol */
 	LOCK_FIELD(offset, F_ADDR, 0, LLONG_MAX, .def = -1),
 	LOCK_FIELD(build_id, F_HEX, 1, CONF_BUILD_ID_MAX),
+	/* NULL: every program (check_programs, shim/scope.c) */
+	LOCK_FIELD(programs, F_STRS, 0, 0),
 	{ .name = NULL }
 };
 
@@ -104,6 +106,8 @@ const struct conf_field conf_top_fields[] = {
 	FIELD(struct conf, "strict", strict, F_BOOL, 0, 1),
 	FIELD(struct conf, "debug_dirs", debug_dirs, F_STRS, 0, 0,
 	      .def_strs = (const char *const[]){ "/usr/lib/debug", NULL }),
+	/* NULL: every program (check_programs, shim/scope.c) */
+	FIELD(struct conf, "programs", programs, F_STRS, 0, 0),
 	SECTION("defaults", F_DEFAULTS),
 	SECTION("locks", F_LOCKS),
 	{ .name = NULL }
@@ -150,6 +154,42 @@ static int check_symbol(struct conf_err *e, const config_setting_t *s,
 				    "\"%s\" cannot be guarded: it replaces the program and does "
 				    "not return when it succeeds, so its lock would stay held for "
 				    "the whole lease", sym);
+	return 0;
+}
+
+/* ---- programs ----------------------------------------------------------- */
+
+/*
+ * Checks a `programs` list (read from s, named what): not empty, and each
+ * pattern one that can match something: the patterns are matched without
+ * FNM_PATHNAME against an absolute path and a file name (shim/scope.c), so
+ * a pattern with a '/' must start with '/' or a wildcard, and a trailing
+ * lone backslash escapes nothing. NULL (not set) is fine. Returns 0, or -1
+ * said with conf_fail.
+ */
+static int check_programs(struct conf_err *e, const config_setting_t *s, const char *what,
+			  char *const *pats)
+{
+	if (!pats)
+		return 0;
+	if (!pats[0])
+		return conf_fail(e, s, what, "is empty: it would match no program; leave "
+				 "programs out to mean every program");
+	for (int i = 0; pats[i]; i++) {
+		const config_setting_t *x = s ? config_setting_get_elem(s, (unsigned)i) : NULL;
+		const char *p = pats[i];
+		size_t n = strlen(p), bs = 0;
+
+		while (bs < n && p[n - 1 - bs] == '\\')
+			bs++;
+		if (bs % 2)
+			return conf_fail(e, x ? x : s, what, "\"%s\" ends with a lone backslash",
+					 p);
+		if (strchr(p, '/') && !strchr("/*?[", p[0]))
+			return conf_fail(e, x ? x : s, what, "\"%s\" has a '/' but starts with "
+					 "neither '/' nor a wildcard: it matches neither a "
+					 "program's absolute path nor its file name", p);
+	}
 	return 0;
 }
 
@@ -264,6 +304,14 @@ static int parse_lock(struct conf_err *e, const config_setting_t *g, int idx, in
 		return conf_fail(e, g, where, "out of memory");
 	if (conf_group_apply(e, g, where, conf_lock_fields, l))
 		return -1;
+	if (config_setting_get_member(g, "programs")) {
+		char what[48];
+
+		snprintf(what, sizeof(what), "%s.programs", where);
+		if (check_programs(e, config_setting_get_member(g, "programs"), what,
+				   l->programs))
+			return -1;
+	}
 	for (const struct conf_field *f = conf_lock_fields; f->name; f++)
 		if ((f->flags & FL_REQUIRED) && strcmp(f->name, "symbol") &&
 		    strcmp(f->name, "symbols") && !config_setting_get_member(g, f->name))
@@ -365,6 +413,9 @@ static int parse_root(struct conf_err *e, config_t *cf, struct conf *cfg)
 		else if (conf_field_apply(e, f, s, name, cfg))
 			return -1;
 	}
+	if (check_programs(e, config_setting_get_member(root, "programs"), "programs",
+			   cfg->programs))
+		return -1;
 	defaults->strict = cfg->strict;
 	if (defaults_g) {
 		for (const struct conf_field *f = conf_lock_fields; f->name; f++) {
@@ -376,7 +427,9 @@ static int parse_root(struct conf_err *e, config_t *cf, struct conf *cfg)
 			snprintf(what, sizeof(what), "defaults.%s", f->name);
 			return conf_fail(e, s, what, "%s is per lock, not a default", f->name);
 		}
-		if (conf_group_apply(e, defaults_g, "defaults", conf_lock_fields, defaults))
+		if (conf_group_apply(e, defaults_g, "defaults", conf_lock_fields, defaults) ||
+		    check_programs(e, config_setting_get_member(defaults_g, "programs"),
+				   "defaults.programs", defaults->programs))
 			return -1;
 	}
 	/* Derived fields, once everything they read is valid and final. */
@@ -677,6 +730,29 @@ nomem:
 long long conf_waiter_ttl_ms(const struct lock_spec *l, long long request_ms)
 {
 	return 2 * l->retry_max_ms + request_ms;
+}
+
+int conf_keep_locks(struct conf *cfg, int (*keep)(const struct lock_spec *l, void *arg),
+		    void *arg)
+{
+	int n = 0;
+
+	for (int i = 0; i < cfg->nlocks; i++) {
+		struct lock_spec *l = &cfg->locks[i];
+
+		if (keep(l, arg)) {
+			if (n != i)
+				cfg->locks[n] = *l;
+			n++;
+			continue;
+		}
+		conf_fields_release(conf_lock_fields, l);
+		key_tmpl_release(&l->key);
+	}
+	if (n < cfg->nlocks)
+		memset(&cfg->locks[n], 0, sizeof(*cfg->locks) * (size_t)(cfg->nlocks - n));
+	cfg->nlocks = n;
+	return n;
 }
 
 const struct lock_spec *conf_find(const struct conf *cfg, const char *symbol)

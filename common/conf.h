@@ -68,6 +68,8 @@ struct lock_spec {
 	char *object;            /* where the definition is looked up; NULL: the
 				  * executable, then the libraries in load order */
 	long long offset;        /* st_value of the function in object; -1: by symbol */
+	char **programs;         /* fnmatch(3) patterns of the programs the lock
+				  * applies in (shim/scope.h); NULL: every program */
 	char *build_id;          /* object's build-id, lowercase hex; NULL: any */
 	int index;               /* the lock's place in the file's `locks` */
 	int member;              /* this symbol's place in symbols (0: the first) */
@@ -99,11 +101,14 @@ struct conf {
 	int log_syslog;     /* lines also to syslog (log_open_syslog) */
 	int strict;         /* the default of every lock's `strict` */
 	char **debug_dirs;  /* where separate debug files are looked for; NULL-terminated */
+	char **programs;    /* fnmatch(3) patterns of the programs the file is for
+			     * (shim/scope.h); NULL: every program */
 	/* Every lock's settings before its own: the built-in values, then the
 	 * file's `defaults` (no symbol, no key; waiter_ttl_ms derived). */
 	struct lock_spec defaults;
 	struct lock_spec *locks; /* one per guarded symbol (struct lock_spec) */
-	int nlocks;              /* specs in locks; locks[nlocks - 1].index + 1 locks */
+	int nlocks;              /* specs in locks; locks[nlocks - 1].index + 1 locks,
+				  * until conf_keep_locks removed some */
 };
 
 /*
@@ -185,6 +190,15 @@ int conf_open_trusted(const char *path, int flags, int mode, int file_too, char 
  */
 struct lock_spec *conf_add_literal_lock(struct conf *cfg, const char *key, char *err,
 					size_t errlen);
+
+/*
+ * Keeps in cfg->locks only the specs for which keep(spec, arg) returns
+ * nonzero, in their order, and releases the others (what they own, their
+ * keys). Each spec keeps its index, the lock's place in the file. Returns
+ * how many remain (cfg->nlocks).
+ */
+int conf_keep_locks(struct conf *cfg, int (*keep)(const struct lock_spec *l, void *arg),
+		    void *arg);
 
 /* Returns the spec guarding symbol, or NULL. */
 const struct lock_spec *conf_find(const struct conf *cfg, const char *symbol);

@@ -156,14 +156,24 @@ int log_open_syslog(const char *path)
 	return 0;
 }
 
-/* Sends msg[0..m) at level to syslog as one datagram "<PRI>lockshim[pid]:
- * program: level: msg" (facility LOG_DAEMON). While the daemon's queue is
- * full the send waits LOG_SYSLOG_WAIT_MS at most; after a line was dropped
- * so, later ones do not wait at all until one goes through again. A line
- * nothing listens to is dropped. */
-static void syslog_send(int level, const char *msg, int m)
+/* Writes the datagram "<PRI>lockshim[pid]: program: level: msg" for
+ * msg[0..m) at level (facility LOG_DAEMON) to dg (cap bytes). Returns its
+ * length. */
+static int syslog_datagram(char *dg, size_t cap, int level, const char *msg, int m)
 {
 	static const int severity[] = { 3, 4, 6, 7 }; /* err, warning, info, debug */
+	int n = snprintf(dg, cap, "<%d>lockshim[%d]: %s: %s: ", 3 * 8 + severity[level],
+			 log_pid, log_prog, level_names[level]);
+
+	return n + (int)log_escape(dg + n, cap - (size_t)n, msg, (size_t)m);
+}
+
+/* Sends msg[0..m) at level to syslog as one datagram (syslog_datagram).
+ * While the daemon's queue is full the send waits LOG_SYSLOG_WAIT_MS at
+ * most; after a line was dropped so, later ones do not wait at all until
+ * one goes through again. A line nothing listens to is dropped. */
+static void syslog_send(int level, const char *msg, int m)
+{
 	int flags = MSG_NOSIGNAL |
 		    (__atomic_load_n(&log_sys_lagging, __ATOMIC_RELAXED) ? MSG_DONTWAIT : 0);
 	char dg[2048];
@@ -179,14 +189,34 @@ static void syslog_send(int level, const char *msg, int m)
 	}
 	if ((fd = log_sys.fd) < 0)
 		return;
-	n = snprintf(dg, sizeof(dg), "<%d>lockshim[%d]: %s: %s: ", 3 * 8 + severity[level],
-		     log_pid, log_prog, level_names[level]);
-	n += (int)log_escape(dg + n, sizeof(dg) - (size_t)n, msg, (size_t)m);
+	n = syslog_datagram(dg, sizeof(dg), level, msg, m);
 	while ((sent = sendto(fd, dg, (size_t)n, flags, (const struct sockaddr *)&log_sys_addr,
 			      sizeof(log_sys_addr))) < 0 && errno == EINTR)
 		;
 	if (sent >= 0 || errno == EAGAIN || errno == EWOULDBLOCK)
 		__atomic_store_n(&log_sys_lagging, sent < 0, __ATOMIC_RELAXED);
+}
+
+void log_syslog_once(const char *path, int level, const char *msg)
+{
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	struct timeval tv = { 0, LOG_SYSLOG_WAIT_MS * 1000 };
+	char dg[2048];
+	int fd, n;
+
+	if (strlen(path) >= sizeof(addr.sun_path))
+		return;
+	memcpy(addr.sun_path, path, strlen(path) + 1);
+	if (!log_pid)
+		log_init();
+	if ((fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0)
+		return;
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	n = syslog_datagram(dg, sizeof(dg), level, msg, (int)strlen(msg));
+	while (sendto(fd, dg, (size_t)n, MSG_NOSIGNAL, (const struct sockaddr *)&addr,
+		      sizeof(addr)) < 0 && errno == EINTR)
+		;
+	close(fd);
 }
 
 /* Returns the length of the well-formed UTF-8 sequence (not overlong, no

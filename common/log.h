@@ -80,6 +80,12 @@ void log_set_json(int json);
  * mapped to err, warning, info or debug. Returns 0 or -errno. */
 int log_open_syslog(const char *path);
 
+/* Sends one line, msg at level, to the syslog socket at path as
+ * log_open_syslog's lines go, on a socket opened for it and closed before
+ * returning (nothing stays open; the send waits 100 ms at most). For the
+ * shim's one line about an unusable implicit config (init.c). */
+void log_syslog_once(const char *path, int level, const char *msg);
+
 /* Sets the pid printed in the prefix; called in a fork child. */
 void log_set_pid(int pid);
 

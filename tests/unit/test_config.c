@@ -153,6 +153,13 @@ static void open_trusted(void)
 	rmdir(dir);
 }
 
+/* conf_keep_locks's filter: the specs of symbols h and i. */
+static int keep_h_and_i(const struct lock_spec *l, void *arg)
+{
+	(void)arg;
+	return !strcmp(l->symbol, "h") || !strcmp(l->symbol, "i");
+}
+
 int main(void)
 {
 	struct conf cfg;
@@ -368,6 +375,48 @@ int main(void)
 	test_cond(rejects("debug_dirs = \"/x\";", "debug_dirs", "expected a list"));
 	test_cond(rejects("debug_dirs = ( \"\" );", "debug_dirs", "must not be empty"));
 
+	test("programs: top level, defaults, per lock; conf_keep_locks");
+	test_cond(load_text(&cfg,
+		"programs = ( \"ledger\", \"/opt/*/bin/*\" );\n"
+		"defaults = { programs = [ \"d*\" ]; };\n"
+		"locks = ( { symbol = \"f\"; programs = ( \"f?\", \"[fg]x\" ); },\n"
+		"          { symbols = [ \"g\", \"h\" ]; },\n"
+		"          { symbol = \"i\"; key = \"k\"; } );",
+		err, sizeof(err)) == 0);
+	test_cond(!strcmp(cfg.programs[0], "ledger") && !strcmp(cfg.programs[1], "/opt/*/bin/*") &&
+		  !cfg.programs[2]);
+	test_cond(!strcmp(cfg.locks[0].programs[0], "f?") &&
+		  !strcmp(cfg.locks[0].programs[1], "[fg]x") && !cfg.locks[0].programs[2]);
+	test_cond(!strcmp(cfg.locks[1].programs[0], "d*") && !cfg.locks[1].programs[1] &&
+		  !strcmp(cfg.locks[2].programs[0], "d*") &&
+		  cfg.locks[1].programs != cfg.locks[2].programs);
+	/* keep h (the second spec of locks[1]) and i: the others released */
+	test_cond(conf_keep_locks(&cfg, keep_h_and_i, NULL) == 2 && cfg.nlocks == 2);
+	test_cond(!strcmp(cfg.locks[0].symbol, "h") && cfg.locks[0].index == 1 &&
+		  cfg.locks[0].member == 1 && !strcmp(cfg.locks[1].symbol, "i") &&
+		  cfg.locks[1].index == 2 && !strcmp(cfg.locks[1].key_src, "k"));
+	test_cond(!cfg.locks[2].symbol && !cfg.locks[2].programs);
+	test_cond(conf_keep_locks(&cfg, keep_h_and_i, NULL) == 2);
+	conf_release(&cfg);
+	test_cond(load_text(&cfg, "locks = ( { symbol = \"f\"; } );", err, sizeof(err)) == 0);
+	test_cond(!cfg.programs && !cfg.locks[0].programs);
+	conf_release(&cfg);
+	test_cond(rejects("programs = ();", "programs", "is empty"));
+	test_cond(rejects("programs = [];", "programs", "is empty"));
+	test_cond(rejects("programs = \"x\";", "programs", "expected a list"));
+	test_cond(rejects("programs = ( \"\" );", "programs", "must not be empty"));
+	test_cond(rejects("programs = ( \"a\", \"bin/x\" );", ":1: programs",
+			  "starts with neither"));
+	test_cond(rejects("programs = ( \"x\\\\\" );", "programs", "lone backslash"));
+	test_cond(load_text(&cfg, "programs = ( \"x\\\\\\\\\", \"*/x\", \"?x/y\", \"[/]x\" );",
+			    err, sizeof(err)) == 0);
+	conf_release(&cfg);
+	test_cond(rejects("defaults = { programs = (); };", "defaults.programs", "is empty"));
+	test_cond(rejects("locks = ( { symbol = \"f\";\n programs = (); } );",
+			  ":2: locks[0].programs", "is empty"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; programs = ( 1 ); } );", "locks[0].programs",
+			  "expected a string"));
+
 	test("every redis setting round-trips into its own member only");
 	/* db, connect_timeout_ms and command_timeout_ms are adjacent ints. */
 	test_cond(load_text(&cfg,
@@ -542,7 +591,7 @@ int main(void)
 		}
 		/* A new setting changes these counts: give it a round trip in
 		 * the tests above, then count it here. */
-		test_cond(n == 10 + 18 + 6 + 8 + 28 && nlock == 28 && literal >= 32);
+		test_cond(n == 11 + 18 + 6 + 8 + 29 && nlock == 29 && literal >= 32);
 		test_cond(!settings_describe(groups, n, &d) && !settings_describe(groups, -1, &d));
 		test_cond(settings_describe(groups, 0, &d) && !strcmp(d.group, "top") &&
 			  !strcmp(d.name, "redis"));
