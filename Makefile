@@ -10,6 +10,7 @@ DOCDIR ?= $(PREFIX)/share/doc/lockshim
 MANDIR ?= $(PREFIX)/share/man
 BUILD ?= build
 ARCH ?= $(shell uname -m)
+include arch/$(ARCH)/arch.mk
 PYTEST ?= /usr/bin/python3 -m pytest
 VERSION := 0.1.0
 # The shim's implicit config and the system-wide preload list are always
@@ -40,9 +41,11 @@ SHIM_CFLAGS := $(BASE_CFLAGS) -fPIC -fvisibility=hidden -fexceptions \
 # renamed to the shim's own variables (shim/staticlib.c) in a copy of the
 # archive, which then links into a shared object without text relocations
 # (-z text proves it). The CLI links the archives as they are.
-# Capstone's tables (every architecture's: its cs.c names them all) bring
-# ~77,000 relative relocations; -z pack-relative-relocs (DT_RELR, glibc
-# 2.36) makes the dynamic linker apply them from a bitmap. The archives'
+# Of capstone, the shim links the core and this architecture's decoder
+# only (arch/$(ARCH)/arch.mk, scripts/capstone-arch.sh): every
+# architecture's tables (M68K's alone a megabyte of pointers) were relocated
+# at every start of every program under the shim. -z pack-relative-relocs
+# (DT_RELR, glibc 2.36) applies the relocations left from a bitmap. The archives'
 # paths are asked of the compiler when the link runs (`=`, not `:=`),
 # after the dependency check; `-z defs` makes any unresolved symbol a link
 # error.
@@ -50,7 +53,7 @@ HIREDIS_A = $(shell $(CC) -print-file-name=libhiredis.a)
 CAPSTONE_A = $(shell $(CC) -print-file-name=libcapstone.a)
 LIBCONFIG_A = $(shell $(CC) -print-file-name=libconfig.a)
 MBEDTLS_A = $(foreach l,mbedtls mbedx509 mbedcrypto,$(shell $(CC) -print-file-name=lib$(l).a))
-SHIM_LIBS = $(HIREDIS_A) $(CAPSTONE_A) $(MBEDTLS_A) $(BUILD)/libconfig-shim.a -lpthread -ldl
+SHIM_LIBS = $(HIREDIS_A) $(BUILD)/libcapstone-arch.a $(MBEDTLS_A) $(BUILD)/libconfig-shim.a -lpthread -ldl
 
 # The folders are the architecture (doc/design.md): shim/ is the preload
 # library proper, backend/ speaks to lock servers, common/ is what both
@@ -81,7 +84,7 @@ all: $(BUILD)/liblockshim.so $(BUILD)/lockshim $(MAN)
 # cli/settings.o is built for the unit tests alone: not an intermediate file.
 .SECONDARY: $(UNIT_OBJ)
 
-$(BUILD)/liblockshim.so: $(SHIM_OBJ) shim/shim.map $(BUILD)/libconfig-shim.a
+$(BUILD)/liblockshim.so: $(SHIM_OBJ) shim/shim.map $(BUILD)/libconfig-shim.a $(BUILD)/libcapstone-arch.a
 	$(CC) -shared $(SAN) -o $@ $(SHIM_OBJ) -Wl,--version-script=shim/shim.map \
 		-Wl,--exclude-libs,ALL -Wl,-z,defs,-z,relro,-z,now,-z,noexecstack,-z,text \
 		-Wl,-z,pack-relative-relocs \
@@ -95,6 +98,9 @@ $(BUILD)/libconfig-shim.a: | $(BUILD)/shim
 	for o in $@.d/*.o; do objcopy --redefine-sym stdin=staticlib_stdin \
 		--redefine-sym stdout=staticlib_stdout --redefine-sym stderr=staticlib_stderr $$o || exit 1; done
 	rm -f $@ && ar rcs $@ $@.d/*.o && rm -rf $@.d
+
+$(BUILD)/libcapstone-arch.a: scripts/capstone-arch.sh arch/$(ARCH)/arch.mk | $(BUILD)/shim
+	scripts/capstone-arch.sh $(CAPSTONE_A) $(CAPSTONE_ARCH) $@ $(CC) $(SHIM_CFLAGS)
 
 $(BUILD)/shim/%.o: %.c | $(BUILD)/shim
 	@mkdir -p $(@D)
