@@ -91,7 +91,7 @@ $(BUILD)/liblockshim.so: $(SHIM_OBJ) shim/shim.map $(BUILD)/libconfig-shim.a $(B
 		$(LDFLAGS) $(SHIM_LIBS)
 
 $(BUILD)/lockshim: $(CLI_OBJ)
-	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(LDFLAGS) $(HIREDIS_A) $(LIBCONFIG_A) $(MBEDTLS_A) -lpthread
+	$(CC) $(SAN) -o $@ $(CLI_OBJ) -Wl,-z,relro,-z,now $(LDFLAGS) $(HIREDIS_A) $(LIBCONFIG_A) $(MBEDTLS_A) -lpthread
 
 $(BUILD)/libconfig-shim.a: | $(BUILD)/shim
 	rm -rf $@.d && mkdir -p $@.d && cd $@.d && ar x $(LIBCONFIG_A)

@@ -5,8 +5,8 @@
 # /data/ledger-ROUND, and writes when it started and ended to
 # /data/ROUND.time.<host name>. Exits 1 if any copy failed.
 # LD_PRELOAD and LOCKSHIM_CONFIG, when the container has them, reach every
-# program here: the shim guards post_entry in batch, and sh, sleep and date,
-# which have no post_entry, it leaves alone (a warning in the container's log).
+# program here: the shim guards post_entry in batch; sh, sleep and date are
+# out of the config's `programs`, so it leaves them alone without a word.
 set -eu
 round=$1
 procs=$2
