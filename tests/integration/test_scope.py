@@ -20,6 +20,13 @@ from support.util import CLI, MULT, TIMEOUT, run, shim_env, wait_for, write_conf
 from support.workers import Bg
 
 
+def cli(*args):
+    """Runs the lockshim command (its sanitizer's options set, as for any
+    program of the tests); returns the CompletedProcess."""
+    return subprocess.run([CLI] + list(args), env=shim_env(None, preload=False),
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
 def sockets(pid):
     """The socket descriptors of process pid."""
     out = []
@@ -120,8 +127,7 @@ def test_per_lock_scoping_takes_only_the_lock_that_applies(progs, redis, tmp_pat
     keys = all_keys(redis)
     assert "lockshim:hold_call:f" in keys and not [k for k in keys if "other_call" in k]
     # check says which lock is out of scope, and exits 0 for it
-    c = subprocess.run([CLI, "check", "-c", cfg, "--", progs["driver"]], capture_output=True,
-                       text=True, timeout=TIMEOUT)
+    c = cli("check", "-c", cfg, "--", progs["driver"])
     assert c.returncode == 0, c.stdout + c.stderr
     assert "other_call: out of scope (locks[1].programs \"ledger*\"" in c.stdout
     assert "hold_call: entry" in c.stdout or "hold_call: reloc" in c.stdout, c.stdout
@@ -189,8 +195,7 @@ def test_bad_programs_refused_at_parse(progs, tmp_path, text, message):
     r = run([progs["driver"], "call:0"], cfg)
     assert r.returncode == 78 and r.stdout == "", r.stderr
     assert message in r.stderr, r.stderr
-    c = subprocess.run([CLI, "check", "-c", cfg], capture_output=True, text=True,
-                       timeout=TIMEOUT)
+    c = cli("check", "-c", cfg)
     assert c.returncode == 78 and message in c.stderr, c.stderr
 
 
@@ -202,16 +207,13 @@ def test_explicit_broken_config_stops_whatever_programs_says(progs, tmp_path):
 
 def test_check_says_a_program_is_out_of_scope(progs, redis, tmp_path):
     cfg = write_config(tmp_path, redis, body('["nomatch"]'))
-    c = subprocess.run([CLI, "check", "-c", cfg, "--", progs["driver"], "call:0"],
-                       capture_output=True, text=True, timeout=TIMEOUT)
+    c = cli("check", "-c", cfg, "--", progs["driver"], "call:0")
     assert c.returncode == 0, c.stdout + c.stderr
     assert "%s: out of scope (programs \"nomatch\" match neither" % progs["driver"] in c.stdout
     assert "nothing is guarded in this program" in c.stdout
-    c = subprocess.run([CLI, "check", "-c", cfg, "--", "redis-server", "--version"],
-                       capture_output=True, text=True, timeout=TIMEOUT)
+    c = cli("check", "-c", cfg, "--", "redis-server", "--version")
     assert c.returncode == 0 and "a lock server's own program" in c.stdout, c.stdout
-    c = subprocess.run([CLI, "check", "-c", cfg, "--", CLI, "version"], capture_output=True,
-                       text=True, timeout=TIMEOUT)
+    c = cli("check", "-c", cfg, "--", CLI, "version")
     assert c.returncode == 0 and "lockshim's own command (lockshim)" in c.stdout, c.stdout
 
 
