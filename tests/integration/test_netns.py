@@ -61,6 +61,9 @@ def net(tmp_path):
             if r.returncode:
                 pytest.skip("cannot make a network namespace here: " + r.stderr.strip())
             made.append(name)
+            r = ip("netns", "exec", name, "true", check=False)
+            if r.returncode:  # a chroot: ip netns exec cannot remount /
+                pytest.skip("cannot enter a network namespace here: " + r.stderr.strip())
             ip("-n", name, "link", "set", "lo", "up")
         ip("-n", ns["redis"], "link", "add", "br0", "type", "bridge")
         ip("-n", ns["redis"], "addr", "add", REDIS_IP + "/24", "dev", "br0")
