@@ -51,6 +51,11 @@ def net(tmp_path):
     for tool in ("ip", "unshare", "hostname", "redis-server", "redis-cli"):
         if not shutil.which(tool):
             pytest.skip(tool + " is not installed (scripts/install-deps.sh installs it)")
+    root, init = os.stat("/"), os.stat("/proc/1/root/")
+    if (root.st_dev, root.st_ino) != (init.st_dev, init.st_ino):
+        # ip netns would bind-mount the root's /run/netns in the machine's
+        # mount namespace, and the root could not be removed afterwards
+        pytest.skip("inside a chroot: network namespaces are made from the machine itself")
     tag = "lockshim-%d-%s" % (os.getpid(), secrets.token_hex(2))
     ns = {k: "%s-%s" % (tag, k) for k in ("redis", "a", "b")}
     procs = []
@@ -61,9 +66,6 @@ def net(tmp_path):
             if r.returncode:
                 pytest.skip("cannot make a network namespace here: " + r.stderr.strip())
             made.append(name)
-            r = ip("netns", "exec", name, "true", check=False)
-            if r.returncode:  # a chroot: ip netns exec cannot remount /
-                pytest.skip("cannot enter a network namespace here: " + r.stderr.strip())
             ip("-n", name, "link", "set", "lo", "up")
         ip("-n", ns["redis"], "link", "add", "br0", "type", "bridge")
         ip("-n", ns["redis"], "addr", "add", REDIS_IP + "/24", "dev", "br0")
