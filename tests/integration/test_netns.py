@@ -51,11 +51,13 @@ def net(tmp_path):
     for tool in ("ip", "unshare", "hostname", "redis-server", "redis-cli"):
         if not shutil.which(tool):
             pytest.skip(tool + " is not installed (scripts/install-deps.sh installs it)")
-    root, init = os.stat("/"), os.stat("/proc/1/root/")
-    if (root.st_dev, root.st_ino) != (init.st_dev, init.st_ino):
-        # ip netns would bind-mount the root's /run/netns in the machine's
-        # mount namespace, and the root could not be removed afterwards
-        pytest.skip("inside a chroot: network namespaces are made from the machine itself")
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+                           capture_output=True, text=True)
+    if probe.returncode:
+        # a chroot (/ no mount point): ip netns would bind-mount the root's
+        # /run/netns in the machine's mount namespace, and the root could
+        # not be removed afterwards
+        pytest.skip("cannot make a private mount namespace here: " + probe.stderr.strip())
     tag = "lockshim-%d-%s" % (os.getpid(), secrets.token_hex(2))
     ns = {k: "%s-%s" % (tag, k) for k in ("redis", "a", "b")}
     procs = []
