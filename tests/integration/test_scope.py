@@ -270,11 +270,13 @@ def _once(prog, env):
 @pytest.mark.timing
 def test_out_of_scope_startup_cost(tmp_path, redis, capsys):
     """200 runs each, interleaved, of /bin/true (a copy) without the shim,
-    with it out of scope, and of the same copy named as a lock server (the shim loaded, left at
-    once, before any config is read). Out of scope minus server is what
-    scoping costs (a readlink, the parse, fnmatch): asserted under 1 ms
-    (it is about 0.1 ms); the library's own loading is the rest, printed
-    (the issue's 1 ms start-up goal: see the report)."""
+    with it out of scope, and of the same copy named as a lock server (the
+    shim loaded, left at once, before any config is read). Out of scope
+    minus server is what scoping costs (a readlink, the parse, fnmatch;
+    about 0.1 ms): asserted with a wide margin, under 5 ms, which connecting
+    or starting a thread would not keep on a loaded machine. The issue's
+    1 ms goal for the whole start-up is a target of make bench (its startup
+    part), not of this test."""
     cfg = write_config(tmp_path, redis, body('["nomatch"]'))
     true = str(tmp_path / "truecopy")
     server = str(tmp_path / "redis-check-true")
@@ -295,4 +297,4 @@ def test_out_of_scope_startup_cost(tmp_path, redis, capsys):
               "shim out of scope %.3f ms: loading +%.3f ms, scoping +%.3f ms"
               % (ms["plain"], ms["server"], ms["out of scope"], ms["server"] - ms["plain"],
                  ms["out of scope"] - ms["server"]))
-    assert ms["out of scope"] - ms["server"] < 1.0 * MULT, ms
+    assert ms["out of scope"] - ms["server"] < 5.0 * MULT, ms
