@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # unpreload.sh - lockshim_unpreload FILE LINE: removes every line of FILE
 # (an ld.so.preload) that is exactly LINE, keeping the other lines, the
 # file's mode and owner; prints what it removed. POSIX sh, coreutils and
