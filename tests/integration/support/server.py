@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import weakref
 
 from resp import Resp
 from support.util import wait_for
@@ -20,6 +21,9 @@ class RedisServer:
 
     def __init__(self, password=None):
         self.dir = tempfile.mkdtemp(prefix="lsr")
+        # a server a test made and never cleaned up (one that stays down)
+        # leaves no directory behind once it is gone
+        weakref.finalize(self, shutil.rmtree, self.dir, True)
         self.sock = os.path.join(self.dir, "redis.sock")
         self.log = os.path.join(self.dir, "redis.log")
         self.hold = socket.socket()
