@@ -112,11 +112,12 @@ def needed_packages(binary):
     return {dpkg_owner(found[n]) for n in needed}
 
 
-def test_lintian_finds_no_error(deb):
+def test_lintian_finds_no_error(deb, tmp_path):
     if not shutil.which("lintian"):
         pytest.skip("lintian is not installed (scripts/install-deps.sh installs it)")
+    # lintian leaves its mldbm-elf-* files in TMPDIR: the test's own
     r = subprocess.run(["lintian", "--no-cfg", deb], capture_output=True, text=True,
-                       timeout=600)
+                       timeout=600, env=dict(os.environ, TMPDIR=str(tmp_path)))
     errors = [l for l in r.stdout.splitlines() if l.startswith("E:")]
     assert errors == [] and r.returncode == 0, r.stdout + r.stderr
 
