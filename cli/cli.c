@@ -76,9 +76,6 @@
 #include "selftest.h"
 #include "settings.h"
 
-#ifndef LOCKSHIM_LIBDIR
-#define LOCKSHIM_LIBDIR "/usr/local/lib"
-#endif
 #ifndef LOCKSHIM_VERSION
 #define LOCKSHIM_VERSION "0.1.0"
 #endif

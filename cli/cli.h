@@ -11,6 +11,13 @@
 
 #define EX_USAGE 64
 #define EX_UNAVAILABLE 69
+#define EX_IOERR 74
+#define EX_NOPERM 77
+
+/* Where `make install` puts the shim (the Makefile passes its LIBDIR). */
+#ifndef LOCKSHIM_LIBDIR
+#define LOCKSHIM_LIBDIR "/usr/local/lib"
+#endif
 
 /* Prints "lockshim: <message>" and the usage on stderr; returns EX_USAGE. */
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

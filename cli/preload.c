@@ -31,13 +31,8 @@
 #include "cli.h"
 #include "conf.h"
 
-#ifndef LOCKSHIM_LIBDIR
-#define LOCKSHIM_LIBDIR "/usr/local/lib"
-#endif
 #define PRELOAD_FILE "/etc/ld.so.preload"
 #define PRELOAD_DIR "/etc"
-#define EX_IOERR 74
-#define EX_NOPERM 77
 
 /* Returns 0 when running as root, else EX_NOPERM (said on stderr). */
 static int need_root(const char *verb)
