@@ -103,22 +103,39 @@ void log_set_pid(int pid)
 	log_pid = pid;
 }
 
-void log_init(void)
+size_t log_self_exe(char *buf, size_t cap)
 {
 	static const char deleted[] = " (deleted)";
+	ssize_t n = readlink("/proc/self/exe", buf, cap - 1);
+
+	if (n <= 0) {
+		buf[0] = 0;
+		return 0;
+	}
+	buf[n] = 0;
+	if ((size_t)n > sizeof(deleted) - 1 &&
+	    strcmp(buf + n - (sizeof(deleted) - 1), deleted) == 0)
+		n -= (ssize_t)(sizeof(deleted) - 1);
+	buf[n] = 0;
+	return (size_t)n;
+}
+
+void log_init(void)
+{
 	char exe[PATH_MAX];
-	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+
+	log_self_exe(exe, sizeof(exe));
+	log_init_exe(exe);
+}
+
+void log_init_exe(const char *exe)
+{
 	const char *base = program_invocation_short_name;
 	size_t len;
 
 	log_pid = getpid();
-	if (n > 0) {
-		exe[n] = 0;
-		if ((size_t)n > sizeof(deleted) - 1 &&
-		    strcmp(exe + n - (sizeof(deleted) - 1), deleted) == 0)
-			exe[n - (sizeof(deleted) - 1)] = 0;
+	if (*exe)
 		base = strrchr(exe, '/') ? strrchr(exe, '/') + 1 : exe;
-	}
 	len = log_escape(log_prog, sizeof(log_prog) - 1, base, strlen(base));
 	log_prog[len] = 0;
 	len = log_json_escape(log_prog_json, sizeof(log_prog_json) - 1, base, strlen(base));

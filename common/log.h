@@ -91,8 +91,15 @@ void log_set_pid(int pid);
 
 /* Reads the pid and the program's name (the file name of /proc/self/exe,
  * else program_invocation_short_name) printed in the prefix; called once,
- * at start-up, by the shim's constructor and the CLI. */
+ * at start-up, by the CLI (log_init) or by the shim's constructor, which
+ * has read the executable's path already (log_init_exe: exe, or "" when
+ * it could not be read). */
 void log_init(void);
+void log_init_exe(const char *exe);
+
+/* Writes the executable's path (/proc/self/exe, " (deleted)" taken off) to
+ * buf (cap bytes, NUL-terminated); returns its length, 0 when unreadable. */
+size_t log_self_exe(char *buf, size_t cap);
 
 /* Returns the program's name as the prefix prints it (log_init's; read
  * on first use when log_init was never called). Static storage. */

@@ -167,8 +167,8 @@ __attribute__((constructor)) static void shim_init(void)
 
 	guard_enter();
 	shim_initial_thread = pthread_self();
-	log_init();
 	scope_self(&exe);
+	log_init_exe(exe.path);
 	if (scope_exempt(&exe)) {
 		if (check >= 0) {
 			scope_report_program(check, &exe, NULL);

@@ -39,19 +39,12 @@ static const struct {
 
 int scope_self(struct scope_exe *x)
 {
-	static const char deleted[] = " (deleted)";
-	ssize_t n = readlink("/proc/self/exe", x->path, sizeof(x->path) - 1);
 	const char *slash;
 
-	if (n <= 0) {
-		x->path[0] = 0;
+	if (!log_self_exe(x->path, sizeof(x->path))) {
 		x->name = x->path;
 		return -1;
 	}
-	x->path[n] = 0;
-	if ((size_t)n > sizeof(deleted) - 1 &&
-	    strcmp(x->path + n - (sizeof(deleted) - 1), deleted) == 0)
-		x->path[n - (sizeof(deleted) - 1)] = 0;
 	slash = strrchr(x->path, '/');
 	x->name = slash ? slash + 1 : x->path;
 	return 0;
