@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from support.util import ASAN, MULT, PRELOAD, run, write_config
+from support.util import ASAN, MULT, PRELOAD, SHIM, others_can_read, run, write_config
 
 KEY = "lockshim:hold_call"
 EAGAIN_TEXT = os.strerror(errno.EAGAIN)
@@ -207,6 +207,8 @@ def public_dir(progs):
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or
                     not shutil.which("prlimit"), reason="needs root, setpriv and prlimit")
+@pytest.mark.skipif(not others_can_read(SHIM), reason="a fresh uid cannot read the shim here "
+                    "(a directory above the build is not searchable by others)")
 def test_rlimit_nproc(redis, public_dir):
     """RLIMIT_NPROC, as a user meets it: an unprivileged uid limited to one
     task cannot start the renewal thread (root is exempt from the limit,

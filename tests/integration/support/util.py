@@ -37,6 +37,23 @@ PRELOAD = (_runtime("libasan.so") + ":" if ASAN else "") + \
           (_runtime("libtsan.so") + ":" if TSAN else "") + SHIM
 
 
+def others_can_read(*paths):
+    """Whether a user with no rights of its own (nobody, a fresh uid) can
+    open each of paths: every directory above it searchable by others, the
+    file readable by others. A clone under a 0700 directory (mktemp -d)
+    hides the shim from such a user; the tests that run one skip there."""
+    for p in paths:
+        p = os.path.realpath(p)
+        if not os.stat(p).st_mode & 0o004:
+            return False
+        d = os.path.dirname(p)
+        while d != "/":
+            if not os.stat(d).st_mode & 0o001:
+                return False
+            d = os.path.dirname(d)
+    return True
+
+
 def wait_for(pred, timeout=10.0, what="condition"):
     """Polls an external observable (Redis state, a file) until pred() holds."""
     deadline = time.monotonic() + timeout * MULT
