@@ -114,7 +114,8 @@ static const struct cmd_struct commands[] = {
 	  "run COMMAND while holding the lock KEY (a distributed flock(1)); --limit N: one of N "
 	  "permits (a semaphore), --shared: beside other shared holders, never an exclusive one",
 	  "COMMAND's (128 + N: killed by signal N), 1 (or -E CODE) busy, 64 usage, 69 "
-	  "Redis unreachable, 71 system error, 75 lease lost, 78 config, 126/127" },
+	  "Redis unreachable or KEY held with another limit, 71 system error, 75 lease lost, "
+	  "78 config, 126/127" },
 	{ "status", { NULL }, cmd_status, "[-c FILE] [--json] [PATTERN]",
 	  "list the locks held in the namespace (PATTERN: a glob on KEY), one line per holder: "
 	  "holder, since, lease left, fence, limit or shared, waiters",
