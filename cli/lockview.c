@@ -32,6 +32,7 @@
 #define ARGS_PER_KEY 15 /* GET k, PTTL k, HMGET k:f n g k l m, ZRANGE k:q 0 -1 */
 #define CMDS_PER_KEY 4
 #define HASH_FIELDS 5   /* n g k l m */
+#define ZRANGE_ARGS 5   /* a holder set's ZRANGE k 0 -1 WITHSCORES */
 #define TOKEN_LEN 32
 #define LIMIT_MAX 10000 /* the `limit` setting's range */
 
@@ -286,8 +287,8 @@ static int read_sets(const struct lockview *lv, struct backend_conn *c,
 		     const char *const *keys, const size_t *klens, const int *sets, int n,
 		     redisReply **rep, struct lv_set *out, char *err, size_t errlen)
 {
-	const char **argv = calloc((size_t)n * 5 + 1, sizeof(*argv));
-	size_t *argvlen = calloc((size_t)n * 5 + 1, sizeof(*argvlen));
+	const char **argv = calloc((size_t)n * ZRANGE_ARGS + 1, sizeof(*argv));
+	size_t *argvlen = calloc((size_t)n * ZRANGE_ARGS + 1, sizeof(*argvlen));
 	int *argc = calloc((size_t)n + 1, sizeof(*argc));
 	redisReply **z = calloc((size_t)n + 1, sizeof(*z));
 	long long now;
@@ -301,13 +302,15 @@ static int read_sets(const struct lockview *lv, struct backend_conn *c,
 	argvlen[0] = 4;
 	argc[0] = 1;
 	for (int i = 0; i < n; i++) {
-		const char *words[5] = { "ZRANGE", keys[sets[i]], "0", "-1", "WITHSCORES" };
+		const char *words[ZRANGE_ARGS] = { "ZRANGE", keys[sets[i]], "0", "-1",
+						   "WITHSCORES" };
+		const char **a = argv + 1 + i * ZRANGE_ARGS;
 
-		for (int j = 0; j < 5; j++) {
-			argv[1 + i * 5 + j] = words[j];
-			argvlen[1 + i * 5 + j] = j == 1 ? klens[sets[i]] : strlen(words[j]);
+		for (int j = 0; j < ZRANGE_ARGS; j++) {
+			a[j] = words[j];
+			argvlen[1 + i * ZRANGE_ARGS + j] = j == 1 ? klens[sets[i]] : strlen(words[j]);
 		}
-		argc[i + 1] = 5;
+		argc[i + 1] = ZRANGE_ARGS;
 	}
 	if (backend_redis_pipeline(c, n + 1, argc, argv, argvlen, z) != 0) {
 		snprintf(err, errlen, "%s", backend_redis_errstr(c));
