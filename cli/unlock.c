@@ -5,14 +5,14 @@
  * holder set (a semaphore, shared holders), each holder's, one after the
  * other. The holders are read first (lockview.c); one alive on this
  * machine is refused (and kept) without --force. The removal is the
- * backend's release of that value with the built-in lock settings and the
- * holder's limit and mode (compare-and-delete: a newer holder is never
- * removed; the head waiter gets the lock at once, or is woken to take a
- * freed place; with Redlock, on every master), synchronous, with the
- * longest waiter TTL of the config's locks for a hand-off. A former holder
- * finds its lease gone at its next renewal (on_lost). Exit 0 every holder
- * removed, 1 not held or one changed meanwhile or refused, 69 the server
- * unreachable, 78 a bad config, 64 a usage error.
+ * backend's release of that value with the built-in lock settings (KEY may
+ * be no lock of the config) and the holder's limit and mode
+ * (compare-and-delete: a newer holder is never removed; the head waiter
+ * gets the lock at once, or is woken to take a freed place; with Redlock,
+ * on every master), synchronous, with the longest waiter TTL of the
+ * config's locks for a hand-off. A former holder finds its lease gone at
+ * its next renewal (on_lost). Exit 0 every holder removed, 1 not held, one
+ * refused or changed meanwhile, 69 unreachable, 78 config, 64 usage.
  */
 #include <stdio.h>
 #include <string.h>
