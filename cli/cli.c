@@ -5,8 +5,8 @@
  *   lockshim run [-c FILE] [--] PROGRAM [ARG...]   run PROGRAM under the shim
  *   lockshim check [-c FILE] [-- PROGRAM [ARG...]] validate FILE, test Redis,
  *                                                  say how PROGRAM's locks are caught
- *   lockshim lock [-c FILE] [-w SECONDS] [-n] [-E CODE] [-l LEASE_MS] KEY -- COMMAND [ARG...]
- *                                                  run COMMAND holding KEY (cli/lock.c)
+ *   lockshim lock [-c FILE] [-w SECONDS] [-n] [-E CODE] [-l LEASE_MS] [--limit N] [--shared]
+ *                 KEY -- COMMAND [ARG...]          run COMMAND holding KEY (cli/lock.c)
  *   lockshim status | unlock ...                   see and remove locks (status.c, unlock.c)
  *   lockshim metrics [-c FILE] [--listen HOST:PORT] counts and gauges (metrics.c)
  *   lockshim enable [-c FILE] | disable            the shim in /etc/ld.so.preload
@@ -109,17 +109,20 @@ static const struct cmd_struct commands[] = {
 	  "how PROGRAM's calls would be caught",
 	  "0 fine, 1 a lock of PROGRAM unguarded, 64 usage, 69 Redis unreachable, 78 config" },
 	{ "lock", { NULL }, cmd_lock,
-	  "[-c FILE] [-w SECONDS] [-n] [-E CODE] [-l LEASE_MS] KEY -- COMMAND [ARG...]",
-	  "run COMMAND while holding the lock KEY (a distributed flock(1))",
+	  "[-c FILE] [-w SECONDS] [-n] [-E CODE] [-l LEASE_MS] [--limit N] [--shared] KEY -- "
+	  "COMMAND [ARG...]",
+	  "run COMMAND while holding the lock KEY (a distributed flock(1)); --limit N: one of N "
+	  "permits (a semaphore), --shared: beside other shared holders, never an exclusive one",
 	  "COMMAND's (128 + N: killed by signal N), 1 (or -E CODE) busy, 64 usage, 69 "
-	  "Redis unreachable, 71 system error, 75 lease lost, 78 config, 126/127" },
+	  "Redis unreachable or KEY held with another limit, 71 system error, 75 lease lost, "
+	  "78 config, 126/127" },
 	{ "status", { NULL }, cmd_status, "[-c FILE] [--json] [PATTERN]",
-	  "list the locks held in the namespace (PATTERN: a glob on KEY): holder, since, "
-	  "lease left, fence, waiters",
+	  "list the locks held in the namespace (PATTERN: a glob on KEY), one line per holder: "
+	  "holder, since, lease left, fence, limit or shared, waiters",
 	  "0 (also when nothing is held), 64 usage, 69 Redis unreachable, 78 config" },
 	{ "unlock", { NULL }, cmd_unlock, "[-c FILE] [--force] [--json] KEY",
-	  "remove KEY's lock as its holder's release would (refused for a live holder on this "
-	  "host without --force)",
+	  "remove KEY's lock (each holder's, for a semaphore or a shared lock) as its holder's "
+	  "release would (refused for a live holder on this host without --force)",
 	  "0 removed, 1 not held, changed meanwhile or a live holder here, 64 usage, 69 "
 	  "Redis unreachable, 78 config" },
 	{ "metrics", { NULL }, cmd_metrics, "[-c FILE] [--listen HOST:PORT]",

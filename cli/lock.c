@@ -5,10 +5,12 @@
  *
  * The lock is the shim's own, so a guarded call naming the same key
  * excludes COMMAND: the config's defaults make a spec for KEY taken
- * literally (conf_add_literal_lock), shim/lock.c takes it and shim/renew.c
- * renews it. COMMAND is a child in its own process group that dies with
- * lockshim (PR_SET_PDEATHSIG), gets LOCKSHIM_LOCK_KEY and LOCKSHIM_FENCE and
- * the caller's signal mask and dispositions. The main thread sleeps in
+ * literally (conf_add_literal_lock), --limit N or --shared set its limit
+ * and mode (the server groups refuse what they cannot honour, as for the
+ * file's locks), shim/lock.c takes it and shim/renew.c renews it.
+ * COMMAND is a child in its own process group that dies with lockshim
+ * (PR_SET_PDEATHSIG), gets LOCKSHIM_LOCK_KEY and LOCKSHIM_FENCE and the
+ * caller's signal mask and dispositions. The main thread sleeps in
  * poll(2) on a pipe that the SIGCHLD handler and the lost-lease hook write
  * to, and alone signals the group: the four forwarded signals, and after a
  * lost lease SIGTERM, SIGKILL 5 s later, exit 75. As a shell's job it hands
@@ -33,6 +35,7 @@
 #include "backend.h"
 #include "cli.h"
 #include "conf.h"
+#include "conf_field.h"
 #include "count.h"
 #include "lock.h"
 #include "log.h"
@@ -71,7 +74,13 @@ struct lock_opts {
 	long long wait_ms;   /* -1: forever */
 	long long lease_ms;  /* 0: the config's */
 	int conflict_code;   /* exit status when the lock is busy */
+	int limit;           /* --limit N: N exclusive permits; 0: the config's */
+	int shared;          /* --shared: a shared holder */
 };
+
+/* getopt_long's values of the options without a short form */
+enum { OPT_LIMIT = 256, OPT_SHARED };
+#define LOCK_LIMIT_MAX 10000 /* the `limit` setting's range, lockshim.cfg(5) */
 
 static void on_forwarded(int sig)
 {
@@ -136,6 +145,8 @@ static int parse_args(int argc, char **argv, struct lock_opts *o)
 {
 	static const struct option longs[] = {
 		{ "config", required_argument, NULL, 'c' },
+		{ "limit", required_argument, NULL, OPT_LIMIT },
+		{ "shared", no_argument, NULL, OPT_SHARED },
 		{ NULL, 0, NULL, 0 },
 	};
 	long long v;
@@ -171,12 +182,24 @@ static int parse_args(int argc, char **argv, struct lock_opts *o)
 						       optarg, INT_MAX);
 			o->lease_ms = v;
 			break;
+		case OPT_LIMIT:
+			if (parse_int(optarg, 1, LOCK_LIMIT_MAX, &v))
+				return cli_usage_error("--limit: \"%s\" is not a number of holders "
+						       "(1..%d)", optarg, LOCK_LIMIT_MAX);
+			o->limit = (int)v;
+			break;
+		case OPT_SHARED:
+			o->shared = 1;
+			break;
 		case ':':
 			return cli_usage_error("lock: %s needs a value", argv[optind - 1]);
 		default:
 			return cli_usage_error("lock: unknown option %s", argv[optind - 1]);
 		}
 	}
+	if (o->shared && o->limit)
+		return cli_usage_error("lock: --shared and --limit exclude each other (shared "
+				       "holders have no limit)");
 	if (optind >= argc)
 		return cli_usage_error("lock needs a KEY and a COMMAND");
 	o->key = argv[optind++];
@@ -409,6 +432,33 @@ static int run_locked(char **argv, int rfd)
 	return rc;
 }
 
+/*
+ * Sets spec's limit and mode from --limit (N exclusive permits) or --shared
+ * (limit 1, shared); without either the config's defaults stand. Then asks
+ * every server group whether it can honour the lock, as conf_load asks for
+ * the file's locks (Redlock masters refuse fair, for one). Returns 0, or -1
+ * with one line in err naming the file and the setting.
+ */
+static int apply_mode(const struct conf *cfg, struct lock_spec *spec, const struct lock_opts *o,
+		      char *err, size_t errlen)
+{
+	struct conf_err e = { err, errlen, cfg->path, 0 };
+
+	if (o->limit) {
+		spec->limit = o->limit;
+		spec->shared = 0;
+	} else if (o->shared) {
+		spec->limit = 1;
+		spec->shared = 1;
+	}
+	for (int i = 0; cfg->groups[i]; i++)
+		if (cfg->groups[i]->check_lock &&
+		    cfg->groups[i]->check_lock(&e, NULL, "lockshim lock", spec, cfg,
+					       cfg->group_data[i]))
+			return -1;
+	return 0;
+}
+
 /* Takes the lock of spec (opts' wait) and runs COMMAND under it. Returns
  * the exit status. */
 static int lock_and_run(const struct backend *b, const struct lock_spec *spec,
@@ -493,6 +543,11 @@ int cmd_lock(int argc, char **argv)
 		spec->lease_ms = o.lease_ms;
 	spec->linger_ms = 0;   /* one call: nothing to keep the lock for */
 	spec->max_hold_ms = 0; /* COMMAND's duration is its own business */
+	if (apply_mode(&cfg, spec, &o, err, sizeof(err)) != 0) {
+		fprintf(stderr, "lockshim: config error: %s\n", err);
+		conf_release(&cfg);
+		return CONF_EXIT_CODE;
+	}
 	if (count_setup(&cfg) != 0) /* counted as the lock KEY, shipped at exit */
 		fprintf(stderr, "lockshim: out of memory for the counters; not counted\n");
 	if (backend_init(&b, &cfg, err, sizeof(err)) != 0) {

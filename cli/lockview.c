@@ -9,8 +9,11 @@
  * Redlock masters), read with backend_redis_pipeline. Keys come from SCAN
  * MATCH "<ns>:<glob>" COUNT 1000 (never KEYS); auxiliary keys and values
  * that are not lock values are skipped. Each page is one round trip: GET,
- * PTTL, HMGET <key>:f n g k, ZRANGE <key>:q 0 -1 per key. With Redlock a
- * lock is shown when a quorum holds one value: the largest fence, the
+ * PTTL, HMGET <key>:f n g k l m, ZRANGE <key>:q 0 -1 per key; a second one
+ * (TIME, ZRANGE <key> 0 -1 WITHSCORES) for keys whose GET said WRONGTYPE:
+ * holder sets, values scored by expiry, limit and mode in l and m, one
+ * lock per member the server's clock has not expired. With Redlock a
+ * holder is shown when a quorum holds its value: the largest fence, the
  * shortest lease. Nothing is written.
  */
 #include "lockview.h"
@@ -26,9 +29,12 @@
 #include "log.h"
 
 #define SCAN_COUNT "1000"
-#define ARGS_PER_KEY 13 /* GET k, PTTL k, HMGET k:f n g k, ZRANGE k:q 0 -1 */
+#define ARGS_PER_KEY 15 /* GET k, PTTL k, HMGET k:f n g k l m, ZRANGE k:q 0 -1 */
 #define CMDS_PER_KEY 4
+#define HASH_FIELDS 5   /* n g k l m */
+#define ZRANGE_ARGS 5   /* a holder set's ZRANGE k 0 -1 WITHSCORES */
 #define TOKEN_LEN 32
+#define LIMIT_MAX 10000 /* the `limit` setting's range */
 
 int lockview_open(struct lockview *lv, const struct conf *cfg, char *err, size_t errlen)
 {
@@ -117,25 +123,19 @@ static long long reply_num(const redisReply *r, long long dflt)
 	return *end && *end != ':' ? dflt : v;
 }
 
-/* Fills l's fields from the replies of its four commands (GET, PTTL, HMGET,
- * ZRANGE). Returns 1 when the key holds a lock value, 0 when not, -1 out of
- * memory. */
-static int interpret(struct lv_lock *l, redisReply **r)
+/* Fills l's value val[0..vlen), its owner, since (a grant by the queue:
+ * when field g of the counter hash, f, names this value's token) and kept
+ * (field k names it). Returns 0, or -1 when val is no lock value. */
+static int holder_info(struct lv_lock *l, const char *val, size_t vlen, const redisReply *f)
 {
-	const redisReply *f = r[2], *q = r[3];
 	const redisReply *g = NULL, *k = NULL;
 
-	if (r[0]->type != REDIS_REPLY_STRING || r[0]->len > BACKEND_VAL_MAX ||
-	    owner_parse(r[0]->str, r[0]->len, &l->owner) != 0)
-		return 0;
-	memcpy(l->val, r[0]->str, r[0]->len);
-	l->vlen = r[0]->len;
-	l->lease_left_ms = r[1]->type == REDIS_REPLY_INTEGER && r[1]->integer >= 0 ?
-		r[1]->integer : -1;
-	l->fence = -1;
+	if (vlen > BACKEND_VAL_MAX || owner_parse(val, vlen, &l->owner) != 0)
+		return -1;
+	memcpy(l->val, val, vlen);
+	l->vlen = vlen;
 	l->since_ms = l->owner.since_ms;
-	if (f->type == REDIS_REPLY_ARRAY && f->elements == 3) {
-		l->fence = reply_num(f->element[0], -1);
+	if (f->type == REDIS_REPLY_ARRAY && f->elements == HASH_FIELDS) {
 		g = f->element[1];
 		k = f->element[2];
 	}
@@ -145,24 +145,204 @@ static int interpret(struct lv_lock *l, redisReply **r)
 		l->since_ms = strtoll(g->str + TOKEN_LEN + 1, NULL, 10);
 	l->kept = k && k->type == REDIS_REPLY_STRING && k->len == TOKEN_LEN &&
 		  l->vlen > TOKEN_LEN && memcmp(k->str, l->val, TOKEN_LEN) == 0;
-	if (q->type == REDIS_REPLY_ARRAY && q->elements > 0) {
-		l->waiters = calloc(q->elements, sizeof(*l->waiters));
-		if (!l->waiters)
-			return -1;
-		for (size_t i = 0; i < q->elements; i++) {
-			const redisReply *w = q->element[i];
+	return 0;
+}
 
-			if (w->type == REDIS_REPLY_STRING &&
-			    owner_parse(w->str, w->len, &l->waiters[l->nwaiters]) == 0)
-				l->nwaiters++;
-		}
+/* Fills l's waiters from the queue's members q (a holder set's waiter is
+ * "+<value>"). Returns 0, or -1 out of memory. */
+static int read_waiters(struct lv_lock *l, const redisReply *q)
+{
+	if (q->type != REDIS_REPLY_ARRAY || q->elements == 0)
+		return 0;
+	l->waiters = calloc(q->elements, sizeof(*l->waiters));
+	if (!l->waiters)
+		return -1;
+	for (size_t i = 0; i < q->elements; i++) {
+		const redisReply *w = q->element[i];
+		size_t plus;
+
+		if (w->type != REDIS_REPLY_STRING)
+			continue;
+		plus = w->len > 0 && w->str[0] == '+';
+		if (owner_parse(w->str + plus, w->len - plus, &l->waiters[l->nwaiters]) == 0)
+			l->nwaiters++;
 	}
-	return 1;
+	return 0;
+}
+
+/* Fills the string lock l from the replies of its four commands (GET,
+ * PTTL, HMGET, ZRANGE). Returns 1 when the key holds a lock value, 0 when
+ * not, -1 out of memory. */
+static int interpret(struct lv_lock *l, redisReply **r)
+{
+	const redisReply *f = r[2];
+
+	if (r[0]->type != REDIS_REPLY_STRING || holder_info(l, r[0]->str, r[0]->len, f) != 0)
+		return 0;
+	l->lease_left_ms = r[1]->type == REDIS_REPLY_INTEGER && r[1]->integer >= 0 ?
+		r[1]->integer : -1;
+	l->fence = f->type == REDIS_REPLY_ARRAY && f->elements == HASH_FIELDS ?
+		reply_num(f->element[0], -1) : -1;
+	l->limit = 1;
+	return read_waiters(l, r[3]) == 0 ? 1 : -1;
+}
+
+/* Returns 1 when GET's reply r says the key is of another type: a holder
+ * set, if its members say so. */
+static int wrong_type(const redisReply *r)
+{
+	return r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "WRONGTYPE", 9);
+}
+
+/* Reads a holder set's limit and mode from its counter hash's fields l and
+ * m (f: HMGET n g k l m). Returns 0, or -1 when they are not lockshim's. */
+static int set_mode(const redisReply *f, int *limit, int *shared)
+{
+	const redisReply *m;
+	long long n;
+
+	if (f->type != REDIS_REPLY_ARRAY || f->elements != HASH_FIELDS)
+		return -1;
+	n = reply_num(f->element[3], 0);
+	m = f->element[4];
+	if (n < 1 || n > LIMIT_MAX || m->type != REDIS_REPLY_STRING || m->len != 1 ||
+	    (m->str[0] != 's' && m->str[0] != 'x'))
+		return -1;
+	*limit = (int)n;
+	*shared = m->str[0] == 's';
+	return 0;
+}
+
+/* Returns TIME's reply t in ms, or -1. */
+static long long time_ms(const redisReply *t)
+{
+	long long sec;
+
+	if (t->type != REDIS_REPLY_ARRAY || t->elements != 2 ||
+	    (sec = reply_num(t->element[0], -1)) < 0)
+		return -1;
+	return sec * 1000 + reply_num(t->element[1], 0) / 1000;
+}
+
+/* Returns a member's score (a decimal string) in whole ms, or -1. */
+static long long score_ms(const redisReply *r)
+{
+	char *end;
+	double v;
+
+	if (r->type != REDIS_REPLY_STRING)
+		return -1;
+	v = strtod(r->str, &end);
+	return end == r->str || *end || v < 0 || v > 9e15 ? -1 : (long long)v;
 }
 
 /*
- * Reads the n keys on c in one round trip, appending the locks found to
- * out (masters = 1 each with Redlock). Returns 0, or -1 with err set.
+ * Appends to out a lock per live member of the holder set key[0..klen)
+ * (ZRANGE WITHSCORES: member, expiry in ms), now_ms being the server's
+ * time; r are the key's replies of the first round (the counter hash, the
+ * queue). Returns 0, or -1 out of memory.
+ */
+static int add_holders(const struct lockview *lv, const char *key, size_t klen,
+		       const redisReply *z, long long now_ms, redisReply **r,
+		       struct lv_set *out)
+{
+	int limit, shared;
+
+	if (z->type != REDIS_REPLY_ARRAY || set_mode(r[2], &limit, &shared) != 0)
+		return 0;
+	for (size_t i = 0; i + 1 < z->elements; i += 2) {
+		const redisReply *m = z->element[i];
+		long long expiry = score_ms(z->element[i + 1]);
+		struct lv_lock *l;
+
+		if (m->type != REDIS_REPLY_STRING || expiry < now_ms)
+			continue; /* expired: no holder any more */
+		if (!(l = set_add(out)))
+			return -1;
+		l->klen = klen;
+		memcpy(l->key, key, klen);
+		l->masters = lv->redlock;
+		if (holder_info(l, m->str, m->len, r[2]) != 0) {
+			out->n--;
+			continue;
+		}
+		l->lease_left_ms = expiry - now_ms;
+		l->fence = -1; /* the counter counts every grant: whose is unknown */
+		l->limit = limit;
+		l->shared = shared;
+		l->in_set = 1;
+		if (read_waiters(l, r[3]) != 0)
+			return -1;
+	}
+	return 0;
+}
+
+/*
+ * The second round trip of a page, for the n keys (of keys, at the indexes
+ * sets) whose GET answered WRONGTYPE: TIME and ZRANGE key 0 -1 WITHSCORES
+ * each, their holders appended to out. rep are the page's first replies.
+ * Returns 0, or -1 with err set.
+ */
+static int read_sets(const struct lockview *lv, struct backend_conn *c,
+		     const char *const *keys, const size_t *klens, const int *sets, int n,
+		     redisReply **rep, struct lv_set *out, char *err, size_t errlen)
+{
+	const char **argv = calloc((size_t)n * ZRANGE_ARGS + 1, sizeof(*argv));
+	size_t *argvlen = calloc((size_t)n * ZRANGE_ARGS + 1, sizeof(*argvlen));
+	int *argc = calloc((size_t)n + 1, sizeof(*argc));
+	redisReply **z = calloc((size_t)n + 1, sizeof(*z));
+	long long now;
+	int rc = -1;
+
+	if (!argv || !argvlen || !argc || !z) {
+		snprintf(err, errlen, "out of memory");
+		goto out;
+	}
+	argv[0] = "TIME";
+	argvlen[0] = 4;
+	argc[0] = 1;
+	for (int i = 0; i < n; i++) {
+		const char *words[ZRANGE_ARGS] = { "ZRANGE", keys[sets[i]], "0", "-1",
+						   "WITHSCORES" };
+		const char **a = argv + 1 + i * ZRANGE_ARGS;
+
+		for (int j = 0; j < ZRANGE_ARGS; j++) {
+			a[j] = words[j];
+			argvlen[1 + i * ZRANGE_ARGS + j] = j == 1 ? klens[sets[i]] : strlen(words[j]);
+		}
+		argc[i + 1] = ZRANGE_ARGS;
+	}
+	if (backend_redis_pipeline(c, n + 1, argc, argv, argvlen, z) != 0) {
+		snprintf(err, errlen, "%s", backend_redis_errstr(c));
+		goto out;
+	}
+	if ((now = time_ms(z[0])) < 0) {
+		snprintf(err, errlen, "TIME: %s", z[0]->type == REDIS_REPLY_ERROR ? z[0]->str :
+			 "unexpected reply");
+		goto out;
+	}
+	rc = 0;
+	for (int i = 0; i < n && rc == 0; i++)
+		if (add_holders(lv, keys[sets[i]], klens[sets[i]], z[i + 1], now,
+				rep + sets[i] * CMDS_PER_KEY, out) != 0) {
+			snprintf(err, errlen, "out of memory");
+			rc = -1;
+		}
+out:
+	for (int i = 0; z && i <= n; i++)
+		if (z[i])
+			freeReplyObject(z[i]);
+	free(argv);
+	free(argvlen);
+	free(argc);
+	free(z);
+	return rc;
+}
+
+/*
+ * Reads the n keys on c in one round trip (two when some are holder sets),
+ * appending the locks found to out, a holder set's holders each (masters =
+ * 1 each with Redlock). Returns 0, or -1 with err set.
  */
 static int read_keys(const struct lockview *lv, struct backend_conn *c, const char *const *keys,
 		     const size_t *klens, int n, struct lv_set *out, char *err, size_t errlen)
@@ -172,9 +352,10 @@ static int read_keys(const struct lockview *lv, struct backend_conn *c, const ch
 	int *argc = calloc((size_t)n * CMDS_PER_KEY, sizeof(*argc));
 	redisReply **rep = calloc((size_t)n * CMDS_PER_KEY, sizeof(*rep));
 	char *aux = malloc((size_t)n * 2 * (KEY_BUF_SIZE + 4));
-	int rc = -1;
+	int *sets = calloc((size_t)n, sizeof(*sets));
+	int rc = -1, nsets = 0;
 
-	if (!argv || !argvlen || !argc || !rep || !aux) {
+	if (!argv || !argvlen || !argc || !rep || !aux || !sets) {
 		snprintf(err, errlen, "out of memory");
 		goto out;
 	}
@@ -183,7 +364,7 @@ static int read_keys(const struct lockview *lv, struct backend_conn *c, const ch
 		size_t *al = argvlen + i * ARGS_PER_KEY, kl = klens[i];
 		char *f = aux + (size_t)i * 2 * (KEY_BUF_SIZE + 4), *q = f + KEY_BUF_SIZE + 4;
 		const char *words[ARGS_PER_KEY] = { "GET", NULL, "PTTL", NULL, "HMGET", f, "n",
-						    "g", "k", "ZRANGE", q, "0", "-1" };
+						    "g", "k", "l", "m", "ZRANGE", q, "0", "-1" };
 
 		if (kl > KEY_BUF_SIZE)
 			kl = KEY_BUF_SIZE;
@@ -193,11 +374,11 @@ static int read_keys(const struct lockview *lv, struct backend_conn *c, const ch
 		memcpy(q + kl, ":q", 2);
 		for (int j = 0; j < ARGS_PER_KEY; j++) {
 			a[j] = words[j] ? words[j] : keys[i];
-			al[j] = j == 5 || j == 10 ? kl + 2 : words[j] ? strlen(words[j]) : kl;
+			al[j] = j == 5 || j == 12 ? kl + 2 : words[j] ? strlen(words[j]) : kl;
 		}
 		argc[i * CMDS_PER_KEY] = 2;
 		argc[i * CMDS_PER_KEY + 1] = 2;
-		argc[i * CMDS_PER_KEY + 2] = 5;
+		argc[i * CMDS_PER_KEY + 2] = 2 + HASH_FIELDS;
 		argc[i * CMDS_PER_KEY + 3] = 4;
 	}
 	if (backend_redis_pipeline(c, n * CMDS_PER_KEY, argc, argv, argvlen, rep) != 0) {
@@ -218,6 +399,8 @@ static int read_keys(const struct lockview *lv, struct backend_conn *c, const ch
 		memcpy(l->key, keys[i], l->klen);
 		l->masters = lv->redlock;
 		got = interpret(l, rep + i * CMDS_PER_KEY);
+		if (got == 0 && wrong_type(rep[i * CMDS_PER_KEY]))
+			sets[nsets++] = i;
 		if (got <= 0) {
 			lv_lock_free(l);
 			out->n--;
@@ -227,6 +410,8 @@ static int read_keys(const struct lockview *lv, struct backend_conn *c, const ch
 			rc = -1;
 		}
 	}
+	if (rc == 0 && nsets)
+		rc = read_sets(lv, c, keys, klens, sets, nsets, rep, out, err, errlen);
 out:
 	for (int i = 0; rep && i < n * CMDS_PER_KEY; i++)
 		if (rep[i])
@@ -236,6 +421,7 @@ out:
 	free(argc);
 	free(rep);
 	free(aux);
+	free(sets);
 	return rc;
 }
 
@@ -459,33 +645,35 @@ int lockview_scan(struct lockview *lv, const char *pattern, struct lv_set *out, 
 	return rc;
 }
 
-int lockview_read(struct lockview *lv, const char *key, struct lv_lock *out, char *err,
+int lockview_read(struct lockview *lv, const char *key, struct lv_set *out, char *err,
 		  size_t errlen)
 {
 	char full[KEY_BUF_SIZE];
-	struct lv_set s = { 0 };
-	struct node_job job = { .out = &s, .key = full };
-	int best = -1;
+	struct node_job job = { .out = out, .key = full };
+	int best = -1, n = 0;
 
 	if (!(job.klen = lockview_key(lv, key, full))) {
 		snprintf(err, errlen, "key too long");
 		return -1;
 	}
 	if (each_node(lv, &job, err, errlen) != 0) {
-		lv_set_free(&s);
+		lv_set_free(out);
 		return -1;
 	}
 	/* a Cluster's other primaries answered MOVED: not a lock value */
-	settle_set(lv, &s, 1);
-	for (int i = 0; i < s.n; i++)
-		if (best < 0 || s.v[i].masters > s.v[best].masters)
+	settle_set(lv, out, 1);
+	for (int i = 0; i < out->n; i++)
+		if (!out->v[i].in_set && (best < 0 || out->v[i].masters > out->v[best].masters))
 			best = i;
-	if (best >= 0) {
-		*out = s.v[best];
-		s.v[best] = s.v[--s.n];
+	/* a string lock has one holder: other values are a minority's leftovers */
+	for (int i = 0; i < out->n; i++) {
+		if (out->v[i].in_set || i == best)
+			out->v[n++] = out->v[i];
+		else
+			lv_lock_free(&out->v[i]);
 	}
-	lv_set_free(&s);
-	return best >= 0;
+	out->n = n;
+	return n;
 }
 
 /* Writes ms (CLOCK_REALTIME) as RFC 3339 UTC with milliseconds. */
@@ -567,6 +755,7 @@ static void print_json(const struct lockview *lv, const struct lv_lock *l, long 
 		printf(",\"fence\":%lld", l->fence);
 	else
 		fputs(",\"fence\":null", stdout);
+	printf(",\"limit\":%d,\"mode\":\"%s\"", l->limit, l->shared ? "shared" : "exclusive");
 	printf(",\"kept\":%s,\"waiters\":[", l->kept ? "true" : "false");
 	for (int i = 0; i < l->nwaiters; i++) {
 		const struct owner_info *w = &l->waiters[i];
@@ -612,6 +801,10 @@ static void print_text(const struct lockview *lv, const struct lv_lock *l, long 
 		fputs(", no lease", stdout);
 	if (l->fence >= 0)
 		printf(", fence %lld", l->fence);
+	if (l->shared)
+		fputs(", shared", stdout);
+	if (l->limit != 1)
+		printf(", limit %d", l->limit);
 	if (l->kept)
 		fputs(", kept", stdout);
 	if (lv->redlock)

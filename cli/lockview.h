@@ -6,8 +6,11 @@
  *
  * A lock is read from every node that may hold it (the primary; each
  * Cluster primary; each Redlock master) with GET, PTTL, HMGET <key>:f n g k
- * and ZRANGE <key>:q 0 -1 pipelined; with Redlock it is shown when a quorum
- * of masters holds the same value. Nothing here writes to the server.
+ * l m and ZRANGE <key>:q 0 -1 pipelined; a key whose GET says WRONGTYPE is
+ * a holder set (a semaphore's permits, shared holders: a ZSET of values
+ * scored by expiry), read in a second round with TIME and ZRANGE WITHSCORES,
+ * one struct lv_lock per live holder. With Redlock a holder is shown when
+ * a quorum of masters holds its value. Nothing here writes to the server.
  */
 #ifndef LOCKSHIM_LOCKVIEW_H
 #define LOCKSHIM_LOCKVIEW_H
@@ -19,7 +22,7 @@
 
 struct conf;
 
-/* One held lock, as read. */
+/* One holder of a lock, as read: a string lock's, or one of a holder set's. */
 struct lv_lock {
 	char key[KEY_BUF_SIZE]; /* as stored, namespace included */
 	size_t klen;
@@ -27,15 +30,18 @@ struct lv_lock {
 	size_t vlen;
 	struct owner_info owner;
 	long long since_ms;     /* when it was taken (CLOCK_REALTIME ms); 0 unknown */
-	long long lease_left_ms; /* PTTL; -1 when the key has no expiry */
-	long long fence;        /* -1 when unknown */
+	long long lease_left_ms; /* PTTL (a holder set's: its expiry); -1 no expiry */
+	long long fence;        /* -1 when unknown (always for a holder set's) */
+	int limit;              /* holders at once: 1 for a string lock */
+	int shared;             /* a shared holder (mode "shared") */
+	int in_set;             /* one holder of a holder set */
 	int kept;               /* parked between calls (field k is the holder's) */
 	int masters;            /* Redlock: on how many masters; else 0 */
 	int nwaiters;
 	struct owner_info *waiters; /* oldest first; malloc'd (lv_lock_free) */
 };
 
-/* Locks read, in key order. */
+/* Holders read, in key order, then value order. */
 struct lv_set {
 	struct lv_lock *v;
 	int n, cap;
@@ -55,7 +61,7 @@ int lockview_open(struct lockview *lv, const struct conf *cfg, char *err, size_t
 void lockview_close(struct lockview *lv);
 
 /*
- * Adds to out every lock of the namespace whose KEY matches the glob
+ * Adds to out every holder of the namespace's locks whose KEY matches the glob
  * pattern (Redis MATCH syntax; NULL: all): SCAN ... MATCH COUNT 1000 on
  * every node, one pipelined read per page of keys. Returns 0, or -1 with
  * the reason in err (a node could not be read; out keeps what was read).
@@ -65,11 +71,12 @@ int lockview_scan(struct lockview *lv, const char *pattern, struct lv_set *out, 
 
 /*
  * Reads the lock of KEY (as the config names it; the namespace and a
- * Cluster's braces are added here). Returns 1 with *out filled (free it
- * with lv_lock_free), 0 when no node (no quorum) holds a lock value
- * there, -1 with the reason in err.
+ * Cluster's braces are added here) into out (empty; free it with
+ * lv_set_free): a string lock's holder (with Redlock: the value on most
+ * masters), or every holder of a holder set (on any master). Returns how
+ * many, 0 when no node holds a lock value there, -1 with the reason in err.
  */
-int lockview_read(struct lockview *lv, const char *key, struct lv_lock *out, char *err,
+int lockview_read(struct lockview *lv, const char *key, struct lv_set *out, char *err,
 		  size_t errlen);
 
 /* Writes "<ns>:KEY" (or "<ns>:{KEY}" in a Cluster) into buf (KEY_BUF_SIZE

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * status.c - `lockshim status [-c FILE] [--json] [PATTERN]`: every lock of
- * the config's namespace whose KEY matches PATTERN, one line each, in key
- * order (lockview.c reads and prints them). Exit 0, also when nothing is
- * held; 69 when a node cannot be read (with Redlock: no quorum of them),
- * 78 a bad config, 64 a usage error.
+ * the config's namespace whose KEY matches PATTERN, one line per holder (a
+ * semaphore's or shared lock's several), in key order (lockview.c reads
+ * and prints them). Exit 0, also when nothing is held; 69 when a node
+ * cannot be read (with Redlock: no quorum of them), 78 a bad config, 64 a
+ * usage error.
  */
 #include <stdio.h>
 

@@ -53,8 +53,9 @@ def status_json(cfg, *args):
     locks = [json.loads(line) for line in r.stdout.splitlines()]
     for l in locks:
         assert set(l) - {"masters"} == {"key", "host", "pid", "tid", "program", "since",
-                                        "held_ms", "lease_left_ms", "fence", "kept",
-                                        "waiters"}, l
+                                        "held_ms", "lease_left_ms", "fence", "limit", "mode",
+                                        "kept", "waiters"}, l
+        assert l["limit"] == 1 and l["mode"] == "exclusive", l  # string locks here
         for f in ("host", "program", "since", "key"):
             assert isinstance(l[f], str), (f, l)
         for f in ("pid", "tid", "held_ms", "lease_left_ms", "fence"):
