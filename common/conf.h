@@ -61,6 +61,8 @@ struct lock_spec {
 	int on_timeout, on_error, on_lost, on_overrun;
 	int reentrant;
 	int fair;                /* waiters enter in arrival order */
+	int limit;               /* holders at once, 1..10000 (`limit`): a semaphore when > 1 */
+	int shared;              /* `mode = "shared"`: holders run together, never beside an exclusive one */
 	int break_dead;          /* break a lock whose holder died on this machine */
 	int strict;              /* stop the program when the lock cannot be guarded */
 	int stack_args_bytes;    /* caller stack copied for stack arguments */
