@@ -100,6 +100,10 @@ struct backend_item {
 				  * (the counter's k names it), 2 in use again
 				  * (k forgotten), 0 neither */
 	int limit;               /* holders at once (lock_spec's limit; 0 counts as 1) */
+	int pick;                /* acquire of a holder set: the holder reported
+				  * is the pick-th by lease end (modulo their
+				  * number; 0: the first to end), so that a
+				  * caller asking again sees each in turn */
 	int shared;              /* lock_spec's mode is shared */
 };
 

@@ -82,10 +82,11 @@ enum script { S_ACQUIRE, S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, S_UNLOCK, S_FEN
 /*
  * The holder set's pieces. A waiter's member in the queue is "+" and its
  * token; signal strips the "+" (its list is named by the bare token).
- * state(lim, sh, now) purges expired entries and says what the key is to
- * a caller of limit lim (sh: shared): 'in' (our entry is there), 'room',
- * 'busy' with the holder to report (the entry whose lease ends first, or
- * the string holder) and when it frees at the latest (ms), or a negative
+ * state(lim, sh, now, pick) purges expired entries and says what the key
+ * is to a caller of limit lim (sh: shared): 'in' (our entry is there),
+ * 'room', 'busy' with the holder to report (the pick-th entry by lease end,
+ * modulo their number, or the string holder) and when the first entry
+ * frees at the latest (ms), or a negative
  * number: minus the holders' limit, which differs from lim. enter adds our
  * entry (l and m written by the caller creating the set), keeps the key's
  * TTL past every score, and returns the fence; refresh renews an entry
@@ -100,7 +101,7 @@ enum script { S_ACQUIRE, S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, S_UNLOCK, S_FEN
 	"local s = sig .. (w:sub(1, 1) == '+' and w:sub(2) or w) "              \
 	"redis.call('del', s) redis.call('rpush', s, v) redis.call('pexpire', s, ttl) end "
 #define LUA_SET                                                                 \
-	"local function state(lim, sh, now) "                                   \
+	"local function state(lim, sh, now, pick) "                                   \
 	"local t = redis.call('type', K).ok "                                   \
 	"if t == 'none' then return 'room' end "                                \
 	"if t == 'string' then if lim > 1 then return -1 end "                  \
@@ -113,7 +114,8 @@ enum script { S_ACQUIRE, S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, S_UNLOCK, S_FEN
 	"if l ~= lim then return -l end "                                       \
 	"if (redis.call('hget', F, 'm') == 's') == sh and "                     \
 	"(sh or redis.call('zcard', K) < l) then return 'room' end "            \
-	"return 'busy', low[1], tonumber(low[2]) - now end "                    \
+	"local i = pick % redis.call('zcard', K) "                               \
+	"return 'busy', redis.call('zrange', K, i, i)[1], tonumber(low[2]) - now end "                    \
 	"local function enter(lim, sh, lease, now) "                            \
 	"if redis.call('exists', K) == 0 then "                                 \
 	"redis.call('hset', F, 'l', lim, 'm', sh and 's' or 'x') end "          \
@@ -144,7 +146,7 @@ static const char *const queue_suffix[] = { "", ":f", ":q", ":qx", ":due", ":w:"
 #define QUEUE_KEYS 7
 #define MINE_KEY 5     /* queue_suffix's index of the caller's own signal list */
 #define ENQUEUE_ARGS 5 /* S_ENQUEUE's numeric arguments (enqueue_args) */
-#define SENQUEUE_ARGS 8 /* S_SENQUEUE's: S_ENQUEUE's, limit, shared, signal ttl */
+#define SENQUEUE_ARGS 9 /* S_SENQUEUE's: S_ENQUEUE's, limit, shared, signal ttl, pick */
 static const int script_nkeys[NSCRIPTS] = {
 	[S_ACQUIRE] = 2, [S_ENQUEUE] = QUEUE_KEYS, [S_RELEASE] = QUEUE_KEYS, [S_RENEW] = 2,
 	[S_LEAVE] = QUEUE_KEYS, [S_UNLOCK] = 1, [S_FENCE] = 2,
@@ -305,7 +307,7 @@ static const char *const scripts[NSCRIPTS] = {
 	/*
 	 * The holder set (backend_item_set; the key layout above). KEYS: the
 	 * lock, its counter, the queue and its expiries. ARGV: token, lease,
-	 * limit, shared. The uncontended entry: with room and nobody queued,
+	 * limit, shared, pick (backend_item). The uncontended entry: with room and nobody queued,
 	 * adds our entry and returns the fence; our entry there already (a
 	 * lost reply) is renewed, the fence returned; a limit that differs
 	 * from the holders' returns minus theirs; else the holder to report
@@ -314,7 +316,7 @@ static const char *const scripts[NSCRIPTS] = {
 	[S_SACQUIRE] =
 	LUA_KEYS LUA_NOW LUA_SET
 	"local lease, lim, sh = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1' "
-	"local st, who = state(lim, sh, now) "
+	"local st, who = state(lim, sh, now, tonumber(ARGV[5])) "
 	"if st == 'in' then return refresh(lease, now) end "
 	"if type(st) == 'number' then return st end "
 	LUA_PURGE
@@ -322,7 +324,7 @@ static const char *const scripts[NSCRIPTS] = {
 	"return who or ''",
 	/*
 	 * KEYS: the queue keys. ARGV: token, lease, waiter ttl, fair, hand-off
-	 * µs, ticket, limit, shared, signal ttl. Takes an entry when there is
+	 * µs, ticket, limit, shared, signal ttl, pick. Takes an entry when there is
 	 * room and nobody is ahead (fair or not: a queued exclusive caller
 	 * keeps new shared ones out), else joins the queue as "+<token>" (at
 	 * the ticket, or last) or refreshes its place. An entry taken writes
@@ -335,7 +337,7 @@ static const char *const scripts[NSCRIPTS] = {
 	LUA_KEYS LUA_NOW LUA_PURGE LUA_SIGNAL LUA_SET
 	"local lease, ttl, lim = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[7]) "
 	"local sh, me = ARGV[8] == '1', '+' .. tok "
-	"local st, who, left = state(lim, sh, now) "
+	"local st, who, left = state(lim, sh, now, tonumber(ARGV[10])) "
 	"if type(st) == 'number' then return st end "
 	"local head = redis.call('zrange', q, 0, 0)[1] "
 	"if st == 'in' or (st == 'room' and (not head or head == me)) then "
@@ -1175,11 +1177,11 @@ static int acknowledged(struct backend_conn *c, const struct backend_item *it, l
  */
 static int fast_append(struct backend_conn *c, const struct backend_item *it, int eval)
 {
-	long long args[3] = { it->lease_ms, it->limit > 1 ? it->limit : 1, it->shared };
+	long long args[4] = { it->lease_ms, it->limit > 1 ? it->limit : 1, it->shared, it->pick };
 	int set = backend_item_set(it);
 
 	/* WAIT goes in the same write: one round trip plus the replication */
-	if (append_script(c, set ? S_SACQUIRE : S_ACQUIRE, it, args, set ? 3 : 1, eval) != 0 ||
+	if (append_script(c, set ? S_SACQUIRE : S_ACQUIRE, it, args, set ? 4 : 1, eval) != 0 ||
 	    (c->wait_n && append_wait(c) != 0))
 		return -1;
 	return 0;
@@ -1247,6 +1249,7 @@ static enum script enqueue_args(const struct backend_item *it, long long args[SE
 	args[5] = it->limit > 1 ? it->limit : 1;
 	args[6] = it->shared;
 	args[7] = WAKE_TTL_MS;
+	args[8] = it->pick;
 	*nargs = backend_item_set(it) ? SENQUEUE_ARGS : ENQUEUE_ARGS;
 	return backend_item_set(it) ? S_SENQUEUE : S_ENQUEUE;
 }

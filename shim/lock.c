@@ -299,6 +299,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 		if (!asked_us)
 			asked_us = sent;
 		hlen = 0;
+		it->pick = tries; /* a holder set's holders reported in turn */
 		rc = conn_get(t, err, sizeof(err));
 		if (rc == 0) {
 			rc = conn_check(t, backend->ops->acquire(t->conn, it, &hint, holder, &hlen,
