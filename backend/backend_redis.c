@@ -27,6 +27,20 @@
  *   <key>:w:<token>  a waiter's signal list: "g:<fence>" (the lock was
  *                    handed to it) or "w" (it is free: try again); waiters
  *                    BLPOP it
+ * A lock of limit > 1 or mode shared (backend_item_set) is a holder set
+ * instead of a string, with its own scripts (S_S*):
+ *   <key>            a sorted set: member a holder's value, score when its
+ *                    lease ends (ms, Redis TIME); the key's PTTL covers the
+ *                    latest score, so an abandoned set goes
+ *   <key>:f          also l (the holders' limit) and m ("s" shared, "x"
+ *                    permits), written by the caller creating the set
+ *   <key>:q, :qx     its waiters as "+<token>" (their lists are named by
+ *                    the bare token): a release only ever wakes them
+ * A string script meeting a set (or a set script a string) never fails:
+ * shared holders and an exclusive one wait for each other, and a limit
+ * that differs from the holders' is a mismatch (a string counts as 1).
+ * Only the refused path of the string scripts looks (pcall of GET), so a
+ * plain lock costs what it did.
  * A release with a waiter due hands the lock straight to the queue head
  * (fair mode: always; default mode: handoff_ms after the head arrived or
  * after the last hand-off, or when the releaser has had it that long or is
