@@ -319,6 +319,53 @@ def test_writer_not_starved_by_readers(sets_prog, redis, tmp_path):
     assert replay(log)[1:] == (1, False)
 
 
+NESTED = "locks = ( %s );\n" % ", ".join(
+    '{ symbol = "%s"; key = "k"; wait_ms = 1500; %s %%s }' % (sym, mode)
+    for sym, mode in [("set_read_then", 'mode = "shared";'), ("set_read", 'mode = "shared";'),
+                      ("set_write_then", ""), ("set_write", "")])
+
+
+def nested(prog, cfg, log, order):
+    t0 = time.monotonic()
+    r = subprocess.run([prog, order, "10"], env=shim_env(cfg, SETS_LOG=log),
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    return r, time.monotonic() - t0
+
+
+def test_exclusive_holder_enters_a_shared_call(sets_prog, redis, tmp_path):
+    """Holding the key exclusively, a thread enters a shared call on it
+    (reentrant, at once). Control: with reentrant = false it waits for
+    itself until wait_ms and the inner call is skipped."""
+    log = str(tmp_path / "log")
+    cfg = write_config(tmp_path, redis, NESTED.replace("%s", ""))
+    r, took = nested(sets_prog, cfg, log, "wr")
+    assert r.stdout.strip() == "nested rc=1 errno=0", r.stderr
+    assert took < 1.0 * MULT and "error" not in r.stderr, r.stderr
+    cfg = write_config(tmp_path, redis, NESTED.replace("%s", "reentrant = false;"))
+    r, took = nested(sets_prog, cfg, log, "wr")
+    assert r.stdout.strip() == "nested rc=-1 errno=%d" % errno.EBUSY, r.stderr
+    assert took >= 1.4, took
+
+
+def test_shared_holder_entering_an_exclusive_call_is_refused(sets_prog, redis, tmp_path):
+    """Holding the key shared, a thread's exclusive call on it is refused at
+    once: one error line saying why, on_error (skip). Control: with
+    reentrant = false nothing refuses it, and the upgrade waits for the
+    thread's own shared entry until wait_ms (two threads doing this
+    would wait for each other the same way)."""
+    log = str(tmp_path / "log")
+    cfg = write_config(tmp_path, redis, NESTED.replace("%s", ""))
+    r, took = nested(sets_prog, cfg, log, "rw")
+    assert r.stdout.strip() == "nested rc=-1 errno=%d" % errno.EBUSY, r.stderr
+    assert took < 1.0 * MULT, took
+    lines = [l for l in r.stderr.splitlines() if ": error: " in l]
+    assert len(lines) == 1 and "upgrade" in lines[0] and KEY in lines[0], r.stderr
+    cfg = write_config(tmp_path, redis, NESTED.replace("%s", "reentrant = false;"))
+    r, took = nested(sets_prog, cfg, log, "rw")
+    assert r.stdout.strip() == "nested rc=-1 errno=%d" % errno.EBUSY, r.stderr
+    assert took >= 1.4 and "upgrade" not in r.stderr, (took, r.stderr)
+
+
 # ---- 4. refusals ----------------------------------------------------------------------
 
 def test_limit_mismatch_is_an_error_at_once(progs, redis, tmp_path, procs):

@@ -4,7 +4,9 @@
  * and "r-"/"w-" when they end (O_APPEND: the lines of every process and
  * thread are in one order), and sleep ms in between. Replaying the file
  * counts who was inside at once: an overlap in the file was a real one.
- * Each returns 1.
+ * Each returns 1. set_read_then and set_write_then (the same two locks)
+ * call inner(ms) inside instead of sleeping, and return what it returned:
+ * a call of one kind nested in the other.
  */
 #include <fcntl.h>
 #include <stdlib.h>
@@ -45,4 +47,24 @@ int set_read(int ms)
 int set_write(int ms)
 {
 	return visit('w', ms);
+}
+
+int set_read_then(int (*inner)(int), int ms)
+{
+	int rc;
+
+	mark('r', '+');
+	rc = inner(ms);
+	mark('r', '-');
+	return rc;
+}
+
+int set_write_then(int (*inner)(int), int ms)
+{
+	int rc;
+
+	mark('w', '+');
+	rc = inner(ms);
+	mark('w', '-');
+	return rc;
 }

@@ -4,7 +4,10 @@
  * or, with STOPFILE, calls until that file exists (ITERS at least). Prints
  * "started" once a call returned, and at the end "done ok=N failed=N
  * max_ms=N" (calls that returned 1, calls that did not, the longest call).
+ * sets rw|wr MS: one set_read_then(set_write) (rw) or set_write_then(set_read)
+ * (wr) call; prints "nested rc=R errno=E".
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +16,8 @@
 
 int set_read(int ms);
 int set_write(int ms);
+int set_read_then(int (*inner)(int), int ms);
+int set_write_then(int (*inner)(int), int ms);
 
 static int (*fn)(int);
 static long iters, ok, failed;
@@ -57,6 +62,13 @@ int main(int argc, char **argv)
 	pthread_t th[16];
 	int n;
 
+	if (argc == 3) {
+		int rc = argv[1][0] == 'r' ? set_read_then(set_write, atoi(argv[2]))
+					   : set_write_then(set_read, atoi(argv[2]));
+
+		printf("nested rc=%d errno=%d\n", rc, rc == 1 ? 0 : errno);
+		return 0;
+	}
 	if (argc < 5 || argc > 6)
 		return 2;
 	fn = argv[1][0] == 'w' ? set_write : set_read;
