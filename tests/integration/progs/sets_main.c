@@ -1,6 +1,7 @@
 /*
  * sets KIND THREADS ITERS MS [STOPFILE]: THREADS threads each make ITERS
- * calls of set_read (KIND r) or set_write (w) that last MS ms (sets_lib.c),
+ * calls of set_read (KIND r) or set_write (w) that last MS ms on average
+ * (each between MS/2 and 3 MS/2, at random: threads never keep in step),
  * or, with STOPFILE, calls until that file exists (ITERS at least). Prints
  * "started" once a call returned, and at the end "done ok=N failed=N
  * max_ms=N" (calls that returned 1, calls that did not, the longest call).
@@ -36,9 +37,11 @@ static double now_ms(void)
 
 static void *work(void *arg)
 {
+	unsigned seed = (unsigned)getpid() * 2654435761u + (unsigned)(long)arg;
+
 	for (long i = 0; i < iters || (stop && access(stop, F_OK) != 0); i++) {
 		double t0 = now_ms(), d;
-		int rc = fn(ms);
+		int rc = fn(ms / 2 + (ms ? rand_r(&seed) % (ms + 1) : 0));
 
 		d = now_ms() - t0;
 		pthread_mutex_lock(&mu);
