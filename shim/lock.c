@@ -4,7 +4,9 @@
  *
  * Hot path: expand the key into a stack buffer, look for a reentrant hold
  * (no round trip), else one acquire script (SET and the fencing counter's
- * increment) on the thread's own connection; the
+ * increment; for a semaphore or a shared lock, an entry of the key's holder
+ * set: the backend picks by the item's limit and mode) on the thread's own
+ * connection; the
  * release is sent without waiting for its reply. A busy lock queues the
  * caller in Redis until a release wakes it or hands it the lock, up to
  * wait_ms (acquire_wait). No process-wide lock is taken while talking to
