@@ -184,8 +184,8 @@ struct backend_ops {
 	 * *wait_ms is how long a wait for a signal may take at most (the key's
 	 * remaining TTL, or the queue head's), or BACKEND_NOT_QUEUED; and
 	 * holder[0..*holder_len) is the holder's value (BACKEND_VAL_MAX bytes
-	 * at most; length 0 when unknown; in a holder set, the member whose
-	 * lease ends first). A holder-set item (backend_item_set) takes an
+	 * at most; length 0 when unknown; in a holder set, the it->pick-th
+	 * member). A holder-set item (backend_item_set) takes an
 	 * entry of the key's set instead, when it has room for it; shared and
 	 * exclusive holders wait for each other. BACKEND_MISMATCH: the key's
 	 * holders took it with another limit (errstr names both; nothing

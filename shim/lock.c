@@ -234,7 +234,7 @@ static void slow_wait(const struct lease *l, int64_t start_ms, const char *holde
  * machine that is gone (owner.c; a full check when the same holder refused
  * the previous attempt too, or this is the last one), deletes the lock if
  * it still holds that exact value and says so; in a holder set (a permit,
- * a shared entry: the backend reports the entry whose lease ends first)
+ * a shared entry: the backend reports one holder per attempt, in turn)
  * only that holder's entry goes. Returns 1 when it did: try again now.
  */
 static int break_dead(struct lock_thread *t, const struct backend_item *it,
