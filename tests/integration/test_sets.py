@@ -9,12 +9,14 @@ the setting: an unguarded run overlaps more than the limit, a writer
 overlaps readers, a live permit holder keeps a waiter out.
 
 1. limit: never more than `limit` inside, and `limit` reached, on one
-   server and on Cluster; limit 1 is a mutex.
+   server, through Sentinel and on Cluster; limit 1 is a mutex.
 2. dead and frozen permit holders: a SIGKILLed holder's permit goes at
    once for a waiter of this machine (break_dead_holders) or at its lease;
    a stopped one loses its own permit only, and learns it when it resumes.
 3. shared and exclusive: readers overlap, a writer runs alone (one server,
-   Cluster, Redlock); a writer is not starved by a stream of readers.
+   Sentinel, Cluster, Redlock); a writer is not starved by a stream of
+   readers; a thread holding the key exclusively enters a shared call, one
+   holding it shared is refused an exclusive call (an upgrade).
 4. refusals: a limit that differs from the key's holders' (an error line
    naming both, on_error at once); `mode = "shared"` with `limit` > 1 and
    `limit` > 1 with Redlock masters (exit 78).
@@ -28,7 +30,7 @@ import time
 import pytest
 
 from support.server import lock_keys, started
-from support.topology import Cluster
+from support.topology import Cluster, Topology
 from support.util import MULT, TIMEOUT, cc, run, shim_env, wait_for, write_config
 
 pytestmark = pytest.mark.timing  # time bounds and forced races
@@ -50,6 +52,12 @@ def sets_prog(tmp_path_factory):
 def cluster(request):
     """Three primaries, no replicas."""
     yield from started(request, Cluster(replicas=0))
+
+
+@pytest.fixture
+def topo(request):
+    """A primary, its replicas and sentinels (support/topology.py)."""
+    yield from started(request, Topology())
 
 
 def said(r):
@@ -273,6 +281,17 @@ def test_shared_overlap_exclusive_alone(sets_prog, redis, tmp_path):
 
 def test_shared_and_exclusive_on_cluster(sets_prog, cluster, tmp_path):
     check_rw(sets_prog, cluster.config(tmp_path, RW), str(tmp_path / "log"))
+
+
+def test_sets_through_sentinel(sets_prog, topo, tmp_path):
+    """Through Sentinel: limit = 3 (at most 3, 3 reached), and readers
+    overlapping with writers alone."""
+    log = str(tmp_path / "log")
+    total, err = crowd(sets_prog, topo.config(tmp_path, locks(lock("set_read", "limit = 3;"))),
+                       log)
+    assert total == 8 * 2 * 4 and replay(log)[0] == 3, err[-3000:]
+    os.makedirs(str(tmp_path / "rw"))
+    check_rw(sets_prog, topo.config(tmp_path / "rw", RW), str(tmp_path / "rw" / "log"))
 
 
 def test_shared_and_exclusive_on_redlock(sets_prog, masters, tmp_path):
