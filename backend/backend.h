@@ -73,6 +73,8 @@ enum backend_result {
 			      * happened; wait: timed out */
 	BACKEND_OK = 1,      /* done; wait: woken, try again */
 	BACKEND_GRANTED = 2, /* wait: the lock was handed to this waiter */
+	BACKEND_MISMATCH = 3, /* acquire: the key's holders took it with another
+			       * limit; errstr names both */
 };
 
 /* acquire's *wait_ms when the caller is not queued yet: call again, waiting. */
@@ -97,12 +99,27 @@ struct backend_item {
 	int kept;                /* renew: 1 the lease is kept between calls
 				  * (the counter's k names it), 2 in use again
 				  * (k forgotten), 0 neither */
+	int limit;               /* holders at once (lock_spec's limit; 0 counts as 1) */
+	int pick;                /* acquire of a holder set: the holder reported
+				  * is the pick-th by lease end (modulo their
+				  * number; 0: the first to end), so that a
+				  * caller asking again sees each in turn */
+	int shared;              /* lock_spec's mode is shared */
 };
 
+/* Whether it is kept in a holder set (a permit of a semaphore, or a shared
+ * entry) rather than as the key's one string value. */
+static inline int backend_item_set(const struct backend_item *it)
+{
+	return it->limit > 1 || it->shared;
+}
+
 /* A backend_item kept past the call that gave it (an asynchronous command
- * whose reply is unread, a token to forget later): key, value and lease. */
+ * whose reply is unread, a token to forget later): key, value, lease and
+ * mode (a permit is forgotten as a permit). */
 struct backend_copy {
 	long long lease_ms;
+	int limit, shared;
 	size_t klen, vlen;
 	char key[KEY_BUF_SIZE];
 	char val[BACKEND_VAL_MAX];
@@ -115,6 +132,8 @@ static inline int backend_copy_set(struct backend_copy *c, const struct backend_
 	if (it->klen > sizeof(c->key) || it->vlen > sizeof(c->val))
 		return -1;
 	c->lease_ms = it->lease_ms;
+	c->limit = it->limit;
+	c->shared = it->shared;
 	c->klen = it->klen;
 	memcpy(c->key, it->key, it->klen);
 	c->vlen = it->vlen;
@@ -122,11 +141,13 @@ static inline int backend_copy_set(struct backend_copy *c, const struct backend_
 	return 0;
 }
 
-/* Returns the item c holds (its strings are c's; the other fields 0). */
+/* Returns the item c holds (its strings are c's; its mode c's; the other
+ * fields 0). */
 static inline struct backend_item backend_copy_item(const struct backend_copy *c)
 {
 	struct backend_item it = { .key = c->key, .klen = c->klen, .val = c->val,
-				   .vlen = c->vlen, .lease_ms = c->lease_ms };
+				   .vlen = c->vlen, .lease_ms = c->lease_ms,
+				   .limit = c->limit, .shared = c->shared };
 
 	return it;
 }
@@ -163,13 +184,19 @@ struct backend_ops {
 	 * *wait_ms is how long a wait for a signal may take at most (the key's
 	 * remaining TTL, or the queue head's), or BACKEND_NOT_QUEUED; and
 	 * holder[0..*holder_len) is the holder's value (BACKEND_VAL_MAX bytes
-	 * at most; length 0 when unknown).
+	 * at most; length 0 when unknown; in a holder set, the it->pick-th
+	 * member). A holder-set item (backend_item_set) takes an
+	 * entry of the key's set instead, when it has room for it; shared and
+	 * exclusive holders wait for each other. BACKEND_MISMATCH: the key's
+	 * holders took it with another limit (errstr names both; nothing
+	 * changed, but a queued caller is still queued: leave).
 	 */
 	int (*acquire)(struct backend_conn *c, const struct backend_item *it,
 		       long long *wait_ms, char *holder, size_t *holder_len, long long *fence);
 	/* Deletes key only while it still holds val, or hands it to the queue
 	 * head: BACKEND_OK, or BACKEND_NO when it was not ours. async: do not
-	 * wait for the reply (BACKEND_OK once sent). */
+	 * wait for the reply (BACKEND_OK once sent). A holder-set item removes
+	 * its own entry (a string key holding val too) and wakes the head. */
 	int (*release)(struct backend_conn *c, const struct backend_item *it, int async);
 	/* Blocks until a release signals this waiter or timeout_ms passes.
 	 * Returns BACKEND_GRANTED (with the grant's fencing token in *fence),

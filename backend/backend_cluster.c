@@ -449,6 +449,8 @@ static int on_slot(struct cluster_conn *cc, const char *key, size_t klen, struct
 		if (ask)
 			backend_redis_asked(nc, 0);
 		backend_redis_redirected(nc, keep, &cc->moved);
+		if (rc == BACKEND_MISMATCH)
+			snprintf(cc->errstr, sizeof(cc->errstr), "%s", backend_redis_errstr(nc));
 		if (rc != BACKEND_ERR)
 			return rc;
 		snprintf(cc->errstr, sizeof(cc->errstr), "%s", backend_redis_errstr(nc));

@@ -27,6 +27,20 @@
  *   <key>:w:<token>  a waiter's signal list: "g:<fence>" (the lock was
  *                    handed to it) or "w" (it is free: try again); waiters
  *                    BLPOP it
+ * A lock of limit > 1 or mode shared (backend_item_set) is a holder set
+ * instead of a string, with its own scripts (S_S*):
+ *   <key>            a sorted set: member a holder's value, score when its
+ *                    lease ends (ms, Redis TIME); the key's PTTL covers the
+ *                    latest score, so an abandoned set goes
+ *   <key>:f          also l (the holders' limit) and m ("s" shared, "x"
+ *                    permits), written by the caller creating the set
+ *   <key>:q, :qx     its waiters as "+<token>" (their lists are named by
+ *                    the bare token): a release only ever wakes them
+ * A string script meeting a set (or a set script a string) never fails:
+ * shared holders and an exclusive one wait for each other, and a limit
+ * that differs from the holders' is a mismatch (a string counts as 1).
+ * Only the refused path of the string scripts looks (pcall of GET), so a
+ * plain lock costs what it did.
  * A release with a waiter due hands the lock straight to the queue head
  * (fair mode: always; default mode: handoff_ms after the head arrived or
  * after the last hand-off, or when the releaser has had it that long or is
@@ -75,7 +89,68 @@
 	"if redis.call('hget', F, 'k') == tok:sub(1, 32) then "                 \
 	"redis.call('hdel', F, 'k') end "
 
-enum script { S_ACQUIRE, S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, S_UNLOCK, S_FENCE, NSCRIPTS };
+/* The string lock's scripts, then the holder set's (S_S*: backend_item_set). */
+enum script { S_ACQUIRE, S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, S_UNLOCK, S_FENCE,
+	      S_SACQUIRE, S_SENQUEUE, S_SRELEASE, S_SRENEW, S_SLEAVE, S_SUNLOCK, NSCRIPTS };
+
+/*
+ * The holder set's pieces. A waiter's member in the queue is "+" and its
+ * token; signal strips the "+" (its list is named by the bare token).
+ * state(lim, sh, now, pick) purges expired entries and says what the key
+ * is to a caller of limit lim (sh: shared): 'in' (our entry is there),
+ * 'room', 'busy' with the holder to report (the pick-th entry by lease end,
+ * modulo their number, or the string holder) and when the first entry
+ * frees at the latest (ms), or a negative
+ * number: minus the holders' limit, which differs from lim. enter adds our
+ * entry (l and m written by the caller creating the set), keeps the key's
+ * TTL past every score, and returns the fence; refresh renews an entry
+ * already there (an attempt whose reply was lost) and returns the fence
+ * as it is. drop removes our entry (or a string key holding our token: a
+ * dead holder broken by a set caller) and returns 1, or 0 when not ours.
+ * wake(ttl) wakes the queue head when it can enter now: the key free, or
+ * a "+" head and room in a set (shared holders, or fewer than l).
+ */
+#define LUA_SIGNAL                                                              \
+	"local function signal(w, v, ttl) "                                     \
+	"local s = sig .. (w:sub(1, 1) == '+' and w:sub(2) or w) "              \
+	"redis.call('del', s) redis.call('rpush', s, v) redis.call('pexpire', s, ttl) end "
+#define LUA_SET                                                                 \
+	"local function state(lim, sh, now, pick) "                                   \
+	"local t = redis.call('type', K).ok "                                   \
+	"if t == 'none' then return 'room' end "                                \
+	"if t == 'string' then if lim > 1 then return -1 end "                  \
+	"return 'busy', redis.call('get', K), redis.call('pttl', K) end "       \
+	"redis.call('zremrangebyscore', K, '-inf', now) "                       \
+	"local low = redis.call('zrange', K, 0, 0, 'WITHSCORES') "              \
+	"if not low[1] then return 'room' end "                                 \
+	"if redis.call('zscore', K, tok) then return 'in' end "                 \
+	"local l = tonumber(redis.call('hget', F, 'l')) or 1 "                  \
+	"if l ~= lim then return -l end "                                       \
+	"if (redis.call('hget', F, 'm') == 's') == sh and "                     \
+	"(sh or redis.call('zcard', K) < l) then return 'room' end "            \
+	"local i = pick % redis.call('zcard', K) "                               \
+	"return 'busy', redis.call('zrange', K, i, i)[1], tonumber(low[2]) - now end "                    \
+	"local function enter(lim, sh, lease, now) "                            \
+	"if redis.call('exists', K) == 0 then "                                 \
+	"redis.call('hset', F, 'l', lim, 'm', sh and 's' or 'x') end "          \
+	"redis.call('zadd', K, now + lease, tok) "                              \
+	"if redis.call('pttl', K) < lease then redis.call('pexpire', K, lease) end " \
+	"return redis.call('hincrby', F, 'n', 1) end "                          \
+	"local function refresh(lease, now) redis.call('zadd', K, now + lease, tok) " \
+	"if redis.call('pttl', K) < lease then redis.call('pexpire', K, lease) end " \
+	"return tonumber(redis.call('hget', F, 'n')) or 0 end "
+#define LUA_SET_DROP                                                            \
+	"local function drop() local kt = redis.call('type', K).ok "            \
+	"if kt == 'zset' then return redis.call('zrem', K, tok) end "           \
+	"if kt == 'string' and redis.call('get', K) == tok then "               \
+	"redis.call('del', K) return 1 end return 0 end "                       \
+	"local function wake(ttl) local kt = redis.call('type', K).ok "         \
+	"local head = redis.call('zrange', q, 0, 0)[1] "                        \
+	"if kt == 'string' or not head then return end "                        \
+	"local n = kt == 'zset' and redis.call('zcard', K) or 0 "               \
+	"if n == 0 or (head:sub(1, 1) == '+' and (redis.call('hget', F, 'm') == 's' or " \
+	"n < (tonumber(redis.call('hget', F, 'l')) or 1))) then signal(head, 'w', ttl) end end "
+
 
 /* Suffixes of the keys after the lock key: the fencing counter, then the
  * queue's; the sixth is followed by the caller's token (its own signal
@@ -85,9 +160,12 @@ static const char *const queue_suffix[] = { "", ":f", ":q", ":qx", ":due", ":w:"
 #define QUEUE_KEYS 7
 #define MINE_KEY 5     /* queue_suffix's index of the caller's own signal list */
 #define ENQUEUE_ARGS 5 /* S_ENQUEUE's numeric arguments (enqueue_args) */
+#define SENQUEUE_ARGS 9 /* S_SENQUEUE's: S_ENQUEUE's, limit, shared, signal ttl, pick */
 static const int script_nkeys[NSCRIPTS] = {
 	[S_ACQUIRE] = 2, [S_ENQUEUE] = QUEUE_KEYS, [S_RELEASE] = QUEUE_KEYS, [S_RENEW] = 2,
 	[S_LEAVE] = QUEUE_KEYS, [S_UNLOCK] = 1, [S_FENCE] = 2,
+	[S_SACQUIRE] = 4, [S_SENQUEUE] = QUEUE_KEYS, [S_SRELEASE] = QUEUE_KEYS,
+	[S_SRENEW] = 2, [S_SLEAVE] = QUEUE_KEYS, [S_SUNLOCK] = 1,
 };
 
 static const char *const scripts[NSCRIPTS] = {
@@ -96,13 +174,17 @@ static const char *const scripts[NSCRIPTS] = {
 	 * uncontended acquire: sets the lock when it is free and returns the
 	 * fence (field n, incremented); when it holds the token already (an
 	 * attempt whose reply was lost) returns the current n; else returns
-	 * the holder's value (a string).
+	 * the holder's value (a string). A holder set there (only this refused
+	 * path looks): shared holders are busy (the first of them reported), a
+	 * semaphore's limit l a mismatch (-l).
 	 */
 	[S_ACQUIRE] =
 	"if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then "
 	"return redis.call('hincrby', KEYS[2], 'n', 1) end "
-	"local cur = redis.call('get', KEYS[1]) "
+	"local cur = redis.pcall('get', KEYS[1]) "
 	"if cur == ARGV[1] then return tonumber(redis.call('hget', KEYS[2], 'n')) or 0 end "
+	"if type(cur) == 'table' then local l = tonumber(redis.call('hget', KEYS[2], 'l')) or 1 "
+	"if l > 1 then return -l end return redis.call('zrange', KEYS[1], 0, 0)[1] or '' end "
 	"return cur",
 	/*
 	 * KEYS: the queue keys (QUEUE_KEYS). ARGV: token, lease, waiter ttl,
@@ -117,16 +199,22 @@ static const char *const scripts[NSCRIPTS] = {
 	 * Returns the fence (an integer) when the lock is ours; else how long
 	 * to wait for a signal at most (the lock's remaining TTL, or the head's
 	 * expiry when the lock is free but someone else is ahead) and the
-	 * holder's value.
+	 * holder's value. A holder set there: its expired entries go (the key
+	 * with the last), shared holders are busy, a semaphore's limit l is a
+	 * mismatch (-l).
 	 */
 	[S_ENQUEUE] =
 	LUA_KEYS
-	"local cur = redis.call('get', K) "
+	"local cur = redis.pcall('get', K) "
 	"if cur == tok then redis.call('zrem', q, tok) "
 	"redis.call('zrem', qx, tok) redis.call('del', mine) "
 	"redis.call('pexpire', K, ARGV[2]) "
 	"return tonumber(redis.call('hget', F, 'n')) or 0 end "
 	LUA_NOW LUA_PURGE
+	"if type(cur) == 'table' then redis.call('zremrangebyscore', K, '-inf', now) "
+	"local l = tonumber(redis.call('hget', F, 'l')) or 1 "
+	"cur = redis.call('zrange', K, 0, 0)[1] or false "
+	"if cur and l > 1 then return -l end end "
 	"local ttl, lease = tonumber(ARGV[3]), tonumber(ARGV[2]) "
 	"local head = redis.call('zrange', q, 0, 0)[1] "
 	"if (ARGV[4] == '0' or not head or head == tok) and "
@@ -160,11 +248,12 @@ static const char *const scripts[NSCRIPTS] = {
 	 * the head's token (for the grant ttl, until its first renewal), the
 	 * fence (F's n) is incremented and F's g says "<head's token>:<ms>",
 	 * the head's list gets "g:<fence>", and the next waiter is due
-	 * hand-off µs from now. F's k, when it is our token, goes.
+	 * hand-off µs from now. F's k, when it is our token, goes. A head that
+	 * waits for a holder-set entry ("+") is woken, never handed the key.
 	 */
 	[S_RELEASE] =
 	LUA_KEYS
-	"if redis.call('get', K) ~= tok then return 0 end "
+	"if redis.pcall('get', K) ~= tok then return 0 end "
 	LUA_UNKEEP
 	"if ARGV[6] ~= '0' then " LUA_NOW
 	"local ttl = tonumber(ARGV[2]) redis.call('zadd', q, ARGV[6], tok) "
@@ -178,6 +267,7 @@ static const char *const scripts[NSCRIPTS] = {
 	"if not head then redis.call('del', K, due) return 1 end "
 	"local function signal(w, v) local s = sig .. w redis.call('del', s) "
 	"redis.call('rpush', s, v) redis.call('pexpire', s, ARGV[4]) end "
+	"if head:sub(1, 1) == '+' then redis.call('del', K) signal(head:sub(2), 'w') return 1 end "
 	"if nowu < tonumber(dueat) and ARGV[5] ~= '1' then "
 	"redis.call('del', K) signal(head, 'w') return 1 end "
 	"redis.call('set', K, head, 'PX', ARGV[2]) "
@@ -190,7 +280,7 @@ static const char *const scripts[NSCRIPTS] = {
 	/* KEYS: the lock. ARGV: token. Deletes it while it holds the token,
 	 * touching nothing else: 1 deleted, 0 gone or not ours. */
 	[S_UNLOCK] =
-	"if redis.call('get', KEYS[1]) == ARGV[1] then "
+	"if redis.pcall('get', KEYS[1]) == ARGV[1] then "
 	"return redis.call('del', KEYS[1]) else return 0 end",
 	/* KEYS: the lock, its fencing counter. ARGV: token, fence. Raises the
 	 * counter's n to the fence when it is lower (Redlock: a grant's fence,
@@ -204,7 +294,7 @@ static const char *const scripts[NSCRIPTS] = {
 	 * plain renewal names the lock alone (a cluster slot in migration
 	 * follows it by ASK). 1 renewed, 0 gone or not ours. */
 	[S_RENEW] =
-	"if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
+	"if redis.pcall('get', KEYS[1]) ~= ARGV[1] then return 0 end "
 	"local t = ARGV[1]:sub(1, 32) "
 	"if ARGV[3] == '1' then redis.call('hset', KEYS[2], 'k', t) "
 	"elseif ARGV[3] == '2' and redis.call('hget', KEYS[2], 'k') == t then "
@@ -213,17 +303,132 @@ static const char *const scripts[NSCRIPTS] = {
 	/* KEYS: the queue keys. ARGV: token, signal ttl. Forgets the token:
 	 * leaves the queue, deletes
 	 * the lock if it holds the token; when the lock is free, the next head
-	 * is woken ("w") to take it. 1 when the lock held the token, else 0. */
+	 * is woken ("w") to take it, and so is a "+" head (a holder-set
+	 * waiter) beside a set, which may have room now that this waiter is
+	 * no longer ahead of it. 1 when the lock held the token, else 0. */
 	[S_LEAVE] =
 	LUA_KEYS
 	"redis.call('zrem', q, tok) redis.call('zrem', qx, tok) "
 	"redis.call('del', mine) local held = 0 "
-	"if redis.call('get', K) == tok then redis.call('del', K) held = 1 " LUA_UNKEEP "end "
+	"if redis.pcall('get', K) == tok then redis.call('del', K) held = 1 " LUA_UNKEEP "end "
 	"if redis.call('exists', q) == 0 then redis.call('del', due) return held end "
-	"if redis.call('exists', K) == 0 then "
-	"local s = sig .. redis.call('zrange', q, 0, 0)[1] "
+	"local h = redis.call('zrange', q, 0, 0)[1] "
+	"if redis.call('exists', K) == 0 or (h:sub(1, 1) == '+' and "
+	"redis.call('type', K).ok == 'zset') then "
+	"local s = sig .. (h:sub(1, 1) == '+' and h:sub(2) or h) "
 	"redis.call('del', s) redis.call('rpush', s, 'w') redis.call('pexpire', s, ARGV[2]) end "
 	"return held",
+	/*
+	 * The holder set (backend_item_set; the key layout above). KEYS: the
+	 * lock, its counter, the queue and its expiries. ARGV: token, lease,
+	 * limit, shared, pick (backend_item). The uncontended entry: with room and nobody queued,
+	 * adds our entry and returns the fence; our entry there already (a
+	 * lost reply) is renewed, the fence returned; a limit that differs
+	 * from the holders' returns minus theirs; else the holder to report
+	 * (a string, "" when the set has room but waiters are queued).
+	 */
+	[S_SACQUIRE] =
+	LUA_KEYS LUA_NOW LUA_SET
+	"local lease, lim, sh = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1' "
+	"local st, who = state(lim, sh, now, tonumber(ARGV[5])) "
+	"if st == 'in' then return refresh(lease, now) end "
+	"if type(st) == 'number' then return st end "
+	LUA_PURGE
+	"if st == 'room' and redis.call('exists', q) == 0 then return enter(lim, sh, lease, now) end "
+	"return who or ''",
+	/*
+	 * KEYS: the queue keys. ARGV: token, lease, waiter ttl, fair, hand-off
+	 * µs, ticket, limit, shared, signal ttl, pick. Takes an entry when there is
+	 * room and nobody is ahead (fair or not: a queued exclusive caller
+	 * keeps new shared ones out), else joins the queue as "+<token>" (at
+	 * the ticket, or last) or refreshes its place. An entry taken writes
+	 * F's g as S_ENQUEUE does, and wakes the next head when it is a "+"
+	 * waiter with room too, so queued shared waiters enter together.
+	 * Returns the fence, minus the holders' limit (a mismatch: the queue
+	 * is left as it was), or how long to wait at most and the holder.
+	 */
+	[S_SENQUEUE] =
+	LUA_KEYS LUA_NOW LUA_PURGE LUA_SIGNAL LUA_SET
+	"local lease, ttl, lim = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[7]) "
+	"local sh, me = ARGV[8] == '1', '+' .. tok "
+	"local st, who, left = state(lim, sh, now, tonumber(ARGV[10])) "
+	"if type(st) == 'number' then return st end "
+	"local head = redis.call('zrange', q, 0, 0)[1] "
+	"if st == 'in' or (st == 'room' and (not head or head == me)) then "
+	"redis.call('zrem', q, me) redis.call('zrem', qx, me) redis.call('del', mine) "
+	"if redis.call('exists', q) == 0 then redis.call('del', due) end "
+	"if st == 'in' then return refresh(lease, now) end "
+	"local n = enter(lim, sh, lease, now) "
+	"redis.call('hset', F, 'g', tok:sub(1, 32) .. ':' .. now) "
+	"local nx = redis.call('zrange', q, 0, 0)[1] "
+	"if nx and nx:sub(1, 1) == '+' and (sh or redis.call('zcard', K) < lim) then "
+	"signal(nx, 'w', ARGV[9]) end return n end "
+	"local keep = 4 * ttl + lease "
+	"if not redis.call('zscore', q, me) then "
+	"if not head then redis.call('set', due, nowu + tonumber(ARGV[5]), 'PX', keep) end "
+	"local at = tonumber(ARGV[6]) if at == 0 then "
+	"at = (tonumber(redis.call('zrange', q, -1, -1, 'WITHSCORES')[2]) or 0) + 1 end "
+	"redis.call('zadd', q, at, me) head = redis.call('zrange', q, 0, 0)[1] end "
+	"redis.call('zadd', qx, now + ttl, me) "
+	"redis.call('pexpire', q, keep) redis.call('pexpire', qx, keep) "
+	"redis.call('pexpire', due, keep) "
+	"if not left then left = tonumber(redis.call('zscore', qx, head)) - now end "
+	"return {math.max(left, 1), who or ''}",
+	/*
+	 * KEYS: the queue keys. ARGV: token, waiter ttl, signal ttl, ticket.
+	 * Removes our entry (drop); 0 when it was not there. A ticket puts us
+	 * back in the queue at it, as S_RELEASE does. Wakes the head when it
+	 * can enter now (wake). 1.
+	 */
+	[S_SRELEASE] =
+	LUA_KEYS LUA_NOW LUA_SIGNAL LUA_SET_DROP
+	"if drop() == 0 then return 0 end "
+	LUA_UNKEEP
+	"if ARGV[4] ~= '0' then local ttl, me = tonumber(ARGV[2]), '+' .. tok "
+	"redis.call('zadd', q, ARGV[4], me) redis.call('zadd', qx, now + ttl, me) "
+	"redis.call('set', due, 0, 'NX', 'PX', 4 * ttl) "
+	"for _, k in ipairs({q, qx}) do if redis.call('pttl', k) < 0 then "
+	"redis.call('pexpire', k, 4 * ttl) end end end "
+	"if redis.call('type', K).ok == 'zset' then "
+	"redis.call('zremrangebyscore', K, '-inf', now) end "
+	LUA_PURGE
+	"if redis.call('exists', q) == 0 then redis.call('del', due) return 1 end "
+	"wake(ARGV[3]) return 1",
+	/* KEYS: the lock, and its counter when kept is given. ARGV: token,
+	 * lease, kept (as S_RENEW). Our entry still there and unexpired gets
+	 * a new score (now + lease), the key's TTL raised to cover it: 1;
+	 * else 0. */
+	[S_SRENEW] =
+	"local s = redis.pcall('zscore', KEYS[1], ARGV[1]) "
+	"if type(s) ~= 'string' then return 0 end "
+	LUA_NOW
+	"local lease = tonumber(ARGV[2]) "
+	"if tonumber(s) <= now then return 0 end "
+	"local t = ARGV[1]:sub(1, 32) "
+	"if ARGV[3] == '1' then redis.call('hset', KEYS[2], 'k', t) "
+	"elseif ARGV[3] == '2' and redis.call('hget', KEYS[2], 'k') == t then "
+	"redis.call('hdel', KEYS[2], 'k') end "
+	"redis.call('zadd', KEYS[1], now + lease, ARGV[1]) "
+	"if redis.call('pttl', KEYS[1]) < lease then redis.call('pexpire', KEYS[1], lease) end "
+	"return 1",
+	/* KEYS: the queue keys. ARGV: token, signal ttl. Forgets the token:
+	 * leaves the queue ("+<token>"), drops our entry, wakes the head when
+	 * it can enter now. 1 when the entry was there, else 0. */
+	[S_SLEAVE] =
+	LUA_KEYS LUA_NOW LUA_PURGE LUA_SIGNAL LUA_SET_DROP
+	"local me = '+' .. tok "
+	"redis.call('zrem', q, me) redis.call('zrem', qx, me) redis.call('del', mine) "
+	"local held = drop() "
+	"if held == 1 then " LUA_UNKEEP "end "
+	"if redis.call('exists', q) == 0 then redis.call('del', due) return held end "
+	"wake(ARGV[2]) return held",
+	/* KEYS: the lock. ARGV: token. Removes our entry (or our string key),
+	 * touching nothing else: 1 removed, 0 not there. */
+	[S_SUNLOCK] =
+	"local t = redis.call('type', KEYS[1]).ok "
+	"if t == 'zset' then return redis.call('zrem', KEYS[1], ARGV[1]) end "
+	"if t == 'string' and redis.call('get', KEYS[1]) == ARGV[1] then "
+	"return redis.call('del', KEYS[1]) end return 0",
 };
 
 #define PENDING_MAX 16
@@ -766,7 +971,7 @@ static int append_script(struct backend_conn *c, enum script s,
 			 int eval)
 {
 	/* a renewal names the counter only to mark it kept or not */
-	int nkeys = s == S_RENEW && !it->kept ? 1 : script_nkeys[s];
+	int nkeys = (s == S_RENEW || s == S_SRENEW) && !it->kept ? 1 : script_nkeys[s];
 	struct resp r;
 
 	resp_start(&r, 4 + nkeys + nargs);
@@ -811,7 +1016,8 @@ int backend_redis_is_redirect(const char *err)
  * that a cluster node refused for another node, for backend_redis_redirected. */
 static const char *async_name(enum script s)
 {
-	return s == S_RELEASE ? "release" : s == S_LEAVE ? "leave" : "fence";
+	return s == S_RELEASE || s == S_SRELEASE ? "release" :
+	       s == S_LEAVE || s == S_SLEAVE ? "leave" : "fence";
 }
 
 static void settle_one(struct backend_conn *c, const struct pending *p, const redisReply *r)
@@ -821,7 +1027,8 @@ static void settle_one(struct backend_conn *c, const struct pending *p, const re
 		LOG(LOG_DEBUG, "%s of %.*s: %s; sent again", async_name(p->script),
 		    (int)p->c.klen, p->c.key, r->str);
 		c->redirected[c->nredirected++] = *p;
-	} else if (r->type == REDIS_REPLY_INTEGER && r->integer == 0 && p->script == S_RELEASE)
+	} else if (r->type == REDIS_REPLY_INTEGER && r->integer == 0 &&
+		   (p->script == S_RELEASE || p->script == S_SRELEASE))
 		LOG(c->one_of_many ? LOG_DEBUG : LOG_WARN, "%.*s was no longer ours at release "
 		    "(expired or taken over); nothing deleted", (int)p->c.klen, p->c.key);
 	else if (r->type != REDIS_REPLY_INTEGER)
@@ -984,11 +1191,23 @@ static int acknowledged(struct backend_conn *c, const struct backend_item *it, l
  */
 static int fast_append(struct backend_conn *c, const struct backend_item *it, int eval)
 {
+	long long args[4] = { it->lease_ms, it->limit > 1 ? it->limit : 1, it->shared, it->pick };
+	int set = backend_item_set(it);
+
 	/* WAIT goes in the same write: one round trip plus the replication */
-	if (append_script(c, S_ACQUIRE, it, &it->lease_ms, 1, eval) != 0 ||
+	if (append_script(c, set ? S_SACQUIRE : S_ACQUIRE, it, args, set ? 4 : 1, eval) != 0 ||
 	    (c->wait_n && append_wait(c) != 0))
 		return -1;
 	return 0;
+}
+
+/* The key's holders took it with limit theirs, it with another: says both
+ * in errstr. Returns BACKEND_MISMATCH. */
+static int mismatch(struct backend_conn *c, const struct backend_item *it, long long theirs)
+{
+	snprintf(c->errstr, sizeof(c->errstr), "limit %d here, %lld for the key's holders",
+		 it->limit > 1 ? it->limit : 1, theirs);
+	return BACKEND_MISMATCH;
 }
 
 /* Reads the replies of fast_append's commands (once more after NOSCRIPT).
@@ -1008,7 +1227,9 @@ static int fast_read(struct backend_conn *c, const struct backend_item *it, char
 	}
 	if (!rep)
 		return BACKEND_ERR;
-	if (rep->type == REDIS_REPLY_INTEGER) {
+	if (rep->type == REDIS_REPLY_INTEGER && rep->integer < 0) {
+		rc = mismatch(c, it, -rep->integer);
+	} else if (rep->type == REDIS_REPLY_INTEGER) {
 		*fence = rep->integer;
 		rc = BACKEND_OK;
 	} else if (rep->type == REDIS_REPLY_STRING) {
@@ -1022,21 +1243,29 @@ static int fast_read(struct backend_conn *c, const struct backend_item *it, char
 		/* read even after an error reply: the connection stays usable */
 		long long acked = read_wait(c);
 
-		if (rc != BACKEND_ERR)
+		if (rc != BACKEND_ERR && rc != BACKEND_MISMATCH)
 			rc = rc == BACKEND_OK ? acknowledged(c, it, acked) :
 			     acked < 0 ? BACKEND_ERR : rc;
 	}
 	return rc;
 }
 
-/* The queue script's numeric arguments for it (S_ENQUEUE). */
-static void enqueue_args(const struct backend_item *it, long long args[ENQUEUE_ARGS])
+/* The queue script's numeric arguments for it (S_ENQUEUE's ENQUEUE_ARGS,
+ * followed by S_SENQUEUE's). Returns the script and sets *nargs. */
+static enum script enqueue_args(const struct backend_item *it, long long args[SENQUEUE_ARGS],
+				int *nargs)
 {
 	args[0] = it->lease_ms;
 	args[1] = it->waiter_ttl_ms;
 	args[2] = it->fair;
 	args[3] = it->fair ? 0 : it->handoff_us;
 	args[4] = it->ticket;
+	args[5] = it->limit > 1 ? it->limit : 1;
+	args[6] = it->shared;
+	args[7] = WAKE_TTL_MS;
+	args[8] = it->pick;
+	*nargs = backend_item_set(it) ? SENQUEUE_ARGS : ENQUEUE_ARGS;
+	return backend_item_set(it) ? S_SENQUEUE : S_ENQUEUE;
 }
 
 /* Whether acquire takes it with S_ACQUIRE (else the queue script). */
@@ -1048,21 +1277,24 @@ static int plain_acquire(const struct backend_item *it)
 /* Appends acquire's commands for it. Returns 0 or -1 (errstr set). */
 static int acquire_append(struct backend_conn *c, const struct backend_item *it)
 {
-	long long args[ENQUEUE_ARGS];
+	long long args[SENQUEUE_ARGS];
+	int nargs;
+	enum script s;
 
 	if (plain_acquire(it))
 		return fast_append(c, it, 0);
-	enqueue_args(it, args);
-	return append_script(c, S_ENQUEUE, it, args, ENQUEUE_ARGS, 0);
+	s = enqueue_args(it, args, &nargs);
+	return append_script(c, s, it, args, nargs, 0);
 }
 
 /* Reads the replies of acquire_append's commands; as backend_redis_acquire. */
 static int acquire_read(struct backend_conn *c, const struct backend_item *it,
 			long long *wait_ms, char *holder, size_t *holder_len, long long *fence)
 {
-	long long args[ENQUEUE_ARGS];
+	long long args[SENQUEUE_ARGS];
 	redisReply *r;
-	int rc;
+	enum script s;
+	int rc, nargs;
 
 	*holder_len = 0;
 	*fence = 0;
@@ -1070,11 +1302,13 @@ static int acquire_read(struct backend_conn *c, const struct backend_item *it,
 		*wait_ms = BACKEND_NOT_QUEUED;
 		return fast_read(c, it, holder, holder_len, fence);
 	}
-	enqueue_args(it, args);
-	r = script_reply(c, "acquire", S_ENQUEUE, it, args, ENQUEUE_ARGS);
+	s = enqueue_args(it, args, &nargs);
+	r = script_reply(c, "acquire", s, it, args, nargs);
 	if (!r)
 		return BACKEND_ERR;
-	if (r->type == REDIS_REPLY_INTEGER && r->integer >= 0) {
+	if (r->type == REDIS_REPLY_INTEGER && r->integer < 0) {
+		rc = mismatch(c, it, -r->integer);
+	} else if (r->type == REDIS_REPLY_INTEGER) {
 		*fence = r->integer;
 		rc = !c->wait_n ? BACKEND_OK :
 		     acknowledged(c, it, append_wait(c) == 0 ? read_wait(c) : -1);
@@ -1174,19 +1408,23 @@ int backend_redis_release(struct backend_conn *c, const struct backend_item *it,
 {
 	long long args[5] = { it->waiter_ttl_ms, it->fair ? 0 : it->handoff_us, WAKE_TTL_MS,
 			      it->turn_done, it->ticket };
+	long long sargs[3] = { it->waiter_ttl_ms, WAKE_TTL_MS, it->ticket };
+	int set = backend_item_set(it);
+	enum script s = set ? S_SRELEASE : S_RELEASE;
 
 	if (async)
-		return send_async(c, S_RELEASE, it, args, 5);
-	return run_int(c, "release", S_RELEASE, it, args, 5);
+		return send_async(c, s, it, set ? sargs : args, set ? 3 : 5);
+	return run_int(c, "release", s, it, set ? sargs : args, set ? 3 : 5);
 }
 
 int backend_redis_leave(struct backend_conn *c, const struct backend_item *it, int async)
 {
 	long long ttl = WAKE_TTL_MS;
+	enum script s = backend_item_set(it) ? S_SLEAVE : S_LEAVE;
 
 	if (async)
-		return send_async(c, S_LEAVE, it, &ttl, 1);
-	return run_int(c, "leave", S_LEAVE, it, &ttl, 1);
+		return send_async(c, s, it, &ttl, 1);
+	return run_int(c, "leave", s, it, &ttl, 1);
 }
 
 int backend_redis_fence_send(struct backend_conn *c, const struct backend_item *it,
@@ -1197,7 +1435,7 @@ int backend_redis_fence_send(struct backend_conn *c, const struct backend_item *
 
 int backend_redis_unlock(struct backend_conn *c, const struct backend_item *it)
 {
-	return run_int(c, "unlock", S_UNLOCK, it, NULL, 0);
+	return run_int(c, "unlock", backend_item_set(it) ? S_SUNLOCK : S_UNLOCK, it, NULL, 0);
 }
 
 /* Passes each of the n commands of p to fn as an item to forget (not a
@@ -1272,6 +1510,11 @@ int backend_redis_wait(struct backend_conn *c, const struct backend_item *it,
 	return rc;
 }
 
+static enum script renew_script(const struct backend_item *it)
+{
+	return backend_item_set(it) ? S_SRENEW : S_RENEW;
+}
+
 /* Appends a renewal of each of the n items (and WAIT when configured).
  * Returns 0 or -1 (errstr set). */
 static int renew_append(struct backend_conn *c, int n, const struct backend_item *items)
@@ -1279,7 +1522,8 @@ static int renew_append(struct backend_conn *c, int n, const struct backend_item
 	for (int i = 0; i < n; i++) {
 		long long args[2] = { items[i].lease_ms, items[i].kept };
 
-		if (append_script(c, S_RENEW, &items[i], args, items[i].kept ? 2 : 1, 0) != 0)
+		if (append_script(c, renew_script(&items[i]), &items[i], args,
+				  items[i].kept ? 2 : 1, 0) != 0)
 			return -1;
 	}
 	if (c->wait_n && n && append_wait(c) != 0)
@@ -1322,7 +1566,8 @@ static int renew_read(struct backend_conn *c, int n, const struct backend_item *
 			continue;
 		long long args[2] = { items[i].lease_ms, items[i].kept };
 
-		results[i] = run_int(c, "renew", S_RENEW, &items[i], args, items[i].kept ? 2 : 1);
+		results[i] = run_int(c, "renew", renew_script(&items[i]), &items[i], args,
+				     items[i].kept ? 2 : 1);
 		if (results[i] == BACKEND_ERR)
 			rc = BACKEND_ERR;
 	}

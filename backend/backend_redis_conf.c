@@ -275,6 +275,12 @@ static int redis_check_lock(struct conf_err *e, const config_setting_t *lg, cons
 				 "the masters order their queues alike, but a free key can still "
 				 "go to a caller not queued yet, so strict arrival order is not "
 				 "promised");
+	if (l->limit > 1 && r->masters)
+		return conf_fail(e, lg, where, "limit = %d is not available with redis.masters "
+				 "(Redlock): each master would admit %d holders and a holder needs "
+				 "only a quorum of them, so about 1.5 x %d could hold at once with 3 "
+				 "masters; use one server, Sentinel or Cluster for a semaphore",
+				 l->limit, l->limit, l->limit);
 	if (r->cluster && strpbrk(cfg->ns, "{}"))
 		return conf_fail(e, lg, "namespace", "\"%s\": braces in the namespace would change "
 				 "the lock's Redis Cluster hash tag", cfg->ns);

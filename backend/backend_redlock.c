@@ -459,7 +459,7 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 	struct redlock_conn *c = RC(conn);
 	const struct backend_config *bc = c->bc;
 	struct backend_item it = item_for(c, it0), back;
-	int st[MASTERS_MAX], taken = 0, refused = 0;
+	int st[MASTERS_MAX], taken = 0, refused = 0, mism = 0;
 	long long hint[MASTERS_MAX], fences[MASTERS_MAX];
 	int64_t t0, left;
 
@@ -495,6 +495,11 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 			continue;
 		}
 		health_ok(bc, i);
+		if (rc == BACKEND_MISMATCH) { /* holders of another limit: refused */
+			snprintf(c->errstr, sizeof(c->errstr), "%s", backend_redis_errstr(c->m[i]));
+			mism = 1;
+			rc = BACKEND_NO;
+		}
 		st[i] = rc == BACKEND_OK ? M_TAKEN : M_REFUSED;
 		taken += rc == BACKEND_OK;
 		refused += rc == BACKEND_NO;
@@ -536,6 +541,8 @@ static int redlock_acquire(struct backend_conn *conn, const struct backend_item 
 	}
 	if (op_end(c, taken + refused, "acquire") != BACKEND_OK)
 		return BACKEND_ERR;
+	if (mism)
+		return BACKEND_MISMATCH;
 	if (it.waiting)
 		*wait_ms = busy_hint(c, st, hint, taken, refused);
 	return BACKEND_NO;

@@ -34,6 +34,7 @@
 static const char *const call_policies[] = { "skip", "exit", "abort", "proceed", NULL };
 static const char *const hold_policies[] = { "log", "kill", "abort", NULL };
 static const char *const methods[] = { "auto", "entry", "reloc", NULL };
+static const char *const modes[] = { "exclusive", "shared", NULL };
 
 /* Level names of log.h's enum log_level; log.c parses them
  * (log_level_parse, any case). */
@@ -76,6 +77,8 @@ const struct conf_field conf_lock_fields[] = {
 	LOCK_FIELD(kill_grace_ms, F_INT, 0, LLONG_MAX / 4, .def = 5000),
 	LOCK_FIELD(reentrant, F_BOOL, 0, 1, .def = 1),
 	LOCK_FIELD(fair, F_BOOL, 0, 1),
+	LOCK_FIELD(limit, F_INT, 1, 10000, .def = 1),
+	FIELD(struct lock_spec, "mode", shared, F_ENUM, 0, 1, .names = modes),
 	FIELD(struct lock_spec, "break_dead_holders", break_dead, F_BOOL, 0, 1, .def = 1),
 	FIELD(struct lock_spec, "handoff_ms", handoff_us, F_USEC, 0, 60000, .def = 500),
 	LOCK_FIELD(linger_ms, F_INT, 0, 60000, .def = 1),
@@ -285,6 +288,25 @@ static int compile_key(struct conf_err *e, const config_setting_t *g, const char
 }
 
 /*
+ * Refuses `mode = "shared"` with `limit` > 1 (a shared lock has no count, a
+ * semaphore no shared mode), naming the lock's mode. Returns 0, or -1 said
+ * with conf_fail.
+ */
+static int check_mode(struct conf_err *e, const config_setting_t *g, const char *where,
+		      const struct lock_spec *l)
+{
+	const config_setting_t *m = config_setting_get_member(g, "mode");
+	char what[48];
+
+	if (!l->shared || l->limit <= 1)
+		return 0;
+	snprintf(what, sizeof(what), "%s.mode", where);
+	return conf_fail(e, m ? m : g, what, "\"shared\" with limit = %d: shared holders "
+			 "have no count (any number run together), a semaphore no shared "
+			 "mode; set one of the two", l->limit);
+}
+
+/*
  * Reads the lock g (the idx'th of the file) into cfg->locks[first], and,
  * when it names several symbols, into one more spec per further symbol
  * (struct lock_spec). Returns the number of specs written, or -1 said
@@ -317,6 +339,8 @@ static int parse_lock(struct conf_err *e, const config_setting_t *g, int idx, in
 		    strcmp(f->name, "symbols") && !config_setting_get_member(g, f->name))
 			return conf_fail(e, g, where, "missing required setting \"%s\"", f->name);
 	if (check_symbols(e, g, where, l, cfg, first))
+		return -1;
+	if (check_mode(e, g, where, l))
 		return -1;
 	if (l->offset >= 0 && !l->object)
 		return conf_fail(e, g, where, "offset needs object (the file the offset is in)");
@@ -429,7 +453,8 @@ static int parse_root(struct conf_err *e, config_t *cf, struct conf *cfg)
 		}
 		if (conf_group_apply(e, defaults_g, "defaults", conf_lock_fields, defaults) ||
 		    check_programs(e, config_setting_get_member(defaults_g, "programs"),
-				   "defaults.programs", defaults->programs))
+				   "defaults.programs", defaults->programs) ||
+		    check_mode(e, defaults_g, "defaults", defaults))
 			return -1;
 	}
 	/* Derived fields, once everything they read is valid and final. */

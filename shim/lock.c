@@ -4,7 +4,9 @@
  *
  * Hot path: expand the key into a stack buffer, look for a reentrant hold
  * (no round trip), else one acquire script (SET and the fencing counter's
- * increment) on the thread's own connection; the
+ * increment; for a semaphore or a shared lock, an entry of the key's holder
+ * set: the backend picks by the item's limit and mode) on the thread's own
+ * connection; the
  * release is sent without waiting for its reply. A busy lock queues the
  * caller in Redis until a release wakes it or hands it the lock, up to
  * wait_ms (acquire_wait). No process-wide lock is taken while talking to
@@ -231,21 +233,29 @@ static void slow_wait(const struct lease *l, int64_t start_ms, const char *holde
  * After a refusal by holder[0..hlen): when that holder is a process of this
  * machine that is gone (owner.c; a full check when the same holder refused
  * the previous attempt too, or this is the last one), deletes the lock if
- * it still holds that exact value and says so. Returns 1 when it did: try
- * again now.
+ * it still holds that exact value and says so; in a holder set (a permit,
+ * a shared entry: the backend reports one holder per attempt, in turn)
+ * only that holder's entry goes. Returns 1 when it did: try again now.
  */
 static int break_dead(struct lock_thread *t, const struct backend_item *it,
 		      const char *holder, size_t hlen, int thorough, char *err, size_t errlen)
 {
 	struct backend_item dead = *it;
-	int pid = 0;
+	int pid = 0, rc;
 
 	if (!owner_gone(holder, hlen, thorough, &pid))
 		return 0;
 	dead.val = holder;
 	dead.vlen = hlen;
 	dead.turn_done = 1; /* a queued waiter may have it at once */
-	if (conn_check(t, backend->ops->release(t->conn, &dead, 0), err, errlen) != BACKEND_OK)
+	rc = conn_check(t, backend->ops->release(t->conn, &dead, 0), err, errlen);
+	if (rc == BACKEND_NO && !backend_item_set(it)) {
+		/* a dead shared holder keeping out this exclusive caller: its
+		 * entry of the holder set, removed by the set's release */
+		dead.shared = 1;
+		rc = conn_check(t, backend->ops->release(t->conn, &dead, 0), err, errlen);
+	}
+	if (rc != BACKEND_OK)
 		return 0;
 	LOGK(LOG_WARN, NULL, it->key, it->klen, "%.*s was held by process %d of this machine, "
 	     "which is gone; lock broken", (int)it->klen, it->key, pid);
@@ -267,8 +277,10 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
  * to the TTL the key was given (the lease, or the shorter waiter TTL of a
  * hand-over), from which renew_track plans the first renewal. A waiter
  * starts the renewal thread before it queues; when that fails it gives up
- * at once (LOCK_NOLEASE), since a lock it took could not be kept. Returns
- * an enum lock_outcome.
+ * at once (LOCK_NOLEASE), since a lock it took could not be kept. A caller
+ * whose limit differs from the key's holders' (BACKEND_MISMATCH) logs one
+ * error line naming both and gets LOCK_ERROR at once. Returns an enum
+ * lock_outcome.
  */
 static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_item *it,
 			long long *granted_ttl_ms)
@@ -276,7 +288,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 	const struct lock_spec *s = l->spec;
 	int64_t now = util_now_ms(), start = now, step = 2, deadline, asked_us = 0;
 	int64_t logged = now - LOCK_ERROR_LOG_MS;
-	int busy = 0, tries = 0, unsure = 0, start_rc = 0, rc;
+	int busy = 0, tries = 0, unsure = 0, start_rc = 0, mism = 0, rc;
 	char err[192] = "", holder[BACKEND_VAL_MAX], seen[BACKEND_VAL_MAX];
 	size_t hlen, seen_len = 0;
 
@@ -289,6 +301,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 		if (!asked_us)
 			asked_us = sent;
 		hlen = 0;
+		it->pick = tries; /* a holder set's holders reported in turn */
 		rc = conn_get(t, err, sizeof(err));
 		if (rc == 0) {
 			rc = conn_check(t, backend->ops->acquire(t->conn, it, &hint, holder, &hlen,
@@ -297,6 +310,11 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 			unsure |= rc == BACKEND_ERR; /* sent, maybe run, unanswered */
 		}
 		tries++;
+		if (rc == BACKEND_MISMATCH) {
+			snprintf(err, sizeof(err), "%s", backend->ops->errstr(t->conn));
+			mism = 1;
+			break;
+		}
 		if (rc == BACKEND_OK) {
 			if (tries > 1)
 				slow_wait(l, start, seen, seen_len);
@@ -356,6 +374,11 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 		conn_check(t, -1, err, sizeof(err));
 		renew_forget(it);
 	}
+	if (mism) {
+		LOGK(LOG_ERROR, s->symbol, l->key, l->klen, "%s: lock %.*s not taken: %s (all "
+		     "holders of a key must agree on limit)", s->symbol, (int)l->klen, l->key, err);
+		return LOCK_ERROR;
+	}
 	if (start_rc) {
 		LOG(LOG_ERROR, "%s: lock %.*s not taken: its lease could not be kept "
 		    "(cannot start the renewal thread: %s)", s->symbol, (int)l->klen, l->key,
@@ -411,19 +434,57 @@ static int acquire_wait(struct lock_thread *t, struct lease *l, long long *grant
 	return rc;
 }
 
-/* Returns t's hold of key that is active (parked = 0: entered, not inherited
- * through fork) or kept for the next call (parked = 1), or NULL. */
-static struct lock_hold *find_hold(struct lock_thread *t, const char *key, size_t klen,
-				   int parked)
+/* Whether holds of a and b are the same kind: a string lock, shared
+ * entries, or permits of one limit. */
+static int same_mode(const struct lock_spec *a, const struct lock_spec *b)
+{
+	return a->shared == b->shared && a->limit == b->limit;
+}
+
+/*
+ * Returns t's hold of key that is active (parked = 0: entered, not inherited
+ * through fork) or kept for the next call (parked = 1), or NULL. A parked
+ * hold serves only a call of spec's mode (a shared entry is no exclusive
+ * lock): one of another mode is given up here, so that the call does not
+ * wait for its own thread's entry.
+ */
+static struct lock_hold *find_hold(struct lock_thread *t, const struct lock_spec *spec,
+				   const char *key, size_t klen, int parked)
 {
 	for (int i = t->nholds - 1; i >= 0; i--) {
 		struct lock_hold *h = &t->holds[i];
 		int match = parked ? h->parked : h->count > 0 && !h->foreign;
 
-		if (match && h->lease.klen == klen && memcmp(h->lease.key, key, klen) == 0)
-			return h;
+		if (!match || h->lease.klen != klen || memcmp(h->lease.key, key, klen) != 0)
+			continue;
+		if (parked && !same_mode(h->lease.spec, spec)) {
+			give_up(t, h);
+			continue;
+		}
+		return h;
 	}
 	return NULL;
+}
+
+/*
+ * Whether spec's call may not enter h, the thread's active hold of the same
+ * key: an exclusive call inside a shared hold, or a plain lock (limit 1)
+ * inside a permit, would be an upgrade, which deadlocks as soon as two
+ * threads holding it shared both try. Logs one error line then. Returns 1
+ * (the caller gets LOCK_ERROR: on_error) or 0 (a reentrant entry: an
+ * exclusive hold admits a shared call, since nobody else holds the key).
+ */
+static int upgrade_refused(const struct lock_spec *spec, const struct lock_hold *h)
+{
+	const struct lock_spec *held = h->lease.spec;
+
+	if (spec->shared || (!held->shared && (held->limit <= 1 || spec->limit > 1)))
+		return 0;
+	LOGK(LOG_ERROR, spec->symbol, h->lease.key, h->lease.klen, "%s: lock %.*s not taken: "
+	     "this thread holds it %s, and an exclusive call inside would be an upgrade "
+	     "(two such holders would wait for each other forever)", spec->symbol,
+	     (int)h->lease.klen, h->lease.key, held->shared ? "shared" : "as a permit");
+	return 1;
 }
 
 static void push_call(struct lock_thread *t, struct lock_call *call, struct lock_hold *h)
@@ -521,13 +582,15 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS
 		    "of memory for the thread's lock state)", spec->symbol, (int)klen, key);
 		return LOCK_NOLEASE;
 	}
-	if (spec->reentrant && (h = find_hold(t, key, klen, 0)) != NULL) {
+	if (spec->reentrant && (h = find_hold(t, spec, key, klen, 0)) != NULL) {
+		if (upgrade_refused(spec, h))
+			return LOCK_ERROR;
 		h->count++;
 		push_call(t, call, h);
 		count_add(spec, MC_ACQ_REENTRANT);
 		return LOCK_OK;
 	}
-	if ((h = find_hold(t, key, klen, 1)) != NULL && take_back(t, h)) {
+	if ((h = find_hold(t, spec, key, klen, 1)) != NULL && take_back(t, h)) {
 		h->count = 1;
 		push_call(t, call, h);
 		count_add(spec, MC_ACQ_KEPT);

@@ -133,6 +133,7 @@ struct backend_item renew_item(const struct lease *l)
 		.key = l->key, .klen = l->klen, .val = l->val, .vlen = l->vlen,
 		.lease_ms = l->spec->lease_ms, .fair = l->spec->fair,
 		.waiter_ttl_ms = l->spec->waiter_ttl_ms, .handoff_us = l->spec->handoff_us,
+		.limit = l->spec->limit, .shared = l->spec->shared,
 	};
 	return it;
 }

@@ -63,8 +63,9 @@ void renew_on_lost(void (*fn)(const struct lease *l, const char *why));
 /* Sets the backend the thread connects to. Call once, before any lease. */
 void renew_setup(const struct backend *b);
 
-/* Returns the backend's view of l (key, value, lease and waiting settings);
- * the strings stay owned by l. */
+/* Returns the backend's view of l (key, value, lease, waiting settings, and
+ * its limit and mode, so that every operation on it, a forget too, treats
+ * it as the permit or shared entry it is); the strings stay owned by l. */
 struct backend_item renew_item(const struct lease *l);
 
 /* Starts renewing l, whose key was given granted_ttl_ms at l->acquired_us

@@ -67,12 +67,12 @@ static void dump(const struct conf *cfg, char *buf, size_t len)
 
 		n += (size_t)snprintf(buf + n, len - n,
 			"|%s %s %s %lld %lld %lld %lld %lld %lld %lld %lld %a %d %d %d %d %d %d %d "
-			"%d %d %d %d %d %d %lld", l->symbol, l->key_src, l->key.prefix, l->lease_ms,
+			"%d %d %d %d %d %d %lld %d %d", l->symbol, l->key_src, l->key.prefix, l->lease_ms,
 			l->wait_ms, l->max_hold_ms, l->kill_grace_ms, l->retry_max_ms,
 			l->handoff_us, l->linger_ms, l->ret, l->ret_double, l->err, l->exit_code,
 			l->kill_signal, l->on_timeout, l->on_error, l->on_lost, l->on_overrun,
 			l->reentrant, l->fair, l->break_dead, l->strict, l->stack_args_bytes,
-			l->index, l->waiter_ttl_ms);
+			l->index, l->waiter_ttl_ms, l->limit, l->shared);
 		if (n < len)
 			n += (size_t)snprintf(buf + n, len - n, " warn %lld", l->warn_wait_ms);
 	}
@@ -186,6 +186,7 @@ int main(void)
 		test_cond(l->kill_signal == SIGTERM && l->kill_grace_ms == 5000);
 		test_cond(l->reentrant == 1 && l->stack_args_bytes == 256);
 		test_cond(l->fair == 0 && l->handoff_us == 500 && l->linger_ms == 1);
+		test_cond(l->limit == 1 && l->shared == 0);
 	}
 	conf_release(&cfg);
 
@@ -236,7 +237,7 @@ int main(void)
 	 * an already written neighbour. */
 	test_cond(load_text(&cfg,
 		"locks = ( { stack_args_bytes = 65536; strict = true; break_dead_holders = false;\n"
-		"            fair = true; reentrant = false; on_overrun = \"abort\";\n"
+		"            fair = true; limit = 10000; reentrant = false; on_overrun = \"abort\";\n"
 		"            on_lost = \"kill\"; on_error = \"exit\"; on_timeout = \"proceed\";\n"
 		"            kill_signal = 9; exit_code = 255; errno = 4095;\n"
 		"            return = -7; linger_ms = 60000; handoff_ms = 60000;\n"
@@ -257,8 +258,29 @@ int main(void)
 		test_cond(l->on_lost == HOLD_KILL && l->on_overrun == HOLD_ABORT);
 		test_cond(l->reentrant == 0 && l->fair == 1 && l->break_dead == 0);
 		test_cond(l->strict == 1 && l->stack_args_bytes == 65536 && l->index == 0);
+		test_cond(l->limit == 10000 && l->shared == 0);
 	}
 	conf_release(&cfg);
+
+	test("limit and mode: a semaphore, a shared lock, never both");
+	test_cond(load_text(&cfg, "defaults = { mode = \"shared\"; };\n"
+			    "locks = ( { symbol = \"a\"; }, { symbol = \"b\"; mode = \"exclusive\";\n"
+			    "            limit = 3; } );", err, sizeof(err)) == 0);
+	test_cond(cfg.locks[0].shared == 1 && cfg.locks[0].limit == 1);
+	test_cond(cfg.locks[1].shared == 0 && cfg.locks[1].limit == 3);
+	conf_release(&cfg);
+	test_cond(rejects("locks = ( { symbol = \"f\"; limit = 0; } );", "limit", "out of range"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; limit = 10001; } );", "limit",
+			  "out of range"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; mode = \"read\"; } );", "mode",
+			  "unknown value"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; mode = \"shared\"; limit = 2; } );",
+			  "locks[0].mode", "limit = 2"));
+	test_cond(rejects("defaults = { mode = \"shared\"; limit = 2; };", "defaults.mode",
+			  "limit = 2"));
+	test_cond(rejects("redis = { masters = ( { host = \"a\"; }, { host = \"b\"; },\n"
+			  "{ host = \"c\"; } ); };\nlocks = ( { symbol = \"f\"; limit = 2; } );",
+			  "locks[0]", "Redlock"));
 	/* The same neighbours, each set alone to its extreme: the others keep
 	 * their defaults. */
 	test_cond(load_text(&cfg,
@@ -591,7 +613,7 @@ int main(void)
 		}
 		/* A new setting changes these counts: give it a round trip in
 		 * the tests above, then count it here. */
-		test_cond(n == 11 + 18 + 6 + 8 + 29 && nlock == 29 && literal >= 32);
+		test_cond(n == 11 + 18 + 6 + 8 + 31 && nlock == 31 && literal >= 34);
 		test_cond(!settings_describe(groups, n, &d) && !settings_describe(groups, -1, &d));
 		test_cond(settings_describe(groups, 0, &d) && !strcmp(d.group, "top") &&
 			  !strcmp(d.name, "redis"));

@@ -1,0 +1,465 @@
+# SPDX-License-Identifier: MIT
+"""Holder sets: semaphores (`limit`) and shared locks (`mode = "shared"`).
+
+The observed program (progs/sets_main.c on progs/sets_lib.c) appends a
+line to a log file (O_APPEND, one order for every process and thread) when
+a guarded call starts and when it ends; replaying the log counts who was
+inside at once. Every claim has a control that shows what happens without
+the setting: an unguarded run overlaps more than the limit, a writer
+overlaps readers, a live permit holder keeps a waiter out.
+
+1. limit: never more than `limit` inside, and `limit` reached, on one
+   server, through Sentinel and on Cluster; limit 1 is a mutex.
+2. dead and frozen permit holders: a SIGKILLed holder's permit goes at
+   once for a waiter of this machine (break_dead_holders) or at its lease;
+   a stopped one loses its own permit only, and learns it when it resumes.
+3. shared and exclusive: readers overlap, a writer runs alone (one server,
+   Sentinel, Cluster, Redlock); a writer is not starved by a stream of
+   readers; a thread holding the key exclusively enters a shared call, one
+   holding it shared is refused an exclusive call (an upgrade).
+4. refusals: a limit that differs from the key's holders' (an error line
+   naming both, on_error at once); `mode = "shared"` with `limit` > 1 and
+   `limit` > 1 with Redlock masters (exit 78).
+"""
+import errno
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from support.server import lock_keys, started
+from support.topology import Cluster, Topology
+from support.util import MULT, TIMEOUT, cc, run, shim_env, wait_for, write_config
+
+pytestmark = pytest.mark.timing  # time bounds and forced races
+
+KEY = "lockshim:k"
+OK_LINE = "call rc=42 errno=0"
+EBUSY_LINE = "call rc=-1 errno=%d" % errno.EBUSY
+
+
+@pytest.fixture(scope="module")
+def sets_prog(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("sets"))
+    cc(os.path.join(d, "libsets.so"), ["sets_lib.c"], "-O2", "-shared", "-fPIC")
+    return cc(os.path.join(d, "sets"), ["sets_main.c"], "-O2", "-L" + d, "-Wl,-rpath," + d,
+              "-lsets", "-lpthread")
+
+
+@pytest.fixture
+def cluster(request):
+    """Three primaries, no replicas."""
+    yield from started(request, Cluster(replicas=0))
+
+
+@pytest.fixture
+def topo(request):
+    """A primary, its replicas and sentinels (support/topology.py)."""
+    yield from started(request, Topology())
+
+
+def said(r):
+    """The last line a driver run printed (its call's report)."""
+    lines = r.stdout.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+# ---- the observer --------------------------------------------------------------------
+
+def replay(log):
+    """Replays the log: returns (most readers inside at once, most writers,
+    whether a writer was ever inside with anyone else)."""
+    inside = {"r": 0, "w": 0}
+    most = {"r": 0, "w": 0}
+    mixed = False
+    with open(log) as f:
+        for line in f:
+            kind, how = line[0], line[1]
+            if kind not in inside:
+                continue
+            inside[kind] += 1 if how == "+" else -1
+            most[kind] = max(most[kind], inside[kind])
+            if inside["w"] and (inside["r"] or inside["w"] > 1):
+                mixed = True
+    return most["r"], most["w"], mixed
+
+
+def lock(symbol, settings):
+    return '{ symbol = "%s"; key = "k"; lease_ms = 5000; wait_ms = 30000; %s }' % (
+        symbol, settings)
+
+
+def locks(*entries):
+    return "locks = ( %s );\n" % ", ".join(entries)
+
+
+def start(prog, kind, cfg, log, threads, iters, ms, stop=None):
+    env = shim_env(cfg, preload=cfg is not None, SETS_LOG=log)
+    argv = [prog, kind, str(threads), str(iters), str(ms)] + ([stop] if stop else [])
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def finish(p):
+    """Waits for p; asserts it exited 0 with no failed call; returns (its
+    fields, its stderr)."""
+    out, err = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 0, err[-3000:]
+    done = [l for l in out.splitlines() if l.startswith("done")]
+    assert done, (out, err[-3000:])
+    fields = {k: int(v) for k, v in (f.split("=") for f in done[0].split()[1:])}
+    assert fields["failed"] == 0, (done, err[-3000:])
+    return fields, err
+
+
+def crowd(prog, cfg, log, kind="r", procs=8, threads=2, iters=4, ms=30):
+    """procs processes x threads threads, iters calls of ms each; returns
+    the calls made and the stderr of all."""
+    ps = [start(prog, kind, cfg, log, threads, iters, ms) for _ in range(procs)]
+    total, errs = 0, ""
+    for p in ps:
+        fields, err = finish(p)
+        total += fields["ok"]
+        errs += err
+    return total, errs
+
+
+# ---- 1. limit ------------------------------------------------------------------------
+
+def test_control_unguarded_crowd_exceeds_three(sets_prog, tmp_path):
+    """Without the shim, 8 processes x 2 threads are inside together far
+    more than 3 at once: the bounds below mean something."""
+    log = str(tmp_path / "log")
+    crowd(sets_prog, None, log)
+    assert replay(log)[0] > 3
+
+
+@pytest.mark.parametrize("limit,most", [(3, 3), (None, 1)], ids=["limit3", "default"])
+def test_limit_bounds_the_holders(sets_prog, redis, tmp_path, limit, most):
+    """limit = 3: never more than 3 inside, and 3 reached; no limit (1):
+    one at a time. Every call entered; no key is left."""
+    log = str(tmp_path / "log")
+    extra = "limit = %d;" % limit if limit else ""
+    cfg = write_config(tmp_path, redis, locks(lock("set_read", extra)))
+    total, err = crowd(sets_prog, cfg, log)
+    assert total == 8 * 2 * 4
+    assert replay(log)[0] == most, err[-3000:]
+    assert "error" not in err and "lost" not in err, err[-3000:]
+    wait_for(lambda: lock_keys(redis) == [], timeout=5, what="no key left")
+
+
+def test_limit_on_cluster(sets_prog, cluster, tmp_path):
+    """limit = 3 on a Redis Cluster: at most 3, and 3 reached."""
+    log = str(tmp_path / "log")
+    cfg = cluster.config(tmp_path, locks(lock("set_read", "limit = 3;")))
+    total, err = crowd(sets_prog, cfg, log)
+    assert total == 8 * 2 * 4
+    assert replay(log)[0] == 3, err[-3000:]
+
+
+# ---- 2. dead and frozen permit holders ---------------------------------------------------
+
+def permit_cfg(path, redis, settings):
+    os.makedirs(str(path), exist_ok=True)
+    return write_config(path, redis, 'locks = ( { symbol = "hold_call"; key = "k"; '
+                        'limit = 2; %s } );\n' % settings)
+
+
+def holders_pids(redis):
+    """The pids named by the entries of KEY's holder set."""
+    return sorted(int(m.split(":")[2]) for m in redis.cmd("ZRANGE", KEY, "0", "-1"))
+
+
+def test_killed_permit_holder(progs, redis, tmp_path, procs):
+    """limit = 2, both permits held, one holder SIGKILLed: a waiter of this
+    machine takes the dead one's permit at once, the live one keeps its
+    own. Control: with break_dead_holders = false the waiter times out
+    while the dead permit's 20 s lease runs; with a short lease it enters
+    once that lease has passed."""
+    cfg = permit_cfg(tmp_path / "h", redis, "lease_ms = 20000;")
+    live = procs([progs["driver"], "call:60000"], cfg)
+    live.expect("enter")
+    dead = procs([progs["driver"], "call:60000"], cfg)
+    dead.expect("enter")
+    dead.signal(signal.SIGKILL)
+    dead.finish()
+    assert holders_pids(redis) == sorted([live.p.pid, dead.p.pid])
+    # control: the dead permit is not broken, and the set is full
+    r = run([progs["driver"], "call:0"],
+            permit_cfg(tmp_path / "c", redis, "lease_ms = 20000; wait_ms = 1000; "
+                       "break_dead_holders = false;"))
+    assert said(r) == EBUSY_LINE, r.stderr
+    t0 = time.monotonic()
+    r = run([progs["driver"], "call:0"], permit_cfg(tmp_path / "w", redis,
+                                                     "lease_ms = 20000; wait_ms = 15000;"))
+    assert said(r) == OK_LINE, r.stderr
+    assert time.monotonic() - t0 < 5 * MULT
+    assert "held by process %d of this machine, which is gone" % dead.p.pid in r.stderr
+    assert holders_pids(redis) == [live.p.pid]
+
+
+def test_dead_permit_freed_at_its_lease(progs, redis, tmp_path, procs):
+    """break_dead_holders = false and a 2 s lease: the dead holder's permit
+    frees when its lease ends, not before, while the live one holds on."""
+    cfg = permit_cfg(tmp_path / "h", redis, "lease_ms = 2000;")
+    live = procs([progs["driver"], "call:60000"], cfg)
+    live.expect("enter")
+    dead = procs([progs["driver"], "call:60000"], cfg)
+    dead.expect("enter")
+    dead.signal(signal.SIGKILL)
+    dead.finish()
+    t0 = time.monotonic()
+    r = run([progs["driver"], "call:0"], permit_cfg(tmp_path / "w", redis,
+                                                     "lease_ms = 2000; wait_ms = 20000; "
+                                                     "break_dead_holders = false;"))
+    took = time.monotonic() - t0
+    assert said(r) == OK_LINE, r.stderr
+    assert 0.5 < took < 10 * MULT, took
+    assert holders_pids(redis) == [live.p.pid]
+
+
+def test_frozen_permit_holder_loses_only_its_own(progs, redis, tmp_path, procs):
+    """limit = 2, lease 1.5 s: a holder stopped (SIGSTOP) loses its permit
+    to a waiter once its lease passes; the other holder keeps renewing its
+    own. Resumed, the frozen one learns it lost the lease (on_lost: log).
+    Control: while both holders run, the waiter times out."""
+    cfg = permit_cfg(tmp_path / "h", redis, "lease_ms = 1500;")
+    frozen = procs([progs["driver"], "call:6000"], cfg)
+    frozen.expect("enter")
+    other = procs([progs["driver"], "call:6000"], cfg)
+    other.expect("enter")
+    r = run([progs["driver"], "call:0"],
+            permit_cfg(tmp_path / "c", redis, "lease_ms = 1500; wait_ms = 1000;"))
+    assert said(r) == EBUSY_LINE, r.stderr  # control: both permits kept
+    frozen.signal(signal.SIGSTOP)
+    w = procs([progs["driver"], "call:2000"],
+              permit_cfg(tmp_path / "w", redis, "lease_ms = 1500; wait_ms = 10000;"))
+    w.expect("enter")
+    assert holders_pids(redis) == sorted([other.p.pid, w.p.pid])
+    frozen.signal(signal.SIGCONT)
+    rc, _, err = frozen.finish()
+    assert rc == 0 and "lease on %s" % KEY in err and "lost" in err, err
+    rc, _, err = other.finish()
+    assert rc == 0 and "lease on" not in err, err
+    assert w.finish()[0] == 0
+
+
+# ---- 3. shared and exclusive ---------------------------------------------------------------
+
+RW = locks(lock("set_read", 'mode = "shared";'), lock("set_write", ""))
+
+
+def readers_and_writers(prog, cfg, log):
+    ps = [start(prog, "r", cfg, log, 2, 6, 40) for _ in range(4)]
+    ps += [start(prog, "w", cfg, log, 1, 6, 20) for _ in range(2)]
+    errs = ""
+    for p in ps:
+        errs += finish(p)[1]
+    return errs
+
+
+def test_control_unguarded_writers_overlap_readers(sets_prog, tmp_path):
+    log = str(tmp_path / "log")
+    readers_and_writers(sets_prog, None, log)
+    assert replay(log)[2]
+
+
+def check_rw(prog, cfg, log):
+    err = readers_and_writers(prog, cfg, log)
+    readers, writers, mixed = replay(log)
+    assert readers > 1, err[-3000:]  # shared holders overlap
+    assert writers == 1 and not mixed, err[-3000:]  # an exclusive one runs alone
+    assert "error" not in err and "lost" not in err, err[-3000:]
+
+
+def test_shared_overlap_exclusive_alone(sets_prog, redis, tmp_path):
+    check_rw(sets_prog, write_config(tmp_path, redis, RW), str(tmp_path / "log"))
+    wait_for(lambda: lock_keys(redis) == [], timeout=5, what="no key left")
+
+
+def test_shared_and_exclusive_on_cluster(sets_prog, cluster, tmp_path):
+    check_rw(sets_prog, cluster.config(tmp_path, RW), str(tmp_path / "log"))
+
+
+def test_sets_through_sentinel(sets_prog, topo, tmp_path):
+    """Through Sentinel: limit = 3 (at most 3, 3 reached), and readers
+    overlapping with writers alone."""
+    log = str(tmp_path / "log")
+    total, err = crowd(sets_prog, topo.config(tmp_path, locks(lock("set_read", "limit = 3;"))),
+                       log)
+    assert total == 8 * 2 * 4 and replay(log)[0] == 3, err[-3000:]
+    os.makedirs(str(tmp_path / "rw"))
+    check_rw(sets_prog, topo.config(tmp_path / "rw", RW), str(tmp_path / "rw" / "log"))
+
+
+def test_shared_and_exclusive_on_redlock(sets_prog, masters, tmp_path):
+    check_rw(sets_prog, masters.config(tmp_path, RW), str(tmp_path / "log"))
+
+
+def test_writer_not_starved_by_readers(sets_prog, redis, tmp_path):
+    """Readers (4 processes x 2 threads, 100 ms calls) keep the key held
+    without a gap (control: from the mark "x" to "y" in the log someone is
+    always inside, so a writer waiting for a free key would wait for the
+    whole stream); a writer arriving meanwhile enters within a few calls'
+    time, alone, and the readers go on afterwards."""
+    log, stop = str(tmp_path / "log"), str(tmp_path / "stop")
+    cfg = write_config(tmp_path, redis, RW)
+    readers = [start(sets_prog, "r", cfg, log, 2, 1, 100, stop) for _ in range(4)]
+    try:
+        for p in readers:
+            assert p.stdout.readline().startswith("started")
+        with open(log, "a") as f:
+            f.write("x\n")
+        time.sleep(1.0)  # the stream runs on its own for a while (the control)
+        with open(log, "a") as f:
+            f.write("y\n")
+        w = start(sets_prog, "w", cfg, log, 1, 1, 50)
+        fields, err = finish(w)
+        assert fields["ok"] == 1 and fields["max_ms"] < 2000 * MULT, (fields, err)
+        with open(log, "a") as f:
+            f.write("z\n")
+        wait_for(lambda: open(log).read().split("z\n", 1)[1].count("r+") >= 4,
+                 what="readers to go on after the writer")
+    finally:
+        open(stop, "w").close()
+    for p in readers:
+        finish(p)
+    inside, window, gaps = 0, False, 0
+    with open(log) as f:
+        for line in f:
+            if line[0] in "xy":
+                window = line[0] == "x"
+            elif line[0] == "r":
+                inside += 1 if line[1] == "+" else -1
+                gaps += window and inside == 0
+    assert gaps == 0  # control: the readers alone never left the key free
+    assert replay(log)[1:] == (1, False)
+
+
+NESTED = "locks = ( %s );\n" % ", ".join(
+    '{ symbol = "%s"; key = "k"; wait_ms = 1500; %s %%s }' % (sym, mode)
+    for sym, mode in [("set_read_then", 'mode = "shared";'), ("set_read", 'mode = "shared";'),
+                      ("set_write_then", ""), ("set_write", "")])
+
+
+def nested(prog, cfg, log, order):
+    t0 = time.monotonic()
+    r = subprocess.run([prog, order, "10"], env=shim_env(cfg, SETS_LOG=log),
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    return r, time.monotonic() - t0
+
+
+def test_exclusive_holder_enters_a_shared_call(sets_prog, redis, tmp_path):
+    """Holding the key exclusively, a thread enters a shared call on it
+    (reentrant, at once). Control: with reentrant = false it waits for
+    itself until wait_ms and the inner call is skipped."""
+    log = str(tmp_path / "log")
+    cfg = write_config(tmp_path, redis, NESTED.replace("%s", ""))
+    r, took = nested(sets_prog, cfg, log, "wr")
+    assert r.stdout.strip() == "nested rc=1 errno=0", r.stderr
+    assert took < 1.0 * MULT and "error" not in r.stderr, r.stderr
+    cfg = write_config(tmp_path, redis, NESTED.replace("%s", "reentrant = false;"))
+    r, took = nested(sets_prog, cfg, log, "wr")
+    assert r.stdout.strip() == "nested rc=-1 errno=%d" % errno.EBUSY, r.stderr
+    assert took >= 1.4, took
+
+
+def test_shared_holder_entering_an_exclusive_call_is_refused(sets_prog, redis, tmp_path):
+    """Holding the key shared, a thread's exclusive call on it is refused at
+    once: one error line saying why, on_error (skip). Control: with
+    reentrant = false nothing refuses it, and the upgrade waits for the
+    thread's own shared entry until wait_ms (two threads doing this
+    would wait for each other the same way)."""
+    log = str(tmp_path / "log")
+    cfg = write_config(tmp_path, redis, NESTED.replace("%s", ""))
+    r, took = nested(sets_prog, cfg, log, "rw")
+    assert r.stdout.strip() == "nested rc=-1 errno=%d" % errno.EBUSY, r.stderr
+    assert took < 1.0 * MULT, took
+    lines = [l for l in r.stderr.splitlines() if ": error: " in l]
+    assert len(lines) == 1 and "upgrade" in lines[0] and KEY in lines[0], r.stderr
+    cfg = write_config(tmp_path, redis, NESTED.replace("%s", "reentrant = false;"))
+    r, took = nested(sets_prog, cfg, log, "rw")
+    assert r.stdout.strip() == "nested rc=-1 errno=%d" % errno.EBUSY, r.stderr
+    assert took >= 1.4 and "upgrade" not in r.stderr, (took, r.stderr)
+
+
+# ---- 4. refusals ----------------------------------------------------------------------
+
+def test_limit_mismatch_is_an_error_at_once(progs, redis, tmp_path, procs):
+    """A holder took the key with limit = 3; callers with limit 2 and with
+    no limit (1) get one error line naming both numbers and on_error at
+    once (skip), well before wait_ms. Control: limit 3 enters."""
+    cfg3 = write_config(tmp_path, redis, 'locks = ( { symbol = "hold_call"; key = "k"; '
+                        'limit = 3; } );\n')
+    holder = procs([progs["driver"], "call:60000"], cfg3)
+    holder.expect("enter")
+    for limit, setting in [(2, "limit = 2;"), (1, "")]:
+        os.makedirs(str(tmp_path / str(limit)), exist_ok=True)
+        cfg = write_config(tmp_path / str(limit), redis,
+                           'locks = ( { symbol = "hold_call"; key = "k"; wait_ms = 20000; '
+                           '%s } );\n' % setting)
+        t0 = time.monotonic()
+        r = run([progs["driver"], "call:0"], cfg)
+        assert time.monotonic() - t0 < 5 * MULT
+        assert said(r) == EBUSY_LINE, r.stderr
+        lines = [l for l in r.stderr.splitlines() if ": error: " in l]
+        assert len(lines) == 1, r.stderr
+        assert "limit %d here, 3 for the key's holders" % limit in lines[0], lines
+        assert KEY in lines[0], lines
+    r = run([progs["driver"], "call:0"], cfg3)
+    assert said(r) == OK_LINE, r.stderr
+
+
+def test_string_holder_mismatches_a_semaphore(progs, redis, tmp_path, procs):
+    """A plain lock (limit 1) held: a limit = 3 caller gets the error at
+    once; a shared caller waits instead (shared and exclusive exclude each
+    other), and enters once the exclusive holder is gone."""
+    plain = write_config(tmp_path, redis, 'locks = ( { symbol = "hold_call"; key = "k"; } );\n')
+    holder = procs([progs["driver"], "call:1500"], plain)
+    holder.expect("enter")
+    os.makedirs(str(tmp_path / "s"), exist_ok=True)
+    cfg = write_config(tmp_path / "s", redis, 'locks = ( { symbol = "hold_call"; key = "k"; '
+                       'limit = 3; wait_ms = 20000; } );\n')
+    r = run([progs["driver"], "call:0"], cfg)
+    assert said(r) == EBUSY_LINE
+    assert "limit 3 here, 1 for the key's holders" in r.stderr, r.stderr
+    os.makedirs(str(tmp_path / "r"), exist_ok=True)
+    cfg = write_config(tmp_path / "r", redis, 'locks = ( { symbol = "hold_call"; key = "k"; '
+                       'mode = "shared"; wait_ms = 20000; } );\n')
+    r = run([progs["driver"], "call:0"], cfg)
+    assert said(r) == OK_LINE, r.stderr
+    assert holder.finish()[0] == 0
+
+
+@pytest.mark.parametrize("settings,ok", [('mode = "shared"; limit = 3;', False),
+                                         ('mode = "shared";', True),
+                                         ("limit = 3;", True)])
+def test_shared_with_limit_is_refused(progs, redis, tmp_path, settings, ok):
+    """mode = "shared" with limit > 1: exit 78 before main, one line naming
+    the setting. Control: each alone runs."""
+    cfg = write_config(tmp_path, redis, 'locks = ( { symbol = "hold_call"; key = "k"; %s } );\n'
+                       % settings)
+    r = run([progs["driver"], "call:0"], cfg)
+    if ok:
+        assert r.returncode == 0 and said(r) == OK_LINE, r.stderr
+        return
+    assert r.returncode == 78 and r.stdout == "", r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "locks[0].mode" in r.stderr and "limit = 3" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("settings,ok", [("limit = 3;", False), ('mode = "shared";', True)])
+def test_redlock_refuses_a_semaphore(progs, masters, tmp_path, settings, ok):
+    """limit > 1 with Redlock masters: exit 78, naming limit and Redlock.
+    Control: a shared lock on the same masters runs."""
+    cfg = masters.config(tmp_path, 'locks = ( { symbol = "hold_call"; key = "k"; %s } );\n'
+                         % settings)
+    r = run([progs["driver"], "call:0"], cfg)
+    if ok:
+        assert r.returncode == 0 and said(r) == OK_LINE, r.stderr
+        return
+    assert r.returncode == 78 and r.stdout == "", r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "limit = 3" in r.stderr and "Redlock" in r.stderr, r.stderr
