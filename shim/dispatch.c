@@ -131,7 +131,7 @@ static void dispatch_leave(struct lock_call *call)
 {
 	int saved_errno;
 
-	if (!call->hold)
+	if (!call->n)
 		return;
 	saved_errno = errno;
 	guard_enter();
@@ -171,7 +171,7 @@ __attribute__((visibility("hidden"))) void dispatch_call(struct arch_frame *f,
 void dispatch_call(struct arch_frame *f, const struct hook *h)
 {
 	const struct lock_spec *s = h->spec;
-	struct lock_call call __attribute__((cleanup(dispatch_leave))) = { NULL, NULL };
+	struct lock_call call __attribute__((cleanup(dispatch_leave))) = { .n = 0 };
 	size_t window = arg_window(f, (size_t)s->stack_args_bytes);
 	int saved_errno, rc;
 
