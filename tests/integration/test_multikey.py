@@ -1,0 +1,226 @@
+# SPDX-License-Identifier: MIT
+"""Locks of several keys (`keys`, doc/semantics.md "Several keys").
+
+progs/acct.c moves money between accounts (a file each, a read-modify-write
+with a window). Two threads transfer a->b and b->a 1,000 times each under a
+lock of keys ( "acct:{arg0:str}", "acct:{arg1:str}" ): no deadlock, the
+totals exact, and the first transfers of the two threads never inside at
+once. Controls: without the shim the totals are wrong; with two nested
+one-key locks taken in call order (the transfer's own account, then the
+deposit's) both threads hold their first key at once, by construction (the
+first transfer waits for the other inside), and then wait for each other
+until wait_ms ends it. A key named twice is taken once (a non-reentrant
+lock on a transfer to the same account: control, the nested locks wait for
+themselves); a key that cannot be taken releases those taken before it at
+once; a `keys` key and another lock's `key` with the same expansion exclude
+each other; refused configurations exit 78; on a Cluster whose two keys
+live on different nodes and with Redlock masters, the transfers stay exact.
+"""
+import os
+import subprocess
+
+import pytest
+
+from support.server import started
+from support.topology import Cluster, keyslot, lock_key
+from support.util import MULT, TIMEOUT, cc, run, shim_env, wait_for, write_config
+
+ITER = 1000
+START = 100000
+KEYS_LOCK = ('locks = ( { symbol = "acct_transfer"; keys = ( "acct:{arg0:str}", '
+             '"acct:{arg1:str}" ); lease_ms = 5000; wait_ms = %d; on_timeout = "skip"; '
+             'return = -7; %s } );\n')
+NESTED_LOCK = ('locks = ( { symbols = ( "acct_transfer", "acct_deposit" ); '
+               'key = "acct:{arg0:str}"; method = "entry"; lease_ms = 5000; wait_ms = %d; '
+               'on_timeout = "skip"; return = -7; %s } );\n')
+HOLD_LOCK = ('  { symbol = "acct_hold"; key = "acct:{arg0:str}"; lease_ms = 30000; },\n')
+
+
+@pytest.fixture(scope="module")
+def acct(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("acct"))
+    cc(os.path.join(d, "libacct.so"), ["acct.c"], "-O2", "-shared", "-fPIC")
+    return cc(os.path.join(d, "acct_main"), ["acct_main.c"], "-O2", "-L" + d,
+              "-Wl,-rpath," + d, "-lacct", "-lpthread")
+
+
+@pytest.fixture
+def cluster(request):
+    yield from started(request, Cluster(replicas=0))
+
+
+def accounts(tmp_path, *names):
+    paths = []
+    for n in names:
+        p = str(tmp_path / n)
+        with open(p, "w") as f:
+            f.write("%d\n" % START)
+        paths.append(p)
+    return paths
+
+
+def balance(path):
+    with open(path) as f:
+        return int(f.read())
+
+
+def race(acct, cfg, a, b, iters=ITER, nested=False):
+    """Two threads: a->b 1 and b->a 2, iters times each; returns (met,
+    failed, stderr) as acct_main says."""
+    argv = [acct, "race", a, b, str(iters)] + (["nested"] if nested else [])
+    r = run(argv, cfg, preload=cfg is not None, timeout=300 * MULT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    fields = dict(f.split("=") for f in r.stdout.split()[1:])
+    return int(fields["met"]), int(fields["failed"]), r.stderr
+
+
+def exact(a, b, iters=ITER):
+    return balance(a) == START + iters and balance(b) == START - iters
+
+
+# ---- the transfer race -------------------------------------------------------------
+
+@pytest.mark.timing
+def test_control_without_the_shim_totals_are_wrong(acct, tmp_path):
+    a, b = accounts(tmp_path, "x1", "x2")
+    met, failed, _ = race(acct, None, a, b)
+    assert met == 1 and failed == 0
+    assert not exact(a, b)
+
+
+def test_opposite_transfers_never_deadlock_and_stay_exact(acct, redis, tmp_path):
+    a, b = accounts(tmp_path, "x1", "x2")
+    cfg = write_config(tmp_path, redis, KEYS_LOCK % (30000, ""))
+    met, failed, err = race(acct, cfg, a, b)
+    assert (met, failed) == (0, 0), err[-3000:]
+    assert exact(a, b), (balance(a), balance(b))
+    assert "warn" not in err and "error" not in err, err[-3000:]
+    assert redis.cmd("KEYS", "lockshim:acct:*") in ([], None) or \
+        all(k.endswith(":f") for k in redis.cmd("KEYS", "lockshim:acct:*"))
+
+
+@pytest.mark.timing
+def test_control_nested_one_key_locks_deadlock(acct, redis, tmp_path):
+    """The same transfers under two nested locks taken in call order: both
+    threads hold their own account and wait for the other's until wait_ms
+    (300 ms) skips the deposit; money is lost."""
+    a, b = accounts(tmp_path, "x1", "x2")
+    cfg = write_config(tmp_path, redis, NESTED_LOCK % (300, ""))
+    met, failed, err = race(acct, cfg, a, b, iters=20, nested=True)
+    assert met == 1 and failed >= 1, err[-3000:]
+    assert "still held by another owner after 300 ms" in err
+    assert not exact(a, b, 20)
+
+
+def test_keys_are_taken_in_byte_order(acct, redis, tmp_path):
+    """Whatever the arguments' order, the debug lines show the smaller key
+    taken first, each once."""
+    a, b = accounts(tmp_path, "x1", "x2")
+    cfg = write_config(tmp_path, redis, KEYS_LOCK % (30000, "linger_ms = 0;"))
+    for src, dst in ((a, b), (b, a)):
+        r = run([acct, "once", src, dst, "1"], cfg, LOCKSHIM_LOG_LEVEL="debug")
+        assert r.stdout.strip() == "rc=1", r.stderr
+        got = [l.split("acquired ")[1].split()[0] for l in r.stderr.splitlines()
+               if "acquired lockshim:acct:" in l]
+        assert got == ["lockshim:acct:" + a, "lockshim:acct:" + b], r.stderr
+
+
+# ---- one key twice, a partial failure ----------------------------------------------
+
+def test_a_key_named_twice_is_taken_once(acct, redis, tmp_path):
+    """A non-reentrant lock transferring to the same account: one
+    acquisition, no wait. Control: the nested locks wait for themselves."""
+    (a,) = accounts(tmp_path, "x1")
+    cfg = write_config(tmp_path, redis, KEYS_LOCK % (2000, "reentrant = false;"))
+    r = run([acct, "once", a, a, "5"], cfg, LOCKSHIM_LOG_LEVEL="debug")
+    assert r.stdout.strip() == "rc=1", r.stderr
+    assert r.stderr.count("acquired lockshim:acct:") == 1, r.stderr
+    assert balance(a) == START
+    ctl = write_config(tmp_path, redis, NESTED_LOCK % (300, "reentrant = false;"))
+    r = run([acct, "once", a, a, "5", "nested"], ctl)
+    assert r.stdout.strip() == "rc=-7", r.stderr
+    assert "still held by another owner" in r.stderr
+
+
+def test_a_key_not_taken_releases_the_ones_taken_before_it(acct, redis, tmp_path, procs):
+    """x2 is held by someone else: the call takes x1 (it sorts first), waits
+    for x2 until wait_ms, then releases x1 at once (its lease is 5 s)."""
+    a, b = accounts(tmp_path, "x1", "x2")
+    ka, kb = "lockshim:acct:" + a, "lockshim:acct:" + b
+    redis.cmd("SET", kb, "someone-else", "PX", "60000")
+    cfg = write_config(tmp_path, redis, KEYS_LOCK % (1500, ""))
+    p = procs([acct, "once", b, a, "1"], cfg)
+    held = wait_for(lambda: redis.cmd("GET", ka), what="x1 taken while x2 is waited for")
+    assert (":%d:" % p.p.pid) in held
+    assert p.expect("rc=") == "rc=-7"
+    assert redis.cmd("GET", ka) is None  # released at once, not at its lease
+    assert redis.cmd("GET", kb) == "someone-else"
+    rc, _, err = p.finish()
+    assert rc == 0 and "still held by another owner" in err, err
+    assert balance(a) == START and balance(b) == START
+
+
+# ---- the same lock as another lock's key ---------------------------------------------
+
+def test_a_keys_key_excludes_a_key_lock_with_the_same_expansion(acct, redis, tmp_path, procs):
+    a, b, c = accounts(tmp_path, "x1", "x2", "x3")
+    body = KEYS_LOCK % (30000, "")
+    cfg = write_config(tmp_path, redis, body.replace("locks = ( ", "locks = (\n" + HOLD_LOCK))
+    holder = procs([acct, "hold", b], cfg)
+    assert holder.expect("holding") == "holding " + b
+    # control: a transfer between other accounts goes through at once
+    assert run([acct, "once", a, c, "1"], cfg).stdout.strip() == "rc=1"
+    t = procs([acct, "once", a, b, "1"], cfg)
+    wait_for(lambda: int(redis.cmd("ZCARD", "lockshim:acct:%s:q" % b)) == 1,
+             what="the transfer queued for x2")
+    assert t.p.poll() is None
+    holder.send()
+    assert t.expect("rc=") == "rc=1"
+    assert holder.finish()[0] == 0
+    assert balance(a) == START - 2 and balance(b) == START + 1 and balance(c) == START + 1
+
+
+# ---- refusals -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("lock,why", [
+    ('keys = ( "k:{arg0}" ); key = "k";', "key and keys together"),
+    ('keys = ();', "is empty"),
+    ('keys = ( %s );' % ", ".join('"k%d"' % i for i in range(17)), "at most 16"),
+    ('keys = ( "k", "k:{arg7}" );', "out of range"),
+])
+def test_refused_keys_exit_78(acct, redis, tmp_path, lock, why):
+    cfg = write_config(tmp_path, redis, 'locks = ( { symbol = "acct_transfer"; %s } );\n'
+                       % lock)
+    r = run([acct, "once", "p", "q", "1"], cfg)
+    assert r.returncode == 78 and r.stdout == "", r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "locks[0].keys" in lines[0] and why in lines[0], r.stderr
+
+
+# ---- topologies ------------------------------------------------------------------------
+
+def test_cluster_keys_on_two_nodes(acct, cluster, tmp_path):
+    """The two accounts' keys hash to slots of different primaries: taken one
+    node after the other, the transfers stay exact and deadlock-free."""
+    names = ["n%d" % i for i in range(200)]
+    owner = {n: cluster.owner(keyslot(lock_key("acct:" + str(tmp_path / n)))).port
+             for n in names}
+    first = names[0]
+    second = next(n for n in names if owner[n] != owner[first])
+    a, b = accounts(tmp_path, first, second)
+    cfg = cluster.config(tmp_path, KEYS_LOCK % (60000, ""))
+    met, failed, err = race(acct, cfg, a, b, iters=200)
+    assert (met, failed) == (0, 0), err[-3000:]
+    assert exact(a, b, 200)
+    for path in (a, b):
+        k = lock_key("acct:" + path)
+        node = cluster.owner(keyslot(k))
+        assert int(node.cmd("HGET", k + ":f", "n")) >= 1  # its fence, on its own node
+
+
+def test_redlock_opposite_transfers(acct, masters, tmp_path):
+    a, b = accounts(tmp_path, "x1", "x2")
+    cfg = masters.config(tmp_path, KEYS_LOCK % (60000, ""))
+    met, failed, err = race(acct, cfg, a, b, iters=200)
+    assert (met, failed) == (0, 0), err[-3000:]
+    assert exact(a, b, 200)
