@@ -20,10 +20,11 @@ import os
 import subprocess
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from support.server import started
 from support.topology import Cluster, keyslot, lock_key
-from support.util import MULT, TIMEOUT, cc, run, shim_env, wait_for, write_config
+from support.util import CLI, MULT, TIMEOUT, cc, run, wait_for, write_config
 
 ITER = 1000
 START = 100000
@@ -178,6 +179,37 @@ def test_a_keys_key_excludes_a_key_lock_with_the_same_expansion(acct, redis, tmp
     assert t.expect("rc=") == "rc=1"
     assert holder.finish()[0] == 0
     assert balance(a) == START - 2 and balance(b) == START + 1 and balance(c) == START + 1
+
+
+# ---- metrics -----------------------------------------------------------------------
+
+def scrape(config):
+    """`lockshim metrics`: {(name, labels as a sorted tuple): value}."""
+    r = subprocess.run([CLI, "metrics", "-c", config], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(r.stdout) for s in fam.samples}
+
+
+def test_metrics_count_a_call_once_and_name_every_key(acct, redis, tmp_path, procs):
+    """A call holding two keys is one call, one fast acquisition, one hold;
+    both its keys count as held by its lock (each template's glob names it)."""
+    (a,) = accounts(tmp_path, "x1")
+    cfg = write_config(tmp_path, redis, 'locks = ( { symbol = "acct_hold"; keys = ( '
+                       '"acct:{arg0:str}", "audit:{arg0:str}" ); } );\n')
+    p = procs([acct, "hold", a], cfg, LOCKSHIM_TEST_HOST="h1")
+    assert p.expect("holding") == "holding " + a
+    m = scrape(cfg)
+    assert m.get(("lockshim_held", (("lock", "acct_hold"),))) == 2, m
+    p.send()
+    assert p.finish()[0] == 0
+    m = scrape(cfg)
+    lab = (("host", "h1"), ("lock", "acct_hold"))
+    assert m.get(("lockshim_calls_total", lab)) == 1, m
+    assert m.get(("lockshim_acquired_total", tuple(sorted(lab + (("how", "fast"),))))) == 1
+    assert m.get(("lockshim_wait_seconds_count", lab)) == 1
+    assert m.get(("lockshim_hold_seconds_count", lab)) == 1
 
 
 # ---- refusals -----------------------------------------------------------------------
