@@ -640,21 +640,123 @@ static void sort_keys(struct lock_thread *t, const struct lock_spec *spec,
 
 static void leave_holds(struct lock_thread *t, struct lock_call *call, int failed);
 
+/* Drops t's unused hold slots at the top of its stack. */
+static void trim_holds(struct lock_thread *t)
+{
+	while (t->nholds > 0 && t->holds[t->nholds - 1].count == 0 &&
+	       !t->holds[t->nholds - 1].parked)
+		t->nholds--;
+}
+
+/* Reserves n fresh hold slots for spec's keys k->key[0..n) in hs (count 1,
+ * not taken yet), each with its own value. Returns 0, or -1 when the slots
+ * run out (none reserved then). */
+static int reserve_holds(struct lock_thread *t, const struct lock_spec *spec,
+			 const struct call_keys *k, int n, struct lock_hold **hs)
+{
+	for (int i = 0; i < n; i++) {
+		struct lock_hold *h = slot_get(t);
+
+		if (!h) {
+			while (i-- > 0)
+				hs[i]->count = 0;
+			trim_holds(t);
+			return -1;
+		}
+		memset(h, 0, offsetof(struct lock_hold, lease.key));
+		h->lease.spec = spec;
+		h->lease.klen = k->len[i];
+		memcpy(h->lease.key, k->key[i], k->len[i]);
+		make_value(t, &h->lease);
+		h->count = 1;
+		if (h == &t->holds[t->nholds])
+			t->nholds++;
+		hs[i] = h;
+	}
+	return 0;
+}
+
+/*
+ * The first attempt at every key of k in one round trip (the backend's
+ * acquire_batch), when the backend can batch them and t holds and keeps
+ * none of them (the uncontended case). The keys taken before the first
+ * one refused become call's holds; those taken after it are released again
+ * at once (sent without waiting), so that the caller waits for the refused
+ * key in order. After an error nothing is held (the tokens are forgotten,
+ * renew_forget) and the caller takes every key one by one. Returns an enum
+ * lock_outcome: LOCK_OK (call->n keys held; the others are the caller's)
+ * or LOCK_NOLEASE (a lease could not be kept: nothing held).
+ */
+static int take_batch(struct lock_thread *t, const struct lock_spec *spec,
+		      const struct call_keys *k, struct lock_call *call, int64_t asked_us)
+{
+	struct backend_item items[CONF_KEYS_MAX];
+	struct lock_hold *hs[CONF_KEYS_MAX];
+	long long fences[CONF_KEYS_MAX];
+	int results[CONF_KEYS_MAX], rc, nolease = 0;
+	char err[192];
+	int64_t sent;
+
+	if (!backend->ops->acquire_batch || spec->fair)
+		return LOCK_OK;
+	for (int i = 0; i < k->n; i++)
+		if (find_hold(t, k->key[i], k->len[i], 0) || find_hold(t, k->key[i], k->len[i], 1))
+			return LOCK_OK;
+	if (reserve_holds(t, spec, k, k->n, hs) != 0)
+		return LOCK_OK;
+	for (int i = 0; i < k->n; i++)
+		items[i] = renew_item(&hs[i]->lease);
+	sent = util_now_us();
+	rc = conn_get(t, err, sizeof(err));
+	if (rc == 0)
+		rc = conn_check(t, backend->ops->acquire_batch(t->conn, k->n, items, results, fences),
+				err, sizeof(err));
+	for (int i = 0; i < k->n; i++) {
+		struct lock_hold *h = hs[i];
+		int ok = rc == BACKEND_OK && results[i] == BACKEND_OK;
+
+		if (rc == BACKEND_ERR)
+			renew_forget(&items[i]);
+		h->count = 0;
+		if (ok && call->n == i && !nolease) {
+			acquired(&h->lease, sent, asked_us, fences[i], 1, "");
+			h->entered_us = h->lease.reuse_until_us - spec->handoff_us;
+			if ((nolease = renew_track(&h->lease, spec->lease_ms)) != 0) {
+				unkept(t, h, nolease);
+				continue;
+			}
+			h->count = 1;
+			call->hold[call->n++] = h;
+		} else if (ok) {
+			release_hold(t, h, 1); /* after a refused key, or no lease kept */
+		}
+	}
+	trim_holds(t);
+	if (!nolease)
+		return LOCK_OK;
+	leave_holds(t, call, 1);
+	return LOCK_NOLEASE;
+}
+
 /*
  * Takes every key of k for spec in order into call's holds, against one
- * deadline; when one cannot be taken, leaves those taken (released at
- * once, never kept) and returns its outcome. Counts the call's acquisition
- * once, as its costliest key got it (a key taken from Redis counts as
- * waited when any of them waited). Returns an enum lock_outcome.
+ * deadline (after one batched first attempt at all of them, take_batch);
+ * when one cannot be taken, leaves those taken (released at once, never
+ * kept) and returns its outcome. Counts the call's acquisition once, as
+ * its costliest key got it (a key taken from Redis counts as waited when
+ * any of them waited). Returns an enum lock_outcome.
  */
 static int take_keys(struct lock_thread *t, const struct lock_spec *spec,
 		     const struct call_keys *k, struct lock_call *call)
 {
 	int64_t deadline = 0, asked_us = util_now_us();
-	int rc = LOCK_OK, got, most = GOT_REENTRANT;
+	int rc, got, most = GOT_REENTRANT;
 
 	t->call_waited = 0;
-	for (int i = 0; i < k->n && rc == LOCK_OK; i++) {
+	rc = take_batch(t, spec, k, call, asked_us);
+	if (call->n)
+		most = GOT_REDIS;
+	for (int i = call->n; i < k->n && rc == LOCK_OK; i++) {
 		rc = take_key(t, spec, k, i, &deadline, &call->hold[call->n], &got);
 		if (rc == LOCK_OK)
 			call->n++;
@@ -773,9 +875,7 @@ static void leave_holds(struct lock_thread *t, struct lock_call *call, int faile
 	call->n = 0;
 	if (ended && !failed)
 		count_observe(ended->lease.spec, -1, MH_HOLD, now - ended->entered_us);
-	while (t->nholds > 0 && t->holds[t->nholds - 1].count == 0 &&
-	       !t->holds[t->nholds - 1].parked)
-		t->nholds--;
+	trim_holds(t);
 }
 
 void lock_release(struct lock_call *call)

@@ -22,11 +22,13 @@ import subprocess
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from support.proxy import Proxy
 from support.server import started
 from support.topology import Cluster, keyslot, lock_key
 from support.util import CLI, MULT, TIMEOUT, cc, run, wait_for, write_config
 
 ITER = 1000
+DELAY = 0.5  # s: the proxy's reply delay in the round-trip test
 START = 100000
 KEYS_LOCK = ('locks = ( { symbol = "acct_transfer"; keys = ( "acct:{arg0:str}", '
              '"acct:{arg1:str}" ); lease_ms = 5000; wait_ms = %d; on_timeout = "skip"; '
@@ -75,6 +77,15 @@ def race(acct, cfg, a, b, iters=ITER, nested=False):
     return int(fields["met"]), int(fields["failed"]), r.stderr
 
 
+def rc_of(line):
+    """R of acct_main once's "rc=R us=U"."""
+    return int(line.split()[0].split("=")[1])
+
+
+def us_of(line):
+    return int(line.split()[1].split("=")[1])
+
+
 def exact(a, b, iters=ITER):
     return balance(a) == START + iters and balance(b) == START - iters
 
@@ -120,10 +131,39 @@ def test_keys_are_taken_in_byte_order(acct, redis, tmp_path):
     cfg = write_config(tmp_path, redis, KEYS_LOCK % (30000, "linger_ms = 0;"))
     for src, dst in ((a, b), (b, a)):
         r = run([acct, "once", src, dst, "1"], cfg, LOCKSHIM_LOG_LEVEL="debug")
-        assert r.stdout.strip() == "rc=1", r.stderr
+        assert rc_of(r.stdout) == 1, r.stderr
         got = [l.split("acquired ")[1].split()[0] for l in r.stderr.splitlines()
                if "acquired lockshim:acct:" in l]
         assert got == ["lockshim:acct:" + a, "lockshim:acct:" + b], r.stderr
+
+
+@pytest.mark.timing
+def test_uncontended_two_keys_cost_one_round_trip(acct, redis, tmp_path):
+    """Behind a proxy that holds every reply 0.5 s, a call of two free keys
+    takes one delay (both acquires in one write, their replies in one read)
+    once the server knows the scripts (the first call's EVALSHA gets
+    NOSCRIPT and sends them again, together, as EVAL: two).
+    Control: fair = true takes each key with the queue script, one round
+    trip each, two delays."""
+    proxy = Proxy(redis.port, reply_delay=DELAY).start()
+    try:
+        a, b = accounts(tmp_path, "x1", "x2")
+        cfg = write_config(tmp_path, None, 'redis = { host = "127.0.0.1"; port = %d; };\n'
+                           % proxy.port + KEYS_LOCK % (30000, ""))
+        # the server learns the scripts (NOSCRIPT: both sent again, together)
+        assert rc_of(run([acct, "once", a, b, "1"], cfg).stdout) == 1
+        r = run([acct, "once", a, b, "1"], cfg)
+        assert rc_of(r.stdout) == 1, r.stderr
+        assert DELAY * 1e6 <= us_of(r.stdout) < 1.8 * DELAY * 1e6 * MULT, r.stdout
+        fair = write_config(tmp_path, None, 'redis = { host = "127.0.0.1"; port = %d; };\n'
+                            % proxy.port + KEYS_LOCK % (30000, "fair = true;"))
+        assert rc_of(run([acct, "once", a, b, "1"], fair).stdout) == 1
+        r = run([acct, "once", a, b, "1"], fair)
+        assert rc_of(r.stdout) == 1, r.stderr
+        assert us_of(r.stdout) >= 2 * DELAY * 1e6, r.stdout
+        assert balance(a) == START - 4 and balance(b) == START + 4
+    finally:
+        proxy.stop()
 
 
 # ---- one key twice, a partial failure ----------------------------------------------
@@ -134,12 +174,12 @@ def test_a_key_named_twice_is_taken_once(acct, redis, tmp_path):
     (a,) = accounts(tmp_path, "x1")
     cfg = write_config(tmp_path, redis, KEYS_LOCK % (2000, "reentrant = false;"))
     r = run([acct, "once", a, a, "5"], cfg, LOCKSHIM_LOG_LEVEL="debug")
-    assert r.stdout.strip() == "rc=1", r.stderr
+    assert rc_of(r.stdout) == 1, r.stderr
     assert r.stderr.count("acquired lockshim:acct:") == 1, r.stderr
     assert balance(a) == START
     ctl = write_config(tmp_path, redis, NESTED_LOCK % (300, "reentrant = false;"))
     r = run([acct, "once", a, a, "5", "nested"], ctl)
-    assert r.stdout.strip() == "rc=-7", r.stderr
+    assert rc_of(r.stdout) == -7, r.stderr
     assert "still held by another owner" in r.stderr
 
 
@@ -153,12 +193,30 @@ def test_a_key_not_taken_releases_the_ones_taken_before_it(acct, redis, tmp_path
     p = procs([acct, "once", b, a, "1"], cfg)
     held = wait_for(lambda: redis.cmd("GET", ka), what="x1 taken while x2 is waited for")
     assert (":%d:" % p.p.pid) in held
-    assert p.expect("rc=") == "rc=-7"
+    assert rc_of(p.expect("rc=")) == -7
     assert redis.cmd("GET", ka) is None  # released at once, not at its lease
     assert redis.cmd("GET", kb) == "someone-else"
     rc, _, err = p.finish()
     assert rc == 0 and "still held by another owner" in err, err
     assert balance(a) == START and balance(b) == START
+
+
+def test_waiting_for_a_key_holds_none_after_it(acct, redis, tmp_path, procs):
+    """x1 is held by someone else: the first attempt takes x2 with it (one
+    write), then gives x2 back before waiting for x1, so a call never waits
+    holding a key that sorts after the one it waits for."""
+    a, b = accounts(tmp_path, "x1", "x2")
+    ka, kb = "lockshim:acct:" + a, "lockshim:acct:" + b
+    redis.cmd("SET", ka, "someone-else", "PX", "60000")
+    cfg = write_config(tmp_path, redis, KEYS_LOCK % (30000, ""))
+    p = procs([acct, "once", b, a, "1"], cfg)
+    wait_for(lambda: int(redis.cmd("ZCARD", ka + ":q")) == 1, what="the call queued for x1")
+    assert redis.cmd("GET", kb) is None
+    assert int(redis.cmd("HGET", kb + ":f", "n") or 0) <= 1  # taken at most by the batch
+    redis.cmd("DEL", ka)
+    assert rc_of(p.expect("rc=")) == 1
+    assert p.finish()[0] == 0
+    assert balance(a) == START + 1 and balance(b) == START - 1
 
 
 # ---- the same lock as another lock's key ---------------------------------------------
@@ -170,13 +228,13 @@ def test_a_keys_key_excludes_a_key_lock_with_the_same_expansion(acct, redis, tmp
     holder = procs([acct, "hold", b], cfg)
     assert holder.expect("holding") == "holding " + b
     # control: a transfer between other accounts goes through at once
-    assert run([acct, "once", a, c, "1"], cfg).stdout.strip() == "rc=1"
+    assert rc_of(run([acct, "once", a, c, "1"], cfg).stdout) == 1
     t = procs([acct, "once", a, b, "1"], cfg)
     wait_for(lambda: int(redis.cmd("ZCARD", "lockshim:acct:%s:q" % b)) == 1,
              what="the transfer queued for x2")
     assert t.p.poll() is None
     holder.send()
-    assert t.expect("rc=") == "rc=1"
+    assert rc_of(t.expect("rc=")) == 1
     assert holder.finish()[0] == 0
     assert balance(a) == START - 2 and balance(b) == START + 1 and balance(c) == START + 1
 

@@ -5,13 +5,15 @@
  *       from A to B ITER times, the second 2 from B to A; prints
  *       "done met=M failed=F" (M: both first transfers were inside at once;
  *       F: transfers that did not return 1, such as skipped ones)
- *   acct_main once FROM TO N [nested]  one transfer; prints "rc=R"
+ *   acct_main once FROM TO N [nested]  one transfer; prints "rc=R us=U" (U: the
+ *       call's time in µs)
  *   acct_main hold A                   holds A until a line comes (acct_hold)
  */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 void acct_nested(int on);
 int acct_inside(void);
@@ -45,7 +47,14 @@ int main(int argc, char **argv)
 	if (!strcmp(argv[1], "hold"))
 		return acct_hold(argv[2]) == 1 ? 0 : 1;
 	if (!strcmp(argv[1], "once") && argc >= 5) {
-		printf("rc=%d\n", acct_transfer(argv[2], argv[3], atol(argv[4]), -1));
+		struct timespec t0, t1;
+		int rc;
+
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		rc = acct_transfer(argv[2], argv[3], atol(argv[4]), -1);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		printf("rc=%d us=%ld\n", rc, (long)((t1.tv_sec - t0.tv_sec) * 1000000 +
+						      (t1.tv_nsec - t0.tv_nsec) / 1000));
 		return 0;
 	}
 	if (strcmp(argv[1], "race") || argc < 5)
