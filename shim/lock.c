@@ -669,11 +669,44 @@ static int reserve_holds(struct lock_thread *t, const struct lock_spec *spec,
 		memcpy(h->lease.key, k->key[i], k->len[i]);
 		make_value(t, &h->lease);
 		h->count = 1;
+		h->foreign = 0; /* a slot a fork child inherited is ours now */
 		if (h == &t->holds[t->nholds])
 			t->nholds++;
 		hs[i] = h;
 	}
 	return 0;
+}
+
+/* What a batch (take_batch) cancelled in its round trip leaves behind. */
+struct batch_wait {
+	struct lock_thread *t;
+	const struct backend_item *items;
+	int n;
+};
+
+/* pthread_cancel of a thread in take_batch's round trip: as wait_cancelled,
+ * for each of its tokens (Redis may have granted any of them). */
+static void batch_cancelled(void *arg)
+{
+	struct batch_wait *b = arg;
+
+	renew_conn_failed(&b->t->conn, NULL, 0);
+	for (int i = 0; i < b->n; i++)
+		renew_forget(&b->items[i]);
+}
+
+/* The backend's acquire_batch of items on t's connection, with
+ * batch_cancelled armed. Returns its enum backend_result. */
+static int batch_send(struct lock_thread *t, int n, const struct backend_item *items,
+		      int *results, long long *fences)
+{
+	struct batch_wait b = { t, items, n };
+	int rc;
+
+	pthread_cleanup_push(batch_cancelled, &b);
+	rc = backend->ops->acquire_batch(t->conn, n, items, results, fences);
+	pthread_cleanup_pop(0);
+	return rc;
 }
 
 /*
@@ -707,10 +740,9 @@ static int take_batch(struct lock_thread *t, const struct lock_spec *spec,
 	for (int i = 0; i < k->n; i++)
 		items[i] = renew_item(&hs[i]->lease);
 	sent = util_now_us();
-	rc = conn_get(t, err, sizeof(err));
-	if (rc == 0)
-		rc = conn_check(t, backend->ops->acquire_batch(t->conn, k->n, items, results, fences),
-				err, sizeof(err));
+	rc = BACKEND_NO; /* not connected: nothing sent, the caller tries one by one */
+	if (conn_get(t, err, sizeof(err)) == 0)
+		rc = conn_check(t, batch_send(t, k->n, items, results, fences), err, sizeof(err));
 	for (int i = 0; i < k->n; i++) {
 		struct lock_hold *h = hs[i];
 		int ok = rc == BACKEND_OK && results[i] == BACKEND_OK;
