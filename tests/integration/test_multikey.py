@@ -13,7 +13,9 @@ until wait_ms ends it. A key named twice is taken once (a non-reentrant
 lock on a transfer to the same account: control, the nested locks wait for
 themselves); a key that cannot be taken releases those taken before it at
 once; a `keys` key and another lock's `key` with the same expansion exclude
-each other; refused configurations exit 78; on a Cluster whose two keys
+each other (one server, Cluster); two free keys cost one round trip, and a
+call waiting for a key holds none after it; a call of two keys is one call
+in the metrics; refused configurations exit 78; on a Cluster whose two keys
 live on different nodes and with Redlock masters, the transfers stay exact.
 """
 import os
@@ -221,22 +223,41 @@ def test_waiting_for_a_key_holds_none_after_it(acct, redis, tmp_path, procs):
 
 # ---- the same lock as another lock's key ---------------------------------------------
 
-def test_a_keys_key_excludes_a_key_lock_with_the_same_expansion(acct, redis, tmp_path, procs):
+def excludes(acct, procs, cfg, tmp_path, queued):
+    """A holder of x2 by acct_hold's one-key lock makes a keys transfer
+    x1->x2 wait (queued(path of x2) says it is in x2's queue) until it
+    returns; a transfer x1->x3 goes through meanwhile (control)."""
     a, b, c = accounts(tmp_path, "x1", "x2", "x3")
-    body = KEYS_LOCK % (30000, "")
-    cfg = write_config(tmp_path, redis, body.replace("locks = ( ", "locks = (\n" + HOLD_LOCK))
     holder = procs([acct, "hold", b], cfg)
     assert holder.expect("holding") == "holding " + b
-    # control: a transfer between other accounts goes through at once
     assert rc_of(run([acct, "once", a, c, "1"], cfg).stdout) == 1
     t = procs([acct, "once", a, b, "1"], cfg)
-    wait_for(lambda: int(redis.cmd("ZCARD", "lockshim:acct:%s:q" % b)) == 1,
-             what="the transfer queued for x2")
+    wait_for(lambda: queued(b), what="the transfer queued for x2")
     assert t.p.poll() is None
     holder.send()
     assert rc_of(t.expect("rc=")) == 1
     assert holder.finish()[0] == 0
     assert balance(a) == START - 2 and balance(b) == START + 1 and balance(c) == START + 1
+
+
+def with_hold_lock(body):
+    return body.replace("locks = ( ", "locks = (\n" + HOLD_LOCK)
+
+
+def test_a_keys_key_excludes_a_key_lock_with_the_same_expansion(acct, redis, tmp_path, procs):
+    cfg = write_config(tmp_path, redis, with_hold_lock(KEYS_LOCK % (30000, "")))
+    excludes(acct, procs, cfg, tmp_path,
+             lambda b: int(redis.cmd("ZCARD", "lockshim:acct:%s:q" % b)) == 1)
+
+
+def test_cluster_keys_key_excludes_a_key_lock(acct, cluster, tmp_path, procs):
+    """The same on a Cluster: both locks' keys get the hash tag alike."""
+    cfg = cluster.config(tmp_path, with_hold_lock(KEYS_LOCK % (30000, "")))
+
+    def queued(b):
+        k = lock_key("acct:" + b)
+        return int(cluster.owner(keyslot(k)).cmd("ZCARD", k + ":q")) == 1
+    excludes(acct, procs, cfg, tmp_path, queued)
 
 
 # ---- metrics -----------------------------------------------------------------------
