@@ -308,6 +308,14 @@ def test_refused_keys_exit_78(acct, redis, tmp_path, lock, why):
     assert len(lines) == 1 and "locks[0].keys" in lines[0] and why in lines[0], r.stderr
 
 
+def test_check_names_every_key(tmp_path):
+    cfg = write_config(tmp_path, None, KEYS_LOCK % (30000, ""))
+    r = subprocess.run([CLI, "check", "-c", cfg], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert "  acct_transfer: keys lockshim:acct:{arg0:str} lockshim:acct:{arg1:str}, " \
+        "lease_ms 5000, wait_ms 30000, return -7\n" in r.stdout, r.stdout
+
+
 # ---- topologies ------------------------------------------------------------------------
 
 def test_cluster_keys_on_two_nodes(acct, cluster, tmp_path):
