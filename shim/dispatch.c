@@ -171,9 +171,11 @@ __attribute__((visibility("hidden"))) void dispatch_call(struct arch_frame *f,
 void dispatch_call(struct arch_frame *f, const struct hook *h)
 {
 	const struct lock_spec *s = h->spec;
-	struct lock_call call __attribute__((cleanup(dispatch_leave))) = { .n = 0 };
+	struct lock_call call __attribute__((cleanup(dispatch_leave)));
 	size_t window = arg_window(f, (size_t)s->stack_args_bytes);
 	int saved_errno, rc;
+
+	call.n = 0; /* its holds are written as they are taken */
 
 	if (guard_active() || !shim_active()) {
 		arch_invoke(f, h->call, window);

@@ -835,8 +835,10 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS
 		sort_keys(t, spec, args, &k);
 		rc = take_keys(t, spec, &k, call);
 	} else {
-		struct call_keys k = { 1, { t->keys[0] }, { 0 } };
+		struct call_keys k;
 
+		k.n = 1;
+		k.key[0] = t->keys[0];
 		k.len[0] = key_expand(&spec->key, args, lock_pid, t->keys[0]);
 		rc = take_key(t, spec, &k, 0, &deadline, &call->hold[0], &got);
 		if (rc == LOCK_OK && got != GOT_REDIS) /* acquired() counted a fresh one */
