@@ -252,6 +252,17 @@ struct backend_ops {
 	struct backend_conn *(*node_open)(const struct backend_config *bc, int i, char *name,
 					  size_t namelen, char *tag, size_t taglen, char *err,
 					  size_t errlen);
+	/*
+	 * Optional: the first attempts of a call of several keys (lock.c), in
+	 * one round trip: acquire of each of the n items (the plain acquire:
+	 * neither fair nor waiting), all written at once, every reply read.
+	 * Fills results[i] with BACKEND_OK (taken, its fencing token in
+	 * fences[i]) or BACKEND_NO (held by another). Returns BACKEND_OK; or
+	 * BACKEND_NO when this connection cannot batch them (nothing sent: take
+	 * them one by one); or BACKEND_ERR (any of them may have run).
+	 */
+	int (*acquire_batch)(struct backend_conn *c, int n, const struct backend_item *items,
+			     int *results, long long *fences);
 };
 
 /* The backend serving a config: its table and its settings. */

@@ -1651,6 +1651,77 @@ int backend_redis_count(struct backend_conn *c, const char *key, size_t klen, in
 	return rc;
 }
 
+/*
+ * Reads the replies of the S_ACQUIRE of the items whose results[i] is
+ * want, in order, into results and fences: BACKEND_OK, BACKEND_NO, redo
+ * (NOSCRIPT) or BACKEND_ERR. Returns BACKEND_OK, or BACKEND_ERR when a
+ * reply could not be read or was an error.
+ */
+static int batch_read(struct backend_conn *c, int n, int *results, long long *fences,
+		      int want, int redo)
+{
+	int rc = BACKEND_OK;
+
+	for (int i = 0; i < n; i++) {
+		redisReply *r = NULL;
+
+		if (results[i] != want)
+			continue;
+		if (get_reply(c, &r) != 0)
+			return conn_fail(c, "acquire", NULL);
+		if (is_noscript(r)) {
+			results[i] = redo;
+		} else if (r->type == REDIS_REPLY_INTEGER) {
+			fences[i] = r->integer;
+			results[i] = BACKEND_OK;
+		} else if (r->type == REDIS_REPLY_STRING) {
+			results[i] = BACKEND_NO;
+		} else {
+			rc = results[i] = conn_fail(c, "acquire", r);
+		}
+		freeReplyObject(r);
+	}
+	return rc;
+}
+
+/*
+ * backend.h's acquire_batch (issue 22, several keys): S_ACQUIRE of each
+ * item written at once, then every reply read; those refused by NOSCRIPT
+ * are sent again together as EVAL. Not with WAIT, nor on a connection of
+ * Redlock or of a cluster's ASK, nor for holder sets (BACKEND_NO: one
+ * acquire per key there).
+ */
+static int backend_redis_acquire_batch(struct backend_conn *c, int n,
+				       const struct backend_item *items, int *results,
+				       long long *fences)
+{
+	enum { SENT = BACKEND_GRANTED + 1, REDO }; /* REDO: NOSCRIPT, again as EVAL */
+	int redo = 0;
+
+	if (c->wait_n || c->asked || c->one_of_many)
+		return BACKEND_NO;
+	for (int i = 0; i < n; i++)
+		if (!plain_acquire(&items[i]) || backend_item_set(&items[i]))
+			return BACKEND_NO;
+	for (int i = 0; i < n; i++) {
+		fences[i] = 0;
+		results[i] = SENT;
+		if (append_script(c, S_ACQUIRE, &items[i], &items[i].lease_ms, 1, 0) != 0)
+			return BACKEND_ERR;
+	}
+	if (settle(c) != 0 || batch_read(c, n, results, fences, SENT, REDO) != BACKEND_OK)
+		return BACKEND_ERR;
+	for (int i = 0; i < n; i++)
+		if (results[i] == REDO) {
+			redo = 1;
+			if (append_script(c, S_ACQUIRE, &items[i], &items[i].lease_ms, 1, 1) != 0)
+				return BACKEND_ERR;
+		}
+	if (redo && batch_read(c, n, results, fences, REDO, BACKEND_ERR) != BACKEND_OK)
+		return BACKEND_ERR;
+	return BACKEND_OK;
+}
+
 const struct backend_ops backend_redis = {
 	.name = "redis",
 	.settings = &backend_redis_settings,
@@ -1659,6 +1730,7 @@ const struct backend_ops backend_redis = {
 	.config_free = backend_redis_config_free,
 	.open = backend_redis_open,
 	REDIS_CONN_OPS,
+	.acquire_batch = backend_redis_acquire_batch,
 };
 
 /*

@@ -489,6 +489,26 @@ static int check_program(const char *config, char **argv)
 	return 1;
 }
 
+/*
+ * Writes l's Redis keys as `check` shows them, in template syntax (a
+ * cluster's braces are literal): "key NS:TEMPLATE", or for a lock of
+ * several keys "keys NS:TEMPLATE NS:TEMPLATE ...".
+ */
+static void keys_line(const struct lock_spec *l, char *buf, size_t len)
+{
+	int n = l->keys_src ? l->nkeys : 1;
+
+	snprintf(buf, len, "%s", l->keys_src ? "keys" : "key");
+	for (int i = 0; i < n; i++) {
+		const struct key_tmpl *t = conf_key(l, i);
+		size_t used = strlen(buf);
+
+		snprintf(buf + used, len - used, " %.*s%s%s%s", (int)t->prefix_len - t->tagged,
+			 t->prefix, t->tagged ? "{{" : "", l->keys_src ? l->keys_src[i] : l->key_src,
+			 t->tagged ? "}}" : "");
+	}
+}
+
 static int cmd_check(int argc, char **argv)
 {
 	const char *config = cli_default_config();
@@ -509,19 +529,17 @@ static int cmd_check(int argc, char **argv)
 		print_line("settings: %s", diff);
 	for (int k = 0; k < cfg.nlocks; k++) {
 		const struct lock_spec *l = &cfg.locks[k];
-		char syms[1024] = "";
+		char syms[1024] = "", keys[CONF_KEYS_MAX * 300];
 
 		if (l->member)
 			continue; /* a lock of several symbols: one line, at its first */
 		for (int j = 0; l->symbols && l->symbols[j]; j++)
 			snprintf(syms + strlen(syms), sizeof(syms) - strlen(syms), "%s%s",
 				 j ? ", " : "", l->symbols[j]);
-		/* the Redis key, in template syntax: a cluster's braces are literal */
 		settings_diff(&cfg, l, diff, sizeof(diff));
-		print_line("  %s: key %.*s%s%s%s%s%s", syms[0] ? syms : l->symbol,
-			   (int)l->key.prefix_len - l->key.tagged, l->key.prefix,
-			   l->key.tagged ? "{{" : "", l->key_src, l->key.tagged ? "}}" : "",
-			   diff[0] ? ", " : "", diff);
+		keys_line(l, keys, sizeof(keys));
+		print_line("  %s: %s%s%s", syms[0] ? syms : l->symbol, keys, diff[0] ? ", " : "",
+			   diff);
 	}
 	if (selftest_run(&cfg, msg, sizeof(msg)) != 0) {
 		print_escaped(stderr, "redis: ", msg);

@@ -484,6 +484,7 @@ static int lock_and_run(const struct backend *b, const struct lock_spec *spec,
 		rc = o->conflict_code;
 		goto out;
 	case LOCK_ERROR:
+	case LOCK_REFUSED: /* another limit: said by lock.c */
 		count_add(spec, MC_ERRORS);
 		rc = EX_UNAVAILABLE;
 		goto out;

@@ -94,17 +94,19 @@ static char *tmpl_glob(const struct key_tmpl *t)
 	return g;
 }
 
-/* Returns key's lock name (malloc'd): the symbol of the first lock whose
- * template (globs[i]) matches it, else the key without "<ns>:" and a
- * Cluster's braces. */
+/* Returns key's lock name (malloc'd): the symbol of the first lock one of
+ * whose templates (globs[i * CONF_KEYS_MAX + j], j < its nkeys) matches it,
+ * else the key without "<ns>:" and a Cluster's braces. */
 static char *lock_name(const struct conf *cfg, char *const *globs, const char *key)
 {
 	size_t nl = strlen(cfg->ns), n;
 	const char *k = key;
 
 	for (int i = 0; i < cfg->nlocks; i++)
-		if (globs[i] && fnmatch(globs[i], key, 0) == 0)
-			return strdup(cfg->locks[i].symbol);
+		for (int j = 0; j < cfg->locks[i].nkeys; j++)
+			if (globs[i * CONF_KEYS_MAX + j] &&
+			    fnmatch(globs[i * CONF_KEYS_MAX + j], key, 0) == 0)
+				return strdup(cfg->locks[i].symbol);
 	if (strncmp(k, cfg->ns, nl) == 0 && k[nl] == ':')
 		k += nl + 1;
 	n = strlen(k);
@@ -389,7 +391,7 @@ static int cmp_gauge(const void *a, const void *b)
  */
 static struct metrics_gauge *gauges(const struct conf *cfg, struct scrape *s, size_t *n)
 {
-	char **globs = calloc((size_t)cfg->nlocks + 1, sizeof(*globs));
+	char **globs = calloc(((size_t)cfg->nlocks + 1) * CONF_KEYS_MAX, sizeof(*globs));
 	struct metrics_gauge *g = calloc(s->nkeys + 1, sizeof(*g));
 	size_t ng = 0;
 
@@ -400,7 +402,8 @@ static struct metrics_gauge *gauges(const struct conf *cfg, struct scrape *s, si
 		return NULL;
 	}
 	for (int i = 0; i < cfg->nlocks; i++)
-		globs[i] = tmpl_glob(&cfg->locks[i].key);
+		for (int j = 0; j < cfg->locks[i].nkeys; j++)
+			globs[i * CONF_KEYS_MAX + j] = tmpl_glob(conf_key(&cfg->locks[i], j));
 	qsort(s->keys, s->nkeys, sizeof(*s->keys), cmp_key);
 	for (size_t i = 0; i < s->nkeys;) {
 		long long held = 0, waiting = 0;
@@ -425,7 +428,7 @@ static struct metrics_gauge *gauges(const struct conf *cfg, struct scrape *s, si
 		}
 		i = j;
 	}
-	for (int i = 0; i < cfg->nlocks; i++)
+	for (int i = 0; i < cfg->nlocks * CONF_KEYS_MAX; i++)
 		free(globs[i]);
 	free(globs);
 	qsort(g, ng, sizeof(*g), cmp_gauge);

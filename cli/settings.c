@@ -406,8 +406,9 @@ static void diff_fields(struct diff *d, const char *prefix, const struct conf_fi
 		default:
 			break;
 		}
-		if (d->lock && ((f->flags & FL_REQUIRED) || !strcmp(f->name, "key")))
-			continue; /* symbol and key: the lock's line says them */
+		if (d->lock && ((f->flags & FL_REQUIRED) || !strcmp(f->name, "key") ||
+				!strcmp(f->name, "keys")))
+			continue; /* symbol and key(s): the lock's line says them */
 		value_of(f, base, cur, sizeof(cur));
 		if (dflt_base)
 			value_of(f, dflt_base, def, sizeof(def));

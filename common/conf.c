@@ -60,6 +60,8 @@ const struct conf_field conf_lock_fields[] = {
 	LOCK_FIELD(symbol, F_STR, 0, 0, .flags = FL_REQUIRED | FL_PER_LOCK),
 	LOCK_FIELD(symbols, F_STRS, 0, 0, .flags = FL_REQUIRED | FL_PER_LOCK),
 	FIELD(struct lock_spec, "key", key_src, F_STR, 0, 0, .def_str = "{symbol}"),
+	/* instead of key: 1..CONF_KEYS_MAX templates (check_keys) */
+	FIELD(struct lock_spec, "keys", keys_src, F_STRS, 0, 0, .flags = FL_PER_LOCK),
 	LOCK_FIELD(lease_ms, F_INT, 30, INT_MAX, .def = 30000),
 	LOCK_FIELD(wait_ms, F_INT, -1, LLONG_MAX / 4, .def = 10000),
 	LOCK_FIELD(on_timeout, F_ENUM, 0, POLICY_PROCEED, .names = call_policies,
@@ -267,24 +269,86 @@ static int lock_specs(const config_setting_t *g)
 	return n > 1 ? n : 1;
 }
 
-/* Compiles l's key template for its symbol; an error names the setting
- * where the template was written (the lock's key, or the defaults'). */
+/*
+ * Checks the lock g's `keys` (named where), when it has them: not beside
+ * `key`, not empty, at most CONF_KEYS_MAX. Returns 0, or -1 said with
+ * conf_fail.
+ */
+static int check_keys(struct conf_err *e, const config_setting_t *g, const char *where,
+		      const struct lock_spec *l)
+{
+	const config_setting_t *ks = config_setting_get_member(g, "keys");
+	char what[48];
+	int n = 0;
+
+	if (!ks)
+		return 0;
+	snprintf(what, sizeof(what), "%s.keys", where);
+	if (config_setting_get_member(g, "key"))
+		return conf_fail(e, ks, what, "key and keys together: set one of the two");
+	while (l->keys_src[n])
+		n++;
+	if (n == 0)
+		return conf_fail(e, ks, what, "is empty: name at least one key template");
+	if (n > CONF_KEYS_MAX)
+		return conf_fail(e, ks, what, "has %d templates; at most %d", n, CONF_KEYS_MAX);
+	return 0;
+}
+
+/* Frees l's compiled key templates (key and the others of `keys`). */
+static void keys_release(struct lock_spec *l)
+{
+	key_tmpl_release(&l->key);
+	for (int i = 0; l->more_keys && i < l->nkeys - 1; i++)
+		key_tmpl_release(&l->more_keys[i]);
+	free(l->more_keys);
+	l->more_keys = NULL;
+	l->nkeys = 0;
+}
+
+/* Compiles l's key templates for its symbol: key, or each of keys (sets
+ * nkeys); an error names the setting where the template was written (the
+ * lock's key or keys, or the defaults' key). What was compiled is released
+ * with l (keys_release). */
 static int compile_key(struct conf_err *e, const config_setting_t *g, const char *where,
 		       const config_setting_t *defaults_g, struct lock_spec *l,
 		       const struct conf *cfg, int tagged)
 {
 	char host[256] = "localhost", kerr[256], what[48];
 	const config_setting_t *ks;
+	int n = 0;
 
 	gethostname(host, sizeof(host) - 1);
-	if (!key_compile(&l->key, cfg->ns, l->key_src, l->symbol, host, tagged,
-			 kerr, sizeof(kerr)))
-		return 0;
-	ks = config_setting_get_member(g, "key");
-	if (!ks)
-		ks = defaults_g ? config_setting_get_member(defaults_g, "key") : g;
-	snprintf(what, sizeof(what), "%s.key", where);
-	return conf_fail(e, ks, what, "\"%s\": %s", l->key_src, kerr);
+	if (!l->keys_src) {
+		if (!key_compile(&l->key, cfg->ns, l->key_src, l->symbol, host, tagged,
+				 kerr, sizeof(kerr))) {
+			l->nkeys = 1;
+			return 0;
+		}
+		ks = config_setting_get_member(g, "key");
+		if (!ks)
+			ks = defaults_g ? config_setting_get_member(defaults_g, "key") : g;
+		snprintf(what, sizeof(what), "%s.key", where);
+		return conf_fail(e, ks, what, "\"%s\": %s", l->key_src, kerr);
+	}
+	while (l->keys_src[n])
+		n++;
+	if (n > 1 && !(l->more_keys = calloc((size_t)n - 1, sizeof(*l->more_keys))))
+		return conf_fail(e, g, where, "out of memory");
+	for (int i = 0; i < n; i++) {
+		struct key_tmpl *t = i ? &l->more_keys[i - 1] : &l->key;
+
+		/* nkeys counts what is compiled, for keys_release */
+		if (!key_compile(t, cfg->ns, l->keys_src[i], l->symbol, host, tagged,
+				 kerr, sizeof(kerr))) {
+			l->nkeys = i + 1;
+			continue;
+		}
+		ks = config_setting_get_elem(config_setting_get_member(g, "keys"), (unsigned)i);
+		snprintf(what, sizeof(what), "%s.keys", where);
+		return conf_fail(e, ks ? ks : g, what, "\"%s\": %s", l->keys_src[i], kerr);
+	}
+	return 0;
 }
 
 /*
@@ -338,7 +402,7 @@ static int parse_lock(struct conf_err *e, const config_setting_t *g, int idx, in
 		if ((f->flags & FL_REQUIRED) && strcmp(f->name, "symbol") &&
 		    strcmp(f->name, "symbols") && !config_setting_get_member(g, f->name))
 			return conf_fail(e, g, where, "missing required setting \"%s\"", f->name);
-	if (check_symbols(e, g, where, l, cfg, first))
+	if (check_symbols(e, g, where, l, cfg, first) || check_keys(e, g, where, l))
 		return -1;
 	if (check_mode(e, g, where, l))
 		return -1;
@@ -637,7 +701,7 @@ void conf_release(struct conf *cfg)
 {
 	for (int i = 0; i < cfg->nlocks; i++) {
 		conf_fields_release(conf_lock_fields, &cfg->locks[i]);
-		key_tmpl_release(&cfg->locks[i].key);
+		keys_release(&cfg->locks[i]);
 	}
 	free(cfg->locks);
 	conf_fields_release(conf_lock_fields, &cfg->defaults);
@@ -744,6 +808,7 @@ struct lock_spec *conf_add_literal_lock(struct conf *cfg, const char *key, char 
 		free(src);
 		return NULL;
 	}
+	l->nkeys = 1;
 	free(src);
 	return l;
 nomem:
@@ -772,7 +837,7 @@ int conf_keep_locks(struct conf *cfg, int (*keep)(const struct lock_spec *l, voi
 			continue;
 		}
 		conf_fields_release(conf_lock_fields, l);
-		key_tmpl_release(&l->key);
+		keys_release(l);
 	}
 	if (n < cfg->nlocks)
 		memset(&cfg->locks[n], 0, sizeof(*cfg->locks) * (size_t)(cfg->nlocks - n));

@@ -20,6 +20,7 @@
 #define CONF_EXIT_CODE 78 /* EX_CONFIG */
 #define CONF_UNTRUSTED (-2) /* conf_load, conf_logging: secure mode refused a file */
 #define STACK_ARGS_MAX 65536 /* largest stack_args_bytes */
+#define CONF_KEYS_MAX 16 /* most templates in one lock's `keys` */
 
 /* on_timeout / on_error */
 enum call_policy { POLICY_SKIP, POLICY_EXIT, POLICY_ABORT, POLICY_PROCEED };
@@ -44,7 +45,11 @@ struct lock_spec {
 	char *symbol;            /* the symbol this spec guards */
 	char **symbols;          /* the lock's `symbols` (NULL-terminated), or NULL */
 	char *key_src;
-	struct key_tmpl key;
+	char **keys_src;         /* `keys`: the templates of a lock on several keys, or NULL */
+	struct key_tmpl key;     /* the key, or the first of `keys` (conf_key) */
+	struct key_tmpl *more_keys; /* `keys`: the others, nkeys - 1 of them (owned) */
+	int nkeys;               /* templates: 1, or how many `keys` has (0 in a spec
+				  * made by hand: one, key) */
 	long long lease_ms;
 	long long wait_ms;       /* -1 = forever */
 	long long max_hold_ms;   /* 0 = unlimited */
@@ -82,6 +87,13 @@ struct lock_spec {
 	 */
 	long long waiter_ttl_ms;
 };
+
+/* Returns key template i of l (0 <= i < l->nkeys): key, then the others of
+ * `keys`, in the file's order. */
+static inline const struct key_tmpl *conf_key(const struct lock_spec *l, int i)
+{
+	return i ? &l->more_keys[i - 1] : &l->key;
+}
 
 /* At most this many backends' settings groups (conf_field.h's struct
  * conf_group, registered in backend/backend.c). */

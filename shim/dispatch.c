@@ -131,7 +131,7 @@ static void dispatch_leave(struct lock_call *call)
 {
 	int saved_errno;
 
-	if (!call->hold)
+	if (!call->n)
 		return;
 	saved_errno = errno;
 	guard_enter();
@@ -146,7 +146,8 @@ static int policy_for(const struct lock_spec *s, int outcome)
 {
 	int p = outcome == LOCK_TIMEOUT ? s->on_timeout : s->on_error;
 	const char *why = outcome == LOCK_TIMEOUT ? "lock wait timed out" :
-			  outcome == LOCK_NOLEASE ? "lease cannot be kept" : "Redis unavailable";
+			  outcome == LOCK_NOLEASE ? "lease cannot be kept" :
+			  outcome == LOCK_REFUSED ? "lock refused" : "Redis unavailable";
 
 	count_add(s, outcome == LOCK_TIMEOUT ? MC_TIMEOUTS : MC_ERRORS);
 	if (p == POLICY_SKIP)
@@ -171,9 +172,11 @@ __attribute__((visibility("hidden"))) void dispatch_call(struct arch_frame *f,
 void dispatch_call(struct arch_frame *f, const struct hook *h)
 {
 	const struct lock_spec *s = h->spec;
-	struct lock_call call __attribute__((cleanup(dispatch_leave))) = { NULL, NULL };
+	struct lock_call call __attribute__((cleanup(dispatch_leave)));
 	size_t window = arg_window(f, (size_t)s->stack_args_bytes);
 	int saved_errno, rc;
+
+	call.n = 0; /* its holds are written as they are taken */
 
 	if (guard_active() || !shim_active()) {
 		arch_invoke(f, h->call, window);

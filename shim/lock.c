@@ -19,6 +19,12 @@
  * Holds form a stack: a key's outermost call always ends after every hold
  * taken inside it, exceptions and longjmp included, so the innermost hold
  * is the one that ends.
+ * A lock of several keys (`keys`) expands them all into the thread's
+ * state, sorts them by bytes and takes each distinct one in that order
+ * (take_key: reentrant, kept or from Redis), all against one deadline: two
+ * calls never wait for each other's keys in opposite orders. Each key is a
+ * hold of its own, so reentrancy, parking, renewal, fork and fences work
+ * per key; the call record lists them, and lock_release leaves them all.
  */
 #include "lock.h"
 
@@ -58,9 +64,21 @@ struct lock_thread {
 	uint64_t tokens;    /* tokens made so far */
 	size_t suffix_len;
 	char suffix[BACKEND_VAL_MAX - 33 - 86]; /* owner.h: ":host:pid:tid:boot:ns:start" */
+	int call_waited;    /* a key of the call being taken had to wait (acquired) */
 	int nholds;
 	struct lock_hold holds[LOCK_MAX_HOLDS];
+	char keys[CONF_KEYS_MAX][KEY_BUF_SIZE]; /* the call being taken: its keys expanded */
 };
+
+/* The keys of one call: distinct, in byte order (sort_keys). */
+struct call_keys {
+	int n;
+	const char *key[CONF_KEYS_MAX];
+	size_t len[CONF_KEYS_MAX];
+};
+
+/* How a call got a key, cheapest first (the call counts as its costliest). */
+enum got { GOT_REENTRANT, GOT_KEPT, GOT_REDIS };
 
 static int lock_pid; /* the process this state belongs to (see own_process) */
 static const struct backend *backend;
@@ -195,7 +213,8 @@ static int lingers(const struct lock_spec *s)
 }
 
 /* Records that l is ours since `since` (µs) with fencing token fence,
- * asked for at asked_us, and counts and logs it. */
+ * asked for at asked_us, and counts and logs it (a lock of several keys
+ * notes a wait for lock_acquire, which counts the call once). */
 static int acquired(struct lease *l, int64_t since, int64_t asked_us, long long fence,
 		    int tries, const char *how)
 {
@@ -204,7 +223,11 @@ static int acquired(struct lease *l, int64_t since, int64_t asked_us, long long 
 	l->acquired_us = since;
 	l->reuse_until_us = now + l->spec->handoff_us;
 	l->fence = fence;
-	count_observe(l->spec, tries > 1 ? MC_ACQ_WAITED : MC_ACQ_FAST, MH_WAIT, now - asked_us);
+	if (l->spec->nkeys > 1)
+		self->call_waited |= tries > 1;
+	else
+		count_observe(l->spec, tries > 1 ? MC_ACQ_WAITED : MC_ACQ_FAST, MH_WAIT,
+			      now - asked_us);
 	LOGK(LOG_DEBUG, l->spec->symbol, l->key, l->klen, "acquired %.*s for %s (%d tries%s), "
 	     "fence %lld", (int)l->klen, l->key, l->spec->symbol, tries, how, fence);
 	return LOCK_OK;
@@ -279,21 +302,21 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
  * starts the renewal thread before it queues; when that fails it gives up
  * at once (LOCK_NOLEASE), since a lock it took could not be kept. A caller
  * whose limit differs from the key's holders' (BACKEND_MISMATCH) logs one
- * error line naming both and gets LOCK_ERROR at once. Returns an enum
+ * error line naming both and gets LOCK_REFUSED at once. deadline: when to
+ * give up (monotonic ms; INT64_MAX: never). Returns an enum
  * lock_outcome.
  */
 static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_item *it,
-			long long *granted_ttl_ms)
+			int64_t deadline, long long *granted_ttl_ms)
 {
 	const struct lock_spec *s = l->spec;
-	int64_t now = util_now_ms(), start = now, step = 2, deadline, asked_us = 0;
+	int64_t now = util_now_ms(), start = now, step = 2, asked_us = 0;
 	int64_t logged = now - LOCK_ERROR_LOG_MS;
 	int busy = 0, tries = 0, unsure = 0, start_rc = 0, mism = 0, rc;
 	char err[192] = "", holder[BACKEND_VAL_MAX], seen[BACKEND_VAL_MAX];
 	size_t hlen, seen_len = 0;
 
 	*granted_ttl_ms = s->lease_ms;
-	deadline = s->wait_ms < 0 ? INT64_MAX : now + s->wait_ms;
 	for (;;) {
 		int64_t sent = util_now_us();
 		long long hint = 0, fence = 0;
@@ -377,7 +400,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 	if (mism) {
 		LOGK(LOG_ERROR, s->symbol, l->key, l->klen, "%s: lock %.*s not taken: %s (all "
 		     "holders of a key must agree on limit)", s->symbol, (int)l->klen, l->key, err);
-		return LOCK_ERROR;
+		return LOCK_REFUSED;
 	}
 	if (start_rc) {
 		LOG(LOG_ERROR, "%s: lock %.*s not taken: its lease could not be kept "
@@ -421,15 +444,20 @@ static void wait_cancelled(void *arg)
 	renew_forget(w->it);
 }
 
-/* acquire_loop, with wait_cancelled armed for a cancellation inside it. */
-static int acquire_wait(struct lock_thread *t, struct lease *l, long long *granted_ttl_ms)
+/* acquire_loop, with wait_cancelled armed for a cancellation inside it;
+ * *deadline (monotonic ms) is set from wait_ms when still 0: a call's keys
+ * share the first one's. */
+static int acquire_wait(struct lock_thread *t, struct lease *l, int64_t *deadline,
+			long long *granted_ttl_ms)
 {
 	struct backend_item it = renew_item(l);
 	struct waiter w = { t, &it };
 	int rc;
 
+	if (!*deadline)
+		*deadline = l->spec->wait_ms < 0 ? INT64_MAX : util_now_ms() + l->spec->wait_ms;
 	pthread_cleanup_push(wait_cancelled, &w);
-	rc = acquire_loop(t, l, &it, granted_ttl_ms);
+	rc = acquire_loop(t, l, &it, *deadline, granted_ttl_ms);
 	pthread_cleanup_pop(0);
 	return rc;
 }
@@ -471,7 +499,7 @@ static struct lock_hold *find_hold(struct lock_thread *t, const struct lock_spec
  * key: an exclusive call inside a shared hold, or a plain lock (limit 1)
  * inside a permit, would be an upgrade, which deadlocks as soon as two
  * threads holding it shared both try. Logs one error line then. Returns 1
- * (the caller gets LOCK_ERROR: on_error) or 0 (a reentrant entry: an
+ * (the caller gets LOCK_REFUSED: on_error) or 0 (a reentrant entry: an
  * exclusive hold admits a shared call, since nobody else holds the key).
  */
 static int upgrade_refused(const struct lock_spec *spec, const struct lock_hold *h)
@@ -487,9 +515,8 @@ static int upgrade_refused(const struct lock_spec *spec, const struct lock_hold 
 	return 1;
 }
 
-static void push_call(struct lock_thread *t, struct lock_call *call, struct lock_hold *h)
+static void push_call(struct lock_thread *t, struct lock_call *call)
 {
-	call->hold = h;
 	call->up = t->top;
 	t->top = call;
 }
@@ -565,48 +592,30 @@ static int unkept(struct lock_thread *t, struct lock_hold *h, int rc)
 	return LOCK_NOLEASE;
 }
 
-int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS],
-		 struct lock_call *call)
+/*
+ * Takes key[0..klen) from Redis for spec into a free slot (waiting until
+ * *deadline, acquire_wait) and tracks its lease. Returns LOCK_OK with the
+ * hold in *hp (count 1, counted in t's holds), or another enum lock_outcome
+ * with nothing held.
+ */
+static int take_fresh(struct lock_thread *t, const struct lock_spec *spec, const char *key,
+		      size_t klen, int64_t *deadline, struct lock_hold **hp)
 {
-	struct lock_thread *t = thread_get();
-	char key[KEY_BUF_SIZE];
-	struct lock_hold *h;
+	struct lock_hold *h = slot_get(t);
 	long long granted_ttl_ms;
-	size_t klen;
 	int rc;
 
-	call->hold = NULL;
-	klen = key_expand(&spec->key, args, lock_pid, key);
-	if (!t) {
-		LOG(LOG_ERROR, "%s: lock %.*s not taken: its lease could not be kept (out "
-		    "of memory for the thread's lock state)", spec->symbol, (int)klen, key);
-		return LOCK_NOLEASE;
-	}
-	if (spec->reentrant && (h = find_hold(t, spec, key, klen, 0)) != NULL) {
-		if (upgrade_refused(spec, h))
-			return LOCK_ERROR;
-		h->count++;
-		push_call(t, call, h);
-		count_add(spec, MC_ACQ_REENTRANT);
-		return LOCK_OK;
-	}
-	if ((h = find_hold(t, spec, key, klen, 1)) != NULL && take_back(t, h)) {
-		h->count = 1;
-		push_call(t, call, h);
-		count_add(spec, MC_ACQ_KEPT);
-		return LOCK_OK;
-	}
-	if ((h = slot_get(t)) == NULL) {
+	if (!h) {
 		LOG(LOG_ERROR, "%s: more than %d locks held by one thread", spec->symbol,
 		    LOCK_MAX_HOLDS);
-		return LOCK_ERROR;
+		return LOCK_REFUSED;
 	}
 	memset(h, 0, offsetof(struct lock_hold, lease.key));
 	h->lease.spec = spec;
 	h->lease.klen = klen;
 	memcpy(h->lease.key, key, klen);
 	make_value(t, &h->lease);
-	rc = acquire_wait(t, &h->lease, &granted_ttl_ms);
+	rc = acquire_wait(t, &h->lease, deadline, &granted_ttl_ms);
 	if (rc != LOCK_OK)
 		return rc;
 	h->entered_us = h->lease.reuse_until_us - spec->handoff_us; /* acquired()'s now */
@@ -616,8 +625,295 @@ int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS
 	h->count = 1;
 	if (h == &t->holds[t->nholds])
 		t->nholds++;
-	push_call(t, call, h);
+	*hp = h;
 	return LOCK_OK;
+}
+
+/* Gives up t's parked holds of keys k->key[from..n): a call about to wait
+ * for an earlier key must not sit on later ones meanwhile. */
+static void drop_parked(struct lock_thread *t, const struct lock_spec *spec,
+			const struct call_keys *k, int from)
+{
+	for (int i = from; i < k->n; i++) {
+		struct lock_hold *h = find_hold(t, spec, k->key[i], k->len[i], 1);
+
+		if (h)
+			give_up(t, h);
+	}
+}
+
+/*
+ * Takes the key k->key[i] for spec: entered again when t holds it already
+ * (reentrant), taken back when parked, else from Redis (after giving up
+ * the parked holds of the keys after it). Returns LOCK_OK with the hold in
+ * *hp (its count raised) and how in *got, or another enum lock_outcome.
+ */
+static int take_key(struct lock_thread *t, const struct lock_spec *spec,
+		    const struct call_keys *k, int i, int64_t *deadline, struct lock_hold **hp,
+		    int *got)
+{
+	struct lock_hold *h;
+
+	if (spec->reentrant && (h = find_hold(t, spec, k->key[i], k->len[i], 0)) != NULL) {
+		if (upgrade_refused(spec, h))
+			return LOCK_REFUSED;
+		h->count++;
+		*got = GOT_REENTRANT;
+	} else if ((h = find_hold(t, spec, k->key[i], k->len[i], 1)) != NULL &&
+		   take_back(t, h)) {
+		h->count = 1;
+		*got = GOT_KEPT;
+	} else {
+		*got = GOT_REDIS;
+		drop_parked(t, spec, k, i + 1);
+		return take_fresh(t, spec, k->key[i], k->len[i], deadline, hp);
+	}
+	*hp = h;
+	return LOCK_OK;
+}
+
+/* Returns <0, 0 or >0 as key a sorts before, with or after b: by bytes,
+ * then the shorter first. */
+static int key_cmp(const char *a, size_t alen, const char *b, size_t blen)
+{
+	int c = memcmp(a, b, alen < blen ? alen : blen);
+
+	return c ? c : (alen > blen) - (alen < blen);
+}
+
+/* Expands spec's keys for args into t->keys and lists them in k: in byte
+ * order, each distinct key once. */
+static void sort_keys(struct lock_thread *t, const struct lock_spec *spec,
+		      const uint64_t args[ARCH_INT_ARGS], struct call_keys *k)
+{
+	k->n = 0;
+	for (int i = 0; i < spec->nkeys; i++) {
+		size_t len = key_expand(conf_key(spec, i), args, lock_pid, t->keys[i]);
+		int j = k->n, c = 1;
+
+		while (j > 0 && (c = key_cmp(k->key[j - 1], k->len[j - 1], t->keys[i], len)) > 0)
+			j--;
+		if (j > 0 && c == 0)
+			continue; /* named twice: taken once */
+		memmove(&k->key[j + 1], &k->key[j], sizeof(k->key[0]) * (size_t)(k->n - j));
+		memmove(&k->len[j + 1], &k->len[j], sizeof(k->len[0]) * (size_t)(k->n - j));
+		k->key[j] = t->keys[i];
+		k->len[j] = len;
+		k->n++;
+	}
+}
+
+static void leave_holds(struct lock_thread *t, struct lock_call *call, int failed);
+
+/* Drops t's unused hold slots at the top of its stack. */
+static void trim_holds(struct lock_thread *t)
+{
+	while (t->nholds > 0 && t->holds[t->nholds - 1].count == 0 &&
+	       !t->holds[t->nholds - 1].parked)
+		t->nholds--;
+}
+
+/* Reserves n fresh hold slots for spec's keys k->key[0..n) in hs (count 1,
+ * not taken yet), each with its own value. Returns 0, or -1 when the slots
+ * run out (none reserved then). */
+static int reserve_holds(struct lock_thread *t, const struct lock_spec *spec,
+			 const struct call_keys *k, int n, struct lock_hold **hs)
+{
+	for (int i = 0; i < n; i++) {
+		struct lock_hold *h = slot_get(t);
+
+		if (!h) {
+			while (i-- > 0)
+				hs[i]->count = 0;
+			trim_holds(t);
+			return -1;
+		}
+		memset(h, 0, offsetof(struct lock_hold, lease.key));
+		h->lease.spec = spec;
+		h->lease.klen = k->len[i];
+		memcpy(h->lease.key, k->key[i], k->len[i]);
+		make_value(t, &h->lease);
+		h->count = 1;
+		h->foreign = 0; /* a slot a fork child inherited is ours now */
+		if (h == &t->holds[t->nholds])
+			t->nholds++;
+		hs[i] = h;
+	}
+	return 0;
+}
+
+/* What a batch (take_batch) cancelled in its round trip leaves behind. */
+struct batch_wait {
+	struct lock_thread *t;
+	const struct backend_item *items;
+	int n;
+};
+
+/* pthread_cancel of a thread in take_batch's round trip: as wait_cancelled,
+ * for each of its tokens (Redis may have granted any of them). */
+static void batch_cancelled(void *arg)
+{
+	struct batch_wait *b = arg;
+
+	renew_conn_failed(&b->t->conn, NULL, 0);
+	for (int i = 0; i < b->n; i++)
+		renew_forget(&b->items[i]);
+}
+
+/* The backend's acquire_batch of items on t's connection, with
+ * batch_cancelled armed. Returns its enum backend_result. */
+static int batch_send(struct lock_thread *t, int n, const struct backend_item *items,
+		      int *results, long long *fences)
+{
+	struct batch_wait b = { t, items, n };
+	int rc;
+
+	pthread_cleanup_push(batch_cancelled, &b);
+	rc = backend->ops->acquire_batch(t->conn, n, items, results, fences);
+	pthread_cleanup_pop(0);
+	return rc;
+}
+
+/*
+ * The first attempt at every key of k in one round trip (the backend's
+ * acquire_batch), when the backend can batch them and t holds and keeps
+ * none of them (the uncontended case). The keys taken before the first
+ * one refused become call's holds; those taken after it are released again
+ * at once (sent without waiting), so that the caller waits for the refused
+ * key in order. After an error nothing is held (the tokens are forgotten,
+ * renew_forget) and the caller takes every key one by one. Returns an enum
+ * lock_outcome: LOCK_OK (call->n keys held; the others are the caller's)
+ * or LOCK_NOLEASE (a lease could not be kept: nothing held).
+ */
+static int take_batch(struct lock_thread *t, const struct lock_spec *spec,
+		      const struct call_keys *k, struct lock_call *call, int64_t asked_us)
+{
+	struct backend_item items[CONF_KEYS_MAX];
+	struct lock_hold *hs[CONF_KEYS_MAX];
+	long long fences[CONF_KEYS_MAX];
+	int results[CONF_KEYS_MAX], rc, nolease = 0;
+	char err[192];
+	int64_t sent;
+
+	if (!backend->ops->acquire_batch || spec->fair)
+		return LOCK_OK;
+	for (int i = 0; i < k->n; i++)
+		if (find_hold(t, spec, k->key[i], k->len[i], 0) ||
+		    find_hold(t, spec, k->key[i], k->len[i], 1))
+			return LOCK_OK;
+	if (reserve_holds(t, spec, k, k->n, hs) != 0)
+		return LOCK_OK;
+	for (int i = 0; i < k->n; i++)
+		items[i] = renew_item(&hs[i]->lease);
+	sent = util_now_us();
+	rc = BACKEND_NO; /* not connected: nothing sent, the caller tries one by one */
+	if (conn_get(t, err, sizeof(err)) == 0)
+		rc = conn_check(t, batch_send(t, k->n, items, results, fences), err, sizeof(err));
+	for (int i = 0; i < k->n; i++) {
+		struct lock_hold *h = hs[i];
+		int ok = rc == BACKEND_OK && results[i] == BACKEND_OK;
+
+		if (rc == BACKEND_ERR)
+			renew_forget(&items[i]);
+		h->count = 0;
+		if (ok && call->n == i && !nolease) {
+			acquired(&h->lease, sent, asked_us, fences[i], 1, "");
+			h->entered_us = h->lease.reuse_until_us - spec->handoff_us;
+			if ((nolease = renew_track(&h->lease, spec->lease_ms)) != 0) {
+				unkept(t, h, nolease);
+				continue;
+			}
+			h->count = 1;
+			call->hold[call->n++] = h;
+		} else if (ok) {
+			release_hold(t, h, 1); /* after a refused key, or no lease kept */
+		}
+	}
+	trim_holds(t);
+	if (!nolease)
+		return LOCK_OK;
+	leave_holds(t, call, 1);
+	return LOCK_NOLEASE;
+}
+
+/*
+ * Takes every key of k for spec in order into call's holds, against one
+ * deadline (after one batched first attempt at all of them, take_batch);
+ * when one cannot be taken, leaves those taken (released at once, never
+ * kept) and returns its outcome. Counts the call's acquisition once, as
+ * its costliest key got it (a key taken from Redis counts as waited when
+ * any of them waited). Returns an enum lock_outcome.
+ */
+static int take_keys(struct lock_thread *t, const struct lock_spec *spec,
+		     const struct call_keys *k, struct lock_call *call)
+{
+	int64_t deadline = 0, asked_us = util_now_us();
+	int rc, got, most = GOT_REENTRANT;
+
+	t->call_waited = 0;
+	rc = take_batch(t, spec, k, call, asked_us);
+	if (call->n)
+		most = GOT_REDIS;
+	for (int i = call->n; i < k->n && rc == LOCK_OK; i++) {
+		rc = take_key(t, spec, k, i, &deadline, &call->hold[call->n], &got);
+		if (rc == LOCK_OK)
+			call->n++;
+		most = got > most ? got : most;
+	}
+	if (rc != LOCK_OK) {
+		leave_holds(t, call, 1);
+		return rc;
+	}
+	if (most == GOT_REDIS)
+		count_observe(spec, t->call_waited ? MC_ACQ_WAITED : MC_ACQ_FAST, MH_WAIT,
+			      util_now_us() - asked_us);
+	else
+		count_add(spec, most == GOT_KEPT ? MC_ACQ_KEPT : MC_ACQ_REENTRANT);
+	return LOCK_OK;
+}
+
+/* lock_acquire without the thread's state (no memory for it): says so,
+ * naming the first key. Returns LOCK_NOLEASE. */
+static int __attribute__((noinline)) no_state(const struct lock_spec *spec,
+					      const uint64_t args[ARCH_INT_ARGS])
+{
+	char key[KEY_BUF_SIZE];
+	size_t klen = key_expand(&spec->key, args, lock_pid, key);
+
+	LOG(LOG_ERROR, "%s: lock %.*s not taken: its lease could not be kept (out "
+	    "of memory for the thread's lock state)", spec->symbol, (int)klen, key);
+	return LOCK_NOLEASE;
+}
+
+int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS],
+		 struct lock_call *call)
+{
+	struct lock_thread *t = thread_get();
+	int64_t deadline = 0;
+	int rc, got;
+
+	call->n = 0;
+	if (!t)
+		return no_state(spec, args);
+	if (spec->nkeys > 1) {
+		struct call_keys k;
+
+		sort_keys(t, spec, args, &k);
+		rc = take_keys(t, spec, &k, call);
+	} else {
+		struct call_keys k;
+
+		k.n = 1;
+		k.key[0] = t->keys[0];
+		k.len[0] = key_expand(&spec->key, args, lock_pid, t->keys[0]);
+		rc = take_key(t, spec, &k, 0, &deadline, &call->hold[0], &got);
+		if (rc == LOCK_OK && got != GOT_REDIS) /* acquired() counted a fresh one */
+			count_add(spec, got == GOT_KEPT ? MC_ACQ_KEPT : MC_ACQ_REENTRANT);
+		call->n = rc == LOCK_OK;
+	}
+	if (rc == LOCK_OK)
+		push_call(t, call);
+	return rc;
 }
 
 /*
@@ -652,25 +948,44 @@ static void release_hold(struct lock_thread *t, struct lock_hold *h, int idle)
 		renew_release(&t->conn, &h->lease, idle, h->lease.spec->symbol);
 }
 
+/*
+ * Leaves each hold of call (the last first): one whose count drops to 0 is
+ * parked for the thread's next call, or released; failed: the call never
+ * ran (a key of a lock of several could not be taken), so nothing is kept
+ * and a queued waiter gets each key at once. Observes the call's hold time
+ * once (from its earliest key). Empties call.
+ */
+static void leave_holds(struct lock_thread *t, struct lock_call *call, int failed)
+{
+	struct lock_hold *ended = NULL;
+	int64_t now = 0;
+
+	for (int i = call->n - 1; i >= 0; i--) {
+		struct lock_hold *h = call->hold[i];
+
+		if (--h->count > 0)
+			continue;
+		if (!now)
+			now = util_now_us();
+		if (!ended || h->entered_us < ended->entered_us)
+			ended = h;
+		if (failed || !park_hold(h, now))
+			release_hold(t, h, failed);
+	}
+	call->n = 0;
+	if (ended && !failed)
+		count_observe(ended->lease.spec, -1, MH_HOLD, now - ended->entered_us);
+	trim_holds(t);
+}
+
 void lock_release(struct lock_call *call)
 {
 	struct lock_thread *t = self;
-	struct lock_hold *h = call->hold;
-	int64_t now;
 
-	if (!t || !h)
+	if (!t || !call->n)
 		return;
 	t->top = call->up;
-	call->hold = NULL;
-	if (--h->count > 0)
-		return;
-	now = util_now_us();
-	count_observe(h->lease.spec, -1, MH_HOLD, now - h->entered_us);
-	if (!park_hold(h, now))
-		release_hold(t, h, 0);
-	while (t->nholds > 0 && t->holds[t->nholds - 1].count == 0 &&
-	       !t->holds[t->nholds - 1].parked)
-		t->nholds--;
+	leave_holds(t, call, 0);
 }
 
 void lock_unwind_to(uintptr_t sp)
@@ -744,7 +1059,12 @@ void lock_release_all(void)
 
 long long lock_fence(const struct lock_call *call)
 {
-	return call->hold ? call->hold->lease.fence : 0;
+	long long fence = 0;
+
+	for (int i = 0; i < call->n; i++)
+		if (call->hold[i]->lease.fence > fence)
+			fence = call->hold[i]->lease.fence;
+	return fence;
 }
 
 int lock_thread_holds(void)

@@ -23,16 +23,21 @@
 
 struct lock_hold;
 
-/* One active guarded call; lives in the dispatcher's stack frame. */
+/* One active guarded call; lives in the dispatcher's stack frame. A lock of
+ * several keys (`keys`) holds one per distinct key, in the keys' byte order. */
 struct lock_call {
 	struct lock_call *up;
-	struct lock_hold *hold; /* NULL when the call holds nothing */
+	int n;                                 /* holds in hold[]; 0: the call holds nothing */
+	struct lock_hold *hold[CONF_KEYS_MAX];
 };
 
 /* LOCK_NOLEASE: the lock was taken but what keeps its lease could not be
  * set up (the renewal thread, memory); it was released again, and the call
- * gets on_error as for LOCK_ERROR. */
-enum lock_outcome { LOCK_OK, LOCK_TIMEOUT, LOCK_ERROR, LOCK_NOLEASE };
+ * gets on_error as for LOCK_ERROR. LOCK_REFUSED: the lock cannot be taken
+ * as this call asks, whatever the wait (the key's holders took it with
+ * another limit, an upgrade of the thread's own shared hold, no hold slot
+ * left); lock.c logged why, and the call gets on_error. */
+enum lock_outcome { LOCK_OK, LOCK_TIMEOUT, LOCK_ERROR, LOCK_NOLEASE, LOCK_REFUSED };
 
 /* Sets the backend (and the renewal thread's). Call once, before any
  * acquire. Returns 0 or -errno. */
@@ -40,15 +45,20 @@ int lock_setup(const struct backend *b);
 
 /*
  * Takes spec's lock for a call with integer argument registers args, waiting up to
- * spec->wait_ms. On LOCK_OK, call is pushed on the thread's call stack and
- * must be passed to lock_release, and the lease is renewed while the call
- * runs. Otherwise call->hold stays NULL and nothing is held (a lock whose
- * lease could not be kept is released before this returns: LOCK_NOLEASE).
+ * spec->wait_ms. A lock of several keys takes each distinct expanded key in
+ * byte order (memcmp, then the shorter first), each its own hold with its
+ * own lease, all within that one wait; when one cannot be taken, those
+ * already taken are released again. On LOCK_OK, call is pushed on the
+ * thread's call stack and must be passed to lock_release, and the leases
+ * are renewed while the call runs. Otherwise call->n is 0 and nothing is
+ * held (a lock whose lease could not be kept is released before this
+ * returns: LOCK_NOLEASE).
  */
 int lock_acquire(const struct lock_spec *spec, const uint64_t args[ARCH_INT_ARGS],
 		 struct lock_call *call);
 
-/* Leaves call (the innermost active one); releases the key on its last hold. */
+/* Leaves call (the innermost active one); releases each of its keys on its
+ * last hold. */
 void lock_release(struct lock_call *call);
 
 /* Releases every active call of this thread whose record lies below sp. */
@@ -72,7 +82,8 @@ void lock_release_all(void);
 
 /* Returns the fencing token of call's hold (the key's counter when this
  * thread acquired it; a reentrant or kept call shares it), 0 when it holds
- * nothing. */
+ * nothing. A call holding several keys: the largest of their tokens (each
+ * key counts its own grants). */
 long long lock_fence(const struct lock_call *call);
 
 /* Returns the number of hold slots the calling thread uses (kept, active or

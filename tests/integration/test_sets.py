@@ -408,6 +408,9 @@ def test_limit_mismatch_is_an_error_at_once(progs, redis, tmp_path, procs):
         assert len(lines) == 1, r.stderr
         assert "limit %d here, 3 for the key's holders" % limit in lines[0], lines
         assert KEY in lines[0], lines
+        assert "Redis unavailable" not in r.stderr, r.stderr
+    r = run([progs["driver"], "call:0"], cfg, LOCKSHIM_LOG_LEVEL="info")
+    assert "hold_call: lock refused; call skipped" in r.stderr, r.stderr
     r = run([progs["driver"], "call:0"], cfg3)
     assert said(r) == OK_LINE, r.stderr
 

@@ -613,7 +613,7 @@ int main(void)
 		}
 		/* A new setting changes these counts: give it a round trip in
 		 * the tests above, then count it here. */
-		test_cond(n == 11 + 18 + 6 + 8 + 31 && nlock == 31 && literal >= 34);
+		test_cond(n == 11 + 18 + 6 + 8 + 32 && nlock == 32 && literal >= 34);
 		test_cond(!settings_describe(groups, n, &d) && !settings_describe(groups, -1, &d));
 		test_cond(settings_describe(groups, 0, &d) && !strcmp(d.group, "top") &&
 			  !strcmp(d.name, "redis"));
@@ -688,6 +688,49 @@ int main(void)
 		test_cond(n0 == n1 && !memcmp(k0, k1, n0) && !memcmp(k0, "lockshim:k", n0));
 	}
 	conf_release(&cfg);
+
+	test("keys: several templates, each compiled with the lock's namespace and {symbol}");
+	test_cond(load_text(&cfg, "namespace = \"n\";\nlocks = ( { symbols = ( \"a\", \"b\" ); "
+			    "keys = ( \"acct:{arg1}\", \"{symbol}:{arg0}\" ); } );",
+			    err, sizeof(err)) == 0 && cfg.nlocks == 2);
+	{
+		uint64_t args[ARCH_INT_ARGS] = { 7, 9 };
+		char k[KEY_BUF_SIZE];
+		const struct lock_spec *b = &cfg.locks[1];
+		size_t n0 = key_expand(conf_key(b, 0), args, 1, k);
+
+		test_cond(cfg.locks[0].nkeys == 2 && b->nkeys == 2 &&
+			  !strcmp(b->keys_src[1], "{symbol}:{arg0}"));
+		test_cond(n0 == 8 && !memcmp(k, "n:acct:9", n0));
+		n0 = key_expand(conf_key(b, 1), args, 1, k);
+		test_cond(n0 == 5 && !memcmp(k, "n:b:7", n0));
+	}
+	conf_release(&cfg);
+	test_cond(load_text(&cfg, "locks = ( { symbol = \"f\"; keys = [ \"x\" ]; } );", err,
+			    sizeof(err)) == 0 && cfg.locks[0].nkeys == 1 && !cfg.locks[0].more_keys);
+	conf_release(&cfg);
+	test_cond(load_text(&cfg, "locks = ( { symbol = \"f\"; } );", err, sizeof(err)) == 0 &&
+		  cfg.locks[0].nkeys == 1 && !cfg.locks[0].keys_src);
+	conf_release(&cfg);
+	test_cond(load_text(&cfg, "defaults = { key = \"d\"; };\nlocks = ( { symbol = \"f\"; "
+			    "keys = ( \"x\", \"y\" ); } );", err, sizeof(err)) == 0 &&
+		  cfg.locks[0].nkeys == 2);
+	conf_release(&cfg);
+	test("keys: refused beside key, empty, over 16, in defaults, a bad template");
+	test_cond(rejects("locks = ( { symbol = \"f\"; key = \"k\"; keys = ( \"a\" ); } );",
+			  "locks[0].keys", "key and keys together"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; keys = (); } );", "locks[0].keys",
+			  "is empty"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; keys = ( \"1\", \"2\", \"3\", \"4\", "
+			  "\"5\", \"6\", \"7\", \"8\", \"9\", \"10\", \"11\", \"12\", \"13\", "
+			  "\"14\", \"15\", \"16\", \"17\" ); } );", "locks[0].keys", "at most 16"));
+	test_cond(rejects("defaults = { keys = ( \"a\" ); };", "defaults.keys", "per lock"));
+	test_cond(rejects("locks = ( { symbol = \"f\";\n keys = ( \"a\", \"b:{arg9}\" ); } );",
+			  ":2: locks[0].keys", "out of range"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; keys = ( \"a\", \"b:q\" ); } );",
+			  "locks[0].keys", "ends in"));
+	test_cond(rejects("locks = ( { symbol = \"f\"; keys = \"a\"; } );", "locks[0].keys",
+			  "expected a list"));
 
 	test("symbols: a list of one is symbol (round trip)");
 	{

@@ -3,7 +3,8 @@
  * Unit tests for lock.c and renew.c against an in-memory fake backend:
  * values, reentrancy, non-reentrant self-exclusion, LIFO holds, timeouts and
  * errors, longjmp unwinding, fork-child ownership, renewal and lease loss,
- * and locks kept between calls (linger_ms).
+ * locks kept between calls (linger_ms), and locks of several keys (taken in
+ * byte order, once each, released again when one cannot be taken).
  */
 #include <errno.h>
 #include <signal.h>
@@ -54,6 +55,7 @@ static struct backend_conn *f_open(const struct backend_config *bc, char *err, s
 }
 static void f_close(struct backend_conn *c) { (void)c; }
 static long long fence_n; /* the store's fencing counter (one for every key) */
+static char granted[512]; /* the keys f_acquire set, in order, each followed by ' ' */
 
 static int f_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait,
 		     char *holder, size_t *hlen, long long *fence)
@@ -81,6 +83,9 @@ static int f_acquire(struct backend_conn *c, const struct backend_item *it, long
 				store[i].used = 1;
 				*fence = ++fence_n;
 				rc = BACKEND_OK;
+				if (strlen(granted) + it->klen + 2 < sizeof(granted))
+					snprintf(granted + strlen(granted), it->klen + 2, "%.*s ",
+						 (int)it->klen, it->key);
 				break;
 			}
 	}
@@ -365,7 +370,7 @@ int main(void)
 	test("non-reentrant: the same thread is excluded too");
 	test_cond(lock_acquire(&nr, args, &c1) == LOCK_OK);
 	test_cond(lock_acquire(&nr, args, &c2) == LOCK_TIMEOUT);
-	test_cond(c2.hold == NULL);
+	test_cond(c2.n == 0);
 	lock_release(&c1);
 	test_cond(stored("t:nr") < 0);
 
@@ -377,6 +382,50 @@ int main(void)
 	test_cond(stored("t:b:2") < 0 && lock_thread_holds() == 1);
 	lock_release(&c1);
 	test_cond(lock_thread_holds() == 0);
+
+	test("keys: taken in byte order, a key named twice once, each its own hold");
+	{
+		struct lock_spec m = spec("m:{arg1}", 1, 40);
+		struct key_tmpl more[3];
+		char err[128];
+		uint64_t rev[ARCH_INT_ARGS] = { 1, 9, 10, 9 };
+		const char *src[3] = { "m:{arg2}", "m:{arg1}", "m:{arg3}" };
+
+		for (int i = 0; i < 3; i++)
+			if (key_compile(&more[i], "t", src[i], "f", "h", 0, err, sizeof(err)))
+				abort();
+		m.more_keys = more;
+		m.nkeys = 4; /* m:9, m:10, m:9, m:9: two distinct keys */
+		granted[0] = 0;
+		test_cond(lock_acquire(&m, rev, &c1) == LOCK_OK);
+		test_cond(!strcmp(granted, "t:m:10 t:m:9 ") && c1.n == 2 &&
+			  lock_thread_holds() == 2);
+		test_cond(lock_fence(&c1) == fence_n); /* the larger of the two */
+		test("keys: a key held already is entered again, the others taken");
+		test_cond(lock_acquire(&b, (uint64_t[ARCH_INT_ARGS]){ 0, 5 }, &c2) == LOCK_OK);
+		test_cond(lock_thread_holds() == 3);
+		lock_release(&c2);
+		lock_release(&c1);
+		test_cond(stored("t:m:9") < 0 && stored("t:m:10") < 0 && lock_thread_holds() == 0);
+		test("keys: one held elsewhere: timeout, the keys taken before it released");
+		{
+			struct backend_item other = { .key = "t:m:9", .klen = 5, .val = "else",
+						      .vlen = 4, .lease_ms = 1000 };
+			long long hint;
+			char holder[BACKEND_VAL_MAX];
+			size_t hlen;
+			int64_t t0 = util_now_ms();
+
+			f_acquire(&the_conn, &other, &hint, holder, &hlen, &hint);
+			test_cond(lock_acquire(&m, rev, &c1) == LOCK_TIMEOUT && c1.n == 0);
+			test_cond(util_now_ms() - t0 >= 40 && util_now_ms() - t0 < 2000);
+			test_cond(stored("t:m:10") < 0 && lock_thread_holds() == 0);
+			f_release(&the_conn, &other, 0);
+		}
+		for (int i = 0; i < 3; i++)
+			key_tmpl_release(&more[i]);
+		key_tmpl_release(&m.key);
+	}
 
 	test("held by another owner: timeout after wait_ms");
 	{
