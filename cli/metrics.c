@@ -255,18 +255,19 @@ static int one_key(struct backend_conn *c, struct scrape *s, const char *node,
 		snprintf(host, sizeof(host), "%.*s", (int)(len - mlen - 1), key + mlen);
 		return read_hash(c, s, node, key, host);
 	}
-	if (type[0] == 'z') { /* a lock's queue of waiters */
+	if (type[0] == 'z') { /* a lock's queue of waiters, or a holder set */
 		const char *argv[] = { "ZCARD", key };
+		int queue = aux_of_lock(key, len, nslen, ":q");
+		long long n;
 		redisReply *r;
-		int rc;
 
-		if (!aux_of_lock(key, len, nslen, ":q"))
+		if (!queue && aux_of_lock(key, len, nslen, ":qx"))
 			return 0;
 		if (!(r = command(c, s, node, 2, argv)))
 			return -1;
-		rc = key_add(s, key, len - 2, 0, r->type == REDIS_REPLY_INTEGER ? r->integer : 0);
+		n = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
 		freeReplyObject(r);
-		return rc;
+		return queue ? key_add(s, key, len - 2, 0, n) : key_add(s, key, len, n, 0);
 	}
 	if (aux_of_lock(key, len, nslen, ":due"))
 		return 0;

@@ -63,8 +63,8 @@ static const struct family families[] = {
 	  "granted by the server (fast and waited acquisitions).", MH_WAIT, 0, NULL, NULL },
 	{ "lockshim_hold_seconds", HISTOGRAM, "Time a call held its lock (outermost calls, "
 	  "from entering to returning).", MH_HOLD, 0, NULL, NULL },
-	{ "lockshim_held", GAUGE, "Locks held now (lock keys in the server).", 0, 0, NULL,
-	  NULL },
+	{ "lockshim_held", GAUGE, "Locks held now (lock keys in the server; each holder "
+	  "of a holder set).", 0, 0, NULL, NULL },
 	{ "lockshim_waiting", GAUGE, "Callers waiting now (queued in the server).", 1, 0, NULL,
 	  NULL },
 };

@@ -315,3 +315,24 @@ def test_sentinel(sentinel, progs, tmp_path, procs):
     p = procs([progs["driver"], "call:60000"], c, LOCKSHIM_TEST_HOST="a")
     assert p.expect("enter") == "enter 60000"
     assert val(scrape(c), "lockshim_held", "hold_call") == 1
+
+
+def test_holders_of_a_set_are_each_held(progs, redis, tmp_path, procs):
+    """limit = 3: two permit holders are two locks held (the queue's :qx,
+    also a zset, is no holder); control: the plain lock counts its one
+    holder."""
+    c = cfg(tmp_path, redis, "limit = 3; wait_ms = 60000;")
+    holders = [procs([progs["driver"], "call:60000"], c) for _ in range(2)]
+    for h in holders:
+        assert h.expect("enter") == "enter 60000"
+    m = scrape(c)
+    assert val(m, "lockshim_held", "hold_call") == 2
+    assert val(m, "lockshim_waiting", "hold_call") == 0
+    for h in holders:
+        h.p.send_signal(signal.SIGKILL)
+        h.p.wait()
+    assert redis.cmd("DEL", "lockshim:f") == 1  # the dead holders' set
+    plain = cfg(tmp_path, redis, name="plain.cfg")
+    p = procs([progs["driver"], "call:60000"], plain)
+    assert p.expect("enter") == "enter 60000"
+    assert val(scrape(plain), "lockshim_held", "hold_call") == 1
