@@ -498,6 +498,48 @@ static void sleep_until(int64_t wake)
 	thread_wake_us = 0; /* awake: it will look at the list again */
 }
 
+/*
+ * Under AddressSanitizer, GCC 12's libasan (Debian 12's) does not take its
+ * allocator's locks across fork: a child forked while this thread was inside
+ * malloc or free waits forever at its own first allocation (seen: a fork
+ * child's TLS handshake stuck in the allocator's FutexWait; LLVM added the
+ * missing atfork handler in llvm-project#75290, after that libasan). ASan
+ * builds therefore hold work_mu while the thread works without mu, and
+ * fork takes it first: the thread is then asleep or waiting for a mutex,
+ * never in the allocator. Its handlers are registered when the thread
+ * first starts, after net_tls.c's (the caller's connection is open by
+ * then), so fork takes work_mu before the TLS handshake mutex the thread
+ * may need. Other builds: glibc's malloc is fork-safe; nothing is taken.
+ */
+#ifdef __SANITIZE_ADDRESS__
+static pthread_mutex_t work_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t work_once = PTHREAD_ONCE_INIT;
+
+static void work_begin(void)
+{
+	pthread_mutex_lock(&work_mu);
+}
+
+static void work_end(void)
+{
+	pthread_mutex_unlock(&work_mu);
+}
+
+static void work_register(void)
+{
+	pthread_atfork(work_begin, work_end, work_end);
+}
+
+static void work_setup(void)
+{
+	pthread_once(&work_once, work_register);
+}
+#else
+static void work_begin(void) {}
+static void work_end(void) {}
+static void work_setup(void) {}
+#endif
+
 static void *renew_main(void *arg)
 {
 	static struct lease batch[RENEW_BATCH], rel[RENEW_BATCH];
@@ -524,6 +566,7 @@ static void *renew_main(void *arg)
 			continue;
 		}
 		pthread_mutex_unlock(&mu);
+		work_begin();
 		err[0] = 0;
 		if (np)
 			release_copies(&conn, rel, np, "parked lock");
@@ -533,6 +576,7 @@ static void *renew_main(void *arg)
 			nf = forget_batch(fs, nf);
 		if (ship)
 			ship_counts(&conn, "metrics", LOG_DEBUG);
+		work_end();
 		pthread_mutex_lock(&mu);
 		parked_done(rel, np);
 		apply(batch, results, n, rc, now, err);
@@ -561,6 +605,7 @@ static int start_thread(void)
 	 * calls ships at exit, on a connection it has, and the thread opens
 	 * none for it */
 	next_ship_us = util_now_us() + SHIP_PERIOD_US;
+	work_setup();
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
 	pthread_attr_init(&a);
