@@ -61,6 +61,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -506,14 +507,18 @@ static void sleep_until(int64_t wake)
  * missing atfork handler in llvm-project#75290, after that libasan). ASan
  * builds therefore hold work_mu while the thread works without mu, and
  * fork takes it first: the thread is then asleep or waiting for a mutex,
- * never in the allocator. Its handlers are registered when the thread
- * first starts, after net_tls.c's (the caller's connection is open by
- * then), so fork takes work_mu before the TLS handshake mutex the thread
- * may need. Other builds: glibc's malloc is fork-safe; nothing is taken.
+ * never in the allocator; and start_thread returns only once the new
+ * thread runs renew_main (work_started), past the runtime's own set-up of
+ * the thread, which allocates too (a fork right after the first guarded
+ * call hung there). The handlers are registered when the thread first
+ * starts, after net_tls.c's (the caller's connection is open by then), so
+ * fork takes work_mu before the TLS handshake mutex the thread may need.
+ * Other builds: glibc's malloc is fork-safe; nothing is taken.
  */
 #ifdef __SANITIZE_ADDRESS__
 static pthread_mutex_t work_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t work_once = PTHREAD_ONCE_INIT;
+static sem_t work_started;
 
 static void work_begin(void)
 {
@@ -527,6 +532,7 @@ static void work_end(void)
 
 static void work_register(void)
 {
+	sem_init(&work_started, 0, 0);
 	pthread_atfork(work_begin, work_end, work_end);
 }
 
@@ -534,10 +540,24 @@ static void work_setup(void)
 {
 	pthread_once(&work_once, work_register);
 }
+
+/* The new thread runs renew_main (post), or start_thread waits for it. */
+static void work_running(void)
+{
+	sem_post(&work_started);
+}
+
+static void work_wait_running(void)
+{
+	while (sem_wait(&work_started) != 0 && errno == EINTR)
+		;
+}
 #else
 static void work_begin(void) {}
 static void work_end(void) {}
 static void work_setup(void) {}
+static void work_running(void) {}
+static void work_wait_running(void) {}
 #endif
 
 static void *renew_main(void *arg)
@@ -549,6 +569,7 @@ static void *renew_main(void *arg)
 
 	(void)arg;
 	guard_enter();
+	work_running();
 	pthread_mutex_lock(&mu);
 	while (!stopping) {
 		int64_t now = util_now_us(), wake = INT64_MAX;
@@ -613,8 +634,10 @@ static int start_thread(void)
 	rc = pthread_create(&th, &a, renew_main, NULL);
 	pthread_attr_destroy(&a);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (rc == 0)
+	if (rc == 0) {
 		running = 1;
+		work_wait_running();
+	}
 	return -rc;
 }
 
