@@ -540,3 +540,61 @@ def barging(progs, redis, tmp_path, procs, settings):
     redis.cmd("FLUSHALL")  # the killed holders' permits
     return said(r), running
 
+
+
+def scripts_run(redis):
+    """The scripts Redis ran since the last CONFIG RESETSTAT (EVAL and
+    EVALSHA: every holder-set acquire and release is one)."""
+    n = 0
+    for line in redis.cmd("INFO", "commandstats").splitlines():
+        if line.startswith(("cmdstat_eval:", "cmdstat_evalsha:")):
+            n += int(line.split("calls=")[1].split(",")[0])
+    return n
+
+
+
+def sem_cfg(path, redis, settings):
+    """hold_call on KEY with limit = 3 and settings."""
+    os.makedirs(str(path), exist_ok=True)
+    return write_config(path, redis, 'locks = ( { symbol = "hold_call"; key = "k"; '
+                        'limit = 3; handoff_ms = 30000; %s } );\n' % settings)
+
+
+def test_linger_takes_a_kept_permit_back_without_a_round_trip(progs, redis, tmp_path):
+    """limit = 3, linger_ms: three calls in a row by one thread run one
+    acquire script and one release (at exit): the later calls take the
+    kept permit back without a round trip. Control: linger_ms = 0 runs a
+    script per acquire and per release."""
+    for n, linger in [(2, 30000), (6, 0)]:
+        c = sem_cfg(tmp_path / str(linger), redis, "linger_ms = %d;" % linger)
+        run([progs["driver"], "call:0"], c)  # scripts cached
+        redis.cmd("CONFIG", "RESETSTAT")
+        r = run([progs["driver"], "call:0", "call:0", "call:0"], c)
+        assert r.stdout.split().count("rc=42") == 3, r.stderr
+        assert scripts_run(redis) == n, (linger, redis.cmd("INFO", "commandstats"))
+        assert lock_keys(redis) == []  # released at exit
+
+
+def test_a_kept_permit_goes_to_a_waiter(progs, redis, tmp_path, procs):
+    """limit = 3: two permits held by long calls, the third kept by an
+    idle thread (linger_ms = 200, blocked on stdin after its call): a
+    waiter enters while the idler still idles, and the kept permit is gone
+    from the set. Control: kept for 60 s, the waiter times out."""
+    for linger, ok in [(60000, False), (200, True)]:
+        redis.cmd("FLUSHALL")
+        c = sem_cfg(tmp_path / str(linger), redis, "lease_ms = 60000; linger_ms = %d;" % linger)
+        longs = [procs([progs["driver"], "call:60000"], c) for _ in range(2)]
+        for p in longs:
+            p.expect("enter")
+        idler = procs([progs["driver"], "call:0", "stdin"], c)
+        assert idler.expect("call") == OK_LINE
+        w = sem_cfg(tmp_path / ("w%d" % linger), redis,
+                    "lease_ms = 60000; linger_ms = 0; wait_ms = %d;" % (10000 if ok else 1000))
+        r = run([progs["driver"], "call:0"], w)
+        assert said(r) == (OK_LINE if ok else EBUSY_LINE), r.stderr
+        assert idler.p.poll() is None
+        if ok:
+            assert idler.p.pid not in holders_pids(redis)
+        for p in longs + [idler]:
+            p.signal(signal.SIGKILL)
+            p.finish()
