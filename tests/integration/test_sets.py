@@ -598,3 +598,32 @@ def test_a_kept_permit_goes_to_a_waiter(progs, redis, tmp_path, procs):
         for p in longs + [idler]:
             p.signal(signal.SIGKILL)
             p.finish()
+
+
+def keys_lock(symbol, settings):
+    return ('{ symbol = "%s"; keys = ( "b", "a" ); lease_ms = 5000; wait_ms = 30000; %s }'
+            % (symbol, settings))
+
+
+KEYS_RW = locks(keys_lock("set_read", 'mode = "shared";'), keys_lock("set_write", ""))
+
+
+def test_keys_with_shared_readers_and_an_exclusive_writer(sets_prog, redis, tmp_path):
+    """keys (a, b) with mode = "shared" on the readers and exclusive on the
+    writers: readers overlap, a writer runs alone, both keys are holder
+    sets while readers hold them and nothing is left at the end. Control:
+    test_control_unguarded_writers_overlap_readers (no lock: a writer
+    overlaps readers)."""
+    log, stop = str(tmp_path / "log"), str(tmp_path / "stop")
+    cfg = write_config(tmp_path, redis, KEYS_RW)
+    reader = start(sets_prog, "r", cfg, log, 1, 1, 300, stop)
+    try:
+        assert reader.stdout.readline().startswith("started")
+        wait_for(lambda: all(redis.cmd("TYPE", "lockshim:" + k) == "zset" for k in "ab"),
+                 what="both keys held shared")
+    finally:
+        open(stop, "w").close()
+    finish(reader)
+    os.makedirs(str(tmp_path / "rw"))
+    check_rw(sets_prog, write_config(tmp_path / "rw", redis, KEYS_RW), str(tmp_path / "rw" / "log"))
+    wait_for(lambda: lock_keys(redis) == [], timeout=5, what="no key left")
