@@ -29,7 +29,8 @@ import time
 
 import pytest
 
-from support.server import lock_keys, started
+from support.server import lock_keys, start_servers, started
+from support.tls import TlsServer
 from support.topology import Cluster, Topology
 from support.util import MULT, TIMEOUT, cc, run, shim_env, wait_for, write_config
 
@@ -692,3 +693,30 @@ def test_redlock_caller_meets_a_semaphore_on_a_quorum(progs, masters, tmp_path, 
     for h in holders:
         h.signal(signal.SIGKILL)
         h.finish()
+
+
+@pytest.fixture
+def tls_server(request, pki):
+    """A redis-server whose only port speaks TLS (support/tls.py)."""
+    yield from start_servers(request, lambda: TlsServer(pki), lambda s: "redis-server (TLS)")
+
+
+def test_sets_over_tls(sets_prog, tls_server, pki, tmp_path):
+    """Over a TLS-only port: limit = 3 (at most 3, and 3 reached), shared
+    readers beside exclusive writers, and the same with keys (a, b).
+    Controls: the unguarded runs above (more than 3 inside; a writer
+    overlapping readers)."""
+    srv = tls_server()
+    head = ('redis = { host = "127.0.0.1"; port = %d; tls = { ca_file = "%s"; }; };\n'
+            % (srv.port, pki["ca"]))
+
+    def config(name, body):
+        os.makedirs(str(tmp_path / name))
+        return write_config(tmp_path / name, None, head + body), str(tmp_path / name / "log")
+
+    cfg, log = config("limit", locks(lock("set_read", "limit = 3;")))
+    total, err = crowd(sets_prog, cfg, log)
+    assert total == 8 * 2 * 4 and replay(log)[0] == 3, err[-3000:]
+    check_rw(sets_prog, *config("rw", RW))
+    check_rw(sets_prog, *config("keys", KEYS_RW))
+    wait_for(lambda: lock_keys(srv) == [], timeout=5, what="no key left")
