@@ -20,6 +20,15 @@ overlaps readers, a live permit holder keeps a waiter out.
 4. refusals: a limit that differs from the key's holders' (an error line
    naming both, on_error at once); `mode = "shared"` with `limit` > 1 and
    `limit` > 1 with Redlock masters (exit 78).
+5. fair = true with limit = 2: waiters enter in arrival order, a holder
+   calling again at once keeps no permit from a queued waiter (control:
+   without fair it does); linger_ms with limit = 3: a kept permit taken
+   back without a script (control: linger_ms = 0), and given up after
+   linger_ms to a waiter (control: kept longer, the waiter times out);
+   Redlock: a shared holder makes a plain caller wait, a semaphore of
+   one-server configs on a quorum of the masters is a mismatch at once
+   (control: on one master, the caller enters); keys (a, b) with shared
+   readers and exclusive writers; limit, shared and keys over TLS.
 """
 import errno
 import os
