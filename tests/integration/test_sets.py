@@ -21,14 +21,14 @@ overlaps readers, a live permit holder keeps a waiter out.
    naming both, on_error at once); `mode = "shared"` with `limit` > 1 and
    `limit` > 1 with Redlock masters (exit 78).
 5. fair = true with limit = 2: waiters enter in arrival order, a holder
-   calling again at once keeps no permit from a queued waiter (control:
-   without fair it does); linger_ms with limit = 3: a kept permit taken
+   calling again at once keeps no permit from a queued waiter; linger_ms with limit = 3: a kept permit taken
    back without a script (control: linger_ms = 0), and given up after
    linger_ms to a waiter (control: kept longer, the waiter times out);
    Redlock: a shared holder makes a plain caller wait, a semaphore of
    one-server configs on a quorum of the masters is a mismatch at once
    (control: on one master, the caller enters); keys (a, b) with shared
    readers and exclusive writers; limit, shared and keys over TLS.
+   (fair has no deterministic control: see its test.)
 """
 import errno
 import os
@@ -513,16 +513,16 @@ def queue_order(progs, redis, tmp_path, procs, settings):
 def test_fair_permits_in_arrival_order(progs, redis, tmp_path, procs):
     """fair = true with limit = 2: waiters enter in arrival order, and a
     holder calling again the moment it returns does not keep its permit
-    from a queued waiter. Control: without fair (handoff_ms 30 s) the
-    looping holder takes the permit back every time and the waiter times
-    out. (Without a barging holder, the queue order alone held in 3 of 3
-    runs without fair too: the release wakes waiters in queue order.)"""
+    from a queued waiter for the 2 s of its wait_ms. There is no
+    deterministic control: without fair (handoff_ms 30 s) the looping
+    holder keeps the permit from the waiter for its 2 s in about 1 run of
+    3 and loses the race in the others, and without a barging holder the
+    release wakes waiters in queue order with or without fair (4 of 4
+    runs in order)."""
     arrived, entered = queue_order(progs, redis, tmp_path / "order", procs, "fair = true;")
     assert entered == arrived
     assert barging(progs, redis, tmp_path / "fair", procs, "fair = true;") == (OK_LINE.replace(
         "call rc=42", "log rc=1"), True)
-    assert barging(progs, redis, tmp_path / "control", procs, "") == (EBUSY_LINE.replace(
-        "call", "log"), True)
 
 
 def barging(progs, redis, tmp_path, procs, settings):
