@@ -20,6 +20,15 @@ overlaps readers, a live permit holder keeps a waiter out.
 4. refusals: a limit that differs from the key's holders' (an error line
    naming both, on_error at once); `mode = "shared"` with `limit` > 1 and
    `limit` > 1 with Redlock masters (exit 78).
+5. fair = true with limit = 2: waiters enter in arrival order, a holder
+   calling again at once keeps no permit from a queued waiter; linger_ms with limit = 3: a kept permit taken
+   back without a script (control: linger_ms = 0), and given up after
+   linger_ms to a waiter (control: kept longer, the waiter times out);
+   Redlock: a shared holder makes a plain caller wait, a semaphore of
+   one-server configs on a quorum of the masters is a mismatch at once
+   (control: on one master, the caller enters); keys (a, b) with shared
+   readers and exclusive writers; limit, shared and keys over TLS.
+   (fair has no deterministic control: see its test.)
 """
 import errno
 import os
@@ -29,7 +38,8 @@ import time
 
 import pytest
 
-from support.server import lock_keys, started
+from support.server import lock_keys, start_servers, started
+from support.tls import TlsServer
 from support.topology import Cluster, Topology
 from support.util import MULT, TIMEOUT, cc, run, shim_env, wait_for, write_config
 
@@ -466,3 +476,256 @@ def test_redlock_refuses_a_semaphore(progs, masters, tmp_path, settings, ok):
     assert r.returncode == 78 and r.stdout == "", r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "limit = 3" in r.stderr and "Redlock" in r.stderr, r.stderr
+
+
+# ---- 5. fair, linger, TLS, Redlock, keys with shared ---------------------------------------
+
+def fair_cfg(path, redis, settings):
+    """hold_call and log_call on one key with limit = 2."""
+    os.makedirs(str(path), exist_ok=True)
+    return write_config(path, redis, "locks = ( %s );\n" % ", ".join(
+        '{ symbol = "%s"; key = "k"; limit = 2; wait_ms = 30000; lease_ms = 20000; %s }'
+        % (sym, settings) for sym in ("hold_call", "log_call")))
+
+
+def queue_order(progs, redis, tmp_path, procs, settings):
+    """limit = 2: two holders (one for 1 s, one for 4 s), then four waiters
+    started one after another, each seen queued before the next starts;
+    each appends its pid to a file inside its call. Returns (the pids in
+    arrival order, the pids in entry order)."""
+    c = fair_cfg(tmp_path, redis, settings)
+    order = str(tmp_path / "order")
+    holders = [procs([progs["driver"], "call:%d" % ms], c) for ms in (1000, 4000)]
+    for h in holders:
+        h.expect("enter")
+    waiters = []
+    for n in range(1, 5):
+        waiters.append(procs([progs["driver"], "log:" + order], c))
+        wait_for(lambda: redis.cmd("ZCARD", KEY + ":q") == n, what="waiter %d queued" % n)
+    for w in waiters:
+        assert w.expect("log") == "log rc=1 errno=0"
+        assert w.finish()[0] == 0
+    for h in holders:
+        assert h.finish()[0] == 0
+    return [str(w.p.pid) for w in waiters], open(order).read().split()
+
+
+def test_fair_permits_in_arrival_order(progs, redis, tmp_path, procs):
+    """fair = true with limit = 2: waiters enter in arrival order, and a
+    holder calling again the moment it returns does not keep its permit
+    from a queued waiter for the 2 s of its wait_ms. There is no
+    deterministic control: without fair (handoff_ms 30 s) the looping
+    holder keeps the permit from the waiter for its 2 s in about 1 run of
+    3 and loses the race in the others, and without a barging holder the
+    release wakes waiters in queue order with or without fair (4 of 4
+    runs in order)."""
+    arrived, entered = queue_order(progs, redis, tmp_path / "order", procs, "fair = true;")
+    assert entered == arrived
+    assert barging(progs, redis, tmp_path / "fair", procs, "fair = true;") == (OK_LINE.replace(
+        "call rc=42", "log rc=1"), True)
+
+
+def barging(progs, redis, tmp_path, procs, settings):
+    """limit = 2: one permit held by a long call, the other by a process
+    that calls again the moment it returns (ledger_update in a loop); a
+    waiter (log_call, wait_ms 2 s) arrives. Returns (the waiter's report,
+    whether the looping holder was still calling when the waiter ended)."""
+    os.makedirs(str(tmp_path), exist_ok=True)
+    c = write_config(tmp_path, redis, "locks = ( %s );\n" % ", ".join(
+        '{ symbol = "%s"; key = "k"; limit = 2; wait_ms = %d; lease_ms = 20000; '
+        'handoff_ms = 30000; %s }' % (sym, wait, settings)
+        for sym, wait in (("hold_call", 30000), ("ledger_update", 30000), ("log_call", 2000))))
+    counter = str(tmp_path / "counter")
+    with open(counter, "w") as f:
+        f.write("0\n")
+    long = procs([progs["driver"], "call:60000"], c)
+    long.expect("enter")
+    loop = procs([progs["ledger"], "direct", counter, "1000000"], c)
+    wait_for(lambda: int(open(counter).read() or 0) > 100, what="the loop calling")
+    r = run([progs["driver"], "log:" + str(tmp_path / "o")], c)
+    running = loop.p.poll() is None
+    for p in (loop, long):
+        p.signal(signal.SIGKILL)
+        p.finish()
+    redis.cmd("FLUSHALL")  # the killed holders' permits
+    return said(r), running
+
+
+
+def scripts_run(redis):
+    """The scripts Redis ran since the last CONFIG RESETSTAT (EVAL and
+    EVALSHA: every holder-set acquire and release is one)."""
+    n = 0
+    for line in redis.cmd("INFO", "commandstats").splitlines():
+        if line.startswith(("cmdstat_eval:", "cmdstat_evalsha:")):
+            n += int(line.split("calls=")[1].split(",")[0])
+    return n
+
+
+
+def sem_cfg(path, redis, settings):
+    """hold_call on KEY with limit = 3 and settings."""
+    os.makedirs(str(path), exist_ok=True)
+    return write_config(path, redis, 'locks = ( { symbol = "hold_call"; key = "k"; '
+                        'limit = 3; handoff_ms = 30000; %s } );\n' % settings)
+
+
+def test_linger_takes_a_kept_permit_back_without_a_round_trip(progs, redis, tmp_path):
+    """limit = 3, linger_ms: three calls in a row by one thread run one
+    acquire script and one release (at exit): the later calls take the
+    kept permit back without a round trip. Control: linger_ms = 0 runs a
+    script per acquire and per release."""
+    for n, linger in [(2, 30000), (6, 0)]:
+        c = sem_cfg(tmp_path / str(linger), redis, "linger_ms = %d;" % linger)
+        run([progs["driver"], "call:0"], c)  # scripts cached
+        redis.cmd("CONFIG", "RESETSTAT")
+        r = run([progs["driver"], "call:0", "call:0", "call:0"], c)
+        assert r.stdout.split().count("rc=42") == 3, r.stderr
+        assert scripts_run(redis) == n, (linger, redis.cmd("INFO", "commandstats"))
+        assert lock_keys(redis) == []  # released at exit
+
+
+def test_a_kept_permit_goes_to_a_waiter(progs, redis, tmp_path, procs):
+    """limit = 3: two permits held by long calls, the third kept by an
+    idle thread (linger_ms = 200, blocked on stdin after its call): a
+    waiter enters while the idler still idles, and the kept permit is gone
+    from the set. Control: kept for 60 s, the waiter times out."""
+    for linger, ok in [(60000, False), (200, True)]:
+        redis.cmd("FLUSHALL")
+        c = sem_cfg(tmp_path / str(linger), redis, "lease_ms = 60000; linger_ms = %d;" % linger)
+        longs = [procs([progs["driver"], "call:60000"], c) for _ in range(2)]
+        for p in longs:
+            p.expect("enter")
+        idler = procs([progs["driver"], "call:0", "stdin"], c)
+        assert idler.expect("call") == OK_LINE
+        w = sem_cfg(tmp_path / ("w%d" % linger), redis,
+                    "lease_ms = 60000; linger_ms = 0; wait_ms = %d;" % (10000 if ok else 1000))
+        r = run([progs["driver"], "call:0"], w)
+        assert said(r) == (OK_LINE if ok else EBUSY_LINE), r.stderr
+        assert idler.p.poll() is None
+        if ok:
+            assert idler.p.pid not in holders_pids(redis)
+        for p in longs + [idler]:
+            p.signal(signal.SIGKILL)
+            p.finish()
+
+
+def keys_lock(symbol, settings):
+    return ('{ symbol = "%s"; keys = ( "b", "a" ); lease_ms = 5000; wait_ms = 30000; %s }'
+            % (symbol, settings))
+
+
+KEYS_RW = locks(keys_lock("set_read", 'mode = "shared";'), keys_lock("set_write", ""))
+
+
+def test_keys_with_shared_readers_and_an_exclusive_writer(sets_prog, redis, tmp_path):
+    """keys (a, b) with mode = "shared" on the readers and exclusive on the
+    writers: readers overlap, a writer runs alone, both keys are holder
+    sets while readers hold them and nothing is left at the end. Control:
+    test_control_unguarded_writers_overlap_readers (no lock: a writer
+    overlaps readers)."""
+    log, stop = str(tmp_path / "log"), str(tmp_path / "stop")
+    cfg = write_config(tmp_path, redis, KEYS_RW)
+    reader = start(sets_prog, "r", cfg, log, 1, 1, 300, stop)
+    try:
+        assert reader.stdout.readline().startswith("started")
+        wait_for(lambda: all(redis.cmd("TYPE", "lockshim:" + k) == "zset" for k in "ab"),
+                 what="both keys held shared")
+    finally:
+        open(stop, "w").close()
+    finish(reader)
+    os.makedirs(str(tmp_path / "rw"))
+    check_rw(sets_prog, write_config(tmp_path / "rw", redis, KEYS_RW), str(tmp_path / "rw" / "log"))
+    wait_for(lambda: lock_keys(redis) == [], timeout=5, what="no key left")
+
+
+
+def redlock_call(progs, masters, path, settings):
+    """One hold_call on KEY through the Redlock masters; returns (its run,
+    seconds taken)."""
+    os.makedirs(str(path), exist_ok=True)
+    cfg = masters.config(path, 'locks = ( { symbol = "hold_call"; key = "k"; %s } );\n'
+                         % settings)
+    t0 = time.monotonic()
+    r = run([progs["driver"], "call:0"], cfg)
+    return r, time.monotonic() - t0
+
+
+def errors(r):
+    return [l for l in r.stderr.splitlines() if ": error: " in l]
+
+
+def test_redlock_shared_holder_and_a_plain_caller(progs, masters, tmp_path, procs):
+    """Redlock: a shared holder on the masters; a plain exclusive caller
+    waits (no error: shared and exclusive exclude each other, a string
+    holder counts as limit 1 like a shared one), times out with a short
+    wait_ms and enters once the holder is gone. Control: a second shared
+    caller enters at once."""
+    h = procs([progs["driver"], "call:2000"],
+              masters.config(tmp_path, 'locks = ( { symbol = "hold_call"; key = "k"; '
+                             'mode = "shared"; } );\n'))
+    h.expect("enter")
+    r, took = redlock_call(progs, masters, tmp_path / "s", 'mode = "shared"; wait_ms = 20000;')
+    assert said(r) == OK_LINE and took < 1.0 * MULT, (took, r.stderr)  # control
+    r, took = redlock_call(progs, masters, tmp_path / "x1", "wait_ms = 300;")
+    assert said(r) == EBUSY_LINE and not errors(r), r.stderr
+    assert took >= 0.25, took
+    r, took = redlock_call(progs, masters, tmp_path / "x2", "wait_ms = 20000;")
+    assert said(r) == OK_LINE and not errors(r), r.stderr
+    assert took >= 0.5, took  # it waited for the shared holder's 2 s call
+    assert h.finish()[0] == 0
+
+
+def test_redlock_caller_meets_a_semaphore_on_a_quorum(progs, masters, tmp_path, procs):
+    """limit > 1 is refused with Redlock (78), so a limit mismatch there
+    comes only from a semaphore taken through a one-server config on some
+    of the masters: held (limit = 3) on a quorum (2 of 3), a Redlock
+    caller, plain or shared, gets the error naming both numbers at once,
+    not after wait_ms. Control: held on one master only (no quorum), the
+    Redlock caller takes the other two and enters."""
+    holders = []
+    for i in range(2):
+        os.makedirs(str(tmp_path / ("m%d" % i)))
+        cfg = write_config(tmp_path / ("m%d" % i), masters.nodes[i],
+                           'locks = ( { symbol = "hold_call"; key = "k"; limit = 3; } );\n')
+        holders.append(procs([progs["driver"], "call:60000"], cfg))
+        holders[-1].expect("enter")
+        for st in ("", 'mode = "shared";'):
+            r, took = redlock_call(progs, masters, tmp_path / ("c%d%d" % (i, len(st))),
+                                   "wait_ms = 20000; %s" % st)
+            if i == 0:  # the control: one master of three
+                assert said(r) == OK_LINE and not errors(r), r.stderr
+                continue
+            assert said(r) == EBUSY_LINE and took < 5 * MULT, (took, r.stderr)
+            assert len(errors(r)) == 1, r.stderr
+            assert "limit 1 here, 3 for the key's holders" in errors(r)[0], r.stderr
+    for h in holders:
+        h.signal(signal.SIGKILL)
+        h.finish()
+
+
+@pytest.fixture
+def tls_server(request, pki):
+    """A redis-server whose only port speaks TLS (support/tls.py)."""
+    yield from start_servers(request, lambda: TlsServer(pki), lambda s: "redis-server (TLS)")
+
+
+def test_sets_over_tls(sets_prog, tls_server, pki, tmp_path):
+    """Over a TLS-only port: limit = 3 (at most 3, and 3 reached), shared
+    readers beside exclusive writers, and the same with keys (a, b).
+    Controls: the unguarded runs above (more than 3 inside; a writer
+    overlapping readers)."""
+    srv = tls_server()
+    head = ('redis = { host = "127.0.0.1"; port = %d; tls = { ca_file = "%s"; }; };\n'
+            % (srv.port, pki["ca"]))
+
+    def config(name, body):
+        os.makedirs(str(tmp_path / name))
+        return write_config(tmp_path / name, None, head + body), str(tmp_path / name / "log")
+
+    cfg, log = config("limit", locks(lock("set_read", "limit = 3;")))
+    total, err = crowd(sets_prog, cfg, log)
+    assert total == 8 * 2 * 4 and replay(log)[0] == 3, err[-3000:]
+    check_rw(sets_prog, *config("rw", RW))
+    check_rw(sets_prog, *config("keys", KEYS_RW))
+    wait_for(lambda: lock_keys(srv) == [], timeout=5, what="no key left")
