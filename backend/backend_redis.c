@@ -98,14 +98,14 @@ enum script { S_ACQUIRE, S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, S_UNLOCK, S_FEN
  * token; signal strips the "+" (its list is named by the bare token).
  * state(lim, sh, now, pick) purges expired entries and says what the key
  * is to a caller of limit lim (sh: shared): 'in' (our entry is there),
- * 'room', 'busy' with the holder to report (the pick-th entry by lease end,
- * modulo their number, or the string holder) and when the first entry
- * frees at the latest (ms), or a negative
- * number: minus the holders' limit, which differs from lim. enter adds our
- * entry (l and m written by the caller creating the set), keeps the key's
- * TTL past every score, and returns the fence; refresh renews an entry
- * already there (an attempt whose reply was lost) and returns the fence
- * as it is. drop removes our entry (or a string key holding our token: a
+ * 'free' (no key), 'room', 'busy' with the holder to report (the pick-th
+ * entry by lease end, modulo their number, or the string holder) and when
+ * the first entry frees at the latest (ms), or a negative number: minus
+ * the holders' limit, which differs from lim. enter adds our entry (l and
+ * m written by the caller creating the set; fresh: the key was free, so
+ * nothing is read back), keeps the key's TTL past every score, and returns
+ * the fence; refresh renews an entry already there (an attempt whose reply
+ * was lost) and returns the fence as it is. drop removes our entry (or a string key holding our token: a
  * dead holder broken by a set caller) and returns 1, or 0 when not ours.
  * wake(ttl) wakes the queue head when it can enter now: the key free, or
  * a "+" head and room in a set (shared holders, or fewer than l).
@@ -117,7 +117,7 @@ enum script { S_ACQUIRE, S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, S_UNLOCK, S_FEN
 #define LUA_SET                                                                 \
 	"local function state(lim, sh, now, pick) "                                   \
 	"local t = redis.call('type', K).ok "                                   \
-	"if t == 'none' then return 'room' end "                                \
+	"if t == 'none' then return 'free' end "                                \
 	"if t == 'string' then if lim > 1 then return -1 end "                  \
 	"return 'busy', redis.call('get', K), redis.call('pttl', K) end "       \
 	"redis.call('zremrangebyscore', K, '-inf', now) "                       \
@@ -130,11 +130,12 @@ enum script { S_ACQUIRE, S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, S_UNLOCK, S_FEN
 	"(sh or redis.call('zcard', K) < l) then return 'room' end "            \
 	"local i = pick % redis.call('zcard', K) "                               \
 	"return 'busy', redis.call('zrange', K, i, i)[1], tonumber(low[2]) - now end "                    \
-	"local function enter(lim, sh, lease, now) "                            \
-	"if redis.call('exists', K) == 0 then "                                 \
+	"local function enter(lim, sh, lease, now, fresh) "                     \
+	"if fresh or redis.call('exists', K) == 0 then fresh = true "           \
 	"redis.call('hset', F, 'l', lim, 'm', sh and 's' or 'x') end "          \
 	"redis.call('zadd', K, now + lease, tok) "                              \
-	"if redis.call('pttl', K) < lease then redis.call('pexpire', K, lease) end " \
+	"if fresh or redis.call('pttl', K) < lease then "                       \
+	"redis.call('pexpire', K, lease) end "                                  \
 	"return redis.call('hincrby', F, 'n', 1) end "                          \
 	"local function refresh(lease, now) redis.call('zadd', K, now + lease, tok) " \
 	"if redis.call('pttl', K) < lease then redis.call('pexpire', K, lease) end " \
@@ -333,8 +334,9 @@ static const char *const scripts[NSCRIPTS] = {
 	"local st, who = state(lim, sh, now, tonumber(ARGV[5])) "
 	"if st == 'in' then return refresh(lease, now) end "
 	"if type(st) == 'number' then return st end "
-	LUA_PURGE
-	"if st == 'room' and redis.call('exists', q) == 0 then return enter(lim, sh, lease, now) end "
+	"if st ~= 'busy' and redis.call('exists', q) == 1 then " LUA_PURGE "end "
+	"if st ~= 'busy' and redis.call('exists', q) == 0 then "
+	"return enter(lim, sh, lease, now, st == 'free') end "
 	"return who or ''",
 	/*
 	 * KEYS: the queue keys. ARGV: token, lease, waiter ttl, fair, hand-off
@@ -354,11 +356,11 @@ static const char *const scripts[NSCRIPTS] = {
 	"local st, who, left = state(lim, sh, now, tonumber(ARGV[10])) "
 	"if type(st) == 'number' then return st end "
 	"local head = redis.call('zrange', q, 0, 0)[1] "
-	"if st == 'in' or (st == 'room' and (not head or head == me)) then "
+	"if st == 'in' or (st ~= 'busy' and (not head or head == me)) then "
 	"redis.call('zrem', q, me) redis.call('zrem', qx, me) redis.call('del', mine) "
 	"if redis.call('exists', q) == 0 then redis.call('del', due) end "
 	"if st == 'in' then return refresh(lease, now) end "
-	"local n = enter(lim, sh, lease, now) "
+	"local n = enter(lim, sh, lease, now, st == 'free') "
 	"redis.call('hset', F, 'g', tok:sub(1, 32) .. ':' .. now) "
 	"local nx = redis.call('zrange', q, 0, 0)[1] "
 	"if nx and nx:sub(1, 1) == '+' and (sh or redis.call('zcard', K) < lim) then "
@@ -381,9 +383,12 @@ static const char *const scripts[NSCRIPTS] = {
 	 * can enter now (wake). 1.
 	 */
 	[S_SRELEASE] =
-	LUA_KEYS LUA_NOW LUA_SIGNAL LUA_SET_DROP
+	LUA_KEYS LUA_SIGNAL LUA_SET_DROP
 	"if drop() == 0 then return 0 end "
 	LUA_UNKEEP
+	"if ARGV[4] == '0' and redis.call('exists', q) == 0 then "
+	"redis.call('del', due) return 1 end "
+	LUA_NOW
 	"if ARGV[4] ~= '0' then local ttl, me = tonumber(ARGV[2]), '+' .. tok "
 	"redis.call('zadd', q, ARGV[4], me) redis.call('zadd', qx, now + ttl, me) "
 	"redis.call('set', due, 0, 'NX', 'PX', 4 * ttl) "
