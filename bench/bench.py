@@ -52,11 +52,17 @@ programs (bench/*.c) and measures, in one run:
                server (ratio), and P = 8 contended sections/s; skipped
                with a note in the full run when the build has no Redlock
                backend
+  sets         the uncontended guarded call (linger_ms = 0: an acquire and
+               a release every call, client and server on one CPU) of an
+               exclusive lock, limit = 3, mode = "shared" and keys of two,
+               measured in turns over --sets-rounds rounds (medians); and
+               P = 8 processes x K sections on one key with limit = 4
+               against the exclusive lock: sections/s and worst wait
 The uncontended, entry, tls, replicas and redlock call rows are measured in
 two placements (taskset): client and server on one CPU, and on two CPUs.
 Prints a markdown report and writes it to bench/results/. `--only PART`
 (uncontended, contended, startup, imports, entry, symbols, tls, replicas,
-cluster, redlock) measures just that part and prints just its section and its
+cluster, redlock, sets) measures just that part and prints just its section and its
 targets, written only to --out if given. Usage:
 bench.py [--build DIR] [--k K] [--n N] [--reps R] [--startup-runs R]
 [--import-runs R] [--symtab-funcs F] [--symbols-runs R] [--big-funcs F]
@@ -420,7 +426,7 @@ class Bench:
         length; tls: to the server's TLS port (redis.tls, verified by the
         bench CA); redis_extra: more settings of the redis group; group: the
         redis group's settings instead of the bench's server (then tag
-        should name the topology)."""
+        should name the topology); key None: no key (extra names `keys`)."""
         path = os.path.join(self.work, "%s-%s-%s%s.cfg" % (
             symbol, "fair" if fair else "default", tag or len(extra), "-tls" if tls else ""))
         if group is None:
@@ -429,10 +435,10 @@ class Bench:
                 if tls else "port = %d;" % self.server.port)
         with open(path, "w") as f:
             f.write('redis = { %s %s };\n'
-                    'locks = ( { symbol = "%s"; key = "%s"; lease_ms = 10000; '
+                    'locks = ( { symbol = "%s"; %slease_ms = 10000; '
                     'wait_ms = 60000; fair = %s; %s %s } );\n'
-                    % (group, redis_extra, symbol, key, "true" if fair else "false",
-                       self.args.settings, extra))
+                    % (group, redis_extra, symbol, 'key = "%s"; ' % key if key else "",
+                       "true" if fair else "false", self.args.settings, extra))
         return path
 
     def config_many(self, symbols, tag="many"):
@@ -1071,6 +1077,42 @@ class Bench:
             for m in masters:
                 m.stop()
 
+    # ---- holder sets and several keys ---------------------------------------
+
+    def sets(self):
+        """The uncontended guarded call minus unguarded (µs, linger_ms = 0,
+        client and server on one CPU, and on two) of each SETS_CASES lock, the cases
+        measured in turns over args.sets_rounds rounds (medians), each
+        checked once with LOCKSHIM_LOG_LEVEL=debug (acquired, no warning);
+        and P = 8 x args.k sections on one key, limit = 4 against exclusive
+        (the run with the median sections/s of args.reps; the counter is not
+        exact with 4 inside at once, by design)."""
+        cfgs = {}
+        for name, _, extra, key in SETS_CASES:
+            cfgs[name] = cfg = self.config(symbol="bench_noop", extra=NO_LINGER + extra,
+                                           tag="sets-" + name, key=key)
+            self.check_log("bench_noop, %s" % name, [self.worker, "noop", "-", "3"], cfg,
+                           want=["acquired "], unwanted=[" error: ", " warn: "], stdin="g")
+        res = {}
+        for place, server_cpu in (("1 CPU", "0"), ("2 CPUs", "1")):
+            got = {name: [] for name in cfgs}
+            self.server.pin(server_cpu)
+            try:
+                for _ in range(self.args.sets_rounds):
+                    plain = self.noop("0", None)
+                    for name, cfg in cfgs.items():
+                        got[name].append(self.noop("0", cfg) - plain)
+            finally:
+                self.server.pin("0,1")
+            res[place] = {name: statistics.median(v) for name, v in got.items()}
+        argv = [self.worker, "section", self.counter, str(self.args.k)]
+        for name, extra in (("p8", ""), ("p8-limit4", "limit = 4;")):
+            env = self.env(self.config(extra=extra, tag="sets-" + name))
+            runs = sorted((self.contended_once(argv, env, 8) for _ in range(self.args.reps)),
+                          key=lambda r: r["rate"])
+            res[name] = runs[len(runs) // 2]
+        return res
+
     def close(self):
         self.server.stop()
         shutil.rmtree(self.work, ignore_errors=True)
@@ -1084,7 +1126,12 @@ IMPLS = [("poll", "plain C, SET NX / 1 ms poll / compare-and-delete"),
          ("redis-py", "redis-py Lock, defaults (sleep 0.1)"),
          ("redis-py-0.001", "redis-py Lock, sleep=0.001")]
 PARTS = ["uncontended", "contended", "startup", "imports", "entry", "symbols", "tls",
-         "replicas", "cluster", "redlock", "versus"]
+         "replicas", "cluster", "redlock", "sets", "versus"]
+# The sets part: name, row, the lock's extra settings, its key (None: `keys`).
+SETS_CASES = [("exclusive", "exclusive lock (today's)", "", "bench"),
+              ("limit3", "limit = 3", "limit = 3;", "bench"),
+              ("shared", 'mode = "shared"', 'mode = "shared";', "bench"),
+              ("keys2", "keys of two", 'keys = ( "bench:a", "bench:b" );', None)]
 CLUSTER_PS = (1, 2, 4, 8)
 # The versus part: key, row name, unit, and whether more is better.
 VERSUS = [("call", "uncontended guarded call, default (lock kept between calls), one CPU", "µs"),
@@ -1099,7 +1146,7 @@ ENTRY_CASES = [("reloc", 'library function (bench_noop_wide in libsection.so, th
 
 
 def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, symbols=None,
-           tls=None, replicas=None, cluster=None, redlock=None, versus=None):
+           tls=None, replicas=None, cluster=None, redlock=None, sets=None, versus=None):
     """The markdown report of the parts measured (those not None)."""
     lines = []
     add = lines.append
@@ -1364,6 +1411,33 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
                    r["max"], r["handoffs"],
                    "yes" if r["exact"] else "NO (%d of %d)" % (r["final"], r["n"])))
         add("")
+    if sets:
+        add("## Semaphores, shared locks, several keys")
+        add("")
+        add("Guarded uncontended call minus unguarded, linger_ms = 0 (an acquire and a release "
+            "every call: one round trip each, the release not waited for); median of %d rounds, "
+            "the cases measured in turns, each the best of 3 runs of %d calls. On one CPU the "
+            "server's script time is on the client's core; on two it overlaps the client's."
+            % (args.sets_rounds, args.n))
+        add("")
+        add("| lock | one CPU | / exclusive | two CPUs | / exclusive |")
+        add("|---|---:|---:|---:|---:|")
+        s1, s2 = sets["1 CPU"], sets["2 CPUs"]
+        for name, label, _, _ in SETS_CASES:
+            add("| %s | %.2f µs | %.2f | %.2f µs | %.2f |" % (
+                label, s1[name], s1[name] / s1["exclusive"], s2[name],
+                s2[name] / s2["exclusive"]))
+        add("")
+        add("P = 8 processes x %d sections on one key (default settings, unpinned; the run with "
+            "the median sections/s of %d):" % (args.k, args.reps))
+        add("")
+        add("| lock | sections/s | wait median | p99 | max |")
+        add("|---|---:|---:|---:|---:|")
+        for name, label in (("p8", "exclusive"), ("p8-limit4", "limit = 4")):
+            r = sets[name]
+            add("| %s | %.0f | %.2f ms | %.2f ms | %.2f ms |" % (label, r["rate"], r["med"],
+                                                                 r["p99"], r["max"]))
+        add("")
     if versus:
         add("## Before and after: this build against %s (medians of %d rounds, both builds "
             "measured in turn in each round)" % (args.baseline, args.versus_rounds))
@@ -1446,6 +1520,13 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
         checks.append(("Redlock P=8 contended: counter exact",
                        1.0 if redlock[("contended", 3)]["exact"] else 0.0, "%.0f",
                        lambda v: v == 1))
+    if sets:
+        for place, label_place in (("1 CPU", "one CPU"), ("2 CPUs", "two CPUs")):
+            for name, label, _, _ in SETS_CASES[1:]:
+                checks.append(("uncontended %s call ≤ 1.10 x exclusive (one round trip), %s"
+                               % (label, label_place),
+                               sets[place][name] / sets[place]["exclusive"], "%.2f",
+                               lambda v: v <= 1.10))
     if versus:
         for m, name, unit in VERSUS:
             before, after = versus[m]["before"], versus[m]["after"]
@@ -1499,6 +1580,8 @@ def main():
                     "revision to compare this build with (e.g. HEAD~3, or origin's main)")
     ap.add_argument("--versus-rounds", type=int, default=5,
                     help="rounds of the versus part (each measures both builds in turn)")
+    ap.add_argument("--sets-rounds", type=int, default=5,
+                    help="rounds of the sets part's uncontended calls")
     ap.add_argument("--make", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     b = Bench(args)
@@ -1530,6 +1613,8 @@ def main():
             res["cluster"] = b.cluster()
         if "redlock" in wanted:
             res["redlock"] = b.redlock()
+        if "sets" in wanted:
+            res["sets"] = b.sets()
         if "versus" in wanted and args.baseline:
             res["versus"] = b.versus()
         text = report(b, args, **res)
