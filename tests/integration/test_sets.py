@@ -446,6 +446,17 @@ def test_string_holder_mismatches_a_semaphore(progs, redis, tmp_path, procs):
     assert holder.finish()[0] == 0
 
 
+def refused_before_main(r, ok, *words):
+    """The driver's run r: a control (ok) that ran its call guarded, or a
+    config refused with exit 78 before main, in one line with every word."""
+    if ok:
+        assert r.returncode == 0 and said(r) == OK_LINE, r.stderr
+        return
+    assert r.returncode == 78 and r.stdout == "", r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert all(w in r.stderr for w in words), r.stderr
+
+
 @pytest.mark.parametrize("settings,ok", [('mode = "shared"; limit = 3;', False),
                                          ('mode = "shared";', True),
                                          ("limit = 3;", True)])
@@ -454,13 +465,7 @@ def test_shared_with_limit_is_refused(progs, redis, tmp_path, settings, ok):
     the setting. Control: each alone runs."""
     cfg = write_config(tmp_path, redis, 'locks = ( { symbol = "hold_call"; key = "k"; %s } );\n'
                        % settings)
-    r = run([progs["driver"], "call:0"], cfg)
-    if ok:
-        assert r.returncode == 0 and said(r) == OK_LINE, r.stderr
-        return
-    assert r.returncode == 78 and r.stdout == "", r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "locks[0].mode" in r.stderr and "limit = 3" in r.stderr, r.stderr
+    refused_before_main(run([progs["driver"], "call:0"], cfg), ok, "locks[0].mode", "limit = 3")
 
 
 @pytest.mark.parametrize("settings,ok", [("limit = 3;", False), ('mode = "shared";', True)])
@@ -469,13 +474,7 @@ def test_redlock_refuses_a_semaphore(progs, masters, tmp_path, settings, ok):
     Control: a shared lock on the same masters runs."""
     cfg = masters.config(tmp_path, 'locks = ( { symbol = "hold_call"; key = "k"; %s } );\n'
                          % settings)
-    r = run([progs["driver"], "call:0"], cfg)
-    if ok:
-        assert r.returncode == 0 and said(r) == OK_LINE, r.stderr
-        return
-    assert r.returncode == 78 and r.stdout == "", r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "limit = 3" in r.stderr and "Redlock" in r.stderr, r.stderr
+    refused_before_main(run([progs["driver"], "call:0"], cfg), ok, "limit = 3", "Redlock")
 
 
 # ---- 5. fair, linger, TLS, Redlock, keys with shared ---------------------------------------
