@@ -94,11 +94,17 @@ until [ "$(podman exec "$prefix-redis" redis-cli ping 2>/dev/null)" = PONG ]; do
 	sleep 0.1
 done
 say "Redis answers in $prefix-redis"
+# The jobs reach it as "redis" by an /etc/hosts entry: a user network has
+# name resolution only with netavark's aardvark-dns or CNI's dnsname plugin,
+# and podman may run with neither.
+redis_ip=$(podman inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$prefix-redis")
+[ -n "$redis_ip" ] || die "no address for $prefix-redis"
 
 expected=$((containers * procs * entries))
 round() { # $1: plain or guarded
 	local r=$1 n=1 names=() c rc=0 got times
-	local opts=("${run_opts[@]}" -d --network "$net" -v "$vol:/data" -v "$work/ledger:/opt/ledger:ro")
+	local opts=("${run_opts[@]}" -d --network "$net" --add-host "redis:$redis_ip" -v "$vol:/data"
+		-v "$work/ledger:/opt/ledger:ro")
 	if [ "$r" = guarded ]; then
 		opts+=(-v "$shim:/opt/lockshim/liblockshim.so:ro" -v "$PWD/$here/ledger.cfg:/opt/lockshim/ledger.cfg:ro"
 			-e LD_PRELOAD=/opt/lockshim/liblockshim.so -e LOCKSHIM_CONFIG=/opt/lockshim/ledger.cfg)
