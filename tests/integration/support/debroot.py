@@ -33,6 +33,18 @@ def _mirror():
     return None
 
 
+def _remove(base):
+    """Removes an unfinished root: first what is mounted in it (a debootstrap
+    killed mid-run leaves its proc mounted, which rmtree cannot remove, and
+    every later debootstrap into it then fails)."""
+    with open("/proc/mounts") as f:
+        points = [line.split()[1] for line in f]
+    for point in sorted((p for p in points if p == base or p.startswith(base + "/")),
+                        reverse=True):
+        subprocess.call(["umount", "-l", point])
+    shutil.rmtree(base, ignore_errors=True)
+
+
 def base_root():
     """Returns the cached minimal root's path, making it first if needed
     (about a minute, 200 MB); skips the test when it cannot be made."""
@@ -50,13 +62,13 @@ def base_root():
     with open(os.path.join(ROOTS, ".lock"), "w") as lk:
         fcntl.flock(lk, fcntl.LOCK_EX)
         if not os.path.exists(os.path.join(base, ".complete")):
-            shutil.rmtree(base, ignore_errors=True)
+            _remove(base)
             log = os.path.join(ROOTS, "debootstrap.log")
             with open(log, "w") as out:
                 rc = subprocess.call(["debootstrap", "--variant=minbase", SUITE, base, mirror],
                                      stdout=out, stderr=subprocess.STDOUT)
             if rc != 0:
-                shutil.rmtree(base, ignore_errors=True)
+                _remove(base)
                 pytest.skip(f"debootstrap failed (exit {rc}); see {log}")
             subprocess.run(["chroot", base, "apt-get", "clean"], check=False)
             open(os.path.join(base, ".complete"), "w").close()
