@@ -182,6 +182,18 @@ def holders_pids(redis):
     return sorted(int(m.split(":")[2]) for m in redis.cmd("ZRANGE", KEY, "0", "-1"))
 
 
+def live_and_dead(progs, procs, cfg):
+    """Two holders of cfg's permits enter; the second is SIGKILLed. Returns
+    (the live holder, the dead one)."""
+    live = procs([progs["driver"], "call:60000"], cfg)
+    live.expect("enter")
+    dead = procs([progs["driver"], "call:60000"], cfg)
+    dead.expect("enter")
+    dead.signal(signal.SIGKILL)
+    dead.finish()
+    return live, dead
+
+
 def test_killed_permit_holder(progs, redis, tmp_path, procs):
     """limit = 2, both permits held, one holder SIGKILLed: a waiter of this
     machine takes the dead one's permit at once, the live one keeps its
@@ -189,12 +201,7 @@ def test_killed_permit_holder(progs, redis, tmp_path, procs):
     while the dead permit's 20 s lease runs; with a short lease it enters
     once that lease has passed."""
     cfg = permit_cfg(tmp_path / "h", redis, "lease_ms = 20000;")
-    live = procs([progs["driver"], "call:60000"], cfg)
-    live.expect("enter")
-    dead = procs([progs["driver"], "call:60000"], cfg)
-    dead.expect("enter")
-    dead.signal(signal.SIGKILL)
-    dead.finish()
+    live, dead = live_and_dead(progs, procs, cfg)
     assert holders_pids(redis) == sorted([live.p.pid, dead.p.pid])
     # control: the dead permit is not broken, and the set is full
     r = run([progs["driver"], "call:0"],
@@ -214,12 +221,7 @@ def test_dead_permit_freed_at_its_lease(progs, redis, tmp_path, procs):
     """break_dead_holders = false and a 2 s lease: the dead holder's permit
     frees when its lease ends, not before, while the live one holds on."""
     cfg = permit_cfg(tmp_path / "h", redis, "lease_ms = 2000;")
-    live = procs([progs["driver"], "call:60000"], cfg)
-    live.expect("enter")
-    dead = procs([progs["driver"], "call:60000"], cfg)
-    dead.expect("enter")
-    dead.signal(signal.SIGKILL)
-    dead.finish()
+    live, dead = live_and_dead(progs, procs, cfg)
     t0 = time.monotonic()
     r = run([progs["driver"], "call:0"], permit_cfg(tmp_path / "w", redis,
                                                      "lease_ms = 2000; wait_ms = 20000; "
