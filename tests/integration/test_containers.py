@@ -194,8 +194,8 @@ def images(podman_works):
 
 @pytest.fixture
 def pod(images, progs, tmp_path):
-    """A network with a Redis container (alias redis, port published on
-    127.0.0.1) and start(name, *argv) for job containers under the shim;
+    """A network with a Redis container (reached as "redis" through an
+    /etc/hosts entry, port published on 127.0.0.1) and start(name, *argv) for job containers under the shim;
     everything removed at the end."""
     base, red = images
     pre = prefix()
@@ -210,9 +210,11 @@ def pod(images, progs, tmp_path):
 
     class Pod:
         cfg = str(host_cfg)
+        redis_ip = None
 
         def start(self, name, *argv):
             podman("run", *OPTS, "-d", "--name", pre + "-" + name, "--network", pre + "-net",
+                   "--add-host", "redis:" + self.redis_ip,
                    "-v", "%s:%s:ro" % (progs["dir"], progs["dir"]),
                    "-v", SHIM + ":/opt/lockshim/liblockshim.so:ro",
                    "-v", "%s:/opt/lockshim/cfg:ro" % cfgdir,
@@ -223,10 +225,16 @@ def pod(images, progs, tmp_path):
     try:
         podman("network", "create", pre + "-net")
         podman("run", *OPTS, "-d", "--name", pre + "-redis", "--network", pre + "-net",
-               "--network-alias", "redis", "-p", "127.0.0.1:%d:6379" % port, red,
+               "-p", "127.0.0.1:%d:6379" % port, red,
                "redis-server", "--bind", "0.0.0.0", "--protected-mode", "no", "--save", "")
         wait_for(lambda: podman("exec", pre + "-redis", "redis-cli", "ping",
                                 check=False).stdout.strip() == "PONG", what="Redis container")
+        # By address, as run.sh does: without aardvark-dns or CNI's dnsname
+        # a user network resolves no container names.
+        Pod.redis_ip = podman("inspect", "-f",
+                              "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                              pre + "-redis").stdout.strip()
+        assert Pod.redis_ip, "the Redis container has no address"
         yield Pod()
     finally:
         for name in [n.split()[1] for n in leftovers(pre) if n.startswith("ps ")]:
