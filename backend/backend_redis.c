@@ -1657,10 +1657,12 @@ int backend_redis_count(struct backend_conn *c, const char *key, size_t klen, in
 }
 
 /*
- * Reads the replies of the S_ACQUIRE of the items whose results[i] is
- * want, in order, into results and fences: BACKEND_OK, BACKEND_NO, redo
- * (NOSCRIPT) or BACKEND_ERR. Returns BACKEND_OK, or BACKEND_ERR when a
- * reply could not be read or was an error.
+ * Reads the replies of the S_ACQUIRE or S_SACQUIRE of the items whose
+ * results[i] is want, in order, into results and fences: BACKEND_OK,
+ * BACKEND_NO (held, or a limit that differs: a negative number, which the
+ * caller's acquire of that key alone reports), redo (NOSCRIPT) or
+ * BACKEND_ERR. Returns BACKEND_OK, or BACKEND_ERR when a reply could not
+ * be read or was an error.
  */
 static int batch_read(struct backend_conn *c, int n, int *results, long long *fences,
 		      int want, int redo)
@@ -1676,10 +1678,10 @@ static int batch_read(struct backend_conn *c, int n, int *results, long long *fe
 			return conn_fail(c, "acquire", NULL);
 		if (is_noscript(r)) {
 			results[i] = redo;
-		} else if (r->type == REDIS_REPLY_INTEGER) {
+		} else if (r->type == REDIS_REPLY_INTEGER && r->integer >= 0) {
 			fences[i] = r->integer;
 			results[i] = BACKEND_OK;
-		} else if (r->type == REDIS_REPLY_STRING) {
+		} else if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_INTEGER) {
 			results[i] = BACKEND_NO;
 		} else {
 			rc = results[i] = conn_fail(c, "acquire", r);
@@ -1690,15 +1692,15 @@ static int batch_read(struct backend_conn *c, int n, int *results, long long *fe
 }
 
 /*
- * backend.h's acquire_batch (issue 22, several keys): S_ACQUIRE of each
+ * backend.h's acquire_batch (issue 22, several keys): the uncontended
+ * acquire (fast_append: S_ACQUIRE, or S_SACQUIRE for a holder set) of each
  * item written at once, then every reply read; those refused by NOSCRIPT
- * are sent again together as EVAL. Not with WAIT, nor on a connection of
- * Redlock or of a cluster's ASK, nor for holder sets (BACKEND_NO: one
- * acquire per key there).
+ * are sent again together as EVAL. One server and Sentinel's primary
+ * (REDIS_CONN_OPS); not with WAIT, nor on a connection of Redlock or of a
+ * cluster's ASK (BACKEND_NO: one acquire per key there).
  */
-static int backend_redis_acquire_batch(struct backend_conn *c, int n,
-				       const struct backend_item *items, int *results,
-				       long long *fences)
+int backend_redis_acquire_batch(struct backend_conn *c, int n, const struct backend_item *items,
+				int *results, long long *fences)
 {
 	enum { SENT = BACKEND_GRANTED + 1, REDO }; /* REDO: NOSCRIPT, again as EVAL */
 	int redo = 0;
@@ -1706,12 +1708,12 @@ static int backend_redis_acquire_batch(struct backend_conn *c, int n,
 	if (c->wait_n || c->asked || c->one_of_many)
 		return BACKEND_NO;
 	for (int i = 0; i < n; i++)
-		if (!plain_acquire(&items[i]) || backend_item_set(&items[i]))
+		if (!plain_acquire(&items[i]))
 			return BACKEND_NO;
 	for (int i = 0; i < n; i++) {
 		fences[i] = 0;
 		results[i] = SENT;
-		if (append_script(c, S_ACQUIRE, &items[i], &items[i].lease_ms, 1, 0) != 0)
+		if (fast_append(c, &items[i], 0) != 0)
 			return BACKEND_ERR;
 	}
 	if (settle(c) != 0 || batch_read(c, n, results, fences, SENT, REDO) != BACKEND_OK)
@@ -1719,7 +1721,7 @@ static int backend_redis_acquire_batch(struct backend_conn *c, int n,
 	for (int i = 0; i < n; i++)
 		if (results[i] == REDO) {
 			redo = 1;
-			if (append_script(c, S_ACQUIRE, &items[i], &items[i].lease_ms, 1, 1) != 0)
+			if (fast_append(c, &items[i], 1) != 0)
 				return BACKEND_ERR;
 		}
 	if (redo && batch_read(c, n, results, fences, REDO, BACKEND_ERR) != BACKEND_OK)
@@ -1735,7 +1737,6 @@ const struct backend_ops backend_redis = {
 	.config_free = backend_redis_config_free,
 	.open = backend_redis_open,
 	REDIS_CONN_OPS,
-	.acquire_batch = backend_redis_acquire_batch,
 };
 
 /*

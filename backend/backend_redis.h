@@ -137,6 +137,8 @@ const char *backend_redis_errstr(const struct backend_conn *c);
 int backend_redis_ping(struct backend_conn *c);
 int backend_redis_count(struct backend_conn *c, const char *key, size_t klen, int n,
 			const char *const *fields, const size_t *flens, const long long *deltas);
+int backend_redis_acquire_batch(struct backend_conn *c, int n, const struct backend_item *items,
+				int *results, long long *fences);
 
 /* The operations of a connection, for a backend table (backend.h) that
  * differs from backend_redis's only in finding the node. */
@@ -144,6 +146,7 @@ int backend_redis_count(struct backend_conn *c, const char *key, size_t klen, in
 	.close = backend_redis_close, .acquire = backend_redis_acquire, .release = backend_redis_release, \
 	.wait = backend_redis_wait, .leave = backend_redis_leave, .flush = backend_redis_flush,           \
 	.unconfirmed = backend_redis_unconfirmed, .renew = backend_redis_renew,                   \
-	.errstr = backend_redis_errstr, .ping = backend_redis_ping, .count = backend_redis_count
+	.errstr = backend_redis_errstr, .ping = backend_redis_ping, .count = backend_redis_count, \
+	.acquire_batch = backend_redis_acquire_batch
 
 #endif

@@ -243,6 +243,29 @@ def with_hold_lock(body):
     return body.replace("locks = ( ", "locks = (\n" + HOLD_LOCK)
 
 
+def test_a_key_held_as_a_semaphore_is_a_mismatch_at_once(acct, redis, tmp_path, procs):
+    """x2 held as a permit of limit = 3 (acct_hold's lock): a transfer
+    x1->x2 (limit 1) gets the mismatch error naming both numbers and
+    on_error (skip: -7) at once, never enters; x1 is released. The batched
+    first attempt used to read the script's -3 (the holders' limit, minus)
+    as a fencing token and ran the transfer beside the permit holder (rc=1).
+    Control: x1->x3 goes through."""
+    a, b, c = accounts(tmp_path, "x1", "x2", "x3")
+    cfg = write_config(tmp_path, redis, with_hold_lock(KEYS_LOCK % (20000, "on_error = \"skip\";"))
+                       .replace("lease_ms = 30000; }", "lease_ms = 30000; limit = 3; }"))
+    holder = procs([acct, "hold", b], cfg)
+    assert holder.expect("holding") == "holding " + b
+    assert rc_of(run([acct, "once", a, c, "1"], cfg).stdout) == 1
+    r = run([acct, "once", a, b, "1"], cfg)
+    assert rc_of(r.stdout) == -7, r.stdout + r.stderr
+    assert "limit 1 here, 3 for the key's holders" in r.stderr, r.stderr
+    assert us_of(r.stdout) < 5e6 * MULT, r.stdout
+    assert redis.cmd("EXISTS", "lockshim:acct:" + a) == 0
+    holder.send()
+    assert holder.finish()[0] == 0
+    assert balance(a) == START - 1 and balance(b) == START and balance(c) == START + 1
+
+
 def test_a_keys_key_excludes_a_key_lock_with_the_same_expansion(acct, redis, tmp_path, procs):
     cfg = write_config(tmp_path, redis, with_hold_lock(KEYS_LOCK % (30000, "")))
     excludes(acct, procs, cfg, tmp_path,
