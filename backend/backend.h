@@ -80,6 +80,12 @@ enum backend_result {
 /* acquire's *wait_ms when the caller is not queued yet: call again, waiting. */
 #define BACKEND_NOT_QUEUED (-1)
 
+/* release's async when more releases follow at once on the same
+ * connection: the command may wait to be written with the next command
+ * (the last release of the run passes 1), so a call of several keys
+ * writes its releases in one send. */
+#define BACKEND_ASYNC_MORE 2
+
 struct backend_item {
 	const char *key;
 	size_t klen;
@@ -195,7 +201,8 @@ struct backend_ops {
 		       long long *wait_ms, char *holder, size_t *holder_len, long long *fence);
 	/* Deletes key only while it still holds val, or hands it to the queue
 	 * head: BACKEND_OK, or BACKEND_NO when it was not ours. async: do not
-	 * wait for the reply (BACKEND_OK once sent). A holder-set item removes
+	 * wait for the reply (BACKEND_OK once sent, or once queued to be sent
+	 * with the next command: BACKEND_ASYNC_MORE). A holder-set item removes
 	 * its own entry (a string key holding val too) and wakes the head. */
 	int (*release)(struct backend_conn *c, const struct backend_item *it, int async);
 	/* Blocks until a release signals this waiter or timeout_ms passes.

@@ -614,9 +614,10 @@ static int cluster_acquire(struct backend_conn *c, const struct backend_item *it
 	return rc;
 }
 
+/* async is 0 or 1 on a node: the next release may go to another node. */
 static int cluster_release(struct backend_conn *c, const struct backend_item *it, int async)
 {
-	struct op o = { .run = run_release, .it = it, .async = async, .fallback = run_unlock };
+	struct op o = { .run = run_release, .it = it, .async = !!async, .fallback = run_unlock };
 
 	return slot_op(c, it->key, it->klen, &o);
 }

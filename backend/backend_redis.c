@@ -1358,12 +1358,13 @@ int backend_redis_flush(struct backend_conn *c)
 }
 
 /*
- * Writes script s on it at once and remembers it; its reply is read later.
- * Sent as EVAL with the script text, so it can never meet NOSCRIPT (Redis
- * caches the script by its SHA1). Flushes first when the queue is full.
+ * Writes script s on it at once (more: with the next command written on c)
+ * and remembers it; its reply is read later. Sent as EVAL with the script
+ * text, so it can never meet NOSCRIPT (Redis caches the script by its
+ * SHA1). Flushes first when the queue is full.
  */
 static int send_async(struct backend_conn *c, enum script s, const struct backend_item *it,
-		      const long long *args, int nargs)
+		      const long long *args, int nargs, int more)
 {
 	struct pending *p;
 
@@ -1375,8 +1376,9 @@ static int send_async(struct backend_conn *c, enum script s, const struct backen
 		return BACKEND_ERR;
 	}
 	/* Nobody waits for this reply: on a connection the server closed (a
-	 * failover's CLIENT KILL) the command would be lost in silence. */
-	if (!net_alive(&c->sock)) {
+	 * failover's CLIENT KILL) the command would be lost in silence. The
+	 * command that writes it checks (more: a later one). */
+	if (!more && !net_alive(&c->sock)) {
 		snprintf(c->ioerr, sizeof(c->ioerr), "Server closed the connection");
 		return conn_fail(c, async_name(s), NULL);
 	}
@@ -1384,6 +1386,8 @@ static int send_async(struct backend_conn *c, enum script s, const struct backen
 		return BACKEND_ERR;
 	p->script = s;
 	c->npending++;
+	if (more)
+		return BACKEND_OK;
 	if (out_flush(c) != 0) {
 		c->npending--; /* the caller owns the fate of a command it could not send */
 		return conn_fail(c, async_name(s), NULL);
@@ -1418,7 +1422,8 @@ int backend_redis_release(struct backend_conn *c, const struct backend_item *it,
 	enum script s = set ? S_SRELEASE : S_RELEASE;
 
 	if (async)
-		return send_async(c, s, it, set ? sargs : args, set ? 3 : 5);
+		return send_async(c, s, it, set ? sargs : args, set ? 3 : 5,
+				  async == BACKEND_ASYNC_MORE);
 	return run_int(c, "release", s, it, set ? sargs : args, set ? 3 : 5);
 }
 
@@ -1428,14 +1433,14 @@ int backend_redis_leave(struct backend_conn *c, const struct backend_item *it, i
 	enum script s = backend_item_set(it) ? S_SLEAVE : S_LEAVE;
 
 	if (async)
-		return send_async(c, s, it, &ttl, 1);
+		return send_async(c, s, it, &ttl, 1, 0);
 	return run_int(c, "leave", s, it, &ttl, 1);
 }
 
 int backend_redis_fence_send(struct backend_conn *c, const struct backend_item *it,
 			     long long fence)
 {
-	return send_async(c, S_FENCE, it, &fence, 1);
+	return send_async(c, S_FENCE, it, &fence, 1, 0);
 }
 
 int backend_redis_unlock(struct backend_conn *c, const struct backend_item *it)

@@ -938,27 +938,35 @@ static int park_hold(struct lock_hold *h, int64_t now)
 
 /*
  * Stops renewing h and releases it on the thread's connection
- * (renew_release; idle: the thread is not about to call again). Never sent
- * for a hold inherited through fork.
+ * (renew_release; idle: the thread is not about to call again; more:
+ * another release follows at once, written with it). Never sent for a
+ * hold inherited through fork.
  */
-static void release_hold(struct lock_thread *t, struct lock_hold *h, int idle)
+static void release_hold_more(struct lock_thread *t, struct lock_hold *h, int idle, int more)
 {
 	renew_untrack(&h->lease);
 	if (!h->foreign)
-		renew_release(&t->conn, &h->lease, idle, h->lease.spec->symbol);
+		renew_release(&t->conn, &h->lease, idle, more, h->lease.spec->symbol);
+}
+
+static void release_hold(struct lock_thread *t, struct lock_hold *h, int idle)
+{
+	release_hold_more(t, h, idle, 0);
 }
 
 /*
  * Leaves each hold of call (the last first): one whose count drops to 0 is
  * parked for the thread's next call, or released; failed: the call never
  * ran (a key of a lock of several could not be taken), so nothing is kept
- * and a queued waiter gets each key at once. Observes the call's hold time
- * once (from its earliest key). Empties call.
+ * and a queued waiter gets each key at once. The releases go out in one
+ * write. Observes the call's hold time once (from its earliest key).
+ * Empties call.
  */
 static void leave_holds(struct lock_thread *t, struct lock_call *call, int failed)
 {
-	struct lock_hold *ended = NULL;
+	struct lock_hold *ended = NULL, *out[CONF_KEYS_MAX];
 	int64_t now = 0;
+	int nout = 0;
 
 	for (int i = call->n - 1; i >= 0; i--) {
 		struct lock_hold *h = call->hold[i];
@@ -970,8 +978,10 @@ static void leave_holds(struct lock_thread *t, struct lock_call *call, int faile
 		if (!ended || h->entered_us < ended->entered_us)
 			ended = h;
 		if (failed || !park_hold(h, now))
-			release_hold(t, h, failed);
+			out[nout++] = h;
 	}
+	for (int i = 0; i < nout; i++)
+		release_hold_more(t, out[i], failed, i + 1 < nout);
 	call->n = 0;
 	if (ended && !failed)
 		count_observe(ended->lease.spec, -1, MH_HOLD, now - ended->entered_us);

@@ -165,13 +165,15 @@ void renew_conn_failed(struct backend_conn **c, char *err, size_t errlen)
 	*c = NULL;
 }
 
-int renew_release(struct backend_conn **c, const struct lease *l, int idle, const char *when)
+int renew_release(struct backend_conn **c, const struct lease *l, int idle, int more,
+		  const char *when)
 {
 	struct backend_item it = renew_item(l);
 	char err[192] = "";
 
 	it.turn_done = idle || (l->spec->handoff_us > 0 && util_now_us() >= l->reuse_until_us);
-	if (conn_up(c, err, sizeof(err)) && backend->ops->release(*c, &it, 1) != BACKEND_ERR) {
+	if (conn_up(c, err, sizeof(err)) &&
+	    backend->ops->release(*c, &it, more ? BACKEND_ASYNC_MORE : 1) != BACKEND_ERR) {
 		LOGK(LOG_DEBUG, l->spec->symbol, l->key, l->klen, "%s: released %.*s", when,
 		     (int)l->klen, l->key);
 		return 0;
@@ -396,7 +398,7 @@ static void release_copies(struct backend_conn **c, const struct lease *rel, int
 			   const char *when)
 {
 	for (int i = 0; i < n; i++)
-		renew_release(c, &rel[i], 1, when);
+		renew_release(c, &rel[i], 1, i + 1 < n, when);
 	renew_flush(c, when);
 }
 

@@ -101,11 +101,13 @@ int renew_unpark(struct lease *l);
  * (opened when NULL) without waiting for the reply, which is read before
  * the connection's next command or by renew_flush. idle: its thread is
  * not about to call again, so a queued waiter gets the lock at once (also
- * when l's reuse window has closed). A release that cannot be sent is
- * logged (prefixed by when) and retried in the background (renew_forget).
- * Returns 0 or -1.
+ * when l's reuse window has closed). more: another release follows at
+ * once on *c, which may write both together (BACKEND_ASYNC_MORE); the last
+ * of a run passes 0. A release that cannot be sent is logged (prefixed by
+ * when) and retried in the background (renew_forget). Returns 0 or -1.
  */
-int renew_release(struct backend_conn **c, const struct lease *l, int idle, const char *when);
+int renew_release(struct backend_conn **c, const struct lease *l, int idle, int more,
+		  const char *when);
 
 /* Reads the replies of *c's asynchronous commands; a failure is logged
  * (prefixed by when) and handled as by renew_conn_failed. */
