@@ -141,9 +141,9 @@ enum script { S_ACQUIRE, S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, S_UNLOCK, S_FEN
 	"if redis.call('pttl', K) < lease then redis.call('pexpire', K, lease) end " \
 	"return tonumber(redis.call('hget', F, 'n')) or 0 end "
 #define LUA_SET_DROP                                                            \
-	"local function drop() local kt = redis.call('type', K).ok "            \
-	"if kt == 'zset' then return redis.call('zrem', K, tok) end "           \
-	"if kt == 'string' and redis.call('get', K) == tok then "               \
+	"local function drop() local n = redis.pcall('zrem', K, tok) "         \
+	"if type(n) == 'number' then return n end "                             \
+	"if redis.call('get', K) == tok then "                                  \
 	"redis.call('del', K) return 1 end return 0 end "                       \
 	"local function wake(ttl) local kt = redis.call('type', K).ok "         \
 	"local head = redis.call('zrange', q, 0, 0)[1] "                        \
@@ -331,6 +331,7 @@ static const char *const scripts[NSCRIPTS] = {
 	[S_SACQUIRE] =
 	LUA_KEYS LUA_NOW LUA_SET
 	"local lease, lim, sh = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1' "
+	"if redis.call('exists', K, q) == 0 then return enter(lim, sh, lease, now, true) end "
 	"local st, who = state(lim, sh, now, tonumber(ARGV[5])) "
 	"if st == 'in' then return refresh(lease, now) end "
 	"if type(st) == 'number' then return st end "
@@ -386,6 +387,7 @@ static const char *const scripts[NSCRIPTS] = {
 	LUA_KEYS LUA_SIGNAL LUA_SET_DROP
 	"if drop() == 0 then return 0 end "
 	LUA_UNKEEP
+	"if ARGV[4] == '0' and redis.call('exists', q, due) == 0 then return 1 end "
 	"if ARGV[4] == '0' and redis.call('exists', q) == 0 then "
 	"redis.call('del', due) return 1 end "
 	LUA_NOW
