@@ -55,8 +55,10 @@ programs (bench/*.c) and measures, in one run:
   sets         the uncontended guarded call (linger_ms = 0: an acquire and
                a release every call, client and server on one CPU) of an
                exclusive lock, limit = 3, mode = "shared" and keys of two,
-               measured in turns over --sets-rounds rounds (medians); and
-               P = 8 processes x K sections on one key with limit = 4
+               measured in turns over --sets-rounds rounds (medians), on
+               one CPU, on two, and across a link (a proxy holding each
+               reply 0.2 ms); and P = 8 processes x K sections on one key
+               with limit = 4
                against the exclusive lock: sections/s and worst wait
 The uncontended, entry, tls, replicas and redlock call rows are measured in
 two placements (taskset): client and server on one CPU, and on two CPUs.
@@ -86,6 +88,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 from resp import Resp, free_port  # noqa: E402
+from support.proxy import Proxy  # noqa: E402
 
 # The imports row: Debian's interpreter, not the python3 first on PATH (which
 # may be a pyenv build), and 29 of its C extension modules that import
@@ -484,9 +487,10 @@ class Bench:
         ping, pair = (int(x) / 1000 for x in out.stdout.split())
         return ping, pair
 
-    def noop(self, cpu, cfg, mode="noop"):
+    def noop(self, cpu, cfg, mode="noop", n=None):
         """Per-call time of bench_noop (worker mode noop-wide: bench_noop_wide,
-        noop-exe: bench_noop_exe) in microseconds (best of 3 runs). The shim
+        noop-exe: bench_noop_exe) in microseconds (best of 3 runs of n calls,
+        args.n by default). The shim
         is preloaded into the worker only, through env after taskset: taskset
         defines none of the symbols, and a lock with method "entry" stops a
         program where it cannot patch the entry (exit 78)."""
@@ -495,9 +499,9 @@ class Bench:
                          if k in ("LD_PRELOAD", "LOCKSHIM_CONFIG")] if cfg else []
         for _ in range(3):
             _, outs = run_workers([["taskset", "-c", cpu] + pre + [self.worker, mode, "-",
-                                                                   str(self.args.n)]],
+                                                                   str(n or self.args.n)]],
                                   env=self.env(None))
-            us = int(outs[0].split()[0]) / 1000 / self.args.n
+            us = int(outs[0].split()[0]) / 1000 / (n or self.args.n)
             best = us if best is None else min(best, us)
         return best
 
@@ -1084,6 +1088,8 @@ class Bench:
         client and server on one CPU, and on two) of each SETS_CASES lock, the cases
         measured in turns over args.sets_rounds rounds (medians), each
         checked once with LOCKSHIM_LOG_LEVEL=debug (acquired, no warning);
+        the same across a link (a proxy holding each reply LINK_DELAY_S: a
+        round trip like a LAN's; unpinned, args.n // LINK_CALLS_DIV calls);
         and P = 8 x args.k sections on one key, limit = 4 against exclusive
         (the run with the median sections/s of args.reps; the counter is not
         exact with 4 inside at once, by design)."""
@@ -1105,6 +1111,20 @@ class Bench:
             finally:
                 self.server.pin("0,1")
             res[place] = {name: statistics.median(v) for name, v in got.items()}
+        proxy = Proxy(self.server.port, reply_delay=LINK_DELAY_S).start()
+        try:
+            group = 'host = "127.0.0.1"; port = %d;' % proxy.port
+            linked = {name: self.config(symbol="bench_noop", extra=NO_LINGER + extra,
+                                        tag="sets-link-" + name, key=key, group=group)
+                      for name, _, extra, key in SETS_CASES}
+            n = max(100, self.args.n // LINK_CALLS_DIV)
+            got = {name: [] for name in linked}
+            for _ in range(self.args.sets_rounds):
+                for name, cfg in linked.items():
+                    got[name].append(self.noop("0,1", cfg, n=n))
+            res["link"] = {name: statistics.median(v) for name, v in got.items()}
+        finally:
+            proxy.stop()
         argv = [self.worker, "section", self.counter, str(self.args.k)]
         for name, extra in (("p8", ""), ("p8-limit4", "limit = 4;")):
             env = self.env(self.config(extra=extra, tag="sets-" + name))
@@ -1119,6 +1139,8 @@ class Bench:
 
 
 NO_LINGER = "linger_ms = 0;"
+LINK_DELAY_S = 0.0002  # the sets part's link: each reply held 0.2 ms
+LINK_CALLS_DIV = 20    # ... and args.n / 20 calls per run there
 IMPLS = [("poll", "plain C, SET NX / 1 ms poll / compare-and-delete"),
          ("lockshim", "lockshim, default"),
          ("lockshim-0", "lockshim, linger_ms = 0"),
@@ -1420,13 +1442,17 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
             "server's script time is on the client's core; on two it overlaps the client's."
             % (args.sets_rounds, args.n))
         add("")
-        add("| lock | one CPU | / exclusive | two CPUs | / exclusive |")
-        add("|---|---:|---:|---:|---:|")
-        s1, s2 = sets["1 CPU"], sets["2 CPUs"]
+        add("Across a link, the whole call (not minus unguarded): the server behind a proxy "
+            "that holds each reply %.1f ms, a round trip like a LAN's; unpinned, %d calls a run."
+            % (LINK_DELAY_S * 1000, max(100, args.n // LINK_CALLS_DIV)))
+        add("")
+        add("| lock | one CPU | / exclusive | two CPUs | / exclusive | link | / exclusive |")
+        add("|---|---:|---:|---:|---:|---:|---:|")
+        s1, s2, sl = sets["1 CPU"], sets["2 CPUs"], sets["link"]
         for name, label, _, _ in SETS_CASES:
-            add("| %s | %.2f µs | %.2f | %.2f µs | %.2f |" % (
+            add("| %s | %.2f µs | %.2f | %.2f µs | %.2f | %.1f µs | %.2f |" % (
                 label, s1[name], s1[name] / s1["exclusive"], s2[name],
-                s2[name] / s2["exclusive"]))
+                s2[name] / s2["exclusive"], sl[name], sl[name] / sl["exclusive"]))
         add("")
         add("P = 8 processes x %d sections on one key (default settings, unpinned; the run with "
             "the median sections/s of %d):" % (args.k, args.reps))
@@ -1521,7 +1547,8 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
                        1.0 if redlock[("contended", 3)]["exact"] else 0.0, "%.0f",
                        lambda v: v == 1))
     if sets:
-        for place, label_place in (("1 CPU", "one CPU"), ("2 CPUs", "two CPUs")):
+        for place, label_place in (("1 CPU", "one CPU"), ("2 CPUs", "two CPUs"),
+                                   ("link", "across a link (0.2 ms replies)")):
             for name, label, _, _ in SETS_CASES[1:]:
                 checks.append(("uncontended %s call ≤ 1.10 x exclusive (one round trip), %s"
                                % (label, label_place),

@@ -97,6 +97,8 @@ class Proxy:
                 continue
             if not self._track(upstream):
                 return
+            for s in (client, upstream):  # a hop forwards at once: no Nagle delay added
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self.accepted += 1
             self._spawn(self._pump, client, upstream, "request")
