@@ -24,7 +24,8 @@ overlaps readers, a live permit holder keeps a waiter out.
    calling again at once keeps no permit from a queued waiter (control:
    without fair it keeps the permit it lingers on); linger_ms with
    limit = 3: a kept permit taken back without a script (control:
-   linger_ms = 0), and given up after linger_ms to a waiter (control: kept longer, the waiter times out);
+   linger_ms = 0), and given up after linger_ms to a waiter (control:
+   kept longer, the waiter times out);
    Redlock: a shared holder makes a plain caller wait, a semaphore of
    one-server configs on a quorum of the masters is a mismatch at once
    (control: on one master, the caller enters); keys (a, b) with shared

@@ -109,24 +109,27 @@ def test_status_semaphore(redis, tmp_path):
     w1, w2 = value(4, 104, "waiter", since + 2000), value(5, 105, "waiter", since + 3000)
     seed_set(redis, "lockshim:sem", [(b, 25000), (gone, -1000), (a, 20000)], limit=3,
              waiters=[w1, w2])
+    # a's token marked kept, and gone's (expired: the mark is ignored)
+    redis.cmd("HSET", "lockshim:sem:f", "k:" + a[:32], 1, "k:" + gone[:32], 1)
     plain = value(6, 106, "plain")
     redis.cmd("SET", "lockshim:plain", plain, "PX", 30000)
     redis.cmd("HSET", "lockshim:plain:f", "n", 4, "l", 5, "m", "s")  # stale l, m: not read
     redis.cmd("CONFIG", "RESETSTAT")
     locks = status_json(cfg)
-    # one TIME and one ZRANGE WITHSCORES for the page's one set; GET per key
+    # one TIME, ZRANGE WITHSCORES and HKEYS for the page's one set; GET per key
     assert calls(redis, "time") == 1 and calls(redis, "get") == 2, locks
+    assert calls(redis, "hkeys") == 1, locks
     assert calls(redis, "zrange") == 3, locks  # two queues, one set
     assert [(l["key"], l["pid"]) for l in locks] == [("plain", 106), ("sem", 101),
                                                       ("sem", 102)], locks
     p, la, lb = locks
     assert p["limit"] == 1 and p["mode"] == "exclusive" and p["fence"] == 4, p
     assert p["waiters"] == [] and 25000 < p["lease_left_ms"] <= 30000, p
-    for l, prog, lease in ((la, "alpha", 20000), (lb, "beta", 25000)):
+    for l, prog, lease, kept in ((la, "alpha", 20000, True), (lb, "beta", 25000, False)):
         assert l["limit"] == 3 and l["mode"] == "exclusive", l
         assert l["program"] == prog and l["host"] == HOST and l["tid"] == l["pid"], l
         assert lease - 5000 < l["lease_left_ms"] <= lease, l
-        assert l["fence"] is None and l["kept"] is False, l  # whose token n is: unknown
+        assert l["fence"] is None and l["kept"] is kept, l  # whose token n is: unknown
         assert [w["pid"] for w in l["waiters"]] == [104, 105], l  # "+" stripped
         assert l["waiters"][0]["waited_ms"] >= l["waiters"][1]["waited_ms"] >= 2000, l
     assert la["since"].startswith(time.strftime("%Y-%m-%dT", time.gmtime(since / 1000))), la
@@ -137,10 +140,11 @@ def test_status_semaphore(redis, tmp_path):
     assert len(lines) == 3, lines
     assert re.match(r"^plain  held by \S+ pid 106 tid 106 \(plain\) since \S+Z \([\d.]+ s\), "
                     r"lease [\d.]+ s left, fence 4$", lines[0]), lines
-    for line, pid, prog in ((lines[1], 101, "alpha"), (lines[2], 102, "beta")):
+    for line, pid, prog, kept in ((lines[1], 101, "alpha", ", kept"),
+                                  (lines[2], 102, "beta", "")):
         assert re.match(r"^sem  held by \S+ pid %d tid %d \(%s\) since \S+Z \([\d.]+ s\), "
-                        r"lease [\d.]+ s left, limit 3, 2 waiting, oldest \S+ pid 104 "
-                        r"\(waiter\) [\d.]+ s$" % (pid, pid, prog), line), line
+                        r"lease [\d.]+ s left, limit 3%s, 2 waiting, oldest \S+ pid 104 "
+                        r"\(waiter\) [\d.]+ s$" % (pid, pid, prog, kept), line), line
 
     # the only member expired: nothing held (the key outlives it until its PTTL)
     redis.cmd("ZREM", "lockshim:sem", a, b)
