@@ -33,7 +33,9 @@
  *                    lease ends (ms, Redis TIME); the key's PTTL covers the
  *                    latest score, so an abandoned set goes
  *   <key>:f          also l (the holders' limit) and m ("s" shared, "x"
- *                    permits), written by the caller creating the set
+ *                    permits), written by the caller creating the set, and
+ *                    k:<token> per holder keeping its entry between calls
+ *                    (instead of k: S_SRENEW)
  *   <key>:q, :qx     its waiters as "+<token>" (their lists are named by
  *                    the bare token): a release only ever wakes them
  * A string script meeting a set (or a set script a string) never fails:
@@ -88,6 +90,10 @@
 #define LUA_UNKEEP                                                              \
 	"if redis.call('hget', F, 'k') == tok:sub(1, 32) then "                 \
 	"redis.call('hdel', F, 'k') end "
+/* A holder set's: our own mark k:<token> goes, and k as LUA_UNKEEP (a
+ * set script may drop a string key holding the token: a dead holder). */
+#define LUA_SUNKEEP                                                             \
+	"redis.call('hdel', F, 'k:' .. tok:sub(1, 32)) " LUA_UNKEEP
 
 /* The string lock's scripts, then the holder set's (S_S*: backend_item_set). */
 enum script { S_ACQUIRE, S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, S_UNLOCK, S_FENCE,
@@ -386,7 +392,7 @@ static const char *const scripts[NSCRIPTS] = {
 	[S_SRELEASE] =
 	LUA_KEYS LUA_SIGNAL LUA_SET_DROP
 	"if drop() == 0 then return 0 end "
-	LUA_UNKEEP
+	LUA_SUNKEEP
 	"if ARGV[4] == '0' and redis.call('exists', q, due) == 0 then return 1 end "
 	"if ARGV[4] == '0' and redis.call('exists', q) == 0 then "
 	"redis.call('del', due) return 1 end "
@@ -402,19 +408,25 @@ static const char *const scripts[NSCRIPTS] = {
 	"if redis.call('exists', q) == 0 then redis.call('del', due) return 1 end "
 	"wake(ARGV[3]) return 1",
 	/* KEYS: the lock, and its counter when kept is given. ARGV: token,
-	 * lease, kept (as S_RENEW). Our entry still there and unexpired gets
-	 * a new score (now + lease), the key's TTL raised to cover it: 1;
-	 * else 0. */
+	 * lease, kept (as S_RENEW, but per holder: 1 writes the counter's
+	 * field k:<token>, 2 deletes it). Our entry still there and unexpired
+	 * gets a new score (now + lease), the key's TTL raised to cover it: 1;
+	 * else 0. A new mark first prunes the marks of tokens that hold no
+	 * live entry (a holder that died while kept), so they never outnumber
+	 * the set's holders at the last mark. */
 	[S_SRENEW] =
 	"local s = redis.pcall('zscore', KEYS[1], ARGV[1]) "
 	"if type(s) ~= 'string' then return 0 end "
 	LUA_NOW
 	"local lease = tonumber(ARGV[2]) "
 	"if tonumber(s) <= now then return 0 end "
-	"local t = ARGV[1]:sub(1, 32) "
-	"if ARGV[3] == '1' then redis.call('hset', KEYS[2], 'k', t) "
-	"elseif ARGV[3] == '2' and redis.call('hget', KEYS[2], 'k') == t then "
-	"redis.call('hdel', KEYS[2], 'k') end "
+	"local t = 'k:' .. ARGV[1]:sub(1, 32) "
+	"if ARGV[3] == '1' and redis.call('hsetnx', KEYS[2], t, 1) == 1 then local live = {} "
+	"for _, v in ipairs(redis.call('zrangebyscore', KEYS[1], '(' .. now, '+inf')) do "
+	"live['k:' .. v:sub(1, 32)] = true end "
+	"for _, f in ipairs(redis.call('hkeys', KEYS[2])) do "
+	"if f:sub(1, 2) == 'k:' and not live[f] then redis.call('hdel', KEYS[2], f) end end "
+	"elseif ARGV[3] == '2' then redis.call('hdel', KEYS[2], t) end "
 	"redis.call('zadd', KEYS[1], now + lease, ARGV[1]) "
 	"if redis.call('pttl', KEYS[1]) < lease then redis.call('pexpire', KEYS[1], lease) end "
 	"return 1",
@@ -426,7 +438,7 @@ static const char *const scripts[NSCRIPTS] = {
 	"local me = '+' .. tok "
 	"redis.call('zrem', q, me) redis.call('zrem', qx, me) redis.call('del', mine) "
 	"local held = drop() "
-	"if held == 1 then " LUA_UNKEEP "end "
+	LUA_SUNKEEP
 	"if redis.call('exists', q) == 0 then redis.call('del', due) return held end "
 	"wake(ARGV[2]) return held",
 	/* KEYS: the lock. ARGV: token. Removes our entry (or our string key),

@@ -10,9 +10,11 @@
  * MATCH "<ns>:<glob>" COUNT 1000 (never KEYS); auxiliary keys and values
  * that are not lock values are skipped. Each page is one round trip: GET,
  * PTTL, HMGET <key>:f n g k l m, ZRANGE <key>:q 0 -1 per key; a second one
- * (TIME, ZRANGE <key> 0 -1 WITHSCORES) for keys whose GET said WRONGTYPE:
- * holder sets, values scored by expiry, limit and mode in l and m, one
- * lock per member the server's clock has not expired. With Redlock a
+ * (TIME, ZRANGE <key> 0 -1 WITHSCORES, HKEYS <key>:f) for keys whose GET
+ * said WRONGTYPE: holder sets, values scored by expiry, limit and mode in l
+ * and m, a kept holder's mark k:<token>, one lock per member the server's
+ * clock has not expired (a mark whose token is no such member is ignored:
+ * the next mark written prunes it). With Redlock a
  * holder is shown when a quorum holds its value: the largest fence, the
  * shortest lease. Nothing is written.
  */
@@ -33,6 +35,9 @@
 #define CMDS_PER_KEY 4
 #define HASH_FIELDS 5   /* n g k l m */
 #define ZRANGE_ARGS 5   /* a holder set's ZRANGE k 0 -1 WITHSCORES */
+#define SET_ARGS 7      /* ZRANGE_ARGS, then HKEYS k:f */
+#define MARK "k:"       /* a holder set's counter field naming a kept token */
+#define MARK_LEN 2
 #define TOKEN_LEN 32
 #define LIMIT_MAX 10000 /* the `limit` setting's range */
 
@@ -236,20 +241,54 @@ static long long score_ms(const redisReply *r)
 	return end == r->str || *end || v < 0 || v > 9e15 ? -1 : (long long)v;
 }
 
+static int mark_cmp(const void *a, const void *b)
+{
+	return memcmp(*(const char *const *)a, *(const char *const *)b, TOKEN_LEN);
+}
+
+/*
+ * Collects the tokens the counter hash's fields (HKEYS's reply h) mark
+ * kept (k:<token>), sorted, in a new array (the caller frees it; its
+ * strings are h's). Returns how many, or -1 out of memory.
+ */
+static int kept_tokens(const redisReply *h, const char ***out)
+{
+	int n = 0;
+
+	*out = NULL;
+	if (h->type != REDIS_REPLY_ARRAY || h->elements == 0)
+		return 0;
+	if (!(*out = calloc(h->elements, sizeof(**out))))
+		return -1;
+	for (size_t i = 0; i < h->elements; i++) {
+		const redisReply *f = h->element[i];
+
+		if (f->type == REDIS_REPLY_STRING && f->len == MARK_LEN + TOKEN_LEN &&
+		    !memcmp(f->str, MARK, MARK_LEN))
+			(*out)[n++] = f->str + MARK_LEN;
+	}
+	qsort(*out, (size_t)n, sizeof(**out), mark_cmp);
+	return n;
+}
+
 /*
  * Appends to out a lock per live member of the holder set key[0..klen)
  * (ZRANGE WITHSCORES: member, expiry in ms), now_ms being the server's
- * time; r are the key's replies of the first round (the counter hash, the
- * queue). Returns 0, or -1 out of memory.
+ * time, kept when the counter's fields h (HKEYS) mark its token; r are the
+ * key's replies of the first round (the counter hash, the queue). Returns
+ * 0, or -1 out of memory.
  */
 static int add_holders(const struct lockview *lv, const char *key, size_t klen,
-		       const redisReply *z, long long now_ms, redisReply **r,
-		       struct lv_set *out)
+		       const redisReply *z, const redisReply *h, long long now_ms,
+		       redisReply **r, struct lv_set *out)
 {
-	int limit, shared;
+	const char **kept;
+	int limit, shared, nkept;
 
 	if (z->type != REDIS_REPLY_ARRAY || set_mode(r[2], &limit, &shared) != 0)
 		return 0;
+	if ((nkept = kept_tokens(h, &kept)) < 0)
+		return -1;
 	for (size_t i = 0; i + 1 < z->elements; i += 2) {
 		const redisReply *m = z->element[i];
 		long long expiry = score_ms(z->element[i + 1]);
@@ -257,8 +296,10 @@ static int add_holders(const struct lockview *lv, const char *key, size_t klen,
 
 		if (m->type != REDIS_REPLY_STRING || expiry < now_ms)
 			continue; /* expired: no holder any more */
-		if (!(l = set_add(out)))
+		if (!(l = set_add(out))) {
+			free(kept);
 			return -1;
+		}
 		l->klen = klen;
 		memcpy(l->key, key, klen);
 		l->masters = lv->redlock;
@@ -271,30 +312,40 @@ static int add_holders(const struct lockview *lv, const char *key, size_t klen,
 		l->limit = limit;
 		l->shared = shared;
 		l->in_set = 1;
-		if (read_waiters(l, r[3]) != 0)
+		if (nkept && l->vlen > TOKEN_LEN) {
+			const char *tok = l->val;
+
+			l->kept |= bsearch(&tok, kept, (size_t)nkept, sizeof(*kept),
+					   mark_cmp) != NULL;
+		}
+		if (read_waiters(l, r[3]) != 0) {
+			free(kept);
 			return -1;
+		}
 	}
+	free(kept);
 	return 0;
 }
 
 /*
  * The second round trip of a page, for the n keys (of keys, at the indexes
- * sets) whose GET answered WRONGTYPE: TIME and ZRANGE key 0 -1 WITHSCORES
- * each, their holders appended to out. rep are the page's first replies.
- * Returns 0, or -1 with err set.
+ * sets) whose GET answered WRONGTYPE: TIME, then ZRANGE key 0 -1 WITHSCORES
+ * and HKEYS key:f each, their holders appended to out. rep are the page's
+ * first replies. Returns 0, or -1 with err set.
  */
 static int read_sets(const struct lockview *lv, struct backend_conn *c,
 		     const char *const *keys, const size_t *klens, const int *sets, int n,
 		     redisReply **rep, struct lv_set *out, char *err, size_t errlen)
 {
-	const char **argv = calloc((size_t)n * ZRANGE_ARGS + 1, sizeof(*argv));
-	size_t *argvlen = calloc((size_t)n * ZRANGE_ARGS + 1, sizeof(*argvlen));
-	int *argc = calloc((size_t)n + 1, sizeof(*argc));
-	redisReply **z = calloc((size_t)n + 1, sizeof(*z));
+	const char **argv = calloc((size_t)n * SET_ARGS + 1, sizeof(*argv));
+	size_t *argvlen = calloc((size_t)n * SET_ARGS + 1, sizeof(*argvlen));
+	int *argc = calloc((size_t)n * 2 + 1, sizeof(*argc));
+	redisReply **z = calloc((size_t)n * 2 + 1, sizeof(*z));
+	char *fkeys = malloc((size_t)n * (KEY_BUF_SIZE + 2));
 	long long now;
 	int rc = -1;
 
-	if (!argv || !argvlen || !argc || !z) {
+	if (!argv || !argvlen || !argc || !z || !fkeys) {
 		snprintf(err, errlen, "out of memory");
 		goto out;
 	}
@@ -302,17 +353,23 @@ static int read_sets(const struct lockview *lv, struct backend_conn *c,
 	argvlen[0] = 4;
 	argc[0] = 1;
 	for (int i = 0; i < n; i++) {
-		const char *words[ZRANGE_ARGS] = { "ZRANGE", keys[sets[i]], "0", "-1",
-						   "WITHSCORES" };
-		const char **a = argv + 1 + i * ZRANGE_ARGS;
+		size_t kl = klens[sets[i]] > KEY_BUF_SIZE ? KEY_BUF_SIZE : klens[sets[i]];
+		char *f = fkeys + (size_t)i * (KEY_BUF_SIZE + 2);
+		const char *words[SET_ARGS] = { "ZRANGE", keys[sets[i]], "0", "-1",
+						"WITHSCORES", "HKEYS", f };
+		const char **a = argv + 1 + i * SET_ARGS;
+		size_t *al = argvlen + 1 + i * SET_ARGS;
 
-		for (int j = 0; j < ZRANGE_ARGS; j++) {
+		memcpy(f, keys[sets[i]], kl);
+		memcpy(f + kl, ":f", 2);
+		for (int j = 0; j < SET_ARGS; j++) {
 			a[j] = words[j];
-			argvlen[1 + i * ZRANGE_ARGS + j] = j == 1 ? klens[sets[i]] : strlen(words[j]);
+			al[j] = j == 1 ? klens[sets[i]] : j == 6 ? kl + 2 : strlen(words[j]);
 		}
-		argc[i + 1] = ZRANGE_ARGS;
+		argc[1 + 2 * i] = ZRANGE_ARGS;
+		argc[2 + 2 * i] = SET_ARGS - ZRANGE_ARGS;
 	}
-	if (backend_redis_pipeline(c, n + 1, argc, argv, argvlen, z) != 0) {
+	if (backend_redis_pipeline(c, 2 * n + 1, argc, argv, argvlen, z) != 0) {
 		snprintf(err, errlen, "%s", backend_redis_errstr(c));
 		goto out;
 	}
@@ -323,19 +380,20 @@ static int read_sets(const struct lockview *lv, struct backend_conn *c,
 	}
 	rc = 0;
 	for (int i = 0; i < n && rc == 0; i++)
-		if (add_holders(lv, keys[sets[i]], klens[sets[i]], z[i + 1], now,
-				rep + sets[i] * CMDS_PER_KEY, out) != 0) {
+		if (add_holders(lv, keys[sets[i]], klens[sets[i]], z[1 + 2 * i], z[2 + 2 * i],
+				now, rep + sets[i] * CMDS_PER_KEY, out) != 0) {
 			snprintf(err, errlen, "out of memory");
 			rc = -1;
 		}
 out:
-	for (int i = 0; z && i <= n; i++)
+	for (int i = 0; z && i <= 2 * n; i++)
 		if (z[i])
 			freeReplyObject(z[i]);
 	free(argv);
 	free(argvlen);
 	free(argc);
 	free(z);
+	free(fkeys);
 	return rc;
 }
 

@@ -19,8 +19,9 @@
  * Parked leases (lock.c: a call ended, its thread may take the lock back for
  * its next call) stay in the list and keep being renewed; a renewal of one
  * parked KEPT_MARK_US or more also names it in the key's fencing counter
- * (field k: `lockshim status` says "kept"), and the first renewal once it
- * is in use again takes that back (the release does too). At park_until the
+ * (field k; a holder set's k:<token>, one per holder: `lockshim status`
+ * says "kept"), and the first renewal once it is in use again takes that
+ * back (the release does too). At park_until the
  * thread marks one RELEASING, releases it on its own connection (all due
  * ones in one round trip) and unlinks it; an owner taking it back meanwhile
  * waits on the second condvar until that is done, so a lease is released by

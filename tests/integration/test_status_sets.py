@@ -6,12 +6,14 @@ shim's scripts write (doc/semantics.md): `<key>` a ZSET of lock values
 (common/owner.h) scored by their expiry in ms of the server's clock,
 `<key>:f` with `l` (the limit) and `m` ("s" shared, "x" exclusive
 permits), waiters in `<key>:q` as "+<value>". These tests need no backend
-support for sets; test_lock_sets.py has those that do.
+support for sets (test_lock_sets.py has those that do), but for kept
+holders, whose marks (`<key>:f`'s k:<token>) the shim's renewals write.
 
 1. status: one object (line) per holder, each with limit and mode;
    expired members hidden; "+" waiters parsed; a string lock beside them
    is limit 1, exclusive; a set's holders cost one more round trip per
-   page (TIME, ZRANGE WITHSCORES), a page of string locks none;
+   page (TIME, ZRANGE WITHSCORES, HKEYS), a page of string locks none;
+   every kept permit holder shown kept (real holders under the shim);
 2. status: shared holders; zsets that are not lockshim's are skipped;
 3. Redlock: a holder shown when a quorum of masters holds its value;
    Cluster: a set on any primary;
@@ -23,6 +25,7 @@ support for sets; test_lock_sets.py has those that do.
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import time
@@ -31,10 +34,11 @@ import pytest
 
 from support.server import started
 from support.topology import Cluster, keyslot, lock_key
-from support.util import CLI, run, write_config
+from support.util import CLI, MULT, run, write_config
 from support.workers import calls
 
 HOST = socket.gethostname()
+OK = "call rc=42 errno=0"
 FIELDS = {"key", "host", "pid", "tid", "program", "since", "held_ms", "lease_left_ms", "fence",
           "limit", "mode", "kept", "waiters"}
 
@@ -105,24 +109,27 @@ def test_status_semaphore(redis, tmp_path):
     w1, w2 = value(4, 104, "waiter", since + 2000), value(5, 105, "waiter", since + 3000)
     seed_set(redis, "lockshim:sem", [(b, 25000), (gone, -1000), (a, 20000)], limit=3,
              waiters=[w1, w2])
+    # a's token marked kept, and gone's (expired: the mark is ignored)
+    redis.cmd("HSET", "lockshim:sem:f", "k:" + a[:32], 1, "k:" + gone[:32], 1)
     plain = value(6, 106, "plain")
     redis.cmd("SET", "lockshim:plain", plain, "PX", 30000)
     redis.cmd("HSET", "lockshim:plain:f", "n", 4, "l", 5, "m", "s")  # stale l, m: not read
     redis.cmd("CONFIG", "RESETSTAT")
     locks = status_json(cfg)
-    # one TIME and one ZRANGE WITHSCORES for the page's one set; GET per key
+    # one TIME, ZRANGE WITHSCORES and HKEYS for the page's one set; GET per key
     assert calls(redis, "time") == 1 and calls(redis, "get") == 2, locks
+    assert calls(redis, "hkeys") == 1, locks
     assert calls(redis, "zrange") == 3, locks  # two queues, one set
     assert [(l["key"], l["pid"]) for l in locks] == [("plain", 106), ("sem", 101),
                                                       ("sem", 102)], locks
     p, la, lb = locks
     assert p["limit"] == 1 and p["mode"] == "exclusive" and p["fence"] == 4, p
     assert p["waiters"] == [] and 25000 < p["lease_left_ms"] <= 30000, p
-    for l, prog, lease in ((la, "alpha", 20000), (lb, "beta", 25000)):
+    for l, prog, lease, kept in ((la, "alpha", 20000, True), (lb, "beta", 25000, False)):
         assert l["limit"] == 3 and l["mode"] == "exclusive", l
         assert l["program"] == prog and l["host"] == HOST and l["tid"] == l["pid"], l
         assert lease - 5000 < l["lease_left_ms"] <= lease, l
-        assert l["fence"] is None and l["kept"] is False, l  # whose token n is: unknown
+        assert l["fence"] is None and l["kept"] is kept, l  # whose token n is: unknown
         assert [w["pid"] for w in l["waiters"]] == [104, 105], l  # "+" stripped
         assert l["waiters"][0]["waited_ms"] >= l["waiters"][1]["waited_ms"] >= 2000, l
     assert la["since"].startswith(time.strftime("%Y-%m-%dT", time.gmtime(since / 1000))), la
@@ -133,10 +140,11 @@ def test_status_semaphore(redis, tmp_path):
     assert len(lines) == 3, lines
     assert re.match(r"^plain  held by \S+ pid 106 tid 106 \(plain\) since \S+Z \([\d.]+ s\), "
                     r"lease [\d.]+ s left, fence 4$", lines[0]), lines
-    for line, pid, prog in ((lines[1], 101, "alpha"), (lines[2], 102, "beta")):
+    for line, pid, prog, kept in ((lines[1], 101, "alpha", ", kept"),
+                                  (lines[2], 102, "beta", "")):
         assert re.match(r"^sem  held by \S+ pid %d tid %d \(%s\) since \S+Z \([\d.]+ s\), "
-                        r"lease [\d.]+ s left, limit 3, 2 waiting, oldest \S+ pid 104 "
-                        r"\(waiter\) [\d.]+ s$" % (pid, pid, prog), line), line
+                        r"lease [\d.]+ s left, limit 3%s, 2 waiting, oldest \S+ pid 104 "
+                        r"\(waiter\) [\d.]+ s$" % (pid, pid, prog, kept), line), line
 
     # the only member expired: nothing held (the key outlives it until its PTTL)
     redis.cmd("ZREM", "lockshim:sem", a, b)
@@ -152,6 +160,78 @@ def test_status_pages_of_strings_cost_no_more(redis, tmp_path):
     redis.cmd("CONFIG", "RESETSTAT")
     assert [l["pid"] for l in status_json(cfg)] == [200, 201, 202]
     assert calls(redis, "time") == 0 and calls(redis, "zrange") == 3
+
+
+def settled(read, want, timeout=10.0):
+    """Calls read() until it returns want or timeout (s) passes; returns
+    the last value read."""
+    deadline = time.monotonic() + timeout * MULT
+    got = read()
+    while got != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+        got = read()
+    return got
+
+
+@pytest.mark.timing
+def test_status_kept_per_holder(progs, redis, tmp_path, procs):
+    """limit = 3 on the shim's own sets (linger_ms 60 s, lease_ms 900, a
+    kept permit marked at its renewals): two holders whose calls ended
+    keep their permits (each driver waits on stdin), a third is in its
+    call: `status --json` shows both kept, the third not. Then one of the
+    two calls again (in use: not kept), the other exits (its mark goes
+    with its release), and a holder SIGKILLed while kept leaves a mark
+    that the next holder marked kept prunes once the dead one's permit has
+    expired. Control: before kept was per holder, the counter hash's one
+    field k named a single token, and this run showed one of the two kept
+    holders kept and the other not (verified before the change)."""
+    c = write_config(tmp_path, redis, 'locks = ( { symbol = "hold_call"; key = "k"; limit = 3; '
+                     'lease_ms = 900; linger_ms = 60000; handoff_ms = 30000; } );\n')
+    driver = progs["driver"]
+
+    def kept():
+        return {l["pid"]: l["kept"] for l in status_json(c)}
+
+    def marks():
+        return sorted(f[2:] for f in redis.cmd("HKEYS", "lockshim:k:f") if f.startswith("k:"))
+
+    def token(p):
+        return [v[:32] for v in redis.cmd("ZRANGE", "lockshim:k", 0, -1)
+                if v.split(":")[2] == str(p.p.pid)][0]
+
+    again = procs([driver, "call:0", "stdin", "call:60000"], c)
+    leaves = procs([driver, "call:0", "stdin"], c)
+    for p in (again, leaves):
+        assert p.expect("call") == OK
+    busy = procs([driver, "call:60000"], c)
+    busy.expect("enter")
+    both = {again.p.pid: True, leaves.p.pid: True, busy.p.pid: False}
+    assert settled(kept, both) == both
+    assert marks() == sorted([token(again), token(leaves)])
+
+    again.send()
+    again.expect("enter")
+    one = {again.p.pid: False, leaves.p.pid: True, busy.p.pid: False}
+    assert settled(kept, one) == one
+    gone = token(leaves)
+    leaves.send()
+    assert leaves.finish()[0] == 0
+    assert gone not in marks() and kept() == {again.p.pid: False, busy.p.pid: False}
+
+    dead = procs([driver, "call:0", "stdin"], c)
+    assert dead.expect("call") == OK
+    three = {again.p.pid: False, busy.p.pid: False, dead.p.pid: True}
+    assert settled(kept, three) == three
+    stale = token(dead)
+    dead.signal(signal.SIGKILL)
+    dead.finish()
+    assert settled(lambda: dead.p.pid in kept(), False) is False  # its permit expired
+    assert marks() == [stale]
+    late = procs([driver, "call:0", "stdin"], c)
+    assert late.expect("call") == OK
+    assert settled(kept, {again.p.pid: False, busy.p.pid: False, late.p.pid: True})[
+        late.p.pid] is True
+    assert marks() == [token(late)]  # the dead holder's mark pruned
 
 
 # ---- 2. shared holders, foreign zsets ---------------------------------------------------
