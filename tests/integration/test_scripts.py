@@ -48,8 +48,16 @@ def test_scripts_are_named_without_script_load(progs, redis, tmp_path):
     assert "errorstat_NOSCRIPT:count=1\r" in stats
 
 
+# A plain lock; a holder set (its own release script); two keys, whose
+# releases go in one write and both meet NOSCRIPT.
+FLUSHED = [("", [KEY]), ("limit = 3;", [KEY]),
+           ('keys = ( "g:a", "g:b" );', ["lockshim:g:a", "lockshim:g:b"])]
+
+
 @pytest.mark.timing  # the SCRIPT FLUSH must come within the call's 3 s
-def test_release_meeting_noscript_is_sent_again_by_the_exit_flush(progs, redis, tmp_path, procs):
+@pytest.mark.parametrize("extra,keys", FLUSHED, ids=["plain", "limit3", "keys2"])
+def test_release_meeting_noscript_is_sent_again_by_the_exit_flush(progs, redis, tmp_path, procs,
+                                                                 extra, keys):
     """SCRIPT FLUSH while a call is inside: its release goes as EVALSHA (the
     connection's first release, as EVAL, cached the script) and meets
     NOSCRIPT, a reply read only at the thread's next command or at exit, so
@@ -57,7 +65,7 @@ def test_release_meeting_noscript_is_sent_again_by_the_exit_flush(progs, redis, 
     again as EVAL and the key is gone. Control (the resend disabled): the
     exit logs "release of ... failed: NOSCRIPT" and the key stays until its
     lease (60 s)."""
-    cfg = write_config(tmp_path, redis, LOCK.replace("60000;", "60000; linger_ms = 0;"))
+    cfg = write_config(tmp_path, redis, LOCK.replace("60000;", "60000; linger_ms = 0; " + extra))
     p = procs([progs["driver"], "call:0", "stdin", "call:3000", "stdin"], cfg)
     assert p.expect("call") == "call rc=42 errno=0"
     p.send()
@@ -66,14 +74,15 @@ def test_release_meeting_noscript_is_sent_again_by_the_exit_flush(progs, redis, 
     redis.cmd("SCRIPT", "FLUSH")
     assert p.expect("call") == "call rc=42 errno=0"
     # the release is written (the call has returned); its NOSCRIPT unread
-    assert redis.cmd("EXISTS", KEY) == 1
+    assert redis.cmd("EXISTS", *keys) == len(keys)
     p.send()
     rc, _, err = p.finish()
     assert rc == 0, err
-    assert redis.cmd("EXISTS", KEY) == 0, err  # sent again as EVAL, at exit
+    assert redis.cmd("EXISTS", *keys) == 0, err  # sent again as EVAL, at exit
     stats = redis.cmd("INFO", "errorstats")
-    assert "errorstat_NOSCRIPT:count=1\r" in stats, stats  # the EVALSHA path was taken
-    assert calls(redis).get("eval") == 1, calls(redis)
+    # the EVALSHA path was taken, once per key
+    assert "errorstat_NOSCRIPT:count=%d\r" % len(keys) in stats, stats
+    assert calls(redis).get("eval") == len(keys), calls(redis)
     assert "NOSCRIPT (SCRIPT FLUSH); sent again as EVAL" in err and "failed" not in err, err
 
 
