@@ -107,6 +107,7 @@
 /* The string lock's scripts, then the holder set's (S_S*: backend_item_set). */
 enum script { S_ACQUIRE, S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, S_UNLOCK, S_FENCE,
 	      S_SACQUIRE, S_SENQUEUE, S_SRELEASE, S_SRENEW, S_SLEAVE, S_SUNLOCK, NSCRIPTS };
+_Static_assert(NSCRIPTS <= 32, "a connection's known scripts are bits of an unsigned");
 
 /*
  * The holder set's pieces. A waiter's member in the queue is "+" and its
