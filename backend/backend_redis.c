@@ -528,7 +528,7 @@ struct backend_conn {
 	int one_of_many;    /* backend_redis_one_of_many */
 	int wait_ms;        /* redis.wait_replicas_ms */
 	int asked;          /* backend_redis_asked: scripts go as EVAL */
-	int hold;           /* an ASKING is in flight: nothing may come between it and its command */
+	int hold;           /* no resend now: an ASKING (until its command) or a BLPOP in flight */
 	unsigned known;     /* scripts the server has cached, as far as this connection saw (1 << s) */
 	unsigned long long nsent, nread; /* commands appended, replies read: a reply's place */
 	int npending;       /* the pending commands, in no particular order (seq says) */
@@ -1188,8 +1188,9 @@ static int pending_resend(struct backend_conn *c)
  *   reply_next, their commands in flight ahead of any resend.
  * - the cluster's ASKING (backend_redis_command): c->hold, set until its
  *   command is appended, keeps the resends out from between the two.
- * - backend_redis_wait settles before it appends BLPOP, so that no resend
- *   waits behind a blocking command.
+ * - backend_redis_wait settles before it appends BLPOP, and holds while
+ *   it reads the BLPOP's reply, so that no resend waits behind a blocking
+ *   command.
  */
 static int settle(struct backend_conn *c)
 {
@@ -1682,7 +1683,9 @@ int backend_redis_wait(struct backend_conn *c, const struct backend_item *it,
 		return conn_fail(c, "BLPOP", NULL);
 	if (resp_append(c, &cmd) != 0)
 		return -1;
+	c->hold = 1; /* and none behind it (one deferred by an ASKING's hold) */
 	r = reply_after_pending(c, "BLPOP");
+	c->hold = 0;
 	if (net_timeout(&c->sock, c->cmd_ms, c->ioerr, sizeof(c->ioerr)) != 0 && r) {
 		freeReplyObject(r);
 		return conn_fail(c, "BLPOP", NULL);
