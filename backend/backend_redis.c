@@ -49,9 +49,18 @@
  * idle); otherwise it deletes the key and wakes the head, and the releaser
  * may take it again first, which keeps a busy caller fast without starving
  * others.
- * Asynchronous releases are written at once (as EVAL, so NOSCRIPT cannot
- * delay them) and remembered; their replies are read in front of the next
- * command's reply (one round trip for both), or by flush. Those whose reply
+ * Asynchronous releases are written at once and remembered; their replies
+ * are read in front of the next command's reply (one round trip for both),
+ * or by flush. Each connection knows which scripts the server has cached
+ * (an EVAL sent, a script's reply other than NOSCRIPT; any NOSCRIPT read
+ * forgets them all: a SCRIPT FLUSH): an asynchronous command goes as
+ * EVALSHA when known (Redis then hashes no script text), else as EVAL. One
+ * answered NOSCRIPT never ran: settle writes it again as EVAL, read in
+ * stream order. So a SCRIPT FLUSH while a call is inside leaves its key
+ * held (never shorter) until that reply is read, at the thread's next
+ * command on the connection or at flush: at most a lease later. The rule
+ * holds on every connection of this file: a thread's, the renewal
+ * thread's, each node's of Cluster, Redlock and Sentinel. Those whose reply
  * never came are handed back by unconfirmed(); those a cluster node
  * redirected, by backend_redis_redirected(). For the backends of several nodes,
  * acquire and renew also come as send and receive halves (backend_redis.h).
@@ -98,6 +107,7 @@
 /* The string lock's scripts, then the holder set's (S_S*: backend_item_set). */
 enum script { S_ACQUIRE, S_ENQUEUE, S_RELEASE, S_RENEW, S_LEAVE, S_UNLOCK, S_FENCE,
 	      S_SACQUIRE, S_SENQUEUE, S_SRELEASE, S_SRENEW, S_SLEAVE, S_SUNLOCK, NSCRIPTS };
+_Static_assert(NSCRIPTS <= 32, "a connection's known scripts are bits of an unsigned");
 
 /*
  * The holder set's pieces. A waiter's member in the queue is "+" and its
@@ -487,9 +497,17 @@ struct scan {
 	size_t bytes;       /* of the reply being scanned */
 };
 
-/* An asynchronous command whose reply is still unread. */
+#define ASYNC_ARGS 5 /* the most numeric arguments of an asynchronous script (S_RELEASE's) */
+
+/* An asynchronous command whose reply is still unread, or (unsent) one
+ * answered NOSCRIPT that is to be written again as EVAL. */
 struct pending {
 	enum script script;
+	int sha;            /* sent by EVALSHA: NOSCRIPT says it never ran */
+	enum { P_SENT, P_UNSENT, P_DONE } state; /* unsent: answered NOSCRIPT, to write again */
+	unsigned long long seq; /* its place among the connection's commands */
+	int nargs;
+	long long args[ASYNC_ARGS];
 	struct backend_copy c;
 };
 
@@ -510,7 +528,10 @@ struct backend_conn {
 	int one_of_many;    /* backend_redis_one_of_many */
 	int wait_ms;        /* redis.wait_replicas_ms */
 	int asked;          /* backend_redis_asked: scripts go as EVAL */
-	int npending;
+	int hold;           /* no resend now: an ASKING (until its command) or a BLPOP in flight */
+	unsigned known;     /* scripts the server has cached, as far as this connection saw (1 << s) */
+	unsigned long long nsent, nread; /* commands appended, replies read: a reply's place */
+	int npending;       /* the pending commands, in no particular order (seq says) */
 	struct pending pend[PENDING_MAX];
 	int nredirected;    /* asynchronous commands a cluster node sent elsewhere */
 	struct pending redirected[PENDING_MAX];
@@ -713,9 +734,16 @@ static int scan_feed(struct backend_conn *c, const char *p, size_t n)
 	return 0;
 }
 
+static int is_noscript(const redisReply *r)
+{
+	return r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0;
+}
+
 /*
- * Sends what is queued, then reads one reply. Returns 0 with *r set (the
- * caller frees it with freeReplyObject), or -1 with ioerr set.
+ * Sends what is queued, then reads one reply, the next in the stream
+ * (whoever's it is: callers read their own through reply_next). Returns 0
+ * with *r set (the caller frees it with freeReplyObject), or -1 with
+ * ioerr set. A NOSCRIPT reply empties the scripts known to be cached.
  */
 static int get_reply(struct backend_conn *c, redisReply **r)
 {
@@ -734,6 +762,9 @@ static int get_reply(struct backend_conn *c, redisReply **r)
 		if (rep) {
 			*r = rep;
 			c->answered = 1;
+			c->nread++;
+			if (is_noscript(rep))
+				c->known = 0; /* SCRIPT FLUSH: every script is suspect */
 			return 0;
 		}
 		n = net_recv(&c->sock, buf, sizeof(buf), c->ioerr, sizeof(c->ioerr));
@@ -849,6 +880,8 @@ static int resp_append(struct backend_conn *c, struct resp *r)
 	if (out_add(c, r->buf, (size_t)(r->p - r->buf)) != 0)
 		return conn_fail(c, "append", NULL);
 	c->owed++;
+	c->nsent++;
+	c->hold = 0; /* an ASKING in flight is followed by its command now */
 	return 0;
 }
 
@@ -982,9 +1015,10 @@ static struct backend_conn *backend_redis_open(const struct backend_config *bc, 
 	return backend_redis_connect(r, &ep, err, errlen);
 }
 
-/* Appends EVALSHA (or EVAL) of script s with its keys (script_nkeys of
- * them; a plain renewal, one) and value, followed by the numeric arguments
- * args[0..nargs). Returns 0 or -1. */
+/* Appends EVALSHA (or EVAL: eval, or after ASK) of script s with its keys
+ * (script_nkeys of them; a plain renewal, one) and value, followed by the
+ * numeric arguments args[0..nargs); an EVAL makes s known to be cached.
+ * Returns 0 or -1. */
 static int append_script(struct backend_conn *c, enum script s,
 			 const struct backend_item *it, const long long *args, int nargs,
 			 int eval)
@@ -1007,12 +1041,20 @@ static int append_script(struct backend_conn *c, enum script s,
 	resp_arg(&r, it->val, it->vlen);
 	for (int i = 0; i < nargs; i++)
 		resp_num(&r, args[i]);
-	return resp_append(c, &r);
+	if (resp_append(c, &r) != 0)
+		return -1;
+	if (eval || c->asked)
+		c->known |= 1u << s; /* EVAL caches it */
+	return 0;
 }
 
-static int is_noscript(const redisReply *r)
+/* A command running s (EVALSHA, or EVAL) was answered r: anything but
+ * NOSCRIPT (or a redirection, sent before the script was looked up) says
+ * the server has s cached at that point in the stream. */
+static void script_seen(struct backend_conn *c, enum script s, const redisReply *r)
 {
-	return r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0;
+	if (!is_noscript(r) && !(r->type == REDIS_REPLY_ERROR && backend_redis_is_redirect(r->str)))
+		c->known |= 1u << s;
 }
 
 void backend_redis_one_of_many(struct backend_conn *c)
@@ -1023,6 +1065,8 @@ void backend_redis_one_of_many(struct backend_conn *c)
 void backend_redis_asked(struct backend_conn *c, int on)
 {
 	c->asked = on;
+	if (!on)
+		c->hold = 0; /* the ASKING's command is over, if it was ever sent */
 }
 
 int backend_redis_is_redirect(const char *err)
@@ -1031,16 +1075,27 @@ int backend_redis_is_redirect(const char *err)
 	       strncmp(err, "TRYAGAIN", 8) == 0 || strncmp(err, "CLUSTERDOWN", 11) == 0;
 }
 
-/* Logs the outcome of an asynchronous command read back later; keeps one
- * that a cluster node refused for another node, for backend_redis_redirected. */
+/* The name of asynchronous script s in the log. */
 static const char *async_name(enum script s)
 {
 	return s == S_RELEASE || s == S_SRELEASE ? "release" :
 	       s == S_LEAVE || s == S_SLEAVE ? "leave" : "fence";
 }
 
-static void settle_one(struct backend_conn *c, const struct pending *p, const redisReply *r)
+/*
+ * Logs the outcome of an asynchronous command read back later; keeps one
+ * that a cluster node refused for another node, for backend_redis_redirected.
+ * Returns 1 when p must be written again: an EVALSHA answered NOSCRIPT did
+ * not run (an EVAL's NOSCRIPT cannot happen, and would be logged).
+ */
+static int settle_one(struct backend_conn *c, const struct pending *p, const redisReply *r)
 {
+	if (p->sha && is_noscript(r)) {
+		LOG(LOG_DEBUG, "%s of %.*s: NOSCRIPT (SCRIPT FLUSH); sent again as EVAL",
+		    async_name(p->script), (int)p->c.klen, p->c.key);
+		return 1;
+	}
+	script_seen(c, p->script, r); /* an EVAL's reply too: it is cached at that point */
 	if (r->type == REDIS_REPLY_ERROR && backend_redis_is_redirect(r->str) &&
 	    p->script != S_FENCE && c->nredirected < PENDING_MAX) {
 		LOG(LOG_DEBUG, "%s of %.*s: %s; sent again", async_name(p->script),
@@ -1054,30 +1109,122 @@ static void settle_one(struct backend_conn *c, const struct pending *p, const re
 		LOG(LOG_ERROR, "%s of %.*s failed: %s",
 		    async_name(p->script), (int)p->c.klen, p->c.key,
 		    r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+	return 0;
+}
+
+/* Returns the index of the pending command whose reply is the next in the
+ * stream, or -1 when the next reply is not a pending command's. */
+static int pending_next(const struct backend_conn *c)
+{
+	for (int i = 0; i < c->npending; i++)
+		if (c->pend[i].state == P_SENT && c->pend[i].seq == c->nread)
+			return i;
+	return -1;
+}
+
+/* Drops the settled pending commands, keeping the others in their order. */
+static void pending_compact(struct backend_conn *c)
+{
+	int n = 0;
+
+	for (int i = 0; i < c->npending; i++) {
+		if (c->pend[i].state == P_DONE)
+			continue;
+		if (i != n)
+			c->pend[n] = c->pend[i];
+		n++;
+	}
+	c->npending = n;
+}
+
+/* Writes each unsent pending command again as EVAL (it never ran), after
+ * every command appended so far; it stays pending. Returns how many, or -1
+ * with errstr set (those not written stay unsent, for unconfirmed()). */
+static int pending_resend(struct backend_conn *c)
+{
+	int n = 0;
+
+	for (int i = 0; i < c->npending; i++) {
+		struct pending *p = &c->pend[i];
+		struct backend_item it;
+
+		if (p->state != P_UNSENT)
+			continue;
+		it = backend_copy_item(&p->c);
+		p->seq = c->nsent;
+		if (append_script(c, p->script, &it, p->args, p->nargs, 1) != 0)
+			return -1;
+		p->sha = 0;
+		p->state = P_SENT;
+		n++;
+	}
+	return n;
 }
 
 /*
- * Reads the replies of the pending asynchronous commands (they come before
- * any reply appended after them) and logs failures. On a transport error
- * the unread ones stay pending for unconfirmed(). Returns 0 or -1.
+ * Reads the replies of the pending asynchronous commands that come next in
+ * the stream, and logs failures. A pending command's reply is read only at
+ * its place (seq), so settle never takes the reply of a command appended
+ * ahead of it whose caller reads it itself. Those answered NOSCRIPT are
+ * written again as EVAL at the end of the stream (not between an ASKING
+ * and its command: hold; then at the next settle), and read at once when
+ * nothing is in flight ahead of them (the loop); else they stay pending
+ * behind the caller's commands, read by the next settle once the caller
+ * has read its replies. On a transport error the unread ones (and the
+ * unsent) stay pending for unconfirmed(). Returns 0 or -1.
+ *
+ * Callers, and why each is safe with the resends:
+ * - reply_after_pending (backend_redis_command, script_reply, fast_read,
+ *   wait, ping) and reply_next (read_wait, renew_read, count, batch_read,
+ *   pipeline), before a reply of the caller's own: its commands are
+ *   appended already, so the resends go after them and are read later,
+ *   at their place; the caller's own reply is the next one once settle
+ *   returns, since every pending command ahead of it has been read.
+ * - backend_redis_flush (fork, exec, exit; each node of Cluster and
+ *   Redlock), backend_redis_renew and backend_redis_count before they
+ *   append, send_async when the queue is full: nothing of theirs is in
+ *   flight, so the resends are written, flushed and read in the loop.
+ * - acquire_recv and renew_recv (Redlock's, after their _send): as
+ *   reply_next, their commands in flight ahead of any resend.
+ * - the cluster's ASKING (backend_redis_command): c->hold, set until its
+ *   command is appended, keeps the resends out from between the two.
+ * - backend_redis_wait settles before it appends BLPOP, and holds while
+ *   it reads the BLPOP's reply, so that no resend waits behind a blocking
+ *   command.
  */
 static int settle(struct backend_conn *c)
 {
-	int i;
+	if (c->npending == 0)
+		return 0;
+	for (;;) {
+		int k;
 
-	for (i = 0; i < c->npending; i++) {
-		redisReply *r = NULL;
+		while ((k = pending_next(c)) >= 0) {
+			redisReply *r = NULL;
 
-		if (get_reply(c, &r) != 0) {
-			memmove(c->pend, c->pend + i, sizeof(c->pend[0]) * (size_t)(c->npending - i));
-			c->npending -= i;
-			return conn_fail(c, "release", NULL);
+			if (get_reply(c, &r) != 0) {
+				pending_compact(c);
+				return conn_fail(c, "release", NULL);
+			}
+			c->pend[k].state = settle_one(c, &c->pend[k], r) ? P_UNSENT : P_DONE;
+			freeReplyObject(r);
 		}
-		settle_one(c, &c->pend[i], r);
-		freeReplyObject(r);
+		pending_compact(c);
+		if (c->hold || (k = pending_resend(c)) == 0)
+			return 0;
+		if (k < 0)
+			return -1;
 	}
-	c->npending = 0;
-	return 0;
+}
+
+/* Reads the reply of the caller's next command (appended by it), after
+ * those of the pending commands ahead of it. Returns 0 with *r set (the
+ * caller frees it), or -1 with ioerr (settle: errstr) set. */
+static int reply_next(struct backend_conn *c, redisReply **r)
+{
+	if (settle(c) != 0)
+		return -1;
+	return get_reply(c, r);
 }
 
 /*
@@ -1108,6 +1255,8 @@ redisReply *backend_redis_command(struct backend_conn *c, int argc, const char *
 			return NULL;
 	if (resp_append(c, &cmd) != 0)
 		return NULL;
+	/* ASKING covers the next command only: no resend between (settle) */
+	c->hold = strcmp(argv[0], "ASKING") == 0;
 	return reply_after_pending(c, argv[0]);
 }
 
@@ -1121,6 +1270,8 @@ static redisReply *script_reply(struct backend_conn *c, const char *what, enum s
 {
 	redisReply *r = reply_after_pending(c, what);
 
+	if (r)
+		script_seen(c, s, r);
 	if (r && is_noscript(r)) {
 		freeReplyObject(r);
 		if (append_script(c, s, it, args, nargs, 1) != 0)
@@ -1173,7 +1324,7 @@ static long long read_wait(struct backend_conn *c)
 	redisReply *r = NULL;
 	long long n = -1;
 
-	if (get_reply(c, &r) != 0) {
+	if (reply_next(c, &r) != 0) {
 		conn_fail(c, "WAIT", NULL);
 		return -1;
 	}
@@ -1238,6 +1389,8 @@ static int fast_read(struct backend_conn *c, const struct backend_item *it, char
 	int rc;
 
 	rep = reply_after_pending(c, "acquire");
+	if (rep)
+		script_seen(c, backend_item_set(it) ? S_SACQUIRE : S_ACQUIRE, rep);
 	if (rep && is_noscript(rep)) {
 		freeReplyObject(rep);
 		if ((c->wait_n && read_wait(c) < 0) || fast_append(c, it, 1) != 0)
@@ -1368,22 +1521,31 @@ int backend_redis_acquire_recv(struct backend_conn *c, const struct backend_item
 
 int backend_redis_flush(struct backend_conn *c)
 {
+	c->hold = 0; /* nothing follows: a resend goes now */
 	return settle(c) == 0 ? BACKEND_OK : BACKEND_ERR;
 }
 
 /*
  * Writes script s on it at once (more: with the next command written on c)
- * and remembers it; its reply is read later. Sent as EVAL with the script
- * text, so it can never meet NOSCRIPT (Redis caches the script by its
- * SHA1). Flushes first when the queue is full.
+ * and remembers it; its reply is read later. Sent as EVALSHA when the
+ * server is known to have s cached (c->known), else as EVAL, which caches
+ * it; an EVALSHA answered NOSCRIPT is written again as EVAL by settle.
+ * Settles first when the queue is full. Returns an enum backend_result.
  */
 static int send_async(struct backend_conn *c, enum script s, const struct backend_item *it,
 		      const long long *args, int nargs, int more)
 {
 	struct pending *p;
+	int eval;
 
 	if (c->npending == PENDING_MAX && settle(c) != 0)
 		return BACKEND_ERR;
+	if (c->npending == PENDING_MAX) { /* replies owed ahead of them: not now */
+		snprintf(c->errstr, sizeof(c->errstr), "%s: too many replies unread",
+			 async_name(s));
+		return BACKEND_ERR;
+	}
+	eval = !(c->known & (1u << s)); /* as settle left it */
 	p = &c->pend[c->npending];
 	if (backend_copy_set(&p->c, it) != 0) {
 		snprintf(c->errstr, sizeof(c->errstr), "key or value too long");
@@ -1396,9 +1558,14 @@ static int send_async(struct backend_conn *c, enum script s, const struct backen
 		snprintf(c->ioerr, sizeof(c->ioerr), "Server closed the connection");
 		return conn_fail(c, async_name(s), NULL);
 	}
-	if (append_script(c, s, it, args, nargs, 1) != 0)
+	p->seq = c->nsent;
+	if (append_script(c, s, it, args, nargs, eval) != 0)
 		return BACKEND_ERR;
 	p->script = s;
+	p->sha = !eval && !c->asked;
+	p->state = P_SENT;
+	p->nargs = nargs;
+	memcpy(p->args, args, sizeof(args[0]) * (size_t)nargs);
 	c->npending++;
 	if (more)
 		return BACKEND_OK;
@@ -1506,12 +1673,19 @@ int backend_redis_wait(struct backend_conn *c, const struct backend_item *it,
 	resp_key(&cmd, it, queue_suffix[MINE_KEY], 1);
 	resp_arg(&cmd, secs, (size_t)snprintf(secs, sizeof(secs), "%lld.%03lld",
 					      timeout_ms / 1000, timeout_ms % 1000));
+	/* A resend must not wait behind the BLPOP: the pending replies first
+	 * (a round trip, but a wait follows the queue script's reply, so
+	 * nothing is pending here unless a release was sent in between). */
+	if (settle(c) != 0)
+		return BACKEND_ERR;
 	/* The socket must outwait the server's own timeout. */
 	if (net_timeout(&c->sock, timeout_ms + c->cmd_ms, c->ioerr, sizeof(c->ioerr)) != 0)
 		return conn_fail(c, "BLPOP", NULL);
 	if (resp_append(c, &cmd) != 0)
 		return -1;
+	c->hold = 1; /* and none behind it (one deferred by an ASKING's hold) */
 	r = reply_after_pending(c, "BLPOP");
+	c->hold = 0;
 	if (net_timeout(&c->sock, c->cmd_ms, c->ioerr, sizeof(c->ioerr)) != 0 && r) {
 		freeReplyObject(r);
 		return conn_fail(c, "BLPOP", NULL);
@@ -1566,8 +1740,9 @@ static int renew_read(struct backend_conn *c, int n, const struct backend_item *
 	for (int i = 0; i < n; i++) {
 		redisReply *r = NULL;
 
-		if (get_reply(c, &r) != 0)
+		if (reply_next(c, &r) != 0)
 			return conn_fail(c, "renew", NULL);
+		script_seen(c, renew_script(&items[i]), r);
 		if (is_noscript(r))
 			results[i] = REDO; /* after the pipeline drains */
 		else if (r->type == REDIS_REPLY_INTEGER)
@@ -1666,7 +1841,7 @@ int backend_redis_count(struct backend_conn *c, const char *key, size_t klen, in
 	for (int i = 0; i < n; i++) {
 		redisReply *r = NULL;
 
-		if (get_reply(c, &r) != 0)
+		if (reply_next(c, &r) != 0)
 			return conn_fail(c, "HINCRBY", NULL);
 		if (r->type != REDIS_REPLY_INTEGER && rc == BACKEND_OK)
 			rc = conn_fail(c, "HINCRBY", r);
@@ -1693,7 +1868,7 @@ static int batch_read(struct backend_conn *c, int n, int *results, long long *fe
 
 		if (results[i] != want)
 			continue;
-		if (get_reply(c, &r) != 0)
+		if (reply_next(c, &r) != 0)
 			return conn_fail(c, "acquire", NULL);
 		if (is_noscript(r)) {
 			results[i] = redo;
@@ -1785,7 +1960,7 @@ int backend_redis_pipeline(struct backend_conn *c, int ncmd, const int *argc,
 	if (settle(c) != 0)
 		return -1;
 	for (i = 0; i < ncmd; i++) {
-		if (get_reply(c, &replies[i]) != 0) {
+		if (reply_next(c, &replies[i]) != 0) {
 			conn_fail(c, argv[0], NULL);
 			while (i-- > 0) {
 				freeReplyObject(replies[i]);
