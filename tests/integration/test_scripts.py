@@ -54,6 +54,19 @@ FLUSHED = [("", [KEY]), ("limit = 3;", [KEY]),
            ('keys = ( "g:a", "g:b" );', ["lockshim:g:a", "lockshim:g:b"])]
 
 
+def flushed_inside_a_call(p, redis):
+    """The driver's first call (its release, as EVAL, caches the script),
+    then its second (call:3000) with SCRIPT FLUSH while it is inside;
+    returns once that call has returned: its release written as EVALSHA,
+    the NOSCRIPT reply unread."""
+    assert p.expect("call") == "call rc=42 errno=0"
+    p.send()
+    assert p.expect("enter") == "enter 3000"
+    redis.cmd("CONFIG", "RESETSTAT")
+    redis.cmd("SCRIPT", "FLUSH")
+    assert p.expect("call") == "call rc=42 errno=0"
+
+
 @pytest.mark.timing  # the SCRIPT FLUSH must come within the call's 3 s
 @pytest.mark.parametrize("extra,keys", FLUSHED, ids=["plain", "limit3", "keys2"])
 def test_release_meeting_noscript_is_sent_again_by_the_exit_flush(progs, redis, tmp_path, procs,
@@ -67,12 +80,7 @@ def test_release_meeting_noscript_is_sent_again_by_the_exit_flush(progs, redis, 
     lease (60 s)."""
     cfg = write_config(tmp_path, redis, LOCK.replace("60000;", "60000; linger_ms = 0; " + extra))
     p = procs([progs["driver"], "call:0", "stdin", "call:3000", "stdin"], cfg)
-    assert p.expect("call") == "call rc=42 errno=0"
-    p.send()
-    assert p.expect("enter") == "enter 3000"
-    redis.cmd("CONFIG", "RESETSTAT")
-    redis.cmd("SCRIPT", "FLUSH")
-    assert p.expect("call") == "call rc=42 errno=0"
+    flushed_inside_a_call(p, redis)
     # the release is written (the call has returned); its NOSCRIPT unread
     assert redis.cmd("EXISTS", *keys) == len(keys)
     p.send()
@@ -115,12 +123,7 @@ def test_release_meeting_noscript_is_sent_again_behind_the_next_acquire(progs, r
     cfg = write_config(tmp_path, redis, LOCK.replace("60000;", "60000; linger_ms = 0; "
                                                      "wait_ms = 10000;"))
     p = procs([progs["driver"], "call:0", "stdin", "call:3000", "stdin", "call:0", "stdin"], cfg)
-    assert p.expect("call") == "call rc=42 errno=0"
-    p.send()
-    assert p.expect("enter") == "enter 3000"
-    redis.cmd("CONFIG", "RESETSTAT")
-    redis.cmd("SCRIPT", "FLUSH")
-    assert p.expect("call") == "call rc=42 errno=0"
+    flushed_inside_a_call(p, redis)
     assert redis.cmd("EXISTS", KEY) == 1  # the release's NOSCRIPT unread
     p.send()
     assert p.expect("call") == "call rc=42 errno=0"
