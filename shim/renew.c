@@ -6,7 +6,7 @@
  * One thread per process, started on the first acquire, with one mutex (mu)
  * and two condvars over a list of leases, its job records (redis bio.c
  * style): cv (CLOCK_MONOTONIC) wakes the thread, done_cv tells owners that
- * a parked lease's release finished.
+ * a parked lease's release finished, and renew_exit that the thread is gone.
  * The thread sleeps until the earliest due renewal, copies the due leases
  * out of the list, drops the mutex, renews them all in one pipelined round
  * trip on its own connection, then retakes the mutex and applies the replies
@@ -97,6 +97,7 @@ static pthread_cond_t cv;
 static pthread_cond_t done_cv;
 static struct lease head = { .next = &head, .prev = &head };
 static int running, stopping, kill_pending;
+static pthread_t thread; /* the renewal thread, while running */
 static int64_t kill_at_us;
 static int64_t thread_wake_us; /* when the sleeping thread wakes up anyway */
 static uint64_t next_id;
@@ -610,6 +611,7 @@ static void *renew_main(void *arg)
 		}
 	}
 	running = 0;
+	pthread_cond_broadcast(&done_cv); /* drain waits for it */
 	pthread_mutex_unlock(&mu);
 	return NULL;
 }
@@ -638,6 +640,7 @@ static int start_thread(void)
 	pthread_attr_destroy(&a);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (rc == 0) {
+		thread = th;
 		running = 1;
 		work_wait_running();
 	}
@@ -763,8 +766,11 @@ void renew_before_exec(struct backend_conn **c)
 }
 
 /* Untracks every lease (parked ones too, once no release of one is in
- * flight) and stops the thread; returns copies of them in *copies
- * (malloc'd; the caller frees it) and their count. */
+ * flight) and stops the thread, waiting until it is gone (it may be in the
+ * middle of a round trip: at most one connect and one command timeout),
+ * so that nothing of the backend is in use once renew_exit returns (the
+ * CLI frees it then); returns copies of the leases in *copies (malloc'd;
+ * the caller frees it) and their count. */
 static int drain(struct lease **copies)
 {
 	int n = 0, i = 0;
@@ -787,6 +793,8 @@ static int drain(struct lease **copies)
 	}
 	head.prev = &head;
 	pthread_cond_signal(&cv);
+	while (running && !pthread_equal(pthread_self(), thread))
+		pthread_cond_wait(&done_cv, &mu);
 	pthread_mutex_unlock(&mu);
 	return i;
 }
