@@ -211,14 +211,18 @@ const char *cli_default_config(void)
 	return env && *env ? env : CONF_DEFAULT_PATH;
 }
 
-/* Prints "lockshim: <what>" and s with control characters escaped. */
-static void print_escaped(FILE *f, const char *what, const char *s)
+void cli_error(const char *fmt, ...)
 {
-	char buf[4096];
-	size_t n = log_escape(buf, sizeof(buf) - 1, s, strlen(s));
+	char msg[4096], line[4 * sizeof(msg)];
+	va_list ap;
+	size_t n;
 
-	buf[n] = 0;
-	fprintf(f, "lockshim: %s%s\n", what, buf);
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	n = log_escape(line, sizeof(line) - 1, msg, strlen(msg));
+	line[n] = 0;
+	fprintf(stderr, "lockshim: %s\n", line);
 }
 
 int cli_load(struct conf *cfg, const char *path)
@@ -230,7 +234,7 @@ int cli_load(struct conf *cfg, const char *path)
 	if (conf_load(cfg, path, groups, err, sizeof(err)) == 0 &&
 	    conf_logging(cfg, 0, err, sizeof(err)) == 0)
 		return 0;
-	print_escaped(stderr, "config error: ", err);
+	cli_error("config error: %s", err);
 	return -1;
 }
 
@@ -542,7 +546,7 @@ static int cmd_check(int argc, char **argv)
 			   diff);
 	}
 	if (selftest_run(&cfg, msg, sizeof(msg)) != 0) {
-		print_escaped(stderr, "redis: ", msg);
+		cli_error("redis: %s", msg);
 		rc = EX_UNAVAILABLE;
 	} else {
 		printf("redis: ok (%s)\n", msg);

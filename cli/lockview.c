@@ -27,6 +27,7 @@
 
 #include "backend_redis.h"
 #include "conf.h"
+#include "cli.h"
 #include "conf_field.h"
 #include "log.h"
 
@@ -621,8 +622,7 @@ static int each_node(const struct lockview *lv, struct node_job *job, char *err,
 		}
 	}
 	if (lv->redlock && failed && failed <= n - lv->quorum) {
-		fprintf(stderr, "lockshim: warning: %d of %d masters not read: %s\n", failed, n,
-			err);
+		cli_error("warning: %d of %d masters not read: %s", failed, n, err);
 		return 0;
 	}
 	return failed ? -1 : 0;
@@ -947,7 +947,7 @@ int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *
 		return CONF_EXIT_CODE;
 	}
 	if (lockview_open(lv, cfg, err, sizeof(err)) != 0) {
-		fprintf(stderr, "lockshim: %s\n", err);
+		cli_error("%s", err);
 		conf_release(cfg);
 		return CONF_EXIT_CODE;
 	}
@@ -965,15 +965,12 @@ long long lockview_now_ms(void)
 int lockview_load(struct conf *cfg, const struct lv_args *a)
 {
 	const struct conf_group *groups[CONF_GROUPS_MAX + 1];
-	char err[1024], line[4096];
-	size_t n;
+	char err[1024];
 
 	backend_conf_groups(groups, sizeof(groups) / sizeof(*groups));
 	if (conf_load(cfg, a->config, groups, err, sizeof(err)) == 0 &&
 	    conf_logging(cfg, 0, err, sizeof(err)) == 0)
 		return 0;
-	n = log_escape(line, sizeof(line) - 1, err, strlen(err));
-	line[n] = 0;
-	fprintf(stderr, "lockshim: config error: %s\n", line);
+	cli_error("config error: %s", err);
 	return -1;
 }

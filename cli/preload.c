@@ -182,7 +182,7 @@ static int validate(const char *path)
 		return CONF_EXIT_CODE;
 	}
 	if (backend_init(&b, &cfg, err, sizeof(err)) != 0) {
-		fprintf(stderr, "lockshim: config error: %s: %s\n", path, err);
+		cli_error("config error: %s: %s", path, err);
 		rc = CONF_EXIT_CODE;
 	} else {
 		backend_release(&b);

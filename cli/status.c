@@ -33,7 +33,7 @@ int cmd_status(int argc, char **argv)
 		for (int i = 0; i < s.n; i++)
 			lockview_print(&lv, &s.v[i], a.json, now);
 	} else {
-		fprintf(stderr, "lockshim: cannot read the locks: %s\n", err);
+		cli_error("cannot read the locks: %s", err);
 	}
 	lv_set_free(&s);
 	lockview_close(&lv);

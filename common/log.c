@@ -7,7 +7,9 @@
  * no stdio lock is taken (unsafe after fork, maybe guarded). It names the
  * program (read once, log_init); in the log file it starts with the UTC
  * time, from clock_gettime when a line is written, without gmtime (no tz
- * lock). Control characters are escaped: one event, one line. The log
+ * lock). Control characters and bytes that are not well-formed UTF-8
+ * are escaped (text from a server included): one event, one line, and
+ * nothing a terminal would act on. The log
  * file's descriptor is the shim's own (fdown.h; reopened when the program
  * takes it), as is log_syslog's AF_UNIX socket: one sendto(2) per line to
  * /dev/log, RFC 3164 without the local-time stamp, not syslog(3) (its lock
@@ -255,6 +257,13 @@ static size_t utf8_len(const unsigned char *s, size_t len)
 	return n;
 }
 
+/* Nonzero when s[0..len) starts with the UTF-8 form of a C1 control
+ * (U+0080..U+009F; U+009B is a terminal's CSI). */
+static int is_c1(const unsigned char *s, size_t len)
+{
+	return len >= 2 && s[0] == 0xc2 && s[1] < 0xa0;
+}
+
 size_t log_json_escape(char *dst, size_t cap, const char *src, size_t len)
 {
 	static const char hex[] = "0123456789abcdef";
@@ -274,13 +283,15 @@ size_t log_json_escape(char *dst, size_t cap, const char *src, size_t len)
 				break;
 			dst[n++] = '\\';
 			dst[n++] = (char)c;
-		} else if (c >= 0x80 && (k = utf8_len(u + i, len - i)) > 0) {
+		} else if (c >= 0x80 && !is_c1(u + i, len - i) &&
+			   (k = utf8_len(u + i, len - i)) > 0) {
 			if (n + k > cap)
 				break;
 			memcpy(dst + n, src + i, k);
 			n += k;
 		} else {
-			k = 1;
+			k = is_c1(u + i, len - i) ? 2 : 1;
+			c = u[i + k - 1]; /* a C1 control's code point, or the byte */
 			if (n + 6 > cap)
 				break;
 			memcpy(dst + n, "\\u00", 4);
@@ -345,22 +356,31 @@ size_t log_prefix(char *buf, size_t cap)
 size_t log_escape(char *dst, size_t cap, const char *src, size_t len)
 {
 	static const char hex[] = "0123456789abcdef";
-	size_t n = 0;
+	const unsigned char *u = (const unsigned char *)src;
+	size_t n = 0, k;
 
-	for (size_t i = 0; i < len; i++) {
-		unsigned char c = (unsigned char)src[i];
+	for (size_t i = 0; i < len; i += k) {
+		unsigned char c = u[i];
 		char esc = c == '\n' ? 'n' : c == '\r' ? 'r' : c == '\t' ? 't' : 0;
 
-		if (c >= 0x20 && c != 0x7f) {
+		k = 1;
+		if (c >= 0x20 && c < 0x7f) {
 			if (n + 1 > cap)
 				break;
 			dst[n++] = (char)c;
+		} else if (c >= 0x80 && !is_c1(u + i, len - i) &&
+			   (k = utf8_len(u + i, len - i)) > 0) {
+			if (n + k > cap)
+				break;
+			memcpy(dst + n, src + i, k);
+			n += k;
 		} else if (esc) {
 			if (n + 2 > cap)
 				break;
 			dst[n++] = '\\';
 			dst[n++] = esc;
 		} else {
+			k = 1;
 			if (n + 4 > cap)
 				break;
 			dst[n++] = '\\';

@@ -56,16 +56,18 @@ int log_check_file(const char *path);
 
 /*
  * Copies src[0..len) to dst (at most cap bytes), writing control characters
- * as \n, \r, \t or \xNN, so that one message stays one line. Returns the
- * bytes written; an escape that does not fit is dropped whole.
+ * as \n, \r, \t or \xNN, and each byte that is not part of well-formed
+ * UTF-8, or is part of a C1 control (U+0080..U+009F), as \xNN: one message
+ * stays one line, valid UTF-8, with nothing a terminal would act on. Returns
+ * the bytes written; an escape that does not fit is dropped whole.
  */
 size_t log_escape(char *dst, size_t cap, const char *src, size_t len);
 
 /*
  * Copies src[0..len) to dst (at most cap bytes) as the inside of a JSON
- * string: '"' and '\\' escaped, control characters and bytes that are not
- * part of well-formed UTF-8 as \u00XX (the byte's Latin-1 reading), UTF-8
- * kept. Returns the bytes written; an escape that does not fit is dropped
+ * string: '"' and '\\' escaped, control characters (C1 too) and bytes
+ * that are not part of well-formed UTF-8 as \u00XX (the byte's Latin-1
+ * reading), other UTF-8 kept. Returns the bytes written; an escape that does not fit is dropped
  * whole, and so is everything after it.
  */
 size_t log_json_escape(char *dst, size_t cap, const char *src, size_t len);

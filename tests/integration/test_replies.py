@@ -231,9 +231,24 @@ def hostile_redis(redis):
 
 
 def timed_run(progs, cfg, steps=("call:0",), timeout=None):
+    """Runs the driver; returns (the CompletedProcess, its seconds). Its
+    output is decoded as Latin-1: each byte one character (see unsafe)."""
     t0 = time.monotonic()
-    r = run([progs["driver"]] + list(steps), cfg, timeout=timeout or 20 * MULT)
+    r = run([progs["driver"]] + list(steps), cfg, timeout=timeout or 20 * MULT,
+            encoding="latin-1")
     return r, time.monotonic() - t0
+
+
+def unsafe(text):
+    """The characters of timed_run's text that a log line must not carry
+    (a server's bytes reach the shim's lines): its bytes must be UTF-8
+    without control characters (C1 included), newline aside."""
+    try:
+        s = text.encode("latin-1").decode("utf-8")
+    except UnicodeDecodeError as e:
+        return "not UTF-8: %r" % e.object[max(e.start - 40, 0):e.end + 10]
+    bad = [c for c in s if (ord(c) < 0x20 and c != "\n") or 0x7f <= ord(c) < 0xa0]
+    return "control characters %r" % bad[:5] if bad else ""
 
 
 def time_to_call(progs, cfg):
@@ -288,6 +303,21 @@ def test_faithful_answers_work(progs, hostile_redis, redis, tmp_path, mode):
     assert calls(r) == [DONE, DONE], r.stderr
     assert "Redis unavailable" not in r.stderr
     assert h.commands >= 2
+
+
+def test_server_text_is_escaped_in_log_lines(progs, hostile_redis, tmp_path):
+    """An error reply carrying terminal escapes, a C1 CSI and bytes that are
+    not UTF-8 reaches the shim's log line escaped (\\xNN), printable UTF-8
+    only; it failed when the shim copied the bytes (a fuzz run's harness
+    died decoding them). Text that is UTF-8 stays as it is."""
+    text = b"ERR \x1b]0;owned\x07\x1b[2J \xc2\x9b31m caf\xc3\xa9 \x94\xff"
+    h = hostile_redis(fixed(b"-" + text + b"\r\n", close=False))
+    r, took = timed_run(progs, cfg_for(tmp_path, h.port))
+    assert calls(r) == [SKIPPED], r.stderr
+    assert "Redis unavailable" in r.stderr
+    assert not unsafe(r.stderr), unsafe(r.stderr)
+    shown = r.stderr.encode("latin-1").decode("utf-8")
+    assert "ERR \\x1b]0;owned\\x07\\x1b[2J \\xc2\\x9b31m caf\u00e9 \\x94\\xff" in shown, shown
 
 
 def test_real_redis_control(progs, redis, tmp_path):
@@ -435,6 +465,7 @@ def test_fuzz_mutated_replies(progs, hostile_redis, tmp_path):
         assert len(lines) == 20 and all(ln in (DONE, SKIPPED) for ln in lines), r.stdout
         assert took < 20 * bound + MARGIN, "20 calls took %.2f s" % took
         assert "ERROR: AddressSanitizer" not in r.stderr and "runtime error" not in r.stderr
+        assert not unsafe(r.stderr), unsafe(r.stderr)
         ncalls += 20
     assert served[0] == FUZZ_CASES
 

@@ -60,6 +60,19 @@ static int holder_is(const char *val, const char *want)
 	return 1;
 }
 
+static int text_is(const char *src, size_t len, size_t cap, const char *want)
+{
+	char buf[256];
+	size_t n = log_escape(buf, cap, src, len);
+
+	buf[n] = 0;
+	if (strcmp(buf, want) != 0) {
+		fprintf(stderr, "  got \"%s\", want \"%s\"\n", buf, want);
+		return 0;
+	}
+	return 1;
+}
+
 static int json_is(const char *src, size_t len, size_t cap, const char *want)
 {
 	char buf[256];
@@ -111,6 +124,19 @@ int main(void)
 	test_cond(json_is("\xc0\xaf", 2, 64, "\\u00c0\\u00af"));      /* overlong '/' */
 	test_cond(json_is("\xed\xa0\x80", 3, 64, "\\u00ed\\u00a0\\u0080")); /* surrogate */
 	test_cond(json_is("\xf4\x90\x80\x80", 4, 64, "\\u00f4\\u0090\\u0080\\u0080"));
+	test("JSON strings: C1 controls as \\u0080..\\u009f");
+	test_cond(json_is("a\xc2\x9b" "1m\xc2\xa0", 7, 64, "a\\u009b1m\xc2\xa0"));
+	test("text: control bytes as \\n, \\r, \\t or \\xNN; UTF-8 kept, other bytes as \\xNN");
+	test_cond(text_is("a\nb\r\t\x1b[1m\x7f", 10, 64, "a\\nb\\r\\t\\x1b[1m\\x7f"));
+	test_cond(text_is("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", 9, 64,
+			  "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"));
+	test_cond(text_is("NOSCRIP-\x94q\xa5\xcc\xd3T", 14, 64,
+			  "NOSCRIP-\\x94q\\xa5\\xcc\\xd3T")); /* a fuzzed reply */
+	test_cond(text_is("\xc2\x9b" "1m", 4, 64, "\\xc2\\x9b1m"));   /* C1 CSI */
+	test_cond(text_is("\xed\xa0\x80\xe2\x82", 5, 64, "\\xed\\xa0\\x80\\xe2\\x82"));
+	test("text: an escape that does not fit is dropped whole");
+	test_cond(text_is("ab\x01", 3, 5, "ab"));
+	test_cond(text_is("a\xc3\xa9", 3, 2, "a"));
 	test("JSON strings: an escape that does not fit is dropped with the rest");
 	test_cond(json_is("ab\ncd", 5, 7, "ab"));
 	test_cond(json_is("a\xc3\xa9", 3, 2, "a"));

@@ -115,11 +115,13 @@ def tsan_options():
         % os.path.join(TSAN_LOG_DIR, "tsan")
 
 
-def run(argv, cfg=None, preload=True, timeout=None, **extra):
-    """Runs argv to completion; returns the CompletedProcess (text mode)."""
+def run(argv, cfg=None, preload=True, timeout=None, encoding="utf-8", **extra):
+    """Runs argv to completion; returns the CompletedProcess, its output
+    decoded (a byte that is not UTF-8 as \\xNN: the test sees it, the
+    harness does not fail on it; encoding="latin-1" keeps every byte)."""
     return subprocess.run(argv, env=shim_env(cfg, preload and cfg is not None, **extra),
-                           capture_output=True, text=True, timeout=timeout or TIMEOUT,
-                           stdin=subprocess.DEVNULL)
+                           capture_output=True, encoding=encoding, errors="backslashreplace",
+                           timeout=timeout or TIMEOUT, stdin=subprocess.DEVNULL)
 
 
 class Proc:
@@ -128,7 +130,8 @@ class Proc:
     def __init__(self, argv, cfg=None, preload=True, **extra):
         self.p = subprocess.Popen(argv, env=shim_env(cfg, preload and cfg is not None, **extra),
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
+                                  stderr=subprocess.PIPE, text=True,
+                                  errors="backslashreplace")
 
     def expect(self, prefix):
         """Reads stdout lines until one starts with prefix; returns it."""

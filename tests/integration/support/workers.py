@@ -192,7 +192,7 @@ class Bg:
         self.err = open(errfile, "w")
         self.p = subprocess.Popen(argv, env=shim_env(cfg, cfg is not None, **env),
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=self.err, text=True)
+                                  stderr=self.err, text=True, errors="backslashreplace")
         self.lines = queue.Queue()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -320,7 +320,8 @@ def race(prog, mode, path, cfg, procs=RACE_PROCS, iters=RACE_ITER, threads=1):
         f.write("0\n")
     env = shim_env(cfg, preload=cfg is not None)
     ps = [subprocess.Popen([prog, mode, path, str(iters), str(threads)], env=env,
-                           stderr=subprocess.PIPE, text=True) for _ in range(procs)]
+                           stderr=subprocess.PIPE, text=True, errors="backslashreplace")
+          for _ in range(procs)]
     for p in ps:
         _, err = p.communicate(timeout=TIMEOUT)
         assert p.returncode == 0, err
