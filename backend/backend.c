@@ -23,13 +23,14 @@
 
 /* Each backend's table, defined in its own file. */
 extern const struct backend_ops backend_redlock, backend_sentinel, backend_cluster,
-	backend_redis;
+	backend_redis, backend_local;
 
 static const struct backend_ops *const backends[] = {
 	&backend_redlock,
 	&backend_sentinel,
 	&backend_cluster,
 	&backend_redis,
+	&backend_local,
 };
 
 #define NBACKENDS (sizeof(backends) / sizeof(backends[0]))

@@ -938,7 +938,8 @@ usage:
 	return 64;
 }
 
-int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *a)
+int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *a,
+		   const char *local_why)
 {
 	char err[1024];
 
@@ -950,6 +951,12 @@ int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *
 		fprintf(stderr, "lockshim: %s\n", err);
 		conf_release(cfg);
 		return CONF_EXIT_CODE;
+	}
+	if (!strcmp(lv->b.ops->name, "local")) {
+		fprintf(stderr, "lockshim: %s\n", local_why);
+		lockview_close(lv);
+		conf_release(cfg);
+		return 1;
 	}
 	return 0;
 }

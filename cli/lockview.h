@@ -107,8 +107,11 @@ int lockview_args(int argc, char **argv, int allow_force, const char *usage,
 int lockview_load(struct conf *cfg, const struct lv_args *a);
 
 /* lockview_load, then lockview_open on it. Returns 0, or the exit status
- * (CONF_EXIT_CODE) after printing the error, cfg released. */
-int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *a);
+ * (CONF_EXIT_CODE) after printing the error, cfg released; 1 after printing
+ * "lockshim: <local_why>" when the backend is local (the verb is not
+ * there for it). */
+int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *a,
+		   const char *local_why);
 
 /* Returns the time of day in milliseconds since the epoch (for
  * lockview_print's now_ms). */

@@ -387,11 +387,15 @@ static int group_index(const struct conf *cfg, const char *name)
 	return -1;
 }
 
-/* Returns the index in cfg->groups of the selected backend's group (the
- * one named as `backend`), or -1 when no group of that name is registered. */
-static int selected_group(const struct conf *cfg)
+int conf_backend_group(const struct conf *cfg)
 {
 	return group_index(cfg, conf_backend_name(cfg->backend));
+}
+
+/* conf_backend_group, by its short name here. */
+static int selected_group(const struct conf *cfg)
+{
+	return conf_backend_group(cfg);
 }
 
 /*

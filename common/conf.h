@@ -223,6 +223,11 @@ const struct lock_spec *conf_find(const struct conf *cfg, const char *symbol);
  * writes it: also the name of that backend's settings group. */
 const char *conf_backend_name(int b);
 
+/* Returns the index in cfg->groups of the selected backend's group (the
+ * one named as `backend`), or -1 when no group of that name is registered
+ * (conf_load refuses such a file). */
+int conf_backend_group(const struct conf *cfg);
+
 /* Returns the name of the policy or method, as the file writes it. */
 const char *conf_call_policy_name(int p);
 const char *conf_method_name(int m);

@@ -25,6 +25,9 @@
  * calls never wait for each other's keys in opposite orders. Each key is a
  * hold of its own, so reentrancy, parking, renewal, fork and fences work
  * per key; the call record lists them, and lock_release leaves them all.
+ * With a leaseless backend (backend_local.c: kernel file locks) the same
+ * path runs without the renewal thread: nothing is renewed or parked, and
+ * a waiter waits for its wake-up as long as wait_ms allows (wait_cap).
  */
 #include "lock.h"
 
@@ -285,6 +288,14 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
 	return 1;
 }
 
+/* Returns how long one wait for a signal may take: the backend's hint,
+ * capped by retry_max_ms, when the waiter must ask again that often to stay
+ * queued (not with a leaseless backend, whose wake-up is the release's). */
+static int64_t wait_cap(const struct lock_spec *s, long long hint)
+{
+	return backend->ops->leaseless ? hint : min64(hint, s->retry_max_ms);
+}
+
 /*
  * The wait path. The first attempt is the plain acquire script; when the lock is busy
  * the waiter joins the queue in Redis (one script, which also says how long
@@ -371,7 +382,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 			if (hint == BACKEND_NOT_QUEUED)
 				continue;
 			rc = conn_check(t, backend->ops->wait(t->conn, it,
-					min64(min64(hint, s->retry_max_ms), deadline - now), &fence),
+					min64(wait_cap(s, hint), deadline - now), &fence),
 					err, sizeof(err));
 			unsure |= rc == BACKEND_ERR;
 			if (rc == BACKEND_GRANTED) {

@@ -1,0 +1,550 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * backend_local.c - the local backend: one lock file per key under the
+ * `local` group's dir, locked with an open file description lock
+ * (fcntl F_OFD_SETLK, F_WRLCK on byte 0). No server, no thread, no lease.
+ *
+ * DESIGN
+ * Each hold is its own open() of the key's file (so two threads of one
+ * process exclude each other), registered by its token in a process-wide
+ * table until released (local_holds: a thread's connection can be dropped
+ * after an error without dropping its holds). The kernel frees a lock when
+ * the last descriptor of its open file description closes: a dead holder
+ * frees it at once. The holder writes "<fence>\n<lock value>\n" at offset 0
+ * (the fence is the previous record's + 1). A release is F_UNLCK then
+ * close(): the close's IN_CLOSE_WRITE comes after the unlock. A waiter
+ * keeps one descriptor of the file open across its attempts (its own close
+ * would wake the others), adds an inotify watch on the file before each
+ * run of attempts and poll()s the thread's inotify descriptor (its
+ * "connection") between them: woken by a release or a holder's death,
+ * never by a timer. A fork child closes its copies of the parent's lock
+ * descriptors (local_atfork_child), so that a child outliving its parent
+ * does not keep the parent's locks.
+ */
+#include "backend.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <unistd.h>
+
+#include "backend_local_conf.h"
+#include "sha1.h"
+
+#define LOCAL_NAME_MAX 200   /* longer encoded names are shortened with a hash */
+#define LOCAL_NAME_KEEP 150  /* ... to this many encoded bytes, "~" and the SHA-1 */
+#define LOCAL_SUFFIX ".lock"
+#define LOCAL_TOKEN 32       /* a lock value's token: its first bytes (owner.h) */
+#define LOCAL_RECORD_MAX (24 + BACKEND_VAL_MAX)
+
+struct backend_config {
+	const struct local_spec *spec;
+};
+
+struct backend_conn {
+	const struct backend_config *bc;
+	int ino;   /* inotify descriptor, made on the first wait; -1 */
+	int wd;    /* its watch on pend's file; -1 */
+	int pend;  /* the file of the key being taken, open, not locked; -1 */
+	size_t pklen;
+	char pkey[KEY_BUF_SIZE];
+	char err[256];
+};
+
+/* A held lock: its token, descriptor and fence. */
+struct local_hold {
+	size_t tlen;
+	char tok[LOCAL_TOKEN];
+	int fd;
+	long long fence;
+};
+
+/* Every held lock of the process (the table's memory grows, never shrinks). */
+static struct {
+	pthread_mutex_t mu;
+	struct local_hold *v;
+	size_t n, cap;
+} holds = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+/* ---- the table of holds ------------------------------------------------- */
+
+static size_t token_len(const struct backend_item *it)
+{
+	return it->vlen < LOCAL_TOKEN ? it->vlen : LOCAL_TOKEN;
+}
+
+/* Returns the index of it's token in the table, or -1. Holds holds.mu. */
+static long holds_index(const struct backend_item *it)
+{
+	size_t tlen = token_len(it);
+
+	for (size_t i = holds.n; i-- > 0;)
+		if (holds.v[i].tlen == tlen && memcmp(holds.v[i].tok, it->val, tlen) == 0)
+			return (long)i;
+	return -1;
+}
+
+/* Returns 1 when it's token is held (its fence in *fence), else 0. */
+static int holds_find(const struct backend_item *it, long long *fence)
+{
+	long i;
+
+	pthread_mutex_lock(&holds.mu);
+	if ((i = holds_index(it)) >= 0)
+		*fence = holds.v[i].fence;
+	pthread_mutex_unlock(&holds.mu);
+	return i >= 0;
+}
+
+/* Adds it's token with fd and fence. Returns 0, or -1 out of memory. */
+static int holds_add(const struct backend_item *it, int fd, long long fence)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&holds.mu);
+	if (holds.n == holds.cap) {
+		size_t cap = holds.cap ? 2 * holds.cap : 64;
+		struct local_hold *v = realloc(holds.v, cap * sizeof(*v));
+
+		if (v) {
+			holds.v = v;
+			holds.cap = cap;
+		}
+	}
+	if (holds.n < holds.cap) {
+		struct local_hold *h = &holds.v[holds.n++];
+
+		h->tlen = token_len(it);
+		memcpy(h->tok, it->val, h->tlen);
+		h->fd = fd;
+		h->fence = fence;
+	} else {
+		rc = -1;
+	}
+	pthread_mutex_unlock(&holds.mu);
+	return rc;
+}
+
+/* Removes it's token. Returns its descriptor, or -1 when not held. */
+static int holds_take(const struct backend_item *it)
+{
+	int fd = -1;
+	long i;
+
+	pthread_mutex_lock(&holds.mu);
+	if ((i = holds_index(it)) >= 0) {
+		fd = holds.v[i].fd;
+		holds.v[i] = holds.v[--holds.n];
+	}
+	pthread_mutex_unlock(&holds.mu);
+	return fd;
+}
+
+static void local_atfork_prepare(void)
+{
+	pthread_mutex_lock(&holds.mu);
+}
+
+static void local_atfork_parent(void)
+{
+	pthread_mutex_unlock(&holds.mu);
+}
+
+/* The child's copies of the parent's lock descriptors: closed (the parent's
+ * locks stay the parent's; closing a copy does not release them). */
+static void local_atfork_child(void)
+{
+	for (size_t i = 0; i < holds.n; i++)
+		close(holds.v[i].fd);
+	holds.n = 0;
+	pthread_mutex_init(&holds.mu, NULL);
+}
+
+static void atfork_register(void)
+{
+	pthread_atfork(local_atfork_prepare, local_atfork_parent, local_atfork_child);
+}
+
+/* ---- files -------------------------------------------------------------- */
+
+/*
+ * Writes the path of key's lock file into buf (PATH_MAX): dir, "/", the
+ * key with bytes other than [A-Za-z0-9_-] as %XX (so no "/", no leading
+ * ".", no ".."), shortened past LOCAL_NAME_MAX bytes to its first
+ * LOCAL_NAME_KEEP, "~" and the SHA-1 of the whole key; then ".lock".
+ */
+static void lock_path(const struct backend_config *bc, const char *key, size_t klen, char *buf)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	size_t n = (size_t)snprintf(buf, PATH_MAX, "%s/", bc->spec->dir), start = n;
+
+	for (size_t i = 0; i < klen && n - start <= LOCAL_NAME_MAX; i++) {
+		unsigned char ch = (unsigned char)key[i];
+
+		if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+		    (ch >= '0' && ch <= '9') || ch == '_' || ch == '-') {
+			buf[n++] = (char)ch;
+		} else {
+			buf[n++] = '%';
+			buf[n++] = hex[ch >> 4];
+			buf[n++] = hex[ch & 15];
+		}
+	}
+	if (n - start > LOCAL_NAME_MAX) {
+		n = start + LOCAL_NAME_KEEP;
+		buf[n++] = '~';
+		sha1_hex(key, klen, buf + n);
+		n += 40;
+	}
+	memcpy(buf + n, LOCAL_SUFFIX, sizeof(LOCAL_SUFFIX));
+}
+
+/* Sets c's error to "<what>: <errno text>". Returns BACKEND_ERR. */
+static int fail(struct backend_conn *c, const char *what)
+{
+	snprintf(c->err, sizeof(c->err), "%s: %s", what, strerror(errno));
+	return BACKEND_ERR;
+}
+
+/* Reads the pending events of c's inotify descriptor (none is kept). */
+static void drain(struct backend_conn *c)
+{
+	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+
+	while (c->ino >= 0 && read(c->ino, buf, sizeof(buf)) > 0)
+		;
+}
+
+/* Removes c's watch, if any. */
+static void unwatch(struct backend_conn *c)
+{
+	if (c->wd >= 0)
+		inotify_rm_watch(c->ino, c->wd);
+	c->wd = -1;
+}
+
+/* Closes c's pending descriptor and its watch. */
+static void pend_drop(struct backend_conn *c)
+{
+	unwatch(c);
+	if (c->pend >= 0)
+		close(c->pend);
+	c->pend = -1;
+	c->pklen = 0;
+}
+
+/* Makes c->pend the open file of it's key. Returns BACKEND_OK or BACKEND_ERR. */
+static int pend_open(struct backend_conn *c, const struct backend_item *it)
+{
+	char path[PATH_MAX];
+
+	if (c->pend >= 0 && c->pklen == it->klen && memcmp(c->pkey, it->key, it->klen) == 0)
+		return BACKEND_OK;
+	pend_drop(c);
+	if (it->klen > sizeof(c->pkey)) {
+		snprintf(c->err, sizeof(c->err), "key too long");
+		return BACKEND_ERR;
+	}
+	lock_path(c->bc, it->key, it->klen, path);
+	c->pend = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY, 0644);
+	if (c->pend < 0)
+		return fail(c, "open of the lock file");
+	memcpy(c->pkey, it->key, it->klen);
+	c->pklen = it->klen;
+	return BACKEND_OK;
+}
+
+/* Watches c's pending file (a waiter, before it tries the lock). Returns
+ * BACKEND_OK or BACKEND_ERR. */
+static int watch(struct backend_conn *c, const struct backend_item *it)
+{
+	char path[PATH_MAX];
+
+	if (c->wd >= 0)
+		return BACKEND_OK;
+	if (c->ino < 0 && (c->ino = inotify_init1(IN_CLOEXEC | IN_NONBLOCK)) < 0)
+		return fail(c, "inotify_init1");
+	lock_path(c->bc, it->key, it->klen, path);
+	c->wd = inotify_add_watch(c->ino, path, IN_MODIFY | IN_CLOSE_WRITE | IN_ATTRIB);
+	return c->wd < 0 ? fail(c, "inotify_add_watch") : BACKEND_OK;
+}
+
+/* Reads fd's owner record into rec (NUL-terminated). Returns its length
+ * (as read: up to the buffer's size), or -1. */
+static ssize_t record_read(int fd, char *rec, size_t cap)
+{
+	ssize_t n = pread(fd, rec, cap - 1, 0);
+
+	rec[n > 0 ? n : 0] = 0;
+	return n;
+}
+
+/* Returns the fence of a record ("<fence>\n..."); 0 when missing or garbled. */
+static long long record_fence(const char *rec)
+{
+	long long f = 0;
+	const char *p = rec;
+
+	for (; *p >= '0' && *p <= '9' && f < LLONG_MAX / 10 - 10; p++)
+		f = f * 10 + (*p - '0');
+	return *p == '\n' && p > rec ? f : 0;
+}
+
+/* Copies the lock value of a record into holder (BACKEND_VAL_MAX bytes);
+ * sets *hlen (0 when there is none). */
+static void record_holder(const char *rec, char *holder, size_t *hlen)
+{
+	const char *v = strchr(rec, '\n'), *end;
+
+	*hlen = 0;
+	if (!v || !(end = strchr(++v, '\n')) || (size_t)(end - v) > BACKEND_VAL_MAX)
+		return;
+	*hlen = (size_t)(end - v);
+	memcpy(holder, v, *hlen);
+}
+
+/*
+ * After the lock on fd was taken for it: writes the owner record with the
+ * next fence (into *fence). Returns BACKEND_OK or BACKEND_ERR.
+ */
+static int record_write(struct backend_conn *c, int fd, const struct backend_item *it,
+			long long *fence)
+{
+	char rec[LOCAL_RECORD_MAX];
+	ssize_t old = record_read(fd, rec, sizeof(rec));
+	int n;
+
+	*fence = record_fence(rec) + 1;
+	n = snprintf(rec, sizeof(rec), "%lld\n%.*s\n", *fence, (int)it->vlen, it->val);
+	if (pwrite(fd, rec, (size_t)n, 0) != n)
+		return fail(c, "write of the owner record");
+	if ((old < 0 || old > n) && ftruncate(fd, n) != 0)
+		return fail(c, "truncate of the owner record");
+	return BACKEND_OK;
+}
+
+/* ---- operations --------------------------------------------------------- */
+
+static int local_serves(const void *settings)
+{
+	(void)settings;
+	return 1;
+}
+
+static struct backend_config *local_config_new(const void *settings, char *err, size_t errlen)
+{
+	const struct local_spec *ls = settings;
+	struct backend_config *bc;
+
+	if (local_dir_check(ls->dir, 1, err, errlen))
+		return NULL;
+	if (!(bc = backend_calloc(sizeof(*bc), err, errlen)))
+		return NULL;
+	bc->spec = ls;
+	pthread_once(&atfork_once, atfork_register);
+	return bc;
+}
+
+static void local_config_free(struct backend_config *bc)
+{
+	free(bc);
+}
+
+static struct backend_conn *local_open(const struct backend_config *bc, char *err,
+				       size_t errlen)
+{
+	struct backend_conn *c = backend_calloc(sizeof(*c), err, errlen);
+
+	if (!c)
+		return NULL;
+	c->bc = bc;
+	c->ino = c->wd = c->pend = -1;
+	return c;
+}
+
+static void local_close(struct backend_conn *c)
+{
+	pend_drop(c);
+	if (c->ino >= 0)
+		close(c->ino);
+	free(c);
+}
+
+/*
+ * Tries the lock of it's key on the pending descriptor (a waiter watches
+ * the file first); a waiter's token held already counts as taken. Taken: the descriptor becomes the hold's, the owner
+ * record is written, *fence is its fence. Busy: *wait_ms says wait (or,
+ * not waiting yet, BACKEND_NOT_QUEUED: call again waiting), holder is the
+ * record's value.
+ */
+static int local_acquire(struct backend_conn *c, const struct backend_item *it,
+			 long long *wait_ms, char *holder, size_t *holder_len, long long *fence)
+{
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
+	char rec[LOCAL_RECORD_MAX];
+	int fd;
+
+	*fence = 0;
+	*holder_len = 0;
+	if (backend_item_set(it)) {
+		snprintf(c->err, sizeof(c->err), "the local backend has no semaphores or shared "
+			 "locks yet");
+		return BACKEND_ERR;
+	}
+	if (it->waiting && holds_find(it, fence)) /* ours already (the plain try: never) */
+		return BACKEND_OK;
+	if (pend_open(c, it) != BACKEND_OK || (it->waiting && watch(c, it) != BACKEND_OK))
+		return BACKEND_ERR;
+	if (fcntl(c->pend, F_OFD_SETLK, &fl) != 0) {
+		if (errno != EAGAIN && errno != EACCES)
+			return fail(c, "fcntl F_OFD_SETLK");
+		*wait_ms = it->waiting ? LLONG_MAX / 4 : BACKEND_NOT_QUEUED;
+		record_read(c->pend, rec, sizeof(rec));
+		record_holder(rec, holder, holder_len);
+		return BACKEND_NO;
+	}
+	fd = c->pend;
+	c->pend = -1;
+	c->pklen = 0;
+	unwatch(c);
+	if (record_write(c, fd, it, fence) != BACKEND_OK) {
+		close(fd); /* frees the lock */
+		return BACKEND_ERR;
+	}
+	if (holds_add(it, fd, *fence) != 0) {
+		snprintf(c->err, sizeof(c->err), "out of memory for the table of holds");
+		close(fd);
+		return BACKEND_ERR;
+	}
+	return BACKEND_OK;
+}
+
+/* Unlocks and closes a held descriptor: the close's IN_CLOSE_WRITE wakes
+ * the waiters after the unlock. */
+static void unlock_fd(int fd)
+{
+	struct flock fl = { .l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
+
+	fcntl(fd, F_OFD_SETLK, &fl);
+	close(fd);
+}
+
+static int local_release(struct backend_conn *c, const struct backend_item *it, int async)
+{
+	int fd = holds_take(it);
+
+	(void)c;
+	(void)async;
+	if (fd < 0)
+		return BACKEND_NO;
+	unlock_fd(fd);
+	return BACKEND_OK;
+}
+
+/* Waits for an event on the watched file (a release, a holder's death) for
+ * at most timeout_ms. */
+static int local_wait(struct backend_conn *c, const struct backend_item *it,
+		      long long timeout_ms, long long *fence)
+{
+	struct pollfd p = { .fd = c->ino, .events = POLLIN };
+	int n;
+
+	(void)it;
+	*fence = 0;
+	if (c->ino < 0 || c->wd < 0)
+		return BACKEND_OK; /* not watching: try again */
+	n = poll(&p, 1, timeout_ms > INT_MAX ? INT_MAX : (int)timeout_ms);
+	if (n < 0 && errno != EINTR)
+		return fail(c, "poll");
+	if (n == 0)
+		return BACKEND_NO;
+	drain(c);
+	return BACKEND_OK;
+}
+
+/* Gives up it: released when it is held, else the pending file dropped. */
+static int local_leave(struct backend_conn *c, const struct backend_item *it, int async)
+{
+	if (local_release(c, it, async) == BACKEND_OK)
+		return BACKEND_OK;
+	if (c->pklen == it->klen && memcmp(c->pkey, it->key, it->klen) == 0)
+		pend_drop(c);
+	return BACKEND_NO;
+}
+
+static int local_flush(struct backend_conn *c)
+{
+	(void)c;
+	return BACKEND_OK;
+}
+
+static void local_unconfirmed(struct backend_conn *c,
+			      void (*fn)(void *arg, const struct backend_item *it), void *arg)
+{
+	(void)c;
+	(void)fn;
+	(void)arg;
+}
+
+/* No lease: every hold is kept while its holder lives. */
+static int local_renew(struct backend_conn *c, int n, const struct backend_item *items,
+		       int *results)
+{
+	(void)c;
+	(void)items;
+	for (int i = 0; i < n; i++)
+		results[i] = BACKEND_OK;
+	return BACKEND_OK;
+}
+
+static const char *local_errstr(const struct backend_conn *c)
+{
+	return c->err;
+}
+
+/* The directory can still take new files. */
+static int local_ping(struct backend_conn *c)
+{
+	const char *dir = c->bc->spec->dir;
+
+	if (access(dir, W_OK | X_OK) != 0) {
+		snprintf(c->err, sizeof(c->err), "\"%s\": %s", dir, strerror(errno));
+		return BACKEND_ERR;
+	}
+	return BACKEND_OK;
+}
+
+static void local_describe(const struct backend_config *bc, char *buf, size_t len)
+{
+	snprintf(buf, len, "local lock files in %s", bc->spec->dir);
+}
+
+const struct backend_ops backend_local = {
+	.name = "local",
+	.settings = &backend_local_settings,
+	.leaseless = 1,
+	.serves = local_serves,
+	.config_new = local_config_new,
+	.config_free = local_config_free,
+	.open = local_open,
+	.describe = local_describe,
+	.close = local_close,
+	.acquire = local_acquire,
+	.release = local_release,
+	.wait = local_wait,
+	.leave = local_leave,
+	.flush = local_flush,
+	.unconfirmed = local_unconfirmed,
+	.renew = local_renew,
+	.errstr = local_errstr,
+	.ping = local_ping,
+};
