@@ -52,7 +52,9 @@ struct backend_conn {
 	const struct backend_config *bc;
 	int ino;   /* inotify descriptor, made on the first wait; -1 */
 	int wd;    /* its watch on pend's file; -1 */
-	int pend;  /* the file of the key being taken, open, not locked; -1 */
+	int pend;  /* the file of the key being taken, open; locked only inside
+		    * acquire, until the hold is registered; -1 */
+	int pid;   /* the process that opened it */
 	size_t pklen;
 	char pkey[KEY_BUF_SIZE];
 	char err[256];
@@ -224,11 +226,14 @@ static void drain(struct backend_conn *c)
 		;
 }
 
-/* Removes c's watch, if any. */
+/* Removes c's watch, if any, and the events it left (its IN_IGNORED). In
+ * a fork child the inotify instance is the parent's too: left alone. */
 static void unwatch(struct backend_conn *c)
 {
-	if (c->wd >= 0)
+	if (c->wd >= 0 && c->pid == getpid()) {
 		inotify_rm_watch(c->ino, c->wd);
+		drain(c);
+	}
 	c->wd = -1;
 }
 
@@ -368,6 +373,7 @@ static struct backend_conn *local_open(const struct backend_config *bc, char *er
 		return NULL;
 	c->bc = bc;
 	c->ino = c->wd = c->pend = -1;
+	c->pid = getpid();
 	return c;
 }
 
@@ -391,7 +397,6 @@ static int local_acquire(struct backend_conn *c, const struct backend_item *it,
 {
 	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
 	char rec[LOCAL_RECORD_MAX];
-	int fd;
 
 	*fence = 0;
 	*holder_len = 0;
@@ -412,19 +417,20 @@ static int local_acquire(struct backend_conn *c, const struct backend_item *it,
 		record_holder(rec, holder, holder_len);
 		return BACKEND_NO;
 	}
-	fd = c->pend;
+	/* the descriptor stays c's until registered: a cancellation in between
+	 * (pwrite is a cancellation point) closes it with c, freeing the lock */
+	unwatch(c);
+	if (record_write(c, c->pend, it, fence) != BACKEND_OK) {
+		pend_drop(c); /* frees the lock */
+		return BACKEND_ERR;
+	}
+	if (holds_add(it, c->pend, *fence) != 0) {
+		snprintf(c->err, sizeof(c->err), "out of memory for the table of holds");
+		pend_drop(c);
+		return BACKEND_ERR;
+	}
 	c->pend = -1;
 	c->pklen = 0;
-	unwatch(c);
-	if (record_write(c, fd, it, fence) != BACKEND_OK) {
-		close(fd); /* frees the lock */
-		return BACKEND_ERR;
-	}
-	if (holds_add(it, fd, *fence) != 0) {
-		snprintf(c->err, sizeof(c->err), "out of memory for the table of holds");
-		close(fd);
-		return BACKEND_ERR;
-	}
 	return BACKEND_OK;
 }
 

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from support.util import CLI, MULT, TIMEOUT, cc, run, wait_for, write_config
+from support.util import CLI, MULT, TIMEOUT, cc, run, shim_env, wait_for, write_config
 from support.workers import RACE_ITER, RACE_PROCS, race
 
 BLOCK_LOCK = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
@@ -381,3 +381,22 @@ def test_lock_options_refused(tmp_path):
         r = subprocess.run([CLI, "lock", "-c", cfg] + opts + ["job", "--", "true"],
                            capture_output=True, text=True, timeout=TIMEOUT)
         assert r.returncode == 78 and says in r.stderr, (opts, r.stderr)
+
+
+def test_unusable_lock_file_applies_on_error(worker_progs, tmp_path):
+    """A symbolic link where the lock file goes is never followed: the call
+    gets on_error (here: skip, errno 5) after wait_ms, the link's target is
+    untouched. Control: without the link the same call runs."""
+    cfg = local_config(tmp_path, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                       'wait_ms = 300; on_error = "skip"; errno = 5; } );\n')
+    target = tmp_path / "target"
+    target.write_text("keep\n")
+    os.mkdir(str(tmp_path / "locks"))
+    os.symlink(str(target), str(tmp_path / "locks" / "lockshim%3Ablk.lock"))
+    r = run([worker_progs["block"]], cfg)
+    assert r.stdout.strip() == "call rc=-1 errno=5", (r.stdout, r.stderr)
+    assert "open of the lock file" in r.stderr and target.read_text() == "keep\n"
+    os.unlink(str(tmp_path / "locks" / "lockshim%3Ablk.lock"))
+    p = subprocess.run([worker_progs["block"]], env=shim_env(cfg), input="\n",
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert p.stdout.splitlines()[-1] == "call rc=42 errno=0", (p.stdout, p.stderr)
