@@ -32,9 +32,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/inotify.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend_local.h"
 #include "backend_local_conf.h"
 #include "sha1.h"
 
@@ -532,6 +535,84 @@ static int local_ping(struct backend_conn *c)
 static void local_describe(const struct backend_config *bc, char *buf, size_t len)
 {
 	snprintf(buf, len, "local lock files in %s", bc->spec->dir);
+}
+
+/* ---- holders, for `lockshim status` ------------------------------------ */
+
+/* Returns the value of hex digit c, or -1. */
+static int hex_digit(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* Decodes the lock file name (without ".lock", n bytes) into key
+ * (KEY_BUF_SIZE + 64 bytes): %XX back to its byte; a cut %X of a shortened
+ * name stays as it is. Returns the key's length. */
+static size_t name_decode(const char *name, size_t n, char *key)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		int hi = i + 2 < n ? hex_digit(name[i + 1]) : -1;
+		int lo = i + 2 < n ? hex_digit(name[i + 2]) : -1;
+
+		if (name[i] == '%' && hi >= 0 && lo >= 0) {
+			key[k++] = (char)(hi * 16 + lo);
+			i += 2;
+		} else {
+			key[k++] = name[i];
+		}
+	}
+	return k;
+}
+
+/* Reports the lock file name of dirfd to fn when a process holds it. */
+static void holder_of(int dirfd, const char *name,
+		      void (*fn)(void *arg, const struct local_holder *h), void *arg)
+{
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
+	char rec[LOCAL_RECORD_MAX], key[LOCAL_NAME_MAX + 64], val[BACKEND_VAL_MAX];
+	size_t n = strlen(name), sl = sizeof(LOCAL_SUFFIX) - 1;
+	struct local_holder h = { .key = key, .val = val };
+	struct stat st;
+	int fd;
+
+	if (n <= sl || n - sl > LOCAL_NAME_MAX + 41 || strcmp(name + n - sl, LOCAL_SUFFIX))
+		return;
+	fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+	if (fd < 0)
+		return;
+	if (fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK &&
+	    fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+		record_read(fd, rec, sizeof(rec));
+		record_holder(rec, val, &h.vlen);
+		h.fence = record_fence(rec);
+		h.klen = name_decode(name, n - sl, key);
+		h.since_ms = (long long)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
+		fn(arg, &h);
+	}
+	close(fd);
+}
+
+int local_holders(const struct backend_config *bc,
+		  void (*fn)(void *arg, const struct local_holder *h), void *arg,
+		  char *err, size_t errlen)
+{
+	DIR *d = opendir(bc->spec->dir);
+	struct dirent *e;
+
+	if (!d) {
+		snprintf(err, errlen, "\"%s\": %s", bc->spec->dir, strerror(errno));
+		return -1;
+	}
+	while ((e = readdir(d)) != NULL)
+		holder_of(dirfd(d), e->d_name, fn, arg);
+	closedir(d);
+	return 0;
 }
 
 const struct backend_ops backend_local = {

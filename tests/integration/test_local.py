@@ -13,6 +13,7 @@ and every refusal (78, naming the setting).
 """
 import fcntl
 import glob
+import json
 import os
 import re
 import struct
@@ -308,7 +309,6 @@ def test_check_probes_the_directory(tmp_path):
 
 
 @pytest.mark.parametrize("verb,says", [
-    (["status"], "status is not built yet for backend \"local\""),
     (["unlock", "job"], "a kernel lock cannot be taken from another process"),
     (["metrics"], "metrics is not built yet for backend \"local\""),
 ])
@@ -400,3 +400,33 @@ def test_unusable_lock_file_applies_on_error(worker_progs, tmp_path):
     p = subprocess.run([worker_progs["block"]], env=shim_env(cfg), input="\n",
                        capture_output=True, text=True, timeout=TIMEOUT)
     assert p.stdout.splitlines()[-1] == "call rc=42 errno=0", (p.stdout, p.stderr)
+
+
+def test_status_lists_the_held_files(bg, worker_progs, tmp_path):
+    """A live holder is listed (text and JSON, limit 1, exclusive, its fence,
+    no lease); the control: a file whose holder released it (its record
+    still there) is not; the pattern filters."""
+    cfg = local_config(tmp_path, 'locks = ( { symbol = "block_call"; key = "blk/{arg0}"; } );\n')
+    for _ in range(2):
+        r = subprocess.run([CLI, "lock", "-c", cfg, "done", "--", "true"],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        assert r.returncode == 0, r.stderr
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+
+    def status(*args):
+        r = subprocess.run([CLI, "status", "-c", cfg] + list(args), capture_output=True,
+                           text=True, timeout=TIMEOUT)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.splitlines()
+    [line] = status()
+    assert line.startswith("blk/1  held by %s pid %d " % (os.uname().nodename, holder.p.pid))
+    assert "(block)" in line and "no lease, fence 1" in line
+    [obj] = [json.loads(l) for l in status("--json")]
+    assert (obj["key"], obj["pid"], obj["fence"], obj["limit"], obj["mode"],
+            obj["lease_left_ms"]) == ("blk/1", holder.p.pid, 1, 1, "exclusive", None)
+    assert status("blk/*") == [line] and status("done*") == []
+    assert record(str(tmp_path / "locks" / "lockshim%3Adone.lock"))[0] == 2  # released
+    holder.send()
+    holder.expect("call rc=42")
+    wait_for(lambda: status() == [], what="the released lock gone from status")
