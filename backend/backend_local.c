@@ -11,8 +11,10 @@
  * after an error without dropping its holds). The kernel frees a lock when
  * the last descriptor of its open file description closes: a dead holder
  * frees it at once. The holder writes "<fence>\n<lock value>\n" at offset 0
- * (the fence is the previous record's + 1). A release is F_UNLCK then
- * close(): the close's IN_CLOSE_WRITE comes after the unlock. A waiter
+ * (the fence is the previous record's + 1). A release is F_UNLCK, then
+ * futimens (IN_ATTRIB, after the unlock) with the descriptor kept open as
+ * the connection's for the thread's next call of that key, or close()
+ * (IN_CLOSE_WRITE) when the connection has one already. A waiter
  * keeps one descriptor of the file open across its attempts (its own close
  * would wake the others), adds an inotify watch on the file before each
  * run of attempts and poll()s the thread's inotify descriptor (its
@@ -437,25 +439,34 @@ static int local_acquire(struct backend_conn *c, const struct backend_item *it,
 	return BACKEND_OK;
 }
 
-/* Unlocks and closes a held descriptor: the close's IN_CLOSE_WRITE wakes
- * the waiters after the unlock. */
-static void unlock_fd(int fd)
+/*
+ * Unlocks the held descriptor fd of it's key. Then, when c has no pending
+ * descriptor, fd stays open as c's (the thread's next call of the key
+ * opens nothing) and futimens wakes the waiters (IN_ATTRIB); else it is
+ * closed (IN_CLOSE_WRITE). Either event comes after the unlock.
+ */
+static void unlock_fd(struct backend_conn *c, const struct backend_item *it, int fd)
 {
 	struct flock fl = { .l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
 
 	fcntl(fd, F_OFD_SETLK, &fl);
-	close(fd);
+	if (c->pend >= 0 || it->klen > sizeof(c->pkey) || futimens(fd, NULL) != 0) {
+		close(fd);
+		return;
+	}
+	c->pend = fd;
+	memcpy(c->pkey, it->key, it->klen);
+	c->pklen = it->klen;
 }
 
 static int local_release(struct backend_conn *c, const struct backend_item *it, int async)
 {
 	int fd = holds_take(it);
 
-	(void)c;
 	(void)async;
 	if (fd < 0)
 		return BACKEND_NO;
-	unlock_fd(fd);
+	unlock_fd(c, it, fd);
 	return BACKEND_OK;
 }
 
