@@ -1,30 +1,22 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * backend_local.c - the local backend: one lock file per key under the
- * `local` group's dir, locked with an open file description lock
- * (fcntl F_OFD_SETLK, F_WRLCK on byte 0). No server, no thread, no lease.
- *
- * DESIGN
- * Each hold is its own open() of the key's file (so two threads of one
- * process exclude each other), registered by its token in a process-wide
- * table until released (local_holds: a thread's connection can be dropped
- * after an error without dropping its holds). The kernel frees a lock when
- * the last descriptor of its open file description closes: a dead holder
- * frees it at once. The holder writes "<fence>\n<lock value>\n" at offset 0
- * (the fence is the previous record's + 1). A release is F_UNLCK, then
- * futimens (IN_ATTRIB, after the unlock) with the descriptor kept open as
- * the connection's for the thread's next call of that key, or close()
- * (IN_CLOSE_WRITE) when the connection has one already. A waiter
- * keeps one descriptor of the file open across its attempts (its own close
- * would wake the others), adds an inotify watch on the file before each
- * run of attempts and poll()s the thread's inotify descriptor (its
- * "connection") between them: woken by a release or a holder's death,
- * never by a timer. A fork child closes its copies of the parent's lock
- * descriptors (local_atfork_child), so that a child outliving its parent
- * does not keep the parent's locks.
+ * backend_local.c - the local backend: one lock file per key under
+ * local.dir, an open file description lock (F_OFD_SETLK, F_WRLCK on byte 0)
+ * per hold, no server, no thread, no lease. The kernel frees a lock when
+ * its holder dies. Holds are registered by token in a process-wide table
+ * (a thread's connection may be dropped after an error; a fork child closes
+ * every inherited one: local_atfork_child). The holder writes "<fence>\n
+ * <lock value>\n" (the previous fence + 1). A connection (one per thread)
+ * is an inotify descriptor and one open, unlocked file: the key being
+ * waited for (a waiter keeps it across attempts: its own close would wake
+ * the others) or the last one released (the next call opens nothing). A
+ * waiter watches the file before it tries and poll()s between tries; a
+ * release is F_UNLCK then futimens or close, a holder's death the kernel's
+ * close: each wakes the waiters after the unlock.
  */
 #include "backend.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -34,7 +26,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -57,8 +48,9 @@ struct backend_conn {
 	const struct backend_config *bc;
 	int ino;   /* inotify descriptor, made on the first wait; -1 */
 	int wd;    /* its watch on pend's file; -1 */
-	int pend;  /* the file of the key being taken, open; locked only inside
-		    * acquire, until the hold is registered; -1 */
+	int pend;  /* an open file of key pkey: the one being taken or the last
+		    * released; locked only inside acquire, until the hold is
+		    * registered; -1 */
 	int pid;   /* the process that opened it */
 	size_t pklen;
 	char pkey[KEY_BUF_SIZE];
