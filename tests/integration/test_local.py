@@ -430,3 +430,48 @@ def test_status_lists_the_held_files(bg, worker_progs, tmp_path):
     holder.send()
     holder.expect("call rc=42")
     wait_for(lambda: status() == [], what="the released lock gone from status")
+
+
+# outer() calls inner(): both guarded with the same key.
+NEST_LIB_C = r"""
+int inner(int x) { return x + 1; }
+int outer(int x) { return inner(x) * 2; }
+"""
+NEST_MAIN_C = r"""
+#include <errno.h>
+#include <stdio.h>
+int outer(int x);
+int main(void)
+{
+	int rc;
+
+	errno = 0;
+	rc = outer(1);
+	printf("rc=%d errno=%d\n", rc, errno);
+	return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def nester(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("nester"))
+    for name, text in {"nest_lib.c": NEST_LIB_C, "nest_main.c": NEST_MAIN_C}.items():
+        with open(os.path.join(d, name), "w") as f:
+            f.write(text)
+    cc(os.path.join(d, "libnest.so"), [os.path.join(d, "nest_lib.c")], "-O0", "-shared",
+       "-fPIC", "-fno-semantic-interposition")
+    return cc(os.path.join(d, "nester"), [os.path.join(d, "nest_main.c")], "-O2",
+              "-L" + d, "-Wl,-rpath," + d, "-lnest")
+
+
+@pytest.mark.parametrize("reentrant,out", [("true", "rc=4 errno=0"),
+                                           ("false", "rc=-2 errno=16")])
+def test_reentrant_call_enters_its_own_lock(nester, tmp_path, reentrant, out):
+    """reentrant = true: the nested call of the same key enters at once;
+    the control, reentrant = false, waits for its own lock until wait_ms
+    (inner skipped: -1, so outer returns -2)."""
+    cfg = local_config(tmp_path, 'locks = ( { symbols = ( "outer", "inner" ); key = "nest"; '
+                       'wait_ms = 300; reentrant = %s; method = "entry"; } );\n' % reentrant)
+    r = run([nester], cfg)
+    assert r.returncode == 0 and r.stdout.strip() == out, (r.stdout, r.stderr)
