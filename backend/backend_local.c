@@ -47,13 +47,15 @@ struct backend_config {
 struct backend_conn {
 	const struct backend_config *bc;
 	int ino;   /* inotify descriptor, made on the first wait; -1 */
-	int wd;    /* its watch on pend's file; -1 */
+	int wd;    /* its watch, on the file of key wkey (kept while the key is
+		    * taken, held and released again); -1 */
 	int pend;  /* an open file of key pkey: the one being taken or the last
 		    * released; locked only inside acquire, until the hold is
 		    * registered; -1 */
 	int pid;   /* the process that opened it */
-	size_t pklen;
+	size_t pklen, wklen;
 	char pkey[KEY_BUF_SIZE];
+	char wkey[KEY_BUF_SIZE];
 	char err[256];
 };
 
@@ -214,12 +216,13 @@ static int fail(struct backend_conn *c, const char *what)
 	return BACKEND_ERR;
 }
 
-/* Reads the pending events of c's inotify descriptor (none is kept). */
+/* Reads the pending events of c's inotify descriptor (none is kept; a
+ * full buffer is read again). */
 static void drain(struct backend_conn *c)
 {
 	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
 
-	while (c->ino >= 0 && read(c->ino, buf, sizeof(buf)) > 0)
+	while (c->ino >= 0 && read(c->ino, buf, sizeof(buf)) == (ssize_t)sizeof(buf))
 		;
 }
 
@@ -265,19 +268,25 @@ static int pend_open(struct backend_conn *c, const struct backend_item *it)
 	return BACKEND_OK;
 }
 
-/* Watches c's pending file (a waiter, before it tries the lock). Returns
- * BACKEND_OK or BACKEND_ERR. */
+/* Watches the file of it's key (a waiter, before it tries the lock): the
+ * watch c has when it is that file's, else a new one. Returns BACKEND_OK
+ * or BACKEND_ERR. */
 static int watch(struct backend_conn *c, const struct backend_item *it)
 {
 	char path[PATH_MAX];
 
-	if (c->wd >= 0)
+	if (c->wd >= 0 && c->wklen == it->klen && memcmp(c->wkey, it->key, it->klen) == 0)
 		return BACKEND_OK;
+	unwatch(c);
 	if (c->ino < 0 && (c->ino = inotify_init1(IN_CLOEXEC | IN_NONBLOCK)) < 0)
 		return fail(c, "inotify_init1");
 	lock_path(c->bc, it->key, it->klen, path);
-	c->wd = inotify_add_watch(c->ino, path, IN_MODIFY | IN_CLOSE_WRITE | IN_ATTRIB);
-	return c->wd < 0 ? fail(c, "inotify_add_watch") : BACKEND_OK;
+	c->wd = inotify_add_watch(c->ino, path, IN_CLOSE_WRITE | IN_ATTRIB);
+	if (c->wd < 0)
+		return fail(c, "inotify_add_watch");
+	memcpy(c->wkey, it->key, it->klen); /* pend_open checked the length */
+	c->wklen = it->klen;
+	return BACKEND_OK;
 }
 
 /* Reads fd's owner record into rec (NUL-terminated). Returns its length
@@ -409,14 +418,19 @@ static int local_acquire(struct backend_conn *c, const struct backend_item *it,
 	if (fcntl(c->pend, F_OFD_SETLK, &fl) != 0) {
 		if (errno != EAGAIN && errno != EACCES)
 			return fail(c, "fcntl F_OFD_SETLK");
-		*wait_ms = it->waiting ? LLONG_MAX / 4 : BACKEND_NOT_QUEUED;
+		if (it->waiting) { /* the holder was read at the first refusal */
+			*wait_ms = LLONG_MAX / 4;
+			return BACKEND_NO;
+		}
+		*wait_ms = BACKEND_NOT_QUEUED;
 		record_read(c->pend, rec, sizeof(rec));
 		record_holder(rec, holder, holder_len);
 		return BACKEND_NO;
 	}
 	/* the descriptor stays c's until registered: a cancellation in between
-	 * (pwrite is a cancellation point) closes it with c, freeing the lock */
-	unwatch(c);
+	 * (pwrite is a cancellation point) closes it with c, freeing the lock;
+	 * the watch stays for the key's next wait (its events meanwhile cost
+	 * that wait one early try at most) */
 	if (record_write(c, c->pend, it, fence) != BACKEND_OK) {
 		pend_drop(c); /* frees the lock */
 		return BACKEND_ERR;
