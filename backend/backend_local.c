@@ -78,6 +78,8 @@ static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 /* ---- the table of holds ------------------------------------------------- */
 
+/* Returns how many bytes of it's value name its hold: the token, or the
+ * whole value when shorter (a probe's). */
 static size_t token_len(const struct backend_item *it)
 {
 	return it->vlen < LOCAL_TOKEN ? it->vlen : LOCAL_TOKEN;
@@ -150,6 +152,7 @@ static int holds_take(const struct backend_item *it)
 	return fd;
 }
 
+/* fork: the table does not change while the child is made. */
 static void local_atfork_prepare(void)
 {
 	pthread_mutex_lock(&holds.mu);
