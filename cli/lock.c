@@ -435,9 +435,10 @@ static int run_locked(char **argv, int rfd)
 /*
  * Sets spec's limit and mode from --limit (N exclusive permits) or --shared
  * (limit 1, shared); without either the config's defaults stand. Then asks
- * the selected backend's group whether it can honour the lock, as conf_load asks for
- * the file's locks (Redlock masters refuse fair, for one). Returns 0, or -1
- * with one line in err naming the file and the setting.
+ * the selected backend's group whether it can honour the lock, as conf_load
+ * asks for the file's locks (Redlock masters refuse fair, for one; local
+ * refuses a limit above 1 and shared). Returns 0, or -1 with one line in
+ * err naming the file and the setting.
  */
 static int apply_mode(const struct conf *cfg, struct lock_spec *spec, const struct lock_opts *o,
 		      char *err, size_t errlen)

@@ -48,6 +48,8 @@
 
 int lockview_open(struct lockview *lv, const struct conf *cfg, char *err, size_t errlen)
 {
+	int sel;
+
 	memset(lv, 0, sizeof(*lv));
 	lv->cfg = cfg;
 	if (backend_init(&lv->b, cfg, err, errlen) != 0)
@@ -56,9 +58,9 @@ int lockview_open(struct lockview *lv, const struct conf *cfg, char *err, size_t
 	lv->local = strcmp(lv->b.ops->name, "local") == 0;
 	if (lv->redlock)
 		lv->quorum = lv->b.ops->node_count(lv->b.cfg) / 2 + 1;
-	for (int i = 0; cfg->groups[i]; i++)
-		if (cfg->groups[i]->hash_tag && cfg->groups[i]->hash_tag(cfg->group_data[i]))
-			lv->tagged = 1;
+	sel = conf_backend_group(cfg);
+	lv->tagged = sel >= 0 && cfg->groups[sel]->hash_tag &&
+		     cfg->groups[sel]->hash_tag(cfg->group_data[sel]);
 	return 0;
 }
 

@@ -8,9 +8,10 @@
  * `defaults` group and every entry of `locks`. A backend's group (`redis`)
  * is the backend's own table (backend/backend_redis_conf.c), given to
  * conf_load; the top-level `backend`, read first, names the one group the
- * file may have, whose per-lock checks apply. Each entry holds its setting's default, so a new setting is
- * one entry plus its struct member: the parser, the copy from `defaults`,
- * the release and `lockshim settings` all walk the tables.
+ * file may have, whose per-lock checks apply. Each entry holds its
+ * setting's default, so a new setting is one entry plus its struct member:
+ * the parser, the copy from `defaults`, the release and `lockshim settings`
+ * all walk the tables.
  *
  * A lock starts from the built-in defaults, then `defaults`, then its own
  * settings. Every error is one line: "<file>:<line>: <setting>: <problem>".
