@@ -32,6 +32,7 @@
 
 #include "backend_local.h"
 #include "backend_local_conf.h"
+#include "log.h"
 #include "sha1.h"
 
 #define LOCAL_NAME_MAX 200   /* longer encoded names are shortened with a hash */
@@ -39,6 +40,7 @@
 #define LOCAL_SUFFIX ".lock"
 #define LOCAL_TOKEN 32       /* a lock value's token: its first bytes (owner.h) */
 #define LOCAL_RECORD_MAX (24 + BACKEND_VAL_MAX)
+#define LOCAL_POLL_MS 20     /* a waiter that cannot watch (inotify refused) tries this often */
 
 struct backend_config {
 	const struct local_spec *spec;
@@ -292,6 +294,18 @@ static int watch(struct backend_conn *c, const struct backend_item *it)
 	return BACKEND_OK;
 }
 
+/* After watch failed (c->err says why: inotify's limits, most likely):
+ * says once per process that waiters poll instead. */
+static void unwatched(struct backend_conn *c)
+{
+	static int said;
+
+	if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+		LOG(LOG_WARN, "local: a waiter cannot watch its lock file (%s): waiters without a "
+		    "watch try every %d ms instead (see fs.inotify.max_user_instances and "
+		    "max_user_watches)", c->err, LOCAL_POLL_MS);
+}
+
 /* Reads fd's owner record into rec (NUL-terminated). Returns its length
  * (as read: up to the buffer's size), or -1. */
 static ssize_t record_read(int fd, char *rec, size_t cap)
@@ -416,13 +430,15 @@ static int local_acquire(struct backend_conn *c, const struct backend_item *it,
 	}
 	if (it->waiting && holds_find(it, fence)) /* ours already (the plain try: never) */
 		return BACKEND_OK;
-	if (pend_open(c, it) != BACKEND_OK || (it->waiting && watch(c, it) != BACKEND_OK))
+	if (pend_open(c, it) != BACKEND_OK)
 		return BACKEND_ERR;
+	if (it->waiting && watch(c, it) != BACKEND_OK)
+		unwatched(c);
 	if (fcntl(c->pend, F_OFD_SETLK, &fl) != 0) {
 		if (errno != EAGAIN && errno != EACCES)
 			return fail(c, "fcntl F_OFD_SETLK");
 		if (it->waiting) { /* the holder was read at the first refusal */
-			*wait_ms = LLONG_MAX / 4;
+			*wait_ms = c->wd >= 0 ? LLONG_MAX / 4 : LOCAL_POLL_MS;
 			return BACKEND_NO;
 		}
 		*wait_ms = BACKEND_NOT_QUEUED;
@@ -489,8 +505,10 @@ static int local_wait(struct backend_conn *c, const struct backend_item *it,
 
 	(void)it;
 	*fence = 0;
-	if (c->ino < 0 || c->wd < 0)
-		return BACKEND_OK; /* not watching: try again */
+	if (c->ino < 0 || c->wd < 0) { /* not watching (unwatched): try again soon */
+		poll(NULL, 0, timeout_ms < LOCAL_POLL_MS ? (int)timeout_ms : LOCAL_POLL_MS);
+		return BACKEND_OK;
+	}
 	n = poll(&p, 1, timeout_ms > INT_MAX ? INT_MAX : (int)timeout_ms);
 	if (n < 0 && errno != EINTR)
 		return fail(c, "poll");

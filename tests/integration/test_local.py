@@ -475,3 +475,24 @@ def test_reentrant_call_enters_its_own_lock(nester, tmp_path, reentrant, out):
                        'wait_ms = 300; reentrant = %s; method = "entry"; } );\n' % reentrant)
     r = run([nester], cfg)
     assert r.returncode == 0 and r.stdout.strip() == out, (r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize("instances,polls", [("0", True), ("128", False)])
+def test_waiter_without_inotify_polls(bg, worker_progs, tmp_path, instances, polls):
+    """A waiter refused an inotify instance (a user namespace of its own
+    whose max_inotify_instances is 0) still enters after the release,
+    trying every 20 ms, and says so once; the control (128) watches."""
+    cfg = local_config(tmp_path, BLOCK_LOCK % 30000)
+    holder = bg([worker_progs["block"], "stay"], cfg)
+    holder.expect("enter")
+    waiter = bg(["unshare", "-Ur", "sh", "-c", "echo %s > /proc/sys/user/max_inotify_instances"
+                 " && exec %s" % (instances, worker_progs["block"])], cfg)
+    # unshare and sh exec: the waiter keeps the pid
+    wait_for(lambda: "cannot watch" in waiter.stderr() or waiting(waiter.p.pid),
+             what="the waiter waiting")
+    holder.send()
+    holder.expect("call rc=42")
+    waiter.expect("enter", timeout=5)
+    said = waiter.stderr().count("waiters without a watch try every 20 ms")
+    assert said == (1 if polls else 0), waiter.stderr()
+
