@@ -288,6 +288,13 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
 	return 1;
 }
 
+/* Returns what the log lines call the lock store: "Redis", or for a
+ * leaseless backend (kernel locks) "lock file". */
+static const char *store_name(void)
+{
+	return backend->ops->leaseless ? "lock file" : "Redis";
+}
+
 /* Returns how long one wait for a signal may take: the backend's hint,
  * capped by retry_max_ms, when the waiter must ask again that often to stay
  * queued (not with a leaseless backend, whose wake-up is the release's). */
@@ -396,7 +403,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 		}
 		now = util_now_ms();
 		if (now - logged >= LOCK_ERROR_LOG_MS) {
-			LOG(LOG_WARN, "%s: Redis error, retrying: %s", s->symbol, err);
+			LOG(LOG_WARN, "%s: %s error, retrying: %s", s->symbol, store_name(), err);
 			logged = now;
 		}
 		if (now < deadline)
@@ -421,8 +428,8 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 	}
 	if (!busy) {
 		LOGK(LOG_ERROR, s->symbol, l->key, l->klen,
-		     "%s: Redis unavailable for %lld ms, lock %.*s not taken: %s",
-		     s->symbol, s->wait_ms, (int)l->klen, l->key, err);
+		     "%s: %s unavailable for %lld ms, lock %.*s not taken: %s",
+		     s->symbol, store_name(), s->wait_ms, (int)l->klen, l->key, err);
 		return LOCK_ERROR;
 	}
 	if (LOG_WARN <= log_threshold) {

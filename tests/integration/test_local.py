@@ -396,6 +396,7 @@ def test_unusable_lock_file_applies_on_error(worker_progs, tmp_path):
     r = run([worker_progs["block"]], cfg)
     assert r.stdout.strip() == "call rc=-1 errno=5", (r.stdout, r.stderr)
     assert "open of the lock file" in r.stderr and target.read_text() == "keep\n"
+    assert "lock file unavailable for 300 ms" in r.stderr and "Redis" not in r.stderr
     os.unlink(str(tmp_path / "locks" / "lockshim%3Ablk.lock"))
     p = subprocess.run([worker_progs["block"]], env=shim_env(cfg), input="\n",
                        capture_output=True, text=True, timeout=TIMEOUT)
