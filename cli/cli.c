@@ -542,10 +542,11 @@ static int cmd_check(int argc, char **argv)
 			   diff);
 	}
 	if (selftest_run(&cfg, msg, sizeof(msg)) != 0) {
-		print_escaped(stderr, "redis: ", msg);
+		snprintf(diff, sizeof(diff), "%s: ", conf_backend_name(cfg.backend));
+		print_escaped(stderr, diff, msg);
 		rc = EX_UNAVAILABLE;
 	} else {
-		printf("redis: ok (%s)\n", msg);
+		printf("%s: ok (%s)\n", conf_backend_name(cfg.backend), msg);
 	}
 	conf_release(&cfg);
 	if (i < argc) {
