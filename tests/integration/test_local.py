@@ -97,16 +97,22 @@ def waiting(pid):
     return False
 
 
+def program_with_lib(tmp_path_factory, name, lib_c, main_c, *lib_flags):
+    """Builds lib<name>.so from lib_c (with lib_flags) and the program name
+    from main_c linked to it; returns the program's path."""
+    d = str(tmp_path_factory.mktemp(name))
+    for src, text in {"lib.c": lib_c, "main.c": main_c}.items():
+        with open(os.path.join(d, src), "w") as f:
+            f.write(text)
+    cc(os.path.join(d, "lib%s.so" % name), [os.path.join(d, "lib.c")], *lib_flags, "-shared",
+       "-fPIC")
+    return cc(os.path.join(d, name), [os.path.join(d, "main.c")], "-O2", "-L" + d,
+              "-Wl,-rpath," + d, "-l" + name)
+
+
 @pytest.fixture(scope="module")
 def forker(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("forker"))
-    for name, text in {"fork_lib.c": FORK_LIB_C, "fork_main.c": FORK_MAIN_C}.items():
-        with open(os.path.join(d, name), "w") as f:
-            f.write(text)
-    cc(os.path.join(d, "libfork.so"), [os.path.join(d, "fork_lib.c")], "-O2", "-shared",
-       "-fPIC")
-    return cc(os.path.join(d, "forker"), [os.path.join(d, "fork_main.c")], "-O2",
-              "-L" + d, "-Wl,-rpath," + d, "-lfork")
+    return program_with_lib(tmp_path_factory, "fork", FORK_LIB_C, FORK_MAIN_C, "-O2")
 
 
 # ---- exclusion ------------------------------------------------------------------
@@ -456,14 +462,8 @@ int main(void)
 
 @pytest.fixture(scope="module")
 def nester(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("nester"))
-    for name, text in {"nest_lib.c": NEST_LIB_C, "nest_main.c": NEST_MAIN_C}.items():
-        with open(os.path.join(d, name), "w") as f:
-            f.write(text)
-    cc(os.path.join(d, "libnest.so"), [os.path.join(d, "nest_lib.c")], "-O0", "-shared",
-       "-fPIC", "-fno-semantic-interposition")
-    return cc(os.path.join(d, "nester"), [os.path.join(d, "nest_main.c")], "-O2",
-              "-L" + d, "-Wl,-rpath," + d, "-lnest")
+    return program_with_lib(tmp_path_factory, "nest", NEST_LIB_C, NEST_MAIN_C, "-O0",
+                            "-fno-semantic-interposition")
 
 
 @pytest.mark.parametrize("reentrant,out", [("true", "rc=4 errno=0"),
