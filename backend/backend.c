@@ -2,9 +2,10 @@
 /*
  * backend.c - choosing the backend that serves a config (see backend.h).
  *
- * The table lists every backend in order of preference; the first whose
- * serves() accepts the settings of its group (its .settings, such as the
- * `redis` group) wins, so a new topology (Sentinel, Cluster, several
+ * The table lists every backend in order of preference; among those whose
+ * group is named as the config's `backend`, the first whose serves()
+ * accepts the settings of its group (its .settings, such as the `redis`
+ * group) wins, so a new topology (Sentinel, Cluster, several
  * masters) is its own file plus one line here. The same table registers
  * the settings groups: backend_conf_groups gives them to conf_load, so a
  * new backend's group is parsed, checked, released and described without
@@ -18,16 +19,18 @@
 #include <string.h>
 
 #include "conf.h"
+#include "conf_field.h"
 
 /* Each backend's table, defined in its own file. */
 extern const struct backend_ops backend_redlock, backend_sentinel, backend_cluster,
-	backend_redis;
+	backend_redis, backend_local;
 
 static const struct backend_ops *const backends[] = {
 	&backend_redlock,
 	&backend_sentinel,
 	&backend_cluster,
 	&backend_redis,
+	&backend_local,
 };
 
 #define NBACKENDS (sizeof(backends) / sizeof(backends[0]))
@@ -49,12 +52,15 @@ void backend_conf_groups(const struct conf_group **groups, size_t n)
 
 int backend_init(struct backend *b, const struct conf *cfg, char *err, size_t errlen)
 {
+	const char *name = conf_backend_name(cfg->backend);
+
 	b->ops = NULL;
 	b->cfg = NULL;
 	for (size_t i = 0; i < NBACKENDS; i++) {
 		const void *settings = conf_group_data(cfg, backends[i]->settings);
 
-		if (!settings || !backends[i]->serves(settings))
+		if (!settings || strcmp(backends[i]->settings->name, name) != 0 ||
+		    !backends[i]->serves(settings))
 			continue;
 		b->cfg = backends[i]->config_new(settings, err, errlen);
 		if (!b->cfg)
@@ -62,7 +68,7 @@ int backend_init(struct backend *b, const struct conf *cfg, char *err, size_t er
 		b->ops = backends[i];
 		return 0;
 	}
-	snprintf(err, errlen, "no backend serves this redis configuration");
+	snprintf(err, errlen, "no backend serves this %s configuration", name);
 	return -1;
 }
 

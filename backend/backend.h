@@ -4,7 +4,8 @@
  *
  * lock.c and renew.c speak only through this table; all protocol text lives
  * in the implementations (backend_redis.c: one server; backend_sentinel.c,
- * backend_cluster.c and backend_redlock.c build on its connections).
+ * backend_cluster.c and backend_redlock.c build on its connections;
+ * backend_local.c: kernel file locks, no server).
  * backend.c's table lists them; backend_init picks the first whose
  * serves() accepts the settings of its group (struct conf_group, such as
  * `redis`: backend_redis_conf.c). Callers hold the backend's state as an
@@ -35,6 +36,7 @@
  *      the extern line above it.
  *   5. Its documentation: the group's settings in the settings reference
  *      (test_docs checks it against `lockshim settings`).
+ * A backend whose locks have no lease sets .leaseless (backend_local.c).
  * Nothing else: common/ (conf_load reads, checks and releases the group;
  * conf_group_data finds it), cli/ (`lockshim settings` and `check` describe
  * it) and the Makefile (every .c of a folder) take it from the table. A new
@@ -160,6 +162,11 @@ static inline struct backend_item backend_copy_item(const struct backend_copy *c
 
 struct backend_ops {
 	const char *name;
+	/* 1: a lock has no lease and no server-side queue (a kernel lock, kept
+	 * while its holder lives): no renewal thread is started for it (renew
+	 * is never due), a token is never left behind to forget, and a waiter
+	 * waits for its wake-up without asking again every retry_max_ms. */
+	int leaseless;
 	/* The settings group the backend reads (conf_field.h): its table, its
 	 * checks, the locks it refuses. Topologies of one server share one
 	 * (redis: backend_redis_settings). */

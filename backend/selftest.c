@@ -135,6 +135,16 @@ static size_t probe_key(char *key, const char *ns, const char *tag)
 				*tag ? "}" : "", host, (int)getpid());
 }
 
+/* The probe key of a leaseless backend (local lock files, never removed):
+ * one per host, reused by every check. Returns its length. */
+static size_t probe_key_kept(char *key, const char *ns)
+{
+	char host[64] = "localhost";
+
+	gethostname(host, sizeof(host) - 1);
+	return (size_t)snprintf(key, KEY_BUF_SIZE, "%s:lockshim-check:%s", ns, host);
+}
+
 /* Deletes the fencing counter of the probe key key[0..klen) on c, a
  * backend_redis connection (a cluster node that does not serve it answers
  * MOVED: nothing to delete there). */
@@ -160,11 +170,13 @@ static int probe_all(const struct backend_ops *ops, const struct backend_config 
 	struct backend_conn *c;
 	int rc, n;
 
+	if (ops->leaseless)
+		klen = probe_key_kept(key, ns);
 	if (!(c = ops->open(bc, err, sizeof(err))))
 		return failed(msg, len, "connect", err);
 	n = ops->node_count ? ops->node_count(bc) : 0;
 	rc = probe(ops, c, key, klen, msg, len);
-	if (!n) /* one server: c is backend_redis's */
+	if (!n && ops->settings == &backend_redis_settings) /* c is backend_redis's */
 		drop_counter(c, key, klen);
 	ops->close(c);
 	if (rc != 0)

@@ -1133,6 +1133,44 @@ class Bench:
             res[name] = runs[len(runs) // 2]
         return res
 
+    # ---- the local backend ------------------------------------------------
+
+    def local_config(self, symbol, tag):
+        """A config of backend "local" (its dir in the bench's work directory)
+        with one lock on symbol, key "bench"."""
+        path = os.path.join(self.work, "local-%s.cfg" % tag)
+        with open(path, "w") as f:
+            f.write('backend = "local";\nlocal = { dir = "%s"; };\n'
+                    'locks = ( { symbol = "%s"; key = "bench"; wait_ms = 600000; %s } );\n'
+                    % (os.path.join(self.work, "locks"), symbol, self.args.settings))
+        return path
+
+    def local(self):
+        """backend = "local": the uncontended guarded call minus unguarded (µs,
+        one CPU; the best of 3 runs, median of args.sets_rounds rounds, in
+        turns with the redis call of linger_ms = 0 for comparison), and P = 8
+        x args.k sections on one key against bare flock(2) of one file (the
+        run with the median sections/s of args.reps; the counter is checked)."""
+        cfg = self.local_config("bench_noop", "noop")
+        self.check_log("bench_noop, local", [self.worker, "noop", "-", "3"], cfg,
+                       want=["acquired "], unwanted=[" error: ", " warn: "], stdin="g")
+        redis0 = self.config(symbol="bench_noop", extra=NO_LINGER)
+        got = {"local": [], "redis0": []}
+        for _ in range(self.args.sets_rounds):
+            plain = self.noop("0", None)
+            got["local"].append(self.noop("0", cfg) - plain)
+            got["redis0"].append(self.noop("0", redis0) - plain)
+        res = {name: statistics.median(v) for name, v in got.items()}
+        for name, argv, env in (
+                ("p8-local", [self.worker, "section", self.counter, str(self.args.k)],
+                 self.env(self.local_config("section", "section"))),
+                ("p8-flock", [self.worker, "flock", self.counter, str(self.args.k),
+                              os.path.join(self.work, "flock.lock")], self.env(None))):
+            runs = sorted((self.contended_once(argv, env, 8) for _ in range(self.args.reps)),
+                          key=lambda r: r["rate"])
+            res[name] = runs[len(runs) // 2]
+        return res
+
     def close(self):
         self.server.stop()
         shutil.rmtree(self.work, ignore_errors=True)
@@ -1148,7 +1186,7 @@ IMPLS = [("poll", "plain C, SET NX / 1 ms poll / compare-and-delete"),
          ("redis-py", "redis-py Lock, defaults (sleep 0.1)"),
          ("redis-py-0.001", "redis-py Lock, sleep=0.001")]
 PARTS = ["uncontended", "contended", "startup", "imports", "entry", "symbols", "tls",
-         "replicas", "cluster", "redlock", "sets", "versus"]
+         "replicas", "cluster", "redlock", "sets", "local", "versus"]
 # The sets part: name, row, the lock's extra settings, its key (None: `keys`).
 SETS_CASES = [("exclusive", "exclusive lock (today's)", "", "bench"),
               ("limit3", "limit = 3", "limit = 3;", "bench"),
@@ -1168,7 +1206,8 @@ ENTRY_CASES = [("reloc", 'library function (bench_noop_wide in libsection.so, th
 
 
 def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, symbols=None,
-           tls=None, replicas=None, cluster=None, redlock=None, sets=None, versus=None):
+           tls=None, replicas=None, cluster=None, redlock=None, sets=None, local=None,
+           versus=None):
     """The markdown report of the parts measured (those not None)."""
     lines = []
     add = lines.append
@@ -1464,6 +1503,30 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
             add("| %s | %.0f | %.2f ms | %.2f ms | %.2f ms |" % (label, r["rate"], r["med"],
                                                                  r["p99"], r["max"]))
         add("")
+    if local:
+        add("## The local backend (kernel file locks, backend = \"local\")")
+        add("")
+        add("Guarded uncontended call minus unguarded, one CPU, median of %d rounds (each the "
+            "best of 3 runs of %d calls), in turns with the Redis call of linger_ms = 0:"
+            % (args.sets_rounds, args.n))
+        add("")
+        add("| lock | guarded call |")
+        add("|---|---:|")
+        add("| **backend = \"local\"** | **%.2f µs** |" % local["local"])
+        add("| redis, linger_ms = 0 | %.2f µs |" % local["redis0"])
+        add("")
+        add("P = 8 processes x %d sections on one key (unpinned; the run with the median "
+            "sections/s of %d), against bare flock(2) of one file (open, LOCK_EX, section, "
+            "LOCK_UN, close):" % (args.k, args.reps))
+        add("")
+        add("| lock | sections/s | wait median | p99 | max | counter exact |")
+        add("|---|---:|---:|---:|---:|---|")
+        for name, label in (("p8-local", "backend = \"local\""), ("p8-flock", "bare flock(2)")):
+            r = local[name]
+            add("| %s | %.0f | %.2f ms | %.2f ms | %.2f ms | %s |" % (
+                label, r["rate"], r["med"], r["p99"], r["max"],
+                "yes" if r["exact"] else "NO (%d of %d)" % (r["final"], r["n"])))
+        add("")
     if versus:
         add("## Before and after: this build against %s (medians of %d rounds, both builds "
             "measured in turn in each round)" % (args.baseline, args.versus_rounds))
@@ -1554,6 +1617,14 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
                                % (label, label_place),
                                sets[place][name] / sets[place]["exclusive"], "%.2f",
                                lambda v: v <= 1.10))
+    if local:
+        checks.append(("uncontended guarded call with backend = \"local\" ≤ 2 µs, one CPU",
+                       local["local"], "%.2f µs", lambda v: v <= 2))
+        checks.append(("local P=8 contended ≥ 0.8 x bare flock(2) (sections/s)",
+                       local["p8-local"]["rate"] / local["p8-flock"]["rate"], "%.2f",
+                       lambda v: v >= 0.8))
+        checks.append(("local P=8 contended: counter exact",
+                       1.0 if local["p8-local"]["exact"] else 0.0, "%.0f", lambda v: v == 1))
     if versus:
         for m, name, unit in VERSUS:
             before, after = versus[m]["before"], versus[m]["after"]
@@ -1642,6 +1713,8 @@ def main():
             res["redlock"] = b.redlock()
         if "sets" in wanted:
             res["sets"] = b.sets()
+        if "local" in wanted:
+            res["local"] = b.local()
         if "versus" in wanted and args.baseline:
             res["versus"] = b.versus()
         text = report(b, args, **res)

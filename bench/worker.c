@@ -6,6 +6,8 @@
  *   section   K calls of section(PATH) (guarded when the shim is preloaded)
  *   poll      the same, around a plain C lock: SET NX PX, 1 ms sleep between
  *             tries, EVALSHA compare-and-delete (the naive poller)
+ *   flock     the same, around flock(2) of the file PORT names (opened,
+ *             locked, unlocked and closed each time: the local backend's floor)
  *   noop      K calls of bench_noop(), timed as a whole
  *   noop-wide K calls of libsection's bench_noop_wide() (through the PLT),
  *             timed as a whole
@@ -15,10 +17,12 @@
  * Prints "elapsed_ns H handoffs" and, for section/poll, the wait of every
  * section (call to entry, ns) on the next line.
  */
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,11 +54,12 @@ static const char release_lua[] =
 int main(int argc, char **argv)
 {
 	const char *mode = argv[1], *path = argv[2];
-	int k = atoi(argv[3]), poll = !strcmp(mode, "poll");
+	int k = atoi(argv[3]), poll = !strcmp(mode, "poll"), lockf = !strcmp(mode, "flock");
 	long long *waits = calloc((size_t)k, sizeof(*waits)), t0, start;
 	redisContext *c = NULL;
 	char token[32], sha[41] = "";
 	char go;
+	int fd = -1;
 
 	if (poll) {
 		redisReply *r;
@@ -96,8 +101,17 @@ int main(int argc, char **argv)
 				usleep(1000);
 			}
 		}
+		if (lockf) {
+			fd = open(argv[4], O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+			if (fd < 0 || flock(fd, LOCK_EX) != 0)
+				return 6;
+		}
 		if (section(path) < 0)
 			return 5;
+		if (lockf) {
+			flock(fd, LOCK_UN);
+			close(fd);
+		}
 		waits[i] = section_entered_ns - t0;
 		if (poll)
 			freeReplyObject(redisCommand(c, "EVALSHA %s 1 poll-lock %s", sha, token));

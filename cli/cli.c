@@ -546,10 +546,10 @@ static int cmd_check(int argc, char **argv)
 			   diff);
 	}
 	if (selftest_run(&cfg, msg, sizeof(msg)) != 0) {
-		cli_error("redis: %s", msg);
+		cli_error("%s: %s", conf_backend_name(cfg.backend), msg);
 		rc = EX_UNAVAILABLE;
 	} else {
-		printf("redis: ok (%s)\n", msg);
+		printf("%s: ok (%s)\n", conf_backend_name(cfg.backend), msg);
 	}
 	conf_release(&cfg);
 	if (i < argc) {

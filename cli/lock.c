@@ -435,14 +435,16 @@ static int run_locked(char **argv, int rfd)
 /*
  * Sets spec's limit and mode from --limit (N exclusive permits) or --shared
  * (limit 1, shared); without either the config's defaults stand. Then asks
- * every server group whether it can honour the lock, as conf_load asks for
- * the file's locks (Redlock masters refuse fair, for one). Returns 0, or -1
- * with one line in err naming the file and the setting.
+ * the selected backend's group whether it can honour the lock, as conf_load
+ * asks for the file's locks (Redlock masters refuse fair, for one; local
+ * refuses a limit above 1 and shared). Returns 0, or -1 with one line in
+ * err naming the file and the setting.
  */
 static int apply_mode(const struct conf *cfg, struct lock_spec *spec, const struct lock_opts *o,
 		      char *err, size_t errlen)
 {
 	struct conf_err e = { err, errlen, cfg->path, 0 };
+	int sel = conf_backend_group(cfg);
 
 	if (o->limit) {
 		spec->limit = o->limit;
@@ -451,11 +453,10 @@ static int apply_mode(const struct conf *cfg, struct lock_spec *spec, const stru
 		spec->limit = 1;
 		spec->shared = 1;
 	}
-	for (int i = 0; cfg->groups[i]; i++)
-		if (cfg->groups[i]->check_lock &&
-		    cfg->groups[i]->check_lock(&e, NULL, "lockshim lock", spec, cfg,
-					       cfg->group_data[i]))
-			return -1;
+	if (sel >= 0 && cfg->groups[sel]->check_lock &&
+	    cfg->groups[sel]->check_lock(&e, NULL, "lockshim lock", spec, cfg,
+					 cfg->group_data[sel]))
+		return -1;
 	return 0;
 }
 
@@ -553,6 +554,13 @@ int cmd_lock(int argc, char **argv)
 		fprintf(stderr, "lockshim: out of memory for the counters; not counted\n");
 	if (backend_init(&b, &cfg, err, sizeof(err)) != 0) {
 		cli_error("config error: %s", err);
+		conf_release(&cfg);
+		return CONF_EXIT_CODE;
+	}
+	if (o.lease_ms && b.ops->leaseless) {
+		fprintf(stderr, "lockshim: config error: -l: not available with backend \"%s\": "
+			"its locks have no lease\n", conf_backend_name(cfg.backend));
+		backend_release(&b);
 		conf_release(&cfg);
 		return CONF_EXIT_CODE;
 	}

@@ -16,15 +16,20 @@
  * clock has not expired (a mark whose token is no such member is ignored:
  * the next mark written prunes it). With Redlock a
  * holder is shown when a quorum holds its value: the largest fence, the
- * shortest lease. Nothing is written.
+ * shortest lease. With backend "local" the holders are the lock files of
+ * local.dir that a process holds now (backend_local.h's local_holders: an
+ * F_OFD_GETLK test and the owner record), matched with fnmatch(3). Nothing
+ * is written.
  */
 #include "lockview.h"
 
+#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "backend_local.h"
 #include "backend_redis.h"
 #include "conf.h"
 #include "cli.h"
@@ -44,16 +49,19 @@
 
 int lockview_open(struct lockview *lv, const struct conf *cfg, char *err, size_t errlen)
 {
+	int sel;
+
 	memset(lv, 0, sizeof(*lv));
 	lv->cfg = cfg;
 	if (backend_init(&lv->b, cfg, err, errlen) != 0)
 		return -1;
 	lv->redlock = strcmp(lv->b.ops->name, "redlock") == 0;
+	lv->local = strcmp(lv->b.ops->name, "local") == 0;
 	if (lv->redlock)
 		lv->quorum = lv->b.ops->node_count(lv->b.cfg) / 2 + 1;
-	for (int i = 0; cfg->groups[i]; i++)
-		if (cfg->groups[i]->hash_tag && cfg->groups[i]->hash_tag(cfg->group_data[i]))
-			lv->tagged = 1;
+	sel = conf_backend_group(cfg);
+	lv->tagged = sel >= 0 && cfg->groups[sel]->hash_tag &&
+		     cfg->groups[sel]->hash_tag(cfg->group_data[sel]);
 	return 0;
 }
 
@@ -684,6 +692,61 @@ static void settle_set(const struct lockview *lv, struct lv_set *s, int min_mast
 	s->n = out;
 }
 
+/* What local_scan's callback needs. */
+struct local_job {
+	const struct lockview *lv;
+	const char *pattern;
+	struct lv_set *out;
+	int nomem;
+};
+
+/* Adds the held lock file h to the job's set when its key is in the
+ * namespace and matches the pattern, and its record names a holder. */
+static void local_found(void *arg, const struct local_holder *h)
+{
+	struct local_job *j = arg;
+	size_t ns = strlen(j->lv->cfg->ns);
+	char rest[KEY_BUF_SIZE + 64];
+	struct lv_lock *l, tmp = { 0 };
+
+	if (h->klen <= ns || h->klen >= sizeof(tmp.key) || h->key[ns] != ':' ||
+	    memcmp(h->key, j->lv->cfg->ns, ns) != 0)
+		return;
+	snprintf(rest, sizeof(rest), "%.*s", (int)(h->klen - ns - 1), h->key + ns + 1);
+	if ((j->pattern && fnmatch(j->pattern, rest, 0) != 0) ||
+	    h->vlen > BACKEND_VAL_MAX || owner_parse(h->val, h->vlen, &tmp.owner) != 0)
+		return;
+	if (!(l = set_add(j->out))) {
+		j->nomem = 1;
+		return;
+	}
+	*l = tmp;
+	memcpy(l->key, h->key, h->klen);
+	l->klen = h->klen;
+	memcpy(l->val, h->val, h->vlen);
+	l->vlen = h->vlen;
+	l->since_ms = h->since_ms;
+	l->lease_left_ms = -1;
+	l->fence = h->fence;
+	l->limit = 1;
+}
+
+/* lockview_scan of backend "local": the held files of local.dir. */
+static int local_scan(struct lockview *lv, const char *pattern, struct lv_set *out, char *err,
+		      size_t errlen)
+{
+	struct local_job j = { lv, pattern, out, 0 };
+
+	if (local_holders(lv->b.cfg, local_found, &j, err, errlen) != 0)
+		return -1;
+	qsort(out->v, (size_t)out->n, sizeof(*out->v), by_key_val);
+	if (j.nomem) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	return 0;
+}
+
 int lockview_scan(struct lockview *lv, const char *pattern, struct lv_set *out, char *err,
 		  size_t errlen)
 {
@@ -692,6 +755,8 @@ int lockview_scan(struct lockview *lv, const char *pattern, struct lv_set *out, 
 	struct node_job job = { .scan = &sj };
 	int rc;
 
+	if (lv->local)
+		return local_scan(lv, pattern, out, err, errlen);
 	glob_escape(ns, sizeof(ns), lv->cfg->ns);
 	if (snprintf(match, sizeof(match), lv->tagged ? "%s:{%s}" : "%s:%s", ns,
 		     pattern ? pattern : "*") >= (int)sizeof(match)) {
@@ -938,7 +1003,8 @@ usage:
 	return 64;
 }
 
-int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *a)
+int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *a,
+		   const char *local_why)
 {
 	char err[1024];
 
@@ -950,6 +1016,12 @@ int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *
 		cli_error("%s", err);
 		conf_release(cfg);
 		return CONF_EXIT_CODE;
+	}
+	if (lv->local && local_why) {
+		fprintf(stderr, "lockshim: %s\n", local_why);
+		lockview_close(lv);
+		conf_release(cfg);
+		return 1;
 	}
 	return 0;
 }

@@ -52,6 +52,7 @@ struct lockview {
 	const struct conf *cfg;
 	struct backend b;
 	int redlock, quorum; /* Redlock masters: quorum = n / 2 + 1 */
+	int local;           /* backend "local": lock files, read by local_holders */
 	int tagged;          /* Redis Cluster: keys are "<ns>:{KEY}" */
 };
 
@@ -63,8 +64,10 @@ void lockview_close(struct lockview *lv);
 /*
  * Adds to out every holder of the namespace's locks whose KEY matches the glob
  * pattern (Redis MATCH syntax; NULL: all): SCAN ... MATCH COUNT 1000 on
- * every node, one pipelined read per page of keys. Returns 0, or -1 with
- * the reason in err (a node could not be read; out keeps what was read).
+ * every node, one pipelined read per page of keys. With backend "local",
+ * the held lock files of local.dir instead (fnmatch(3) on KEY; no lease,
+ * no waiters shown). Returns 0, or -1 with the reason in err (a node or
+ * the dir could not be read; out keeps what was read).
  */
 int lockview_scan(struct lockview *lv, const char *pattern, struct lv_set *out, char *err,
 		  size_t errlen);
@@ -107,8 +110,11 @@ int lockview_args(int argc, char **argv, int allow_force, const char *usage,
 int lockview_load(struct conf *cfg, const struct lv_args *a);
 
 /* lockview_load, then lockview_open on it. Returns 0, or the exit status
- * (CONF_EXIT_CODE) after printing the error, cfg released. */
-int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *a);
+ * (CONF_EXIT_CODE) after printing the error, cfg released; 1 after printing
+ * "lockshim: <local_why>" when the backend is local and local_why is not
+ * NULL (the verb is not there for it). */
+int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *a,
+		   const char *local_why);
 
 /* Returns the time of day in milliseconds since the epoch (for
  * lockview_print's now_ms). */

@@ -670,7 +670,10 @@ int cmd_metrics(int argc, char **argv)
 		conf_release(&cfg);
 		return CONF_EXIT_CODE;
 	}
-	if (listen_addr) {
+	if (!strcmp(b.ops->name, "local")) {
+		fprintf(stderr, "lockshim: metrics is not built yet for backend \"local\"\n");
+		rc = 1;
+	} else if (listen_addr) {
 		ls = listen_on(listen_addr, &bad);
 		if (ls < 0)
 			rc = bad ? usage("--listen wants HOST:PORT, not %s", listen_addr) :

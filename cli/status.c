@@ -5,7 +5,7 @@
  * semaphore's or shared lock's several), in key order (lockview.c reads
  * and prints them). Exit 0, also when nothing is held; 69 when a node
  * cannot be read (with Redlock: no quorum of them), 78 a bad config, 64 a
- * usage error.
+ * usage error. With backend "local" the held lock files (lockview.c).
  */
 #include <stdio.h>
 
@@ -24,7 +24,7 @@ int cmd_status(int argc, char **argv)
 
 	if ((rc = lockview_args(argc, argv, 0, "[-c FILE] [--json] [PATTERN]", &a)) != 0)
 		return rc;
-	if ((rc = lockview_start(&lv, &cfg, &a)) != 0)
+	if ((rc = lockview_start(&lv, &cfg, &a, NULL)) != 0)
 		return rc;
 	rc = lockview_scan(&lv, a.operand, &s, err, sizeof(err));
 	if (rc == 0) {

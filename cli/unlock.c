@@ -140,7 +140,9 @@ int cmd_unlock(int argc, char **argv)
 		fprintf(stderr, "lockshim: unlock needs a KEY\nusage: lockshim unlock " USAGE "\n");
 		return EX_USAGE;
 	}
-	if ((rc = lockview_start(&lv, &cfg, &a)) != 0)
+	if ((rc = lockview_start(&lv, &cfg, &a, "unlock: not with backend \"local\": a kernel "
+				 "lock cannot be taken from another process; stop its holder "
+				 "(the kernel frees its locks when it exits)")) != 0)
 		return rc;
 	rc = lockview_read(&lv, a.operand, &s, err, sizeof(err));
 	if (rc < 0) {

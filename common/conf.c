@@ -7,9 +7,11 @@
  * level and conf_lock_fields for the per-lock settings, which reads the
  * `defaults` group and every entry of `locks`. A backend's group (`redis`)
  * is the backend's own table (backend/backend_redis_conf.c), given to
- * conf_load. Each entry holds its setting's default, so a new setting is
- * one entry plus its struct member: the parser, the copy from `defaults`,
- * the release and `lockshim settings` all walk the tables.
+ * conf_load; the top-level `backend`, read first, names the one group the
+ * file may have, whose per-lock checks apply. Each entry holds its
+ * setting's default, so a new setting is one entry plus its struct member:
+ * the parser, the copy from `defaults`, the release and `lockshim settings`
+ * all walk the tables.
  *
  * A lock starts from the built-in defaults, then `defaults`, then its own
  * settings. Every error is one line: "<file>:<line>: <setting>: <problem>".
@@ -35,6 +37,10 @@ static const char *const call_policies[] = { "skip", "exit", "abort", "proceed",
 static const char *const hold_policies[] = { "log", "kill", "abort", NULL };
 static const char *const methods[] = { "auto", "entry", "reloc", NULL };
 static const char *const modes[] = { "exclusive", "shared", NULL };
+/* `backend`: the names the issue fixes; one without a registered group of
+ * the same name is refused as not built (parse_root). */
+static const char *const backend_names[] = { "redis", "local", "zookeeper", "postgres",
+					     "etcd", NULL };
 
 /* Level names of log.h's enum log_level; log.c parses them
  * (log_level_parse, any case). */
@@ -51,6 +57,7 @@ _Static_assert(sizeof(log_levels) / sizeof(*log_levels) == LOG_DEBUG + 2,
 const char *conf_call_policy_name(int p) { return call_policies[p]; }
 const char *conf_hold_policy_name(int p) { return hold_policies[p]; }
 const char *conf_method_name(int m) { return methods[m]; }
+const char *conf_backend_name(int b) { return backend_names[b]; }
 
 /* ---- the tables --------------------------------------------------------- */
 
@@ -101,6 +108,8 @@ const struct conf_field conf_lock_fields[] = {
 
 /* The top level, besides the backends' groups (conf_load's groups). */
 const struct conf_field conf_top_fields[] = {
+	/* read first (parse_root): it says which group the file may have */
+	FIELD(struct conf, "backend", backend, F_ENUM, 0, 4, .names = backend_names),
 	FIELD(struct conf, "namespace", ns, F_STR, 1, KEY_MAX_NAMESPACE, .def_str = "lockshim"),
 	/* -1: not set, log.c's threshold stands */
 	FIELD(struct conf, "log_level", log_level, F_LOGLEVEL, LOG_ERROR, LOG_DEBUG,
@@ -370,6 +379,26 @@ static int check_mode(struct conf_err *e, const config_setting_t *g, const char 
 			 "mode; set one of the two", l->limit);
 }
 
+/* Returns the index in cfg->groups of the group named name, or -1. */
+static int group_index(const struct conf *cfg, const char *name)
+{
+	for (int i = 0; cfg->groups[i]; i++)
+		if (strcmp(cfg->groups[i]->name, name) == 0)
+			return i;
+	return -1;
+}
+
+int conf_backend_group(const struct conf *cfg)
+{
+	return group_index(cfg, conf_backend_name(cfg->backend));
+}
+
+/* conf_backend_group, by its short name here. */
+static int selected_group(const struct conf *cfg)
+{
+	return conf_backend_group(cfg);
+}
+
 /*
  * Reads the lock g (the idx'th of the file) into cfg->locks[first], and,
  * when it names several symbols, into one more spec per further symbol
@@ -382,7 +411,7 @@ static int parse_lock(struct conf_err *e, const config_setting_t *g, int idx, in
 {
 	struct lock_spec *l = &cfg->locks[first];
 	char where[32];
-	int tagged = 0, n = 1;
+	int tagged = 0, n = 1, sel = selected_group(cfg);
 
 	snprintf(where, sizeof(where), "locks[%d]", idx);
 	l->index = idx;
@@ -414,14 +443,13 @@ static int parse_lock(struct conf_err *e, const config_setting_t *g, int idx, in
 	if (l->offset >= 0 && l->symbols && l->symbols[1])
 		return conf_fail(e, g, where, "offset names one function: it needs one symbol, "
 				 "not a list of several");
-	for (int i = 0; cfg->groups[i]; i++) {
-		const struct conf_group *grp = cfg->groups[i];
+	if (sel >= 0) {
+		const struct conf_group *grp = cfg->groups[sel];
 
 		if (grp->check_lock &&
-		    grp->check_lock(e, g, where, l, cfg, cfg->group_data[i]))
+		    grp->check_lock(e, g, where, l, cfg, cfg->group_data[sel]))
 			return -1;
-		if (grp->hash_tag && grp->hash_tag(cfg->group_data[i]))
-			tagged = 1;
+		tagged = grp->hash_tag && grp->hash_tag(cfg->group_data[sel]);
 	}
 	if (l->on_error < 0)
 		l->on_error = l->on_timeout;
@@ -443,24 +471,46 @@ static int parse_lock(struct conf_err *e, const config_setting_t *g, int idx, in
 	return n;
 }
 
-/* Returns the index in cfg->groups of the group named name, or -1. */
-static int group_index(const struct conf *cfg, const char *name)
-{
-	for (int i = 0; cfg->groups[i]; i++)
-		if (strcmp(cfg->groups[i]->name, name) == 0)
-			return i;
-	return -1;
-}
-
-/* Returns the backends' request_ms summed (conf_waiter_ttl_ms). */
+/* Returns the selected backend's request_ms (conf_waiter_ttl_ms); 0 when
+ * it has none. */
 static long long request_ms_of(const struct conf *cfg)
 {
-	long long ms = 0;
+	int sel = selected_group(cfg);
 
-	for (int i = 0; cfg->groups[i]; i++)
-		if (cfg->groups[i]->request_ms)
-			ms += cfg->groups[i]->request_ms(cfg->group_data[i]);
-	return ms;
+	if (sel < 0 || !cfg->groups[sel]->request_ms)
+		return 0;
+	return cfg->groups[sel]->request_ms(cfg->group_data[sel]);
+}
+
+/*
+ * Reads `backend` from root before anything else, and refuses a backend
+ * that no registered group serves (named by the issue, not built yet).
+ * Returns 0, or -1 said with conf_fail.
+ */
+static int parse_backend(struct conf_err *e, const config_setting_t *root, struct conf *cfg)
+{
+	const config_setting_t *s = config_setting_get_member(root, "backend");
+
+	if (s && conf_field_apply(e, conf_field_find(conf_top_fields, "backend"), s,
+				  "backend", cfg))
+		return -1;
+	if (selected_group(cfg) < 0)
+		return conf_fail(e, s, "backend", "\"%s\" is not available in this build",
+				 conf_backend_name(cfg->backend));
+	return 0;
+}
+
+/* Checks the `defaults` group dg (read into d) against the selected
+ * backend's check_defaults. Returns 0, or -1 said with conf_fail. */
+static int check_defaults(struct conf_err *e, const config_setting_t *dg,
+			  const struct lock_spec *d, const struct conf *cfg)
+{
+	int sel = selected_group(cfg);
+	const struct conf_group *grp = sel >= 0 ? cfg->groups[sel] : NULL;
+
+	if (!grp || !grp->check_defaults)
+		return 0;
+	return grp->check_defaults(e, dg, "defaults", d, cfg, cfg->group_data[sel]);
 }
 
 /* Reads the top level: the backends' groups and conf_top_fields; defaults
@@ -471,11 +521,16 @@ static int parse_root(struct conf_err *e, config_t *cf, struct conf *cfg)
 	const config_setting_t *root = config_root_setting(cf), *s;
 	const config_setting_t *locks = NULL, *defaults_g = NULL;
 	struct lock_spec *defaults = &cfg->defaults; /* released with cfg */
-	int n = config_setting_length(root), nfile, nspecs = 0, first = 0;
+	int n = config_setting_length(root), nfile, nspecs = 0, first = 0, sel;
 	long long request_ms;
 
 	if (conf_fields_default(conf_lock_fields, defaults))
 		return conf_fail(e, NULL, "config", "out of memory");
+	if (parse_backend(e, root, cfg))
+		return -1;
+	sel = selected_group(cfg);
+	if (cfg->groups[sel]->lock_defaults)
+		cfg->groups[sel]->lock_defaults(defaults);
 	for (int i = 0; i < n; i++) {
 		const char *name;
 		const struct conf_field *f;
@@ -484,6 +539,10 @@ static int parse_root(struct conf_err *e, config_t *cf, struct conf *cfg)
 		s = config_setting_get_elem(root, (unsigned)i);
 		name = config_setting_name(s);
 		if ((gi = group_index(cfg, name)) >= 0) {
+			if (gi != sel)
+				return conf_fail(e, s, name, "is the group of backend \"%s\", but "
+						 "backend is \"%s\": remove the group or select "
+						 "its backend", name, conf_backend_name(cfg->backend));
 			if (conf_group_apply(e, s, name, cfg->groups[gi]->fields,
 					     cfg->group_data[gi]) ||
 			    (cfg->groups[gi]->check &&
@@ -518,7 +577,8 @@ static int parse_root(struct conf_err *e, config_t *cf, struct conf *cfg)
 		if (conf_group_apply(e, defaults_g, "defaults", conf_lock_fields, defaults) ||
 		    check_programs(e, config_setting_get_member(defaults_g, "programs"),
 				   "defaults.programs", defaults->programs) ||
-		    check_mode(e, defaults_g, "defaults", defaults))
+		    check_mode(e, defaults_g, "defaults", defaults) ||
+		    check_defaults(e, defaults_g, defaults, cfg))
 			return -1;
 	}
 	/* Derived fields, once everything they read is valid and final. */
@@ -774,7 +834,7 @@ struct lock_spec *conf_add_literal_lock(struct conf *cfg, const char *key, char 
 {
 	struct lock_spec *locks, *l;
 	char *src = malloc(2 * strlen(key) + 1), *q = src;
-	int tagged = 0;
+	int tagged = 0, sel;
 
 	if (!src)
 		goto nomem;
@@ -790,9 +850,8 @@ struct lock_spec *conf_add_literal_lock(struct conf *cfg, const char *key, char 
 	cfg->locks = locks;
 	l = &locks[cfg->nlocks];
 	memset(l, 0, 2 * sizeof(*l));
-	for (int i = 0; cfg->groups[i]; i++)
-		if (cfg->groups[i]->hash_tag && cfg->groups[i]->hash_tag(cfg->group_data[i]))
-			tagged = 1;
+	if ((sel = selected_group(cfg)) >= 0 && cfg->groups[sel]->hash_tag)
+		tagged = cfg->groups[sel]->hash_tag(cfg->group_data[sel]);
 	/* counted from here: conf_release frees whatever was set */
 	cfg->nlocks++;
 	if (conf_fields_copy(conf_lock_fields, l, &cfg->defaults) ||

@@ -108,6 +108,8 @@ struct conf {
 	 * defaults when the file has no such group): see conf_group_data. */
 	const struct conf_group *groups[CONF_GROUPS_MAX + 1];
 	void *group_data[CONF_GROUPS_MAX];
+	int backend;        /* `backend`: the store, an index of conf_backend_name's
+			     * names; its group (same name) is the one read */
 	char *ns;
 	int log_level;      /* -1 when not set */
 	char *log_file;
@@ -216,6 +218,15 @@ int conf_keep_locks(struct conf *cfg, int (*keep)(const struct lock_spec *l, voi
 
 /* Returns the spec guarding symbol, or NULL. */
 const struct lock_spec *conf_find(const struct conf *cfg, const char *symbol);
+
+/* Returns the name of backend b (struct conf's backend), as the file
+ * writes it: also the name of that backend's settings group. */
+const char *conf_backend_name(int b);
+
+/* Returns the index in cfg->groups of the selected backend's group (the
+ * one named as `backend`), or -1 when no group of that name is registered
+ * (conf_load refuses such a file). */
+int conf_backend_group(const struct conf *cfg);
 
 /* Returns the name of the policy or method, as the file writes it. */
 const char *conf_call_policy_name(int p);

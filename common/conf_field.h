@@ -141,7 +141,10 @@ struct conf_field {
  * The settings of one backend: a top-level group of the file (`redis`),
  * read with fields into a struct of size bytes that the config owns
  * (conf_group_data). Registered in backend/backend.c's table; conf_load
- * gets the list from its caller. Every function is optional.
+ * gets the list from its caller. Its name is also the value of the
+ * top-level `backend` that selects it: only the selected backend's group
+ * may be in the file, and only its check_lock, check_defaults,
+ * lock_defaults, hash_tag and request_ms apply. Every function is optional.
  */
 struct conf_group {
 	const char *name;
@@ -155,6 +158,14 @@ struct conf_group {
 	 * backend cannot honour. Returns 0, or -1 said with conf_fail. */
 	int (*check_lock)(struct conf_err *e, const config_setting_t *lg, const char *where,
 			  const struct lock_spec *l, const struct conf *cfg, const void *data);
+	/* Refuses a setting of the file's `defaults` group (dg, read into d,
+	 * named "defaults") that this backend cannot honour, as check_lock
+	 * does a lock's. Returns 0, or -1 said with conf_fail. */
+	int (*check_defaults)(struct conf_err *e, const config_setting_t *dg, const char *where,
+			      const struct lock_spec *d, const struct conf *cfg, const void *data);
+	/* Changes the built-in per-lock values where this backend's differ
+	 * (before `defaults` and the locks are read). */
+	void (*lock_defaults)(struct lock_spec *d);
 	/* Returns 1 when the lock keys must carry a hash tag (Redis Cluster). */
 	int (*hash_tag)(const void *data);
 	/* Returns how long one request to the server may take, in ms (a lock's

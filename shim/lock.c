@@ -25,6 +25,9 @@
  * calls never wait for each other's keys in opposite orders. Each key is a
  * hold of its own, so reentrancy, parking, renewal, fork and fences work
  * per key; the call record lists them, and lock_release leaves them all.
+ * With a leaseless backend (backend_local.c: kernel file locks) the same
+ * path runs without the renewal thread: nothing is renewed or parked, and
+ * a waiter waits for its wake-up as long as wait_ms allows (wait_cap).
  */
 #include "lock.h"
 
@@ -285,6 +288,21 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
 	return 1;
 }
 
+/* Returns what the log lines call the lock store: "Redis", or for a
+ * leaseless backend (kernel locks) "lock file". */
+static const char *store_name(void)
+{
+	return backend->ops->leaseless ? "lock file" : "Redis";
+}
+
+/* Returns how long one wait for a signal may take: the backend's hint,
+ * capped by retry_max_ms, when the waiter must ask again that often to stay
+ * queued (not with a leaseless backend, whose wake-up is the release's). */
+static int64_t wait_cap(const struct lock_spec *s, long long hint)
+{
+	return backend->ops->leaseless ? hint : min64(hint, s->retry_max_ms);
+}
+
 /*
  * The wait path. The first attempt is the plain acquire script; when the lock is busy
  * the waiter joins the queue in Redis (one script, which also says how long
@@ -371,7 +389,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 			if (hint == BACKEND_NOT_QUEUED)
 				continue;
 			rc = conn_check(t, backend->ops->wait(t->conn, it,
-					min64(min64(hint, s->retry_max_ms), deadline - now), &fence),
+					min64(wait_cap(s, hint), deadline - now), &fence),
 					err, sizeof(err));
 			unsure |= rc == BACKEND_ERR;
 			if (rc == BACKEND_GRANTED) {
@@ -385,7 +403,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 		}
 		now = util_now_ms();
 		if (now - logged >= LOCK_ERROR_LOG_MS) {
-			LOG(LOG_WARN, "%s: Redis error, retrying: %s", s->symbol, err);
+			LOG(LOG_WARN, "%s: %s error, retrying: %s", s->symbol, store_name(), err);
 			logged = now;
 		}
 		if (now < deadline)
@@ -410,8 +428,8 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 	}
 	if (!busy) {
 		LOGK(LOG_ERROR, s->symbol, l->key, l->klen,
-		     "%s: Redis unavailable for %lld ms, lock %.*s not taken: %s",
-		     s->symbol, s->wait_ms, (int)l->klen, l->key, err);
+		     "%s: %s unavailable for %lld ms, lock %.*s not taken: %s",
+		     s->symbol, store_name(), s->wait_ms, (int)l->klen, l->key, err);
 		return LOCK_ERROR;
 	}
 	if (LOG_WARN <= log_threshold) {

@@ -27,6 +27,9 @@
  * waits on the second condvar until that is done, so a lease is released by
  * exactly one thread, and its memory stays valid until its owner has seen it.
  *
+ * A leaseless backend (backend.h: kernel locks) has nothing to renew: its
+ * leases are never listed and the thread never starts for them.
+ *
  * Lease states: HELD -> LOST when Redis says the key is gone or someone
  * else's, or when Redis stayed unreachable for a whole lease since the last
  * confirmation; HELD -> OVERRUN when max_hold_ms passes (renewal stops).
@@ -659,6 +662,11 @@ int renew_track(struct lease *l, long long granted_ttl_ms)
 {
 	int rc;
 
+	if (backend->ops->leaseless) { /* nothing to renew: not listed, no thread */
+		l->state = LEASE_HELD;
+		l->park = PARK_NONE;
+		return 0;
+	}
 	pthread_mutex_lock(&mu);
 	l->id = ++next_id;
 	l->state = LEASE_HELD;
@@ -679,6 +687,8 @@ int renew_start(void)
 {
 	int rc;
 
+	if (backend->ops->leaseless)
+		return 0;
 	pthread_mutex_lock(&mu);
 	rc = start_thread();
 	pthread_mutex_unlock(&mu);
@@ -838,9 +848,12 @@ void renew_exit(struct backend_conn **c)
 
 void renew_forget(const struct backend_item *it)
 {
-	struct forget *f = calloc(1, sizeof(*f));
+	struct forget *f;
 	int64_t now = util_now_us();
 
+	if (backend->ops->leaseless) /* nothing is held without its holder knowing */
+		return;
+	f = calloc(1, sizeof(*f));
 	if (!f || backend_copy_set(&f->c, it) != 0) {
 		LOG(LOG_ERROR, "%.*s: cannot keep track of an unconfirmed token (it expires "
 		    "within %lld ms)", (int)it->klen, it->key, it->lease_ms);

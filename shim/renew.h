@@ -71,11 +71,13 @@ struct backend_item renew_item(const struct lease *l);
 /* Starts renewing l, whose key was given granted_ttl_ms at l->acquired_us
  * (the lease, or a hand-over's shorter TTL): renew.c alone decides when
  * that is renewed (a third of it), starting the thread on first need.
- * Returns 0 or -errno. */
+ * A leaseless backend's lease is only marked held: not listed, no thread
+ * (so it is never parked either). Returns 0 or -errno. */
 int renew_track(struct lease *l, long long granted_ttl_ms);
 
 /* Starts the thread if it is not running yet, so that a caller about to
- * wait for a lock does not pay for it once it holds one. Returns 0 or -errno. */
+ * wait for a lock does not pay for it once it holds one (never for a
+ * leaseless backend). Returns 0 or -errno. */
 int renew_start(void);
 
 /* Stops renewing l. Returns its final enum lease_state. */
@@ -127,7 +129,8 @@ void renew_conn_failed(struct backend_conn **c, char *err, size_t errlen);
  * reply never came. Retried after reconnecting until Redis has answered,
  * and once more a while after it said the token was not there (a command
  * still on its way may run later); dropped once the token's lease (it->
- * lease_ms) has passed. Copies what it needs.
+ * lease_ms) has passed. Copies what it needs. Nothing for a leaseless
+ * backend, whose holds are all known to their holder (backend.h).
  */
 void renew_forget(const struct backend_item *it);
 

@@ -572,6 +572,10 @@ int main(void)
 			  "{ host = \"c\"; } ); };\nlocks = ( { symbol = \"f\"; fair = true; } );",
 			  "locks[0]", "not available with redis.masters"));
 	test_cond(rejects("redis = { masters = { host = \"a\"; }; };", "masters", "list of groups"));
+	/* backend: the named ones without a registered group are not built */
+	test_cond(rejects("backend = \"zookeeper\";", "backend", "not available in this build"));
+	test_cond(rejects("backend = \"consul\";", "backend", "unknown value"));
+	test_cond(rejects("backend = \"local\";", "backend", "\"local\" is not available"));
 
 	test("settings_describe: the tables, their defaults are the built-in values");
 	{
@@ -613,7 +617,7 @@ int main(void)
 		}
 		/* A new setting changes these counts: give it a round trip in
 		 * the tests above, then count it here. */
-		test_cond(n == 11 + 18 + 6 + 8 + 32 && nlock == 32 && literal >= 34);
+		test_cond(n == 11 + 19 + 6 + 8 + 32 && nlock == 32 && literal >= 35);
 		test_cond(!settings_describe(groups, n, &d) && !settings_describe(groups, -1, &d));
 		test_cond(settings_describe(groups, 0, &d) && !strcmp(d.group, "top") &&
 			  !strcmp(d.name, "redis"));

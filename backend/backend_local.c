@@ -1,0 +1,675 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * backend_local.c - the local backend: one lock file per key under
+ * local.dir, an open file description lock (F_OFD_SETLK, F_WRLCK on byte 0)
+ * per hold, no server, no thread, no lease. The kernel frees a lock when
+ * its holder dies. Holds are registered by token in a process-wide table
+ * (a thread's connection may be dropped after an error; a fork child closes
+ * every inherited one: local_atfork_child). The holder writes "<fence>\n
+ * <lock value>\n" (the previous fence + 1). A connection (one per thread)
+ * is an inotify descriptor and one open, unlocked file: the key being
+ * waited for (a waiter keeps it across attempts: its own close would wake
+ * the others) or the last one released (the next call opens nothing). A
+ * waiter watches the file before it tries and poll()s between tries; a
+ * release is F_UNLCK then futimens or close, a holder's death the kernel's
+ * close: each wakes the waiters after the unlock.
+ */
+#include "backend.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backend_local.h"
+#include "backend_local_conf.h"
+#include "log.h"
+#include "sha1.h"
+
+#define LOCAL_NAME_MAX 200   /* longer encoded names are shortened with a hash */
+#define LOCAL_NAME_KEEP 150  /* ... to this many encoded bytes, "~" and the SHA-1 */
+#define LOCAL_SUFFIX ".lock"
+#define LOCAL_TOKEN 32       /* a lock value's token: its first bytes (owner.h) */
+#define LOCAL_RECORD_MAX (24 + BACKEND_VAL_MAX)
+#define LOCAL_POLL_MS 20     /* a waiter that cannot watch (inotify refused) tries this often */
+
+struct backend_config {
+	const struct local_spec *spec;
+};
+
+struct backend_conn {
+	const struct backend_config *bc;
+	int ino;   /* inotify descriptor, made on the first wait; -1 */
+	int wd;    /* its watch, on the file of key wkey (kept while the key is
+		    * taken, held and released again); -1 */
+	int pend;  /* an open file of key pkey: the one being taken or the last
+		    * released; locked only inside acquire, until the hold is
+		    * registered; -1 */
+	int pid;   /* the process that opened it */
+	size_t pklen, wklen;
+	char pkey[KEY_BUF_SIZE];
+	char wkey[KEY_BUF_SIZE];
+	char err[256];
+};
+
+/* A held lock: its token, descriptor and fence. */
+struct local_hold {
+	size_t tlen;
+	char tok[LOCAL_TOKEN];
+	int fd;
+	long long fence;
+};
+
+/* Every held lock of the process (the table's memory grows, never shrinks). */
+static struct {
+	pthread_mutex_t mu;
+	struct local_hold *v;
+	size_t n, cap;
+} holds = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+/* ---- the table of holds ------------------------------------------------- */
+
+/* Returns how many bytes of it's value name its hold: the token, or the
+ * whole value when shorter (a probe's). */
+static size_t token_len(const struct backend_item *it)
+{
+	return it->vlen < LOCAL_TOKEN ? it->vlen : LOCAL_TOKEN;
+}
+
+/* Returns the index of it's token in the table, or -1. Holds holds.mu. */
+static long holds_index(const struct backend_item *it)
+{
+	size_t tlen = token_len(it);
+
+	for (size_t i = holds.n; i-- > 0;)
+		if (holds.v[i].tlen == tlen && memcmp(holds.v[i].tok, it->val, tlen) == 0)
+			return (long)i;
+	return -1;
+}
+
+/* Returns 1 when it's token is held (its fence in *fence), else 0. */
+static int holds_find(const struct backend_item *it, long long *fence)
+{
+	long i;
+
+	pthread_mutex_lock(&holds.mu);
+	if ((i = holds_index(it)) >= 0)
+		*fence = holds.v[i].fence;
+	pthread_mutex_unlock(&holds.mu);
+	return i >= 0;
+}
+
+/* Adds it's token with fd and fence. Returns 0, or -1 out of memory. */
+static int holds_add(const struct backend_item *it, int fd, long long fence)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&holds.mu);
+	if (holds.n == holds.cap) {
+		size_t cap = holds.cap ? 2 * holds.cap : 64;
+		struct local_hold *v = realloc(holds.v, cap * sizeof(*v));
+
+		if (v) {
+			holds.v = v;
+			holds.cap = cap;
+		}
+	}
+	if (holds.n < holds.cap) {
+		struct local_hold *h = &holds.v[holds.n++];
+
+		h->tlen = token_len(it);
+		memcpy(h->tok, it->val, h->tlen);
+		h->fd = fd;
+		h->fence = fence;
+	} else {
+		rc = -1;
+	}
+	pthread_mutex_unlock(&holds.mu);
+	return rc;
+}
+
+/* Removes it's token. Returns its descriptor, or -1 when not held. */
+static int holds_take(const struct backend_item *it)
+{
+	int fd = -1;
+	long i;
+
+	pthread_mutex_lock(&holds.mu);
+	if ((i = holds_index(it)) >= 0) {
+		fd = holds.v[i].fd;
+		holds.v[i] = holds.v[--holds.n];
+	}
+	pthread_mutex_unlock(&holds.mu);
+	return fd;
+}
+
+/* fork: the table does not change while the child is made. */
+static void local_atfork_prepare(void)
+{
+	pthread_mutex_lock(&holds.mu);
+}
+
+static void local_atfork_parent(void)
+{
+	pthread_mutex_unlock(&holds.mu);
+}
+
+/* The child's copies of the parent's lock descriptors: closed (the parent's
+ * locks stay the parent's; closing a copy does not release them). */
+static void local_atfork_child(void)
+{
+	for (size_t i = 0; i < holds.n; i++)
+		close(holds.v[i].fd);
+	holds.n = 0;
+	pthread_mutex_init(&holds.mu, NULL);
+}
+
+static void atfork_register(void)
+{
+	pthread_atfork(local_atfork_prepare, local_atfork_parent, local_atfork_child);
+}
+
+/* ---- files -------------------------------------------------------------- */
+
+/*
+ * Writes the path of key's lock file into buf (PATH_MAX): dir, "/", the
+ * key with bytes other than [A-Za-z0-9_-] as %XX (so no "/", no leading
+ * ".", no ".."), shortened past LOCAL_NAME_MAX bytes to its first
+ * LOCAL_NAME_KEEP, "~" and the SHA-1 of the whole key; then ".lock".
+ */
+static void lock_path(const struct backend_config *bc, const char *key, size_t klen, char *buf)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	size_t n = (size_t)snprintf(buf, PATH_MAX, "%s/", bc->spec->dir), start = n;
+
+	for (size_t i = 0; i < klen && n - start <= LOCAL_NAME_MAX; i++) {
+		unsigned char ch = (unsigned char)key[i];
+
+		if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+		    (ch >= '0' && ch <= '9') || ch == '_' || ch == '-') {
+			buf[n++] = (char)ch;
+		} else {
+			buf[n++] = '%';
+			buf[n++] = hex[ch >> 4];
+			buf[n++] = hex[ch & 15];
+		}
+	}
+	if (n - start > LOCAL_NAME_MAX) {
+		n = start + LOCAL_NAME_KEEP;
+		buf[n++] = '~';
+		sha1_hex(key, klen, buf + n);
+		n += 40;
+	}
+	memcpy(buf + n, LOCAL_SUFFIX, sizeof(LOCAL_SUFFIX));
+}
+
+/* Sets c's error to "<what>: <errno text>". Returns BACKEND_ERR. */
+static int fail(struct backend_conn *c, const char *what)
+{
+	snprintf(c->err, sizeof(c->err), "%s: %s", what, strerror(errno));
+	return BACKEND_ERR;
+}
+
+/* Reads the pending events of c's inotify descriptor (none is kept; a
+ * full buffer is read again). */
+static void drain(struct backend_conn *c)
+{
+	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+
+	while (c->ino >= 0 && read(c->ino, buf, sizeof(buf)) == (ssize_t)sizeof(buf))
+		;
+}
+
+/* Removes c's watch, if any, and the events it left (its IN_IGNORED). In
+ * a fork child the inotify instance is the parent's too: left alone. */
+static void unwatch(struct backend_conn *c)
+{
+	if (c->wd >= 0 && c->pid == getpid()) {
+		inotify_rm_watch(c->ino, c->wd);
+		drain(c);
+	}
+	c->wd = -1;
+}
+
+/* Closes c's pending descriptor and its watch. */
+static void pend_drop(struct backend_conn *c)
+{
+	unwatch(c);
+	if (c->pend >= 0)
+		close(c->pend);
+	c->pend = -1;
+	c->pklen = 0;
+}
+
+/* Makes c->pend the open file of it's key. Returns BACKEND_OK or BACKEND_ERR. */
+static int pend_open(struct backend_conn *c, const struct backend_item *it)
+{
+	char path[PATH_MAX];
+
+	if (c->pend >= 0 && c->pklen == it->klen && memcmp(c->pkey, it->key, it->klen) == 0)
+		return BACKEND_OK;
+	pend_drop(c);
+	if (it->klen > sizeof(c->pkey)) {
+		snprintf(c->err, sizeof(c->err), "key too long");
+		return BACKEND_ERR;
+	}
+	lock_path(c->bc, it->key, it->klen, path);
+	c->pend = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY, 0644);
+	if (c->pend < 0)
+		return fail(c, "open of the lock file");
+	memcpy(c->pkey, it->key, it->klen);
+	c->pklen = it->klen;
+	return BACKEND_OK;
+}
+
+/* Watches the file of it's key (a waiter, before it tries the lock): the
+ * watch c has when it is that file's, else a new one. Returns BACKEND_OK
+ * or BACKEND_ERR. */
+static int watch(struct backend_conn *c, const struct backend_item *it)
+{
+	char path[PATH_MAX];
+
+	if (c->wd >= 0 && c->wklen == it->klen && memcmp(c->wkey, it->key, it->klen) == 0)
+		return BACKEND_OK;
+	unwatch(c);
+	if (c->ino < 0 && (c->ino = inotify_init1(IN_CLOEXEC | IN_NONBLOCK)) < 0)
+		return fail(c, "inotify_init1");
+	lock_path(c->bc, it->key, it->klen, path);
+	c->wd = inotify_add_watch(c->ino, path, IN_CLOSE_WRITE | IN_ATTRIB);
+	if (c->wd < 0)
+		return fail(c, "inotify_add_watch");
+	memcpy(c->wkey, it->key, it->klen); /* pend_open checked the length */
+	c->wklen = it->klen;
+	return BACKEND_OK;
+}
+
+/* After watch failed (c->err says why: inotify's limits, most likely):
+ * says once per process that waiters poll instead. */
+static void unwatched(struct backend_conn *c)
+{
+	static int said;
+
+	if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+		LOG(LOG_WARN, "local: a waiter cannot watch its lock file (%s): waiters without a "
+		    "watch try every %d ms instead (see fs.inotify.max_user_instances and "
+		    "max_user_watches)", c->err, LOCAL_POLL_MS);
+}
+
+/* Reads fd's owner record into rec (NUL-terminated). Returns its length
+ * (as read: up to the buffer's size), or -1. */
+static ssize_t record_read(int fd, char *rec, size_t cap)
+{
+	ssize_t n = pread(fd, rec, cap - 1, 0);
+
+	rec[n > 0 ? n : 0] = 0;
+	return n;
+}
+
+/* Returns the fence of a record ("<fence>\n..."); 0 when missing or garbled. */
+static long long record_fence(const char *rec)
+{
+	long long f = 0;
+	const char *p = rec;
+
+	for (; *p >= '0' && *p <= '9' && f < LLONG_MAX / 10 - 10; p++)
+		f = f * 10 + (*p - '0');
+	return *p == '\n' && p > rec ? f : 0;
+}
+
+/* Copies the lock value of a record into holder (BACKEND_VAL_MAX bytes);
+ * sets *hlen (0 when there is none). */
+static void record_holder(const char *rec, char *holder, size_t *hlen)
+{
+	const char *v = strchr(rec, '\n'), *end;
+
+	*hlen = 0;
+	if (!v || !(end = strchr(++v, '\n')) || (size_t)(end - v) > BACKEND_VAL_MAX)
+		return;
+	*hlen = (size_t)(end - v);
+	memcpy(holder, v, *hlen);
+}
+
+/*
+ * After the lock on fd was taken for it: writes the owner record with the
+ * next fence (into *fence). Returns BACKEND_OK or BACKEND_ERR.
+ */
+static int record_write(struct backend_conn *c, int fd, const struct backend_item *it,
+			long long *fence)
+{
+	char rec[LOCAL_RECORD_MAX];
+	ssize_t old = record_read(fd, rec, sizeof(rec));
+	int n;
+
+	*fence = record_fence(rec) + 1;
+	n = snprintf(rec, sizeof(rec), "%lld\n%.*s\n", *fence, (int)it->vlen, it->val);
+	if (pwrite(fd, rec, (size_t)n, 0) != n)
+		return fail(c, "write of the owner record");
+	if ((old < 0 || old > n) && ftruncate(fd, n) != 0)
+		return fail(c, "truncate of the owner record");
+	return BACKEND_OK;
+}
+
+/* ---- operations --------------------------------------------------------- */
+
+static int local_serves(const void *settings)
+{
+	(void)settings;
+	return 1;
+}
+
+static struct backend_config *local_config_new(const void *settings, char *err, size_t errlen)
+{
+	const struct local_spec *ls = settings;
+	struct backend_config *bc;
+
+	if (local_dir_check(ls->dir, 1, err, errlen))
+		return NULL;
+	if (!(bc = backend_calloc(sizeof(*bc), err, errlen)))
+		return NULL;
+	bc->spec = ls;
+	pthread_once(&atfork_once, atfork_register);
+	return bc;
+}
+
+static void local_config_free(struct backend_config *bc)
+{
+	free(bc);
+}
+
+static struct backend_conn *local_open(const struct backend_config *bc, char *err,
+				       size_t errlen)
+{
+	struct backend_conn *c = backend_calloc(sizeof(*c), err, errlen);
+
+	if (!c)
+		return NULL;
+	c->bc = bc;
+	c->ino = c->wd = c->pend = -1;
+	c->pid = getpid();
+	return c;
+}
+
+static void local_close(struct backend_conn *c)
+{
+	pend_drop(c);
+	if (c->ino >= 0)
+		close(c->ino);
+	free(c);
+}
+
+/*
+ * Tries the lock of it's key on the pending descriptor (a waiter watches
+ * the file first); a waiter's token held already counts as taken. Taken: the descriptor becomes the hold's, the owner
+ * record is written, *fence is its fence. Busy: *wait_ms says wait (or,
+ * not waiting yet, BACKEND_NOT_QUEUED: call again waiting), holder is the
+ * record's value.
+ */
+static int local_acquire(struct backend_conn *c, const struct backend_item *it,
+			 long long *wait_ms, char *holder, size_t *holder_len, long long *fence)
+{
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
+	char rec[LOCAL_RECORD_MAX];
+
+	*fence = 0;
+	*holder_len = 0;
+	if (backend_item_set(it)) {
+		snprintf(c->err, sizeof(c->err), "the local backend has no semaphores or shared "
+			 "locks yet");
+		return BACKEND_ERR;
+	}
+	if (it->waiting && holds_find(it, fence)) /* ours already (the plain try: never) */
+		return BACKEND_OK;
+	if (pend_open(c, it) != BACKEND_OK)
+		return BACKEND_ERR;
+	if (it->waiting && watch(c, it) != BACKEND_OK)
+		unwatched(c);
+	if (fcntl(c->pend, F_OFD_SETLK, &fl) != 0) {
+		if (errno != EAGAIN && errno != EACCES)
+			return fail(c, "fcntl F_OFD_SETLK");
+		if (it->waiting) { /* the holder was read at the first refusal */
+			*wait_ms = c->wd >= 0 ? LLONG_MAX / 4 : LOCAL_POLL_MS;
+			return BACKEND_NO;
+		}
+		*wait_ms = BACKEND_NOT_QUEUED;
+		record_read(c->pend, rec, sizeof(rec));
+		record_holder(rec, holder, holder_len);
+		return BACKEND_NO;
+	}
+	/* the descriptor stays c's until registered: a cancellation in between
+	 * (pwrite is a cancellation point) closes it with c, freeing the lock;
+	 * the watch stays for the key's next wait (its events meanwhile cost
+	 * that wait one early try at most) */
+	if (record_write(c, c->pend, it, fence) != BACKEND_OK) {
+		pend_drop(c); /* frees the lock */
+		return BACKEND_ERR;
+	}
+	if (holds_add(it, c->pend, *fence) != 0) {
+		snprintf(c->err, sizeof(c->err), "out of memory for the table of holds");
+		pend_drop(c);
+		return BACKEND_ERR;
+	}
+	c->pend = -1;
+	c->pklen = 0;
+	return BACKEND_OK;
+}
+
+/*
+ * Unlocks the held descriptor fd of it's key. Then, when c has no pending
+ * descriptor, fd stays open as c's (the thread's next call of the key
+ * opens nothing) and futimens wakes the waiters (IN_ATTRIB); else it is
+ * closed (IN_CLOSE_WRITE). Either event comes after the unlock.
+ */
+static void unlock_fd(struct backend_conn *c, const struct backend_item *it, int fd)
+{
+	struct flock fl = { .l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
+
+	fcntl(fd, F_OFD_SETLK, &fl);
+	if (c->pend >= 0 || it->klen > sizeof(c->pkey) || futimens(fd, NULL) != 0) {
+		close(fd);
+		return;
+	}
+	c->pend = fd;
+	memcpy(c->pkey, it->key, it->klen);
+	c->pklen = it->klen;
+}
+
+static int local_release(struct backend_conn *c, const struct backend_item *it, int async)
+{
+	int fd = holds_take(it);
+
+	(void)async;
+	if (fd < 0)
+		return BACKEND_NO;
+	unlock_fd(c, it, fd);
+	return BACKEND_OK;
+}
+
+/* Waits for an event on the watched file (a release, a holder's death) for
+ * at most timeout_ms. */
+static int local_wait(struct backend_conn *c, const struct backend_item *it,
+		      long long timeout_ms, long long *fence)
+{
+	struct pollfd p = { .fd = c->ino, .events = POLLIN };
+	int n;
+
+	(void)it;
+	*fence = 0;
+	if (c->ino < 0 || c->wd < 0) { /* not watching (unwatched): try again soon */
+		poll(NULL, 0, timeout_ms < LOCAL_POLL_MS ? (int)timeout_ms : LOCAL_POLL_MS);
+		return BACKEND_OK;
+	}
+	n = poll(&p, 1, timeout_ms > INT_MAX ? INT_MAX : (int)timeout_ms);
+	if (n < 0 && errno != EINTR)
+		return fail(c, "poll");
+	if (n == 0)
+		return BACKEND_NO;
+	drain(c);
+	return BACKEND_OK;
+}
+
+/* Gives up it: released when it is held, else the pending file dropped. */
+static int local_leave(struct backend_conn *c, const struct backend_item *it, int async)
+{
+	if (local_release(c, it, async) == BACKEND_OK)
+		return BACKEND_OK;
+	if (c->pklen == it->klen && memcmp(c->pkey, it->key, it->klen) == 0)
+		pend_drop(c);
+	return BACKEND_NO;
+}
+
+static int local_flush(struct backend_conn *c)
+{
+	(void)c;
+	return BACKEND_OK;
+}
+
+static void local_unconfirmed(struct backend_conn *c,
+			      void (*fn)(void *arg, const struct backend_item *it), void *arg)
+{
+	(void)c;
+	(void)fn;
+	(void)arg;
+}
+
+/* No lease: every hold is kept while its holder lives. */
+static int local_renew(struct backend_conn *c, int n, const struct backend_item *items,
+		       int *results)
+{
+	(void)c;
+	(void)items;
+	for (int i = 0; i < n; i++)
+		results[i] = BACKEND_OK;
+	return BACKEND_OK;
+}
+
+static const char *local_errstr(const struct backend_conn *c)
+{
+	return c->err;
+}
+
+/* The directory can still take new files. */
+static int local_ping(struct backend_conn *c)
+{
+	const char *dir = c->bc->spec->dir;
+
+	if (access(dir, W_OK | X_OK) != 0) {
+		snprintf(c->err, sizeof(c->err), "\"%s\": %s", dir, strerror(errno));
+		return BACKEND_ERR;
+	}
+	return BACKEND_OK;
+}
+
+static void local_describe(const struct backend_config *bc, char *buf, size_t len)
+{
+	snprintf(buf, len, "local lock files in %s", bc->spec->dir);
+}
+
+/* ---- holders, for `lockshim status` ------------------------------------ */
+
+/* Returns the value of hex digit c, or -1. */
+static int hex_digit(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* Decodes the lock file name (without ".lock", n bytes) into key
+ * (KEY_BUF_SIZE + 64 bytes): %XX back to its byte; a cut %X of a shortened
+ * name stays as it is. Returns the key's length. */
+static size_t name_decode(const char *name, size_t n, char *key)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		int hi = i + 2 < n ? hex_digit(name[i + 1]) : -1;
+		int lo = i + 2 < n ? hex_digit(name[i + 2]) : -1;
+
+		if (name[i] == '%' && hi >= 0 && lo >= 0) {
+			key[k++] = (char)(hi * 16 + lo);
+			i += 2;
+		} else {
+			key[k++] = name[i];
+		}
+	}
+	return k;
+}
+
+/* Reports the lock file name of dirfd to fn when a process holds it. */
+static void holder_of(int dirfd, const char *name,
+		      void (*fn)(void *arg, const struct local_holder *h), void *arg)
+{
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
+	char rec[LOCAL_RECORD_MAX], key[LOCAL_NAME_MAX + 64], val[BACKEND_VAL_MAX];
+	size_t n = strlen(name), sl = sizeof(LOCAL_SUFFIX) - 1;
+	struct local_holder h = { .key = key, .val = val };
+	struct stat st;
+	int fd;
+
+	if (n <= sl || n - sl > LOCAL_NAME_MAX + 41 || strcmp(name + n - sl, LOCAL_SUFFIX))
+		return;
+	fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+	if (fd < 0)
+		return;
+	if (fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK &&
+	    fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+		record_read(fd, rec, sizeof(rec));
+		record_holder(rec, val, &h.vlen);
+		h.fence = record_fence(rec);
+		h.klen = name_decode(name, n - sl, key);
+		h.since_ms = (long long)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
+		fn(arg, &h);
+	}
+	close(fd);
+}
+
+int local_holders(const struct backend_config *bc,
+		  void (*fn)(void *arg, const struct local_holder *h), void *arg,
+		  char *err, size_t errlen)
+{
+	DIR *d = opendir(bc->spec->dir);
+	struct dirent *e;
+
+	if (!d) {
+		snprintf(err, errlen, "\"%s\": %s", bc->spec->dir, strerror(errno));
+		return -1;
+	}
+	while ((e = readdir(d)) != NULL)
+		holder_of(dirfd(d), e->d_name, fn, arg);
+	closedir(d);
+	return 0;
+}
+
+const struct backend_ops backend_local = {
+	.name = "local",
+	.settings = &backend_local_settings,
+	.leaseless = 1,
+	.serves = local_serves,
+	.config_new = local_config_new,
+	.config_free = local_config_free,
+	.open = local_open,
+	.describe = local_describe,
+	.close = local_close,
+	.acquire = local_acquire,
+	.release = local_release,
+	.wait = local_wait,
+	.leave = local_leave,
+	.flush = local_flush,
+	.unconfirmed = local_unconfirmed,
+	.renew = local_renew,
+	.errstr = local_errstr,
+	.ping = local_ping,
+};

@@ -1,0 +1,178 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * backend_local_conf.c - the `local` group of the file (its table: dir),
+ * the check of that directory, and the lock settings the local backend
+ * refuses. A kernel file lock has no lease, no server-side queue and no
+ * hand-over: the settings that tune those (lease_ms, on_lost,
+ * retry_max_ms, break_dead_holders, handoff_ms) cannot be honoured and are
+ * refused when the file sets them, in a lock or in `defaults`; fair, limit
+ * > 1, mode "shared", linger_ms > 0 and max_hold_ms/on_overrun are not
+ * built yet for it and are refused by value. linger_ms's built-in value is
+ * 0 here (local_lock_defaults), so only an explicit one is refused. It is
+ * the local backend's struct conf_group, backend_local_settings, which
+ * backend.c registers: conf.c never names it.
+ */
+#include "backend_local_conf.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "conf.h"
+#include "conf_field.h"
+
+#define LOCAL_FIELD(n, k, lo, hi, ...) FIELD(struct local_spec, #n, n, k, lo, hi, __VA_ARGS__)
+static const struct conf_field local_fields[] = {
+	LOCAL_FIELD(dir, F_STR, 1, LOCAL_DIR_MAX, .def_str = "/run/lockshim"),
+	{ .name = NULL }
+};
+
+/* Checks that the existing directory dir can take new files. Returns 0, or
+ * -1 with one line in err. */
+static int dir_usable(const char *dir, char *err, size_t errlen)
+{
+	struct stat st;
+
+	if (stat(dir, &st) != 0) {
+		snprintf(err, errlen, "\"%s\": %s", dir, strerror(errno));
+		return -1;
+	}
+	if (!S_ISDIR(st.st_mode)) {
+		snprintf(err, errlen, "\"%s\" is not a directory", dir);
+		return -1;
+	}
+	if (access(dir, W_OK | X_OK) != 0) {
+		snprintf(err, errlen, "\"%s\" is not writable by this process (uid %u): %s", dir,
+			 (unsigned)geteuid(), strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+int local_dir_check(const char *dir, int create, char *err, size_t errlen)
+{
+	char parent[LOCAL_DIR_MAX + 1];
+	const char *slash;
+	struct stat st;
+	size_t n = strlen(dir);
+
+	if (dir[0] != '/' || n > LOCAL_DIR_MAX) {
+		snprintf(err, errlen, "\"%s\" is not an absolute path (of at most %d bytes)", dir,
+			 LOCAL_DIR_MAX);
+		return -1;
+	}
+	if (stat(dir, &st) == 0 || errno != ENOENT)
+		return dir_usable(dir, err, errlen);
+	while (n > 1 && dir[n - 1] == '/')
+		n--;
+	slash = memrchr(dir, '/', n);
+	snprintf(parent, sizeof(parent), "%.*s", slash == dir ? 1 : (int)(slash - dir), dir);
+	if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode)) {
+		snprintf(err, errlen, "\"%s\" does not exist, nor does its parent \"%s\" "
+			 "(parents are not created)", dir, parent);
+		return -1;
+	}
+	if (!create)
+		return 0;
+	if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+		snprintf(err, errlen, "cannot create \"%s\": %s", dir, strerror(errno));
+		return -1;
+	}
+	return dir_usable(dir, err, errlen);
+}
+
+/* The group's check: dir, without creating it (the backend's start does). */
+static int local_check(struct conf_err *e, const config_setting_t *g, void *data)
+{
+	const struct local_spec *ls = data;
+	char err[512];
+
+	if (local_dir_check(ls->dir, 0, err, sizeof(err)))
+		return conf_fail(e, config_setting_get_member(g, "dir"), "local.dir", "%s", err);
+	return 0;
+}
+
+/* The settings a kernel lock cannot honour, refused when the file sets them. */
+static const struct {
+	const char *name, *why;
+} unleased[] = {
+	{ "lease_ms", "a kernel lock has no lease: its holder keeps it until it releases "
+	  "it or dies" },
+	{ "on_lost", "a kernel lock is not lost while its holder lives (no lease to lose)" },
+	{ "retry_max_ms", "a waiter is woken by the release itself and asks nothing of a "
+	  "server" },
+	{ "break_dead_holders", "the kernel frees a dead holder's lock itself, at once" },
+	{ "handoff_ms", "the kernel hands nothing over: a released lock goes to the first "
+	  "waiter that locks it" },
+	{ "on_overrun", "max_hold_ms is not built yet for this backend" },
+};
+
+/* Writes "<where>.<name>" into what. */
+static const char *setting_name(char *what, size_t len, const char *where, const char *name)
+{
+	snprintf(what, len, "%s.%s", where, name);
+	return what;
+}
+
+/* Returns g's member name, or NULL (also when g is NULL: a lock made by
+ * `lockshim lock`, whose settings are the defaults and its options). */
+static const config_setting_t *member(const config_setting_t *g, const char *name)
+{
+	return g ? config_setting_get_member(g, name) : NULL;
+}
+
+/*
+ * Refuses what lock l (read from the group lg, named where: a lock or
+ * `defaults`; lg NULL for `lockshim lock`'s) sets that the local backend
+ * cannot honour or does not have yet, naming the backend and the setting.
+ * Returns 0, or -1 said with conf_fail.
+ */
+static int local_check_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
+			    const struct lock_spec *l, const struct conf *cfg, const void *data)
+{
+	const config_setting_t *s;
+	const char *why = NULL, *name = NULL;
+	char what[64];
+
+	(void)cfg;
+	(void)data;
+	for (size_t i = 0; i < sizeof(unleased) / sizeof(unleased[0]); i++)
+		if ((s = member(lg, unleased[i].name)))
+			return conf_fail(e, s, setting_name(what, sizeof(what), where,
+							    unleased[i].name),
+					 "not available with backend \"local\": %s", unleased[i].why);
+	if (l->fair)
+		name = "fair", why = "fair = true (arrival order)";
+	else if (l->limit > 1)
+		name = "limit", why = "limit > 1 (a semaphore)";
+	else if (l->shared)
+		name = "mode", why = "mode = \"shared\"";
+	else if (l->linger_ms > 0)
+		name = "linger_ms", why = "linger_ms > 0 (its default is 0 with this backend)";
+	else if (l->max_hold_ms > 0)
+		name = "max_hold_ms", why = "max_hold_ms";
+	if (!name)
+		return 0;
+	s = member(lg, name);
+	return conf_fail(e, s ? s : lg, setting_name(what, sizeof(what), where, name),
+			 "%s is not built yet for backend \"local\"", why);
+}
+
+/* A local lock is not kept between calls by default (linger needs the
+ * renewal thread, which this backend does not start). */
+static void local_lock_defaults(struct lock_spec *d)
+{
+	d->linger_ms = 0;
+}
+
+const struct conf_group backend_local_settings = {
+	.name = "local",
+	.fields = local_fields,
+	.size = sizeof(struct local_spec),
+	.check = local_check,
+	.check_lock = local_check_lock,
+	.check_defaults = local_check_lock,
+	.lock_defaults = local_lock_defaults,
+};

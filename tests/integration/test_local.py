@@ -1,0 +1,512 @@
+# SPDX-License-Identifier: MIT
+"""backend = "local" (issue 23, first step): kernel file locks under
+local.dir, no server, no thread.
+
+Exclusion of processes and threads (controls: the same workload races
+without the shim), a SIGKILLed holder freeing the lock at once (control: a
+live holder makes the waiter time out), the waiter woken by the release and
+not by polling (its threads and context switches stay flat over a 2 s wait;
+control: a Redis waiter asks again every retry_max_ms), a fork child not
+keeping its parent's lock (control: the kernel keeps an inherited OFD lock
+after its parent's death), fences one per grant, keys mapped inside dir,
+and every refusal (78, naming the setting).
+"""
+import fcntl
+import glob
+import json
+import os
+import re
+import struct
+import subprocess
+import time
+
+import pytest
+
+from support.util import CLI, MULT, TIMEOUT, cc, run, shim_env, wait_for, write_config
+from support.workers import RACE_ITER, RACE_PROCS, race
+
+BLOCK_LOCK = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
+              'on_timeout = "skip"; } );\n')
+
+# A guarded call that forks a child which outlives it (the child waits for
+# its stdin to close), then prints "enter child=PID" and waits for a line.
+FORK_LIB_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+int fork_call(int x)
+{
+	char c;
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		while (read(0, &c, 1) == 1)
+			;
+		_exit(0);
+	}
+	printf("enter child=%d\n", (int)pid);
+	fflush(stdout);
+	while (read(0, &c, 1) == 1 && c != '\n')
+		;
+	return x;
+}
+"""
+FORK_MAIN_C = r"""
+int fork_call(int x);
+int main(void) { return fork_call(0); }
+"""
+
+
+def local_config(tmp_path, body, head=""):
+    """A config of backend "local" with its dir under tmp_path; returns its path."""
+    d = tmp_path / "locks"
+    return write_config(tmp_path, None, 'backend = "local";\nlocal = { dir = "%s"; };\n%s%s'
+                        % (d, head, body))
+
+
+def lock_files(tmp_path):
+    return sorted(os.listdir(str(tmp_path / "locks")))
+
+
+def record(path):
+    """A lock file's owner record: (fence, lock value)."""
+    with open(path) as f:
+        fence, value = f.read().split("\n")[:2]
+    return int(fence), value
+
+
+def switches(pid):
+    """(threads, voluntary + involuntary context switches of all of them)."""
+    total, tasks = 0, glob.glob("/proc/%d/task/*/status" % pid)
+    for t in tasks:
+        with open(t) as f:
+            for line in f:
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    total += int(line.split()[1])
+    return len(tasks), total
+
+
+def waiting(pid):
+    """Whether pid has an inotify watch (a local waiter, about to poll)."""
+    for fdinfo in glob.glob("/proc/%d/fdinfo/*" % pid):
+        try:
+            with open(fdinfo) as f:
+                if "inotify wd:" in f.read():
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+def program_with_lib(tmp_path_factory, name, lib_c, main_c, *lib_flags):
+    """Builds lib<name>.so from lib_c (with lib_flags) and the program name
+    from main_c linked to it; returns the program's path."""
+    d = str(tmp_path_factory.mktemp(name))
+    for src, text in {"lib.c": lib_c, "main.c": main_c}.items():
+        with open(os.path.join(d, src), "w") as f:
+            f.write(text)
+    cc(os.path.join(d, "lib%s.so" % name), [os.path.join(d, "lib.c")], *lib_flags, "-shared",
+       "-fPIC")
+    return cc(os.path.join(d, name), [os.path.join(d, "main.c")], "-O2", "-L" + d,
+              "-Wl,-rpath," + d, "-l" + name)
+
+
+@pytest.fixture(scope="module")
+def forker(tmp_path_factory):
+    return program_with_lib(tmp_path_factory, "fork", FORK_LIB_C, FORK_MAIN_C, "-O2")
+
+
+# ---- exclusion ------------------------------------------------------------------
+
+RACE_LOCAL = ('locks = ( { symbol = "ledger_update"; key = "ledger:{arg0:str}"; '
+              'wait_ms = 30000; } );\n')
+
+
+@pytest.mark.timing
+def test_control_processes_and_threads_lose_updates(progs, tmp_path):
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), None, procs=3, iters=10,
+                threads=3) < 90
+
+
+def test_processes_and_threads_exclude_each_other(progs, tmp_path):
+    """3 processes x 3 threads: exact; one lock file, its fence one per grant."""
+    cfg = local_config(tmp_path, RACE_LOCAL)
+    path = str(tmp_path / "c")
+    assert race(progs["ledger"], "direct", path, cfg, procs=3, iters=10, threads=3) == 90
+    [name] = lock_files(tmp_path)
+    assert name == "lockshim%3Aledger%3A" + path.replace("/", "%2F") + ".lock"
+    fence, value = record(str(tmp_path / "locks" / name))
+    assert fence == 90 and value.endswith(":ledger")
+
+
+def test_processes_exclude_each_other(progs, tmp_path):
+    cfg = local_config(tmp_path, RACE_LOCAL)
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg) == RACE_PROCS * RACE_ITER
+
+
+def test_several_keys_exclude(progs, tmp_path):
+    """A lock of two keys (taken in byte order): exact, both files made."""
+    cfg = local_config(tmp_path, 'locks = ( { symbol = "ledger_update"; keys = ( "z", '
+                       '"ledger:{arg0:str}" ); wait_ms = 30000; } );\n')
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
+                threads=2) == 60
+    assert "lockshim%3Az.lock" in lock_files(tmp_path) and len(lock_files(tmp_path)) == 2
+
+
+def test_fences_increase_by_one_per_grant(progs, tmp_path):
+    cfg = local_config(tmp_path, RACE_LOCAL)
+    path = str(tmp_path / "c")
+    with open(path, "w") as f:
+        f.write("0\n")
+    for _ in range(2):
+        r = run([progs["ledger"], "direct", path, "3"], cfg, LOCKSHIM_LOG_LEVEL="debug")
+        assert r.returncode == 0, r.stderr
+    fences = [int(l.rsplit("fence ", 1)[1]) for l in r.stderr.splitlines()
+              if " acquired " in l]
+    assert fences == [4, 5, 6], r.stderr
+    assert record(str(tmp_path / "locks" / lock_files(tmp_path)[0]))[0] == 6
+
+
+# ---- holders that die, waiters that wake ----------------------------------------
+
+def test_killed_holder_frees_the_lock_at_once(bg, worker_progs, tmp_path):
+    cfg = local_config(tmp_path, BLOCK_LOCK % 30000)
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: waiting(waiter.p.pid), what="the waiter's watch")
+    t0 = time.monotonic()
+    holder.p.kill()
+    waiter.expect("enter", timeout=5)
+    assert time.monotonic() - t0 < 5 * MULT  # wait_ms is 30 s
+    waiter.send()
+    assert waiter.expect("call").startswith("call rc=42")
+
+
+def test_control_live_holder_makes_the_waiter_time_out(bg, worker_progs, tmp_path):
+    cfg = local_config(tmp_path, BLOCK_LOCK % 1500)
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    t0 = time.monotonic()
+    r = run([worker_progs["block"]], cfg)
+    assert r.stdout.strip() == "call rc=-1 errno=16", (r.stdout, r.stderr)
+    assert time.monotonic() - t0 >= 1.4
+    assert "still held by another owner after 1500 ms" in r.stderr
+    assert "(holder: host %s, pid %d, program block)" % (os.uname().nodename, holder.p.pid) \
+        in r.stderr  # from its owner record
+
+
+def test_waiter_is_woken_by_the_release_not_by_polling(bg, worker_progs, tmp_path):
+    """Over a 2 s wait the waiter has one thread and (nearly) no context
+    switch; once the holder's call returns it enters at once."""
+    cfg = local_config(tmp_path, BLOCK_LOCK % 60000)
+    holder = bg([worker_progs["block"], "stay"], cfg)
+    holder.expect("enter")
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: waiting(waiter.p.pid), what="the waiter's watch")
+    threads, before = switches(waiter.p.pid)
+    time.sleep(2)  # the span measured, not a synchronisation
+    threads_after, after = switches(waiter.p.pid)
+    assert threads == threads_after == 1 and after - before <= 3, (before, after)
+    holder.send()
+    holder.expect("call rc=42")
+    t0 = time.monotonic()
+    waiter.expect("enter", timeout=5)
+    assert time.monotonic() - t0 < 1 * MULT
+
+
+def test_control_redis_waiter_asks_again(bg, worker_progs, redis, tmp_path):
+    """The measure above sees a waiter that wakes every retry_max_ms."""
+    cfg = write_config(tmp_path, redis, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                       'wait_ms = 60000; retry_max_ms = 100; lease_ms = 60000; } );\n')
+    holder = bg([worker_progs["block"], "stay"], cfg)
+    holder.expect("enter")
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: switches(waiter.p.pid)[0] == 2, what="the waiter's renewal thread")
+    _, before = switches(waiter.p.pid)
+    time.sleep(2)
+    assert switches(waiter.p.pid)[1] - before >= 10
+
+
+def test_fork_child_does_not_keep_the_parent_lock(bg, forker, worker_progs, tmp_path):
+    """The holder forks a child that outlives it; the holder is SIGKILLed:
+    the waiter enters at once, the child still running."""
+    cfg = local_config(tmp_path, 'locks = ( { symbol = "fork_call"; key = "blk"; }, '
+                       '{ symbol = "block_call"; key = "blk"; wait_ms = 30000; } );\n')
+    holder = bg([forker], cfg)
+    child = int(holder.expect("enter child=").split("=")[1])
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: waiting(waiter.p.pid), what="the waiter's watch")
+    holder.p.kill()
+    waiter.expect("enter", timeout=5)
+    assert os.path.exists("/proc/%d" % child)
+    holder.p.stdin.close()  # the child's stdin: it exits
+
+
+def test_control_inherited_ofd_lock_outlives_its_parent(tmp_path):
+    """Without the close in the child, a fork child keeps the lock after
+    the holder's death: the kernel's rule that the shim must work around."""
+    path = str(tmp_path / "f.lock")
+    holder = subprocess.Popen(["/usr/bin/python3", "-c", r"""
+import fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 1, 0))
+if os.fork() == 0:
+    sys.stdin.read()
+    os._exit(0)
+print("locked", flush=True)
+os._exit(0)
+""", path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "locked\n"
+    holder.wait(timeout=TIMEOUT)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        with pytest.raises(OSError):
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 1, 0))
+        holder.stdin.close()  # the child exits
+        wait_for(lambda: ofd_free(fd), what="the lock freed with the child")
+    finally:
+        os.close(fd)
+
+
+def ofd_free(fd):
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 1, 0))
+        return True
+    except OSError:
+        return False
+
+
+# ---- keys and files -------------------------------------------------------------
+
+def test_keys_map_inside_dir(tmp_path):
+    cfg = local_config(tmp_path, "")
+    long_key = "k" * 300
+    for key in ["a/b", "../../escape", "..", ".hidden", long_key]:
+        r = subprocess.run([CLI, "lock", "-c", cfg, key, "--", "true"], capture_output=True,
+                           text=True, timeout=TIMEOUT)
+        assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(str(tmp_path))) == ["locks", "lockshim.cfg"]
+    files = lock_files(tmp_path)
+    # the key (as key.c shortens one past 256 bytes) past 200 encoded bytes:
+    # its first 150, "~" and the SHA-1 of the whole key
+    shortened = [n for n in files if "~" in n]
+    assert len(shortened) == 1 and re.fullmatch(r"lockshim%3Ak{139}~[0-9a-f]{40}\.lock",
+                                                 shortened[0]), files
+    assert sorted(set(files) - set(shortened)) == sorted([
+        "lockshim%3Aa%2Fb.lock", "lockshim%3A%2E%2E%2F%2E%2E%2Fescape.lock",
+        "lockshim%3A%2E%2E.lock", "lockshim%3A%2Ehidden.lock"])
+
+
+def test_lock_command_takes_it_with_a_fence(tmp_path):
+    cfg = local_config(tmp_path, "")
+    for fence in (1, 2):
+        r = subprocess.run([CLI, "lock", "-c", cfg, "job", "--", "sh", "-c",
+                            'echo "$LOCKSHIM_FENCE"'], capture_output=True, text=True,
+                           timeout=TIMEOUT)
+        assert (r.returncode, r.stdout) == (0, "%d\n" % fence), r.stderr
+
+
+def test_check_probes_the_directory(tmp_path):
+    cfg = local_config(tmp_path, "")
+    r = subprocess.run([CLI, "check", "-c", cfg], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    assert "local: ok (acquire, renew, queue, wait, release and leave" in r.stdout
+
+
+@pytest.mark.parametrize("verb,says", [
+    (["unlock", "job"], "a kernel lock cannot be taken from another process"),
+    (["metrics"], "metrics is not built yet for backend \"local\""),
+])
+def test_verbs_not_built_yet_say_so(tmp_path, verb, says):
+    cfg = local_config(tmp_path, "")
+    r = subprocess.run([CLI, verb[0], "-c", cfg] + verb[1:], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 1 and says in r.stderr, r.stderr
+
+
+# ---- refusals -------------------------------------------------------------------
+
+REFUSED = [("lease_ms = 5000", "lease_ms"), ("on_lost = \"log\"", "on_lost"),
+           ("retry_max_ms = 50", "retry_max_ms"), ("break_dead_holders = true",
+                                                    "break_dead_holders"),
+           ("handoff_ms = 1", "handoff_ms"), ("fair = true", "fair"), ("limit = 2", "limit"),
+           ("mode = \"shared\"", "mode"), ("linger_ms = 5", "linger_ms"),
+           ("max_hold_ms = 100", "max_hold_ms"), ("on_overrun = \"log\"", "on_overrun")]
+
+
+@pytest.mark.parametrize("setting,name", REFUSED)
+@pytest.mark.parametrize("where", ["lock", "defaults"])
+def test_refused_settings_exit_78_naming_them(tmp_path, setting, name, where):
+    lock = 'locks = ( { symbol = "f"; %s } );\n' % (setting + ";" if where == "lock" else "")
+    head = "defaults = { %s; };\n" % setting if where == "defaults" else ""
+    r = run(["true"], local_config(tmp_path, lock, head))
+    what = "locks[0].%s" % name if where == "lock" else "defaults.%s" % name
+    assert r.returncode == 78 and what in r.stderr and "\"local\"" in r.stderr, r.stderr
+    # control: the redis backend takes the same file (no server needed to start)
+    assert run(["true"], write_config(tmp_path, None, head + lock)).returncode == 0
+
+
+@pytest.mark.parametrize("body,says", [
+    ('backend = "zookeeper";', 'backend: "zookeeper" is not available in this build'),
+    ('backend = "etcd";', 'backend: "etcd" is not available in this build'),
+    ('local = { dir = "/tmp"; };', 'local: is the group of backend "local", but backend '
+     'is "redis"'),
+    ('backend = "local"; redis = { port = 7000; };', 'redis: is the group of backend '
+     '"redis", but backend is "local"'),
+    ('backend = "local"; local = { dir = "relative"; };', "local.dir"),
+    ('backend = "local"; local = { dir = "/nonexistent-lockshim/x"; };',
+     'nor does its parent "/nonexistent-lockshim"'),
+    ('backend = "local"; local = { dir = "{tmp}/lockshim.cfg"; };', "is not a directory"),
+])
+def test_refused_configs_exit_78(tmp_path, body, says):
+    body = body.replace("{tmp}", str(tmp_path))
+    r = run(["true"], write_config(tmp_path, None, body + "\nlocks = ( { symbol = \"f\"; } );"))
+    assert r.returncode == 78 and says in r.stderr, r.stderr
+
+
+def test_missing_dir_is_made_at_start(progs, tmp_path):
+    cfg = local_config(tmp_path, RACE_LOCAL)
+    assert not os.path.exists(str(tmp_path / "locks"))
+    path = str(tmp_path / "c")
+    assert race(progs["ledger"], "direct", path, cfg, procs=1, iters=2) == 2
+    assert os.stat(str(tmp_path / "locks")).st_mode & 0o777 == 0o755 & ~current_umask()
+
+
+def current_umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_lock_options_refused(tmp_path):
+    cfg = local_config(tmp_path, "")
+    for opts, says in [(["--limit", "2"], "lockshim lock.limit"), (["--shared"],
+                                                                   "lockshim lock.mode"),
+                       (["-l", "500"], "-l: not available with backend \"local\"")]:
+        r = subprocess.run([CLI, "lock", "-c", cfg] + opts + ["job", "--", "true"],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        assert r.returncode == 78 and says in r.stderr, (opts, r.stderr)
+
+
+def test_unusable_lock_file_applies_on_error(worker_progs, tmp_path):
+    """A symbolic link where the lock file goes is never followed: the call
+    gets on_error (here: skip, errno 5) after wait_ms, the link's target is
+    untouched. Control: without the link the same call runs."""
+    cfg = local_config(tmp_path, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                       'wait_ms = 300; on_error = "skip"; errno = 5; } );\n')
+    target = tmp_path / "target"
+    target.write_text("keep\n")
+    os.mkdir(str(tmp_path / "locks"))
+    os.symlink(str(target), str(tmp_path / "locks" / "lockshim%3Ablk.lock"))
+    r = run([worker_progs["block"]], cfg)
+    assert r.stdout.strip() == "call rc=-1 errno=5", (r.stdout, r.stderr)
+    assert "open of the lock file" in r.stderr and target.read_text() == "keep\n"
+    assert "lock file unavailable for 300 ms" in r.stderr and "Redis" not in r.stderr
+    os.unlink(str(tmp_path / "locks" / "lockshim%3Ablk.lock"))
+    p = subprocess.run([worker_progs["block"]], env=shim_env(cfg), input="\n",
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert p.stdout.splitlines()[-1] == "call rc=42 errno=0", (p.stdout, p.stderr)
+
+
+def test_status_lists_the_held_files(bg, worker_progs, tmp_path):
+    """A live holder is listed (text and JSON, limit 1, exclusive, its fence,
+    no lease); the control: a file whose holder released it (its record
+    still there) is not; the pattern filters."""
+    cfg = local_config(tmp_path, 'locks = ( { symbol = "block_call"; key = "blk/{arg0}"; } );\n')
+    for _ in range(2):
+        r = subprocess.run([CLI, "lock", "-c", cfg, "done", "--", "true"],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        assert r.returncode == 0, r.stderr
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+
+    def status(*args):
+        r = subprocess.run([CLI, "status", "-c", cfg] + list(args), capture_output=True,
+                           text=True, timeout=TIMEOUT)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.splitlines()
+    [line] = status()
+    assert line.startswith("blk/1  held by %s pid %d " % (os.uname().nodename, holder.p.pid))
+    assert "(block)" in line and "no lease, fence 1" in line
+    [obj] = [json.loads(l) for l in status("--json")]
+    assert (obj["key"], obj["pid"], obj["fence"], obj["limit"], obj["mode"],
+            obj["lease_left_ms"]) == ("blk/1", holder.p.pid, 1, 1, "exclusive", None)
+    assert status("blk/*") == [line] and status("done*") == []
+    assert record(str(tmp_path / "locks" / "lockshim%3Adone.lock"))[0] == 2  # released
+    holder.send()
+    holder.expect("call rc=42")
+    wait_for(lambda: status() == [], what="the released lock gone from status")
+
+
+# outer() calls inner(): both guarded with the same key.
+NEST_LIB_C = r"""
+int inner(int x) { return x + 1; }
+int outer(int x) { return inner(x) * 2; }
+"""
+NEST_MAIN_C = r"""
+#include <errno.h>
+#include <stdio.h>
+int outer(int x);
+int main(void)
+{
+	int rc;
+
+	errno = 0;
+	rc = outer(1);
+	printf("rc=%d errno=%d\n", rc, errno);
+	return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def nester(tmp_path_factory):
+    return program_with_lib(tmp_path_factory, "nest", NEST_LIB_C, NEST_MAIN_C, "-O0",
+                            "-fno-semantic-interposition")
+
+
+@pytest.mark.parametrize("reentrant,out", [("true", "rc=4 errno=0"),
+                                           ("false", "rc=-2 errno=16")])
+def test_reentrant_call_enters_its_own_lock(nester, tmp_path, reentrant, out):
+    """reentrant = true: the nested call of the same key enters at once;
+    the control, reentrant = false, waits for its own lock until wait_ms
+    (inner skipped: -1, so outer returns -2)."""
+    cfg = local_config(tmp_path, 'locks = ( { symbols = ( "outer", "inner" ); key = "nest"; '
+                       'wait_ms = 300; reentrant = %s; method = "entry"; } );\n' % reentrant)
+    r = run([nester], cfg)
+    assert r.returncode == 0 and r.stdout.strip() == out, (r.stdout, r.stderr)
+
+
+def user_ns_sets_inotify_limit():
+    """Returns "" when a user namespace of our own may be made here and its
+    max_inotify_instances set, else why not (a container may forbid
+    either: then the test cannot make its condition, and is skipped)."""
+    r = subprocess.run(["unshare", "-Ur", "sh", "-c",
+                        "echo 128 > /proc/sys/user/max_inotify_instances"],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    return "" if r.returncode == 0 else (r.stderr.strip() or "exit %d" % r.returncode)
+
+
+@pytest.mark.parametrize("instances,polls", [("0", True), ("128", False)])
+def test_waiter_without_inotify_polls(bg, worker_progs, tmp_path, instances, polls):
+    """A waiter refused an inotify instance (a user namespace of its own
+    whose max_inotify_instances is 0) still enters after the release,
+    trying every 20 ms, and says so once; the control (128) watches."""
+    why = user_ns_sets_inotify_limit()
+    if why:
+        pytest.skip("no user namespace with its own inotify limit here: " + why)
+    cfg = local_config(tmp_path, BLOCK_LOCK % 30000)
+    holder = bg([worker_progs["block"], "stay"], cfg)
+    holder.expect("enter")
+    waiter = bg(["unshare", "-Ur", "sh", "-c", "echo %s > /proc/sys/user/max_inotify_instances"
+                 " && exec %s" % (instances, worker_progs["block"])], cfg)
+    # unshare and sh exec: the waiter keeps the pid
+    wait_for(lambda: "cannot watch" in waiter.stderr() or waiting(waiter.p.pid),
+             what="the waiter waiting")
+    holder.send()
+    holder.expect("call rc=42")
+    waiter.expect("enter", timeout=5)
+    said = waiter.stderr().count("waiters without a watch try every 20 ms")
+    assert said == (1 if polls else 0), waiter.stderr()
+
