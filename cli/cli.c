@@ -211,20 +211,6 @@ const char *cli_default_config(void)
 	return env && *env ? env : CONF_DEFAULT_PATH;
 }
 
-void cli_error(const char *fmt, ...)
-{
-	char msg[4096], line[4 * sizeof(msg)];
-	va_list ap;
-	size_t n;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	n = log_escape(line, sizeof(line) - 1, msg, strlen(msg));
-	line[n] = 0;
-	fprintf(stderr, "lockshim: %s\n", line);
-}
-
 int cli_load(struct conf *cfg, const char *path)
 {
 	const struct conf_group *groups[CONF_GROUPS_MAX + 1];
@@ -234,7 +220,7 @@ int cli_load(struct conf *cfg, const char *path)
 	if (conf_load(cfg, path, groups, err, sizeof(err)) == 0 &&
 	    conf_logging(cfg, 0, err, sizeof(err)) == 0)
 		return 0;
-	cli_error("config error: %s", err);
+	log_stderr("config error: %s", err);
 	return -1;
 }
 
@@ -546,7 +532,7 @@ static int cmd_check(int argc, char **argv)
 			   diff);
 	}
 	if (selftest_run(&cfg, msg, sizeof(msg)) != 0) {
-		cli_error("%s: %s", conf_backend_name(cfg.backend), msg);
+		log_stderr("%s: %s", conf_backend_name(cfg.backend), msg);
 		rc = EX_UNAVAILABLE;
 	} else {
 		printf("%s: ok (%s)\n", conf_backend_name(cfg.backend), msg);

@@ -22,11 +22,6 @@
 /* Prints "lockshim: <message>" and the usage on stderr; returns EX_USAGE. */
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Prints "lockshim: <message>" on stderr, control characters and bytes
- * that are not UTF-8 escaped (log_escape): for messages that carry a
- * server's text, a key or a holder's record. */
-void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
 /* Returns $LOCKSHIM_CONFIG when set and not empty, else CONF_DEFAULT_PATH. */
 const char *cli_default_config(void);
 

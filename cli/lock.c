@@ -532,7 +532,7 @@ int cmd_lock(int argc, char **argv)
 	rc = conf_logging(&cfg, 1, err, sizeof(err));
 	cfg.log_file = log_file;
 	if (rc != 0) {
-		cli_error("config error: %s", err);
+		log_stderr("config error: %s", err);
 		conf_release(&cfg);
 		return CONF_EXIT_CODE;
 	}
@@ -546,14 +546,14 @@ int cmd_lock(int argc, char **argv)
 	spec->linger_ms = 0;   /* one call: nothing to keep the lock for */
 	spec->max_hold_ms = 0; /* COMMAND's duration is its own business */
 	if (apply_mode(&cfg, spec, &o, err, sizeof(err)) != 0) {
-		cli_error("config error: %s", err);
+		log_stderr("config error: %s", err);
 		conf_release(&cfg);
 		return CONF_EXIT_CODE;
 	}
 	if (count_setup(&cfg) != 0) /* counted as the lock KEY, shipped at exit */
 		fprintf(stderr, "lockshim: out of memory for the counters; not counted\n");
 	if (backend_init(&b, &cfg, err, sizeof(err)) != 0) {
-		cli_error("config error: %s", err);
+		log_stderr("config error: %s", err);
 		conf_release(&cfg);
 		return CONF_EXIT_CODE;
 	}

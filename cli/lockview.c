@@ -32,7 +32,6 @@
 #include "backend_local.h"
 #include "backend_redis.h"
 #include "conf.h"
-#include "cli.h"
 #include "conf_field.h"
 #include "log.h"
 
@@ -630,7 +629,7 @@ static int each_node(const struct lockview *lv, struct node_job *job, char *err,
 		}
 	}
 	if (lv->redlock && failed && failed <= n - lv->quorum) {
-		cli_error("warning: %d of %d masters not read: %s", failed, n, err);
+		log_stderr("warning: %d of %d masters not read: %s", failed, n, err);
 		return 0;
 	}
 	return failed ? -1 : 0;
@@ -1013,7 +1012,7 @@ int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *
 		return CONF_EXIT_CODE;
 	}
 	if (lockview_open(lv, cfg, err, sizeof(err)) != 0) {
-		cli_error("%s", err);
+		log_stderr("%s", err);
 		conf_release(cfg);
 		return CONF_EXIT_CODE;
 	}
@@ -1043,6 +1042,6 @@ int lockview_load(struct conf *cfg, const struct lv_args *a)
 	if (conf_load(cfg, a->config, groups, err, sizeof(err)) == 0 &&
 	    conf_logging(cfg, 0, err, sizeof(err)) == 0)
 		return 0;
-	cli_error("config error: %s", err);
+	log_stderr("config error: %s", err);
 	return -1;
 }

@@ -30,6 +30,7 @@
 #include "cli.h"
 #include "conf.h"
 #include "key.h"
+#include "log.h"
 #include "metrics.h"
 
 #define SCAN_COUNT "1000"
@@ -358,7 +359,7 @@ static int read_all(const struct backend *b, const struct conf *cfg, struct scra
 		if (answered < i + 1 && !tolerant)
 			rc = -1;
 		else if (answered < i + 1)
-			cli_error("metrics: %s; left out", s->err);
+			log_stderr("metrics: %s; left out", s->err);
 	}
 	b->ops->close(top);
 	return rc == 0 && answered > 0 ? 0 : -1;
@@ -535,7 +536,7 @@ static void serve_one(int fd, const struct backend *b, const struct conf *cfg)
 
 		fclose(f);
 		respond(fd, "503 Service Unavailable", "text/plain", line, (size_t)k);
-		cli_error("metrics: %s", err);
+		log_stderr("metrics: %s", err);
 	} else {
 		fclose(f);
 		respond(fd, "200 OK", "text/plain; version=0.0.4", body, blen);
@@ -666,7 +667,7 @@ int cmd_metrics(int argc, char **argv)
 	backend_conf_groups(groups, sizeof(groups) / sizeof(*groups));
 	if (conf_load(&cfg, config, groups, err, sizeof(err)) != 0 ||
 	    backend_init(&b, &cfg, err, sizeof(err)) != 0) {
-		cli_error("config error: %s", err);
+		log_stderr("config error: %s", err);
 		conf_release(&cfg);
 		return CONF_EXIT_CODE;
 	}
@@ -681,7 +682,7 @@ int cmd_metrics(int argc, char **argv)
 		else
 			rc = serve(ls, &b, &cfg);
 	} else if (scrape_write(&b, &cfg, stdout, err, sizeof(err)) != 0) {
-		cli_error("metrics: %s", err);
+		log_stderr("metrics: %s", err);
 		rc = EX_UNAVAILABLE;
 	}
 	backend_release(&b);

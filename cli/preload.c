@@ -30,6 +30,7 @@
 #include "backend.h"
 #include "cli.h"
 #include "conf.h"
+#include "log.h"
 
 #define PRELOAD_FILE "/etc/ld.so.preload"
 #define PRELOAD_DIR "/etc"
@@ -182,7 +183,7 @@ static int validate(const char *path)
 		return CONF_EXIT_CODE;
 	}
 	if (backend_init(&b, &cfg, err, sizeof(err)) != 0) {
-		cli_error("config error: %s: %s", path, err);
+		log_stderr("config error: %s: %s", path, err);
 		rc = CONF_EXIT_CODE;
 	} else {
 		backend_release(&b);

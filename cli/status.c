@@ -12,6 +12,7 @@
 #include "cli.h"
 #include "conf.h"
 #include "lockview.h"
+#include "log.h"
 
 int cmd_status(int argc, char **argv)
 {
@@ -33,7 +34,7 @@ int cmd_status(int argc, char **argv)
 		for (int i = 0; i < s.n; i++)
 			lockview_print(&lv, &s.v[i], a.json, now);
 	} else {
-		cli_error("cannot read the locks: %s", err);
+		log_stderr("cannot read the locks: %s", err);
 	}
 	lv_set_free(&s);
 	lockview_close(&lv);

@@ -21,6 +21,7 @@
 #include "conf.h"
 #include "conf_field.h"
 #include "lockview.h"
+#include "log.h"
 #include "renew.h"
 
 #define USAGE "[-c FILE] [--force] [--json] KEY"
@@ -78,7 +79,7 @@ static int remove_holder(const struct lockview *lv, struct backend_conn *c,
 	it.turn_done = 1; /* a queued waiter gets it now, due or not */
 	rc = ops->release(c, &it, 0);
 	if (rc == BACKEND_ERR)
-		cli_error("release: %s", ops->errstr(c));
+		log_stderr("release: %s", ops->errstr(c));
 	conf_fields_release(conf_lock_fields, &spec);
 	return rc == BACKEND_OK ? 0 : rc == BACKEND_NO ? 1 : EX_UNAVAILABLE;
 }
@@ -96,7 +97,7 @@ static int remove_holders(const struct lockview *lv, const struct lv_set *s, con
 	int rc = 0;
 
 	if (!(c = lv->b.ops->open(lv->b.cfg, err, sizeof(err)))) {
-		cli_error("%s", err);
+		log_stderr("%s", err);
 		return EX_UNAVAILABLE;
 	}
 	for (int i = 0; i < s->n && rc != EX_UNAVAILABLE; i++) {
@@ -104,7 +105,7 @@ static int remove_holders(const struct lockview *lv, const struct lv_set *s, con
 		int r;
 
 		if (!a->force && owner_state(l->val, l->vlen) == OWNER_ALIVE_HERE) {
-			cli_error("not unlocking %s: its holder, pid %d (%s), is alive on this "
+			log_stderr("not unlocking %s: its holder, pid %d (%s), is alive on this "
 				  "host; --force removes it anyway", key, l->owner.pid,
 				  l->owner.program);
 			rc = 1;
@@ -116,7 +117,7 @@ static int remove_holders(const struct lockview *lv, const struct lv_set *s, con
 				fputs("removed ", stdout);
 			lockview_print(lv, l, a->json, lockview_now_ms());
 		} else if (r == 1) {
-			cli_error("%s changed hands meanwhile: not removed", key);
+			log_stderr("%s changed hands meanwhile: not removed", key);
 		}
 		if (r > rc)
 			rc = r;
@@ -146,10 +147,10 @@ int cmd_unlock(int argc, char **argv)
 		return rc;
 	rc = lockview_read(&lv, a.operand, &s, err, sizeof(err));
 	if (rc < 0) {
-		cli_error("cannot read the lock: %s", err);
+		log_stderr("cannot read the lock: %s", err);
 		rc = EX_UNAVAILABLE;
 	} else if (rc == 0) {
-		cli_error("%s is not held", a.operand);
+		log_stderr("%s is not held", a.operand);
 		rc = 1;
 	} else {
 		rc = remove_holders(&lv, &s, a.operand, &a);

@@ -484,6 +484,26 @@ static void log_vwrite(int level, const char *lock, const char *key, size_t klen
 	errno = saved_errno;
 }
 
+void log_stderr(const char *fmt, ...)
+{
+	char msg[1024], line[4 * sizeof(msg) + 16] = "lockshim: ";
+	size_t n = strlen(line);
+	va_list ap;
+	int m;
+
+	va_start(ap, fmt);
+	m = vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (m < 0)
+		m = 0;
+	if (m >= (int)sizeof(msg))
+		m = (int)sizeof(msg) - 1;
+	n += log_escape(line + n, sizeof(line) - n - 1, msg, (size_t)m);
+	line[n++] = '\n';
+	while (write(2, line, n) < 0 && errno == EINTR)
+		;
+}
+
 void log_write(int level, const char *fmt, ...)
 {
 	va_list ap;

@@ -72,6 +72,11 @@ size_t log_escape(char *dst, size_t cap, const char *src, size_t len);
  */
 size_t log_json_escape(char *dst, size_t cap, const char *src, size_t len);
 
+/* Writes "lockshim: <message>" and a newline to standard error with one
+ * write(2), the message escaped as log_escape does: the command's
+ * messages that carry a server's text, a key or a holder's record. */
+void log_stderr(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* Nonzero: later lines are JSON objects (log_format = "json"):
  * {"ts":..,"level":..,"pid":..,"program":..,"msg":..}, to stderr too. */
 void log_set_json(int json);
