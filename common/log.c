@@ -264,6 +264,14 @@ static int is_c1(const unsigned char *s, size_t len)
 	return len >= 2 && s[0] == 0xc2 && s[1] < 0xa0;
 }
 
+/* Returns the length of the UTF-8 sequence at s[0..len) that starts with
+ * a byte >= 0x80 and is kept as it is (well-formed, not a C1 control),
+ * or 0: it is escaped byte by byte. */
+static size_t utf8_kept(const unsigned char *s, size_t len)
+{
+	return is_c1(s, len) ? 0 : utf8_len(s, len);
+}
+
 size_t log_json_escape(char *dst, size_t cap, const char *src, size_t len)
 {
 	static const char hex[] = "0123456789abcdef";
@@ -283,8 +291,7 @@ size_t log_json_escape(char *dst, size_t cap, const char *src, size_t len)
 				break;
 			dst[n++] = '\\';
 			dst[n++] = (char)c;
-		} else if (c >= 0x80 && !is_c1(u + i, len - i) &&
-			   (k = utf8_len(u + i, len - i)) > 0) {
+		} else if (c >= 0x80 && (k = utf8_kept(u + i, len - i)) > 0) {
 			if (n + k > cap)
 				break;
 			memcpy(dst + n, src + i, k);
@@ -368,8 +375,7 @@ size_t log_escape(char *dst, size_t cap, const char *src, size_t len)
 			if (n + 1 > cap)
 				break;
 			dst[n++] = (char)c;
-		} else if (c >= 0x80 && !is_c1(u + i, len - i) &&
-			   (k = utf8_len(u + i, len - i)) > 0) {
+		} else if (c >= 0x80 && (k = utf8_kept(u + i, len - i)) > 0) {
 			if (n + k > cap)
 				break;
 			memcpy(dst + n, src + i, k);

@@ -60,10 +60,13 @@ static int holder_is(const char *val, const char *want)
 	return 1;
 }
 
-static int text_is(const char *src, size_t len, size_t cap, const char *want)
+/* Whether escape (log_escape or log_json_escape) writes want for
+ * src[0..len) into cap bytes. */
+static int escaped_is(size_t (*escape)(char *, size_t, const char *, size_t),
+		      const char *src, size_t len, size_t cap, const char *want)
 {
 	char buf[256];
-	size_t n = log_escape(buf, cap, src, len);
+	size_t n = escape(buf, cap, src, len);
 
 	buf[n] = 0;
 	if (strcmp(buf, want) != 0) {
@@ -73,18 +76,8 @@ static int text_is(const char *src, size_t len, size_t cap, const char *want)
 	return 1;
 }
 
-static int json_is(const char *src, size_t len, size_t cap, const char *want)
-{
-	char buf[256];
-	size_t n = log_json_escape(buf, cap, src, len);
-
-	buf[n] = 0;
-	if (strcmp(buf, want) != 0) {
-		fprintf(stderr, "  got \"%s\", want \"%s\"\n", buf, want);
-		return 0;
-	}
-	return 1;
-}
+#define text_is(...) escaped_is(log_escape, __VA_ARGS__)
+#define json_is(...) escaped_is(log_json_escape, __VA_ARGS__)
 
 int main(void)
 {
