@@ -1,12 +1,21 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * backend_local.c - the local backend: one lock file per key under
- * local.dir, an open file description lock (F_OFD_SETLK, F_WRLCK on byte 0)
- * per hold, no server, no thread, no lease. The kernel frees a lock when
- * its holder dies. Holds are registered by token in a process-wide table
+ * local.dir, open file description locks (F_OFD_SETLK) on its bytes, no
+ * server, no thread, no lease; the kernel frees a lock when its holder
+ * dies. Byte 0 is the lock: F_WRLCK for an exclusive holder, F_RDLCK for
+ * each holder of a set (shared holders, or permits of a limit); a set
+ * holder also takes a slot byte 1..LOCAL_SLOTS (F_WRLCK: a free one, its
+ * permit; the first `limit` only), whose record is at slot * LOCAL_SLOT_SIZE.
+ * A waiting exclusive caller refused by shared holders takes LOCAL_INTENT
+ * (F_WRLCK), which shared callers must pass (F_RDLCK, briefly) first: they
+ * queue behind it. Set holders update the fence and the set's header
+ * ("=s" or "=x <limit>" in place of the record's value) under LOCAL_FENCE
+ * (F_WRLCK, microseconds); the header names the limit that later callers
+ * must match. Holds are registered by token in a process-wide table
  * (a thread's connection may be dropped after an error; a fork child closes
- * every inherited one: local_atfork_child). The holder writes "<fence>\n
- * <lock value>\n" (the previous fence + 1). A connection (one per thread)
+ * every inherited one: local_atfork_child). An exclusive holder writes
+ * "<fence>\n<lock value>\n" at 0 (the previous fence + 1). A connection (one per thread)
  * is an inotify descriptor and one open, unlocked file: the key being
  * waited for (a waiter keeps it across attempts: its own close would wake
  * the others) or the last one released (the next call opens nothing). A
@@ -28,6 +37,7 @@
 #include <string.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include "backend_local.h"
@@ -41,9 +51,14 @@
 #define LOCAL_TOKEN 32       /* a lock value's token: its first bytes (owner.h) */
 #define LOCAL_RECORD_MAX (24 + BACKEND_VAL_MAX)
 #define LOCAL_POLL_MS 20     /* a waiter that cannot watch (inotify refused) tries this often */
+#define LOCAL_SLOTS 10000    /* slot bytes 1..: a set holder's (at most limit's 10000) */
+#define LOCAL_INTENT (LOCAL_SLOTS + 1) /* taken by an exclusive waiter behind shared holders */
+#define LOCAL_FENCE (LOCAL_SLOTS + 2)  /* held while a set holder updates fence and header */
+#define LOCAL_SLOT_SIZE 1024 /* slot i's record is at offset i * this */
 
 struct backend_config {
 	const struct local_spec *spec;
+	int mode; /* file_mode's */
 };
 
 struct backend_conn {
@@ -55,6 +70,7 @@ struct backend_conn {
 		    * released; locked only inside acquire, until the hold is
 		    * registered; -1 */
 	int pid;   /* the process that opened it */
+	int intent; /* pend holds LOCAL_INTENT (an exclusive waiter behind shared holders) */
 	size_t pklen, wklen;
 	char pkey[KEY_BUF_SIZE];
 	char wkey[KEY_BUF_SIZE];
@@ -250,6 +266,57 @@ static void pend_drop(struct backend_conn *c)
 		close(c->pend);
 	c->pend = -1;
 	c->pklen = 0;
+	c->intent = 0;
+}
+
+/* Opens the lock file path (or, when missing, creates it with the mode
+ * file_mode says: fchmod, so the umask does not narrow it). Returns the
+ * descriptor, or -1 with errno set. */
+static int file_open(const struct backend_config *bc, const char *path)
+{
+	const int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK;
+
+	for (int tries = 0; tries < 3; tries++) {
+		int fd = open(path, flags);
+
+		if (fd >= 0 || errno != ENOENT)
+			return fd;
+		fd = open(path, flags | O_CREAT | O_EXCL, bc->mode);
+		if (fd >= 0) {
+			if (fchmod(fd, (mode_t)bc->mode) != 0) {
+				int e = errno;
+
+				close(fd);
+				errno = e;
+				return -1;
+			}
+			return fd;
+		}
+		if (errno != EEXIST)
+			return -1;
+	}
+	errno = EAGAIN;
+	return -1;
+}
+
+/* Refuses the opened lock file fd at path unless it is a regular file of
+ * one link (a FIFO, a device or a hard link planted in a shared dir would
+ * make the lock write elsewhere). Returns BACKEND_OK or BACKEND_ERR. */
+static int file_safe(struct backend_conn *c, int fd, const char *path)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) != 0)
+		return fail(c, "fstat of the lock file");
+	if (S_ISREG(st.st_mode) && st.st_nlink == 1)
+		return BACKEND_OK;
+	if (!S_ISREG(st.st_mode))
+		snprintf(c->err, sizeof(c->err), "lock file \"%.180s\" refused: not a regular "
+			 "file", path);
+	else
+		snprintf(c->err, sizeof(c->err), "lock file \"%.180s\" refused: it has %lu hard "
+			 "links (another name of it was made)", path, (unsigned long)st.st_nlink);
+	return BACKEND_ERR;
 }
 
 /* Makes c->pend the open file of it's key. Returns BACKEND_OK or BACKEND_ERR. */
@@ -265,9 +332,14 @@ static int pend_open(struct backend_conn *c, const struct backend_item *it)
 		return BACKEND_ERR;
 	}
 	lock_path(c->bc, it->key, it->klen, path);
-	c->pend = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY, 0644);
+	c->pend = file_open(c->bc, path);
 	if (c->pend < 0)
 		return fail(c, "open of the lock file");
+	if (file_safe(c, c->pend, path) != BACKEND_OK) {
+		close(c->pend);
+		c->pend = -1;
+		return BACKEND_ERR;
+	}
 	memcpy(c->pkey, it->key, it->klen);
 	c->pklen = it->klen;
 	return BACKEND_OK;
@@ -306,8 +378,17 @@ static void unwatched(struct backend_conn *c)
 		    "max_user_watches)", c->err, LOCAL_POLL_MS);
 }
 
-/* Reads fd's owner record into rec (NUL-terminated). Returns its length
- * (as read: up to the buffer's size), or -1. */
+/* Reads fd's record at offset at into rec (NUL-terminated). Returns its
+ * length (as read: up to the buffer's size), or -1. */
+static ssize_t record_read_at(int fd, char *rec, size_t cap, off_t at)
+{
+	ssize_t n = pread(fd, rec, cap - 1, at);
+
+	rec[n > 0 ? n : 0] = 0;
+	return n;
+}
+
+/* Reads fd's owner record (at 0) into rec, as record_read_at. */
 static ssize_t record_read(int fd, char *rec, size_t cap)
 {
 	ssize_t n = pread(fd, rec, cap - 1, 0);
@@ -338,6 +419,95 @@ static void record_holder(const char *rec, char *holder, size_t *hlen)
 		return;
 	*hlen = (size_t)(end - v);
 	memcpy(holder, v, *hlen);
+}
+
+/* Sets (cmd F_OFD_SETLK or F_OFD_SETLKW, type F_RDLCK or F_WRLCK) or
+ * clears (F_UNLCK) fd's lock on bytes start..start+len-1 (len 0: to the
+ * end). Returns 0, or -1 with errno set (EAGAIN: another holds it). */
+static int byte_lock(int fd, int cmd, short type, off_t start, off_t len)
+{
+	struct flock fl = { .l_type = type, .l_whence = SEEK_SET, .l_start = start, .l_len = len };
+
+	return fcntl(fd, cmd, &fl);
+}
+
+/* Returns 1 when another open file description holds a lock on one of the
+ * bytes from..to (the lowest such byte in *at), 0 when none, -1 on error. */
+static int byte_held(int fd, off_t from, off_t to, off_t *at)
+{
+	int found = 0;
+
+	while (from <= to) { /* F_OFD_GETLK names any conflicting lock: descend */
+		struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = from,
+				    .l_len = to - from + 1 };
+
+		if (fcntl(fd, F_OFD_GETLK, &fl) != 0)
+			return -1;
+		if (fl.l_type == F_UNLCK)
+			break;
+		found = 1;
+		*at = fl.l_start > from ? fl.l_start : from;
+		to = *at - 1;
+	}
+	return found;
+}
+
+/* Returns the limit that record rec's header names when it is a holder
+ * set's ("=s": shared, 1 with *shared 1; "=x <limit>": permits), else 0
+ * (an exclusive holder's value, or nothing). */
+static int record_set(const char *rec, int *shared)
+{
+	const char *v = strchr(rec, '\n');
+	long limit;
+	char *end;
+
+	*shared = 0;
+	if (!v || v[1] != '=')
+		return 0;
+	if (v[2] == 's' && v[3] == '\n') {
+		*shared = 1;
+		return 1;
+	}
+	if (v[2] != 'x' || v[3] != ' ')
+		return 0;
+	limit = strtol(v + 4, &end, 10);
+	return *end == '\n' && limit > 1 && limit <= LOCAL_SLOTS ? (int)limit : 0;
+}
+
+/* The slots a set of limit (shared: 1) may use. */
+static int set_slots(int limit, int shared)
+{
+	return shared ? LOCAL_SLOTS : limit;
+}
+
+/* Into holder: the value of the lowest held slot of fd's set of up to
+ * slots slots (length 0 when none or unreadable). Returns 1 when a slot is
+ * held, else 0. */
+static int set_holder(int fd, int slots, char *holder, size_t *hlen)
+{
+	char rec[LOCAL_RECORD_MAX];
+	off_t at;
+
+	*hlen = 0;
+	if (byte_held(fd, 1, slots, &at) != 1)
+		return 0;
+	if (record_read_at(fd, rec, sizeof(rec), at * LOCAL_SLOT_SIZE) > 0)
+		record_holder(rec, holder, hlen);
+	return 1;
+}
+
+/* Into holder: the holder that record rec (at 0 of fd) names: its value,
+ * or, a set's header, a held slot's value. Returns the set's limit when
+ * one of its slots is held, else 0. */
+static int any_holder(int fd, const char *rec, char *holder, size_t *hlen, int *shared)
+{
+	int theirs = record_set(rec, shared);
+
+	if (!theirs) {
+		record_holder(rec, holder, hlen);
+		return 0;
+	}
+	return set_holder(fd, set_slots(theirs, *shared), holder, hlen) ? theirs : 0;
 }
 
 /*
@@ -378,6 +548,10 @@ static struct backend_config *local_config_new(const void *settings, char *err, 
 	if (!(bc = backend_calloc(sizeof(*bc), err, errlen)))
 		return NULL;
 	bc->spec = ls;
+	if ((bc->mode = local_file_mode(ls->file_mode, err, errlen)) < 0) {
+		free(bc);
+		return NULL;
+	}
 	pthread_once(&atfork_once, atfork_register);
 	return bc;
 }
@@ -408,60 +582,186 @@ static void local_close(struct backend_conn *c)
 	free(c);
 }
 
-/*
- * Tries the lock of it's key on the pending descriptor (a waiter watches
- * the file first); a waiter's token held already counts as taken. Taken: the descriptor becomes the hold's, the owner
- * record is written, *fence is its fence. Busy: *wait_ms says wait (or,
- * not waiting yet, BACKEND_NOT_QUEUED: call again waiting), holder is the
- * record's value.
- */
-static int local_acquire(struct backend_conn *c, const struct backend_item *it,
-			 long long *wait_ms, char *holder, size_t *holder_len, long long *fence)
+/* The key's holders took it with limit theirs, it with another: says both
+ * in c's error. Returns BACKEND_MISMATCH. */
+static int mismatch(struct backend_conn *c, const struct backend_item *it, int theirs)
 {
-	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
-	char rec[LOCAL_RECORD_MAX];
+	snprintf(c->err, sizeof(c->err), "limit %d here, %d for the key's holders",
+		 it->limit > 1 ? it->limit : 1, theirs);
+	return BACKEND_MISMATCH;
+}
 
-	*fence = 0;
-	*holder_len = 0;
-	if (backend_item_set(it)) {
-		snprintf(c->err, sizeof(c->err), "the local backend has no semaphores or shared "
-			 "locks yet");
-		return BACKEND_ERR;
-	}
-	if (it->waiting && holds_find(it, fence)) /* ours already (the plain try: never) */
-		return BACKEND_OK;
-	if (pend_open(c, it) != BACKEND_OK)
-		return BACKEND_ERR;
-	if (it->waiting && watch(c, it) != BACKEND_OK)
-		unwatched(c);
-	if (fcntl(c->pend, F_OFD_SETLK, &fl) != 0) {
-		if (errno != EAGAIN && errno != EACCES)
-			return fail(c, "fcntl F_OFD_SETLK");
-		if (it->waiting) { /* the holder was read at the first refusal */
-			*wait_ms = c->wd >= 0 ? LLONG_MAX / 4 : LOCAL_POLL_MS;
-			return BACKEND_NO;
-		}
+/* it's try found the lock busy: *wait_ms says wait (not waiting yet:
+ * BACKEND_NOT_QUEUED). Returns BACKEND_NO. */
+static int busy(const struct backend_conn *c, const struct backend_item *it, long long *wait_ms)
+{
+	if (!it->waiting)
 		*wait_ms = BACKEND_NOT_QUEUED;
-		record_read(c->pend, rec, sizeof(rec));
-		record_holder(rec, holder, holder_len);
-		return BACKEND_NO;
-	}
-	/* the descriptor stays c's until registered: a cancellation in between
-	 * (pwrite is a cancellation point) closes it with c, freeing the lock;
-	 * the watch stays for the key's next wait (its events meanwhile cost
-	 * that wait one early try at most) */
-	if (record_write(c, c->pend, it, fence) != BACKEND_OK) {
-		pend_drop(c); /* frees the lock */
-		return BACKEND_ERR;
-	}
-	if (holds_add(it, c->pend, *fence) != 0) {
+	else
+		*wait_ms = c->wd >= 0 ? LLONG_MAX / 4 : LOCAL_POLL_MS;
+	return BACKEND_NO;
+}
+
+/* Moves c's pending descriptor, now locked for it, into the table of holds
+ * with fence. Returns BACKEND_OK, or BACKEND_ERR (the lock freed). */
+static int hold(struct backend_conn *c, const struct backend_item *it, long long fence)
+{
+	if (holds_add(it, c->pend, fence) != 0) {
 		snprintf(c->err, sizeof(c->err), "out of memory for the table of holds");
 		pend_drop(c);
 		return BACKEND_ERR;
 	}
 	c->pend = -1;
 	c->pklen = 0;
+	c->intent = 0;
 	return BACKEND_OK;
+}
+
+/*
+ * Exclusive, limit 1: F_WRLCK on byte 0 of the pending descriptor. Taken:
+ * the owner record written, the hold registered. Refused: the holder from
+ * the record (or, holders of a set, one of their slots'); permits of
+ * another limit: BACKEND_MISMATCH; shared holders make a waiter take
+ * LOCAL_INTENT, so that no new shared caller passes it.
+ */
+static int excl_acquire(struct backend_conn *c, const struct backend_item *it,
+			long long *wait_ms, char *holder, size_t *holder_len, long long *fence)
+{
+	char rec[LOCAL_RECORD_MAX];
+	int theirs, shared;
+
+	if (byte_lock(c->pend, F_OFD_SETLK, F_WRLCK, 0, 1) == 0) {
+		/* the descriptor stays c's until registered: a cancellation in
+		 * between (pwrite is a cancellation point) closes it with c,
+		 * freeing the lock; the watch stays for the key's next wait (its
+		 * events meanwhile cost that wait one early try at most) */
+		if (record_write(c, c->pend, it, fence) != BACKEND_OK) {
+			pend_drop(c); /* frees the lock */
+			return BACKEND_ERR;
+		}
+		return hold(c, it, *fence);
+	}
+	if (errno != EAGAIN && errno != EACCES)
+		return fail(c, "fcntl F_OFD_SETLK");
+	record_read(c->pend, rec, sizeof(rec));
+	/* a set's header is current only while one of its slots is held */
+	theirs = any_holder(c->pend, rec, holder, holder_len, &shared);
+	if (theirs && !shared)
+		return mismatch(c, it, theirs);
+	if (theirs && it->waiting && !c->intent &&
+	    byte_lock(c->pend, F_OFD_SETLK, F_WRLCK, LOCAL_INTENT, 1) == 0)
+		c->intent = 1;
+	return busy(c, it, wait_ms);
+}
+
+/* Frees every lock of the pending descriptor (its byte 0, slot, intent). */
+static void pend_unlock(struct backend_conn *c)
+{
+	byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, 0, 0);
+	c->intent = 0;
+}
+
+/*
+ * Under LOCAL_FENCE, with byte 0 read-locked: checks the set's header
+ * against it (BACKEND_MISMATCH), takes the first free slot of its limit
+ * (BACKEND_NO when none: holder is a slot's), writes the next fence and
+ * header at 0 and its record in the slot (BACKEND_OK, *fence).
+ */
+static int set_enter(struct backend_conn *c, const struct backend_item *it, char *holder,
+		     size_t *holder_len, long long *fence)
+{
+	int mine = it->limit > 1 ? it->limit : 1, slots = set_slots(mine, it->shared);
+	int theirs, shared, n, slot = 0;
+	char rec[LOCAL_RECORD_MAX];
+	off_t at;
+
+	record_read(c->pend, rec, sizeof(rec));
+	theirs = record_set(rec, &shared);
+	n = byte_held(c->pend, 1, LOCAL_SLOTS, &at);
+	if (n < 0)
+		return fail(c, "fcntl F_OFD_GETLK");
+	if (n && theirs && (theirs != mine || shared != it->shared))
+		return mismatch(c, it, theirs);
+	for (int i = 1; i <= slots && !slot; i++) {
+		if (byte_lock(c->pend, F_OFD_SETLK, F_WRLCK, i, 1) == 0)
+			slot = i;
+		else if (errno != EAGAIN && errno != EACCES)
+			return fail(c, "fcntl F_OFD_SETLK");
+	}
+	if (!slot) {
+		set_holder(c->pend, slots, holder, holder_len);
+		return BACKEND_NO;
+	}
+	*fence = record_fence(rec) + 1;
+	n = it->shared ? snprintf(rec, sizeof(rec), "%lld\n=s\n", *fence)
+		       : snprintf(rec, sizeof(rec), "%lld\n=x %d\n", *fence, mine);
+	if (pwrite(c->pend, rec, (size_t)n, 0) != n)
+		return fail(c, "write of the set's header");
+	n = snprintf(rec, sizeof(rec), "%lld\n%.*s\n", *fence, (int)it->vlen, it->val);
+	if (pwrite(c->pend, rec, (size_t)n, (off_t)slot * LOCAL_SLOT_SIZE) != n)
+		return fail(c, "write of the owner record");
+	return BACKEND_OK;
+}
+
+/*
+ * A holder set's entry (a shared holder, or a permit of a limit): a
+ * shared caller passes LOCAL_INTENT first (an exclusive waiter holding it
+ * makes it wait); F_RDLCK on byte 0 (an exclusive holder makes a shared
+ * caller wait, and is a mismatch for a permit: limit 1); then set_enter
+ * under LOCAL_FENCE. Returns as local_acquire.
+ */
+static int set_acquire(struct backend_conn *c, const struct backend_item *it,
+		       long long *wait_ms, char *holder, size_t *holder_len, long long *fence)
+{
+	char rec[LOCAL_RECORD_MAX];
+	int rc, shared;
+
+	if ((it->shared && byte_lock(c->pend, F_OFD_SETLK, F_RDLCK, LOCAL_INTENT, 1) != 0) ||
+	    byte_lock(c->pend, F_OFD_SETLK, F_RDLCK, 0, 1) != 0) {
+		if (errno != EAGAIN && errno != EACCES)
+			return fail(c, "fcntl F_OFD_SETLK");
+		pend_unlock(c);
+		record_read(c->pend, rec, sizeof(rec));
+		any_holder(c->pend, rec, holder, holder_len, &shared);
+		/* byte 0 refused to a permit: an exclusive holder (limit 1) */
+		return it->shared ? busy(c, it, wait_ms) : mismatch(c, it, 1);
+	}
+	if ((it->shared && byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, LOCAL_INTENT, 1) != 0) ||
+	    byte_lock(c->pend, F_OFD_SETLKW, F_WRLCK, LOCAL_FENCE, 1) != 0) {
+		rc = fail(c, "fcntl of the set's bytes");
+		pend_unlock(c);
+		return rc;
+	}
+	rc = set_enter(c, it, holder, holder_len, fence);
+	byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, LOCAL_FENCE, 1);
+	if (rc == BACKEND_OK)
+		return hold(c, it, *fence);
+	pend_unlock(c);
+	return rc == BACKEND_NO ? busy(c, it, wait_ms) : rc;
+}
+
+/*
+ * Tries the lock of it's key on the pending descriptor (a waiter watches
+ * the file first); a waiter's token held already counts as taken. Taken:
+ * the descriptor becomes the hold's, the owner record is written, *fence
+ * is its fence. Busy: *wait_ms says wait (or, not waiting yet,
+ * BACKEND_NOT_QUEUED: call again waiting), holder is the record's value.
+ * Holders of another limit: BACKEND_MISMATCH.
+ */
+static int local_acquire(struct backend_conn *c, const struct backend_item *it,
+			 long long *wait_ms, char *holder, size_t *holder_len, long long *fence)
+{
+	*fence = 0;
+	*holder_len = 0;
+	if (it->waiting && holds_find(it, fence)) /* ours already (the plain try: never) */
+		return BACKEND_OK;
+	if (pend_open(c, it) != BACKEND_OK)
+		return BACKEND_ERR;
+	if (it->waiting && watch(c, it) != BACKEND_OK)
+		unwatched(c);
+	if (backend_item_set(it))
+		return set_acquire(c, it, wait_ms, holder, holder_len, fence);
+	return excl_acquire(c, it, wait_ms, holder, holder_len, fence);
 }
 
 /*
@@ -472,9 +772,7 @@ static int local_acquire(struct backend_conn *c, const struct backend_item *it,
  */
 static void unlock_fd(struct backend_conn *c, const struct backend_item *it, int fd)
 {
-	struct flock fl = { .l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
-
-	fcntl(fd, F_OFD_SETLK, &fl);
+	byte_lock(fd, F_OFD_SETLK, F_UNLCK, 0, 0); /* byte 0, a slot, an intent */
 	if (c->pend >= 0 || it->klen > sizeof(c->pkey) || futimens(fd, NULL) != 0) {
 		close(fd);
 		return;
@@ -608,16 +906,36 @@ static size_t name_decode(const char *name, size_t n, char *key)
 	return k;
 }
 
-/* Reports the lock file name of dirfd to fn when a process holds it. */
+/* Reports each held slot of fd's set (limit, shared) as h to fn. */
+static void set_holders(int fd, struct local_holder *h, int limit, int shared,
+			void (*fn)(void *arg, const struct local_holder *h), void *arg)
+{
+	char rec[LOCAL_RECORD_MAX], *val = (char *)h->val;
+	off_t at;
+
+	h->limit = limit;
+	h->shared = shared;
+	h->in_set = 1;
+	for (off_t from = 1; byte_held(fd, from, set_slots(limit, shared), &at) == 1;
+	     from = at + 1) {
+		record_read_at(fd, rec, sizeof(rec), at * LOCAL_SLOT_SIZE);
+		record_holder(rec, val, &h->vlen);
+		h->fence = record_fence(rec);
+		if (h->vlen)
+			fn(arg, h);
+	}
+}
+
+/* Reports the holders of the lock file name of dirfd to fn. */
 static void holder_of(int dirfd, const char *name,
 		      void (*fn)(void *arg, const struct local_holder *h), void *arg)
 {
 	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
 	char rec[LOCAL_RECORD_MAX], key[LOCAL_NAME_MAX + 64], val[BACKEND_VAL_MAX];
 	size_t n = strlen(name), sl = sizeof(LOCAL_SUFFIX) - 1;
-	struct local_holder h = { .key = key, .val = val };
+	struct local_holder h = { .key = key, .val = val, .limit = 1 };
 	struct stat st;
-	int fd;
+	int fd, limit, shared;
 
 	if (n <= sl || n - sl > LOCAL_NAME_MAX + 41 || strcmp(name + n - sl, LOCAL_SUFFIX))
 		return;
@@ -627,11 +945,15 @@ static void holder_of(int dirfd, const char *name,
 	if (fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK &&
 	    fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
 		record_read(fd, rec, sizeof(rec));
-		record_holder(rec, val, &h.vlen);
-		h.fence = record_fence(rec);
 		h.klen = name_decode(name, n - sl, key);
 		h.since_ms = (long long)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
-		fn(arg, &h);
+		if ((limit = record_set(rec, &shared)) != 0) {
+			set_holders(fd, &h, limit, shared, fn, arg);
+		} else {
+			record_holder(rec, val, &h.vlen);
+			h.fence = record_fence(rec);
+			fn(arg, &h);
+		}
 	}
 	close(fd);
 }
