@@ -873,3 +873,31 @@ def test_remote_dir_is_refused_where_a_mount_can_be_made(tmp_path):
         assert r.returncode == 78 and "local.dir" in r.stderr and "FUSE" in r.stderr, r.stderr
     finally:
         subprocess.run(["fusermount", "-u", str(mnt)], timeout=TIMEOUT)
+
+
+NESTED_LOCAL = "locks = ( %s );\n" % ", ".join(
+    '{ symbol = "%s"; key = "k"; wait_ms = 1500; %s %%s }' % (sym, mode)
+    for sym, mode in [("set_read_then", 'mode = "shared";'), ("set_read", 'mode = "shared";'),
+                      ("set_write_then", ""), ("set_write", "")])
+
+
+@pytest.mark.parametrize("order,reentrant,out,upgrade", [
+    ("wr", "", "nested rc=1 errno=0", False),
+    ("wr", "reentrant = false;", "nested rc=-1 errno=16", False),
+    ("rw", "", "nested rc=-1 errno=16", True),
+    ("rw", "reentrant = false;", "nested rc=-1 errno=16", False),
+], ids=["excl-enters-shared", "control-excl-not-reentrant", "upgrade-refused",
+        "control-upgrade-waits"])
+def test_nested_shared_and_exclusive(sets_prog, tmp_path, order, reentrant, out, upgrade):
+    """Holding the key exclusively, a thread enters a shared call at once
+    (control: not reentrant, it waits for itself until wait_ms); holding it
+    shared, its exclusive call is refused at once with one error line (an
+    upgrade; control: not reentrant, it waits for its own entry)."""
+    cfg = local_config(tmp_path, NESTED_LOCAL.replace("%s", reentrant))
+    t0 = time.monotonic()
+    r = subprocess.run([sets_prog, order, "10"], env=shim_env(cfg, SETS_LOG=str(tmp_path / "l")),
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    took = time.monotonic() - t0
+    assert r.stdout.strip() == out, r.stderr
+    assert ("upgrade" in r.stderr) == upgrade, r.stderr
+    assert (took >= 1.4) == (out.endswith("16") and not upgrade), took
