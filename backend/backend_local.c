@@ -92,6 +92,14 @@ static struct {
 	size_t n, cap;
 } holds = { .mu = PTHREAD_MUTEX_INITIALIZER };
 
+/* The descriptors that hold LOCAL_INTENT now (exclusive waiters'), under
+ * holds.mu: a fork child closes its copies, as it does the holds', so that
+ * a child that lives on does not keep shared callers out. A waiter past
+ * LOCAL_INTENTS of them takes no intent. */
+#define LOCAL_INTENTS 256
+static int intents[LOCAL_INTENTS];
+static size_t nintents;
+
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 /* ---- the table of holds ------------------------------------------------- */
@@ -188,6 +196,9 @@ static void local_atfork_child(void)
 	for (size_t i = 0; i < holds.n; i++)
 		close(holds.v[i].fd);
 	holds.n = 0;
+	for (size_t i = 0; i < nintents; i++)
+		close(intents[i]);
+	nintents = 0;
 	pthread_mutex_init(&holds.mu, NULL);
 }
 
@@ -258,15 +269,48 @@ static void unwatch(struct backend_conn *c)
 	c->wd = -1;
 }
 
+/* Takes LOCAL_INTENT on c's pending descriptor, registered in intents.
+ * Returns 1 when taken, else 0 (another waiter has it, or the list is full). */
+static int intent_take(struct backend_conn *c)
+{
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = LOCAL_INTENT,
+			    .l_len = 1 };
+	int taken = 0;
+
+	pthread_mutex_lock(&holds.mu);
+	if (nintents < LOCAL_INTENTS && fcntl(c->pend, F_OFD_SETLK, &fl) == 0) {
+		intents[nintents++] = c->pend;
+		taken = 1;
+	}
+	pthread_mutex_unlock(&holds.mu);
+	return taken;
+}
+
+/* c's pending descriptor no longer holds the intent (unlocked, closed, or
+ * now a hold's): removed from intents. */
+static void intent_forget(struct backend_conn *c)
+{
+	if (!c->intent)
+		return;
+	pthread_mutex_lock(&holds.mu);
+	for (size_t i = 0; i < nintents; i++)
+		if (intents[i] == c->pend) {
+			intents[i] = intents[--nintents];
+			break;
+		}
+	pthread_mutex_unlock(&holds.mu);
+	c->intent = 0;
+}
+
 /* Closes c's pending descriptor and its watch. */
 static void pend_drop(struct backend_conn *c)
 {
 	unwatch(c);
+	intent_forget(c);
 	if (c->pend >= 0)
 		close(c->pend);
 	c->pend = -1;
 	c->pklen = 0;
-	c->intent = 0;
 }
 
 /* Opens the lock file path (or, when missing, creates it with the mode
@@ -606,6 +650,7 @@ static int busy(const struct backend_conn *c, const struct backend_item *it, lon
  * with fence. Returns BACKEND_OK, or BACKEND_ERR (the lock freed). */
 static int hold(struct backend_conn *c, const struct backend_item *it, long long fence)
 {
+	intent_forget(c); /* the intent stays locked until the release: a hold's now */
 	if (holds_add(it, c->pend, fence) != 0) {
 		snprintf(c->err, sizeof(c->err), "out of memory for the table of holds");
 		pend_drop(c);
@@ -613,7 +658,6 @@ static int hold(struct backend_conn *c, const struct backend_item *it, long long
 	}
 	c->pend = -1;
 	c->pklen = 0;
-	c->intent = 0;
 	return BACKEND_OK;
 }
 
@@ -648,17 +692,16 @@ static int excl_acquire(struct backend_conn *c, const struct backend_item *it,
 	theirs = any_holder(c->pend, rec, holder, holder_len, &shared);
 	if (theirs && !shared)
 		return mismatch(c, it, theirs);
-	if (theirs && it->waiting && !c->intent &&
-	    byte_lock(c->pend, F_OFD_SETLK, F_WRLCK, LOCAL_INTENT, 1) == 0)
-		c->intent = 1;
+	if (theirs && it->waiting && !c->intent)
+		c->intent = intent_take(c);
 	return busy(c, it, wait_ms);
 }
 
 /* Frees every lock of the pending descriptor (its byte 0, slot, intent). */
 static void pend_unlock(struct backend_conn *c)
 {
+	intent_forget(c);
 	byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, 0, 0);
-	c->intent = 0;
 }
 
 /*
