@@ -31,6 +31,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend_local.h"
@@ -55,6 +57,7 @@
 #define LOCAL_INTENT (LOCAL_SLOTS + 1) /* taken by an exclusive waiter behind shared holders */
 #define LOCAL_FENCE (LOCAL_SLOTS + 2)  /* held while a set holder updates fence and header */
 #define LOCAL_SLOT_SIZE 1024 /* slot i's record is at offset i * this */
+#define LOCAL_FENCE_TRIES 600 /* fence_lock's tries: about 50 ms */
 
 struct backend_config {
 	const struct local_spec *spec;
@@ -704,6 +707,29 @@ static void pend_unlock(struct backend_conn *c)
 	byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, 0, 0);
 }
 
+/* Takes LOCAL_FENCE on fd, which others hold for microseconds: tries
+ * again (yielding, then sleeping 100 us) for about 50 ms, never blocking
+ * in the kernel (a holder stopped inside its update must not hold a caller
+ * past wait_ms: the error is retried by lock.c until then). Returns 0, or
+ * -1 with errno set (EAGAIN: still held). */
+static int fence_lock(int fd)
+{
+	for (int i = 0; i < LOCAL_FENCE_TRIES; i++) {
+		struct timespec ts = { 0, 100000 };
+
+		if (byte_lock(fd, F_OFD_SETLK, F_WRLCK, LOCAL_FENCE, 1) == 0)
+			return 0;
+		if (errno != EAGAIN && errno != EACCES)
+			return -1;
+		if (i < 100)
+			sched_yield();
+		else
+			nanosleep(&ts, NULL);
+	}
+	errno = EAGAIN;
+	return -1;
+}
+
 /*
  * Under LOCAL_FENCE, with byte 0 read-locked: checks the set's header
  * against it (BACKEND_MISMATCH), takes the first free slot of its limit
@@ -770,8 +796,8 @@ static int set_acquire(struct backend_conn *c, const struct backend_item *it,
 		return it->shared ? busy(c, it, wait_ms) : mismatch(c, it, 1);
 	}
 	if ((it->shared && byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, LOCAL_INTENT, 1) != 0) ||
-	    byte_lock(c->pend, F_OFD_SETLKW, F_WRLCK, LOCAL_FENCE, 1) != 0) {
-		rc = fail(c, "fcntl of the set's bytes");
+	    fence_lock(c->pend) != 0) {
+		rc = fail(c, "lock of the set's fence byte");
 		pend_unlock(c);
 		return rc;
 	}

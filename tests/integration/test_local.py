@@ -901,3 +901,27 @@ def test_nested_shared_and_exclusive(sets_prog, tmp_path, order, reentrant, out,
     assert r.stdout.strip() == out, r.stderr
     assert ("upgrade" in r.stderr) == upgrade, r.stderr
     assert (took >= 1.4) == (out.endswith("16") and not upgrade), took
+
+
+def test_held_fence_byte_is_bounded_by_wait_ms(progs, tmp_path):
+    """A process that stopped while it held a set's fence byte (10002: here
+    a test's own OFD lock on it) delays shared callers by at most their
+    wait_ms: on_error then, saying why (the byte is never waited for in
+    the kernel). Control: with the byte free the caller enters at once."""
+    cfg = local_config(tmp_path, 'locks = ( { symbol = "hold_call"; key = "k"; wait_ms = 600; '
+                       'mode = "shared"; on_error = "skip"; errno = 5; } );\n')
+    os.mkdir(str(tmp_path / "locks"))
+    fd = os.open(str(tmp_path / "locks" / "lockshim%3Ak.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    fence = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 10002, 1, 0)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, fence)
+        t0 = time.monotonic()
+        r = run([progs["driver"], "call:0"], cfg)
+        took = time.monotonic() - t0
+        assert r.stdout.strip().splitlines()[-1] == "call rc=-1 errno=5", r.stderr
+        assert "lock of the set's fence byte" in r.stderr and took < 5 * MULT, (took, r.stderr)
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_UNLCK, 0, 10002, 1, 0))
+        r = run([progs["driver"], "call:0"], cfg)
+        assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+    finally:
+        os.close(fd)
