@@ -1,27 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * backend_local.c - the local backend: one lock file per key under
- * local.dir, open file description locks (F_OFD_SETLK) on its bytes, no
- * server, no thread, no lease; the kernel frees a lock when its holder
- * dies. Byte 0 is the lock: F_WRLCK for an exclusive holder, F_RDLCK for
- * each holder of a set (shared holders, or permits of a limit); a set
- * holder also takes a slot byte 1..LOCAL_SLOTS (F_WRLCK: a free one, its
- * permit; the first `limit` only), whose record is at slot * LOCAL_SLOT_SIZE.
- * A waiting exclusive caller refused by shared holders takes LOCAL_INTENT
- * (F_WRLCK), which shared callers must pass (F_RDLCK, briefly) first: they
- * queue behind it. Set holders update the fence and the set's header
- * ("=s" or "=x <limit>" in place of the record's value) under LOCAL_FENCE
- * (F_WRLCK, microseconds); the header names the limit that later callers
- * must match. Holds are registered by token in a process-wide table
- * (a thread's connection may be dropped after an error; a fork child closes
- * every inherited one: local_atfork_child). An exclusive holder writes
- * "<fence>\n<lock value>\n" at 0 (the previous fence + 1). A connection (one per thread)
- * is an inotify descriptor and one open, unlocked file: the key being
- * waited for (a waiter keeps it across attempts: its own close would wake
- * the others) or the last one released (the next call opens nothing). A
- * waiter watches the file before it tries and poll()s between tries; a
- * release is F_UNLCK then futimens or close, a holder's death the kernel's
- * close: each wakes the waiters after the unlock.
+ * local.dir, OFD byte-range locks (F_OFD_SETLK) on it, no server, no
+ * thread, no lease: the kernel frees a dead holder's locks. Byte 0 is the
+ * lock (F_WRLCK exclusive; F_RDLCK for each holder of a set: shared, or a
+ * permit of a limit, each also on a slot byte of its own with its record;
+ * the layout is at LOCAL_SLOTS). Holds are registered by token in a
+ * process-wide table (a fork child closes its copies). A connection (one
+ * per thread) is an inotify descriptor and one open, unlocked file: the key
+ * being waited for (kept across tries: its close would wake the others) or
+ * the last released (the next call opens nothing). A waiter watches the
+ * file, then tries, then poll()s; a release (F_UNLCK, then futimens or
+ * close) or a holder's death wakes it after the unlock.
  */
 #include "backend.h"
 
@@ -53,6 +43,17 @@
 #define LOCAL_TOKEN 32       /* a lock value's token: its first bytes (owner.h) */
 #define LOCAL_RECORD_MAX (24 + BACKEND_VAL_MAX)
 #define LOCAL_POLL_MS 20     /* a waiter that cannot watch (inotify refused) tries this often */
+/*
+ * The bytes of a lock file. 0: the lock. 1..LOCAL_SLOTS: a set holder's slot
+ * (F_WRLCK, the first free one of 1..limit; shared: of all), its record
+ * "<fence>\n<value>\n" at slot * LOCAL_SLOT_SIZE. LOCAL_INTENT: F_WRLCK by
+ * an exclusive waiter that found shared holders; every shared caller passes
+ * it (F_RDLCK, briefly) first, so new ones queue behind that waiter.
+ * LOCAL_FENCE: F_WRLCK for the microseconds in which a set holder checks
+ * the set's header (at 0, "<fence>\n=s\n" or "<fence>\n=x <limit>\n": an
+ * exclusive holder's record has its value there), takes its slot and
+ * writes the next fence: a caller of another limit gets BACKEND_MISMATCH.
+ */
 #define LOCAL_SLOTS 10000    /* slot bytes 1..: a set holder's (at most limit's 10000) */
 #define LOCAL_INTENT (LOCAL_SLOTS + 1) /* taken by an exclusive waiter behind shared holders */
 #define LOCAL_FENCE (LOCAL_SLOTS + 2)  /* held while a set holder updates fence and header */

@@ -18,9 +18,8 @@
  * holder is shown when a quorum holds its value: the largest fence, the
  * shortest lease. With backend "local" the holders are the lock files of
  * local.dir that a process holds now (backend_local.h's local_holders: an
- * F_OFD_GETLK test and the owner record, or each held slot of a shared or
- * limited set), matched with fnmatch(3). Nothing
- * is written.
+ * F_OFD_GETLK test and the owner record, or each held slot's of a set),
+ * matched with fnmatch(3). Nothing is written.
  */
 #include "lockview.h"
 
