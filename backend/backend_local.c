@@ -480,12 +480,13 @@ static int byte_lock(int fd, int cmd, short type, off_t start, off_t len)
 }
 
 /* Returns 1 when another open file description holds a lock on one of the
- * bytes from..to (the lowest such byte in *at), 0 when none, -1 on error. */
+ * bytes from..to (the lowest such byte in *at; at NULL: any, one call), 0
+ * when none, -1 on error. */
 static int byte_held(int fd, off_t from, off_t to, off_t *at)
 {
 	int found = 0;
 
-	while (from <= to) { /* F_OFD_GETLK names any conflicting lock: descend */
+	while (from <= to && !(found && !at)) { /* F_OFD_GETLK names any conflicting lock: descend */
 		struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = from,
 				    .l_len = to - from + 1 };
 
@@ -494,8 +495,10 @@ static int byte_held(int fd, off_t from, off_t to, off_t *at)
 		if (fl.l_type == F_UNLCK)
 			break;
 		found = 1;
-		*at = fl.l_start > from ? fl.l_start : from;
-		to = *at - 1;
+		if (at) {
+			*at = fl.l_start > from ? fl.l_start : from;
+			to = *at - 1;
+		}
 	}
 	return found;
 }
@@ -743,11 +746,10 @@ static int set_enter(struct backend_conn *c, const struct backend_item *it, char
 	int mine = it->limit > 1 ? it->limit : 1, slots = set_slots(mine, it->shared);
 	int theirs, shared, n, slot = 0;
 	char rec[LOCAL_RECORD_MAX];
-	off_t at;
 
 	record_read(c->pend, rec, sizeof(rec));
 	theirs = record_set(rec, &shared);
-	n = byte_held(c->pend, 1, LOCAL_SLOTS, &at);
+	n = byte_held(c->pend, 1, LOCAL_SLOTS, NULL);
 	if (n < 0)
 		return fail(c, "fcntl F_OFD_GETLK");
 	if (n && theirs && (theirs != mine || shared != it->shared))
