@@ -925,3 +925,66 @@ def test_held_fence_byte_is_bounded_by_wait_ms(progs, tmp_path):
         assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
     finally:
         os.close(fd)
+
+
+# A writer thread calls set_write while another thread, told by a line on
+# stdin, forks a child that lives on (it waits for stdin to close).
+FORK_WRITER_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+int set_write(int ms);
+static void *writer(void *arg)
+{
+	(void)arg;
+	printf("writer rc=%d\n", set_write(10));
+	fflush(stdout);
+	return NULL;
+}
+int main(void)
+{
+	pthread_t t;
+	char c;
+
+	pthread_create(&t, NULL, writer, NULL);
+	if (read(0, &c, 1) != 1)
+		return 1;
+	if (fork() == 0) {
+		while (read(0, &c, 1) == 1)
+			;
+		_exit(0);
+	}
+	printf("forked\n");
+	fflush(stdout);
+	pthread_join(t, NULL);
+	return 0;
+}
+"""
+
+
+def test_fork_child_does_not_keep_a_writer_intent(bg, sets_prog, tmp_path):
+    """An exclusive waiter behind a shared holder takes the intent byte; a
+    thread of its process forks a child that lives on; the waiter times out.
+    A new shared caller then enters at once: the child closed its copy of
+    the waiter's descriptor (checked by removing that close: the shared
+    caller then waits until its wait_ms, refused by the child's intent)."""
+    src = tmp_path / "fw.c"
+    src.write_text(FORK_WRITER_C)
+    d = os.path.dirname(sets_prog)
+    prog = cc(str(tmp_path / "fw"), [str(src)], "-O2", "-L" + d, "-Wl,-rpath," + d, "-lsets",
+              "-lpthread")
+    cfg = local_config(tmp_path, 'locks = ( { symbol = "set_write"; key = "k"; wait_ms = 1000; '
+                       'on_timeout = "skip"; } );\n')
+    reader = bg([CLI, "lock", "-c", cfg, "--shared", "k", "--", "sh", "-c", "echo in; read x"],
+                None)
+    reader.expect("in")
+    fw = bg([prog], cfg)
+    wait_for(lambda: waiting(fw.p.pid), what="the writer's watch")
+    fw.send()
+    fw.expect("forked")
+    assert fw.expect("writer rc=") == "writer rc=-1"  # timed out; the child lives on
+    t0 = time.monotonic()
+    r = subprocess.run([CLI, "lock", "-c", cfg, "--shared", "-w", "3", "k", "--", "true"],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0 and time.monotonic() - t0 < 1.5 * MULT, r.stderr
+    reader.send()
