@@ -1,18 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * backend_local.c - the local backend: one lock file per key under
- * local.dir, an open file description lock (F_OFD_SETLK, F_WRLCK on byte 0)
- * per hold, no server, no thread, no lease. The kernel frees a lock when
- * its holder dies. Holds are registered by token in a process-wide table
- * (a thread's connection may be dropped after an error; a fork child closes
- * every inherited one: local_atfork_child). The holder writes "<fence>\n
- * <lock value>\n" (the previous fence + 1). A connection (one per thread)
- * is an inotify descriptor and one open, unlocked file: the key being
- * waited for (a waiter keeps it across attempts: its own close would wake
- * the others) or the last one released (the next call opens nothing). A
- * waiter watches the file before it tries and poll()s between tries; a
- * release is F_UNLCK then futimens or close, a holder's death the kernel's
- * close: each wakes the waiters after the unlock.
+ * local.dir, OFD byte-range locks (F_OFD_SETLK) on it, no server, no
+ * thread, no lease: the kernel frees a dead holder's locks. Byte 0 is the
+ * lock (F_WRLCK exclusive; F_RDLCK for each holder of a set: shared, or a
+ * permit of a limit, each also on a slot byte of its own with its record;
+ * the layout is at LOCAL_SLOTS). Holds are registered by token in a
+ * process-wide table (a fork child closes its copies). A connection (one
+ * per thread) is an inotify descriptor and one open, unlocked file: the key
+ * being waited for (kept across tries: its close would wake the others) or
+ * the last released (the next call opens nothing). A waiter watches the
+ * file, then tries, then poll()s; a release (F_UNLCK, then futimens or
+ * close) or a holder's death wakes it after the unlock.
  */
 #include "backend.h"
 
@@ -22,12 +21,15 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend_local.h"
@@ -41,9 +43,26 @@
 #define LOCAL_TOKEN 32       /* a lock value's token: its first bytes (owner.h) */
 #define LOCAL_RECORD_MAX (24 + BACKEND_VAL_MAX)
 #define LOCAL_POLL_MS 20     /* a waiter that cannot watch (inotify refused) tries this often */
+/*
+ * The bytes of a lock file. 0: the lock. 1..LOCAL_SLOTS: a set holder's slot
+ * (F_WRLCK, the first free one of 1..limit; shared: of all), its record
+ * "<fence>\n<value>\n" at slot * LOCAL_SLOT_SIZE. LOCAL_INTENT: F_WRLCK by
+ * an exclusive waiter that found shared holders; every shared caller passes
+ * it (F_RDLCK, briefly) first, so new ones queue behind that waiter.
+ * LOCAL_FENCE: F_WRLCK for the microseconds in which a set holder checks
+ * the set's header (at 0, "<fence>\n=s\n" or "<fence>\n=x <limit>\n": an
+ * exclusive holder's record has its value there), takes its slot and
+ * writes the next fence: a caller of another limit gets BACKEND_MISMATCH.
+ */
+#define LOCAL_SLOTS 10000    /* slot bytes 1..: a set holder's (at most limit's 10000) */
+#define LOCAL_INTENT (LOCAL_SLOTS + 1) /* taken by an exclusive waiter behind shared holders */
+#define LOCAL_FENCE (LOCAL_SLOTS + 2)  /* held while a set holder updates fence and header */
+#define LOCAL_SLOT_SIZE 1024 /* slot i's record is at offset i * this */
+#define LOCAL_FENCE_TRIES 600 /* fence_lock's tries: about 50 ms */
 
 struct backend_config {
 	const struct local_spec *spec;
+	int mode; /* file_mode's */
 };
 
 struct backend_conn {
@@ -55,6 +74,7 @@ struct backend_conn {
 		    * released; locked only inside acquire, until the hold is
 		    * registered; -1 */
 	int pid;   /* the process that opened it */
+	int intent; /* pend holds LOCAL_INTENT (an exclusive waiter behind shared holders) */
 	size_t pklen, wklen;
 	char pkey[KEY_BUF_SIZE];
 	char wkey[KEY_BUF_SIZE];
@@ -75,6 +95,14 @@ static struct {
 	struct local_hold *v;
 	size_t n, cap;
 } holds = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+/* The descriptors that hold LOCAL_INTENT now (exclusive waiters'), under
+ * holds.mu: a fork child closes its copies, as it does the holds', so that
+ * a child that lives on does not keep shared callers out. A waiter past
+ * LOCAL_INTENTS of them takes no intent. */
+#define LOCAL_INTENTS 256
+static int intents[LOCAL_INTENTS];
+static size_t nintents;
 
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
@@ -172,6 +200,9 @@ static void local_atfork_child(void)
 	for (size_t i = 0; i < holds.n; i++)
 		close(holds.v[i].fd);
 	holds.n = 0;
+	for (size_t i = 0; i < nintents; i++)
+		close(intents[i]);
+	nintents = 0;
 	pthread_mutex_init(&holds.mu, NULL);
 }
 
@@ -242,14 +273,98 @@ static void unwatch(struct backend_conn *c)
 	c->wd = -1;
 }
 
+/* Takes LOCAL_INTENT on c's pending descriptor, registered in intents.
+ * Returns 1 when taken, else 0 (another waiter has it, or the list is full). */
+static int intent_take(struct backend_conn *c)
+{
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = LOCAL_INTENT,
+			    .l_len = 1 };
+	int taken = 0;
+
+	pthread_mutex_lock(&holds.mu);
+	if (nintents < LOCAL_INTENTS && fcntl(c->pend, F_OFD_SETLK, &fl) == 0) {
+		intents[nintents++] = c->pend;
+		taken = 1;
+	}
+	pthread_mutex_unlock(&holds.mu);
+	return taken;
+}
+
+/* c's pending descriptor no longer holds the intent (unlocked, closed, or
+ * now a hold's): removed from intents. */
+static void intent_forget(struct backend_conn *c)
+{
+	if (!c->intent)
+		return;
+	pthread_mutex_lock(&holds.mu);
+	for (size_t i = 0; i < nintents; i++)
+		if (intents[i] == c->pend) {
+			intents[i] = intents[--nintents];
+			break;
+		}
+	pthread_mutex_unlock(&holds.mu);
+	c->intent = 0;
+}
+
 /* Closes c's pending descriptor and its watch. */
 static void pend_drop(struct backend_conn *c)
 {
 	unwatch(c);
+	intent_forget(c);
 	if (c->pend >= 0)
 		close(c->pend);
 	c->pend = -1;
 	c->pklen = 0;
+}
+
+/* Opens the lock file path (or, when missing, creates it with the mode
+ * file_mode says: fchmod, so the umask does not narrow it). Returns the
+ * descriptor, or -1 with errno set. */
+static int file_open(const struct backend_config *bc, const char *path)
+{
+	const int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK;
+
+	for (int tries = 0; tries < 3; tries++) {
+		int fd = open(path, flags);
+
+		if (fd >= 0 || errno != ENOENT)
+			return fd;
+		fd = open(path, flags | O_CREAT | O_EXCL, bc->mode);
+		if (fd >= 0) {
+			if (fchmod(fd, (mode_t)bc->mode) != 0) {
+				int e = errno;
+
+				close(fd);
+				errno = e;
+				return -1;
+			}
+			return fd;
+		}
+		if (errno != EEXIST)
+			return -1;
+	}
+	errno = EAGAIN;
+	return -1;
+}
+
+/* Refuses the opened lock file fd at path unless it is a regular file of
+ * one link (a FIFO, a device or a hard link planted in a shared dir would
+ * make the lock write elsewhere). Returns BACKEND_OK or BACKEND_ERR. */
+static int file_safe(struct backend_conn *c, int fd, const char *path)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) != 0)
+		return fail(c, "fstat of the lock file");
+	if (S_ISREG(st.st_mode) && st.st_nlink == 1)
+		return BACKEND_OK;
+	if (!S_ISREG(st.st_mode))
+		snprintf(c->err, sizeof(c->err), "lock file \"%.180s\" refused: not a regular "
+			 "file", path);
+	else
+		snprintf(c->err, sizeof(c->err), "lock file \"%.180s\" refused: it has %lu hard "
+			 "links (another name of it was made)", path, (unsigned long)st.st_nlink);
+	return BACKEND_ERR;
 }
 
 /* Makes c->pend the open file of it's key. Returns BACKEND_OK or BACKEND_ERR. */
@@ -265,9 +380,14 @@ static int pend_open(struct backend_conn *c, const struct backend_item *it)
 		return BACKEND_ERR;
 	}
 	lock_path(c->bc, it->key, it->klen, path);
-	c->pend = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY, 0644);
+	c->pend = file_open(c->bc, path);
 	if (c->pend < 0)
 		return fail(c, "open of the lock file");
+	if (file_safe(c, c->pend, path) != BACKEND_OK) {
+		close(c->pend);
+		c->pend = -1;
+		return BACKEND_ERR;
+	}
 	memcpy(c->pkey, it->key, it->klen);
 	c->pklen = it->klen;
 	return BACKEND_OK;
@@ -306,8 +426,17 @@ static void unwatched(struct backend_conn *c)
 		    "max_user_watches)", c->err, LOCAL_POLL_MS);
 }
 
-/* Reads fd's owner record into rec (NUL-terminated). Returns its length
- * (as read: up to the buffer's size), or -1. */
+/* Reads fd's record at offset at into rec (NUL-terminated). Returns its
+ * length (as read: up to the buffer's size), or -1. */
+static ssize_t record_read_at(int fd, char *rec, size_t cap, off_t at)
+{
+	ssize_t n = pread(fd, rec, cap - 1, at);
+
+	rec[n > 0 ? n : 0] = 0;
+	return n;
+}
+
+/* Reads fd's owner record (at 0) into rec, as record_read_at. */
 static ssize_t record_read(int fd, char *rec, size_t cap)
 {
 	ssize_t n = pread(fd, rec, cap - 1, 0);
@@ -338,6 +467,98 @@ static void record_holder(const char *rec, char *holder, size_t *hlen)
 		return;
 	*hlen = (size_t)(end - v);
 	memcpy(holder, v, *hlen);
+}
+
+/* Sets (cmd F_OFD_SETLK or F_OFD_SETLKW, type F_RDLCK or F_WRLCK) or
+ * clears (F_UNLCK) fd's lock on bytes start..start+len-1 (len 0: to the
+ * end). Returns 0, or -1 with errno set (EAGAIN: another holds it). */
+static int byte_lock(int fd, int cmd, short type, off_t start, off_t len)
+{
+	struct flock fl = { .l_type = type, .l_whence = SEEK_SET, .l_start = start, .l_len = len };
+
+	return fcntl(fd, cmd, &fl);
+}
+
+/* Returns 1 when another open file description holds a lock on one of the
+ * bytes from..to (the lowest such byte in *at; at NULL: any, one call), 0
+ * when none, -1 on error. */
+static int byte_held(int fd, off_t from, off_t to, off_t *at)
+{
+	int found = 0;
+
+	while (from <= to && !(found && !at)) { /* F_OFD_GETLK names any conflicting lock: descend */
+		struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = from,
+				    .l_len = to - from + 1 };
+
+		if (fcntl(fd, F_OFD_GETLK, &fl) != 0)
+			return -1;
+		if (fl.l_type == F_UNLCK)
+			break;
+		found = 1;
+		if (at) {
+			*at = fl.l_start > from ? fl.l_start : from;
+			to = *at - 1;
+		}
+	}
+	return found;
+}
+
+/* Returns the limit that record rec's header names when it is a holder
+ * set's ("=s": shared, 1 with *shared 1; "=x <limit>": permits), else 0
+ * (an exclusive holder's value, or nothing). */
+static int record_set(const char *rec, int *shared)
+{
+	const char *v = strchr(rec, '\n');
+	long limit;
+	char *end;
+
+	*shared = 0;
+	if (!v || v[1] != '=')
+		return 0;
+	if (v[2] == 's' && v[3] == '\n') {
+		*shared = 1;
+		return 1;
+	}
+	if (v[2] != 'x' || v[3] != ' ')
+		return 0;
+	limit = strtol(v + 4, &end, 10);
+	return *end == '\n' && limit > 1 && limit <= LOCAL_SLOTS ? (int)limit : 0;
+}
+
+/* The slots a set of limit (shared: 1) may use. */
+static int set_slots(int limit, int shared)
+{
+	return shared ? LOCAL_SLOTS : limit;
+}
+
+/* Into holder: the value of the lowest held slot of fd's set of up to
+ * slots slots (length 0 when none or unreadable). Returns 1 when a slot is
+ * held, else 0. */
+static int set_holder(int fd, int slots, char *holder, size_t *hlen)
+{
+	char rec[LOCAL_RECORD_MAX];
+	off_t at;
+
+	*hlen = 0;
+	if (byte_held(fd, 1, slots, &at) != 1)
+		return 0;
+	if (record_read_at(fd, rec, sizeof(rec), at * LOCAL_SLOT_SIZE) > 0)
+		record_holder(rec, holder, hlen);
+	return 1;
+}
+
+/* Into holder: the holder that record rec (at 0 of fd) names: its value,
+ * or, a set's header, a held slot's value. Returns the set's limit when
+ * one of its slots is held, else 0. */
+static int any_holder(int fd, const char *rec, char *holder, size_t *hlen, int *shared)
+{
+	int theirs = record_set(rec, shared);
+
+	if (!theirs) {
+		record_holder(rec, holder, hlen);
+		return 0;
+	}
+	return set_holder(fd, set_slots(theirs, *shared), holder, hlen) ? theirs : 0;
 }
 
 /*
@@ -378,6 +599,10 @@ static struct backend_config *local_config_new(const void *settings, char *err, 
 	if (!(bc = backend_calloc(sizeof(*bc), err, errlen)))
 		return NULL;
 	bc->spec = ls;
+	if ((bc->mode = local_file_mode(ls->file_mode, err, errlen)) < 0) {
+		free(bc);
+		return NULL;
+	}
 	pthread_once(&atfork_once, atfork_register);
 	return bc;
 }
@@ -408,53 +633,32 @@ static void local_close(struct backend_conn *c)
 	free(c);
 }
 
-/*
- * Tries the lock of it's key on the pending descriptor (a waiter watches
- * the file first); a waiter's token held already counts as taken. Taken: the descriptor becomes the hold's, the owner
- * record is written, *fence is its fence. Busy: *wait_ms says wait (or,
- * not waiting yet, BACKEND_NOT_QUEUED: call again waiting), holder is the
- * record's value.
- */
-static int local_acquire(struct backend_conn *c, const struct backend_item *it,
-			 long long *wait_ms, char *holder, size_t *holder_len, long long *fence)
+/* The key's holders took it with limit theirs, it with another: says both
+ * in c's error. Returns BACKEND_MISMATCH. */
+static int mismatch(struct backend_conn *c, const struct backend_item *it, int theirs)
 {
-	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
-	char rec[LOCAL_RECORD_MAX];
+	snprintf(c->err, sizeof(c->err), "limit %d here, %d for the key's holders",
+		 it->limit > 1 ? it->limit : 1, theirs);
+	return BACKEND_MISMATCH;
+}
 
-	*fence = 0;
-	*holder_len = 0;
-	if (backend_item_set(it)) {
-		snprintf(c->err, sizeof(c->err), "the local backend has no semaphores or shared "
-			 "locks yet");
-		return BACKEND_ERR;
-	}
-	if (it->waiting && holds_find(it, fence)) /* ours already (the plain try: never) */
-		return BACKEND_OK;
-	if (pend_open(c, it) != BACKEND_OK)
-		return BACKEND_ERR;
-	if (it->waiting && watch(c, it) != BACKEND_OK)
-		unwatched(c);
-	if (fcntl(c->pend, F_OFD_SETLK, &fl) != 0) {
-		if (errno != EAGAIN && errno != EACCES)
-			return fail(c, "fcntl F_OFD_SETLK");
-		if (it->waiting) { /* the holder was read at the first refusal */
-			*wait_ms = c->wd >= 0 ? LLONG_MAX / 4 : LOCAL_POLL_MS;
-			return BACKEND_NO;
-		}
+/* it's try found the lock busy: *wait_ms says wait (not waiting yet:
+ * BACKEND_NOT_QUEUED). Returns BACKEND_NO. */
+static int busy(const struct backend_conn *c, const struct backend_item *it, long long *wait_ms)
+{
+	if (!it->waiting)
 		*wait_ms = BACKEND_NOT_QUEUED;
-		record_read(c->pend, rec, sizeof(rec));
-		record_holder(rec, holder, holder_len);
-		return BACKEND_NO;
-	}
-	/* the descriptor stays c's until registered: a cancellation in between
-	 * (pwrite is a cancellation point) closes it with c, freeing the lock;
-	 * the watch stays for the key's next wait (its events meanwhile cost
-	 * that wait one early try at most) */
-	if (record_write(c, c->pend, it, fence) != BACKEND_OK) {
-		pend_drop(c); /* frees the lock */
-		return BACKEND_ERR;
-	}
-	if (holds_add(it, c->pend, *fence) != 0) {
+	else
+		*wait_ms = c->wd >= 0 ? LLONG_MAX / 4 : LOCAL_POLL_MS;
+	return BACKEND_NO;
+}
+
+/* Moves c's pending descriptor, now locked for it, into the table of holds
+ * with fence. Returns BACKEND_OK, or BACKEND_ERR (the lock freed). */
+static int hold(struct backend_conn *c, const struct backend_item *it, long long fence)
+{
+	intent_forget(c); /* the intent stays locked until the release: a hold's now */
+	if (holds_add(it, c->pend, fence) != 0) {
 		snprintf(c->err, sizeof(c->err), "out of memory for the table of holds");
 		pend_drop(c);
 		return BACKEND_ERR;
@@ -465,6 +669,174 @@ static int local_acquire(struct backend_conn *c, const struct backend_item *it,
 }
 
 /*
+ * Exclusive, limit 1: F_WRLCK on byte 0 of the pending descriptor. Taken:
+ * the owner record written, the hold registered. Refused: the holder from
+ * the record (or, holders of a set, one of their slots'); permits of
+ * another limit: BACKEND_MISMATCH; shared holders make a waiter take
+ * LOCAL_INTENT, so that no new shared caller passes it.
+ */
+static int excl_acquire(struct backend_conn *c, const struct backend_item *it,
+			long long *wait_ms, char *holder, size_t *holder_len, long long *fence)
+{
+	char rec[LOCAL_RECORD_MAX];
+	int theirs, shared;
+
+	if (byte_lock(c->pend, F_OFD_SETLK, F_WRLCK, 0, 1) == 0) {
+		/* the descriptor stays c's until registered: a cancellation in
+		 * between (pwrite is a cancellation point) closes it with c,
+		 * freeing the lock; the watch stays for the key's next wait (its
+		 * events meanwhile cost that wait one early try at most) */
+		if (record_write(c, c->pend, it, fence) != BACKEND_OK) {
+			pend_drop(c); /* frees the lock */
+			return BACKEND_ERR;
+		}
+		return hold(c, it, *fence);
+	}
+	if (errno != EAGAIN && errno != EACCES)
+		return fail(c, "fcntl F_OFD_SETLK");
+	record_read(c->pend, rec, sizeof(rec));
+	/* a set's header is current only while one of its slots is held */
+	theirs = any_holder(c->pend, rec, holder, holder_len, &shared);
+	if (theirs && !shared)
+		return mismatch(c, it, theirs);
+	if (theirs && it->waiting && !c->intent)
+		c->intent = intent_take(c);
+	return busy(c, it, wait_ms);
+}
+
+/* Frees every lock of the pending descriptor (its byte 0, slot, intent). */
+static void pend_unlock(struct backend_conn *c)
+{
+	intent_forget(c);
+	byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, 0, 0);
+}
+
+/* Takes LOCAL_FENCE on fd, which others hold for microseconds: tries
+ * again (yielding, then sleeping 100 us) for about 50 ms, never blocking
+ * in the kernel (a holder stopped inside its update must not hold a caller
+ * past wait_ms: the error is retried by lock.c until then). Returns 0, or
+ * -1 with errno set (EAGAIN: still held). */
+static int fence_lock(int fd)
+{
+	for (int i = 0; i < LOCAL_FENCE_TRIES; i++) {
+		struct timespec ts = { 0, 100000 };
+
+		if (byte_lock(fd, F_OFD_SETLK, F_WRLCK, LOCAL_FENCE, 1) == 0)
+			return 0;
+		if (errno != EAGAIN && errno != EACCES)
+			return -1;
+		if (i < 100)
+			sched_yield();
+		else
+			nanosleep(&ts, NULL);
+	}
+	errno = EAGAIN;
+	return -1;
+}
+
+/*
+ * Under LOCAL_FENCE, with byte 0 read-locked: checks the set's header
+ * against it (BACKEND_MISMATCH), takes the first free slot of its limit
+ * (BACKEND_NO when none: holder is a slot's), writes the next fence and
+ * header at 0 and its record in the slot (BACKEND_OK, *fence).
+ */
+static int set_enter(struct backend_conn *c, const struct backend_item *it, char *holder,
+		     size_t *holder_len, long long *fence)
+{
+	int mine = it->limit > 1 ? it->limit : 1, slots = set_slots(mine, it->shared);
+	int theirs, shared, n, slot = 0;
+	char rec[LOCAL_RECORD_MAX];
+
+	record_read(c->pend, rec, sizeof(rec));
+	theirs = record_set(rec, &shared);
+	n = byte_held(c->pend, 1, LOCAL_SLOTS, NULL);
+	if (n < 0)
+		return fail(c, "fcntl F_OFD_GETLK");
+	if (n && theirs && (theirs != mine || shared != it->shared))
+		return mismatch(c, it, theirs);
+	for (int i = 1; i <= slots && !slot; i++) {
+		if (byte_lock(c->pend, F_OFD_SETLK, F_WRLCK, i, 1) == 0)
+			slot = i;
+		else if (errno != EAGAIN && errno != EACCES)
+			return fail(c, "fcntl F_OFD_SETLK");
+	}
+	if (!slot) {
+		set_holder(c->pend, slots, holder, holder_len);
+		return BACKEND_NO;
+	}
+	*fence = record_fence(rec) + 1;
+	n = it->shared ? snprintf(rec, sizeof(rec), "%lld\n=s\n", *fence)
+		       : snprintf(rec, sizeof(rec), "%lld\n=x %d\n", *fence, mine);
+	if (pwrite(c->pend, rec, (size_t)n, 0) != n)
+		return fail(c, "write of the set's header");
+	n = snprintf(rec, sizeof(rec), "%lld\n%.*s\n", *fence, (int)it->vlen, it->val);
+	if (pwrite(c->pend, rec, (size_t)n, (off_t)slot * LOCAL_SLOT_SIZE) != n)
+		return fail(c, "write of the owner record");
+	return BACKEND_OK;
+}
+
+/*
+ * A holder set's entry (a shared holder, or a permit of a limit): a
+ * shared caller passes LOCAL_INTENT first (an exclusive waiter holding it
+ * makes it wait); F_RDLCK on byte 0 (an exclusive holder makes a shared
+ * caller wait, and is a mismatch for a permit: limit 1); then set_enter
+ * under LOCAL_FENCE. Returns as local_acquire.
+ */
+static int set_acquire(struct backend_conn *c, const struct backend_item *it,
+		       long long *wait_ms, char *holder, size_t *holder_len, long long *fence)
+{
+	char rec[LOCAL_RECORD_MAX];
+	int rc, shared;
+
+	if ((it->shared && byte_lock(c->pend, F_OFD_SETLK, F_RDLCK, LOCAL_INTENT, 1) != 0) ||
+	    byte_lock(c->pend, F_OFD_SETLK, F_RDLCK, 0, 1) != 0) {
+		if (errno != EAGAIN && errno != EACCES)
+			return fail(c, "fcntl F_OFD_SETLK");
+		pend_unlock(c);
+		record_read(c->pend, rec, sizeof(rec));
+		any_holder(c->pend, rec, holder, holder_len, &shared);
+		/* byte 0 refused to a permit: an exclusive holder (limit 1) */
+		return it->shared ? busy(c, it, wait_ms) : mismatch(c, it, 1);
+	}
+	if ((it->shared && byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, LOCAL_INTENT, 1) != 0) ||
+	    fence_lock(c->pend) != 0) {
+		rc = fail(c, "lock of the set's fence byte");
+		pend_unlock(c);
+		return rc;
+	}
+	rc = set_enter(c, it, holder, holder_len, fence);
+	byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, LOCAL_FENCE, 1);
+	if (rc == BACKEND_OK)
+		return hold(c, it, *fence);
+	pend_unlock(c);
+	return rc == BACKEND_NO ? busy(c, it, wait_ms) : rc;
+}
+
+/*
+ * Tries the lock of it's key on the pending descriptor (a waiter watches
+ * the file first); a waiter's token held already counts as taken. Taken:
+ * the descriptor becomes the hold's, the owner record is written, *fence
+ * is its fence. Busy: *wait_ms says wait (or, not waiting yet,
+ * BACKEND_NOT_QUEUED: call again waiting), holder is the record's value.
+ * Holders of another limit: BACKEND_MISMATCH.
+ */
+static int local_acquire(struct backend_conn *c, const struct backend_item *it,
+			 long long *wait_ms, char *holder, size_t *holder_len, long long *fence)
+{
+	*fence = 0;
+	*holder_len = 0;
+	if (it->waiting && holds_find(it, fence)) /* ours already (the plain try: never) */
+		return BACKEND_OK;
+	if (pend_open(c, it) != BACKEND_OK)
+		return BACKEND_ERR;
+	if (it->waiting && watch(c, it) != BACKEND_OK)
+		unwatched(c);
+	if (backend_item_set(it))
+		return set_acquire(c, it, wait_ms, holder, holder_len, fence);
+	return excl_acquire(c, it, wait_ms, holder, holder_len, fence);
+}
+
+/*
  * Unlocks the held descriptor fd of it's key. Then, when c has no pending
  * descriptor, fd stays open as c's (the thread's next call of the key
  * opens nothing) and futimens wakes the waiters (IN_ATTRIB); else it is
@@ -472,9 +844,7 @@ static int local_acquire(struct backend_conn *c, const struct backend_item *it,
  */
 static void unlock_fd(struct backend_conn *c, const struct backend_item *it, int fd)
 {
-	struct flock fl = { .l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
-
-	fcntl(fd, F_OFD_SETLK, &fl);
+	byte_lock(fd, F_OFD_SETLK, F_UNLCK, 0, 0); /* byte 0, a slot, an intent */
 	if (c->pend >= 0 || it->klen > sizeof(c->pkey) || futimens(fd, NULL) != 0) {
 		close(fd);
 		return;
@@ -608,16 +978,36 @@ static size_t name_decode(const char *name, size_t n, char *key)
 	return k;
 }
 
-/* Reports the lock file name of dirfd to fn when a process holds it. */
+/* Reports each held slot of fd's set (limit, shared) as h to fn. */
+static void set_holders(int fd, struct local_holder *h, int limit, int shared,
+			void (*fn)(void *arg, const struct local_holder *h), void *arg)
+{
+	char rec[LOCAL_RECORD_MAX], *val = (char *)h->val;
+	off_t at;
+
+	h->limit = limit;
+	h->shared = shared;
+	h->in_set = 1;
+	for (off_t from = 1; byte_held(fd, from, set_slots(limit, shared), &at) == 1;
+	     from = at + 1) {
+		record_read_at(fd, rec, sizeof(rec), at * LOCAL_SLOT_SIZE);
+		record_holder(rec, val, &h->vlen);
+		h->fence = record_fence(rec);
+		if (h->vlen)
+			fn(arg, h);
+	}
+}
+
+/* Reports the holders of the lock file name of dirfd to fn. */
 static void holder_of(int dirfd, const char *name,
 		      void (*fn)(void *arg, const struct local_holder *h), void *arg)
 {
 	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
 	char rec[LOCAL_RECORD_MAX], key[LOCAL_NAME_MAX + 64], val[BACKEND_VAL_MAX];
 	size_t n = strlen(name), sl = sizeof(LOCAL_SUFFIX) - 1;
-	struct local_holder h = { .key = key, .val = val };
+	struct local_holder h = { .key = key, .val = val, .limit = 1 };
 	struct stat st;
-	int fd;
+	int fd, limit, shared;
 
 	if (n <= sl || n - sl > LOCAL_NAME_MAX + 41 || strcmp(name + n - sl, LOCAL_SUFFIX))
 		return;
@@ -627,11 +1017,15 @@ static void holder_of(int dirfd, const char *name,
 	if (fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK &&
 	    fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
 		record_read(fd, rec, sizeof(rec));
-		record_holder(rec, val, &h.vlen);
-		h.fence = record_fence(rec);
 		h.klen = name_decode(name, n - sl, key);
 		h.since_ms = (long long)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
-		fn(arg, &h);
+		if ((limit = record_set(rec, &shared)) != 0) {
+			set_holders(fd, &h, limit, shared, fn, arg);
+		} else {
+			record_holder(rec, val, &h.vlen);
+			h.fence = record_fence(rec);
+			fn(arg, &h);
+		}
 	}
 	close(fd);
 }

@@ -22,12 +22,16 @@ struct local_holder {
 	size_t vlen;
 	long long fence;  /* the record's fence */
 	long long since_ms; /* when the record was written (CLOCK_REALTIME ms) */
+	int limit;        /* the holders' limit: 1 exclusive or shared */
+	int shared;       /* a shared holder (mode "shared") */
+	int in_set;       /* one holder of a set (shared, or a permit) */
 };
 
 /*
- * Calls fn for each lock file of bc's dir that a process holds now (its
- * strings valid during the call only). A file no one holds (its record is
- * the last holder's) is skipped. Returns 0, or -1 with the reason in err
+ * Calls fn for each holder of a lock file of bc's dir that a process holds
+ * now (its strings valid during the call only): the exclusive holder, or
+ * each holder of a set (shared holders, permits) from its slot's record. A
+ * file no one holds (its record is the last holder's) is skipped. Returns 0, or -1 with the reason in err
  * (the dir cannot be read).
  */
 int local_holders(const struct backend_config *bc,

@@ -5,9 +5,10 @@
  * refuses. A kernel file lock has no lease, no server-side queue and no
  * hand-over: the settings that tune those (lease_ms, on_lost,
  * retry_max_ms, break_dead_holders, handoff_ms) cannot be honoured and are
- * refused when the file sets them, in a lock or in `defaults`; fair, limit
- * > 1, mode "shared", linger_ms > 0 and max_hold_ms/on_overrun are not
- * built yet for it and are refused by value. linger_ms's built-in value is
+ * refused when the file sets them, in a lock or in `defaults`; fair,
+ * linger_ms > 0 and max_hold_ms/on_overrun are not built yet for it and
+ * are refused by value (limit and mode "shared" are built: byte-range
+ * locks, backend_local.c). file_mode is the mode lock files get. linger_ms's built-in value is
  * 0 here (local_lock_defaults), so only an explicit one is refused. It is
  * the local backend's struct conf_group, backend_local_settings, which
  * backend.c registers: conf.c never names it.
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "conf.h"
@@ -26,8 +28,31 @@
 #define LOCAL_FIELD(n, k, lo, hi, ...) FIELD(struct local_spec, #n, n, k, lo, hi, __VA_ARGS__)
 static const struct conf_field local_fields[] = {
 	LOCAL_FIELD(dir, F_STR, 1, LOCAL_DIR_MAX, .def_str = "/run/lockshim"),
+	LOCAL_FIELD(file_mode, F_STR, 4, 4, .def_str = "0644"),
 	{ .name = NULL }
 };
+
+/* Checks that the directory dir is on a local filesystem (its waiters are
+ * woken by inotify, which sees only this host's changes). Returns 0, or
+ * -1 with one line in err. */
+static int dir_local(const char *dir, char *err, size_t errlen)
+{
+	struct statfs fs;
+	const char *remote;
+
+	if (statfs(dir, &fs) != 0) {
+		snprintf(err, errlen, "\"%s\": statfs: %s", dir, strerror(errno));
+		return -1;
+	}
+	if ((remote = local_fs_remote((long)fs.f_type)) != NULL) {
+		snprintf(err, errlen, "\"%s\" is on a %s filesystem (type 0x%lx): a waiter "
+			 "would not see another host's release, and its locks would be a server's "
+			 "(use a local directory, or another backend)", dir, remote,
+			 (unsigned long)fs.f_type);
+		return -1;
+	}
+	return 0;
+}
 
 /* Checks that the existing directory dir can take new files. Returns 0, or
  * -1 with one line in err. */
@@ -48,7 +73,7 @@ static int dir_usable(const char *dir, char *err, size_t errlen)
 			 (unsigned)geteuid(), strerror(errno));
 		return -1;
 	}
-	return 0;
+	return dir_local(dir, err, errlen);
 }
 
 int local_dir_check(const char *dir, int create, char *err, size_t errlen)
@@ -83,7 +108,23 @@ int local_dir_check(const char *dir, int create, char *err, size_t errlen)
 	return dir_usable(dir, err, errlen);
 }
 
-/* The group's check: dir, without creating it (the backend's start does). */
+int local_file_mode(const char *file_mode, char *err, size_t errlen)
+{
+	int mode = 0;
+
+	for (const char *p = file_mode; *p && mode >= 0; p++)
+		mode = *p >= '0' && *p <= '7' && mode < 01000 ? mode * 8 + (*p - '0') : -1;
+	if (file_mode[0] != '0' || strlen(file_mode) != 4 || mode < 0600 || mode > 0666 ||
+	    (mode & 0111)) {
+		snprintf(err, errlen, "\"%s\" is not a file mode of four octal digits from "
+			 "\"0600\" to \"0666\" without an execute bit", file_mode);
+		return -1;
+	}
+	return mode;
+}
+
+/* The group's check: dir, without creating it (the backend's start does),
+ * and file_mode. */
 static int local_check(struct conf_err *e, const config_setting_t *g, void *data)
 {
 	const struct local_spec *ls = data;
@@ -91,6 +132,9 @@ static int local_check(struct conf_err *e, const config_setting_t *g, void *data
 
 	if (local_dir_check(ls->dir, 0, err, sizeof(err)))
 		return conf_fail(e, config_setting_get_member(g, "dir"), "local.dir", "%s", err);
+	if (local_file_mode(ls->file_mode, err, sizeof(err)) < 0)
+		return conf_fail(e, config_setting_get_member(g, "file_mode"), "local.file_mode",
+				 "%s", err);
 	return 0;
 }
 
@@ -145,10 +189,6 @@ static int local_check_lock(struct conf_err *e, const config_setting_t *lg, cons
 					 "not available with backend \"local\": %s", unleased[i].why);
 	if (l->fair)
 		name = "fair", why = "fair = true (arrival order)";
-	else if (l->limit > 1)
-		name = "limit", why = "limit > 1 (a semaphore)";
-	else if (l->shared)
-		name = "mode", why = "mode = \"shared\"";
 	else if (l->linger_ms > 0)
 		name = "linger_ms", why = "linger_ms > 0 (its default is 0 with this backend)";
 	else if (l->max_hold_ms > 0)

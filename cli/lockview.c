@@ -18,8 +18,8 @@
  * holder is shown when a quorum holds its value: the largest fence, the
  * shortest lease. With backend "local" the holders are the lock files of
  * local.dir that a process holds now (backend_local.h's local_holders: an
- * F_OFD_GETLK test and the owner record), matched with fnmatch(3). Nothing
- * is written.
+ * F_OFD_GETLK test and the owner record, or each held slot's of a set),
+ * matched with fnmatch(3). Nothing is written.
  */
 #include "lockview.h"
 
@@ -727,7 +727,9 @@ static void local_found(void *arg, const struct local_holder *h)
 	l->since_ms = h->since_ms;
 	l->lease_left_ms = -1;
 	l->fence = h->fence;
-	l->limit = 1;
+	l->limit = h->limit;
+	l->shared = h->shared;
+	l->in_set = h->in_set;
 }
 
 /* lockview_scan of backend "local": the held files of local.dir. */

@@ -56,10 +56,15 @@ int main(void) { return fork_call(0); }
 """
 
 
-def local_config(tmp_path, body, head=""):
-    """A config of backend "local" with its dir under tmp_path; returns its path."""
+def local_config(tmp_path, body, head="", name=None):
+    """A config of backend "local" with its dir under tmp_path; returns its
+    path (in tmp_path, or in its subdirectory name: several configs)."""
     d = tmp_path / "locks"
-    return write_config(tmp_path, None, 'backend = "local";\nlocal = { dir = "%s"; };\n%s%s'
+    at = tmp_path
+    if name:
+        at = tmp_path / name
+        at.mkdir(exist_ok=True)
+    return write_config(at, None, 'backend = "local";\nlocal = { dir = "%s"; };\n%s%s'
                         % (d, head, body))
 
 
@@ -330,8 +335,8 @@ def test_verbs_not_built_yet_say_so(tmp_path, verb, says):
 REFUSED = [("lease_ms = 5000", "lease_ms"), ("on_lost = \"log\"", "on_lost"),
            ("retry_max_ms = 50", "retry_max_ms"), ("break_dead_holders = true",
                                                     "break_dead_holders"),
-           ("handoff_ms = 1", "handoff_ms"), ("fair = true", "fair"), ("limit = 2", "limit"),
-           ("mode = \"shared\"", "mode"), ("linger_ms = 5", "linger_ms"),
+           ("handoff_ms = 1", "handoff_ms"), ("fair = true", "fair"),
+           ("linger_ms = 5", "linger_ms"),
            ("max_hold_ms = 100", "max_hold_ms"), ("on_overrun = \"log\"", "on_overrun")]
 
 
@@ -380,13 +385,17 @@ def current_umask():
 
 
 def test_lock_options_refused(tmp_path):
+    """-l is refused; --limit and --shared take their lock (the control)."""
     cfg = local_config(tmp_path, "")
-    for opts, says in [(["--limit", "2"], "lockshim lock.limit"), (["--shared"],
-                                                                   "lockshim lock.mode"),
-                       (["-l", "500"], "-l: not available with backend \"local\"")]:
-        r = subprocess.run([CLI, "lock", "-c", cfg] + opts + ["job", "--", "true"],
-                           capture_output=True, text=True, timeout=TIMEOUT)
-        assert r.returncode == 78 and says in r.stderr, (opts, r.stderr)
+    r = subprocess.run([CLI, "lock", "-c", cfg, "-l", "500", "job", "--", "true"],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 78 and "-l: not available with backend \"local\"" in r.stderr, \
+        r.stderr
+    for opts in (["--limit", "2"], ["--shared"]):
+        r = subprocess.run([CLI, "lock", "-c", cfg] + opts + ["job", "--", "sh", "-c",
+                           'echo "$LOCKSHIM_FENCE"'], capture_output=True, text=True,
+                           timeout=TIMEOUT)
+        assert r.returncode == 0 and int(r.stdout) > 0, (opts, r.stderr)
 
 
 def test_unusable_lock_file_applies_on_error(worker_progs, tmp_path):
@@ -510,3 +519,472 @@ def test_waiter_without_inotify_polls(bg, worker_progs, tmp_path, instances, pol
     said = waiter.stderr().count("waiters without a watch try every 20 ms")
     assert said == (1 if polls else 0), waiter.stderr()
 
+
+
+# ---- shared holders and semaphores (issue 23, step 2) ---------------------------
+#
+# The observed program of test_sets.py (progs/sets_*.c): each guarded call
+# appends "r+"/"w+" to a log when it starts and "r-"/"w-" when it ends;
+# replaying the log counts who was inside at once.
+
+@pytest.fixture(scope="module")
+def sets_prog(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("sets"))
+    cc(os.path.join(d, "libsets.so"), ["sets_lib.c"], "-O2", "-shared", "-fPIC")
+    return cc(os.path.join(d, "sets"), ["sets_main.c"], "-O2", "-L" + d, "-Wl,-rpath," + d,
+              "-lsets", "-lpthread")
+
+
+def replay(log):
+    """(most readers inside at once, most writers, a writer ever inside with
+    anyone else)."""
+    inside, most, mixed = {"r": 0, "w": 0}, {"r": 0, "w": 0}, False
+    with open(log) as f:
+        for line in f:
+            kind = line[0]
+            if kind not in inside:
+                continue
+            inside[kind] += 1 if line[1] == "+" else -1
+            most[kind] = max(most[kind], inside[kind])
+            mixed |= bool(inside["w"] and (inside["r"] or inside["w"] > 1))
+    return most["r"], most["w"], mixed
+
+
+def set_lock(symbol, settings):
+    return '{ symbol = "%s"; key = "k"; wait_ms = 30000; %s }' % (symbol, settings)
+
+
+def sets_start(prog, kind, cfg, log, threads, iters, ms, stop=None):
+    env = shim_env(cfg, preload=cfg is not None, SETS_LOG=log)
+    argv = [prog, kind, str(threads), str(iters), str(ms)] + ([stop] if stop else [])
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def sets_finish(p):
+    """Waits for p; asserts no failed call; returns (its counts, its stderr)."""
+    out, err = p.communicate(timeout=TIMEOUT)
+    done = [l for l in out.splitlines() if l.startswith("done")]
+    assert p.returncode == 0 and done, (out, err[-3000:])
+    fields = {k: int(v) for k, v in (f.split("=") for f in done[0].split()[1:])}
+    assert fields["failed"] == 0, (done, err[-3000:])
+    return fields, err
+
+
+def sets_run(runs):
+    """Starts every (prog, kind, cfg, log, threads, iters, ms) of runs at
+    once; returns the calls made and the stderr of all."""
+    ps = [sets_start(*r) for r in runs]
+    total, errs = 0, ""
+    for p in ps:
+        fields, err = sets_finish(p)
+        total += fields["ok"]
+        errs += err
+    return total, errs
+
+
+def rw_runs(prog, cfg, log):
+    """4 readers x 2 threads (40 ms calls), 2 writers (20 ms)."""
+    return [(prog, "r", cfg, log, 2, 6, 40)] * 4 + [(prog, "w", cfg, log, 1, 6, 20)] * 2
+
+
+RW_LOCAL = "locks = ( %s, %s );\n" % (set_lock("set_read", 'mode = "shared";'),
+                                      set_lock("set_write", ""))
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("guarded", [True, False], ids=["shared", "control-unguarded"])
+def test_shared_readers_overlap_writers_alone(sets_prog, tmp_path, guarded):
+    """Shared readers are inside together (more than one at once), a writer
+    is always alone, every call entered, and each grant has its own fence.
+    Control: unguarded, a writer is inside beside others."""
+    log = str(tmp_path / "log")
+    cfg = local_config(tmp_path, RW_LOCAL) if guarded else None
+    total, err = sets_run(rw_runs(sets_prog, cfg, log))
+    readers, writers, mixed = replay(log)
+    if not guarded:
+        assert mixed
+        return
+    assert total == 4 * 2 * 6 + 2 * 6 and readers > 1, err[-3000:]
+    assert writers == 1 and not mixed, err[-3000:]
+    assert "error" not in err and "warn" not in err.replace("taken after waiting", ""), \
+        err[-3000:]
+    [name] = lock_files(tmp_path)
+    assert record(str(tmp_path / "locks" / name))[0] == total  # one fence per grant
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("limit,most", [(3, 3), (None, 1), ("control", None)],
+                         ids=["limit3", "default", "control-unguarded"])
+def test_limit_bounds_the_holders(sets_prog, tmp_path, limit, most):
+    """8 processes x 2 threads: limit 3 lets never more than 3 in, and 3
+    are reached; no limit, one at a time. Control: unguarded, more than 3."""
+    log = str(tmp_path / "log")
+    extra = "limit = %d;" % limit if limit != "control" and limit else ""
+    cfg = None if limit == "control" else local_config(
+        tmp_path, "locks = ( %s );\n" % set_lock("set_read", extra))
+    total, err = sets_run([(sets_prog, "r", cfg, log, 2, 4, 30)] * 8)
+    assert total == 8 * 2 * 4
+    if limit == "control":
+        assert replay(log)[0] > 3
+        return
+    assert replay(log)[0] == most, err[-3000:]
+    assert "error" not in err, err[-3000:]
+
+
+def test_limit_mismatch_is_an_error_at_once(progs, procs, tmp_path):
+    """A holder took the key with limit = 3; callers with limit 2 and with
+    no limit (1) get one error line naming both numbers and on_error at
+    once (skip), well before wait_ms; a shared caller (limit 1) too.
+    Control: limit 3 enters beside the holder."""
+    lock = 'locks = ( { symbol = "hold_call"; key = "k"; wait_ms = 20000; %s } );\n'
+    cfg3 = local_config(tmp_path, lock % "limit = 3;", name="3")
+    holder = procs([progs["driver"], "call:60000"], cfg3)
+    holder.expect("enter")
+    for i, (limit, setting) in enumerate([(2, "limit = 2;"), (1, ""),
+                                          (1, 'mode = "shared";')]):
+        cfg = local_config(tmp_path, lock % setting, name="c%d" % i)
+        t0 = time.monotonic()
+        r = run([progs["driver"], "call:0"], cfg)
+        assert time.monotonic() - t0 < 5 * MULT
+        assert r.stdout.strip().splitlines()[-1] == "call rc=-1 errno=16", r.stderr
+        lines = [l for l in r.stderr.splitlines() if ": error: " in l]
+        assert len(lines) == 1, r.stderr
+        assert "limit %d here, 3 for the key's holders" % limit in lines[0], lines
+        assert "lockshim:k" in lines[0], lines
+    r = run([progs["driver"], "call:0"], cfg3)
+    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+
+
+def test_exclusive_holder_mismatches_a_semaphore_and_waits_shared(progs, procs, tmp_path):
+    """A plain lock (limit 1) held: a limit = 3 caller gets the mismatch at
+    once; a shared caller waits instead, and enters once the holder is
+    gone."""
+    lock = 'locks = ( { symbol = "hold_call"; key = "k"; wait_ms = 20000; %s } );\n'
+    holder = procs([progs["driver"], "call:3000"], local_config(tmp_path, lock % "", name="x"))
+    holder.expect("enter")
+    r = run([progs["driver"], "call:0"], local_config(tmp_path, lock % "limit = 3;", name="p"))
+    assert r.stdout.strip().splitlines()[-1] == "call rc=-1 errno=16", r.stderr
+    assert "limit 3 here, 1 for the key's holders" in r.stderr, r.stderr
+    t0 = time.monotonic()
+    r = run([progs["driver"], "call:0"], local_config(tmp_path, lock % 'mode = "shared";',
+                                                      name="s"))
+    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+    assert time.monotonic() - t0 > 0.3  # waited for the exclusive holder (3 s from its start)
+    assert holder.finish()[0] == 0
+
+
+@pytest.mark.timing
+def test_writer_not_starved_by_readers(sets_prog, tmp_path):
+    """Readers (4 processes x 2 threads, 100 ms calls) keep the key held
+    without a gap between the marks x and y (the control: a writer waiting
+    for a free key would wait for the whole stream); a writer arriving
+    meanwhile enters within a few calls' time (it takes the intent byte:
+    new readers queue behind it), alone, and the readers go on after."""
+    log, stop = str(tmp_path / "log"), str(tmp_path / "stop")
+    cfg = local_config(tmp_path, RW_LOCAL)
+    readers = [sets_start(sets_prog, "r", cfg, log, 2, 1, 100, stop) for _ in range(4)]
+    try:
+        for p in readers:
+            assert p.stdout.readline().startswith("started")
+        with open(log, "a") as f:
+            f.write("x\n")
+        time.sleep(1.0)  # the stream runs on its own for a while (the control)
+        with open(log, "a") as f:
+            f.write("y\n")
+        w = sets_start(sets_prog, "w", cfg, log, 1, 1, 50)
+        fields, err = sets_finish(w)
+        assert fields["ok"] == 1 and fields["max_ms"] < 1000 * MULT, (fields, err)
+        with open(log, "a") as f:
+            f.write("z\n")
+        wait_for(lambda: open(log).read().split("z\n", 1)[1].count("r+") >= 4,
+                 what="readers to go on after the writer")
+    finally:
+        open(stop, "w").close()
+    for p in readers:
+        sets_finish(p)
+    inside, window, gaps = 0, False, 0
+    with open(log) as f:
+        for line in f:
+            if line[0] in "xy":
+                window = line[0] == "x"
+            elif line[0] == "r":
+                inside += 1 if line[1] == "+" else -1
+                gaps += window and inside == 0
+    assert gaps == 0  # control: the readers alone never left the key free
+    assert replay(log)[1:] == (1, False)
+
+
+def test_control_kernel_grants_readers_beside_a_waiting_writer(tmp_path):
+    """Why the intent byte: with bare OFD locks, a read lock is granted
+    while a writer waits, so overlapping readers keep a writer out for as
+    long as they overlap (here 1 s: the writer never gets byte 0)."""
+    path = str(tmp_path / "f.lock")
+    open(path, "w").close()
+    rd = struct.pack("hhqqi4x", fcntl.F_RDLCK, 0, 0, 1, 0)
+    fds = [os.open(path, os.O_RDWR) for _ in range(2)]
+    writer = os.open(path, os.O_RDWR)
+    try:
+        fcntl.fcntl(fds[0], fcntl.F_OFD_SETLK, rd)
+        end, turns, entered = time.monotonic() + 1.0, 0, False
+        while time.monotonic() < end:
+            a, b = fds[turns % 2], fds[(turns + 1) % 2]
+            fcntl.fcntl(b, fcntl.F_OFD_SETLK, rd)  # a new reader joins...
+            fcntl.fcntl(a, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_UNLCK, 0, 0,
+                                                            1, 0))  # ...then one leaves
+            entered |= ofd_free(writer)
+            turns += 1
+        assert not entered and turns > 10
+    finally:
+        for fd in fds + [writer]:
+            os.close(fd)
+
+
+def test_status_shows_shared_and_permit_holders(bg, tmp_path):
+    """Two shared holders: two lines, mode shared, each its own fence; a
+    permit holder of limit 3: limit 3, exclusive. Control: once they
+    return, nothing is listed."""
+    cfg = local_config(tmp_path, "")
+
+    def status():
+        r = subprocess.run([CLI, "status", "-c", cfg, "--json"], capture_output=True,
+                           text=True, timeout=TIMEOUT)
+        assert r.returncode == 0, r.stderr
+        return [json.loads(l) for l in r.stdout.splitlines()]
+    held = [bg([CLI, "lock", "-c", cfg, "--shared", "r", "--", "sh", "-c",
+                "echo in; read x"], None) for _ in range(2)]
+    held.append(bg([CLI, "lock", "-c", cfg, "--limit", "3", "p", "--", "sh", "-c",
+                    "echo in; read x"], None))
+    for h in held:
+        h.expect("in")
+    objs = status()
+    assert sorted((o["key"], o["mode"], o["limit"]) for o in objs) == [
+        ("p", "exclusive", 3), ("r", "shared", 1), ("r", "shared", 1)], objs
+    assert sorted(o["fence"] for o in objs if o["key"] == "r") == [1, 2]
+    for h in held:
+        h.send()
+    wait_for(lambda: status() == [], what="the holders gone from status")
+
+
+# ---- file modes, unsafe files, remote filesystems -------------------------------
+
+@pytest.mark.parametrize("mode,nobody_ok", [("0666", True), (None, False)],
+                         ids=["0666", "control-default-0644"])
+def test_file_mode_lets_another_user_lock(tmp_path, mode, nobody_ok):
+    """file_mode = "0666" (whatever the umask): a lock file made by root can
+    be locked by user nobody. Control: the default 0644 refuses nobody
+    (on_error)."""
+    import tempfile
+    top = tempfile.mkdtemp(prefix="lockshim-mode-")
+    try:
+        os.chmod(top, 0o755)
+        cfg = os.path.join(top, "lockshim.cfg")
+        with open(cfg, "w") as f:
+            f.write('backend = "local";\nlocal = { dir = "%s/locks"; %s };\n' % (
+                top, 'file_mode = "%s";' % mode if mode else ""))
+        os.chmod(cfg, 0o644)
+        os.mkdir(os.path.join(top, "locks"))
+        os.chmod(os.path.join(top, "locks"), 0o1777)  # a shared dir: everyone makes files
+        old = os.umask(0o022)
+        try:
+            r = subprocess.run([CLI, "lock", "-c", cfg, "shared-job", "--", "true"],
+                               capture_output=True, text=True, timeout=TIMEOUT)
+        finally:
+            os.umask(old)
+        assert r.returncode == 0, r.stderr
+        [name] = os.listdir(os.path.join(top, "locks"))
+        st = os.stat(os.path.join(top, "locks", name))
+        assert st.st_mode & 0o777 == (0o666 if mode else 0o644)
+        r = subprocess.run(["runuser", "-u", "nobody", "--", CLI, "lock", "-c", cfg, "-w",
+                            "1", "shared-job", "--", "true"], capture_output=True,
+                           text=True, timeout=TIMEOUT)
+        if nobody_ok:
+            assert r.returncode == 0, r.stderr
+        else:
+            assert r.returncode != 0 and "Permission denied" in r.stderr, r.stderr
+    finally:
+        subprocess.run(["rm", "-rf", top])
+
+
+@pytest.mark.parametrize("planted", ["hardlink", "fifo", "control-none"])
+def test_planted_lock_file_is_refused(worker_progs, tmp_path, planted):
+    """A FIFO at the lock file's name, or a lock file with a second name (a
+    hard link planted by someone who wants the lock's writes to land in
+    their file) is refused: on_error after wait_ms, one error line naming
+    the file and why; the other name's content is untouched. Control: a
+    plain file is used."""
+    cfg = local_config(tmp_path, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                       'wait_ms = 300; on_error = "skip"; errno = 5; } );\n')
+    os.mkdir(str(tmp_path / "locks"))
+    path = str(tmp_path / "locks" / "lockshim%3Ablk.lock")
+    target = tmp_path / "target"
+    if planted == "fifo":
+        os.mkfifo(path)
+    elif planted == "hardlink":
+        target.write_text("keep\n")
+        os.link(str(target), path)
+    p = subprocess.run([worker_progs["block"]], env=shim_env(cfg), input="\n",
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    if planted == "control-none":
+        assert p.stdout.splitlines()[-1] == "call rc=42 errno=0", (p.stdout, p.stderr)
+        return
+    assert p.stdout.strip() == "call rc=-1 errno=5", (p.stdout, p.stderr)
+    why = "not a regular file" if planted == "fifo" else "it has 2 hard links"
+    assert ('lock file "%s" refused: %s' % (path, why)) in p.stderr, p.stderr
+    if planted == "hardlink":
+        assert target.read_text() == "keep\n"
+
+
+@pytest.mark.parametrize("body,says", [
+    ('local = { dir = "{tmp}"; file_mode = "0755"; };', "local.file_mode"),
+    ('local = { dir = "{tmp}"; file_mode = "0400"; };', "local.file_mode"),
+    ('local = { dir = "{tmp}"; file_mode = "0668"; };', "local.file_mode"),
+    ('local = { dir = "{tmp}"; file_mode = "666"; };', "local.file_mode"),
+])
+def test_bad_file_mode_exits_78(tmp_path, body, says):
+    body = 'backend = "local";\n' + body.replace("{tmp}", str(tmp_path))
+    r = run(["true"], write_config(tmp_path, None, body + "\nlocks = ( { symbol = \"f\"; } );"))
+    assert r.returncode == 78 and says in r.stderr, r.stderr
+    r = run(["true"], write_config(tmp_path, None, 'backend = "local";\nlocal = { dir = "%s"; '
+                                   'file_mode = "0660"; };\nlocks = ( { symbol = "f"; } );'
+                                   % tmp_path))
+    assert r.returncode == 0, r.stderr  # the control
+
+
+def test_remote_dir_is_refused_where_a_mount_can_be_made(tmp_path):
+    """A dir on a FUSE filesystem: exit 78 naming local.dir and FUSE. The
+    decision itself (statfs's f_type) is unit-tested (tests/unit/
+    test_config.c: local_fs_remote); a FUSE mount needs a FUSE program
+    and /dev/fuse, which this machine may not have: then skipped."""
+    import shutil
+    tool = shutil.which("squashfuse") or shutil.which("sshfs") or shutil.which("bindfs")
+    if not tool or not os.path.exists("/dev/fuse"):
+        pytest.skip("no FUSE program or /dev/fuse here: the unit test covers the decision")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    src = tmp_path / "src"
+    src.mkdir()
+    if not tool.endswith("bindfs"):
+        pytest.skip("no bindfs here: the unit test covers the decision")
+    subprocess.run([tool, str(src), str(mnt)], check=True, timeout=TIMEOUT)
+    try:
+        r = run(["true"], write_config(tmp_path, None, 'backend = "local";\nlocal = { dir = '
+                                       '"%s"; };\nlocks = ( { symbol = "f"; } );' % mnt))
+        assert r.returncode == 78 and "local.dir" in r.stderr and "FUSE" in r.stderr, r.stderr
+    finally:
+        subprocess.run(["fusermount", "-u", str(mnt)], timeout=TIMEOUT)
+
+
+NESTED_LOCAL = "locks = ( %s );\n" % ", ".join(
+    '{ symbol = "%s"; key = "k"; wait_ms = 1500; %s %%s }' % (sym, mode)
+    for sym, mode in [("set_read_then", 'mode = "shared";'), ("set_read", 'mode = "shared";'),
+                      ("set_write_then", ""), ("set_write", "")])
+
+
+@pytest.mark.parametrize("order,reentrant,out,upgrade", [
+    ("wr", "", "nested rc=1 errno=0", False),
+    ("wr", "reentrant = false;", "nested rc=-1 errno=16", False),
+    ("rw", "", "nested rc=-1 errno=16", True),
+    ("rw", "reentrant = false;", "nested rc=-1 errno=16", False),
+], ids=["excl-enters-shared", "control-excl-not-reentrant", "upgrade-refused",
+        "control-upgrade-waits"])
+def test_nested_shared_and_exclusive(sets_prog, tmp_path, order, reentrant, out, upgrade):
+    """Holding the key exclusively, a thread enters a shared call at once
+    (control: not reentrant, it waits for itself until wait_ms); holding it
+    shared, its exclusive call is refused at once with one error line (an
+    upgrade; control: not reentrant, it waits for its own entry)."""
+    cfg = local_config(tmp_path, NESTED_LOCAL.replace("%s", reentrant))
+    t0 = time.monotonic()
+    r = subprocess.run([sets_prog, order, "10"], env=shim_env(cfg, SETS_LOG=str(tmp_path / "l")),
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    took = time.monotonic() - t0
+    assert r.stdout.strip() == out, r.stderr
+    assert ("upgrade" in r.stderr) == upgrade, r.stderr
+    assert (took >= 1.4) == (out.endswith("16") and not upgrade), took
+
+
+def test_held_fence_byte_is_bounded_by_wait_ms(progs, tmp_path):
+    """A process that stopped while it held a set's fence byte (10002: here
+    a test's own OFD lock on it) delays shared callers by at most their
+    wait_ms: on_error then, saying why (the byte is never waited for in
+    the kernel). Control: with the byte free the caller enters at once."""
+    cfg = local_config(tmp_path, 'locks = ( { symbol = "hold_call"; key = "k"; wait_ms = 600; '
+                       'mode = "shared"; on_error = "skip"; errno = 5; } );\n')
+    os.mkdir(str(tmp_path / "locks"))
+    fd = os.open(str(tmp_path / "locks" / "lockshim%3Ak.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    fence = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 10002, 1, 0)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, fence)
+        t0 = time.monotonic()
+        r = run([progs["driver"], "call:0"], cfg)
+        took = time.monotonic() - t0
+        assert r.stdout.strip().splitlines()[-1] == "call rc=-1 errno=5", r.stderr
+        assert "lock of the set's fence byte" in r.stderr and took < 5 * MULT, (took, r.stderr)
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_UNLCK, 0, 10002, 1, 0))
+        r = run([progs["driver"], "call:0"], cfg)
+        assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+    finally:
+        os.close(fd)
+
+
+# A writer thread calls set_write while another thread, told by a line on
+# stdin, forks a child that lives on (it waits for stdin to close).
+FORK_WRITER_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+int set_write(int ms);
+static void *writer(void *arg)
+{
+	(void)arg;
+	printf("writer rc=%d\n", set_write(10));
+	fflush(stdout);
+	return NULL;
+}
+int main(void)
+{
+	pthread_t t;
+	char c;
+
+	pthread_create(&t, NULL, writer, NULL);
+	if (read(0, &c, 1) != 1)
+		return 1;
+	if (fork() == 0) {
+		while (read(0, &c, 1) == 1)
+			;
+		_exit(0);
+	}
+	printf("forked\n");
+	fflush(stdout);
+	pthread_join(t, NULL);
+	return 0;
+}
+"""
+
+
+def test_fork_child_does_not_keep_a_writer_intent(bg, sets_prog, tmp_path):
+    """An exclusive waiter behind a shared holder takes the intent byte; a
+    thread of its process forks a child that lives on; the waiter times out.
+    A new shared caller then enters at once: the child closed its copy of
+    the waiter's descriptor (checked by removing that close: the shared
+    caller then waits until its wait_ms, refused by the child's intent)."""
+    src = tmp_path / "fw.c"
+    src.write_text(FORK_WRITER_C)
+    d = os.path.dirname(sets_prog)
+    prog = cc(str(tmp_path / "fw"), [str(src)], "-O2", "-L" + d, "-Wl,-rpath," + d, "-lsets",
+              "-lpthread")
+    cfg = local_config(tmp_path, 'locks = ( { symbol = "set_write"; key = "k"; wait_ms = 1000; '
+                       'on_timeout = "skip"; } );\n')
+    reader = bg([CLI, "lock", "-c", cfg, "--shared", "k", "--", "sh", "-c", "echo in; read x"],
+                None)
+    reader.expect("in")
+    fw = bg([prog], cfg)
+    wait_for(lambda: waiting(fw.p.pid), what="the writer's watch")
+    fw.send()
+    fw.expect("forked")
+    assert fw.expect("writer rc=") == "writer rc=-1"  # timed out; the child lives on
+    t0 = time.monotonic()
+    r = subprocess.run([CLI, "lock", "-c", cfg, "--shared", "-w", "3", "k", "--", "true"],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0 and time.monotonic() - t0 < 1.5 * MULT, r.stderr
+    reader.send()

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend_local_conf.h"
 #include "backend_redis_conf.h"
 #include "conf.h"
 #include "conf_field.h"
@@ -154,6 +155,25 @@ static void open_trusted(void)
 }
 
 /* conf_keep_locks's filter: the specs of symbols h and i. */
+/* The local backend's decision on its dir's filesystem (statfs's f_type):
+ * remote ones (inotify blind to other hosts, locks a server's) refused,
+ * local ones taken. A mount of each is not possible here. */
+static void remote_filesystems(void)
+{
+	test("local: remote filesystems by statfs magic");
+	test_cond(strcmp(local_fs_remote(0x6969), "NFS") == 0);
+	test_cond(strcmp(local_fs_remote(0xFF534D42), "CIFS") == 0);
+	test_cond(strcmp(local_fs_remote((long)(int)0xFF534D42), "CIFS") == 0); /* sign-extended */
+	test_cond(strcmp(local_fs_remote(0xFE534D42), "SMB2") == 0);
+	test_cond(strcmp(local_fs_remote(0x65735546), "FUSE") == 0);
+	test_cond(strcmp(local_fs_remote(0x00C36400), "Ceph") == 0);
+	test_cond(local_fs_remote(0xEF53) == NULL);     /* ext4 */
+	test_cond(local_fs_remote(0x01021994) == NULL); /* tmpfs */
+	test_cond(local_fs_remote(0x58465342) == NULL); /* XFS */
+	test_cond(local_fs_remote(0x9123683E) == NULL); /* Btrfs */
+	test_cond(local_fs_remote(0x794C7630) == NULL); /* overlayfs (containers) */
+}
+
 static int keep_h_and_i(const struct lock_spec *l, void *arg)
 {
 	(void)arg;
@@ -898,5 +918,6 @@ int main(void)
 		  strstr(err, "cannot open"));
 	conf_release(&cfg);
 	open_trusted();
+	remote_filesystems();
 	return test_report("config");
 }
