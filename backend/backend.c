@@ -14,16 +14,34 @@
  */
 #include "backend.h"
 
+#include <dlfcn.h>
+#include <limits.h>
+#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "backend_module.h"
+#include "backend_postgres_conf.h"
 #include "conf.h"
 #include "conf_field.h"
+#include "log.h"
 
 /* Each backend's table, defined in its own file. */
 extern const struct backend_ops backend_redlock, backend_sentinel, backend_cluster,
 	backend_redis, backend_local;
+
+/* The postgres backend is a module (backend/postgres/, libpq): this stub
+ * names its group and its file; backend_init loads the real table. */
+static const struct backend_module_file postgres_module = {
+	"liblockshim-postgres.so", "lockshim_backend_postgres", "libpq5"
+};
+static const struct backend_ops backend_postgres_stub = {
+	.name = "postgres",
+	.settings = &backend_postgres_settings,
+	.module = &postgres_module,
+};
 
 static const struct backend_ops *const backends[] = {
 	&backend_redlock,
@@ -31,6 +49,7 @@ static const struct backend_ops *const backends[] = {
 	&backend_cluster,
 	&backend_redis,
 	&backend_local,
+	&backend_postgres_stub,
 };
 
 #define NBACKENDS (sizeof(backends) / sizeof(backends[0]))
@@ -50,8 +69,99 @@ void backend_conf_groups(const struct conf_group **groups, size_t n)
 	groups[k] = NULL;
 }
 
+/* The module's warning lines, in the core's log. */
+static void module_warn(const char *msg)
+{
+	LOG(LOG_WARN, "%s", msg);
+}
+
+static const struct backend_module_host module_host = { module_warn };
+
+/* Writes into dir (PATH_MAX bytes) the directory of the object holding this
+ * code: the shim's, or (the command, linked with it) the executable's.
+ * Returns 1 for the shim, 0 for the executable, -1 when unknown. */
+static int module_home(char *dir)
+{
+	struct link_map *lm = NULL;
+	Dl_info di;
+	char *slash;
+	ssize_t n;
+	int shim = 0;
+
+	if (dladdr1((void *)module_home, &di, (void **)&lm, RTLD_DL_LINKMAP) && lm &&
+	    lm->l_name && lm->l_name[0] == '/') {
+		snprintf(dir, PATH_MAX, "%s", lm->l_name);
+		shim = 1;
+	} else if ((n = readlink("/proc/self/exe", dir, PATH_MAX - 1)) > 0) {
+		dir[n] = 0;
+	} else {
+		return -1;
+	}
+	slash = strrchr(dir, '/');
+	*(slash == dir ? slash + 1 : slash) = 0;
+	return shim;
+}
+
+/*
+ * Opens the module of stub (backend_module.h) and returns its table (a
+ * copy in into, with the stub's settings group: the module links none), or
+ * NULL with one line in err naming what to install. The shim looks in its
+ * own directory only; the command in its own, then ../lib,
+ * ../lib/lockshim and LOCKSHIM_LIBDIR (where cli_find_shim looks). The
+ * handle is never closed: its code is the backend's while the process runs.
+ */
+static const struct backend_ops *module_load(const struct backend_ops *stub,
+					     struct backend_ops *into, char *err, size_t errlen)
+{
+	const struct backend_module_file *mf = stub->module;
+	static const char *const cli_dirs[] = { "%s", "%s/../lib", "%s/../lib/lockshim",
+						"%.0s" LOCKSHIM_LIBDIR };
+	char dir[PATH_MAX], path[PATH_MAX + 64];
+	const struct backend_module *m;
+	int home = module_home(dir), found = 0;
+	void *h = NULL;
+
+	for (size_t i = 0; home >= 0 && !found && i < (home ? 1 : 4); i++) {
+		char d[PATH_MAX + 32];
+
+		snprintf(d, sizeof(d), cli_dirs[i], dir);
+		snprintf(path, sizeof(path), "%s/%s", d, mf->file);
+		found = access(path, F_OK) == 0;
+	}
+	if (!found) {
+		snprintf(err, errlen, "backend %s: %s is not installed beside %s (%s): "
+			 "install it with lockshim (make install, or the lockshim package)",
+			 stub->name, mf->file, home > 0 ? "liblockshim.so" : "lockshim",
+			 home >= 0 ? dir : "unknown directory");
+		return NULL;
+	}
+	if (!(h = dlopen(path, RTLD_NOW | RTLD_LOCAL))) {
+		const char *why = dlerror();
+
+		snprintf(err, errlen, "backend %s: %s cannot be loaded (%s): install %s",
+			 stub->name, mf->file, why ? why : "?", mf->package);
+		return NULL;
+	}
+	m = dlsym(h, mf->symbol);
+	if (!m || m->abi != BACKEND_MODULE_ABI || !m->ops ||
+	    strcmp(m->ops->name, stub->name) != 0) {
+		snprintf(err, errlen, "backend %s: %s is not of this lockshim build (%s): "
+			 "install both from one build", stub->name, path,
+			 m ? "another module ABI" : "no backend symbol");
+		dlclose(h);
+		return NULL;
+	}
+	if (m->bind)
+		m->bind(&module_host);
+	*into = *m->ops;
+	into->settings = stub->settings;
+	return into;
+}
+
 int backend_init(struct backend *b, const struct conf *cfg, char *err, size_t errlen)
 {
+	/* the tables of the loaded modules (filled at start-up, then read) */
+	static struct backend_ops loaded[NBACKENDS];
 	const char *name = conf_backend_name(cfg->backend);
 
 	b->ops = NULL;
@@ -59,13 +169,18 @@ int backend_init(struct backend *b, const struct conf *cfg, char *err, size_t er
 	for (size_t i = 0; i < NBACKENDS; i++) {
 		const void *settings = conf_group_data(cfg, backends[i]->settings);
 
-		if (!settings || strcmp(backends[i]->settings->name, name) != 0 ||
-		    !backends[i]->serves(settings))
+		const struct backend_ops *ops = backends[i];
+
+		if (!settings || strcmp(ops->settings->name, name) != 0)
 			continue;
-		b->cfg = backends[i]->config_new(settings, err, errlen);
+		if (ops->module && !(ops = module_load(ops, &loaded[i], err, errlen)))
+			return BACKEND_INIT_MODULE;
+		if (!ops->serves(settings))
+			continue;
+		b->cfg = ops->config_new(settings, err, errlen);
 		if (!b->cfg)
 			return -1;
-		b->ops = backends[i];
+		b->ops = ops;
 		return 0;
 	}
 	snprintf(err, errlen, "no backend serves this %s configuration", name);

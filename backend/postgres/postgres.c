@@ -1,0 +1,684 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * postgres.c - the postgres backend, a module (liblockshim-postgres.so,
+ * backend_module.h) linking Debian's libpq5: session-level advisory locks
+ * on a 64-bit id of the key that the server computes,
+ * hashtextextended(key, 0), so that psql users can find and take the same
+ * lock. A connection (one per thread) is a libpq session; a lock is held
+ * by the session, so the server frees it at once when its holder's
+ * connection closes (a death included). First try: pg_try_advisory_lock
+ * with nextval('lockshim_fence') in the same statement when granted (the
+ * fencing token; 0 when the sequence is unusable). Waiting: one blocking
+ * pg_advisory_lock with lock_timeout set to the time left in the same
+ * statement: the server wakes the waiter at the release, in arrival
+ * order. Release: pg_advisory_unlock, sent at once and its reply read with
+ * the next command (async). Every command is bounded: nonblocking libpq
+ * and poll with a deadline; one that does not finish in time closes the
+ * connection (BACKEND_ERR). Parameters are always bound, never spliced.
+ * The module exports one symbol (postgres.map) and links nothing of the
+ * core: it calls only the warning callback lent by bind, and its table's
+ * .settings is filled in by backend_init's copy.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <fcntl.h>
+
+#include <libpq-fe.h>
+
+#include "backend.h"
+#include "backend_module.h"
+#include "backend_postgres_conf.h"
+
+#define PG_TOKEN 32            /* the token prefix of a lock value (owner.h) */
+#define PG_WAIT_MAX_MS 3600000 /* one blocking wait at most (then asked again) */
+#define PG_KEYTEXT_MAX (2 * KEY_BUF_SIZE + 3)
+
+/* What the server runs; $1 the key's text, $2 lock_timeout. */
+static const char sql_try_fenced[] =
+	"SELECT CASE WHEN pg_try_advisory_lock(hashtextextended($1, 0)) "
+	"THEN nextval('lockshim_fence') ELSE -1 END";
+static const char sql_try[] =
+	"SELECT CASE WHEN pg_try_advisory_lock(hashtextextended($1, 0)) THEN 0 ELSE -1 END";
+static const char sql_wait_fenced[] =
+	"SELECT set_config('lock_timeout', $2, false), "
+	"pg_advisory_lock(hashtextextended($1, 0)), nextval('lockshim_fence')";
+static const char sql_wait[] =
+	"SELECT set_config('lock_timeout', $2, false), "
+	"pg_advisory_lock(hashtextextended($1, 0)), 0";
+static const char sql_unlock[] = "SELECT pg_advisory_unlock(hashtextextended($1, 0))";
+static const char sql_fence_state[] =
+	"SELECT CASE WHEN to_regclass('lockshim_fence') IS NULL THEN 0 "
+	"WHEN has_sequence_privilege('lockshim_fence', 'USAGE') THEN 1 ELSE 2 END";
+static const char sql_fence_create[] = "CREATE SEQUENCE IF NOT EXISTS lockshim_fence";
+
+struct backend_config {
+	const struct postgres_spec *spec;
+	char *password;   /* LOCKSHIM_POSTGRES_PASSWORD, else the spec's (not owned) */
+	int env_password; /* password is a copy of the variable's (owned) */
+	char app[64];     /* application_name: "lockshim:<program>" */
+};
+
+/* A lock this session holds: its token. */
+struct pg_hold {
+	size_t tlen;
+	char tok[PG_TOKEN];
+};
+
+struct backend_conn {
+	const struct backend_config *bc;
+	PGconn *pg;
+	pid_t pid;
+	int fenced;              /* the sequence is usable */
+	int pending;             /* an async release's reply is unread */
+	struct pg_hold *holds;   /* grows by doubling, never shrinks */
+	size_t nholds, capholds;
+	char keytext[PG_KEYTEXT_MAX];
+	char err[256];
+};
+
+static const struct backend_module_host *host;
+static atomic_int fence_warned;
+
+static void pg_bind(const struct backend_module_host *h)
+{
+	host = h;
+}
+
+/* ---- time and errors ---------------------------------------------------- */
+
+static long long now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Closes c's session without sending anything (its socket first becomes
+ * /dev/null: PQfinish's goodbye must not reach a parent's server from a
+ * fork child). The server frees the session's locks when it sees the
+ * socket close. */
+static void session_drop(struct backend_conn *c)
+{
+	int fd, nul;
+
+	if (!c->pg)
+		return;
+	fd = PQsocket(c->pg);
+	if (fd >= 0 && (nul = open("/dev/null", O_RDWR | O_CLOEXEC)) >= 0) {
+		dup2(nul, fd);
+		close(nul);
+	}
+	PQfinish(c->pg);
+	c->pg = NULL;
+	c->pending = 0;
+	c->nholds = 0;
+}
+
+/* Records "what: libpq's message" as c's error, drops the session.
+ * Returns BACKEND_ERR. */
+static int fail(struct backend_conn *c, const char *what, const char *msg)
+{
+	size_t n;
+
+	snprintf(c->err, sizeof(c->err), "%s: %s", what, msg && *msg ? msg : "failed");
+	n = strlen(c->err);
+	while (n && (c->err[n - 1] == '\n' || c->err[n - 1] == ' '))
+		c->err[--n] = 0;
+	session_drop(c);
+	return BACKEND_ERR;
+}
+
+/* Waits until c's socket is ready for events or deadline (monotonic ms).
+ * Returns 1 ready, 0 timed out, -1 error. */
+static int sock_wait(struct backend_conn *c, short events, long long deadline)
+{
+	struct pollfd p = { .fd = PQsocket(c->pg), .events = events };
+
+	for (;;) {
+		long long left = deadline - now_ms();
+		int n;
+
+		if (left <= 0)
+			return 0;
+		n = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
+		if (n > 0)
+			return 1;
+		if (n < 0 && errno != EINTR)
+			return -1;
+	}
+}
+
+/* ---- commands ----------------------------------------------------------- */
+
+/*
+ * Reads the result of the query sent on c within deadline. Returns the
+ * last result (the caller PQclears it), or NULL with the session dropped
+ * and c->err set (timeout, connection lost).
+ */
+static PGresult *result_read(struct backend_conn *c, long long deadline, const char *what)
+{
+	PGresult *r, *last = NULL;
+
+	for (;;) {
+		int rc;
+
+		while ((rc = PQflush(c->pg)) == 1)
+			if (sock_wait(c, POLLOUT | POLLIN, deadline) <= 0)
+				goto timeout;
+		if (rc < 0)
+			goto broken;
+		while (PQisBusy(c->pg)) {
+			rc = sock_wait(c, POLLIN, deadline);
+			if (rc == 0)
+				goto timeout;
+			if (rc < 0 || !PQconsumeInput(c->pg))
+				goto broken;
+		}
+		if (!(r = PQgetResult(c->pg)))
+			break;
+		PQclear(last);
+		last = r;
+	}
+	if (!last)
+		goto broken;
+	return last;
+timeout:
+	PQclear(last);
+	fail(c, what, "no reply within the time allowed (postgres.command_timeout_ms)");
+	return NULL;
+broken:
+	PQclear(last);
+	fail(c, what, PQerrorMessage(c->pg));
+	return NULL;
+}
+
+/* Reads the reply of an async release, if one is unread. Returns
+ * BACKEND_OK or BACKEND_ERR. */
+static int drain(struct backend_conn *c)
+{
+	PGresult *r;
+
+	if (!c->pending)
+		return BACKEND_OK;
+	c->pending = 0;
+	r = result_read(c, now_ms() + c->bc->spec->command_timeout_ms, "release");
+	if (!r)
+		return BACKEND_ERR;
+	PQclear(r);
+	return BACKEND_OK;
+}
+
+/* Sends sql with params (text) on c. Returns BACKEND_OK, or BACKEND_ERR
+ * with the session dropped. */
+static int send_query(struct backend_conn *c, const char *sql, int n, const char *const *v,
+		      const char *what)
+{
+	if (!c->pg) {
+		snprintf(c->err, sizeof(c->err), "%s: not connected", what);
+		return BACKEND_ERR;
+	}
+	if (drain(c) != BACKEND_OK)
+		return BACKEND_ERR;
+	if (!PQsendQueryParams(c->pg, sql, n, NULL, v, NULL, NULL, 0))
+		return fail(c, what, PQerrorMessage(c->pg));
+	return BACKEND_OK;
+}
+
+/*
+ * Runs sql with params on c, bounded by timeout_ms. Returns the result
+ * (the caller PQclears it; its status may be an error: the session is
+ * kept), or NULL with the session dropped.
+ */
+static PGresult *run(struct backend_conn *c, const char *sql, int n, const char *const *v,
+		     long long timeout_ms, const char *what)
+{
+	if (send_query(c, sql, n, v, what) != BACKEND_OK)
+		return NULL;
+	return result_read(c, now_ms() + timeout_ms, what);
+}
+
+/* Returns 1 when r is a row result, else sets c->err from it (0). */
+static int rows_ok(struct backend_conn *c, PGresult *r, const char *what)
+{
+	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+		return 1;
+	snprintf(c->err, sizeof(c->err), "%s: %s", what, PQresultErrorMessage(r));
+	c->err[strcspn(c->err, "\n")] = 0;
+	return 0;
+}
+
+/* Writes it's key as the text the server hashes into c->keytext: the key
+ * itself when it is UTF-8 without NUL, else "\x" and its bytes in hex
+ * (a key's id is then that text's). Returns c->keytext. */
+static const char *key_text(struct backend_conn *c, const struct backend_item *it)
+{
+	const unsigned char *k = (const unsigned char *)it->key;
+	size_t i = 0, n = it->klen;
+	int ok = n < KEY_BUF_SIZE;
+
+	while (ok && i < n) {
+		size_t len = k[i] < 0x80 ? 1 : (k[i] & 0xe0) == 0xc0 ? 2 : (k[i] & 0xf0) == 0xe0 ?
+			     3 : (k[i] & 0xf8) == 0xf0 ? 4 : 0;
+
+		if (!len || k[i] == 0 || i + len > n || (len == 2 && k[i] < 0xc2)) {
+			ok = 0;
+			break;
+		}
+		for (size_t j = 1; j < len; j++)
+			ok &= (k[i + j] & 0xc0) == 0x80;
+		i += len;
+	}
+	if (ok) {
+		memcpy(c->keytext, it->key, n);
+		c->keytext[n] = 0;
+	} else {
+		static const char hex[] = "0123456789abcdef";
+		size_t o = 2;
+
+		memcpy(c->keytext, "\\x", 2);
+		for (i = 0; i < n && o + 3 < sizeof(c->keytext); i++) {
+			c->keytext[o++] = hex[k[i] >> 4];
+			c->keytext[o++] = hex[k[i] & 15];
+		}
+		c->keytext[o] = 0;
+	}
+	return c->keytext;
+}
+
+/* ---- the holds of a session --------------------------------------------- */
+
+static size_t token_len(const struct backend_item *it)
+{
+	return it->vlen < PG_TOKEN ? it->vlen : PG_TOKEN;
+}
+
+/* Returns the index of it's token among c's holds, or -1. */
+static long hold_index(const struct backend_conn *c, const struct backend_item *it)
+{
+	size_t tlen = token_len(it);
+
+	for (size_t i = c->nholds; i-- > 0;)
+		if (c->holds[i].tlen == tlen && memcmp(c->holds[i].tok, it->val, tlen) == 0)
+			return (long)i;
+	return -1;
+}
+
+/* Records it as held by c's session. Returns 0, or -1 out of memory. */
+static int hold_add(struct backend_conn *c, const struct backend_item *it)
+{
+	if (c->nholds == c->capholds) {
+		size_t cap = c->capholds ? 2 * c->capholds : 8;
+		struct pg_hold *v = realloc(c->holds, cap * sizeof(*v));
+
+		if (!v)
+			return -1;
+		c->holds = v;
+		c->capholds = cap;
+	}
+	c->holds[c->nholds].tlen = token_len(it);
+	memcpy(c->holds[c->nholds].tok, it->val, token_len(it));
+	c->nholds++;
+	return 0;
+}
+
+/* Records a grant of it; on no room the session is dropped (the lock is
+ * freed with it). Returns BACKEND_OK or BACKEND_ERR. */
+static int granted(struct backend_conn *c, const struct backend_item *it)
+{
+	if (hold_add(c, it) == 0)
+		return BACKEND_OK;
+	return fail(c, "acquire", "out of memory for the session's holds");
+}
+
+/* ---- set-up ------------------------------------------------------------- */
+
+static int pg_serves(const void *settings)
+{
+	(void)settings;
+	return 1;
+}
+
+static struct backend_config *pg_config_new(const void *settings, char *err, size_t errlen)
+{
+	const struct postgres_spec *ps = settings;
+	const char *env = secure_getenv("LOCKSHIM_POSTGRES_PASSWORD");
+	struct backend_config *bc = calloc(1, sizeof(*bc));
+
+	if (!bc) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	bc->spec = ps;
+	bc->password = ps->password;
+	if (env && *env) {
+		if (!(bc->password = strdup(env))) {
+			free(bc);
+			snprintf(err, errlen, "out of memory");
+			return NULL;
+		}
+		bc->env_password = 1;
+	}
+	snprintf(bc->app, sizeof(bc->app), "lockshim:%s", program_invocation_short_name);
+	return bc;
+}
+
+static void pg_config_free(struct backend_config *bc)
+{
+	if (bc && bc->env_password)
+		free(bc->password);
+	free(bc);
+}
+
+/* Warns once per process that fencing tokens are 0. */
+static void fence_warn(const char *why)
+{
+	char msg[400];
+
+	if (atomic_exchange(&fence_warned, 1) || !host || !host->warn)
+		return;
+	snprintf(msg, sizeof(msg), "postgres: fencing tokens are 0: the sequence lockshim_fence "
+		 "cannot be used (%s); create it, or grant USAGE on it", why);
+	host->warn(msg);
+}
+
+/* Makes the sequence lockshim_fence usable if it can: sets c->fenced.
+ * Returns BACKEND_OK, or BACKEND_ERR (the session dropped). */
+static int fence_setup(struct backend_conn *c)
+{
+	long long t = c->bc->spec->command_timeout_ms;
+	PGresult *r;
+	int state;
+
+	for (int tries = 0; tries < 2; tries++) {
+		if (!(r = run(c, sql_fence_state, 0, NULL, t, "connect (the fence sequence)")))
+			return BACKEND_ERR;
+		state = rows_ok(c, r, "fence") ? atoi(PQgetvalue(r, 0, 0)) : 2;
+		PQclear(r);
+		if (state == 1) {
+			c->fenced = 1;
+			return BACKEND_OK;
+		}
+		if (state == 2)
+			break;
+		if (!(r = run(c, sql_fence_create, 0, NULL, t, "connect (CREATE SEQUENCE)")))
+			return BACKEND_ERR;
+		if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+			snprintf(c->err, sizeof(c->err), "%s", PQresultErrorMessage(r));
+			c->err[strcspn(c->err, "\n")] = 0;
+		}
+		PQclear(r);
+	}
+	fence_warn(state == 2 && !c->err[0] ? "no USAGE privilege on it" : c->err);
+	c->err[0] = 0;
+	return BACKEND_OK;
+}
+
+/* Ignores the server's notices (libpq would print them on stderr). */
+static void notice_none(void *arg, const char *msg)
+{
+	(void)arg;
+	(void)msg;
+}
+
+static struct backend_conn *pg_open(const struct backend_config *bc, char *err, size_t errlen)
+{
+	const char *keys[5] = { "dbname", "application_name", NULL, NULL, NULL };
+	const char *vals[5] = { bc->spec->conninfo, bc->app, NULL, NULL, NULL };
+	long long deadline = now_ms() + bc->spec->connect_timeout_ms;
+	struct backend_conn *c = calloc(1, sizeof(*c));
+	PostgresPollingStatusType st = PGRES_POLLING_WRITING;
+	int k = 2;
+
+	if (!c) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	c->bc = bc;
+	c->pid = getpid();
+	if (bc->password) {
+		keys[k] = "password";
+		vals[k++] = bc->password;
+	}
+	if (!(c->pg = PQconnectStartParams(keys, vals, 1)) || PQstatus(c->pg) == CONNECTION_BAD) {
+		snprintf(err, errlen, "connect: %s", c->pg ? PQerrorMessage(c->pg) : "out of memory");
+		goto out;
+	}
+	while (st != PGRES_POLLING_OK && st != PGRES_POLLING_FAILED) {
+		int rc = sock_wait(c, st == PGRES_POLLING_READING ? POLLIN : POLLOUT, deadline);
+
+		if (rc == 0) {
+			snprintf(err, errlen, "connect: no connection within "
+				 "postgres.connect_timeout_ms (%d ms)", bc->spec->connect_timeout_ms);
+			goto out;
+		}
+		st = PQconnectPoll(c->pg);
+	}
+	if (st == PGRES_POLLING_FAILED) {
+		snprintf(err, errlen, "connect: %s", PQerrorMessage(c->pg));
+		goto out;
+	}
+	PQsetNoticeProcessor(c->pg, notice_none, NULL);
+	if (PQsetnonblocking(c->pg, 1) != 0 || fence_setup(c) != BACKEND_OK) {
+		snprintf(err, errlen, "%s", c->err[0] ? c->err : "connect: set-up failed");
+		goto out;
+	}
+	return c;
+out:
+	err[strcspn(err, "\n")] = 0;
+	session_drop(c);
+	free(c);
+	return NULL;
+}
+
+static void pg_describe(const struct backend_config *bc, char *buf, size_t len)
+{
+	(void)bc;
+	snprintf(buf, len, "PostgreSQL (session advisory locks)");
+}
+
+static void pg_close(struct backend_conn *c)
+{
+	session_drop(c);
+	free(c->holds);
+	free(c);
+}
+
+/* ---- locking ------------------------------------------------------------ */
+
+/*
+ * The first try: pg_try_advisory_lock, and the fence when granted. A
+ * waiter does not try here (its wait blocks in the server): BACKEND_NO
+ * with a wait as long as it likes. Its token held already: taken.
+ */
+static int pg_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
+		      char *holder, size_t *holder_len, long long *fence)
+{
+	const char *v[1];
+	PGresult *r;
+	long long f;
+
+	*fence = 0;
+	*holder_len = 0;
+	(void)holder;
+	if (backend_item_set(it)) {
+		snprintf(c->err, sizeof(c->err), "the postgres backend has no semaphores or "
+			 "shared locks yet");
+		return BACKEND_ERR;
+	}
+	if (hold_index(c, it) >= 0)
+		return BACKEND_OK;
+	if (it->waiting) {
+		*wait_ms = LLONG_MAX / 4;
+		return BACKEND_NO;
+	}
+	v[0] = key_text(c, it);
+	if (!(r = run(c, c->fenced ? sql_try_fenced : sql_try, 1, v,
+		      c->bc->spec->command_timeout_ms, "acquire")))
+		return BACKEND_ERR;
+	if (!rows_ok(c, r, "acquire")) {
+		PQclear(r);
+		return BACKEND_ERR;
+	}
+	f = atoll(PQgetvalue(r, 0, 0));
+	PQclear(r);
+	if (f < 0) {
+		*wait_ms = BACKEND_NOT_QUEUED;
+		return BACKEND_NO;
+	}
+	*fence = f;
+	return granted(c, it);
+}
+
+/* Sends pg_advisory_unlock of it's key; async: its reply is read with the
+ * next command (or flush). */
+static int pg_release(struct backend_conn *c, const struct backend_item *it, int async)
+{
+	long i = hold_index(c, it);
+	const char *v[1];
+	PGresult *r;
+	int ok;
+
+	if (i < 0)
+		return BACKEND_NO;
+	c->holds[i] = c->holds[--c->nholds];
+	v[0] = key_text(c, it);
+	if (async) {
+		if (send_query(c, sql_unlock, 1, v, "release") != BACKEND_OK)
+			return BACKEND_ERR;
+		c->pending = 1;
+		return BACKEND_OK;
+	}
+	if (!(r = run(c, sql_unlock, 1, v, c->bc->spec->command_timeout_ms, "release")))
+		return BACKEND_ERR;
+	ok = rows_ok(c, r, "release") && PQgetvalue(r, 0, 0)[0] == 't';
+	PQclear(r);
+	return ok ? BACKEND_OK : BACKEND_NO;
+}
+
+/*
+ * Blocks in the server on the lock of it's key for at most timeout_ms
+ * (lock_timeout, set in the same statement): GRANTED with the fence when
+ * the release (or the holder's death) hands it over, NO at the timeout.
+ */
+static int pg_wait(struct backend_conn *c, const struct backend_item *it,
+		   long long timeout_ms, long long *fence)
+{
+	char lt[24];
+	const char *v[2];
+	PGresult *r;
+	const char *state;
+
+	*fence = 0;
+	if (hold_index(c, it) >= 0)
+		return BACKEND_GRANTED;
+	if (timeout_ms <= 0)
+		return BACKEND_NO;
+	if (timeout_ms > PG_WAIT_MAX_MS)
+		timeout_ms = PG_WAIT_MAX_MS;
+	snprintf(lt, sizeof(lt), "%lld", timeout_ms);
+	v[0] = key_text(c, it);
+	v[1] = lt;
+	if (!(r = run(c, c->fenced ? sql_wait_fenced : sql_wait, 2, v,
+		      timeout_ms + c->bc->spec->command_timeout_ms, "wait")))
+		return BACKEND_ERR;
+	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
+		*fence = atoll(PQgetvalue(r, 0, 2));
+		PQclear(r);
+		return granted(c, it) == BACKEND_OK ? BACKEND_GRANTED : BACKEND_ERR;
+	}
+	state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+	if (state && strcmp(state, "55P03") == 0) { /* lock_not_available */
+		PQclear(r);
+		return BACKEND_NO;
+	}
+	rows_ok(c, r, "wait");
+	PQclear(r);
+	return BACKEND_ERR;
+}
+
+/* Gives up it: released when this session holds it. */
+static int pg_leave(struct backend_conn *c, const struct backend_item *it, int async)
+{
+	return pg_release(c, it, async) == BACKEND_OK ? BACKEND_OK : BACKEND_NO;
+}
+
+static int pg_flush(struct backend_conn *c)
+{
+	return drain(c);
+}
+
+/* An unread release's session is dropped with it: the server frees the
+ * lock then, so nothing is left to forget. */
+static void pg_unconfirmed(struct backend_conn *c,
+			   void (*fn)(void *arg, const struct backend_item *it), void *arg)
+{
+	(void)fn;
+	(void)arg;
+	c->pending = 0;
+}
+
+/* No lease: a lock is kept while its session lives. */
+static int pg_renew(struct backend_conn *c, int n, const struct backend_item *items,
+		    int *results)
+{
+	(void)c;
+	(void)items;
+	for (int i = 0; i < n; i++)
+		results[i] = BACKEND_OK;
+	return BACKEND_OK;
+}
+
+static const char *pg_errstr(const struct backend_conn *c)
+{
+	return c->err;
+}
+
+static int pg_ping(struct backend_conn *c)
+{
+	PGresult *r = run(c, "SELECT 1", 0, NULL, c->bc->spec->command_timeout_ms, "ping");
+	int ok;
+
+	if (!r)
+		return BACKEND_ERR;
+	ok = rows_ok(c, r, "ping");
+	PQclear(r);
+	return ok ? BACKEND_OK : BACKEND_ERR;
+}
+
+static const struct backend_ops pg_ops = {
+	.name = "postgres",
+	.leaseless = 1,
+	.store = "PostgreSQL",
+	/* .settings: the core's group (backend_init sets it in its copy) */
+	.serves = pg_serves,
+	.config_new = pg_config_new,
+	.config_free = pg_config_free,
+	.open = pg_open,
+	.describe = pg_describe,
+	.close = pg_close,
+	.acquire = pg_acquire,
+	.release = pg_release,
+	.wait = pg_wait,
+	.leave = pg_leave,
+	.flush = pg_flush,
+	.unconfirmed = pg_unconfirmed,
+	.renew = pg_renew,
+	.errstr = pg_errstr,
+	.ping = pg_ping,
+};
+
+__attribute__((visibility("default")))
+const struct backend_module lockshim_backend_postgres = {
+	.abi = BACKEND_MODULE_ABI,
+	.ops = &pg_ops,
+	.bind = pg_bind,
+};
