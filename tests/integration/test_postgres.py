@@ -1,0 +1,399 @@
+# SPDX-License-Identifier: MIT
+"""backend = "postgres" (issue 23, its first step): session advisory locks
+in a private PostgreSQL cluster (support/postgres.py), through the module
+liblockshim-postgres.so.
+
+Exclusion of processes x threads (control: the same workload races without
+the shim), a SIGKILLed holder freeing the lock at once (control: a live
+holder makes the waiter time out at wait_ms, on_timeout applied), the
+waiter woken by the release and not by polling (no CPU over a 2 s wait,
+entering right after the release), the server restarted and frozen
+mid-run (calls bounded, on_error applied, nothing left held), the module
+or its library missing (one line, 78), a Redis-guarded program mapping
+neither libpq nor the module, locks on send/write/poll not looping back
+from libpq, every refusal (78), and the command's check, lock, status,
+unlock and metrics.
+"""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from support.postgres import PostgresServer, skip_reason
+from support.server import call_failed
+from support.util import CLI, MULT, PRELOAD, SHIM, cc, run, shim_env, wait_for, write_config
+from support.workers import race
+
+pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
+
+BLOCK_LOCK = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
+              'on_timeout = "skip"; } );\n')
+RACE_PG = ('locks = ( { symbol = "ledger_update"; key = "ledger:{arg0:str}"; '
+           'wait_ms = 30000; } );\n')
+MODULE = os.path.join(os.path.dirname(SHIM), "liblockshim-postgres.so")
+
+
+@pytest.fixture(scope="module")
+def pg():
+    s = PostgresServer()
+    try:
+        yield s.start()
+    finally:
+        s.cleanup()
+
+
+@pytest.fixture
+def own_pg(request):
+    """A server of the test's own (it is restarted or frozen)."""
+    s = PostgresServer()
+    try:
+        yield s.start()
+        if call_failed(request):
+            print("---- postgres log ----\n" + s.tail())
+    finally:
+        s.cleanup()
+
+
+def pg_config(tmp_path, pg, body, extra=""):
+    """A config of backend "postgres" on pg plus body; returns its path."""
+    return write_config(tmp_path, None, 'backend = "postgres";\npostgres = { conninfo = "%s"; '
+                        '%s };\n%s' % (pg.conninfo(), extra, body))
+
+
+def advisory(pg, granted=None):
+    """How many advisory locks the server has (granted: only those, or only
+    the waits)."""
+    cond = "" if granted is None else " AND %s granted" % ("" if granted else "NOT")
+    return int(pg.psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'" + cond))
+
+
+def cpu_ticks(pid):
+    """utime + stime of pid, in clock ticks."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def threads(pid):
+    return len(os.listdir("/proc/%d/task" % pid))
+
+
+def maps(pid):
+    with open("/proc/%d/maps" % pid) as f:
+        return f.read()
+
+
+# ---- exclusion ------------------------------------------------------------------
+
+@pytest.mark.timing
+def test_control_processes_and_threads_lose_updates(progs, tmp_path):
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), None, procs=3, iters=10,
+                threads=3) < 90
+
+
+def test_processes_and_threads_exclude_each_other(progs, pg, tmp_path):
+    """3 processes x 3 threads: exact; a fence from the sequence per grant."""
+    cfg = pg_config(tmp_path, pg, RACE_PG)
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
+                threads=3) == 90
+    assert int(pg.psql("SELECT last_value FROM lockshim_fence")) >= 90
+    assert advisory(pg) == 0
+
+
+def test_fences_increase(progs, pg, tmp_path):
+    cfg = pg_config(tmp_path, pg, RACE_PG)
+    path = str(tmp_path / "c")
+    with open(path, "w") as f:
+        f.write("0\n")
+    r = run([progs["ledger"], "direct", path, "3"], cfg, LOCKSHIM_LOG_LEVEL="debug")
+    assert r.returncode == 0, r.stderr
+    fences = [int(l.rsplit("fence ", 1)[1]) for l in r.stderr.splitlines() if " acquired " in l]
+    assert len(fences) == 3 and fences == sorted(fences) and fences[0] > 0, r.stderr
+    assert fences[-1] == int(pg.psql("SELECT last_value FROM lockshim_fence"))
+
+
+def test_psql_sees_the_lock_under_its_key_id(bg, worker_progs, pg, tmp_path):
+    """The id is hashtextextended(key, 0): an operator's psql finds it."""
+    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 30000)
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    assert pg.psql("SELECT pg_try_advisory_lock(hashtextextended('lockshim:blk', 0))") == "f"
+    assert pg.psql("SELECT application_name FROM pg_stat_activity a JOIN pg_locks l "
+                   "USING (pid) WHERE l.locktype = 'advisory'") == "lockshim:block"
+    holder.send()
+    holder.expect("call rc=42")
+
+
+# ---- holders that die, waiters that wake ----------------------------------------
+
+def test_killed_holder_frees_the_lock_at_once(bg, worker_progs, pg, tmp_path):
+    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 30000)
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: advisory(pg, granted=False) == 1, what="the waiter in the server")
+    t0 = time.monotonic()
+    holder.p.kill()
+    waiter.expect("enter", timeout=5)
+    assert time.monotonic() - t0 < 3 * MULT  # wait_ms is 30 s
+    waiter.send()
+    assert waiter.expect("call").startswith("call rc=42")
+
+
+def test_control_live_holder_makes_the_waiter_time_out(bg, worker_progs, pg, tmp_path):
+    """wait_ms bounds the wait; on_timeout "skip" applies."""
+    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 1500)
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    t0 = time.monotonic()
+    r = run([worker_progs["block"]], cfg)
+    took = time.monotonic() - t0
+    assert r.stdout.strip() == "call rc=-1 errno=16", (r.stdout, r.stderr)
+    assert 1.4 <= took < 1.5 + 5 * MULT
+    assert "still held by another owner after 1500 ms" in r.stderr
+    holder.send()
+    holder.expect("call rc=42")
+
+
+@pytest.mark.timing
+def test_waiter_is_woken_by_the_release_not_by_polling(bg, worker_progs, pg, tmp_path):
+    """Over a 2 s wait the waiter has one thread and spends (nearly) no CPU;
+    once the holder's call returns it enters at once."""
+    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 60000)
+    holder = bg([worker_progs["block"], "stay"], cfg)
+    holder.expect("enter")
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: advisory(pg, granted=False) == 1, what="the waiter in the server")
+    before = cpu_ticks(waiter.p.pid)
+    time.sleep(2)  # the span measured, not a synchronisation
+    assert threads(waiter.p.pid) == 1
+    assert cpu_ticks(waiter.p.pid) - before <= 2
+    assert advisory(pg, granted=False) == 1  # one wait, not asked again
+    holder.send()
+    holder.expect("call rc=42")
+    t0 = time.monotonic()
+    waiter.expect("enter", timeout=5)
+    assert time.monotonic() - t0 < 1 * MULT
+
+
+# ---- the server restarted or frozen ---------------------------------------------
+
+def test_server_restarted_mid_run(bg, worker_progs, own_pg, tmp_path):
+    """Down: the call gives up within wait_ms (on_error "skip", an error
+    line); back: calls work again and nothing is left held. The holder of
+    the restart lost its lock without being told (this step's limit)."""
+    cfg = pg_config(tmp_path, own_pg, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                    'wait_ms = 1500; on_error = "skip"; } );\n',
+                    "connect_timeout_ms = 300; command_timeout_ms = 300;")
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    own_pg.stop()
+    t0 = time.monotonic()
+    r = run([worker_progs["block"]], cfg)
+    assert r.stdout.startswith("call rc=-1"), (r.stdout, r.stderr)
+    assert time.monotonic() - t0 < 1.5 + 3 * MULT
+    assert "PostgreSQL unavailable for 1500 ms" in r.stderr, r.stderr
+    own_pg.start()
+    # the known limit of this step (doc/backends-postgres-plan.md): the
+    # restart ended the holder's session, so its lock is gone while it is
+    # still inside its call, and it is not told (no lease, no renewal)
+    r = run([worker_progs["block"]], cfg, timeout=20)
+    assert "call rc=42" in r.stdout, (r.stdout, r.stderr)
+    holder.send()
+    holder.expect("call rc=42")
+    holder.p.wait(timeout=10)
+    r = run([worker_progs["block"]], cfg, timeout=20)
+    assert "call rc=42" in r.stdout, (r.stdout, r.stderr)
+    assert advisory(own_pg) == 0
+
+
+def test_frozen_server_bounds_every_call(worker_progs, own_pg, tmp_path):
+    """The server's processes stopped (SIGSTOP): the call gives up by
+    command_timeout_ms and wait_ms, on_error applied."""
+    cfg = pg_config(tmp_path, own_pg, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                    'wait_ms = 1000; on_error = "skip"; } );\n',
+                    "connect_timeout_ms = 300; command_timeout_ms = 300;")
+    master = own_pg.pid()
+    kids = [int(p) for p in open("/proc/%d/task/%d/children" % (master, master)).read().split()]
+    for p in [master] + kids:
+        os.kill(p, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        r = run([worker_progs["block"]], cfg, timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        for p in [master] + kids:
+            os.kill(p, signal.SIGCONT)
+    assert r.stdout.startswith("call rc=-1"), (r.stdout, r.stderr)
+    assert took < 1.0 + 3 * MULT, took
+    assert "connect_timeout_ms" in r.stderr, r.stderr
+
+
+# ---- the module ------------------------------------------------------------------
+
+def preload_only(shim):
+    """LD_PRELOAD with shim instead of the build's (the sanitizer runtime kept)."""
+    return PRELOAD.replace(SHIM, shim)
+
+
+def test_missing_module_is_one_line_and_78(worker_progs, pg, tmp_path):
+    d = tmp_path / "lib"
+    d.mkdir()
+    shutil.copy(SHIM, str(d / "liblockshim.so"))
+    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 1000)
+    r = subprocess.run([worker_progs["block"]], env=shim_env(cfg, LD_PRELOAD=preload_only(
+        str(d / "liblockshim.so"))), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert r.returncode == 78, (r.stdout, r.stderr)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "liblockshim-postgres.so is not installed beside " \
+        "liblockshim.so (%s)" % d in lines[0], r.stderr
+
+
+def test_module_whose_library_is_missing_names_the_package(worker_progs, pg, tmp_path):
+    """A module that cannot be loaded (here: its client library is gone)."""
+    d = tmp_path / "lib"
+    d.mkdir()
+    shutil.copy(SHIM, str(d / "liblockshim.so"))
+    src = tmp_path / "gone.c"
+    src.write_text("int gone(void) { return 1; }\n")
+    cc(str(tmp_path / "libgone.so"), [str(src)], "-shared", "-fPIC")
+    mod = tmp_path / "mod.c"
+    mod.write_text("int gone(void); int lockshim_backend_postgres(void) { return gone(); }\n")
+    cc(str(d / "liblockshim-postgres.so"), [str(mod)], "-shared", "-fPIC",
+       "-L" + str(tmp_path), "-lgone")
+    os.unlink(str(tmp_path / "libgone.so"))
+    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 1000)
+    r = subprocess.run([worker_progs["block"]], env=shim_env(cfg, LD_PRELOAD=preload_only(
+        str(d / "liblockshim.so"))), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert r.returncode == 78, (r.stdout, r.stderr)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "liblockshim-postgres.so cannot be loaded (" in lines[0] \
+        and "libgone.so" in lines[0] and lines[0].endswith("install libpq5"), r.stderr
+    r = run([CLI, "check", "-c", cfg], LD_PRELOAD="")
+    assert r.returncode == 0  # the command's own module (the build's) is there
+
+
+def test_redis_guarded_program_maps_no_libpq(bg, worker_progs, redis, pg, tmp_path):
+    """Control: the same program guarded with postgres maps both."""
+    rcfg = write_config(tmp_path, redis, BLOCK_LOCK % 1000)
+    p = bg([worker_progs["block"]], rcfg)
+    p.expect("enter")
+    m = maps(p.p.pid)
+    assert "libpq" not in m and "liblockshim-postgres" not in m
+    p.send()
+    p.expect("call rc=42")
+    (tmp_path / "p").mkdir()
+    pcfg = pg_config(tmp_path / "p", pg, BLOCK_LOCK % 1000)
+    q = bg([worker_progs["block"]], pcfg)
+    q.expect("enter")
+    m = maps(q.p.pid)
+    assert "libpq.so" in m and "liblockshim-postgres.so" in m
+    q.send()
+    q.expect("call rc=42")
+
+
+IO_C = r"""
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+int main(void)
+{
+	int sv[2];
+	char buf[8];
+	socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+	for (int i = 0; i < 20; i++) {
+		struct pollfd p = { .fd = sv[1], .events = POLLIN };
+		if (send(sv[0], "x", 1, 0) != 1 || poll(&p, 1, 1000) != 1 ||
+		    read(sv[1], buf, 1) != 1 || write(1, "ok\n", 3) != 3)
+			return 1;
+	}
+	return 0;
+}
+"""
+
+
+def test_locks_on_send_write_poll_do_not_loop_through_libpq(pg, tmp_path):
+    """libpq's own send/poll/write (inside the shim's guard) pass straight
+    through: every guarded call is taken once, in the server."""
+    src = tmp_path / "io.c"
+    src.write_text(IO_C)
+    prog = cc(str(tmp_path / "io"), [str(src)], "-O2")
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "send"; key = "s"; }, '
+                    '{ symbol = "poll"; key = "p"; }, { symbol = "write"; key = "w"; }, '
+                    '{ symbol = "recv"; key = "r"; }, { symbol = "read"; key = "rd"; } );\n')
+    r = run([prog], cfg, LOCKSHIM_LOG_LEVEL="debug", timeout=30)
+    assert r.returncode == 0 and r.stdout == "ok\n" * 20, (r.stdout, r.stderr[-2000:])
+    acquired = [l for l in r.stderr.splitlines() if " acquired " in l]
+    assert len(acquired) >= 80, r.stderr[-2000:]  # send, poll, read, write: 20 each
+
+
+# ---- refusals -------------------------------------------------------------------
+
+@pytest.mark.parametrize("setting", [
+    "lease_ms = 5000", "on_lost = \"kill\"", "linger_ms = 10", "limit = 2",
+    "mode = \"shared\"", "max_hold_ms = 100", "retry_max_ms = 50",
+    "break_dead_holders = false", "fair = true", "handoff_ms = 5",
+])
+@pytest.mark.parametrize("where", ["lock", "defaults"])
+def test_refused_settings(pg, tmp_path, setting, where):
+    name = setting.split()[0]
+    if where == "lock":
+        body = 'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting
+    else:
+        body = 'defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
+    cfg = pg_config(tmp_path, pg, body)
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 78, (r.stdout, r.stderr)
+    what = "locks[0].%s" % name if where == "lock" else "defaults.%s" % name
+    assert what in r.stderr and "backend \"postgres\"" in r.stderr, r.stderr
+
+
+def test_wait_replicas_is_refused_with_the_redis_group(pg, tmp_path):
+    cfg = pg_config(tmp_path, pg, 'redis = { wait_replicas = 1; };\n'
+                    'locks = ( { symbol = "rename"; key = "k"; } );\n')
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 78 and "redis" in r.stderr, r.stderr
+
+
+# ---- the command ----------------------------------------------------------------
+
+def test_check_probes_the_server(pg, tmp_path):
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^postgres: ok \(", r.stdout, re.M), r.stdout
+    assert advisory(pg) == 0
+    assert pg.psql("SELECT to_regclass('lockshim_fence') IS NOT NULL") == "t"
+
+
+def test_check_reports_a_server_that_is_down(tmp_path):
+    cfg = write_config(tmp_path, None, 'backend = "postgres";\npostgres = { conninfo = '
+                       '"host=127.0.0.1 port=1 user=postgres"; };\n'
+                       'locks = ( { symbol = "rename"; key = "k"; } );\n')
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode not in (0, 78) and "postgres: connect:" in r.stderr, r.stderr
+
+
+def test_lock_command_holds_and_fences(pg, tmp_path):
+    cfg = pg_config(tmp_path, pg, "")
+    r = run([CLI, "lock", "-c", cfg, "job", "--", "sh", "-c",
+             "echo fence=$LOCKSHIM_FENCE; psql -h 127.0.0.1 -p %d -U postgres -Atc "
+             "\"SELECT pg_try_advisory_lock(hashtextextended('lockshim:job', 0))\"" % pg.port],
+            LD_PRELOAD="")
+    assert r.returncode == 0, r.stderr
+    fence, taken = r.stdout.split()
+    assert int(fence.split("=")[1]) > 0 and taken == "f", r.stdout
+    assert advisory(pg) == 0
+
+
+@pytest.mark.parametrize("verb", [["status"], ["unlock", "k"], ["metrics"]])
+def test_verbs_not_built_exit_1(pg, tmp_path, verb):
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
+    r = run([CLI] + verb[:1] + ["-c", cfg] + verb[1:])
+    assert r.returncode == 1 and "postgres" in r.stderr, (r.stdout, r.stderr)
