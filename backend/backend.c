@@ -17,6 +17,7 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <link.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,50 @@ void backend_conf_groups(const struct conf_group **groups, size_t n)
 	groups[k] = NULL;
 }
 
+/* The objects (load biases) that loading the modules brought in: a
+ * module, its client library and theirs. Written at start-up only. */
+#define MODULE_OBJECTS_MAX 64
+static uintptr_t module_objs[MODULE_OBJECTS_MAX];
+static int nmodule_objs;
+
+/* What objects_before and objects_after share. */
+struct objects {
+	uintptr_t base[MODULE_OBJECTS_MAX * 4];
+	int n;
+};
+
+static int objects_list(struct dl_phdr_info *info, size_t size, void *data)
+{
+	struct objects *o = data;
+
+	(void)size;
+	if (o->n < (int)(sizeof(o->base) / sizeof(o->base[0])))
+		o->base[o->n++] = info->dlpi_addr;
+	return 0;
+}
+
+/* Records in module_objs each object loaded now that was not in before. */
+static int objects_new(struct dl_phdr_info *info, size_t size, void *data)
+{
+	const struct objects *before = data;
+
+	(void)size;
+	for (int i = 0; i < before->n; i++)
+		if (before->base[i] == info->dlpi_addr)
+			return 0;
+	if (nmodule_objs < MODULE_OBJECTS_MAX)
+		module_objs[nmodule_objs++] = info->dlpi_addr;
+	return 0;
+}
+
+int backend_module_owns(uintptr_t base)
+{
+	for (int i = 0; i < nmodule_objs; i++)
+		if (module_objs[i] == base)
+			return 1;
+	return 0;
+}
+
 /* The module's warning lines, in the core's log. */
 static void module_warn(const char *msg)
 {
@@ -119,6 +164,7 @@ static const struct backend_ops *module_load(const struct backend_ops *stub,
 	char dir[PATH_MAX], path[PATH_MAX + 64];
 	const struct backend_module *m;
 	int home = module_home(dir), found = 0;
+	struct objects *before;
 	void *h = NULL;
 
 	for (size_t i = 0; home >= 0 && !found && i < (home ? 1 : 4); i++) {
@@ -135,7 +181,13 @@ static const struct backend_ops *module_load(const struct backend_ops *stub,
 			 home >= 0 ? dir : "unknown directory");
 		return NULL;
 	}
-	if (!(h = dlopen(path, RTLD_NOW | RTLD_LOCAL))) {
+	if ((before = calloc(1, sizeof(*before))))
+		dl_iterate_phdr(objects_list, before);
+	h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (h && before)
+		dl_iterate_phdr(objects_new, before);
+	free(before);
+	if (!h) {
 		const char *why = dlerror();
 
 		snprintf(err, errlen, "backend %s: %s cannot be loaded (%s): install %s",

@@ -14,10 +14,15 @@
  * looks), and takes the ops from the one symbol the module exports: a
  * struct backend_module whose abi must equal BACKEND_MODULE_ABI. The module
  * links nothing of the core: what it needs of it (a warning line) comes
- * through bind.
+ * through bind. The objects that loading a module brought into the process
+ * (the module, its client library, theirs) are never redirected: the shim's
+ * scans skip them (backend_module_owns), so a lock on send, write or poll
+ * never reaches libpq's own calls (the guard would pass them through too).
  */
 #ifndef LOCKSHIM_BACKEND_MODULE_H
 #define LOCKSHIM_BACKEND_MODULE_H
+
+#include <stdint.h>
 
 struct backend_ops;
 
@@ -44,5 +49,10 @@ struct backend_module {
 	const struct backend_ops *ops;  /* its .settings is the core's group */
 	void (*bind)(const struct backend_module_host *host);
 };
+
+/* Returns 1 when the object loaded at base (its dlpi_addr) came in with a
+ * backend module (the module or a library it needs that was not loaded
+ * before), else 0. */
+int backend_module_owns(uintptr_t base);
 
 #endif

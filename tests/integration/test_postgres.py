@@ -319,8 +319,10 @@ int main(void)
 
 
 def test_locks_on_send_write_poll_do_not_loop_through_libpq(pg, tmp_path):
-    """libpq's own send/poll/write (inside the shim's guard) pass straight
-    through: every guarded call is taken once, in the server."""
+    """The module and what it brought in (libpq, libssl, ...) are never
+    redirected, so libpq's own send/poll/write reach libc (the guard would
+    pass them through too): every guarded call of the program is taken once,
+    in the server."""
     src = tmp_path / "io.c"
     src.write_text(IO_C)
     prog = cc(str(tmp_path / "io"), [str(src)], "-O2")
@@ -331,6 +333,8 @@ def test_locks_on_send_write_poll_do_not_loop_through_libpq(pg, tmp_path):
     assert r.returncode == 0 and r.stdout == "ok\n" * 20, (r.stdout, r.stderr[-2000:])
     acquired = [l for l in r.stderr.splitlines() if " acquired " in l]
     assert len(acquired) >= 80, r.stderr[-2000:]  # send, poll, read, write: 20 each
+    redirected = [l for l in r.stderr.splitlines() if " redirected" in l and ".so" in l]
+    assert redirected == [], redirected  # only the program's own slots (main)
 
 
 # ---- refusals -------------------------------------------------------------------
