@@ -94,6 +94,9 @@ class PostgresServer:
                 os.kill(self.pid(), sig)
             except (OSError, ValueError):
                 self.proc.send_signal(sig)
+            # runuser stops itself when its child is stopped (a test froze
+            # the server): it must run to reap it
+            self.proc.send_signal(signal.SIGCONT)
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
