@@ -15,6 +15,8 @@
  * the next command (async). Every command is bounded: nonblocking libpq
  * and poll with a deadline; one that does not finish in time closes the
  * connection (BACKEND_ERR). Parameters are always bound, never spliced.
+ * A fork child's inherited sockets become /dev/null (pg_atfork_child): a
+ * child never keeps its parent's sessions, or their locks, alive.
  * The module exports one symbol (postgres.map) and links nothing of the
  * core: it calls only the warning callback lent by bind, and its table's
  * .settings is filled in by backend_init's copy.
@@ -22,6 +24,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -73,6 +76,7 @@ struct pg_hold {
 };
 
 struct backend_conn {
+	struct backend_conn *prev, *next; /* every open connection (conns) */
 	const struct backend_config *bc;
 	PGconn *pg;
 	pid_t pid;
@@ -86,6 +90,70 @@ struct backend_conn {
 
 static const struct backend_module_host *host;
 static atomic_int fence_warned;
+
+/* Every open connection of the process, for the fork child (pg_atfork_child). */
+static struct {
+	pthread_mutex_t mu;
+	struct backend_conn *head;
+} conns = { .mu = PTHREAD_MUTEX_INITIALIZER };
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void pg_atfork_prepare(void)
+{
+	pthread_mutex_lock(&conns.mu);
+}
+
+static void pg_atfork_parent(void)
+{
+	pthread_mutex_unlock(&conns.mu);
+}
+
+/*
+ * In a fork child: every inherited session socket (of every thread of the
+ * parent) becomes /dev/null, so that the child neither keeps its parent's
+ * sessions, and so their locks, alive after the parent's death, nor ever
+ * writes into them (a later close's goodbye goes to /dev/null). Only
+ * async-signal-safe calls; the connections' memory stays (the threads that
+ * owned them do not exist here; the forking thread's is closed by lock.c).
+ */
+static void pg_atfork_child(void)
+{
+	int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+
+	for (struct backend_conn *c = conns.head; c && nul >= 0; c = c->next)
+		if (c->pg && PQsocket(c->pg) >= 0)
+			dup2(nul, PQsocket(c->pg));
+	if (nul >= 0)
+		close(nul);
+	pthread_mutex_unlock(&conns.mu);
+}
+
+static void atfork_register(void)
+{
+	pthread_atfork(pg_atfork_prepare, pg_atfork_parent, pg_atfork_child);
+}
+
+static void conns_add(struct backend_conn *c)
+{
+	pthread_mutex_lock(&conns.mu);
+	c->next = conns.head;
+	if (conns.head)
+		conns.head->prev = c;
+	conns.head = c;
+	pthread_mutex_unlock(&conns.mu);
+}
+
+static void conns_remove(struct backend_conn *c)
+{
+	pthread_mutex_lock(&conns.mu);
+	if (c->prev)
+		c->prev->next = c->next;
+	else if (conns.head == c)
+		conns.head = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	pthread_mutex_unlock(&conns.mu);
+}
 
 static void pg_bind(const struct backend_module_host *h)
 {
@@ -368,6 +436,7 @@ static struct backend_config *pg_config_new(const void *settings, char *err, siz
 		bc->env_password = 1;
 	}
 	snprintf(bc->app, sizeof(bc->app), "lockshim:%s", program_invocation_short_name);
+	pthread_once(&atfork_once, atfork_register);
 	return bc;
 }
 
@@ -471,6 +540,7 @@ static struct backend_conn *pg_open(const struct backend_config *bc, char *err, 
 		snprintf(err, errlen, "%s", c->err[0] ? c->err : "connect: set-up failed");
 		goto out;
 	}
+	conns_add(c);
 	return c;
 out:
 	err[strcspn(err, "\n")] = 0;
@@ -485,8 +555,12 @@ static void pg_describe(const struct backend_config *bc, char *buf, size_t len)
 	snprintf(buf, len, "PostgreSQL (session advisory locks)");
 }
 
+/* In a fork child too: the socket may be the parent's, but the child's
+ * handler made it /dev/null (and the forking thread's is closed first
+ * here by lock.c after that handler). */
 static void pg_close(struct backend_conn *c)
 {
+	conns_remove(c);
 	session_drop(c);
 	free(c->holds);
 	free(c);

@@ -180,6 +180,70 @@ def test_waiter_is_woken_by_the_release_not_by_polling(bg, worker_progs, pg, tmp
     assert time.monotonic() - t0 < 1 * MULT
 
 
+FORK_LIB_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+/* Another thread forks a child that outlives the process (it waits for its
+ * stdin to close) while this one holds the lock; then waits for a line. */
+static void *forker(void *arg)
+{
+	char c;
+	pid_t pid = fork();
+
+	(void)arg;
+	if (pid == 0) {
+		while (read(0, &c, 1) == 1)
+			;
+		_exit(0);
+	}
+	printf("enter child=%d\n", (int)pid);
+	fflush(stdout);
+	return NULL;
+}
+int held_call(int x)
+{
+	pthread_t t;
+	char c;
+
+	pthread_create(&t, NULL, forker, NULL);
+	pthread_join(t, NULL);
+	while (read(0, &c, 1) == 1 && c != '\n')
+		;
+	return x;
+}
+"""
+
+
+def test_fork_child_of_another_thread_does_not_keep_the_lock(bg, worker_progs, pg, tmp_path):
+    """A thread forks while another holds the lock; the holder is
+    SIGKILLed: its session ends (the child's inherited copy of the socket
+    is /dev/null) and the waiter enters at once, the child still running.
+    Without pg_atfork_child the child kept the session, and the lock, until
+    it exited (checked by disabling it)."""
+    d = tmp_path / "fork"
+    d.mkdir()
+    (d / "lib.c").write_text(FORK_LIB_C)
+    (d / "main.c").write_text("int held_call(int x);\nint main(void) { return held_call(0); }\n")
+    cc(str(d / "libheld.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC", "-pthread")
+    prog = cc(str(d / "held"), [str(d / "main.c")], "-O2", "-L" + str(d),
+              "-Wl,-rpath," + str(d), "-lheld")
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "held_call"; key = "blk"; }, '
+                    '{ symbol = "block_call"; key = "blk"; wait_ms = 30000; } );\n')
+    holder = bg([prog], cfg)
+    child = int(holder.expect("enter child=").split("=")[1])
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: advisory(pg, granted=False) == 1, what="the waiter in the server")
+    t0 = time.monotonic()
+    holder.p.kill()
+    waiter.expect("enter", timeout=10)
+    assert time.monotonic() - t0 < 3 * MULT
+    assert os.path.exists("/proc/%d" % child)
+    holder.p.stdin.close()  # the child's stdin: it exits
+    waiter.send()
+    waiter.expect("call rc=42")
+
+
 # ---- the server restarted or frozen ---------------------------------------------
 
 def test_server_restarted_mid_run(bg, worker_progs, own_pg, tmp_path):
