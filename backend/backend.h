@@ -301,8 +301,9 @@ struct backend {
 /*
  * Picks the backend that serves cfg (backend.c's table, first match; a
  * module is loaded then) and makes its state from its group's settings.
- * Returns 0, or -1 (BACKEND_INIT_MODULE: the module) with one line in err.
- * Release with backend_release.
+ * Returns 0; -1 with one line in err; or BACKEND_INIT_MODULE when the
+ * backend's module cannot be loaded (err names what to install). Release
+ * with backend_release.
  */
 int backend_init(struct backend *b, const struct conf *cfg, char *err, size_t errlen);
 void backend_release(struct backend *b);

@@ -343,6 +343,11 @@ static const char *key_text(struct backend_conn *c, const struct backend_item *i
 		}
 		for (size_t j = 1; j < len; j++)
 			ok &= (k[i + j] & 0xc0) == 0x80;
+		/* overlong forms, surrogates, beyond U+10FFFF: refused by the server */
+		if (len > 2 && ((k[i] == 0xe0 && k[i + 1] < 0xa0) || (k[i] == 0xed && k[i + 1] >= 0xa0) ||
+				(k[i] == 0xf0 && k[i + 1] < 0x90) || (k[i] == 0xf4 && k[i + 1] >= 0x90) ||
+				k[i] > 0xf4))
+			ok = 0;
 		i += len;
 	}
 	if (ok) {

@@ -472,3 +472,21 @@ def test_verbs_not_built_exit_1(pg, tmp_path, verb):
     cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
     r = run([CLI] + verb[:1] + ["-c", cfg] + verb[1:])
     assert r.returncode == 1 and "postgres" in r.stderr, (r.stdout, r.stderr)
+
+
+def test_key_that_is_not_utf8_is_hashed_as_its_hex(pg, tmp_path):
+    """A key PostgreSQL would refuse as text (here a byte 0xff) locks the id
+    of "\\x" and its hex; control: a UTF-8 key locks its own text's id."""
+    cfg = pg_config(tmp_path, pg, "")
+    key = b"job\xff"
+    hexed = "\\x" + (b"lockshim:" + key).hex()
+    sql = ("SELECT pg_try_advisory_lock(hashtextextended('%s', 0)), "
+           "pg_try_advisory_lock(hashtextextended('lockshim:job', 0))" % hexed)
+    cmd = "psql -h 127.0.0.1 -p %d -U postgres -Atc \"%s\"" % (pg.port, sql)
+    r = subprocess.run([CLI.encode(), b"lock", b"-c", cfg.encode(), key, b"--", b"sh", b"-c",
+                        cmd.encode()], env=shim_env(cfg, preload=False), capture_output=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().strip() == "f|t", r.stdout  # ours taken; the other free
+    r = run([CLI, "lock", "-c", cfg, "job", "--", "sh", "-c", cmd])
+    assert r.returncode == 0 and r.stdout.strip() == "t|f", (r.stdout, r.stderr)
+    assert advisory(pg) == 0
