@@ -82,6 +82,8 @@ struct backend_conn {
 	pid_t pid;
 	int fenced;              /* the sequence is usable */
 	int pending;             /* an async release's reply is unread */
+	size_t pklen;            /* ... and its key, for the line if it was lost */
+	char pkey[KEY_BUF_SIZE];
 	struct pg_hold *holds;   /* grows by doubling, never shrinks */
 	size_t nholds, capholds;
 	char keytext[PG_KEYTEXT_MAX];
@@ -201,6 +203,9 @@ static int fail(struct backend_conn *c, const char *what, const char *msg)
 	n = strlen(c->err);
 	while (n && (c->err[n - 1] == '\n' || c->err[n - 1] == ' '))
 		c->err[--n] = 0;
+	for (char *p = c->err; *p; p++) /* libpq's lines, as one */
+		if (*p == '\n' || *p == '\t')
+			*p = ' ';
 	session_drop(c);
 	return BACKEND_ERR;
 }
@@ -269,10 +274,12 @@ broken:
 	return NULL;
 }
 
-/* Reads the reply of an async release, if one is unread. Returns
- * BACKEND_OK or BACKEND_ERR. */
+/* Reads the reply of an async release, if one is unread; a release that
+ * found the lock not held by this session (it was lost while held) is one
+ * warn line. Returns BACKEND_OK or BACKEND_ERR. */
 static int drain(struct backend_conn *c)
 {
+	char msg[KEY_BUF_SIZE + 200];
 	PGresult *r;
 
 	if (!c->pending)
@@ -281,6 +288,13 @@ static int drain(struct backend_conn *c)
 	r = result_read(c, now_ms() + c->bc->spec->command_timeout_ms, "release");
 	if (!r)
 		return BACKEND_ERR;
+	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
+	    PQgetvalue(r, 0, 0)[0] == 'f' && host && host->warn) {
+		snprintf(msg, sizeof(msg), "postgres: %.*s was not held any more at its release: "
+			 "it was lost while held (its session was ended, or unlocked by another)",
+			 (int)c->pklen, c->pkey);
+		host->warn(msg);
+	}
 	PQclear(r);
 	return BACKEND_OK;
 }
@@ -634,6 +648,8 @@ static int pg_release(struct backend_conn *c, const struct backend_item *it, int
 		if (send_query(c, sql_unlock, 1, v, "release") != BACKEND_OK)
 			return BACKEND_ERR;
 		c->pending = 1;
+		c->pklen = it->klen < sizeof(c->pkey) ? it->klen : sizeof(c->pkey);
+		memcpy(c->pkey, it->key, c->pklen);
 		return BACKEND_OK;
 	}
 	if (!(r = run(c, sql_unlock, 1, v, c->bc->spec->command_timeout_ms, "release")))

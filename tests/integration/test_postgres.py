@@ -270,6 +270,8 @@ def test_server_restarted_mid_run(bg, worker_progs, own_pg, tmp_path):
     holder.send()
     holder.expect("call rc=42")
     holder.p.wait(timeout=10)
+    # told only at its release (no lease): the session was gone
+    assert "release" in holder.stderr() and "terminating connection" in holder.stderr()
     r = run([worker_progs["block"]], cfg, timeout=20)
     assert "call rc=42" in r.stdout, (r.stdout, r.stderr)
     assert advisory(own_pg) == 0
