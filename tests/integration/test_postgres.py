@@ -492,3 +492,20 @@ def test_key_that_is_not_utf8_is_hashed_as_its_hex(pg, tmp_path):
     r = run([CLI, "lock", "-c", cfg, "job", "--", "sh", "-c", cmd])
     assert r.returncode == 0 and r.stdout.strip() == "t|f", (r.stdout, r.stderr)
     assert advisory(pg) == 0
+
+
+@pytest.mark.parametrize("verb", [["check"], ["lock", "k", "--", "true"], ["status"]])
+def test_command_without_the_module_is_one_line_and_78(pg, tmp_path, verb):
+    """A copy of the command with no module beside it (nor in ../lib or
+    the install dir)."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    shutil.copy(CLI, str(d / "lockshim"))
+    for where in ("/usr/local/lib", "/usr/lib/x86_64-linux-gnu/lockshim"):
+        if os.path.exists(os.path.join(where, "liblockshim-postgres.so")):
+            pytest.skip("a module is installed in %s" % where)
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
+    r = run([str(d / "lockshim")] + verb[:1] + ["-c", cfg] + verb[1:])
+    assert r.returncode == 78, (r.stdout, r.stderr)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "liblockshim-postgres.so is not installed" in lines[0], r.stderr
