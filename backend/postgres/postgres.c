@@ -57,9 +57,16 @@ static const char sql_wait[] =
 	"SELECT set_config('lock_timeout', $2, false), "
 	"pg_advisory_lock(hashtextextended($1, 0)), 0";
 static const char sql_unlock[] = "SELECT pg_advisory_unlock(hashtextextended($1, 0))";
+/* At connect, one round trip: the server's TCP keepalive on this session
+ * (a holder's host that died or was cut off is noticed in about
+ * 10 + 4 x 5 s, not the system's 2 h, and its locks freed), and the
+ * state of the fence sequence. */
 static const char sql_fence_state[] =
 	"SELECT CASE WHEN to_regclass('lockshim_fence') IS NULL THEN 0 "
-	"WHEN has_sequence_privilege('lockshim_fence', 'USAGE') THEN 1 ELSE 2 END";
+	"WHEN has_sequence_privilege('lockshim_fence', 'USAGE') THEN 1 ELSE 2 END, "
+	"set_config('tcp_keepalives_idle', '10', false), "
+	"set_config('tcp_keepalives_interval', '5', false), "
+	"set_config('tcp_keepalives_count', '4', false)";
 static const char sql_fence_create[] = "CREATE SEQUENCE IF NOT EXISTS lockshim_fence";
 
 struct backend_config {

@@ -128,6 +128,44 @@ def test_psql_sees_the_lock_under_its_key_id(bg, worker_progs, pg, tmp_path):
     holder.expect("call rc=42")
 
 
+def keepalive_timer(pg, client_port):
+    """The server-side socket's keepalive timer of the session from
+    client_port, as ss(8) prints it ("9.5sec", "119min")."""
+    def timer():
+        out = subprocess.run(["ss", "-tnoH", "state", "established",
+                              "( sport = :%d and dport = :%d )" % (pg.port, client_port)],
+                             capture_output=True, text=True).stdout
+        m = re.search(r"timer:\(keepalive,([^,]+),", out)  # else another timer runs now
+        return m and m.group(1)
+    return wait_for(timer, what="a keepalive timer on port %d" % client_port)
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="no ss(8) (iproute2)")
+def test_holders_session_has_a_short_tcp_keepalive(bg, worker_progs, pg, tmp_path):
+    """A holder's host that dies without closing its connection is noticed
+    by the server in about 30 s, not the system's 2 h; control: a psql
+    session of the same server keeps the system's 2 h."""
+    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 30000)
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    port = int(pg.psql("SELECT client_port FROM pg_stat_activity WHERE application_name = "
+                       "'lockshim:block'"))
+    timer = keepalive_timer(pg, port)
+    assert "min" not in timer and float(re.match(r"[\d.]+", timer).group()) <= 10, timer
+    control = subprocess.Popen(["psql", "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres",
+                                "-Atc", "SELECT pg_sleep(30)"], stdout=subprocess.DEVNULL)
+    try:
+        port = int(wait_for(lambda: pg.psql(
+            "SELECT client_port FROM pg_stat_activity WHERE query LIKE '%pg_sleep(30)%' AND "
+            "pid <> pg_backend_pid()") or None, what="the control session"))
+        assert keepalive_timer(pg, port).endswith("min")
+    finally:
+        control.kill()
+        control.wait()
+    holder.send()
+    holder.expect("call rc=42")
+
+
 # ---- holders that die, waiters that wake ----------------------------------------
 
 def test_killed_holder_frees_the_lock_at_once(bg, worker_progs, pg, tmp_path):
