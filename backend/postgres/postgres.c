@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <time.h>
 #include <unistd.h>
 #include <fcntl.h>
@@ -441,13 +442,51 @@ static int pg_serves(const void *settings)
 	return 1;
 }
 
+/*
+ * In secure-execution mode (a set-ID program): libpq reads its PG*
+ * variables with getenv, so a user could point a root program's
+ * connection at their CA (PGSSLROOTCERT), their service file, a weaker
+ * sslmode... Returns the first such variable that is set (none may be, as
+ * no LOCKSHIM_* variable is read there), or NULL; always NULL outside
+ * secure mode.
+ */
+static const char *secure_env_set(void)
+{
+	static const char *const extra[] = { "PGSERVICEFILE", "PGSYSCONFDIR", "PGLOCALEDIR" };
+	static char found[64];
+	PQconninfoOption *opts;
+	const char *name = NULL;
+
+	if (!getauxval(AT_SECURE))
+		return NULL;
+	for (size_t i = 0; i < sizeof(extra) / sizeof(extra[0]) && !name; i++)
+		if (getenv(extra[i]))
+			name = extra[i];
+	if (!name && (opts = PQconndefaults())) {
+		for (PQconninfoOption *o = opts; o->keyword && !name; o++)
+			if (o->envvar && getenv(o->envvar))
+				name = o->envvar;
+		if (name)
+			snprintf(found, sizeof(found), "%s", name);
+		PQconninfoFree(opts);
+		return name ? found : NULL;
+	}
+	return name;
+}
+
 static struct backend_config *pg_config_new(const void *settings, char *err, size_t errlen)
 {
 	const struct postgres_spec *ps = settings;
 	const char *env = secure_getenv("LOCKSHIM_POSTGRES_PASSWORD");
-	struct backend_config *bc = calloc(1, sizeof(*bc));
+	const char *unsafe = secure_env_set();
+	struct backend_config *bc;
 
-	if (!bc) {
+	if (unsafe) {
+		snprintf(err, errlen, "backend postgres: %s is set in a set-ID program (secure-"
+			 "execution mode), where libpq would obey it: unset it", unsafe);
+		return NULL;
+	}
+	if (!(bc = calloc(1, sizeof(*bc)))) {
 		snprintf(err, errlen, "out of memory");
 		return NULL;
 	}

@@ -547,3 +547,42 @@ def test_command_without_the_module_is_one_line_and_78(pg, tmp_path, verb):
     assert r.returncode == 78, (r.stdout, r.stderr)
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and "liblockshim-postgres.so is not installed" in lines[0], r.stderr
+
+
+def test_setuid_program_refuses_the_users_libpq_variables(pg):
+    """libpq obeys its PG* variables (getenv): in a set-user-ID program run
+    by nobody, one of them set (here the user's own CA) refuses the backend,
+    one line, and the program runs unguarded as with any untrusted setting;
+    control: without it the same program is guarded (its lock in pg_locks)."""
+    from test_secure import NOBODY, NOGROUP, Layout  # the set-user-ID program, its namespace
+    lay = Layout(1, 1)
+    try:
+        lay._write(lay.cfg, 'backend = "postgres";\npostgres = { conninfo = "%s"; };\n'
+                   'locks = ( { symbol = "secure_work"; key = "secure"; } );\n'
+                   % pg.conninfo(), 0o644)
+
+        def go(**user_env):
+            env = {k: v for k, v in shim_env(None, preload=False).items()
+                   if not k.startswith(("LOCKSHIM_", "PG"))}
+            env.update(user_env)
+            p = subprocess.Popen([lay.launch, lay.upper, lay.work, str(NOBODY), str(NOGROUP),
+                                  lay.secure], env=env,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            first = p.stdout.readline()
+            held = advisory(pg) if first.startswith("enter") else None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            out, err = p.communicate(timeout=30)
+            if p.returncode == 2 and err.startswith("secure_launch: namespace:"):
+                pytest.skip("no private mount namespace here: " + err.strip())
+            return first + out, err, held
+
+        out, err, held = go()
+        assert "enter threads=1 euid=0" in out and held == 1 and err == "", (out, err)
+        out, err, held = go(PGSSLROOTCERT="/tmp/users-own-ca.crt")
+        assert "enter threads=1 euid=0" in out and held == 0, (out, err)
+        lines = [l for l in err.splitlines() if l.strip()]
+        assert len(lines) == 1 and "PGSSLROOTCERT is set in a set-ID program" in lines[0], err
+    finally:
+        lay.cleanup()
