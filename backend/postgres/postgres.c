@@ -12,7 +12,9 @@
  * pg_advisory_lock with lock_timeout set to the time left in the same
  * statement: the server wakes the waiter at the release, in arrival
  * order. Release: pg_advisory_unlock, sent at once and its reply read with
- * the next command (async). Every command is bounded: nonblocking libpq
+ * the next command (async): the connection is in libpq's pipeline mode, so
+ * the next acquire is sent without waiting for that reply, and a guarded
+ * call costs one round trip. Every command is bounded: nonblocking libpq
  * and poll with a deadline; one that does not finish in time closes the
  * connection (BACKEND_ERR). Parameters are always bound, never spliced.
  * A fork child's inherited sockets become /dev/null (pg_atfork_child): a
@@ -44,6 +46,7 @@
 #define PG_TOKEN 32            /* the token prefix of a lock value (owner.h) */
 #define PG_WAIT_MAX_MS 3600000 /* one blocking wait at most (then asked again) */
 #define PG_KEYTEXT_MAX (2 * KEY_BUF_SIZE + 3)
+#define PG_PENDING_MAX 8       /* async releases in flight on a connection */
 
 /* What the server runs; $1 the key's text, $2 lock_timeout. */
 static const char sql_try_fenced[] =
@@ -89,9 +92,15 @@ struct backend_conn {
 	PGconn *pg;
 	pid_t pid;
 	int fenced;              /* the sequence is usable */
-	int pending;             /* an async release's reply is unread */
-	size_t pklen;            /* ... and its key, for the line if it was lost */
-	char pkey[KEY_BUF_SIZE];
+	int piped;               /* libpq pipeline mode: a query may be sent before
+				  * the replies of earlier ones are read */
+	int pending;             /* async releases whose replies are unread (at
+				  * most PG_PENDING_MAX; 1 when not piped) ... */
+	int phead;               /* ... the oldest's index in pkeys */
+	struct {
+		size_t klen;     /* ... and their keys, for the line if one was lost */
+		char key[KEY_BUF_SIZE];
+	} pkeys[PG_PENDING_MAX];
 	struct pg_hold *holds;   /* grows by doubling, never shrinks */
 	size_t nholds, capholds;
 	char keytext[PG_KEYTEXT_MAX];
@@ -241,9 +250,10 @@ static int sock_wait(struct backend_conn *c, short events, long long deadline)
 /* ---- commands ----------------------------------------------------------- */
 
 /*
- * Reads the result of the query sent on c within deadline. Returns the
- * last result (the caller PQclears it), or NULL with the session dropped
- * and c->err set (timeout, connection lost).
+ * Reads the result of the oldest query sent on c whose result is unread
+ * (piped: up to its sync point), within deadline. Returns its last result
+ * (the caller PQclears it), or NULL with the session dropped and c->err
+ * set (timeout, connection lost).
  */
 static PGresult *result_read(struct backend_conn *c, long long deadline, const char *what)
 {
@@ -264,8 +274,15 @@ static PGresult *result_read(struct backend_conn *c, long long deadline, const c
 			if (rc < 0 || !PQconsumeInput(c->pg))
 				goto broken;
 		}
-		if (!(r = PQgetResult(c->pg)))
+		r = PQgetResult(c->pg);
+		if (!r && !c->piped)
 			break;
+		if (!r) /* piped: the end of the query's results; its sync follows */
+			continue;
+		if (PQresultStatus(r) == PGRES_PIPELINE_SYNC) {
+			PQclear(r);
+			break;
+		}
 		PQclear(last);
 		last = r;
 	}
@@ -282,33 +299,37 @@ broken:
 	return NULL;
 }
 
-/* Reads the reply of an async release, if one is unread; a release that
- * found the lock not held by this session (it was lost while held) is one
- * warn line. Returns BACKEND_OK or BACKEND_ERR. */
+/* Reads the replies of the async releases still unread (the oldest
+ * first); one that found its lock not held by this session (lost while
+ * held) is one warn line. Returns BACKEND_OK or BACKEND_ERR. */
 static int drain(struct backend_conn *c)
 {
 	char msg[KEY_BUF_SIZE + 200];
 	PGresult *r;
 
-	if (!c->pending)
-		return BACKEND_OK;
-	c->pending = 0;
-	r = result_read(c, now_ms() + c->bc->spec->command_timeout_ms, "release");
-	if (!r)
-		return BACKEND_ERR;
-	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
-	    PQgetvalue(r, 0, 0)[0] == 'f' && host && host->warn) {
-		snprintf(msg, sizeof(msg), "postgres: %.*s was not held any more at its release: "
-			 "it was lost while held (its session was ended, or unlocked by another)",
-			 (int)c->pklen, c->pkey);
-		host->warn(msg);
+	while (c->pending > 0) {
+		int i = c->phead;
+
+		c->pending--;
+		c->phead = (c->phead + 1) % PG_PENDING_MAX;
+		r = result_read(c, now_ms() + c->bc->spec->command_timeout_ms, "release");
+		if (!r)
+			return BACKEND_ERR;
+		if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
+		    PQgetvalue(r, 0, 0)[0] == 'f' && host && host->warn) {
+			snprintf(msg, sizeof(msg), "postgres: %.*s was not held any more at its "
+				 "release: it was lost while held (its session was ended, or "
+				 "unlocked by another)", (int)c->pkeys[i].klen, c->pkeys[i].key);
+			host->warn(msg);
+		}
+		PQclear(r);
 	}
-	PQclear(r);
 	return BACKEND_OK;
 }
 
-/* Sends sql with params (text) on c. Returns BACKEND_OK, or BACKEND_ERR
- * with the session dropped. */
+/* Sends sql with params (text) on c: piped, behind the unread replies of
+ * async releases (with its sync point); else once they are read. Returns
+ * BACKEND_OK, or BACKEND_ERR with the session dropped. */
 static int send_query(struct backend_conn *c, const char *sql, int n, const char *const *v,
 		      const char *what)
 {
@@ -316,9 +337,10 @@ static int send_query(struct backend_conn *c, const char *sql, int n, const char
 		snprintf(c->err, sizeof(c->err), "%s: not connected", what);
 		return BACKEND_ERR;
 	}
-	if (drain(c) != BACKEND_OK)
+	if (!c->piped && drain(c) != BACKEND_OK)
 		return BACKEND_ERR;
-	if (!PQsendQueryParams(c->pg, sql, n, NULL, v, NULL, NULL, 0))
+	if (!PQsendQueryParams(c->pg, sql, n, NULL, v, NULL, NULL, 0) ||
+	    (c->piped && !PQpipelineSync(c->pg)))
 		return fail(c, what, PQerrorMessage(c->pg));
 	return BACKEND_OK;
 }
@@ -331,7 +353,7 @@ static int send_query(struct backend_conn *c, const char *sql, int n, const char
 static PGresult *run(struct backend_conn *c, const char *sql, int n, const char *const *v,
 		     long long timeout_ms, const char *what)
 {
-	if (send_query(c, sql, n, v, what) != BACKEND_OK)
+	if (send_query(c, sql, n, v, what) != BACKEND_OK || drain(c) != BACKEND_OK)
 		return NULL;
 	return result_read(c, now_ms() + timeout_ms, what);
 }
@@ -605,6 +627,7 @@ static struct backend_conn *pg_open(const struct backend_config *bc, char *err, 
 		snprintf(err, errlen, "%s", c->err[0] ? c->err : "connect: set-up failed");
 		goto out;
 	}
+	c->piped = PQenterPipelineMode(c->pg) == 1;
 	conns_add(c);
 	return c;
 out:
@@ -691,11 +714,18 @@ static int pg_release(struct backend_conn *c, const struct backend_item *it, int
 	c->holds[i] = c->holds[--c->nholds];
 	v[0] = key_text(c, it);
 	if (async) {
+		int k;
+
+		if (c->pending == PG_PENDING_MAX && drain(c) != BACKEND_OK)
+			return BACKEND_ERR;
 		if (send_query(c, sql_unlock, 1, v, "release") != BACKEND_OK)
 			return BACKEND_ERR;
-		c->pending = 1;
-		c->pklen = it->klen < sizeof(c->pkey) ? it->klen : sizeof(c->pkey);
-		memcpy(c->pkey, it->key, c->pklen);
+		k = (c->phead + c->pending++) % PG_PENDING_MAX;
+		c->pkeys[k].klen = it->klen < KEY_BUF_SIZE ? it->klen : KEY_BUF_SIZE;
+		memcpy(c->pkeys[k].key, it->key, c->pkeys[k].klen);
+		/* the query goes out now (else with the next command) */
+		if (PQflush(c->pg) < 0)
+			return fail(c, "release", PQerrorMessage(c->pg));
 		return BACKEND_OK;
 	}
 	if (!(r = run(c, sql_unlock, 1, v, c->bc->spec->command_timeout_ms, "release")))

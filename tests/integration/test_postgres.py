@@ -104,6 +104,16 @@ def test_processes_and_threads_exclude_each_other(progs, pg, tmp_path):
     assert advisory(pg) == 0
 
 
+def test_several_keys_exclude(progs, pg, tmp_path):
+    """A lock of two keys (taken in byte order, released together: two
+    pipelined async releases): exact."""
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "ledger_update"; keys = ( "z", '
+                    '"ledger:{arg0:str}" ); wait_ms = 30000; } );\n')
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
+                threads=2) == 60
+    assert advisory(pg) == 0
+
+
 def test_fences_increase(progs, pg, tmp_path):
     cfg = pg_config(tmp_path, pg, RACE_PG)
     path = str(tmp_path / "c")
@@ -309,7 +319,7 @@ def test_server_restarted_mid_run(bg, worker_progs, own_pg, tmp_path):
     holder.expect("call rc=42")
     holder.p.wait(timeout=10)
     # told only at its release (no lease): the session was gone
-    assert "release" in holder.stderr() and "terminating connection" in holder.stderr()
+    assert "reading the replies of releases failed" in holder.stderr(), holder.stderr()
     r = run([worker_progs["block"]], cfg, timeout=20)
     assert "call rc=42" in r.stdout, (r.stdout, r.stderr)
     assert advisory(own_pg) == 0
