@@ -637,10 +637,25 @@ out:
 	return NULL;
 }
 
+/* Writes "PostgreSQL HOST:PORT database DB (session advisory locks)", each
+ * from the conninfo or libpq's defaults when the conninfo does not say. */
 static void pg_describe(const struct backend_config *bc, char *buf, size_t len)
 {
-	(void)bc;
-	snprintf(buf, len, "PostgreSQL (session advisory locks)");
+	const char *host = NULL, *port = NULL, *db = NULL;
+	PQconninfoOption *opts = PQconninfoParse(bc->spec->conninfo, NULL);
+
+	for (PQconninfoOption *o = opts; o && o->keyword; o++) {
+		if (!strcmp(o->keyword, "host") || (!strcmp(o->keyword, "hostaddr") && !host))
+			host = o->val ? o->val : host;
+		else if (!strcmp(o->keyword, "port"))
+			port = o->val;
+		else if (!strcmp(o->keyword, "dbname"))
+			db = o->val;
+	}
+	snprintf(buf, len, "PostgreSQL %s:%s database %s (session advisory locks)",
+		 host ? host : "(libpq's default host)", port ? port : "(default port)",
+		 db ? db : "(default)");
+	PQconninfoFree(opts);
 }
 
 /* In a fork child too: the socket may be the parent's, but the child's

@@ -492,7 +492,8 @@ def test_check_probes_the_server(pg, tmp_path):
     cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
     r = run([CLI, "check", "-c", cfg])
     assert r.returncode == 0, r.stderr
-    assert re.search(r"^postgres: ok \(", r.stdout, re.M), r.stdout
+    assert re.search(r"^postgres: ok \(.* at PostgreSQL 127\.0\.0\.1:%d database postgres "
+                     r"\(session advisory locks\)\)$" % pg.port, r.stdout, re.M), r.stdout
     assert advisory(pg) == 0
     assert pg.psql("SELECT to_regclass('lockshim_fence') IS NOT NULL") == "t"
 
