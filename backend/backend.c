@@ -10,7 +10,10 @@
  * the settings groups: backend_conf_groups gives them to conf_load, so a
  * new backend's group is parsed, checked, released and described without
  * an edit in common/ or cli/. The shim and `lockshim check` both choose
- * here, so they always agree.
+ * here, so they always agree. A backend built as a module
+ * (backend_module.h) is a stub here; when the config selects it, its file
+ * is opened (module_load) and the objects that brought in are recorded:
+ * the redirection never patches them (backend_module_owns).
  */
 #include "backend.h"
 
@@ -76,7 +79,7 @@ void backend_conf_groups(const struct conf_group **groups, size_t n)
 static uintptr_t module_objs[MODULE_OBJECTS_MAX];
 static int nmodule_objs;
 
-/* What objects_before and objects_after share. */
+/* The load biases of the objects loaded before a module's dlopen. */
 struct objects {
 	uintptr_t base[MODULE_OBJECTS_MAX * 4];
 	int n;
