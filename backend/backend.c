@@ -4,16 +4,13 @@
  *
  * The table lists every backend in order of preference; among those whose
  * group is named as the config's `backend`, the first whose serves()
- * accepts the settings of its group (its .settings, such as the `redis`
- * group) wins, so a new topology (Sentinel, Cluster, several
- * masters) is its own file plus one line here. The same table registers
- * the settings groups: backend_conf_groups gives them to conf_load, so a
- * new backend's group is parsed, checked, released and described without
- * an edit in common/ or cli/. The shim and `lockshim check` both choose
- * here, so they always agree. A backend built as a module
- * (backend_module.h) is a stub here; when the config selects it, its file
- * is opened (module_load) and the objects that brought in are recorded:
- * the redirection never patches them (backend_module_owns).
+ * accepts the settings of its group wins, so a new topology is its own
+ * file plus one line here. The same table registers the settings groups
+ * (backend_conf_groups, for conf_load): no edit in common/ or cli/. The
+ * shim and `lockshim check` both choose here, so they always agree. A
+ * module (backend_module.h) is a stub here, opened by module_load when
+ * selected; the objects its dlopen brought in are recorded
+ * (backend_module_owns) so that the redirection never patches them.
  */
 #include "backend.h"
 

@@ -1,23 +1,16 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * backend_module.h - backends built as modules (liblockshim-NAME.so).
- *
- * A backend whose client library the shim must not carry into every
- * guarded program (postgres: libpq) is a shared object of its own, built
- * from backend/NAME/ and installed beside liblockshim.so. backend.c's table
- * names it with a stub struct backend_ops: its .name, its .settings (the
- * group stays in the core: settings, validation and docs work without the
- * module) and .module, a struct backend_module_file. backend_init opens the
- * file with dlopen(RTLD_NOW | RTLD_LOCAL) only when the config selects that
- * backend, from the directory of the object that holds backend.c (the
- * shim; for the command, its own directory and then where cli_find_shim
- * looks), and takes the ops from the one symbol the module exports: a
- * struct backend_module whose abi must equal BACKEND_MODULE_ABI. The module
- * links nothing of the core: what it needs of it (a warning line) comes
- * through bind. The objects that loading a module brought into the process
- * (the module, its client library, theirs) are never redirected: the shim's
- * scans skip them (backend_module_owns), so a lock on send, write or poll
- * never reaches libpq's own calls (the guard would pass them through too).
+ * backend_module.h - backends built as modules (liblockshim-NAME.so): a
+ * backend whose client library must not be loaded into every guarded
+ * program (postgres: libpq), built from backend/NAME/, installed beside
+ * liblockshim.so. backend.c's table names it with a stub struct backend_ops
+ * (.name, .settings: the group stays in the core, .module: a struct
+ * backend_module_file); backend_init dlopens it (RTLD_NOW | RTLD_LOCAL)
+ * only when the config selects it, from the shim's own directory, and
+ * takes its table from the one symbol it exports, a struct backend_module
+ * of this BACKEND_MODULE_ABI. The module links nothing of the core (bind
+ * lends it a warning line). What its dlopen brought in (the module, its
+ * client library, theirs) is never redirected (backend_module_owns).
  */
 #ifndef LOCKSHIM_BACKEND_MODULE_H
 #define LOCKSHIM_BACKEND_MODULE_H

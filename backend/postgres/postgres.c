@@ -1,27 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * postgres.c - the postgres backend, a module (liblockshim-postgres.so,
- * backend_module.h) linking Debian's libpq5: session-level advisory locks
- * on a 64-bit id of the key that the server computes,
- * hashtextextended(key, 0), so that psql users can find and take the same
- * lock. A connection (one per thread) is a libpq session; a lock is held
- * by the session, so the server frees it at once when its holder's
- * connection closes (a death included). First try: pg_try_advisory_lock
- * with nextval('lockshim_fence') in the same statement when granted (the
- * fencing token; 0 when the sequence is unusable). Waiting: one blocking
- * pg_advisory_lock with lock_timeout set to the time left in the same
- * statement: the server wakes the waiter at the release, in arrival
- * order. Release: pg_advisory_unlock, sent at once and its reply read with
- * the next command (async): the connection is in libpq's pipeline mode, so
- * the next acquire is sent without waiting for that reply, and a guarded
- * call costs one round trip. Every command is bounded: nonblocking libpq
- * and poll with a deadline; one that does not finish in time closes the
- * connection (BACKEND_ERR). Parameters are always bound, never spliced.
- * A fork child's inherited sockets become /dev/null (pg_atfork_child): a
- * child never keeps its parent's sessions, or their locks, alive.
- * The module exports one symbol (postgres.map) and links nothing of the
- * core: it calls only the warning callback lent by bind, and its table's
- * .settings is filled in by backend_init's copy.
+ * backend_module.h) on Debian's libpq5: session advisory locks on the id
+ * hashtextextended(key, 0) that the server computes (psql finds them). One
+ * libpq session per thread holds its locks: the server frees them when the
+ * session ends (its holder's death included). Try: pg_try_advisory_lock
+ * and nextval('lockshim_fence') in one statement; wait: one blocking
+ * pg_advisory_lock under lock_timeout (set in that statement), woken by
+ * the release; release: pg_advisory_unlock, async, in pipeline mode (the
+ * next command does not wait for its reply). Every command is bounded by
+ * poll; one late closes the session. Parameters are bound, never spliced.
+ * A fork child's inherited sockets become /dev/null. One export
+ * (postgres.map); of the core, only bind's warning callback is used.
  */
 #include <errno.h>
 #include <limits.h>
