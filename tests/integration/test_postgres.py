@@ -498,6 +498,42 @@ def test_check_probes_the_server(pg, tmp_path):
     assert pg.psql("SELECT to_regclass('lockshim_fence') IS NOT NULL") == "t"
 
 
+def test_passwords_from_the_file_the_setting_and_the_variable(own_pg, tmp_path):
+    """password_file, password and LOCKSHIM_POSTGRES_PASSWORD (which
+    overrides both) reach the server; control: a wrong one is refused,
+    and the password is never printed."""
+    own_pg.add_password_user("locker", "s3cret")
+    own_pg.psql("GRANT USAGE ON SCHEMA public TO locker")
+    (tmp_path / "pw").write_text("s3cret\n")
+    (tmp_path / "bad").write_text("wrong\n")
+    conninfo = "host=127.0.0.1 port=%d user=locker dbname=postgres" % own_pg.port
+    lock = 'locks = ( { symbol = "rename"; key = "k"; } );\n'
+
+    def check(extra, **env):
+        cfg = write_config(tmp_path, None, 'backend = "postgres";\npostgres = { conninfo = '
+                           '"%s"; %s };\n%s' % (conninfo, extra, lock))
+        return run([CLI, "check", "-c", cfg], **env)
+    r = check('password_file = "%s";' % (tmp_path / "pw"))
+    assert r.returncode == 0 and "postgres: ok" in r.stdout, r.stderr
+    # PostgreSQL 15: no CREATE on schema public for locker, so no sequence:
+    # fences are 0, one warn line; once made and granted, no line
+    warned = [l for l in r.stderr.splitlines() if "fencing tokens are 0" in l]
+    assert len(warned) == 1 and "lockshim_fence" in warned[0], r.stderr
+    cfg = str(tmp_path / "lockshim.cfg")
+    r = run([CLI, "lock", "-c", cfg, "job", "--", "sh", "-c", "echo $LOCKSHIM_FENCE"])
+    assert r.returncode == 0 and r.stdout == "0\n", (r.stdout, r.stderr)
+    own_pg.psql("CREATE SEQUENCE lockshim_fence; GRANT USAGE ON SEQUENCE lockshim_fence TO locker")
+    r = check('password = "s3cret";')
+    assert "fencing tokens are 0" not in r.stderr, r.stderr
+    assert r.returncode == 0 and "s3cret" not in r.stdout + r.stderr, (r.stdout, r.stderr)
+    r = check('password_file = "%s";' % (tmp_path / "bad"))
+    assert r.returncode == 69 and "password authentication failed" in r.stderr, r.stderr
+    r = check('password_file = "%s";' % (tmp_path / "bad"), LOCKSHIM_POSTGRES_PASSWORD="s3cret")
+    assert r.returncode == 0, r.stderr
+    r = check('password = "s3cret"; password_file = "%s";' % (tmp_path / "pw"))
+    assert r.returncode == 78 and "give password or password_file" in r.stderr, r.stderr
+
+
 def test_check_reports_a_server_that_is_down(tmp_path):
     cfg = write_config(tmp_path, None, 'backend = "postgres";\npostgres = { conninfo = '
                        '"host=127.0.0.1 port=1 user=postgres"; };\n'

@@ -108,6 +108,17 @@ class PostgresServer:
         self.stop()
         return self.start()
 
+    def add_password_user(self, user, password):
+        """Makes role user with password, which must authenticate over TCP
+        (scram-sha-256: a pg_hba.conf line before the trust ones, reloaded)."""
+        self.psql("CREATE ROLE %s LOGIN PASSWORD '%s'" % (user, password))
+        hba = os.path.join(self.data, "pg_hba.conf")
+        with open(hba) as f:
+            text = f.read()
+        with open(hba, "w") as f:
+            f.write("host all %s 127.0.0.1/32 scram-sha-256\n" % user + text)
+        self.psql("SELECT pg_reload_conf()")
+
     def tail(self):
         try:
             with open(self.log) as f:
