@@ -292,6 +292,40 @@ def test_fork_child_of_another_thread_does_not_keep_the_lock(bg, worker_progs, p
     waiter.expect("call rc=42")
 
 
+EXEC_LIB_C = r"""
+#include <unistd.h>
+/* Execs a shell that says so and waits for a line, inside the guarded call. */
+int exec_call(int x)
+{
+	execl("/bin/sh", "sh", "-c", "echo execd; read line", (char *)0);
+	return x;
+}
+"""
+
+
+def test_exec_inside_a_guarded_call_frees_the_lock(bg, worker_progs, pg, tmp_path):
+    """libpq's socket is close-on-exec: the exec ends the session, so the
+    waiter enters while the exec'd program runs; control: the live holder
+    before it (test_control_live_holder_makes_the_waiter_time_out)."""
+    d = tmp_path / "exec"
+    d.mkdir()
+    (d / "lib.c").write_text(EXEC_LIB_C)
+    (d / "main.c").write_text("int exec_call(int x);\nint main(void) { return exec_call(0); }\n")
+    cc(str(d / "libexec.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC")
+    prog = cc(str(d / "execer"), [str(d / "main.c")], "-O2", "-L" + str(d),
+              "-Wl,-rpath," + str(d), "-lexec")
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "exec_call"; key = "blk"; }, '
+                    '{ symbol = "block_call"; key = "blk"; wait_ms = 30000; } );\n')
+    holder = bg([prog], cfg)
+    holder.expect("execd")
+    waiter = bg([worker_progs["block"]], cfg)
+    waiter.expect("enter", timeout=10)
+    assert holder.p.poll() is None  # the exec'd shell still runs
+    holder.send()
+    waiter.send()
+    waiter.expect("call rc=42")
+
+
 # ---- the server restarted or frozen ---------------------------------------------
 
 def test_server_restarted_mid_run(bg, worker_progs, own_pg, tmp_path):
