@@ -82,6 +82,7 @@ struct backend_conn {
 	PGconn *pg;
 	pid_t pid;
 	int fenced;              /* the sequence is usable */
+	int prepared;            /* the statements are prepared (stmt_name) */
 	int piped;               /* libpq pipeline mode: a query may be sent before
 				  * the replies of earlier ones are read */
 	int pending;             /* async releases whose replies are unread (at
@@ -317,19 +318,35 @@ static int drain(struct backend_conn *c)
 	return BACKEND_OK;
 }
 
+/* Returns the name of sql's prepared statement on c (the session prepared
+ * the variants its fence state chose: prepare_statements), or NULL. */
+static const char *stmt_name(const struct backend_conn *c, const char *sql)
+{
+	if (!c->prepared)
+		return NULL;
+	if (sql == sql_try_fenced || sql == sql_try)
+		return "lockshim_try";
+	if (sql == sql_wait_fenced || sql == sql_wait)
+		return "lockshim_wait";
+	return sql == sql_unlock ? "lockshim_unlock" : NULL;
+}
+
 /* Sends sql with params (text) on c: piped, behind the unread replies of
  * async releases (with its sync point); else once they are read. Returns
  * BACKEND_OK, or BACKEND_ERR with the session dropped. */
 static int send_query(struct backend_conn *c, const char *sql, int n, const char *const *v,
 		      const char *what)
 {
+	const char *name = stmt_name(c, sql);
+
 	if (!c->pg) {
 		snprintf(c->err, sizeof(c->err), "%s: not connected", what);
 		return BACKEND_ERR;
 	}
 	if (!c->piped && drain(c) != BACKEND_OK)
 		return BACKEND_ERR;
-	if (!PQsendQueryParams(c->pg, sql, n, NULL, v, NULL, NULL, 0) ||
+	if (!(name ? PQsendQueryPrepared(c->pg, name, n, v, NULL, NULL, 0) :
+	      PQsendQueryParams(c->pg, sql, n, NULL, v, NULL, NULL, 0)) ||
 	    (c->piped && !PQpipelineSync(c->pg)))
 		return fail(c, what, PQerrorMessage(c->pg));
 	return BACKEND_OK;
@@ -568,6 +585,32 @@ static int fence_setup(struct backend_conn *c)
 	return BACKEND_OK;
 }
 
+/*
+ * Prepares the session's three statements (the fenced variants when the
+ * sequence is usable) in one round trip, so that each call's statement is
+ * not parsed and planned again. Sets c->prepared; a failure only leaves
+ * the statements unprepared. Returns BACKEND_OK, or BACKEND_ERR (the
+ * session dropped).
+ */
+static int prepare_statements(struct backend_conn *c)
+{
+	char sql[1024];
+	PGresult *r;
+
+	snprintf(sql, sizeof(sql), "PREPARE lockshim_try(text) AS %s; PREPARE "
+		 "lockshim_wait(text, text) AS %s; PREPARE lockshim_unlock(text) AS %s",
+		 c->fenced ? sql_try_fenced : sql_try, c->fenced ? sql_wait_fenced : sql_wait,
+		 sql_unlock);
+	if (!PQsendQuery(c->pg, sql))
+		return fail(c, "connect (PREPARE)", PQerrorMessage(c->pg));
+	if (!(r = result_read(c, now_ms() + c->bc->spec->command_timeout_ms,
+			      "connect (PREPARE)")))
+		return BACKEND_ERR;
+	c->prepared = PQresultStatus(r) == PGRES_COMMAND_OK;
+	PQclear(r);
+	return BACKEND_OK;
+}
+
 /* Ignores the server's notices (libpq would print them on stderr). */
 static void notice_none(void *arg, const char *msg)
 {
@@ -613,7 +656,8 @@ static struct backend_conn *pg_open(const struct backend_config *bc, char *err, 
 		goto out;
 	}
 	PQsetNoticeProcessor(c->pg, notice_none, NULL);
-	if (PQsetnonblocking(c->pg, 1) != 0 || fence_setup(c) != BACKEND_OK) {
+	if (PQsetnonblocking(c->pg, 1) != 0 || fence_setup(c) != BACKEND_OK ||
+	    prepare_statements(c) != BACKEND_OK) {
 		snprintf(err, errlen, "%s", c->err[0] ? c->err : "connect: set-up failed");
 		goto out;
 	}
