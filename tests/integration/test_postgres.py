@@ -24,6 +24,7 @@ import time
 import pytest
 
 from support.postgres import PostgresServer, skip_reason
+from support.secure import NOBODY, NOGROUP, Layout
 from support.server import call_failed
 from support.util import CLI, MULT, PRELOAD, SHIM, cc, run, shim_env, wait_for, write_config
 from support.workers import race
@@ -635,7 +636,6 @@ def test_setuid_program_refuses_the_users_libpq_variables(pg):
     by nobody, one of them set (here the user's own CA) refuses the backend,
     one line, and the program runs unguarded as with any untrusted setting;
     control: without it the same program is guarded (its lock in pg_locks)."""
-    from test_secure import NOBODY, NOGROUP, Layout  # the set-user-ID program, its namespace
     lay = Layout(1, 1)
     try:
         lay._write(lay.cfg, 'backend = "postgres";\npostgres = { conninfo = "%s"; };\n'
