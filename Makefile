@@ -79,7 +79,16 @@ UNIT_OBJ := $(addprefix $(BUILD)/shim/,shim/guard.o common/conf.o common/conf_fi
 # The man pages: doc/<page>.scd, turned into man(7) by scdoc.
 MAN := $(BUILD)/man/lockshim.1 $(BUILD)/man/lockshim.cfg.5
 
-all: $(BUILD)/liblockshim.so $(BUILD)/lockshim $(MAN)
+# Backends built as modules (doc/design.md, backend/backend_module.h): each
+# is backend/NAME/*.c, linked into $(BUILD)/liblockshim-NAME.so with its
+# client library (MOD_LIBS_NAME), exporting one symbol (backend/NAME/NAME.map).
+# The shim dlopens it only when the config selects that backend.
+MODULES := postgres
+MOD_LIBS_postgres := -lpq
+MOD_CFLAGS_postgres := -I$(shell pg_config --includedir 2>/dev/null || echo /usr/include/postgresql)
+MOD_SO := $(MODULES:%=$(BUILD)/liblockshim-%.so)
+
+all: $(BUILD)/liblockshim.so $(BUILD)/lockshim $(MOD_SO) $(MAN)
 
 # cli/settings.o is built for the unit tests alone: not an intermediate file.
 .SECONDARY: $(UNIT_OBJ)
@@ -89,6 +98,19 @@ $(BUILD)/liblockshim.so: $(SHIM_OBJ) shim/shim.map $(BUILD)/libconfig-shim.a $(B
 		-Wl,--exclude-libs,ALL -Wl,-z,defs,-z,relro,-z,now,-z,noexecstack,-z,text \
 		-Wl,-z,pack-relative-relocs \
 		$(LDFLAGS) $(SHIM_LIBS)
+
+# A module: its own folder's objects, libc and its client library only (-z
+# defs: nothing of the core is reached by name).
+define MODULE_RULE
+$(BUILD)/liblockshim-$(1).so: $(patsubst %,$(BUILD)/mod/%.o,$(basename $(wildcard backend/$(1)/*.c))) backend/$(1)/$(1).map
+	$$(CC) -shared $$(SAN) -o $$@ $$(filter %.o,$$^) -Wl,--version-script=backend/$(1)/$(1).map \
+		-Wl,-z,defs,-z,relro,-z,now,-z,noexecstack,-z,text $$(LDFLAGS) $$(MOD_LIBS_$(1))
+endef
+$(foreach m,$(MODULES),$(eval $(call MODULE_RULE,$(m))))
+
+$(BUILD)/mod/backend/%.o: backend/%.c | $(BUILD)/shim
+	@mkdir -p $(@D)
+	$(CC) $(SHIM_CFLAGS) $(MOD_CFLAGS_$(firstword $(subst /, ,$*))) -c $< -o $@
 
 $(BUILD)/lockshim: $(CLI_OBJ)
 	$(CC) $(SAN) -o $@ $(CLI_OBJ) -Wl,-z,relro,-z,now $(LDFLAGS) $(HIREDIS_A) $(LIBCONFIG_A) $(MBEDTLS_A) -lpthread
@@ -153,7 +175,7 @@ test-asan: deps
 # shim (about 5 minutes on 2 cores). Any report fails the test that caused
 # it (support/util.py sends reports to files, conftest.py reads them).
 TSAN_TESTS := exclusion identity lease linger release fork wakeup stranded policies real_programs \
-	redlock entry interposition abi cluster sentinel tls_topologies lock_cmd metrics sets multikey
+	redlock entry interposition abi cluster sentinel tls_topologies lock_cmd metrics sets multikey postgres
 
 test-tsan: deps
 	$(MAKE) BUILD=build/tsan SANITIZER=thread all unit
@@ -190,6 +212,8 @@ install: all
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(DOCDIR) \
 		$(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(dir $(ETC_CONFIG))
 	install -m 0755 $(BUILD)/liblockshim.so $(DESTDIR)$(LIBDIR)/liblockshim.so
+	for m in $(MODULES); do install -m 0755 $(BUILD)/liblockshim-$$m.so \
+		$(DESTDIR)$(LIBDIR)/liblockshim-$$m.so || exit 1; done
 	install -m 0755 $(BUILD)/lockshim $(DESTDIR)$(BINDIR)/lockshim
 	install -m 0644 config/lockshim.cfg README.md $(DESTDIR)$(DOCDIR)/
 	install -m 0644 $(BUILD)/man/lockshim.1 $(DESTDIR)$(MANDIR)/man1/lockshim.1
@@ -207,6 +231,7 @@ uninstall:
 	@. ./packaging/unpreload.sh && \
 		lockshim_unpreload "$(DESTDIR)$(PRELOAD)" "$(LIBDIR)/liblockshim.so"
 	rm -f $(DESTDIR)$(LIBDIR)/liblockshim.so $(DESTDIR)$(BINDIR)/lockshim
+	rm -f $(MODULES:%=$(DESTDIR)$(LIBDIR)/liblockshim-%.so)
 	rm -f $(DESTDIR)$(MANDIR)/man1/lockshim.1 $(DESTDIR)$(MANDIR)/man5/lockshim.cfg.5
 	rm -rf $(DESTDIR)$(DOCDIR)
 	@if [ -e "$(DESTDIR)$(ETC_CONFIG)" ]; then \

@@ -37,6 +37,9 @@
  *   5. Its documentation: the group's settings in the settings reference
  *      (test_docs checks it against `lockshim settings`).
  * A backend whose locks have no lease sets .leaseless (backend_local.c).
+ * A backend whose client library must not be loaded into every guarded
+ * program is a module (backend_module.h: backend/postgres/): its table
+ * entry is a stub with .module, and its settings group stays here.
  * Nothing else: common/ (conf_load reads, checks and releases the group;
  * conf_group_data finds it), cli/ (`lockshim settings` and `check` describe
  * it) and the Makefile (every .c of a folder) take it from the table. A new
@@ -66,6 +69,7 @@
 
 struct conf;
 struct conf_group;
+struct backend_module_file;
 struct backend_conn;   /* one connection (or set of them), per thread */
 struct backend_config; /* a backend's settings, opaque to its callers */
 
@@ -167,6 +171,11 @@ struct backend_ops {
 	 * is never due), a token is never left behind to forget, and a waiter
 	 * waits for its wake-up without asking again every retry_max_ms. */
 	int leaseless;
+	/* What log lines call the lock store ("Redis" when NULL). */
+	const char *store;
+	/* A stub of a backend built as a module (backend_module.h): the file
+	 * backend_init opens to get the real table; NULL for the built-in. */
+	const struct backend_module_file *module;
 	/* The settings group the backend reads (conf_field.h): its table, its
 	 * checks, the locks it refuses. Topologies of one server share one
 	 * (redis: backend_redis_settings). */
@@ -285,10 +294,16 @@ struct backend {
 	struct backend_config *cfg;
 };
 
+/* backend_init's result when the backend's module (backend_module.h) or
+ * its client library cannot be loaded: a config error (78) everywhere. */
+#define BACKEND_INIT_MODULE (-2)
+
 /*
- * Picks the backend that serves cfg (backend.c's table, first match) and
- * makes its state from its group's settings. Returns 0, or -1 with a
- * message in err. Release with backend_release.
+ * Picks the backend that serves cfg (backend.c's table, first match; a
+ * module is loaded then) and makes its state from its group's settings.
+ * Returns 0; -1 with one line in err; or BACKEND_INIT_MODULE when the
+ * backend's module cannot be loaded (err names what to install). Release
+ * with backend_release.
  */
 int backend_init(struct backend *b, const struct conf *cfg, char *err, size_t errlen);
 void backend_release(struct backend *b);

@@ -218,8 +218,8 @@ int selftest_run(const struct conf *cfg, char *msg, size_t len)
 	size_t n;
 	int rc;
 
-	if (backend_init(&b, cfg, msg, len) != 0)
-		return -1;
+	if ((rc = backend_init(&b, cfg, msg, len)) != 0)
+		return rc;
 	rc = probe_all(b.ops, b.cfg, cfg->ns, msg, len);
 	backend_release(&b);
 	/* a backend's own error may say it already (backend_plain_tls_hint) */

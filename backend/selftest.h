@@ -18,6 +18,8 @@ struct conf;
  * leave. Returns 0 with what was done in msg, or -1 with the failed step,
  * Redis's words and the likely cause (an ACL user without EVAL, a Cluster
  * node, a read-only replica, a TLS-only port, ...) in msg.
+ * BACKEND_INIT_MODULE: the backend's module cannot be loaded (msg says
+ * what to install).
  */
 int selftest_run(const struct conf *cfg, char *msg, size_t len);
 

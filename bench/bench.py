@@ -60,6 +60,10 @@ programs (bench/*.c) and measures, in one run:
                reply 0.2 ms); and P = 8 processes x K sections on one key
                with limit = 4
                against the exclusive lock: sections/s and worst wait
+  postgres     backend = "postgres" on a private cluster (root and
+               PostgreSQL needed, else skipped saying why): the uncontended
+               guarded call beside Redis's of linger_ms = 0, and P = 8 x K
+               sections on one key (the counter checked)
 The uncontended, entry, tls, replicas and redlock call rows are measured in
 two placements (taskset): client and server on one CPU, and on two CPUs.
 Prints a markdown report and writes it to bench/results/. `--only PART`
@@ -88,6 +92,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 from resp import Resp, free_port  # noqa: E402
+from support import postgres as pg_support  # noqa: E402
 from support.proxy import Proxy  # noqa: E402
 
 # The imports row: Debian's interpreter, not the python3 first on PATH (which
@@ -1171,6 +1176,51 @@ class Bench:
             res[name] = runs[len(runs) // 2]
         return res
 
+    # ---- the postgres backend ---------------------------------------------
+
+    def pg_config(self, pg, symbol, tag):
+        """A config of backend "postgres" on pg with one lock on symbol, key
+        "bench"."""
+        path = os.path.join(self.work, "postgres-%s.cfg" % tag)
+        with open(path, "w") as f:
+            f.write('backend = "postgres";\npostgres = { conninfo = "%s"; };\n'
+                    'locks = ( { symbol = "%s"; key = "bench"; wait_ms = 600000; %s } );\n'
+                    % (pg.conninfo(), symbol, self.args.settings))
+        return path
+
+    def postgres(self):
+        """backend = "postgres" on a private cluster (support/postgres.py, as
+        the tests start it; skipped, saying why, where it cannot run): the
+        uncontended guarded call minus unguarded (µs, one CPU; the best of 3
+        runs of args.n / 10 calls, median of args.sets_rounds rounds, in turns
+        with the redis call of linger_ms = 0), and P = 8 x args.k sections on
+        one key (the run with the median sections/s of args.reps; the counter
+        is checked)."""
+        why = pg_support.skip_reason()
+        if why:
+            return {"skipped": why}
+        pg = pg_support.PostgresServer().start()
+        try:
+            cfg = self.pg_config(pg, "bench_noop", "noop")
+            self.check_log("bench_noop, postgres", [self.worker, "noop", "-", "3"], cfg,
+                           want=["acquired "], unwanted=[" error: "], stdin="g")
+            redis0 = self.config(symbol="bench_noop", extra=NO_LINGER)
+            n = max(100, self.args.n // 10)
+            got = {"postgres": [], "redis0": []}
+            for _ in range(self.args.sets_rounds):
+                plain = self.noop("0", None, n=n)
+                got["postgres"].append(self.noop("0", cfg, n=n) - plain)
+                got["redis0"].append(self.noop("0", redis0, n=n) - plain)
+            res = {name: statistics.median(v) for name, v in got.items()}
+            env = self.env(self.pg_config(pg, "section", "section"))
+            runs = sorted((self.contended_once([self.worker, "section", self.counter,
+                                                str(self.args.k)], env, 8)
+                           for _ in range(self.args.reps)), key=lambda r: r["rate"])
+            res["p8-postgres"] = runs[len(runs) // 2]
+            return res
+        finally:
+            pg.cleanup()
+
     def close(self):
         self.server.stop()
         shutil.rmtree(self.work, ignore_errors=True)
@@ -1186,7 +1236,7 @@ IMPLS = [("poll", "plain C, SET NX / 1 ms poll / compare-and-delete"),
          ("redis-py", "redis-py Lock, defaults (sleep 0.1)"),
          ("redis-py-0.001", "redis-py Lock, sleep=0.001")]
 PARTS = ["uncontended", "contended", "startup", "imports", "entry", "symbols", "tls",
-         "replicas", "cluster", "redlock", "sets", "local", "versus"]
+         "replicas", "cluster", "redlock", "sets", "local", "postgres", "versus"]
 # The sets part: name, row, the lock's extra settings, its key (None: `keys`).
 SETS_CASES = [("exclusive", "exclusive lock (today's)", "", "bench"),
               ("limit3", "limit = 3", "limit = 3;", "bench"),
@@ -1207,7 +1257,7 @@ ENTRY_CASES = [("reloc", 'library function (bench_noop_wide in libsection.so, th
 
 def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, symbols=None,
            tls=None, replicas=None, cluster=None, redlock=None, sets=None, local=None,
-           versus=None):
+           postgres=None, versus=None):
     """The markdown report of the parts measured (those not None)."""
     lines = []
     add = lines.append
@@ -1527,6 +1577,28 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
                 label, r["rate"], r["med"], r["p99"], r["max"],
                 "yes" if r["exact"] else "NO (%d of %d)" % (r["final"], r["n"])))
         add("")
+    if postgres and "skipped" in postgres:
+        add("## The postgres backend: not measured (%s)" % postgres["skipped"])
+        add("")
+    elif postgres:
+        add("## The postgres backend (session advisory locks, backend = \"postgres\")")
+        add("")
+        add("A private cluster on loopback. Guarded uncontended call minus unguarded, one "
+            "CPU, median of %d rounds (each the best of 3 runs of %d calls), in turns with "
+            "the Redis call of linger_ms = 0:" % (args.sets_rounds, max(100, args.n // 10)))
+        add("")
+        add("| lock | guarded call |")
+        add("|---|---:|")
+        add("| **backend = \"postgres\"** | **%.1f µs** |" % postgres["postgres"])
+        add("| redis, linger_ms = 0 | %.1f µs |" % postgres["redis0"])
+        add("")
+        r = postgres["p8-postgres"]
+        add("P = 8 processes x %d sections on one key (unpinned; the run with the median "
+            "sections/s of %d): %.0f sections/s, wait median %.2f ms, p99 %.2f ms, max "
+            "%.2f ms, counter %s." % (args.k, args.reps, r["rate"], r["med"], r["p99"],
+                                      r["max"], "exact" if r["exact"] else
+                                      "NOT exact (%d of %d)" % (r["final"], r["n"])))
+        add("")
     if versus:
         add("## Before and after: this build against %s (medians of %d rounds, both builds "
             "measured in turn in each round)" % (args.baseline, args.versus_rounds))
@@ -1625,6 +1697,10 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
                        lambda v: v >= 0.8))
         checks.append(("local P=8 contended: counter exact",
                        1.0 if local["p8-local"]["exact"] else 0.0, "%.0f", lambda v: v == 1))
+    if postgres and "skipped" not in postgres:
+        checks.append(("postgres P=8 contended: counter exact",
+                       1.0 if postgres["p8-postgres"]["exact"] else 0.0, "%.0f",
+                       lambda v: v == 1))
     if versus:
         for m, name, unit in VERSUS:
             before, after = versus[m]["before"], versus[m]["after"]
@@ -1715,6 +1791,8 @@ def main():
             res["sets"] = b.sets()
         if "local" in wanted:
             res["local"] = b.local()
+        if "postgres" in wanted:
+            res["postgres"] = b.postgres()
         if "versus" in wanted and args.baseline:
             res["versus"] = b.versus()
         text = report(b, args, **res)

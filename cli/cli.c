@@ -531,7 +531,10 @@ static int cmd_check(int argc, char **argv)
 		print_line("  %s: %s%s%s", syms[0] ? syms : l->symbol, keys, diff[0] ? ", " : "",
 			   diff);
 	}
-	if (selftest_run(&cfg, msg, sizeof(msg)) != 0) {
+	if ((rc = selftest_run(&cfg, msg, sizeof(msg))) == BACKEND_INIT_MODULE) {
+		log_stderr("%s", msg); /* its module cannot be loaded: a config error */
+		rc = CONF_EXIT_CODE;
+	} else if (rc != 0) {
 		log_stderr("%s: %s", conf_backend_name(cfg.backend), msg);
 		rc = EX_UNAVAILABLE;
 	} else {

@@ -671,8 +671,9 @@ int cmd_metrics(int argc, char **argv)
 		conf_release(&cfg);
 		return CONF_EXIT_CODE;
 	}
-	if (!strcmp(b.ops->name, "local")) {
-		fprintf(stderr, "lockshim: metrics is not built yet for backend \"local\"\n");
+	if (!strcmp(b.ops->name, "local") || !strcmp(b.ops->name, "postgres")) {
+		fprintf(stderr, "lockshim: metrics is not built yet for backend \"%s\"\n",
+			b.ops->name);
 		rc = 1;
 	} else if (listen_addr) {
 		ls = listen_on(listen_addr, &bad);

@@ -145,6 +145,14 @@ int cmd_unlock(int argc, char **argv)
 				 "lock cannot be taken from another process; stop its holder "
 				 "(the kernel frees its locks when it exits)")) != 0)
 		return rc;
+	if (!strcmp(lv.b.ops->name, "postgres")) {
+		fprintf(stderr, "lockshim: unlock: not with backend \"postgres\": an advisory lock "
+			"is its holder's session's; end that session (pg_terminate_backend(pid), "
+			"the pid from pg_locks) or stop its holder\n");
+		lockview_close(&lv);
+		conf_release(&cfg);
+		return 1;
+	}
 	rc = lockview_read(&lv, a.operand, &s, err, sizeof(err));
 	if (rc < 0) {
 		log_stderr("cannot read the lock: %s", err);

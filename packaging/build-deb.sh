@@ -38,6 +38,15 @@ install -d "$root/DEBIAN" "$root/usr/bin" "$root$libdir" "$root/usr/share/man/ma
 	"$root/usr/share/man/man5" "$root$doc/examples" "$root/etc/lockshim"
 install -m 0755 "$build/lockshim" "$root/usr/bin/lockshim"
 install -m 0644 "$build/liblockshim.so" "$root$libdir/liblockshim.so"
+# The backend modules, beside the shim (it opens them from its own
+# directory). Not given to dpkg-shlibdeps: their client libraries (libpq5)
+# are Suggests, needed only by a config that selects that backend.
+for mod in "$build"/liblockshim-*.so; do
+	[ -e "$mod" ] || continue
+	install -m 0644 "$mod" "$root$libdir/${mod##*/}"
+	strip --remove-section=.comment --remove-section=.note --strip-unneeded \
+		"$root$libdir/${mod##*/}"
+done
 # As dh_strip does: debug symbols out, the dynamic symbol table kept.
 strip --remove-section=.comment --remove-section=.note "$root/usr/bin/lockshim"
 strip --remove-section=.comment --remove-section=.note --strip-unneeded \

@@ -288,10 +288,13 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
 	return 1;
 }
 
-/* Returns what the log lines call the lock store: "Redis", or for a
- * leaseless backend (kernel locks) "lock file". */
+/* Returns what the log lines call the lock store: the backend's .store
+ * ("PostgreSQL"), else "Redis", or for a leaseless backend (kernel locks)
+ * "lock file". */
 static const char *store_name(void)
 {
+	if (backend->ops->store)
+		return backend->ops->store;
 	return backend->ops->leaseless ? "lock file" : "Redis";
 }
 

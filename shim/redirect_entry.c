@@ -31,6 +31,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include "backend_module.h"
 #include "hook.h"
 #include "log.h"
 #include "patchmem.h"
@@ -82,7 +83,8 @@ static int thread_count(void)
 	return stat("/proc/self/task", &st) == 0 && st.st_nlink > 2 ? (int)st.st_nlink - 2 : -1;
 }
 
-/* One scan's loaded objects (but the shim and the dynamic linker), and
+/* One scan's loaded objects (but the shim, the dynamic linker and what a
+ * backend module brought in: backend_module.h), and
  * room for the names asked of one object (nwants each). */
 struct objects {
 	struct symdef_object o[OBJECTS_MAX];
@@ -101,7 +103,7 @@ static int collect(struct dl_phdr_info *info, size_t size, void *data)
 	(void)size;
 	if (os->n == OBJECTS_MAX || info->dlpi_addr == os->self ||
 	    (os->rtld && info->dlpi_addr == os->rtld) || strncmp(name, "linux-vdso", 10) == 0 ||
-	    (os->n > 0 && !name[0]))
+	    (os->n > 0 && !name[0]) || backend_module_owns(info->dlpi_addr))
 		return 0;
 	os->o[os->n++] = (struct symdef_object){ name, info->dlpi_addr, info->dlpi_phdr,
 						 info->dlpi_phnum };

@@ -2,8 +2,9 @@
 /*
  * redirect_reloc.c - redirection by relocation patching.
  *
- * Walks every loaded object it has not scanned yet, but the shim itself and
- * the dynamic linker, and rewrites the slots that relocations naming a
+ * Walks every loaded object it has not scanned yet, but the shim itself,
+ * the dynamic linker and what a backend module brought in
+ * (backend_module.h), and rewrites the slots that relocations naming a
  * configured symbol or an internal wrapper filled in: JUMP_SLOT (PLT
  * calls), GLOB_DAT (-fno-plt calls, &f in PIC code) and symbol-named
  * absolute words with addend 0 (function pointers in data). Names are
@@ -30,6 +31,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "backend_module.h"
 #include "hook.h"
 #include "log.h"
 #include "redirect.h"
@@ -179,7 +181,8 @@ static int scan_object(struct dl_phdr_info *info, size_t size, void *data)
 		return 0;
 	remember(info->dlpi_phdr);
 	if (o.base == sc->self || (sc->rtld && o.base == sc->rtld) ||
-	    strncmp(o.name, "linux-vdso", 10) == 0 || strncmp(o.name, "linux-gate", 10) == 0)
+	    strncmp(o.name, "linux-vdso", 10) == 0 || strncmp(o.name, "linux-gate", 10) == 0 ||
+	    backend_module_owns(o.base))
 		return 0;
 	for (int i = 0; i < info->dlpi_phnum; i++) {
 		const ElfW(Phdr) *p = &info->dlpi_phdr[i];

@@ -1,0 +1,169 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * backend_postgres_conf.c - the `postgres` group of the file (conninfo,
+ * password, password_file, connect_timeout_ms, command_timeout_ms), its
+ * check, and the lock settings the postgres backend refuses. A session
+ * advisory lock has no lease in this step (no renewal): the settings that
+ * tune a lease (lease_ms, on_lost, retry_max_ms, break_dead_holders,
+ * handoff_ms, on_overrun) are refused when the file sets them, in a lock
+ * or in `defaults`; fair, limit > 1, mode "shared", linger_ms > 0 and
+ * max_hold_ms are refused by value. linger_ms's built-in value is 0 here
+ * (pg_lock_defaults). The password file is read here (in secure-execution
+ * mode only a trusted one, as redis.password_file); the module reads
+ * LOCKSHIM_POSTGRES_PASSWORD itself (secure_getenv). This file is in the
+ * core: backend.c registers backend_postgres_settings, conf.c never names it.
+ */
+#include "backend_postgres_conf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "conf.h"
+#include "conf_field.h"
+
+#define PG_FIELD(n, k, lo, hi, ...) FIELD(struct postgres_spec, #n, n, k, lo, hi, __VA_ARGS__)
+static const struct conf_field pg_fields[] = {
+	PG_FIELD(conninfo, F_STR, 0, 4096, .def_str = ""),
+	PG_FIELD(password, F_STR, 1, 0, .flags = FL_SECRET),
+	PG_FIELD(password_file, F_STR, 1, 0),
+	PG_FIELD(connect_timeout_ms, F_INT, 1, 600000, .def = 2000),
+	PG_FIELD(command_timeout_ms, F_INT, 1, 600000, .def = 2000),
+	{ .name = NULL }
+};
+
+/* Reads the first line of p->password_file into p->password; in
+ * secure-execution mode only from a file conf_open_trusted accepts (else
+ * e->untrusted is set with the error). Returns 0, or -1 said. */
+static int read_password_file(struct conf_err *e, const config_setting_t *g,
+			      struct postgres_spec *p)
+{
+	const config_setting_t *s = config_setting_get_member(g, "password_file");
+	char line[1024], why[512];
+	FILE *f = NULL;
+	size_t n;
+	int fd;
+
+	if (!conf_secure()) {
+		f = fopen(p->password_file, "re");
+	} else if ((fd = conf_open_trusted(p->password_file, O_RDONLY, 0, 1, why,
+					   sizeof(why))) >= 0) {
+		if (!(f = fdopen(fd, "re")))
+			close(fd);
+	} else {
+		e->untrusted = fd == CONF_UNTRUSTED;
+		return conf_fail(e, s, "postgres.password_file", "%s", why);
+	}
+	if (!f)
+		return conf_fail(e, s, "postgres.password_file", "cannot open \"%s\": %s",
+				 p->password_file, strerror(errno));
+	if (!fgets(line, sizeof(line), f))
+		line[0] = 0;
+	fclose(f);
+	n = strcspn(line, "\r\n");
+	line[n] = 0;
+	if (!n)
+		return conf_fail(e, s, "postgres.password_file",
+				 "\"%s\" has no password on its first line", p->password_file);
+	return conf_str_set(&p->password, line) ?
+		conf_fail(e, s, "postgres.password_file", "out of memory") : 0;
+}
+
+/* The group's check: one password source at most, the file read. */
+static int pg_check(struct conf_err *e, const config_setting_t *g, void *data)
+{
+	struct postgres_spec *p = data;
+
+	if (p->password && p->password_file)
+		return conf_fail(e, config_setting_get_member(g, "password_file"),
+				 "postgres.password_file", "give password or password_file, not both");
+	if (p->password_file && read_password_file(e, g, p))
+		return -1;
+	return 0;
+}
+
+/* The settings a session advisory lock without renewal cannot honour,
+ * refused when the file sets them. */
+static const struct {
+	const char *name, *why;
+} unleased[] = {
+	{ "lease_ms", "an advisory lock is held while its holder's session lives (no lease "
+	  "renewal yet): a dead holder's is freed at once, a frozen one's is kept" },
+	{ "on_lost", "no lease to lose yet (the lock is the session's)" },
+	{ "retry_max_ms", "a waiter blocks in the server, which wakes it at the release" },
+	{ "break_dead_holders", "the server frees a dead holder's lock itself, when its "
+	  "connection closes" },
+	{ "handoff_ms", "the server hands the lock to the first waiter at the release" },
+	{ "on_overrun", "max_hold_ms is not built yet for this backend" },
+};
+
+/* Returns g's member name, or NULL (also when g is NULL: a lock made by
+ * `lockshim lock`). */
+static const config_setting_t *member(const config_setting_t *g, const char *name)
+{
+	return g ? config_setting_get_member(g, name) : NULL;
+}
+
+/*
+ * Refuses what lock l (read from the group lg, named where: a lock or
+ * `defaults`; lg NULL for `lockshim lock`'s) sets that the postgres backend
+ * cannot honour or does not have yet, naming the backend and the setting.
+ * Returns 0, or -1 said with conf_fail.
+ */
+static int pg_check_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
+			 const struct lock_spec *l, const struct conf *cfg, const void *data)
+{
+	const config_setting_t *s;
+	const char *why = NULL, *name = NULL;
+	char what[64];
+
+	(void)cfg;
+	(void)data;
+	for (size_t i = 0; i < sizeof(unleased) / sizeof(unleased[0]); i++)
+		if ((s = member(lg, unleased[i].name))) {
+			snprintf(what, sizeof(what), "%s.%s", where, unleased[i].name);
+			return conf_fail(e, s, what, "not available with backend \"postgres\": %s",
+					 unleased[i].why);
+		}
+	if (l->fair)
+		name = "fair", why = "fair = true (the server's waiters are already FIFO, but "
+			"a first try may barge)";
+	else if (l->limit > 1)
+		name = "limit", why = "limit > 1 (a semaphore)";
+	else if (l->shared)
+		name = "mode", why = "mode = \"shared\"";
+	else if (l->linger_ms > 0)
+		name = "linger_ms", why = "linger_ms > 0 (its default is 0 with this backend)";
+	else if (l->max_hold_ms > 0)
+		name = "max_hold_ms", why = "max_hold_ms";
+	if (!name)
+		return 0;
+	s = member(lg, name);
+	snprintf(what, sizeof(what), "%s.%s", where, name);
+	return conf_fail(e, s ? s : lg, what, "%s is not built yet for backend \"postgres\"", why);
+}
+
+/* No lock is kept between calls (linger needs the renewal thread). */
+static void pg_lock_defaults(struct lock_spec *d)
+{
+	d->linger_ms = 0;
+}
+
+/* The longest request: a command (a wait adds its own time). */
+static long long pg_request_ms(const void *data)
+{
+	return ((const struct postgres_spec *)data)->command_timeout_ms;
+}
+
+const struct conf_group backend_postgres_settings = {
+	.name = "postgres",
+	.fields = pg_fields,
+	.size = sizeof(struct postgres_spec),
+	.check = pg_check,
+	.check_lock = pg_check_lock,
+	.check_defaults = pg_check_lock,
+	.lock_defaults = pg_lock_defaults,
+	.request_ms = pg_request_ms,
+};

@@ -1,0 +1,904 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * postgres.c - the postgres backend, a module (liblockshim-postgres.so,
+ * backend_module.h) on Debian's libpq5: session advisory locks on the id
+ * hashtextextended(key, 0) that the server computes (psql finds them). One
+ * libpq session per thread holds its locks: the server frees them when the
+ * session ends (its holder's death included). Try: pg_try_advisory_lock
+ * and nextval('lockshim_fence') in one statement; wait: one blocking
+ * pg_advisory_lock under lock_timeout (set in that statement), woken by
+ * the release; release: pg_advisory_unlock, async, in pipeline mode (the
+ * next command does not wait for its reply). Every command is bounded by
+ * poll; one late closes the session. Parameters are bound, never spliced.
+ * A fork child's inherited sockets become /dev/null. One export
+ * (postgres.map); of the core, only bind's warning callback is used.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/auxv.h>
+#include <time.h>
+#include <unistd.h>
+#include <fcntl.h>
+
+#include <libpq-fe.h>
+
+#include "backend.h"
+#include "backend_module.h"
+#include "backend_postgres_conf.h"
+
+#define PG_TOKEN 32            /* the token prefix of a lock value (owner.h) */
+#define PG_WAIT_MAX_MS 3600000 /* one blocking wait at most (then asked again) */
+#define PG_KEYTEXT_MAX (2 * KEY_BUF_SIZE + 3)
+#define PG_PENDING_MAX 8       /* async releases in flight on a connection */
+
+/* What the server runs; $1 the key's text, $2 lock_timeout. */
+static const char sql_try_fenced[] =
+	"SELECT CASE WHEN pg_try_advisory_lock(hashtextextended($1, 0)) "
+	"THEN nextval('lockshim_fence') ELSE -1 END";
+static const char sql_try[] =
+	"SELECT CASE WHEN pg_try_advisory_lock(hashtextextended($1, 0)) THEN 0 ELSE -1 END";
+static const char sql_wait_fenced[] =
+	"SELECT set_config('lock_timeout', $2, false), "
+	"pg_advisory_lock(hashtextextended($1, 0)), nextval('lockshim_fence')";
+static const char sql_wait[] =
+	"SELECT set_config('lock_timeout', $2, false), "
+	"pg_advisory_lock(hashtextextended($1, 0)), 0";
+static const char sql_unlock[] = "SELECT pg_advisory_unlock(hashtextextended($1, 0))";
+/* At connect, one round trip: the server's TCP keepalive on this session
+ * (a holder's host that died or was cut off is noticed in about
+ * 10 + 4 x 5 s, not the system's 2 h, and its locks freed), and the
+ * state of the fence sequence. */
+static const char sql_fence_state[] =
+	"SELECT CASE WHEN to_regclass('lockshim_fence') IS NULL THEN 0 "
+	"WHEN has_sequence_privilege('lockshim_fence', 'USAGE') THEN 1 ELSE 2 END, "
+	"set_config('tcp_keepalives_idle', '10', false), "
+	"set_config('tcp_keepalives_interval', '5', false), "
+	"set_config('tcp_keepalives_count', '4', false)";
+static const char sql_fence_create[] = "CREATE SEQUENCE IF NOT EXISTS lockshim_fence";
+
+struct backend_config {
+	const struct postgres_spec *spec;
+	char *password;   /* LOCKSHIM_POSTGRES_PASSWORD, else the spec's (not owned) */
+	int env_password; /* password is a copy of the variable's (owned) */
+	char app[64];     /* application_name: "lockshim:<program>" */
+};
+
+/* A lock this session holds: its token. */
+struct pg_hold {
+	size_t tlen;
+	char tok[PG_TOKEN];
+};
+
+struct backend_conn {
+	struct backend_conn *prev, *next; /* every open connection (conns) */
+	const struct backend_config *bc;
+	PGconn *pg;
+	pid_t pid;
+	int fenced;              /* the sequence is usable */
+	int prepared;            /* the statements are prepared (stmt_name) */
+	int piped;               /* libpq pipeline mode: a query may be sent before
+				  * the replies of earlier ones are read */
+	int pending;             /* async releases whose replies are unread (at
+				  * most PG_PENDING_MAX; 1 when not piped) ... */
+	int phead;               /* ... the oldest's index in pkeys */
+	struct {
+		size_t klen;     /* ... and their keys, for the line if one was lost */
+		char key[KEY_BUF_SIZE];
+	} pkeys[PG_PENDING_MAX];
+	struct pg_hold *holds;   /* grows by doubling, never shrinks */
+	size_t nholds, capholds;
+	char keytext[PG_KEYTEXT_MAX];
+	char err[256];
+};
+
+static const struct backend_module_host *host;
+static atomic_int fence_warned;
+
+/* Every open connection of the process, for the fork child (pg_atfork_child). */
+static struct {
+	pthread_mutex_t mu;
+	struct backend_conn *head;
+} conns = { .mu = PTHREAD_MUTEX_INITIALIZER };
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void pg_atfork_prepare(void)
+{
+	pthread_mutex_lock(&conns.mu);
+}
+
+static void pg_atfork_parent(void)
+{
+	pthread_mutex_unlock(&conns.mu);
+}
+
+/*
+ * In a fork child: every inherited session socket (of every thread of the
+ * parent) becomes /dev/null, so that the child neither keeps its parent's
+ * sessions, and so their locks, alive after the parent's death, nor ever
+ * writes into them (a later close's goodbye goes to /dev/null). Only
+ * async-signal-safe calls; the connections' memory stays (the threads that
+ * owned them do not exist here; the forking thread's is closed by lock.c).
+ */
+static void pg_atfork_child(void)
+{
+	int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+
+	for (struct backend_conn *c = conns.head; c && nul >= 0; c = c->next)
+		if (c->pg && PQsocket(c->pg) >= 0)
+			dup2(nul, PQsocket(c->pg));
+	if (nul >= 0)
+		close(nul);
+	pthread_mutex_unlock(&conns.mu);
+}
+
+static void atfork_register(void)
+{
+	pthread_atfork(pg_atfork_prepare, pg_atfork_parent, pg_atfork_child);
+}
+
+static void conns_add(struct backend_conn *c)
+{
+	pthread_mutex_lock(&conns.mu);
+	c->next = conns.head;
+	if (conns.head)
+		conns.head->prev = c;
+	conns.head = c;
+	pthread_mutex_unlock(&conns.mu);
+}
+
+static void conns_remove(struct backend_conn *c)
+{
+	pthread_mutex_lock(&conns.mu);
+	if (c->prev)
+		c->prev->next = c->next;
+	else if (conns.head == c)
+		conns.head = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	pthread_mutex_unlock(&conns.mu);
+}
+
+static void pg_bind(const struct backend_module_host *h)
+{
+	host = h;
+}
+
+/* ---- time and errors ---------------------------------------------------- */
+
+static long long now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Closes c's session without sending anything (its socket first becomes
+ * /dev/null: PQfinish's goodbye must not reach a parent's server from a
+ * fork child). The server frees the session's locks when it sees the
+ * socket close. */
+static void session_drop(struct backend_conn *c)
+{
+	int fd, nul;
+
+	if (!c->pg)
+		return;
+	fd = PQsocket(c->pg);
+	if (fd >= 0 && (nul = open("/dev/null", O_RDWR | O_CLOEXEC)) >= 0) {
+		dup2(nul, fd);
+		close(nul);
+	}
+	PQfinish(c->pg);
+	c->pg = NULL;
+	c->pending = 0;
+	c->nholds = 0;
+}
+
+/* Records "what: libpq's message" as c's error, drops the session.
+ * Returns BACKEND_ERR. */
+static int fail(struct backend_conn *c, const char *what, const char *msg)
+{
+	size_t n;
+
+	snprintf(c->err, sizeof(c->err), "%s: %s", what, msg && *msg ? msg : "failed");
+	n = strlen(c->err);
+	while (n && (c->err[n - 1] == '\n' || c->err[n - 1] == ' '))
+		c->err[--n] = 0;
+	for (char *p = c->err; *p; p++) /* libpq's lines, as one */
+		if (*p == '\n' || *p == '\t')
+			*p = ' ';
+	session_drop(c);
+	return BACKEND_ERR;
+}
+
+/* Waits until c's socket is ready for events or deadline (monotonic ms).
+ * Returns 1 ready, 0 timed out, -1 error. */
+static int sock_wait(struct backend_conn *c, short events, long long deadline)
+{
+	struct pollfd p = { .fd = PQsocket(c->pg), .events = events };
+
+	for (;;) {
+		long long left = deadline - now_ms();
+		int n;
+
+		if (left <= 0)
+			return 0;
+		n = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
+		if (n > 0)
+			return 1;
+		if (n < 0 && errno != EINTR)
+			return -1;
+	}
+}
+
+/* ---- commands ----------------------------------------------------------- */
+
+/*
+ * Reads the result of the oldest query sent on c whose result is unread
+ * (piped: up to its sync point), within deadline. Returns its last result
+ * (the caller PQclears it), or NULL with the session dropped and c->err
+ * set (timeout, connection lost).
+ */
+static PGresult *result_read(struct backend_conn *c, long long deadline, const char *what)
+{
+	PGresult *r, *last = NULL;
+
+	for (;;) {
+		int rc;
+
+		while ((rc = PQflush(c->pg)) == 1)
+			if (sock_wait(c, POLLOUT | POLLIN, deadline) <= 0)
+				goto timeout;
+		if (rc < 0)
+			goto broken;
+		while (PQisBusy(c->pg)) {
+			rc = sock_wait(c, POLLIN, deadline);
+			if (rc == 0)
+				goto timeout;
+			if (rc < 0 || !PQconsumeInput(c->pg))
+				goto broken;
+		}
+		r = PQgetResult(c->pg);
+		if (!r && !c->piped)
+			break;
+		if (!r) /* piped: the end of the query's results; its sync follows */
+			continue;
+		if (PQresultStatus(r) == PGRES_PIPELINE_SYNC) {
+			PQclear(r);
+			break;
+		}
+		PQclear(last);
+		last = r;
+	}
+	if (!last)
+		goto broken;
+	return last;
+timeout:
+	PQclear(last);
+	fail(c, what, "no reply within the time allowed (postgres.command_timeout_ms)");
+	return NULL;
+broken:
+	PQclear(last);
+	fail(c, what, PQerrorMessage(c->pg));
+	return NULL;
+}
+
+/* Reads the replies of the async releases still unread (the oldest
+ * first); one that found its lock not held by this session (lost while
+ * held) is one warn line. Returns BACKEND_OK or BACKEND_ERR. */
+static int drain(struct backend_conn *c)
+{
+	char msg[KEY_BUF_SIZE + 200];
+	PGresult *r;
+
+	while (c->pending > 0) {
+		int i = c->phead;
+
+		c->pending--;
+		c->phead = (c->phead + 1) % PG_PENDING_MAX;
+		r = result_read(c, now_ms() + c->bc->spec->command_timeout_ms, "release");
+		if (!r)
+			return BACKEND_ERR;
+		if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
+		    PQgetvalue(r, 0, 0)[0] == 'f' && host && host->warn) {
+			snprintf(msg, sizeof(msg), "postgres: %.*s was not held any more at its "
+				 "release: it was lost while held (its session was ended, or "
+				 "unlocked by another)", (int)c->pkeys[i].klen, c->pkeys[i].key);
+			host->warn(msg);
+		}
+		PQclear(r);
+	}
+	return BACKEND_OK;
+}
+
+/* Returns the name of sql's prepared statement on c (the session prepared
+ * the variants its fence state chose: prepare_statements), or NULL. */
+static const char *stmt_name(const struct backend_conn *c, const char *sql)
+{
+	if (!c->prepared)
+		return NULL;
+	if (sql == sql_try_fenced || sql == sql_try)
+		return "lockshim_try";
+	if (sql == sql_wait_fenced || sql == sql_wait)
+		return "lockshim_wait";
+	return sql == sql_unlock ? "lockshim_unlock" : NULL;
+}
+
+/* Sends sql with params (text) on c: piped, behind the unread replies of
+ * async releases (with its sync point); else once they are read. Returns
+ * BACKEND_OK, or BACKEND_ERR with the session dropped. */
+static int send_query(struct backend_conn *c, const char *sql, int n, const char *const *v,
+		      const char *what)
+{
+	const char *name = stmt_name(c, sql);
+
+	if (!c->pg) {
+		snprintf(c->err, sizeof(c->err), "%s: not connected", what);
+		return BACKEND_ERR;
+	}
+	if (!c->piped && drain(c) != BACKEND_OK)
+		return BACKEND_ERR;
+	if (!(name ? PQsendQueryPrepared(c->pg, name, n, v, NULL, NULL, 0) :
+	      PQsendQueryParams(c->pg, sql, n, NULL, v, NULL, NULL, 0)) ||
+	    (c->piped && !PQpipelineSync(c->pg)))
+		return fail(c, what, PQerrorMessage(c->pg));
+	return BACKEND_OK;
+}
+
+/*
+ * Runs sql with params on c, bounded by timeout_ms. Returns the result
+ * (the caller PQclears it; its status may be an error: the session is
+ * kept), or NULL with the session dropped.
+ */
+static PGresult *run(struct backend_conn *c, const char *sql, int n, const char *const *v,
+		     long long timeout_ms, const char *what)
+{
+	if (send_query(c, sql, n, v, what) != BACKEND_OK || drain(c) != BACKEND_OK)
+		return NULL;
+	return result_read(c, now_ms() + timeout_ms, what);
+}
+
+/* Returns 1 when r is a row result, else sets c->err from it (0). */
+static int rows_ok(struct backend_conn *c, PGresult *r, const char *what)
+{
+	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+		return 1;
+	snprintf(c->err, sizeof(c->err), "%s: %s", what, PQresultErrorMessage(r));
+	c->err[strcspn(c->err, "\n")] = 0;
+	return 0;
+}
+
+/* Writes it's key as the text the server hashes into c->keytext: the key
+ * itself when it is UTF-8 without NUL, else "\x" and its bytes in hex
+ * (a key's id is then that text's). Returns c->keytext. */
+static const char *key_text(struct backend_conn *c, const struct backend_item *it)
+{
+	const unsigned char *k = (const unsigned char *)it->key;
+	size_t i = 0, n = it->klen;
+	int ok = n < KEY_BUF_SIZE;
+
+	while (ok && i < n) {
+		size_t len = k[i] < 0x80 ? 1 : (k[i] & 0xe0) == 0xc0 ? 2 : (k[i] & 0xf0) == 0xe0 ?
+			     3 : (k[i] & 0xf8) == 0xf0 ? 4 : 0;
+
+		if (!len || k[i] == 0 || i + len > n || (len == 2 && k[i] < 0xc2)) {
+			ok = 0;
+			break;
+		}
+		for (size_t j = 1; j < len; j++)
+			ok &= (k[i + j] & 0xc0) == 0x80;
+		/* overlong forms, surrogates, beyond U+10FFFF: refused by the server */
+		if (len > 2 && ((k[i] == 0xe0 && k[i + 1] < 0xa0) || (k[i] == 0xed && k[i + 1] >= 0xa0) ||
+				(k[i] == 0xf0 && k[i + 1] < 0x90) || (k[i] == 0xf4 && k[i + 1] >= 0x90) ||
+				k[i] > 0xf4))
+			ok = 0;
+		i += len;
+	}
+	if (ok) {
+		memcpy(c->keytext, it->key, n);
+		c->keytext[n] = 0;
+	} else {
+		static const char hex[] = "0123456789abcdef";
+		size_t o = 2;
+
+		memcpy(c->keytext, "\\x", 2);
+		for (i = 0; i < n && o + 3 < sizeof(c->keytext); i++) {
+			c->keytext[o++] = hex[k[i] >> 4];
+			c->keytext[o++] = hex[k[i] & 15];
+		}
+		c->keytext[o] = 0;
+	}
+	return c->keytext;
+}
+
+/* ---- the holds of a session --------------------------------------------- */
+
+static size_t token_len(const struct backend_item *it)
+{
+	return it->vlen < PG_TOKEN ? it->vlen : PG_TOKEN;
+}
+
+/* Returns the index of it's token among c's holds, or -1. */
+static long hold_index(const struct backend_conn *c, const struct backend_item *it)
+{
+	size_t tlen = token_len(it);
+
+	for (size_t i = c->nholds; i-- > 0;)
+		if (c->holds[i].tlen == tlen && memcmp(c->holds[i].tok, it->val, tlen) == 0)
+			return (long)i;
+	return -1;
+}
+
+/* Records it as held by c's session. Returns 0, or -1 out of memory. */
+static int hold_add(struct backend_conn *c, const struct backend_item *it)
+{
+	if (c->nholds == c->capholds) {
+		size_t cap = c->capholds ? 2 * c->capholds : 8;
+		struct pg_hold *v = realloc(c->holds, cap * sizeof(*v));
+
+		if (!v)
+			return -1;
+		c->holds = v;
+		c->capholds = cap;
+	}
+	c->holds[c->nholds].tlen = token_len(it);
+	memcpy(c->holds[c->nholds].tok, it->val, token_len(it));
+	c->nholds++;
+	return 0;
+}
+
+/* Records a grant of it; on no room the session is dropped (the lock is
+ * freed with it). Returns BACKEND_OK or BACKEND_ERR. */
+static int granted(struct backend_conn *c, const struct backend_item *it)
+{
+	if (hold_add(c, it) == 0)
+		return BACKEND_OK;
+	return fail(c, "acquire", "out of memory for the session's holds");
+}
+
+/* ---- set-up ------------------------------------------------------------- */
+
+static int pg_serves(const void *settings)
+{
+	(void)settings;
+	return 1;
+}
+
+/*
+ * In secure-execution mode (a set-ID program): libpq reads its PG*
+ * variables with getenv, so a user could point a root program's
+ * connection at their CA (PGSSLROOTCERT), their service file, a weaker
+ * sslmode... Returns the first such variable that is set (none may be, as
+ * no LOCKSHIM_* variable is read there), or NULL; always NULL outside
+ * secure mode.
+ */
+static const char *secure_env_set(void)
+{
+	static const char *const extra[] = { "PGSERVICEFILE", "PGSYSCONFDIR", "PGLOCALEDIR" };
+	static char found[64];
+	PQconninfoOption *opts;
+	const char *name = NULL;
+
+	if (!getauxval(AT_SECURE))
+		return NULL;
+	for (size_t i = 0; i < sizeof(extra) / sizeof(extra[0]) && !name; i++)
+		if (getenv(extra[i]))
+			name = extra[i];
+	if (!name && (opts = PQconndefaults())) {
+		for (PQconninfoOption *o = opts; o->keyword && !name; o++)
+			if (o->envvar && getenv(o->envvar))
+				name = o->envvar;
+		if (name)
+			snprintf(found, sizeof(found), "%s", name);
+		PQconninfoFree(opts);
+		return name ? found : NULL;
+	}
+	return name;
+}
+
+static struct backend_config *pg_config_new(const void *settings, char *err, size_t errlen)
+{
+	const struct postgres_spec *ps = settings;
+	const char *env = secure_getenv("LOCKSHIM_POSTGRES_PASSWORD");
+	const char *unsafe = secure_env_set();
+	struct backend_config *bc;
+
+	if (unsafe) {
+		snprintf(err, errlen, "backend postgres: %s is set in a set-ID program (secure-"
+			 "execution mode), where libpq would obey it: unset it", unsafe);
+		return NULL;
+	}
+	if (!(bc = calloc(1, sizeof(*bc)))) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	bc->spec = ps;
+	bc->password = ps->password;
+	if (env && *env) {
+		if (!(bc->password = strdup(env))) {
+			free(bc);
+			snprintf(err, errlen, "out of memory");
+			return NULL;
+		}
+		bc->env_password = 1;
+	}
+	snprintf(bc->app, sizeof(bc->app), "lockshim:%s", program_invocation_short_name);
+	pthread_once(&atfork_once, atfork_register);
+	return bc;
+}
+
+static void pg_config_free(struct backend_config *bc)
+{
+	if (bc && bc->env_password)
+		free(bc->password);
+	free(bc);
+}
+
+/* Warns once per process that fencing tokens are 0. */
+static void fence_warn(const char *why)
+{
+	char msg[400];
+
+	if (atomic_exchange(&fence_warned, 1) || !host || !host->warn)
+		return;
+	snprintf(msg, sizeof(msg), "postgres: fencing tokens are 0: the sequence lockshim_fence "
+		 "cannot be used (%s); create it, or grant USAGE on it", why);
+	host->warn(msg);
+}
+
+/* Makes the sequence lockshim_fence usable if it can: sets c->fenced.
+ * Returns BACKEND_OK, or BACKEND_ERR (the session dropped). */
+static int fence_setup(struct backend_conn *c)
+{
+	long long t = c->bc->spec->command_timeout_ms;
+	PGresult *r;
+	int state;
+
+	for (int tries = 0; tries < 2; tries++) {
+		if (!(r = run(c, sql_fence_state, 0, NULL, t, "connect (the fence sequence)")))
+			return BACKEND_ERR;
+		state = rows_ok(c, r, "fence") ? atoi(PQgetvalue(r, 0, 0)) : 2;
+		PQclear(r);
+		if (state == 1) {
+			c->fenced = 1;
+			return BACKEND_OK;
+		}
+		if (state == 2)
+			break;
+		if (!(r = run(c, sql_fence_create, 0, NULL, t, "connect (CREATE SEQUENCE)")))
+			return BACKEND_ERR;
+		if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+			snprintf(c->err, sizeof(c->err), "%s", PQresultErrorMessage(r));
+			c->err[strcspn(c->err, "\n")] = 0;
+		}
+		PQclear(r);
+	}
+	fence_warn(state == 2 && !c->err[0] ? "no USAGE privilege on it" : c->err);
+	c->err[0] = 0;
+	return BACKEND_OK;
+}
+
+/*
+ * Prepares the session's three statements (the fenced variants when the
+ * sequence is usable) in one round trip, so that each call's statement is
+ * not parsed and planned again. Sets c->prepared; a failure only leaves
+ * the statements unprepared. Returns BACKEND_OK, or BACKEND_ERR (the
+ * session dropped).
+ */
+static int prepare_statements(struct backend_conn *c)
+{
+	char sql[1024];
+	PGresult *r;
+
+	snprintf(sql, sizeof(sql), "PREPARE lockshim_try(text) AS %s; PREPARE "
+		 "lockshim_wait(text, text) AS %s; PREPARE lockshim_unlock(text) AS %s",
+		 c->fenced ? sql_try_fenced : sql_try, c->fenced ? sql_wait_fenced : sql_wait,
+		 sql_unlock);
+	if (!PQsendQuery(c->pg, sql))
+		return fail(c, "connect (PREPARE)", PQerrorMessage(c->pg));
+	if (!(r = result_read(c, now_ms() + c->bc->spec->command_timeout_ms,
+			      "connect (PREPARE)")))
+		return BACKEND_ERR;
+	c->prepared = PQresultStatus(r) == PGRES_COMMAND_OK;
+	PQclear(r);
+	return BACKEND_OK;
+}
+
+/* Ignores the server's notices (libpq would print them on stderr). */
+static void notice_none(void *arg, const char *msg)
+{
+	(void)arg;
+	(void)msg;
+}
+
+static struct backend_conn *pg_open(const struct backend_config *bc, char *err, size_t errlen)
+{
+	const char *keys[5] = { "dbname", "application_name", NULL, NULL, NULL };
+	const char *vals[5] = { bc->spec->conninfo, bc->app, NULL, NULL, NULL };
+	long long deadline = now_ms() + bc->spec->connect_timeout_ms;
+	struct backend_conn *c = calloc(1, sizeof(*c));
+	PostgresPollingStatusType st = PGRES_POLLING_WRITING;
+	int k = 2;
+
+	if (!c) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	c->bc = bc;
+	c->pid = getpid();
+	if (bc->password) {
+		keys[k] = "password";
+		vals[k++] = bc->password;
+	}
+	if (!(c->pg = PQconnectStartParams(keys, vals, 1)) || PQstatus(c->pg) == CONNECTION_BAD) {
+		snprintf(err, errlen, "connect: %s", c->pg ? PQerrorMessage(c->pg) : "out of memory");
+		goto out;
+	}
+	while (st != PGRES_POLLING_OK && st != PGRES_POLLING_FAILED) {
+		int rc = sock_wait(c, st == PGRES_POLLING_READING ? POLLIN : POLLOUT, deadline);
+
+		if (rc == 0) {
+			snprintf(err, errlen, "connect: no connection within "
+				 "postgres.connect_timeout_ms (%d ms)", bc->spec->connect_timeout_ms);
+			goto out;
+		}
+		st = PQconnectPoll(c->pg);
+	}
+	if (st == PGRES_POLLING_FAILED) {
+		snprintf(err, errlen, "connect: %s", PQerrorMessage(c->pg));
+		goto out;
+	}
+	PQsetNoticeProcessor(c->pg, notice_none, NULL);
+	if (PQsetnonblocking(c->pg, 1) != 0 || fence_setup(c) != BACKEND_OK ||
+	    prepare_statements(c) != BACKEND_OK) {
+		snprintf(err, errlen, "%s", c->err[0] ? c->err : "connect: set-up failed");
+		goto out;
+	}
+	c->piped = PQenterPipelineMode(c->pg) == 1;
+	conns_add(c);
+	return c;
+out:
+	err[strcspn(err, "\n")] = 0;
+	session_drop(c);
+	free(c);
+	return NULL;
+}
+
+/* Writes "PostgreSQL HOST:PORT database DB (session advisory locks)", each
+ * from the conninfo or libpq's defaults when the conninfo does not say. */
+static void pg_describe(const struct backend_config *bc, char *buf, size_t len)
+{
+	const char *host = NULL, *port = NULL, *db = NULL;
+	PQconninfoOption *opts = PQconninfoParse(bc->spec->conninfo, NULL);
+
+	for (PQconninfoOption *o = opts; o && o->keyword; o++) {
+		if (!strcmp(o->keyword, "host") || (!strcmp(o->keyword, "hostaddr") && !host))
+			host = o->val ? o->val : host;
+		else if (!strcmp(o->keyword, "port"))
+			port = o->val;
+		else if (!strcmp(o->keyword, "dbname"))
+			db = o->val;
+	}
+	snprintf(buf, len, "PostgreSQL %s:%s database %s (session advisory locks)",
+		 host ? host : "(libpq's default host)", port ? port : "(default port)",
+		 db ? db : "(default)");
+	PQconninfoFree(opts);
+}
+
+/* In a fork child too: the socket may be the parent's, but the child's
+ * handler made it /dev/null (and the forking thread's is closed first
+ * here by lock.c after that handler). */
+static void pg_close(struct backend_conn *c)
+{
+	conns_remove(c);
+	session_drop(c);
+	free(c->holds);
+	free(c);
+}
+
+/* ---- locking ------------------------------------------------------------ */
+
+/*
+ * The first try: pg_try_advisory_lock, and the fence when granted. A
+ * waiter does not try here (its wait blocks in the server): BACKEND_NO
+ * with a wait as long as it likes. Its token held already: taken.
+ */
+static int pg_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
+		      char *holder, size_t *holder_len, long long *fence)
+{
+	const char *v[1];
+	PGresult *r;
+	long long f;
+
+	*fence = 0;
+	*holder_len = 0;
+	(void)holder;
+	if (backend_item_set(it)) {
+		snprintf(c->err, sizeof(c->err), "the postgres backend has no semaphores or "
+			 "shared locks yet");
+		return BACKEND_ERR;
+	}
+	if (hold_index(c, it) >= 0)
+		return BACKEND_OK;
+	if (it->waiting) {
+		*wait_ms = LLONG_MAX / 4;
+		return BACKEND_NO;
+	}
+	v[0] = key_text(c, it);
+	if (!(r = run(c, c->fenced ? sql_try_fenced : sql_try, 1, v,
+		      c->bc->spec->command_timeout_ms, "acquire")))
+		return BACKEND_ERR;
+	if (!rows_ok(c, r, "acquire")) {
+		PQclear(r);
+		return BACKEND_ERR;
+	}
+	f = atoll(PQgetvalue(r, 0, 0));
+	PQclear(r);
+	if (f < 0) {
+		*wait_ms = BACKEND_NOT_QUEUED;
+		return BACKEND_NO;
+	}
+	*fence = f;
+	return granted(c, it);
+}
+
+/* Sends pg_advisory_unlock of it's key; async: its reply is read with the
+ * next command (or flush). */
+static int pg_release(struct backend_conn *c, const struct backend_item *it, int async)
+{
+	long i = hold_index(c, it);
+	const char *v[1];
+	PGresult *r;
+	int ok;
+
+	if (i < 0)
+		return BACKEND_NO;
+	c->holds[i] = c->holds[--c->nholds];
+	v[0] = key_text(c, it);
+	if (async) {
+		int k;
+
+		if (c->pending == PG_PENDING_MAX && drain(c) != BACKEND_OK)
+			return BACKEND_ERR;
+		if (send_query(c, sql_unlock, 1, v, "release") != BACKEND_OK)
+			return BACKEND_ERR;
+		k = (c->phead + c->pending++) % PG_PENDING_MAX;
+		c->pkeys[k].klen = it->klen < KEY_BUF_SIZE ? it->klen : KEY_BUF_SIZE;
+		memcpy(c->pkeys[k].key, it->key, c->pkeys[k].klen);
+		/* the query goes out now (else with the next command) */
+		if (PQflush(c->pg) < 0)
+			return fail(c, "release", PQerrorMessage(c->pg));
+		return BACKEND_OK;
+	}
+	if (!(r = run(c, sql_unlock, 1, v, c->bc->spec->command_timeout_ms, "release")))
+		return BACKEND_ERR;
+	ok = rows_ok(c, r, "release") && PQgetvalue(r, 0, 0)[0] == 't';
+	PQclear(r);
+	return ok ? BACKEND_OK : BACKEND_NO;
+}
+
+/*
+ * Blocks in the server on the lock of it's key for at most timeout_ms
+ * (lock_timeout, set in the same statement): GRANTED with the fence when
+ * the release (or the holder's death) hands it over, NO at the timeout.
+ */
+static int pg_wait(struct backend_conn *c, const struct backend_item *it,
+		   long long timeout_ms, long long *fence)
+{
+	char lt[24];
+	const char *v[2];
+	PGresult *r;
+	const char *state;
+
+	*fence = 0;
+	if (hold_index(c, it) >= 0)
+		return BACKEND_GRANTED;
+	if (timeout_ms <= 0)
+		return BACKEND_NO;
+	if (timeout_ms > PG_WAIT_MAX_MS)
+		timeout_ms = PG_WAIT_MAX_MS;
+	snprintf(lt, sizeof(lt), "%lld", timeout_ms);
+	v[0] = key_text(c, it);
+	v[1] = lt;
+	if (!(r = run(c, c->fenced ? sql_wait_fenced : sql_wait, 2, v,
+		      timeout_ms + c->bc->spec->command_timeout_ms, "wait")))
+		return BACKEND_ERR;
+	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
+		*fence = atoll(PQgetvalue(r, 0, 2));
+		PQclear(r);
+		return granted(c, it) == BACKEND_OK ? BACKEND_GRANTED : BACKEND_ERR;
+	}
+	state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+	if (state && strcmp(state, "55P03") == 0) { /* lock_not_available */
+		PQclear(r);
+		return BACKEND_NO;
+	}
+	rows_ok(c, r, "wait");
+	PQclear(r);
+	return BACKEND_ERR;
+}
+
+/* Gives up it: released when this session holds it. */
+static int pg_leave(struct backend_conn *c, const struct backend_item *it, int async)
+{
+	return pg_release(c, it, async) == BACKEND_OK ? BACKEND_OK : BACKEND_NO;
+}
+
+static int pg_flush(struct backend_conn *c)
+{
+	return drain(c);
+}
+
+/* An unread release's session is dropped with it: the server frees the
+ * lock then, so nothing is left to forget. */
+static void pg_unconfirmed(struct backend_conn *c,
+			   void (*fn)(void *arg, const struct backend_item *it), void *arg)
+{
+	(void)fn;
+	(void)arg;
+	c->pending = 0;
+}
+
+/* No lease: a lock is kept while its session lives. */
+static int pg_renew(struct backend_conn *c, int n, const struct backend_item *items,
+		    int *results)
+{
+	(void)c;
+	(void)items;
+	for (int i = 0; i < n; i++)
+		results[i] = BACKEND_OK;
+	return BACKEND_OK;
+}
+
+static const char *pg_errstr(const struct backend_conn *c)
+{
+	return c->err;
+}
+
+static int pg_ping(struct backend_conn *c)
+{
+	PGresult *r = run(c, "SELECT 1", 0, NULL, c->bc->spec->command_timeout_ms, "ping");
+	int ok;
+
+	if (!r)
+		return BACKEND_ERR;
+	ok = rows_ok(c, r, "ping");
+	PQclear(r);
+	return ok ? BACKEND_OK : BACKEND_ERR;
+}
+
+static const struct backend_ops pg_ops = {
+	.name = "postgres",
+	.leaseless = 1,
+	.store = "PostgreSQL",
+	/* .settings: the core's group (backend_init sets it in its copy) */
+	.serves = pg_serves,
+	.config_new = pg_config_new,
+	.config_free = pg_config_free,
+	.open = pg_open,
+	.describe = pg_describe,
+	.close = pg_close,
+	.acquire = pg_acquire,
+	.release = pg_release,
+	.wait = pg_wait,
+	.leave = pg_leave,
+	.flush = pg_flush,
+	.unconfirmed = pg_unconfirmed,
+	.renew = pg_renew,
+	.errstr = pg_errstr,
+	.ping = pg_ping,
+};
+
+__attribute__((visibility("default")))
+const struct backend_module lockshim_backend_postgres = {
+	.abi = BACKEND_MODULE_ABI,
+	.ops = &pg_ops,
+	.bind = pg_bind,
+};

@@ -1,0 +1,669 @@
+# SPDX-License-Identifier: MIT
+"""backend = "postgres" (issue 23, its first step): session advisory locks
+in a private PostgreSQL cluster (support/postgres.py), through the module
+liblockshim-postgres.so.
+
+Exclusion of processes x threads (control: the same workload races without
+the shim), a SIGKILLed holder freeing the lock at once (control: a live
+holder makes the waiter time out at wait_ms, on_timeout applied), the
+waiter woken by the release and not by polling (no CPU over a 2 s wait,
+entering right after the release), the server restarted and frozen
+mid-run (calls bounded, on_error applied, nothing left held), the module
+or its library missing (one line, 78), a Redis-guarded program mapping
+neither libpq nor the module, locks on send/write/poll not looping back
+from libpq, every refusal (78), and the command's check, lock, status,
+unlock and metrics.
+"""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from support.postgres import PostgresServer, skip_reason
+from support.secure import NOBODY, NOGROUP, Layout
+from support.server import call_failed
+from support.util import CLI, MULT, PRELOAD, SHIM, cc, run, shim_env, wait_for, write_config
+from support.workers import race
+
+pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
+
+BLOCK_LOCK = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
+              'on_timeout = "skip"; } );\n')
+RACE_PG = ('locks = ( { symbol = "ledger_update"; key = "ledger:{arg0:str}"; '
+           'wait_ms = 30000; } );\n')
+MODULE = os.path.join(os.path.dirname(SHIM), "liblockshim-postgres.so")
+
+
+@pytest.fixture(scope="module")
+def pg():
+    s = PostgresServer()
+    try:
+        yield s.start()
+    finally:
+        s.cleanup()
+
+
+@pytest.fixture
+def own_pg(request):
+    """A server of the test's own (it is restarted or frozen)."""
+    s = PostgresServer()
+    try:
+        yield s.start()
+        if call_failed(request):
+            print("---- postgres log ----\n" + s.tail())
+    finally:
+        s.cleanup()
+
+
+def pg_config(tmp_path, pg, body, extra=""):
+    """A config of backend "postgres" on pg plus body; returns its path."""
+    return write_config(tmp_path, None, 'backend = "postgres";\npostgres = { conninfo = "%s"; '
+                        '%s };\n%s' % (pg.conninfo(), extra, body))
+
+
+def advisory(pg, granted=None):
+    """How many advisory locks the server has (granted: only those, or only
+    the waits)."""
+    cond = "" if granted is None else " AND %s granted" % ("" if granted else "NOT")
+    return int(pg.psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'" + cond))
+
+
+def cpu_ticks(pid):
+    """utime + stime of pid, in clock ticks."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def threads(pid):
+    return len(os.listdir("/proc/%d/task" % pid))
+
+
+def maps(pid):
+    with open("/proc/%d/maps" % pid) as f:
+        return f.read()
+
+
+# ---- exclusion ------------------------------------------------------------------
+
+@pytest.mark.timing
+def test_control_processes_and_threads_lose_updates(progs, tmp_path):
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), None, procs=3, iters=10,
+                threads=3) < 90
+
+
+def test_processes_and_threads_exclude_each_other(progs, pg, tmp_path):
+    """3 processes x 3 threads: exact; a fence from the sequence per grant."""
+    cfg = pg_config(tmp_path, pg, RACE_PG)
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
+                threads=3) == 90
+    assert int(pg.psql("SELECT last_value FROM lockshim_fence")) >= 90
+    assert advisory(pg) == 0
+
+
+def test_several_keys_exclude(progs, pg, tmp_path):
+    """A lock of two keys (taken in byte order, released together: two
+    pipelined async releases): exact."""
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "ledger_update"; keys = ( "z", '
+                    '"ledger:{arg0:str}" ); wait_ms = 30000; } );\n')
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
+                threads=2) == 60
+    assert advisory(pg) == 0
+
+
+def test_fences_increase(progs, pg, tmp_path):
+    cfg = pg_config(tmp_path, pg, RACE_PG)
+    path = str(tmp_path / "c")
+    with open(path, "w") as f:
+        f.write("0\n")
+    r = run([progs["ledger"], "direct", path, "3"], cfg, LOCKSHIM_LOG_LEVEL="debug")
+    assert r.returncode == 0, r.stderr
+    fences = [int(l.rsplit("fence ", 1)[1]) for l in r.stderr.splitlines() if " acquired " in l]
+    assert len(fences) == 3 and fences == sorted(fences) and fences[0] > 0, r.stderr
+    assert fences[-1] == int(pg.psql("SELECT last_value FROM lockshim_fence"))
+
+
+def test_psql_sees_the_lock_under_its_key_id(bg, worker_progs, pg, tmp_path):
+    """The id is hashtextextended(key, 0): an operator's psql finds it."""
+    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 30000)
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    assert pg.psql("SELECT pg_try_advisory_lock(hashtextextended('lockshim:blk', 0))") == "f"
+    assert pg.psql("SELECT application_name FROM pg_stat_activity a JOIN pg_locks l "
+                   "USING (pid) WHERE l.locktype = 'advisory'") == "lockshim:block"
+    holder.send()
+    holder.expect("call rc=42")
+
+
+def keepalive_timer(pg, client_port):
+    """The server-side socket's keepalive timer of the session from
+    client_port, as ss(8) prints it ("9.5sec", "119min")."""
+    def timer():
+        out = subprocess.run(["ss", "-tnoH", "state", "established",
+                              "( sport = :%d and dport = :%d )" % (pg.port, client_port)],
+                             capture_output=True, text=True).stdout
+        m = re.search(r"timer:\(keepalive,([^,]+),", out)  # else another timer runs now
+        return m and m.group(1)
+    return wait_for(timer, what="a keepalive timer on port %d" % client_port)
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="no ss(8) (iproute2)")
+def test_holders_session_has_a_short_tcp_keepalive(bg, worker_progs, pg, tmp_path):
+    """A holder's host that dies without closing its connection is noticed
+    by the server in about 30 s, not the system's 2 h; control: a psql
+    session of the same server keeps the system's 2 h."""
+    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 30000)
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    port = int(pg.psql("SELECT client_port FROM pg_stat_activity WHERE application_name = "
+                       "'lockshim:block'"))
+    timer = keepalive_timer(pg, port)
+    assert "min" not in timer and float(re.match(r"[\d.]+", timer).group()) <= 10, timer
+    control = subprocess.Popen(["psql", "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres",
+                                "-Atc", "SELECT pg_sleep(30)"], stdout=subprocess.DEVNULL)
+    try:
+        port = int(wait_for(lambda: pg.psql(
+            "SELECT client_port FROM pg_stat_activity WHERE query LIKE '%pg_sleep(30)%' AND "
+            "pid <> pg_backend_pid()") or None, what="the control session"))
+        assert keepalive_timer(pg, port).endswith("min")
+    finally:
+        control.kill()
+        control.wait()
+    holder.send()
+    holder.expect("call rc=42")
+
+
+# ---- holders that die, waiters that wake ----------------------------------------
+
+def test_killed_holder_frees_the_lock_at_once(bg, worker_progs, pg, tmp_path):
+    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 30000)
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: advisory(pg, granted=False) == 1, what="the waiter in the server")
+    t0 = time.monotonic()
+    holder.p.kill()
+    waiter.expect("enter", timeout=5)
+    assert time.monotonic() - t0 < 3 * MULT  # wait_ms is 30 s
+    waiter.send()
+    assert waiter.expect("call").startswith("call rc=42")
+
+
+def test_control_live_holder_makes_the_waiter_time_out(bg, worker_progs, pg, tmp_path):
+    """wait_ms bounds the wait; on_timeout "skip" applies."""
+    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 1500)
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    t0 = time.monotonic()
+    r = run([worker_progs["block"]], cfg)
+    took = time.monotonic() - t0
+    assert r.stdout.strip() == "call rc=-1 errno=16", (r.stdout, r.stderr)
+    assert 1.4 <= took < 1.5 + 5 * MULT
+    assert "still held by another owner after 1500 ms" in r.stderr
+    holder.send()
+    holder.expect("call rc=42")
+
+
+@pytest.mark.timing
+def test_waiter_is_woken_by_the_release_not_by_polling(bg, worker_progs, pg, tmp_path):
+    """Over a 2 s wait the waiter has one thread and spends (nearly) no CPU;
+    once the holder's call returns it enters at once."""
+    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 60000)
+    holder = bg([worker_progs["block"], "stay"], cfg)
+    holder.expect("enter")
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: advisory(pg, granted=False) == 1, what="the waiter in the server")
+    before = cpu_ticks(waiter.p.pid)
+    time.sleep(2)  # the span measured, not a synchronisation
+    assert threads(waiter.p.pid) == 1
+    assert cpu_ticks(waiter.p.pid) - before <= 2
+    assert advisory(pg, granted=False) == 1  # one wait, not asked again
+    holder.send()
+    holder.expect("call rc=42")
+    t0 = time.monotonic()
+    waiter.expect("enter", timeout=5)
+    assert time.monotonic() - t0 < 1 * MULT
+
+
+FORK_LIB_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+/* Another thread forks a child that outlives the process (it waits for its
+ * stdin to close) while this one holds the lock; then waits for a line. */
+static void *forker(void *arg)
+{
+	char c;
+	pid_t pid = fork();
+
+	(void)arg;
+	if (pid == 0) {
+		while (read(0, &c, 1) == 1)
+			;
+		_exit(0);
+	}
+	printf("enter child=%d\n", (int)pid);
+	fflush(stdout);
+	return NULL;
+}
+int held_call(int x)
+{
+	pthread_t t;
+	char c;
+
+	pthread_create(&t, NULL, forker, NULL);
+	pthread_join(t, NULL);
+	while (read(0, &c, 1) == 1 && c != '\n')
+		;
+	return x;
+}
+"""
+
+
+def test_fork_child_of_another_thread_does_not_keep_the_lock(bg, worker_progs, pg, tmp_path):
+    """A thread forks while another holds the lock; the holder is
+    SIGKILLed: its session ends (the child's inherited copy of the socket
+    is /dev/null) and the waiter enters at once, the child still running.
+    Without pg_atfork_child the child kept the session, and the lock, until
+    it exited (checked by disabling it)."""
+    d = tmp_path / "fork"
+    d.mkdir()
+    (d / "lib.c").write_text(FORK_LIB_C)
+    (d / "main.c").write_text("int held_call(int x);\nint main(void) { return held_call(0); }\n")
+    cc(str(d / "libheld.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC", "-pthread")
+    prog = cc(str(d / "held"), [str(d / "main.c")], "-O2", "-L" + str(d),
+              "-Wl,-rpath," + str(d), "-lheld")
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "held_call"; key = "blk"; }, '
+                    '{ symbol = "block_call"; key = "blk"; wait_ms = 30000; } );\n')
+    holder = bg([prog], cfg)
+    child = int(holder.expect("enter child=").split("=")[1])
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: advisory(pg, granted=False) == 1, what="the waiter in the server")
+    t0 = time.monotonic()
+    holder.p.kill()
+    waiter.expect("enter", timeout=10)
+    assert time.monotonic() - t0 < 3 * MULT
+    assert os.path.exists("/proc/%d" % child)
+    holder.p.stdin.close()  # the child's stdin: it exits
+    waiter.send()
+    waiter.expect("call rc=42")
+
+
+EXEC_LIB_C = r"""
+#include <unistd.h>
+/* Execs a shell that says so and waits for a line, inside the guarded call. */
+int exec_call(int x)
+{
+	execl("/bin/sh", "sh", "-c", "echo execd; read line", (char *)0);
+	return x;
+}
+"""
+
+
+def test_exec_inside_a_guarded_call_frees_the_lock(bg, worker_progs, pg, tmp_path):
+    """libpq's socket is close-on-exec: the exec ends the session, so the
+    waiter enters while the exec'd program runs; control: the live holder
+    before it (test_control_live_holder_makes_the_waiter_time_out)."""
+    d = tmp_path / "exec"
+    d.mkdir()
+    (d / "lib.c").write_text(EXEC_LIB_C)
+    (d / "main.c").write_text("int exec_call(int x);\nint main(void) { return exec_call(0); }\n")
+    cc(str(d / "libexec.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC")
+    prog = cc(str(d / "execer"), [str(d / "main.c")], "-O2", "-L" + str(d),
+              "-Wl,-rpath," + str(d), "-lexec")
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "exec_call"; key = "blk"; }, '
+                    '{ symbol = "block_call"; key = "blk"; wait_ms = 30000; } );\n')
+    holder = bg([prog], cfg)
+    holder.expect("execd")
+    waiter = bg([worker_progs["block"]], cfg)
+    waiter.expect("enter", timeout=10)
+    assert holder.p.poll() is None  # the exec'd shell still runs
+    holder.send()
+    waiter.send()
+    waiter.expect("call rc=42")
+
+
+# ---- the server restarted or frozen ---------------------------------------------
+
+def test_server_restarted_mid_run(bg, worker_progs, own_pg, tmp_path):
+    """Down: the call gives up within wait_ms (on_error "skip", an error
+    line); back: calls work again and nothing is left held. The holder of
+    the restart lost its lock without being told (this step's limit)."""
+    cfg = pg_config(tmp_path, own_pg, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                    'wait_ms = 1500; on_error = "skip"; } );\n',
+                    "connect_timeout_ms = 300; command_timeout_ms = 300;")
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    own_pg.stop()
+    t0 = time.monotonic()
+    r = run([worker_progs["block"]], cfg)
+    assert r.stdout.startswith("call rc=-1"), (r.stdout, r.stderr)
+    assert time.monotonic() - t0 < 1.5 + 3 * MULT
+    assert "PostgreSQL unavailable for 1500 ms" in r.stderr, r.stderr
+    own_pg.start()
+    # the known limit of this step (doc/backends-postgres-plan.md): the
+    # restart ended the holder's session, so its lock is gone while it is
+    # still inside its call, and it is not told (no lease, no renewal)
+    r = run([worker_progs["block"]], cfg, timeout=20)
+    assert "call rc=42" in r.stdout, (r.stdout, r.stderr)
+    holder.send()
+    holder.expect("call rc=42")
+    holder.p.wait(timeout=10)
+    # told only at its release (no lease): the session was gone
+    assert "reading the replies of releases failed" in holder.stderr(), holder.stderr()
+    r = run([worker_progs["block"]], cfg, timeout=20)
+    assert "call rc=42" in r.stdout, (r.stdout, r.stderr)
+    assert advisory(own_pg) == 0
+
+
+def test_frozen_server_bounds_every_call(worker_progs, own_pg, tmp_path):
+    """The server's processes stopped (SIGSTOP): the call gives up by
+    command_timeout_ms and wait_ms, on_error applied."""
+    cfg = pg_config(tmp_path, own_pg, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                    'wait_ms = 1000; on_error = "skip"; } );\n',
+                    "connect_timeout_ms = 300; command_timeout_ms = 300;")
+    master = own_pg.pid()
+    kids = [int(p) for p in open("/proc/%d/task/%d/children" % (master, master)).read().split()]
+    def signal_all(sig):
+        for p in [master] + kids:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:  # a session that was ending
+                pass
+    signal_all(signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        r = run([worker_progs["block"]], cfg, timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        signal_all(signal.SIGCONT)
+    assert r.stdout.startswith("call rc=-1"), (r.stdout, r.stderr)
+    assert took < 1.0 + 3 * MULT, took
+    assert "connect_timeout_ms" in r.stderr, r.stderr
+
+
+# ---- the module ------------------------------------------------------------------
+
+def preload_only(shim):
+    """LD_PRELOAD with shim instead of the build's (the sanitizer runtime kept)."""
+    return PRELOAD.replace(SHIM, shim)
+
+
+def test_missing_module_is_one_line_and_78(worker_progs, pg, tmp_path):
+    d = tmp_path / "lib"
+    d.mkdir()
+    shutil.copy(SHIM, str(d / "liblockshim.so"))
+    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 1000)
+    r = subprocess.run([worker_progs["block"]], env=shim_env(cfg, LD_PRELOAD=preload_only(
+        str(d / "liblockshim.so"))), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert r.returncode == 78, (r.stdout, r.stderr)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "liblockshim-postgres.so is not installed beside " \
+        "liblockshim.so (%s)" % d in lines[0], r.stderr
+
+
+def test_module_whose_library_is_missing_names_the_package(worker_progs, pg, tmp_path):
+    """A module that cannot be loaded (here: its client library is gone)."""
+    d = tmp_path / "lib"
+    d.mkdir()
+    shutil.copy(SHIM, str(d / "liblockshim.so"))
+    src = tmp_path / "gone.c"
+    src.write_text("int gone(void) { return 1; }\n")
+    cc(str(tmp_path / "libgone.so"), [str(src)], "-shared", "-fPIC")
+    mod = tmp_path / "mod.c"
+    mod.write_text("int gone(void); int lockshim_backend_postgres(void) { return gone(); }\n")
+    cc(str(d / "liblockshim-postgres.so"), [str(mod)], "-shared", "-fPIC",
+       "-L" + str(tmp_path), "-lgone")
+    os.unlink(str(tmp_path / "libgone.so"))
+    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 1000)
+    r = subprocess.run([worker_progs["block"]], env=shim_env(cfg, LD_PRELOAD=preload_only(
+        str(d / "liblockshim.so"))), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert r.returncode == 78, (r.stdout, r.stderr)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "liblockshim-postgres.so cannot be loaded (" in lines[0] \
+        and "libgone.so" in lines[0] and lines[0].endswith("install libpq5"), r.stderr
+    r = run([CLI, "check", "-c", cfg], LD_PRELOAD="")
+    assert r.returncode == 0  # the command's own module (the build's) is there
+
+
+def test_redis_guarded_program_maps_no_libpq(bg, worker_progs, redis, pg, tmp_path):
+    """Control: the same program guarded with postgres maps both."""
+    rcfg = write_config(tmp_path, redis, BLOCK_LOCK % 1000)
+    p = bg([worker_progs["block"]], rcfg)
+    p.expect("enter")
+    m = maps(p.p.pid)
+    assert "libpq" not in m and "liblockshim-postgres" not in m
+    p.send()
+    p.expect("call rc=42")
+    (tmp_path / "p").mkdir()
+    pcfg = pg_config(tmp_path / "p", pg, BLOCK_LOCK % 1000)
+    q = bg([worker_progs["block"]], pcfg)
+    q.expect("enter")
+    m = maps(q.p.pid)
+    assert "libpq.so" in m and "liblockshim-postgres.so" in m
+    q.send()
+    q.expect("call rc=42")
+
+
+IO_C = r"""
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+int main(void)
+{
+	int sv[2];
+	char buf[8];
+	socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+	for (int i = 0; i < 20; i++) {
+		struct pollfd p = { .fd = sv[1], .events = POLLIN };
+		if (send(sv[0], "x", 1, 0) != 1 || poll(&p, 1, 1000) != 1 ||
+		    read(sv[1], buf, 1) != 1 || write(1, "ok\n", 3) != 3)
+			return 1;
+	}
+	return 0;
+}
+"""
+
+
+def test_locks_on_send_write_poll_do_not_loop_through_libpq(pg, tmp_path):
+    """The module and what it brought in (libpq, libssl, ...) are never
+    redirected, so libpq's own send/poll/write reach libc (the guard would
+    pass them through too): every guarded call of the program is taken once,
+    in the server."""
+    src = tmp_path / "io.c"
+    src.write_text(IO_C)
+    prog = cc(str(tmp_path / "io"), [str(src)], "-O2")
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "send"; key = "s"; }, '
+                    '{ symbol = "poll"; key = "p"; }, { symbol = "write"; key = "w"; }, '
+                    '{ symbol = "recv"; key = "r"; }, { symbol = "read"; key = "rd"; } );\n')
+    r = run([prog], cfg, LOCKSHIM_LOG_LEVEL="debug", timeout=30)
+    assert r.returncode == 0 and r.stdout == "ok\n" * 20, (r.stdout, r.stderr[-2000:])
+    acquired = [l for l in r.stderr.splitlines() if " acquired " in l]
+    assert len(acquired) >= 80, r.stderr[-2000:]  # send, poll, read, write: 20 each
+    brought = ("libpq", "liblockshim-postgres", "libssl", "libcrypto", "libgssapi", "libldap",
+               "libkrb5", "libk5crypto", "libsasl2")
+    redirected = [l for l in r.stderr.splitlines() if " redirected" in l and
+                  any(b in l for b in brought)]
+    assert redirected == [], redirected
+
+
+# ---- refusals -------------------------------------------------------------------
+
+@pytest.mark.parametrize("setting", [
+    "lease_ms = 5000", "on_lost = \"kill\"", "linger_ms = 10", "limit = 2",
+    "mode = \"shared\"", "max_hold_ms = 100", "retry_max_ms = 50",
+    "break_dead_holders = false", "fair = true", "handoff_ms = 5",
+])
+@pytest.mark.parametrize("where", ["lock", "defaults"])
+def test_refused_settings(pg, tmp_path, setting, where):
+    name = setting.split()[0]
+    if where == "lock":
+        body = 'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting
+    else:
+        body = 'defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
+    cfg = pg_config(tmp_path, pg, body)
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 78, (r.stdout, r.stderr)
+    what = "locks[0].%s" % name if where == "lock" else "defaults.%s" % name
+    assert what in r.stderr and "backend \"postgres\"" in r.stderr, r.stderr
+
+
+def test_wait_replicas_is_refused_with_the_redis_group(pg, tmp_path):
+    cfg = pg_config(tmp_path, pg, 'redis = { wait_replicas = 1; };\n'
+                    'locks = ( { symbol = "rename"; key = "k"; } );\n')
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 78 and "redis" in r.stderr, r.stderr
+
+
+# ---- the command ----------------------------------------------------------------
+
+def test_check_probes_the_server(pg, tmp_path):
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^postgres: ok \(.* at PostgreSQL 127\.0\.0\.1:%d database postgres "
+                     r"\(session advisory locks\)\)$" % pg.port, r.stdout, re.M), r.stdout
+    assert advisory(pg) == 0
+    assert pg.psql("SELECT to_regclass('lockshim_fence') IS NOT NULL") == "t"
+
+
+def test_passwords_from_the_file_the_setting_and_the_variable(own_pg, tmp_path):
+    """password_file, password and LOCKSHIM_POSTGRES_PASSWORD (which
+    overrides both) reach the server; control: a wrong one is refused,
+    and the password is never printed."""
+    own_pg.add_password_user("locker", "s3cret")
+    own_pg.psql("GRANT USAGE ON SCHEMA public TO locker")
+    (tmp_path / "pw").write_text("s3cret\n")
+    (tmp_path / "bad").write_text("wrong\n")
+    conninfo = "host=127.0.0.1 port=%d user=locker dbname=postgres" % own_pg.port
+    lock = 'locks = ( { symbol = "rename"; key = "k"; } );\n'
+
+    def check(extra, **env):
+        cfg = write_config(tmp_path, None, 'backend = "postgres";\npostgres = { conninfo = '
+                           '"%s"; %s };\n%s' % (conninfo, extra, lock))
+        return run([CLI, "check", "-c", cfg], **env)
+    r = check('password_file = "%s";' % (tmp_path / "pw"))
+    assert r.returncode == 0 and "postgres: ok" in r.stdout, r.stderr
+    # PostgreSQL 15: no CREATE on schema public for locker, so no sequence:
+    # fences are 0, one warn line; once made and granted, no line
+    warned = [l for l in r.stderr.splitlines() if "fencing tokens are 0" in l]
+    assert len(warned) == 1 and "lockshim_fence" in warned[0], r.stderr
+    cfg = str(tmp_path / "lockshim.cfg")
+    r = run([CLI, "lock", "-c", cfg, "job", "--", "sh", "-c", "echo $LOCKSHIM_FENCE"])
+    assert r.returncode == 0 and r.stdout == "0\n", (r.stdout, r.stderr)
+    own_pg.psql("CREATE SEQUENCE lockshim_fence; GRANT USAGE ON SEQUENCE lockshim_fence TO locker")
+    r = check('password = "s3cret";')
+    assert "fencing tokens are 0" not in r.stderr, r.stderr
+    assert r.returncode == 0 and "s3cret" not in r.stdout + r.stderr, (r.stdout, r.stderr)
+    r = check('password_file = "%s";' % (tmp_path / "bad"))
+    assert r.returncode == 69 and "password authentication failed" in r.stderr, r.stderr
+    r = check('password_file = "%s";' % (tmp_path / "bad"), LOCKSHIM_POSTGRES_PASSWORD="s3cret")
+    assert r.returncode == 0, r.stderr
+    r = check('password = "s3cret"; password_file = "%s";' % (tmp_path / "pw"))
+    assert r.returncode == 78 and "give password or password_file" in r.stderr, r.stderr
+
+
+def test_check_reports_a_server_that_is_down(tmp_path):
+    cfg = write_config(tmp_path, None, 'backend = "postgres";\npostgres = { conninfo = '
+                       '"host=127.0.0.1 port=1 user=postgres"; };\n'
+                       'locks = ( { symbol = "rename"; key = "k"; } );\n')
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode not in (0, 78) and "postgres: connect:" in r.stderr, r.stderr
+
+
+def test_lock_command_holds_and_fences(pg, tmp_path):
+    cfg = pg_config(tmp_path, pg, "")
+    r = run([CLI, "lock", "-c", cfg, "job", "--", "sh", "-c",
+             "echo fence=$LOCKSHIM_FENCE; psql -h 127.0.0.1 -p %d -U postgres -Atc "
+             "\"SELECT pg_try_advisory_lock(hashtextextended('lockshim:job', 0))\"" % pg.port],
+            LD_PRELOAD="")
+    assert r.returncode == 0, r.stderr
+    fence, taken = r.stdout.split()
+    assert int(fence.split("=")[1]) > 0 and taken == "f", r.stdout
+    assert advisory(pg) == 0
+
+
+@pytest.mark.parametrize("verb", [["status"], ["unlock", "k"], ["metrics"]])
+def test_verbs_not_built_exit_1(pg, tmp_path, verb):
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
+    r = run([CLI] + verb[:1] + ["-c", cfg] + verb[1:])
+    assert r.returncode == 1 and "postgres" in r.stderr, (r.stdout, r.stderr)
+
+
+def test_key_that_is_not_utf8_is_hashed_as_its_hex(pg, tmp_path):
+    """A key PostgreSQL would refuse as text (here a byte 0xff) locks the id
+    of "\\x" and its hex; control: a UTF-8 key locks its own text's id."""
+    cfg = pg_config(tmp_path, pg, "")
+    key = b"job\xff"
+    hexed = "\\x" + (b"lockshim:" + key).hex()
+    sql = ("SELECT pg_try_advisory_lock(hashtextextended('%s', 0)), "
+           "pg_try_advisory_lock(hashtextextended('lockshim:job', 0))" % hexed)
+    cmd = "psql -h 127.0.0.1 -p %d -U postgres -Atc \"%s\"" % (pg.port, sql)
+    r = subprocess.run([CLI.encode(), b"lock", b"-c", cfg.encode(), key, b"--", b"sh", b"-c",
+                        cmd.encode()], env=shim_env(cfg, preload=False), capture_output=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().strip() == "f|t", r.stdout  # ours taken; the other free
+    r = run([CLI, "lock", "-c", cfg, "job", "--", "sh", "-c", cmd])
+    assert r.returncode == 0 and r.stdout.strip() == "t|f", (r.stdout, r.stderr)
+    assert advisory(pg) == 0
+
+
+@pytest.mark.parametrize("verb", [["check"], ["lock", "k", "--", "true"], ["status"]])
+def test_command_without_the_module_is_one_line_and_78(pg, tmp_path, verb):
+    """A copy of the command with no module beside it (nor in ../lib or
+    the install dir)."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    shutil.copy(CLI, str(d / "lockshim"))
+    for where in ("/usr/local/lib", "/usr/lib/x86_64-linux-gnu/lockshim"):
+        if os.path.exists(os.path.join(where, "liblockshim-postgres.so")):
+            pytest.skip("a module is installed in %s" % where)
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
+    r = run([str(d / "lockshim")] + verb[:1] + ["-c", cfg] + verb[1:])
+    assert r.returncode == 78, (r.stdout, r.stderr)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "liblockshim-postgres.so is not installed" in lines[0], r.stderr
+
+
+def test_setuid_program_refuses_the_users_libpq_variables(pg):
+    """libpq obeys its PG* variables (getenv): in a set-user-ID program run
+    by nobody, one of them set (here the user's own CA) refuses the backend,
+    one line, and the program runs unguarded as with any untrusted setting;
+    control: without it the same program is guarded (its lock in pg_locks)."""
+    lay = Layout(1, 1)
+    try:
+        lay._write(lay.cfg, 'backend = "postgres";\npostgres = { conninfo = "%s"; };\n'
+                   'locks = ( { symbol = "secure_work"; key = "secure"; } );\n'
+                   % pg.conninfo(), 0o644)
+
+        def go(**user_env):
+            env = {k: v for k, v in shim_env(None, preload=False).items()
+                   if not k.startswith(("LOCKSHIM_", "PG"))}
+            env.update(user_env)
+            p = subprocess.Popen([lay.launch, lay.upper, lay.work, str(NOBODY), str(NOGROUP),
+                                  lay.secure], env=env,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            first = p.stdout.readline()
+            held = advisory(pg) if first.startswith("enter") else None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            out, err = p.communicate(timeout=30)
+            if p.returncode == 2 and err.startswith("secure_launch: namespace:"):
+                pytest.skip("no private mount namespace here: " + err.strip())
+            return first + out, err, held
+
+        out, err, held = go()
+        assert "enter threads=1 euid=0" in out and held == 1 and err == "", (out, err)
+        out, err, held = go(PGSSLROOTCERT="/tmp/users-own-ca.crt")
+        assert "enter threads=1 euid=0" in out and held == 0, (out, err)
+        lines = [l for l in err.splitlines() if l.strip()]
+        assert len(lines) == 1 and "PGSSLROOTCERT is set in a set-ID program" in lines[0], err
+    finally:
+        lay.cleanup()
