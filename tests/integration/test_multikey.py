@@ -145,19 +145,24 @@ def test_uncontended_two_keys_cost_one_round_trip(acct, redis, tmp_path):
     once the server knows the scripts (the first call's EVALSHA gets
     NOSCRIPT and sends them again, together, as EVAL: two).
     Control: fair = true takes each key with the queue script, one round
-    trip each, two delays."""
+    trip each, two delays. Every command's deadline is well past the delay
+    (command_timeout_ms = 5000): at the default 500 ms, equal to the
+    delay, a reply held a few ms longer on a loaded machine timed out, and
+    the token of that unanswered command kept the key until its lease
+    ended ("may keep a token of this process until it expires"), so the
+    measured call waited 2.5 s (1 ASan run in about 60)."""
     proxy = Proxy(redis.port, reply_delay=DELAY).start()
+    server = 'redis = { host = "127.0.0.1"; port = %d; command_timeout_ms = 5000; };\n' \
+        % proxy.port
     try:
         a, b = accounts(tmp_path, "x1", "x2")
-        cfg = write_config(tmp_path, None, 'redis = { host = "127.0.0.1"; port = %d; };\n'
-                           % proxy.port + KEYS_LOCK % (30000, ""))
+        cfg = write_config(tmp_path, None, server + KEYS_LOCK % (30000, ""))
         # the server learns the scripts (NOSCRIPT: both sent again, together)
         assert rc_of(run([acct, "once", a, b, "1"], cfg).stdout) == 1
         r = run([acct, "once", a, b, "1"], cfg)
         assert rc_of(r.stdout) == 1, r.stderr
         assert DELAY * 1e6 <= us_of(r.stdout) < 1.8 * DELAY * 1e6 * MULT, r.stdout
-        fair = write_config(tmp_path, None, 'redis = { host = "127.0.0.1"; port = %d; };\n'
-                            % proxy.port + KEYS_LOCK % (30000, "fair = true;"))
+        fair = write_config(tmp_path, None, server + KEYS_LOCK % (30000, "fair = true;"))
         assert rc_of(run([acct, "once", a, b, "1"], fair).stdout) == 1
         r = run([acct, "once", a, b, "1"], fair)
         assert rc_of(r.stdout) == 1, r.stderr
