@@ -8,18 +8,14 @@
  * handoff_ms, on_overrun) are refused when the file sets them, in a lock
  * or in `defaults`; fair, limit > 1, mode "shared", linger_ms > 0 and
  * max_hold_ms are refused by value. linger_ms's built-in value is 0 here
- * (pg_lock_defaults). The password file is read here (in secure-execution
- * mode only a trusted one, as redis.password_file); the module reads
+ * (pg_lock_defaults). The password file is read with conf_read_password_file
+ * (in secure-execution mode only a trusted one, as redis.password_file); the module reads
  * LOCKSHIM_POSTGRES_PASSWORD itself (secure_getenv). This file is in the
  * core: backend.c registers backend_postgres_settings, conf.c never names it.
  */
 #include "backend_postgres_conf.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
-#include <string.h>
-#include <unistd.h>
 
 #include "conf.h"
 #include "conf_field.h"
@@ -34,43 +30,6 @@ static const struct conf_field pg_fields[] = {
 	{ .name = NULL }
 };
 
-/* Reads the first line of p->password_file into p->password; in
- * secure-execution mode only from a file conf_open_trusted accepts (else
- * e->untrusted is set with the error). Returns 0, or -1 said. */
-static int read_password_file(struct conf_err *e, const config_setting_t *g,
-			      struct postgres_spec *p)
-{
-	const config_setting_t *s = config_setting_get_member(g, "password_file");
-	char line[1024], why[512];
-	FILE *f = NULL;
-	size_t n;
-	int fd;
-
-	if (!conf_secure()) {
-		f = fopen(p->password_file, "re");
-	} else if ((fd = conf_open_trusted(p->password_file, O_RDONLY, 0, 1, why,
-					   sizeof(why))) >= 0) {
-		if (!(f = fdopen(fd, "re")))
-			close(fd);
-	} else {
-		e->untrusted = fd == CONF_UNTRUSTED;
-		return conf_fail(e, s, "postgres.password_file", "%s", why);
-	}
-	if (!f)
-		return conf_fail(e, s, "postgres.password_file", "cannot open \"%s\": %s",
-				 p->password_file, strerror(errno));
-	if (!fgets(line, sizeof(line), f))
-		line[0] = 0;
-	fclose(f);
-	n = strcspn(line, "\r\n");
-	line[n] = 0;
-	if (!n)
-		return conf_fail(e, s, "postgres.password_file",
-				 "\"%s\" has no password on its first line", p->password_file);
-	return conf_str_set(&p->password, line) ?
-		conf_fail(e, s, "postgres.password_file", "out of memory") : 0;
-}
-
 /* The group's check: one password source at most, the file read. */
 static int pg_check(struct conf_err *e, const config_setting_t *g, void *data)
 {
@@ -79,7 +38,9 @@ static int pg_check(struct conf_err *e, const config_setting_t *g, void *data)
 	if (p->password && p->password_file)
 		return conf_fail(e, config_setting_get_member(g, "password_file"),
 				 "postgres.password_file", "give password or password_file, not both");
-	if (p->password_file && read_password_file(e, g, p))
+	if (p->password_file &&
+	    conf_read_password_file(e, config_setting_get_member(g, "password_file"),
+				    "postgres.password_file", p->password_file, &p->password))
 		return -1;
 	return 0;
 }

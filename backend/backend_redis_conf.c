@@ -11,12 +11,9 @@
  */
 #include "backend_redis_conf.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "conf.h"
 #include "conf_field.h"
@@ -95,40 +92,6 @@ static int tls_check(struct conf_err *e, const config_setting_t *g, void *member
 	return 0;
 }
 
-/* Reads the first line of r->password_file into r->password; in
- * secure-execution mode only from a file conf_open_trusted accepts (else
- * e->untrusted is set with the error). */
-static int read_password_file(struct conf_err *e, const config_setting_t *g, struct redis_spec *r)
-{
-	char line[1024], why[512];
-	FILE *f = NULL;
-	size_t n;
-	int fd;
-
-	if (!conf_secure()) {
-		f = fopen(r->password_file, "re");
-	} else if ((fd = conf_open_trusted(r->password_file, O_RDONLY, 0, 1, why,
-					   sizeof(why))) >= 0) {
-		if (!(f = fdopen(fd, "re")))
-			close(fd);
-	} else {
-		e->untrusted = fd == CONF_UNTRUSTED;
-		return conf_fail(e, g, "redis.password_file", "%s", why);
-	}
-	if (!f)
-		return conf_fail(e, g, "redis.password_file", "cannot open \"%s\": %s",
-			    r->password_file, strerror(errno));
-	if (!fgets(line, sizeof(line), f))
-		line[0] = 0;
-	fclose(f);
-	n = strcspn(line, "\r\n");
-	line[n] = 0;
-	if (!n)
-		return conf_fail(e, g, "redis.password_file", "\"%s\" has no password on its first line",
-			    r->password_file);
-	return conf_str_set(&r->password, line) ? conf_fail(e, g, "redis.password_file", "out of memory") : 0;
-}
-
 /* Checks the "host:port" entries of the list v, the setting what (at
  * least one). Returns 0, or -1 (said). */
 static int check_endpoints(struct conf_err *e, const config_setting_t *g, const char *what,
@@ -177,7 +140,8 @@ static int master_inherit(struct conf_err *e, const config_setting_t *g, struct 
 		return conf_fail(e, g, what, "give host (and port) or socket");
 	if (m->password && m->password_file)
 		return conf_fail(e, g, what, "give password or password_file, not both");
-	if (m->password_file && read_password_file(e, g, m))
+	if (m->password_file && conf_read_password_file(e, g, "redis.password_file",
+							m->password_file, &m->password))
 		return -1;
 	if (m->db < 0)
 		m->db = r->db;
@@ -248,7 +212,8 @@ static int redis_check(struct conf_err *e, const config_setting_t *g, void *data
 
 	if (r->password && r->password_file)
 		return conf_fail(e, g, "redis.password_file", "give password or password_file, not both");
-	if (r->password_file && read_password_file(e, g, r))
+	if (r->password_file && conf_read_password_file(e, g, "redis.password_file",
+							r->password_file, &r->password))
 		return -1;
 	if (env && *env && conf_str_set(&r->password, env))
 		return conf_fail(e, g, "redis", "out of memory");

@@ -718,6 +718,35 @@ int conf_open_trusted(const char *path, int flags, int mode, int file_too, char 
 	return fd;
 }
 
+int conf_read_password_file(struct conf_err *e, const config_setting_t *s, const char *what,
+			    const char *path, char **password)
+{
+	char line[1024], why[512];
+	FILE *f = NULL;
+	size_t n;
+	int fd;
+
+	if (!conf_secure()) {
+		f = fopen(path, "re");
+	} else if ((fd = conf_open_trusted(path, O_RDONLY, 0, 1, why, sizeof(why))) >= 0) {
+		if (!(f = fdopen(fd, "re")))
+			close(fd);
+	} else {
+		e->untrusted = fd == CONF_UNTRUSTED;
+		return conf_fail(e, s, what, "%s", why);
+	}
+	if (!f)
+		return conf_fail(e, s, what, "cannot open \"%s\": %s", path, strerror(errno));
+	if (!fgets(line, sizeof(line), f))
+		line[0] = 0;
+	fclose(f);
+	n = strcspn(line, "\r\n");
+	line[n] = 0;
+	if (!n)
+		return conf_fail(e, s, what, "\"%s\" has no password on its first line", path);
+	return conf_str_set(password, line) ? conf_fail(e, s, what, "out of memory") : 0;
+}
+
 int conf_load(struct conf *cfg, const char *path, const struct conf_group *const *groups,
 	      char *err, size_t errlen)
 {

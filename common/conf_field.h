@@ -182,6 +182,16 @@ extern const struct conf_field conf_lock_fields[];
 int conf_fail(struct conf_err *e, const config_setting_t *s, const char *what,
 	      const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
+/*
+ * Reads the first line of the file path (a backend's password_file) into
+ * *password (malloc'd, what it held freed; the config owns it); in
+ * secure-execution mode only from a file conf_open_trusted accepts (else
+ * e->untrusted is set with the error). Errors name the setting what at s.
+ * Returns 0, or -1 said with conf_fail. Defined in conf.c.
+ */
+int conf_read_password_file(struct conf_err *e, const config_setting_t *s, const char *what,
+			    const char *path, char **password);
+
 /* Returns "a group", "an integer", ... for s's type, for messages. */
 const char *conf_type_name(const config_setting_t *s);
 
