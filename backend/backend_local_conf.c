@@ -139,9 +139,7 @@ static int local_check(struct conf_err *e, const config_setting_t *g, void *data
 }
 
 /* The settings a kernel lock cannot honour, refused when the file sets them. */
-static const struct {
-	const char *name, *why;
-} unleased[] = {
+static const struct conf_refusal unavailable[] = {
 	{ "lease_ms", "a kernel lock has no lease: its holder keeps it until it releases "
 	  "it or dies" },
 	{ "on_lost", "a kernel lock is not lost while its holder lives (no lease to lose)" },
@@ -151,53 +149,25 @@ static const struct {
 	{ "handoff_ms", "the kernel hands nothing over: a released lock goes to the first "
 	  "waiter that locks it" },
 	{ "on_overrun", "max_hold_ms is not built yet for this backend" },
+	{ NULL, NULL }
 };
 
-/* Writes "<where>.<name>" into what. */
-static const char *setting_name(char *what, size_t len, const char *where, const char *name)
-{
-	snprintf(what, len, "%s.%s", where, name);
-	return what;
-}
+/* The values not built yet for this backend, refused when a lock asks. */
+static const struct conf_refusal unbuilt[] = {
+	{ "fair", "fair = true (arrival order)" },
+	{ "linger_ms", "linger_ms > 0 (its default is 0 with this backend)" },
+	{ "max_hold_ms", "max_hold_ms" },
+	{ NULL, NULL }
+};
 
-/* Returns g's member name, or NULL (also when g is NULL: a lock made by
- * `lockshim lock`, whose settings are the defaults and its options). */
-static const config_setting_t *member(const config_setting_t *g, const char *name)
-{
-	return g ? config_setting_get_member(g, name) : NULL;
-}
-
-/*
- * Refuses what lock l (read from the group lg, named where: a lock or
- * `defaults`; lg NULL for `lockshim lock`'s) sets that the local backend
- * cannot honour or does not have yet, naming the backend and the setting.
- * Returns 0, or -1 said with conf_fail.
- */
+/* Refuses what the local backend cannot honour or does not have yet
+ * (conf_refuse_lock). Returns 0, or -1 said with conf_fail. */
 static int local_check_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
 			    const struct lock_spec *l, const struct conf *cfg, const void *data)
 {
-	const config_setting_t *s;
-	const char *why = NULL, *name = NULL;
-	char what[64];
-
 	(void)cfg;
 	(void)data;
-	for (size_t i = 0; i < sizeof(unleased) / sizeof(unleased[0]); i++)
-		if ((s = member(lg, unleased[i].name)))
-			return conf_fail(e, s, setting_name(what, sizeof(what), where,
-							    unleased[i].name),
-					 "not available with backend \"local\": %s", unleased[i].why);
-	if (l->fair)
-		name = "fair", why = "fair = true (arrival order)";
-	else if (l->linger_ms > 0)
-		name = "linger_ms", why = "linger_ms > 0 (its default is 0 with this backend)";
-	else if (l->max_hold_ms > 0)
-		name = "max_hold_ms", why = "max_hold_ms";
-	if (!name)
-		return 0;
-	s = member(lg, name);
-	return conf_fail(e, s ? s : lg, setting_name(what, sizeof(what), where, name),
-			 "%s is not built yet for backend \"local\"", why);
+	return conf_refuse_lock(e, lg, where, l, "local", unavailable, unbuilt);
 }
 
 /* A local lock is not kept between calls by default (linger needs the

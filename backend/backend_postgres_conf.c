@@ -47,9 +47,7 @@ static int pg_check(struct conf_err *e, const config_setting_t *g, void *data)
 
 /* The settings a session advisory lock without renewal cannot honour,
  * refused when the file sets them. */
-static const struct {
-	const char *name, *why;
-} unleased[] = {
+static const struct conf_refusal unavailable[] = {
 	{ "lease_ms", "an advisory lock is held while its holder's session lives (no lease "
 	  "renewal yet): a dead holder's is freed at once, a frozen one's is kept" },
 	{ "on_lost", "no lease to lose yet (the lock is the session's)" },
@@ -58,52 +56,28 @@ static const struct {
 	  "connection closes" },
 	{ "handoff_ms", "the server hands the lock to the first waiter at the release" },
 	{ "on_overrun", "max_hold_ms is not built yet for this backend" },
+	{ NULL, NULL }
 };
 
-/* Returns g's member name, or NULL (also when g is NULL: a lock made by
- * `lockshim lock`). */
-static const config_setting_t *member(const config_setting_t *g, const char *name)
-{
-	return g ? config_setting_get_member(g, name) : NULL;
-}
+/* The values not built yet for this backend, refused when a lock asks. */
+static const struct conf_refusal unbuilt[] = {
+	{ "fair", "fair = true (the server's waiters are already FIFO, but a first try may "
+	  "barge)" },
+	{ "limit", "limit > 1 (a semaphore)" },
+	{ "mode", "mode = \"shared\"" },
+	{ "linger_ms", "linger_ms > 0 (its default is 0 with this backend)" },
+	{ "max_hold_ms", "max_hold_ms" },
+	{ NULL, NULL }
+};
 
-/*
- * Refuses what lock l (read from the group lg, named where: a lock or
- * `defaults`; lg NULL for `lockshim lock`'s) sets that the postgres backend
- * cannot honour or does not have yet, naming the backend and the setting.
- * Returns 0, or -1 said with conf_fail.
- */
+/* Refuses what the postgres backend cannot honour or does not have yet
+ * (conf_refuse_lock). Returns 0, or -1 said with conf_fail. */
 static int pg_check_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
 			 const struct lock_spec *l, const struct conf *cfg, const void *data)
 {
-	const config_setting_t *s;
-	const char *why = NULL, *name = NULL;
-	char what[64];
-
 	(void)cfg;
 	(void)data;
-	for (size_t i = 0; i < sizeof(unleased) / sizeof(unleased[0]); i++)
-		if ((s = member(lg, unleased[i].name))) {
-			snprintf(what, sizeof(what), "%s.%s", where, unleased[i].name);
-			return conf_fail(e, s, what, "not available with backend \"postgres\": %s",
-					 unleased[i].why);
-		}
-	if (l->fair)
-		name = "fair", why = "fair = true (the server's waiters are already FIFO, but "
-			"a first try may barge)";
-	else if (l->limit > 1)
-		name = "limit", why = "limit > 1 (a semaphore)";
-	else if (l->shared)
-		name = "mode", why = "mode = \"shared\"";
-	else if (l->linger_ms > 0)
-		name = "linger_ms", why = "linger_ms > 0 (its default is 0 with this backend)";
-	else if (l->max_hold_ms > 0)
-		name = "max_hold_ms", why = "max_hold_ms";
-	if (!name)
-		return 0;
-	s = member(lg, name);
-	snprintf(what, sizeof(what), "%s.%s", where, name);
-	return conf_fail(e, s ? s : lg, what, "%s is not built yet for backend \"postgres\"", why);
+	return conf_refuse_lock(e, lg, where, l, "postgres", unavailable, unbuilt);
 }
 
 /* No lock is kept between calls (linger needs the renewal thread). */

@@ -747,6 +747,53 @@ int conf_read_password_file(struct conf_err *e, const config_setting_t *s, const
 	return conf_str_set(password, line) ? conf_fail(e, s, what, "out of memory") : 0;
 }
 
+/* Returns 1 when lock l asks by value for the per-lock setting name that a
+ * backend may not have built (conf_refuse_lock's unbuilt), else 0. */
+static int lock_asks(const struct lock_spec *l, const char *name)
+{
+	if (!strcmp(name, "fair"))
+		return l->fair;
+	if (!strcmp(name, "limit"))
+		return l->limit > 1;
+	if (!strcmp(name, "mode"))
+		return l->shared;
+	if (!strcmp(name, "linger_ms"))
+		return l->linger_ms > 0;
+	if (!strcmp(name, "max_hold_ms"))
+		return l->max_hold_ms > 0;
+	return 0;
+}
+
+/* Returns g's member name, or NULL (also when g is NULL: a lock made by
+ * `lockshim lock`, whose settings are the defaults and its options). */
+static const config_setting_t *member(const config_setting_t *g, const char *name)
+{
+	return g ? config_setting_get_member(g, name) : NULL;
+}
+
+int conf_refuse_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
+		     const struct lock_spec *l, const char *backend,
+		     const struct conf_refusal *unavailable, const struct conf_refusal *unbuilt)
+{
+	const config_setting_t *s;
+	char what[64];
+
+	for (; unavailable->setting; unavailable++)
+		if ((s = member(lg, unavailable->setting))) {
+			snprintf(what, sizeof(what), "%s.%s", where, unavailable->setting);
+			return conf_fail(e, s, what, "not available with backend \"%s\": %s",
+					 backend, unavailable->why);
+		}
+	for (; unbuilt->setting; unbuilt++)
+		if (lock_asks(l, unbuilt->setting)) {
+			s = member(lg, unbuilt->setting);
+			snprintf(what, sizeof(what), "%s.%s", where, unbuilt->setting);
+			return conf_fail(e, s ? s : lg, what, "%s is not built yet for backend \"%s\"",
+					 unbuilt->why, backend);
+		}
+	return 0;
+}
+
 int conf_load(struct conf *cfg, const char *path, const struct conf_group *const *groups,
 	      char *err, size_t errlen)
 {

@@ -192,6 +192,26 @@ int conf_fail(struct conf_err *e, const config_setting_t *s, const char *what,
 int conf_read_password_file(struct conf_err *e, const config_setting_t *s, const char *what,
 			    const char *path, char **password);
 
+/* A per-lock setting a backend refuses, and why (conf_refuse_lock). */
+struct conf_refusal {
+	const char *setting, *why;
+};
+
+/*
+ * A backend's check_lock and check_defaults: refuses what lock l (read
+ * from the group lg, named where: a lock or `defaults`; lg NULL for
+ * `lockshim lock`'s) sets that backend cannot honour or does not have yet,
+ * naming the backend and the setting. unavailable: the settings refused
+ * when lg sets them at all; unbuilt: those refused when l asks for them by
+ * value (fair, limit > 1, mode "shared", linger_ms > 0, max_hold_ms > 0;
+ * why then says what was asked). Both end with { NULL }; the first match
+ * in table order is said. Returns 0, or -1 said with conf_fail. Defined
+ * in conf.c, which knows the lock's settings.
+ */
+int conf_refuse_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
+		     const struct lock_spec *l, const char *backend,
+		     const struct conf_refusal *unavailable, const struct conf_refusal *unbuilt);
+
 /* Returns "a group", "an integer", ... for s's type, for messages. */
 const char *conf_type_name(const config_setting_t *s);
 
