@@ -30,7 +30,8 @@
  *      { .name, .settings = &backend_NAME_settings, .serves, .config_new,
  *      .config_free, .open, .close, .acquire, .release, .wait, .leave,
  *      .flush, .unconfirmed, .renew, .errstr, .ping }` (.describe,
- *      .count, .node_count and .node_open optional). serves and config_new get
+ *      .count, .node_count and .node_open optional; .renew too when
+ *      .leaseless). serves and config_new get
  *      its struct NAME_spec.
  *   4. backend/backend.c: `&backend_NAME,` in backends[], and its name on
  *      the extern line above it.
@@ -168,8 +169,9 @@ struct backend_ops {
 	const char *name;
 	/* 1: a lock has no lease and no server-side queue (a kernel lock, kept
 	 * while its holder lives): no renewal thread is started for it (renew
-	 * is never due), a token is never left behind to forget, and a waiter
-	 * waits for its wake-up without asking again every retry_max_ms. */
+	 * is never called: leave it NULL), a token is never left behind to
+	 * forget, and a waiter waits for its wake-up without asking again
+	 * every retry_max_ms. */
 	int leaseless;
 	/* What log lines call the lock store ("Redis" when NULL). */
 	const char *store;
@@ -248,7 +250,8 @@ struct backend_ops {
 	 * Extends n keys still holding their values, in one round trip.
 	 * Fills results[i] with BACKEND_OK (renewed) or BACKEND_NO (gone or
 	 * owned by another). Returns BACKEND_OK, or BACKEND_ERR when the batch
-	 * could not be completed.
+	 * could not be completed. NULL for a leaseless backend: nothing calls
+	 * it then (no renewal thread; `lockshim check` skips the step).
 	 */
 	int (*renew)(struct backend_conn *c, int n, const struct backend_item *items,
 		     int *results);

@@ -912,17 +912,6 @@ static void local_unconfirmed(struct backend_conn *c,
 	(void)arg;
 }
 
-/* No lease: every hold is kept while its holder lives. */
-static int local_renew(struct backend_conn *c, int n, const struct backend_item *items,
-		       int *results)
-{
-	(void)c;
-	(void)items;
-	for (int i = 0; i < n; i++)
-		results[i] = BACKEND_OK;
-	return BACKEND_OK;
-}
-
 static const char *local_errstr(const struct backend_conn *c)
 {
 	return c->err;
@@ -1063,7 +1052,6 @@ const struct backend_ops backend_local = {
 	.leave = local_leave,
 	.flush = local_flush,
 	.unconfirmed = local_unconfirmed,
-	.renew = local_renew,
 	.errstr = local_errstr,
 	.ping = local_ping,
 };

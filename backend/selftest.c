@@ -103,7 +103,8 @@ static int probe(const struct backend_ops *ops, struct backend_conn *c, const ch
 	it.handoff_us = 500;
 	if ((rc = ops->acquire(c, &it, &wait, holder, &hlen, &fence)) != BACKEND_OK)
 		goto fail_acquire;
-	if ((rc = ops->renew(c, 1, &it, &renewed)) != BACKEND_OK || renewed != BACKEND_OK)
+	if (ops->renew && ((rc = ops->renew(c, 1, &it, &renewed)) != BACKEND_OK ||
+			   renewed != BACKEND_OK))
 		return failed(msg, len, "renew (EVALSHA)", rc != BACKEND_OK ? ops->errstr(c) :
 			      "the probe key was not ours");
 	it.waiting = 1;

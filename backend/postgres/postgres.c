@@ -846,17 +846,6 @@ static void pg_unconfirmed(struct backend_conn *c,
 	c->pending = 0;
 }
 
-/* No lease: a lock is kept while its session lives. */
-static int pg_renew(struct backend_conn *c, int n, const struct backend_item *items,
-		    int *results)
-{
-	(void)c;
-	(void)items;
-	for (int i = 0; i < n; i++)
-		results[i] = BACKEND_OK;
-	return BACKEND_OK;
-}
-
 static const char *pg_errstr(const struct backend_conn *c)
 {
 	return c->err;
@@ -891,7 +880,6 @@ static const struct backend_ops pg_ops = {
 	.leave = pg_leave,
 	.flush = pg_flush,
 	.unconfirmed = pg_unconfirmed,
-	.renew = pg_renew,
 	.errstr = pg_errstr,
 	.ping = pg_ping,
 };
