@@ -22,6 +22,7 @@ import time
 
 import pytest
 
+from support.sets import writer_behind_readers
 from support.util import CLI, MULT, TIMEOUT, cc, run, shim_env, wait_for, write_config
 from support.workers import RACE_ITER, RACE_PROCS, race
 
@@ -681,37 +682,9 @@ def test_writer_not_starved_by_readers(sets_prog, tmp_path):
     for a free key would wait for the whole stream); a writer arriving
     meanwhile enters within a few calls' time (it takes the intent byte:
     new readers queue behind it), alone, and the readers go on after."""
-    log, stop = str(tmp_path / "log"), str(tmp_path / "stop")
+    log = str(tmp_path / "log")
     cfg = local_config(tmp_path, RW_LOCAL)
-    readers = [sets_start(sets_prog, "r", cfg, log, 2, 1, 100, stop) for _ in range(4)]
-    try:
-        for p in readers:
-            assert p.stdout.readline().startswith("started")
-        with open(log, "a") as f:
-            f.write("x\n")
-        time.sleep(1.0)  # the stream runs on its own for a while (the control)
-        with open(log, "a") as f:
-            f.write("y\n")
-        w = sets_start(sets_prog, "w", cfg, log, 1, 1, 50)
-        fields, err = sets_finish(w)
-        assert fields["ok"] == 1 and fields["max_ms"] < 1000 * MULT, (fields, err)
-        with open(log, "a") as f:
-            f.write("z\n")
-        wait_for(lambda: open(log).read().split("z\n", 1)[1].count("r+") >= 4,
-                 what="readers to go on after the writer")
-    finally:
-        open(stop, "w").close()
-    for p in readers:
-        sets_finish(p)
-    inside, window, gaps = 0, False, 0
-    with open(log) as f:
-        for line in f:
-            if line[0] in "xy":
-                window = line[0] == "x"
-            elif line[0] == "r":
-                inside += 1 if line[1] == "+" else -1
-                gaps += window and inside == 0
-    assert gaps == 0  # control: the readers alone never left the key free
+    writer_behind_readers(sets_prog, cfg, log, str(tmp_path / "stop"), sets_start, sets_finish, 1000)
     assert replay(log)[1:] == (1, False)
 
 

@@ -40,6 +40,7 @@ import time
 import pytest
 
 from support.server import lock_keys, start_servers, started
+from support.sets import writer_behind_readers
 from support.tls import TlsServer
 from support.topology import Cluster, Topology
 from support.util import MULT, TIMEOUT, cc, run, shim_env, wait_for, write_config
@@ -317,37 +318,9 @@ def test_writer_not_starved_by_readers(sets_prog, redis, tmp_path):
     always inside, so a writer waiting for a free key would wait for the
     whole stream); a writer arriving meanwhile enters within a few calls'
     time, alone, and the readers go on afterwards."""
-    log, stop = str(tmp_path / "log"), str(tmp_path / "stop")
+    log = str(tmp_path / "log")
     cfg = write_config(tmp_path, redis, RW)
-    readers = [start(sets_prog, "r", cfg, log, 2, 1, 100, stop) for _ in range(4)]
-    try:
-        for p in readers:
-            assert p.stdout.readline().startswith("started")
-        with open(log, "a") as f:
-            f.write("x\n")
-        time.sleep(1.0)  # the stream runs on its own for a while (the control)
-        with open(log, "a") as f:
-            f.write("y\n")
-        w = start(sets_prog, "w", cfg, log, 1, 1, 50)
-        fields, err = finish(w)
-        assert fields["ok"] == 1 and fields["max_ms"] < 2000 * MULT, (fields, err)
-        with open(log, "a") as f:
-            f.write("z\n")
-        wait_for(lambda: open(log).read().split("z\n", 1)[1].count("r+") >= 4,
-                 what="readers to go on after the writer")
-    finally:
-        open(stop, "w").close()
-    for p in readers:
-        finish(p)
-    inside, window, gaps = 0, False, 0
-    with open(log) as f:
-        for line in f:
-            if line[0] in "xy":
-                window = line[0] == "x"
-            elif line[0] == "r":
-                inside += 1 if line[1] == "+" else -1
-                gaps += window and inside == 0
-    assert gaps == 0  # control: the readers alone never left the key free
+    writer_behind_readers(sets_prog, cfg, log, str(tmp_path / "stop"), start, finish, 2000)
     assert replay(log)[1:] == (1, False)
 
 
