@@ -24,7 +24,7 @@ import pytest
 
 from support.sets import writer_behind_readers
 from support.util import CLI, MULT, TIMEOUT, cc, run, shim_env, wait_for, write_config
-from support.workers import RACE_ITER, RACE_PROCS, race
+from support.workers import RACE_ITER, RACE_PROCS, killed_holder_frees, race
 
 BLOCK_LOCK = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
               'on_timeout = "skip"; } );\n')
@@ -175,17 +175,9 @@ def test_fences_increase_by_one_per_grant(progs, tmp_path):
 # ---- holders that die, waiters that wake ----------------------------------------
 
 def test_killed_holder_frees_the_lock_at_once(bg, worker_progs, tmp_path):
-    cfg = local_config(tmp_path, BLOCK_LOCK % 30000)
-    holder = bg([worker_progs["block"]], cfg)
-    holder.expect("enter")
-    waiter = bg([worker_progs["block"]], cfg)
-    wait_for(lambda: waiting(waiter.p.pid), what="the waiter's watch")
-    t0 = time.monotonic()
-    holder.p.kill()
-    waiter.expect("enter", timeout=5)
-    assert time.monotonic() - t0 < 5 * MULT  # wait_ms is 30 s
-    waiter.send()
-    assert waiter.expect("call").startswith("call rc=42")
+    cfg = local_config(tmp_path, BLOCK_LOCK % 30000)  # wait_ms is 30 s
+    killed_holder_frees(bg, worker_progs["block"], cfg, lambda w: waiting(w.p.pid),
+                        "the waiter's watch", 5)
 
 
 def test_control_live_holder_makes_the_waiter_time_out(bg, worker_progs, tmp_path):

@@ -27,7 +27,7 @@ from support.postgres import PostgresServer, skip_reason
 from support.secure import NOBODY, NOGROUP, Layout
 from support.server import call_failed
 from support.util import CLI, MULT, PRELOAD, SHIM, cc, run, shim_env, wait_for, write_config
-from support.workers import race
+from support.workers import killed_holder_frees, race
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
@@ -180,17 +180,9 @@ def test_holders_session_has_a_short_tcp_keepalive(bg, worker_progs, pg, tmp_pat
 # ---- holders that die, waiters that wake ----------------------------------------
 
 def test_killed_holder_frees_the_lock_at_once(bg, worker_progs, pg, tmp_path):
-    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 30000)
-    holder = bg([worker_progs["block"]], cfg)
-    holder.expect("enter")
-    waiter = bg([worker_progs["block"]], cfg)
-    wait_for(lambda: advisory(pg, granted=False) == 1, what="the waiter in the server")
-    t0 = time.monotonic()
-    holder.p.kill()
-    waiter.expect("enter", timeout=5)
-    assert time.monotonic() - t0 < 3 * MULT  # wait_ms is 30 s
-    waiter.send()
-    assert waiter.expect("call").startswith("call rc=42")
+    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 30000)  # wait_ms is 30 s
+    killed_holder_frees(bg, worker_progs["block"], cfg,
+                        lambda w: advisory(pg, granted=False) == 1, "the waiter in the server", 3)
 
 
 def test_control_live_holder_makes_the_waiter_time_out(bg, worker_progs, pg, tmp_path):

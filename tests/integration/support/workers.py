@@ -12,6 +12,8 @@
   a deadline (expect) and whose stderr goes to a file.
 - race(): N copies of progs/ledger (processes x threads) on one counter;
   returns the final count, exact under the shim, short without it.
+- killed_holder_frees(): a block holder killed while another waits; the
+  waiter enters at once (a lock freed by its holder's death).
 - calls(), lost_lines(), assert_lost_format(): what a server ran and what
   the shim reported about lost leases.
 
@@ -26,7 +28,7 @@ import threading
 import time
 
 from support.topology import stop_pid
-from support.util import MULT, TIMEOUT, shim_env
+from support.util import MULT, TIMEOUT, shim_env, wait_for
 
 LOST = re.compile(r"lockshim\[\d+\] \S+: error: (\S+): lease on (\S+) (.+); applying (\w+)$")
 
@@ -327,3 +329,20 @@ def race(prog, mode, path, cfg, procs=RACE_PROCS, iters=RACE_ITER, threads=1):
         assert p.returncode == 0, err
         assert "error" not in err and "warn" not in err, err
     return counter(path)
+
+
+def killed_holder_frees(bg, block, cfg, waiting, what, bound_s):
+    """A block holder of cfg's lock is killed while a second one waits
+    (waiting(the waiter's Bg) is true once its wait is seen, what says
+    which): the waiter enters within bound_s x MULT (the caller's wait_ms
+    is far longer) and its call returns 42."""
+    holder = bg([block], cfg)
+    holder.expect("enter")
+    waiter = bg([block], cfg)
+    wait_for(lambda: waiting(waiter), what=what)
+    t0 = time.monotonic()
+    holder.p.kill()
+    waiter.expect("enter", timeout=5)
+    assert time.monotonic() - t0 < bound_s * MULT
+    waiter.send()
+    assert waiter.expect("call").startswith("call rc=42")
