@@ -21,6 +21,7 @@ import pytest
 
 from support.scenarios import build_hostile
 from support.server import RedisServer, call_failed, started
+from support.sets import build as build_sets
 from support.topology import Masters
 from support.tls import make_pki
 from support.util import TSAN, TSAN_LOG_DIR, Proc, cc
@@ -126,6 +127,12 @@ def worker_progs(progs, tmp_path_factory):
     libledger.so) and "block"."""
     d = str(tmp_path_factory.mktemp("workers"))
     return {"worker": build_worker(d, progs["dir"]), "block": build_block(d)}
+
+
+@pytest.fixture(scope="session")
+def sets_prog(tmp_path_factory):
+    """support/sets.py's observed program (test_sets.py, test_local.py)."""
+    return build_sets(str(tmp_path_factory.mktemp("sets")))
 
 
 @pytest.fixture(scope="session")

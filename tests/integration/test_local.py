@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from support.sets import writer_behind_readers
+from support.sets import finish, replay, start, writer_behind_readers
 from support.util import CLI, MULT, TIMEOUT, cc, run, shim_env, wait_for, write_config
 from support.workers import RACE_ITER, RACE_PROCS, killed_holder_frees, race
 
@@ -516,61 +516,21 @@ def test_waiter_without_inotify_polls(bg, worker_progs, tmp_path, instances, pol
 
 # ---- shared holders and semaphores (issue 23, step 2) ---------------------------
 #
-# The observed program of test_sets.py (progs/sets_*.c): each guarded call
+# The observed program of test_sets.py (support/sets.py): each guarded call
 # appends "r+"/"w+" to a log when it starts and "r-"/"w-" when it ends;
 # replaying the log counts who was inside at once.
-
-@pytest.fixture(scope="module")
-def sets_prog(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("sets"))
-    cc(os.path.join(d, "libsets.so"), ["sets_lib.c"], "-O2", "-shared", "-fPIC")
-    return cc(os.path.join(d, "sets"), ["sets_main.c"], "-O2", "-L" + d, "-Wl,-rpath," + d,
-              "-lsets", "-lpthread")
-
-
-def replay(log):
-    """(most readers inside at once, most writers, a writer ever inside with
-    anyone else)."""
-    inside, most, mixed = {"r": 0, "w": 0}, {"r": 0, "w": 0}, False
-    with open(log) as f:
-        for line in f:
-            kind = line[0]
-            if kind not in inside:
-                continue
-            inside[kind] += 1 if line[1] == "+" else -1
-            most[kind] = max(most[kind], inside[kind])
-            mixed |= bool(inside["w"] and (inside["r"] or inside["w"] > 1))
-    return most["r"], most["w"], mixed
-
 
 def set_lock(symbol, settings):
     return '{ symbol = "%s"; key = "k"; wait_ms = 30000; %s }' % (symbol, settings)
 
 
-def sets_start(prog, kind, cfg, log, threads, iters, ms, stop=None):
-    env = shim_env(cfg, preload=cfg is not None, SETS_LOG=log)
-    argv = [prog, kind, str(threads), str(iters), str(ms)] + ([stop] if stop else [])
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-
-
-def sets_finish(p):
-    """Waits for p; asserts no failed call; returns (its counts, its stderr)."""
-    out, err = p.communicate(timeout=TIMEOUT)
-    done = [l for l in out.splitlines() if l.startswith("done")]
-    assert p.returncode == 0 and done, (out, err[-3000:])
-    fields = {k: int(v) for k, v in (f.split("=") for f in done[0].split()[1:])}
-    assert fields["failed"] == 0, (done, err[-3000:])
-    return fields, err
-
-
 def sets_run(runs):
     """Starts every (prog, kind, cfg, log, threads, iters, ms) of runs at
     once; returns the calls made and the stderr of all."""
-    ps = [sets_start(*r) for r in runs]
+    ps = [start(*r) for r in runs]
     total, errs = 0, ""
     for p in ps:
-        fields, err = sets_finish(p)
+        fields, err = finish(p)
         total += fields["ok"]
         errs += err
     return total, errs
@@ -676,7 +636,7 @@ def test_writer_not_starved_by_readers(sets_prog, tmp_path):
     new readers queue behind it), alone, and the readers go on after."""
     log = str(tmp_path / "log")
     cfg = local_config(tmp_path, RW_LOCAL)
-    writer_behind_readers(sets_prog, cfg, log, str(tmp_path / "stop"), sets_start, sets_finish, 1000)
+    writer_behind_readers(sets_prog, cfg, log, str(tmp_path / "stop"), 1000)
     assert replay(log)[1:] == (1, False)
 
 

@@ -40,24 +40,16 @@ import time
 import pytest
 
 from support.server import lock_keys, start_servers, started
-from support.sets import writer_behind_readers
+from support.sets import finish, replay, start, writer_behind_readers
 from support.tls import TlsServer
 from support.topology import Cluster, Topology
-from support.util import MULT, TIMEOUT, cc, run, shim_env, wait_for, write_config
+from support.util import MULT, TIMEOUT, run, shim_env, wait_for, write_config
 
 pytestmark = pytest.mark.timing  # time bounds and forced races
 
 KEY = "lockshim:k"
 OK_LINE = "call rc=42 errno=0"
 EBUSY_LINE = "call rc=-1 errno=%d" % errno.EBUSY
-
-
-@pytest.fixture(scope="module")
-def sets_prog(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("sets"))
-    cc(os.path.join(d, "libsets.so"), ["sets_lib.c"], "-O2", "-shared", "-fPIC")
-    return cc(os.path.join(d, "sets"), ["sets_main.c"], "-O2", "-L" + d, "-Wl,-rpath," + d,
-              "-lsets", "-lpthread")
 
 
 @pytest.fixture
@@ -78,25 +70,7 @@ def said(r):
     return lines[-1] if lines else ""
 
 
-# ---- the observer --------------------------------------------------------------------
-
-def replay(log):
-    """Replays the log: returns (most readers inside at once, most writers,
-    whether a writer was ever inside with anyone else)."""
-    inside = {"r": 0, "w": 0}
-    most = {"r": 0, "w": 0}
-    mixed = False
-    with open(log) as f:
-        for line in f:
-            kind, how = line[0], line[1]
-            if kind not in inside:
-                continue
-            inside[kind] += 1 if how == "+" else -1
-            most[kind] = max(most[kind], inside[kind])
-            if inside["w"] and (inside["r"] or inside["w"] > 1):
-                mixed = True
-    return most["r"], most["w"], mixed
-
+# ---- the locks (the observer and its replay: support/sets.py) ------------------------
 
 def lock(symbol, settings):
     return '{ symbol = "%s"; key = "k"; lease_ms = 5000; wait_ms = 30000; %s }' % (
@@ -105,25 +79,6 @@ def lock(symbol, settings):
 
 def locks(*entries):
     return "locks = ( %s );\n" % ", ".join(entries)
-
-
-def start(prog, kind, cfg, log, threads, iters, ms, stop=None):
-    env = shim_env(cfg, preload=cfg is not None, SETS_LOG=log)
-    argv = [prog, kind, str(threads), str(iters), str(ms)] + ([stop] if stop else [])
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-
-
-def finish(p):
-    """Waits for p; asserts it exited 0 with no failed call; returns (its
-    fields, its stderr)."""
-    out, err = p.communicate(timeout=TIMEOUT)
-    assert p.returncode == 0, err[-3000:]
-    done = [l for l in out.splitlines() if l.startswith("done")]
-    assert done, (out, err[-3000:])
-    fields = {k: int(v) for k, v in (f.split("=") for f in done[0].split()[1:])}
-    assert fields["failed"] == 0, (done, err[-3000:])
-    return fields, err
 
 
 def crowd(prog, cfg, log, kind="r", procs=8, threads=2, iters=4, ms=30):
@@ -320,7 +275,7 @@ def test_writer_not_starved_by_readers(sets_prog, redis, tmp_path):
     time, alone, and the readers go on afterwards."""
     log = str(tmp_path / "log")
     cfg = write_config(tmp_path, redis, RW)
-    writer_behind_readers(sets_prog, cfg, log, str(tmp_path / "stop"), start, finish, 2000)
+    writer_behind_readers(sets_prog, cfg, log, str(tmp_path / "stop"), 2000)
     assert replay(log)[1:] == (1, False)
 
 

@@ -1,13 +1,67 @@
 # SPDX-License-Identifier: MIT
-"""The writer-behind-readers scenario of the holder sets (mode = "shared"),
-run by test_sets.py (Redis) and test_local.py (lock files) with their own
-programs' start and finish: readers keep a key held without a gap, a
-writer arriving meanwhile must still get in. The log is progs/sets_*.c's:
-"r+"/"w+" when a guarded call starts, "r-"/"w-" when it ends, plus the
-marks this scenario writes ("x", "y", "z")."""
+"""The observed program of the holder sets (test_sets.py on Redis,
+test_local.py on lock files): progs/sets_main.c on progs/sets_lib.c,
+whose guarded calls append "r+"/"w+" to a log (O_APPEND, one order for
+every process and thread) when they start and "r-"/"w-" when they end.
+
+- build(): the program (conftest.py's session fixture sets_prog).
+- start()/finish(): one run of it in the background, and its counts.
+- replay(): who was inside at once, from the log.
+- writer_behind_readers(): readers keep a key held without a gap, a
+  writer arriving meanwhile must still get in (marks "x", "y", "z").
+"""
+import os
+import subprocess
 import time
 
-from support.util import MULT, wait_for
+from support.util import MULT, TIMEOUT, cc, shim_env, wait_for
+
+
+def build(d):
+    """Builds libsets.so and the sets program in d; returns its path."""
+    cc(os.path.join(d, "libsets.so"), ["sets_lib.c"], "-O2", "-shared", "-fPIC")
+    return cc(os.path.join(d, "sets"), ["sets_main.c"], "-O2", "-L" + d, "-Wl,-rpath," + d,
+              "-lsets", "-lpthread")
+
+
+def replay(log):
+    """Replays the log: returns (most readers inside at once, most writers,
+    whether a writer was ever inside with anyone else)."""
+    inside = {"r": 0, "w": 0}
+    most = {"r": 0, "w": 0}
+    mixed = False
+    with open(log) as f:
+        for line in f:
+            kind, how = line[0], line[1]
+            if kind not in inside:
+                continue
+            inside[kind] += 1 if how == "+" else -1
+            most[kind] = max(most[kind], inside[kind])
+            if inside["w"] and (inside["r"] or inside["w"] > 1):
+                mixed = True
+    return most["r"], most["w"], mixed
+
+
+def start(prog, kind, cfg, log, threads, iters, ms, stop=None):
+    """Starts prog (kind "r" or "w": threads threads of iters calls of ms
+    each, until the file stop exists when given) under cfg (None: without
+    the shim). Returns the Popen (text pipes)."""
+    env = shim_env(cfg, preload=cfg is not None, SETS_LOG=log)
+    argv = [prog, kind, str(threads), str(iters), str(ms)] + ([stop] if stop else [])
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def finish(p):
+    """Waits for p; asserts it exited 0 with no failed call; returns (its
+    fields, its stderr)."""
+    out, err = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 0, err[-3000:]
+    done = [l for l in out.splitlines() if l.startswith("done")]
+    assert done, (out, err[-3000:])
+    fields = {k: int(v) for k, v in (f.split("=") for f in done[0].split()[1:])}
+    assert fields["failed"] == 0, (done, err[-3000:])
+    return fields, err
 
 
 def _mark(log, mark):
@@ -15,13 +69,12 @@ def _mark(log, mark):
         f.write(mark + "\n")
 
 
-def writer_behind_readers(prog, cfg, log, stop, start, finish, bound_ms):
+def writer_behind_readers(prog, cfg, log, stop, bound_ms):
     """Starts readers (4 processes x 2 threads, 100 ms calls, until the file
-    stop exists) with start(prog, kind, cfg, log, threads, iters, ms,
-    stop), lets them run alone for 1 s between the marks "x" and "y" (the
-    control), then one writer (one 50 ms call) that must enter within
-    bound_ms x MULT (finish(p) returns (its fields, its stderr)), and waits
-    for the readers to go on after it (mark "z"). Asserts that the readers
+    stop exists), lets them run alone for 1 s between the marks "x" and
+    "y" (the control), then one writer (one 50 ms call) that must enter
+    within bound_ms x MULT, and waits for the readers to go on after it
+    (mark "z"). Asserts that the readers
     alone never left the key free between x and y; returns nothing (the
     caller replays log for who was inside with whom)."""
     readers = [start(prog, "r", cfg, log, 2, 1, 100, stop) for _ in range(4)]
