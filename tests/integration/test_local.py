@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from support.sets import finish, replay, start, writer_behind_readers
+from support.sets import replay, run_all, writer_behind_readers
 from support.util import CLI, MULT, TIMEOUT, cc, run, shim_env, wait_for, write_config
 from support.workers import RACE_ITER, RACE_PROCS, killed_holder_frees, race
 
@@ -524,18 +524,6 @@ def set_lock(symbol, settings):
     return '{ symbol = "%s"; key = "k"; wait_ms = 30000; %s }' % (symbol, settings)
 
 
-def sets_run(runs):
-    """Starts every (prog, kind, cfg, log, threads, iters, ms) of runs at
-    once; returns the calls made and the stderr of all."""
-    ps = [start(*r) for r in runs]
-    total, errs = 0, ""
-    for p in ps:
-        fields, err = finish(p)
-        total += fields["ok"]
-        errs += err
-    return total, errs
-
-
 def rw_runs(prog, cfg, log):
     """4 readers x 2 threads (40 ms calls), 2 writers (20 ms)."""
     return [(prog, "r", cfg, log, 2, 6, 40)] * 4 + [(prog, "w", cfg, log, 1, 6, 20)] * 2
@@ -553,7 +541,7 @@ def test_shared_readers_overlap_writers_alone(sets_prog, tmp_path, guarded):
     Control: unguarded, a writer is inside beside others."""
     log = str(tmp_path / "log")
     cfg = local_config(tmp_path, RW_LOCAL) if guarded else None
-    total, err = sets_run(rw_runs(sets_prog, cfg, log))
+    total, err = run_all(rw_runs(sets_prog, cfg, log))
     readers, writers, mixed = replay(log)
     if not guarded:
         assert mixed
@@ -576,7 +564,7 @@ def test_limit_bounds_the_holders(sets_prog, tmp_path, limit, most):
     extra = "limit = %d;" % limit if limit != "control" and limit else ""
     cfg = None if limit == "control" else local_config(
         tmp_path, "locks = ( %s );\n" % set_lock("set_read", extra))
-    total, err = sets_run([(sets_prog, "r", cfg, log, 2, 4, 30)] * 8)
+    total, err = run_all([(sets_prog, "r", cfg, log, 2, 4, 30)] * 8)
     assert total == 8 * 2 * 4
     if limit == "control":
         assert replay(log)[0] > 3

@@ -40,7 +40,7 @@ import time
 import pytest
 
 from support.server import lock_keys, start_servers, started
-from support.sets import finish, replay, start, writer_behind_readers
+from support.sets import finish, replay, run_all, start, writer_behind_readers
 from support.tls import TlsServer
 from support.topology import Cluster, Topology
 from support.util import MULT, TIMEOUT, run, shim_env, wait_for, write_config
@@ -84,13 +84,7 @@ def locks(*entries):
 def crowd(prog, cfg, log, kind="r", procs=8, threads=2, iters=4, ms=30):
     """procs processes x threads threads, iters calls of ms each; returns
     the calls made and the stderr of all."""
-    ps = [start(prog, kind, cfg, log, threads, iters, ms) for _ in range(procs)]
-    total, errs = 0, ""
-    for p in ps:
-        fields, err = finish(p)
-        total += fields["ok"]
-        errs += err
-    return total, errs
+    return run_all([(prog, kind, cfg, log, threads, iters, ms)] * procs)
 
 
 # ---- 1. limit ------------------------------------------------------------------------
@@ -221,12 +215,8 @@ RW = locks(lock("set_read", 'mode = "shared";'), lock("set_write", ""))
 
 
 def readers_and_writers(prog, cfg, log):
-    ps = [start(prog, "r", cfg, log, 2, 6, 40) for _ in range(4)]
-    ps += [start(prog, "w", cfg, log, 1, 6, 20) for _ in range(2)]
-    errs = ""
-    for p in ps:
-        errs += finish(p)[1]
-    return errs
+    runs = [(prog, "r", cfg, log, 2, 6, 40)] * 4 + [(prog, "w", cfg, log, 1, 6, 20)] * 2
+    return run_all(runs)[1]
 
 
 def test_control_unguarded_writers_overlap_readers(sets_prog, tmp_path):

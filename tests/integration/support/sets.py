@@ -5,7 +5,8 @@ whose guarded calls append "r+"/"w+" to a log (O_APPEND, one order for
 every process and thread) when they start and "r-"/"w-" when they end.
 
 - build(): the program (conftest.py's session fixture sets_prog).
-- start()/finish(): one run of it in the background, and its counts.
+- start()/finish(): one run of it in the background, and its counts;
+  run_all(): several at once.
 - replay(): who was inside at once, from the log.
 - writer_behind_readers(): readers keep a key held without a gap, a
   writer arriving meanwhile must still get in (marks "x", "y", "z").
@@ -62,6 +63,18 @@ def finish(p):
     fields = {k: int(v) for k, v in (f.split("=") for f in done[0].split()[1:])}
     assert fields["failed"] == 0, (done, err[-3000:])
     return fields, err
+
+
+def run_all(runs):
+    """Starts every (prog, kind, cfg, log, threads, iters, ms) of runs at
+    once and finishes each; returns the calls made and the stderr of all."""
+    ps = [start(*r) for r in runs]
+    total, errs = 0, ""
+    for p in ps:
+        fields, err = finish(p)
+        total += fields["ok"]
+        errs += err
+    return total, errs
 
 
 def _mark(log, mark):
