@@ -15,6 +15,8 @@
  *
  * A lock starts from the built-in defaults, then `defaults`, then its own
  * settings. Every error is one line: "<file>:<line>: <setting>: <problem>".
+ * Two helpers serve the backends' groups (conf_field.h): the reader of a
+ * password_file and the refusal of the lock settings a backend lacks.
  */
 #include "conf.h"
 
