@@ -83,8 +83,12 @@ MAN := $(BUILD)/man/lockshim.1 $(BUILD)/man/lockshim.cfg.5
 # is backend/NAME/*.c, linked into $(BUILD)/liblockshim-NAME.so with its
 # client library (MOD_LIBS_NAME), exporting one symbol (backend/NAME/NAME.map).
 # The shim dlopens it only when the config selects that backend.
-MODULES := postgres
+MODULES := postgres zookeeper
 MOD_LIBS_postgres := -lpq
+MOD_LIBS_zookeeper := -lzookeeper_mt
+MOD_CFLAGS_zookeeper := -I/usr/include/zookeeper -DTHREADED
+# Files of common/ a module links too (self-contained ones: no core state).
+MOD_COMMON_zookeeper := common/sha1.c
 MOD_CFLAGS_postgres := -I$(shell pg_config --includedir 2>/dev/null || echo /usr/include/postgresql)
 MOD_SO := $(MODULES:%=$(BUILD)/liblockshim-%.so)
 
@@ -102,7 +106,7 @@ $(BUILD)/liblockshim.so: $(SHIM_OBJ) shim/shim.map $(BUILD)/libconfig-shim.a $(B
 # A module: its own folder's objects, libc and its client library only (-z
 # defs: nothing of the core is reached by name).
 define MODULE_RULE
-$(BUILD)/liblockshim-$(1).so: $(patsubst %,$(BUILD)/mod/%.o,$(basename $(wildcard backend/$(1)/*.c))) backend/$(1)/$(1).map
+$(BUILD)/liblockshim-$(1).so: $(patsubst %,$(BUILD)/mod/%.o,$(basename $(wildcard backend/$(1)/*.c) $(MOD_COMMON_$(1)))) backend/$(1)/$(1).map
 	$$(CC) -shared $$(SAN) -o $$@ $$(filter %.o,$$^) -Wl,--version-script=backend/$(1)/$(1).map \
 		-Wl,-z,defs,-z,relro,-z,now,-z,noexecstack,-z,text $$(LDFLAGS) $$(MOD_LIBS_$(1))
 endef
@@ -111,6 +115,10 @@ $(foreach m,$(MODULES),$(eval $(call MODULE_RULE,$(m))))
 $(BUILD)/mod/backend/%.o: backend/%.c | $(BUILD)/shim
 	@mkdir -p $(@D)
 	$(CC) $(SHIM_CFLAGS) $(MOD_CFLAGS_$(firstword $(subst /, ,$*))) -c $< -o $@
+
+$(BUILD)/mod/common/%.o: common/%.c | $(BUILD)/shim
+	@mkdir -p $(@D)
+	$(CC) $(SHIM_CFLAGS) -c $< -o $@
 
 $(BUILD)/lockshim: $(CLI_OBJ)
 	$(CC) $(SAN) -o $@ $(CLI_OBJ) -Wl,-z,relro,-z,now $(LDFLAGS) $(HIREDIS_A) $(LIBCONFIG_A) $(MBEDTLS_A) -lpthread
