@@ -153,6 +153,14 @@ int cmd_unlock(int argc, char **argv)
 		conf_release(&cfg);
 		return 1;
 	}
+	if (!strcmp(lv.b.ops->name, "zookeeper")) {
+		fprintf(stderr, "lockshim: unlock: not with backend \"zookeeper\": a lock is an "
+			"ephemeral znode of its holder's session, which ZooKeeper deletes when the "
+			"session ends (a dead holder's at its session timeout); stop its holder\n");
+		lockview_close(&lv);
+		conf_release(&cfg);
+		return 1;
+	}
 	rc = lockview_read(&lv, a.operand, &s, err, sizeof(err));
 	if (rc < 0) {
 		log_stderr("cannot read the lock: %s", err);
