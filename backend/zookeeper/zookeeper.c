@@ -89,6 +89,7 @@ static struct {
 	unsigned gen;             /* bumped at every new session */
 	unsigned long wake;
 	int expired;
+	int pending;              /* asynchronous deletes not answered yet */
 } sess = { .mu = PTHREAD_MUTEX_INITIALIZER };
 static pthread_once_t sess_once = PTHREAD_ONCE_INIT;
 
@@ -158,6 +159,7 @@ static void sess_child(void)
 	pthread_mutex_init(&sess.mu, NULL);
 	cond_init_mono(&sess.cv);
 	sess.zh = NULL;
+	sess.pending = 0;
 	sess.gen++;
 }
 
@@ -412,10 +414,15 @@ static void done_children(int rc, const struct String_vector *v, const void *dat
 	call_done(k, rc);
 }
 
-/* An asynchronous release's reply: said when the znode was gone. */
+/* An asynchronous release's reply: one fewer pending (zk_flush waits for
+ * none); said when the znode was gone. */
 static void done_release(int rc, const void *data)
 {
 	(void)data;
+	pthread_mutex_lock(&sess.mu);
+	sess.pending--;
+	pthread_cond_broadcast(&sess.cv);
+	pthread_mutex_unlock(&sess.mu);
 	if (rc == ZNONODE)
 		warn("a lock's znode was gone at its release (its session expired: the lock "
 		     "was lost while held)");
@@ -630,8 +637,14 @@ static int zk_delete(struct backend_conn *c, struct zk_hold *h, int async)
 	if (stale) /* made in a session that ended: its znode went with it */
 		return BACKEND_NO;
 	if (async) {
+		pthread_mutex_lock(&sess.mu);
+		sess.pending++;
+		pthread_mutex_unlock(&sess.mu);
 		rc = zoo_adelete(zh, path, -1, done_release, NULL);
 		if (rc != ZOK) {
+			pthread_mutex_lock(&sess.mu);
+			sess.pending--;
+			pthread_mutex_unlock(&sess.mu);
 			snprintf(c->err, sizeof(c->err), "delete: %s", zerror(rc));
 			return BACKEND_ERR;
 		}
@@ -818,10 +831,28 @@ static int zk_leave(struct backend_conn *c, const struct backend_item *it, int a
 	return zk_release(c, it, async) == BACKEND_OK ? BACKEND_OK : BACKEND_NO;
 }
 
-/* Asynchronous deletes are answered in the library's thread: nothing to read. */
+/*
+ * Waits (at most command_timeout_ms) until every asynchronous delete of
+ * the process is answered: lock.c flushes at a thread's exit, the
+ * process's and an exec, where a delete still queued in the library would
+ * be lost and its znode kept until the session expires. Returns
+ * BACKEND_OK, or BACKEND_ERR when some are still unanswered.
+ */
 static int zk_flush(struct backend_conn *c)
 {
-	(void)c;
+	long long deadline = deadline_of(c);
+	int left;
+
+	pthread_mutex_lock(&sess.mu);
+	while (sess.pending > 0 && cond_wait_until(&sess.cv, &sess.mu, deadline) != ETIMEDOUT)
+		;
+	left = sess.pending;
+	pthread_mutex_unlock(&sess.mu);
+	if (left > 0) {
+		snprintf(c->err, sizeof(c->err), "%d release(s) not answered within %d ms "
+			 "(zookeeper.command_timeout_ms)", left, c->bc->spec->command_timeout_ms);
+		return BACKEND_ERR;
+	}
 	return BACKEND_OK;
 }
 
