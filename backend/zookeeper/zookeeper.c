@@ -44,13 +44,16 @@ struct backend_config {
 	const struct zookeeper_spec *spec;
 };
 
-/* One request's completion, waited for by its connection's thread. A
- * request given up at its deadline leaves its slot to the completion,
- * which frees it (abandoned). */
+/* The completions of one request, or of two sent at once (a create and
+ * the listing of its siblings), waited for by its connection's thread. A
+ * request given up at its deadline leaves its slot to its completions,
+ * the last of which frees it (abandoned). */
 struct zk_call {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
-	int done, abandoned, rc;
+	int left;                 /* completions still to come */
+	int done, abandoned, rc;  /* rc: the last completion's */
+	int crc;                  /* create: its result */
 	long long czxid;          /* create: the new znode's */
 	char path[ZK_PATH_MAX];   /* create: the new znode's path */
 	long long seq;            /* children: ours (in) ... */
@@ -272,9 +275,9 @@ static void call_free(struct zk_call *k)
 	free(k);
 }
 
-/* Returns c's call slot reset for a request (a new one after a request
- * was given up), or NULL with c->err. */
-static struct zk_call *call_begin(struct backend_conn *c)
+/* Returns c's call slot reset for want completions (a new one after a
+ * request was given up), or NULL with c->err. */
+static struct zk_call *call_begin_n(struct backend_conn *c, int want)
 {
 	struct zk_call *k = c->call;
 
@@ -282,12 +285,35 @@ static struct zk_call *call_begin(struct backend_conn *c)
 		snprintf(c->err, sizeof(c->err), "out of memory");
 		return NULL;
 	}
+	k->left = want;
 	k->done = 0;
-	k->rc = 0;
+	k->rc = ZOK;
+	k->crc = ZOK;
 	k->mine = 0;
 	k->lower = 0;
 	k->pred[0] = 0;
 	return k;
+}
+
+static struct zk_call *call_begin(struct backend_conn *c)
+{
+	return call_begin_n(c, 1);
+}
+
+/* Gives k up to its completions (less gone: those that will never come),
+ * the last of which frees it; c gets a new slot at its next request. */
+static void call_abandon(struct backend_conn *c, struct zk_call *k, int gone)
+{
+	int free_now;
+
+	pthread_mutex_lock(&k->mu);
+	k->left -= gone;
+	k->abandoned = 1;
+	free_now = k->left == 0;
+	pthread_mutex_unlock(&k->mu);
+	c->call = NULL;
+	if (free_now)
+		call_free(k);
 }
 
 /* Ends a request in a completion: 1 when its waiter is still there (fill
@@ -295,19 +321,26 @@ static struct zk_call *call_begin(struct backend_conn *c)
 static int call_take(struct zk_call *k)
 {
 	pthread_mutex_lock(&k->mu);
+	k->left--;
 	if (k->abandoned) {
+		int last = k->left == 0;
+
 		pthread_mutex_unlock(&k->mu);
-		call_free(k);
+		if (last)
+			call_free(k);
 		return 0;
 	}
 	return 1;
 }
 
+/* Records one completion's result; the last wakes the waiter. */
 static void call_done(struct zk_call *k, int rc)
 {
 	k->rc = rc;
-	k->done = 1;
-	pthread_cond_signal(&k->cv);
+	if (k->left == 0) {
+		k->done = 1;
+		pthread_cond_signal(&k->cv);
+	}
 	pthread_mutex_unlock(&k->mu);
 }
 
@@ -330,9 +363,8 @@ static int call_wait(struct backend_conn *c, struct zk_call *k, int issued, long
 	while (!k->done && cond_wait_until(&k->cv, &k->mu, deadline) != ETIMEDOUT)
 		;
 	if (!k->done) {
-		k->abandoned = 1;
-		c->call = NULL;
 		pthread_mutex_unlock(&k->mu);
+		call_abandon(c, k, 0);
 		snprintf(c->err, sizeof(c->err), "%s: no reply from ZooKeeper within %d ms "
 			 "(zookeeper.command_timeout_ms)", what, c->bc->spec->command_timeout_ms);
 		return ZOPERATIONTIMEOUT;
@@ -363,15 +395,21 @@ static void done_stat(int rc, const struct Stat *st, const void *data)
 	done_void(rc, data);
 }
 
+static long long child_seq(const char *name);
+
+/* A create's reply: its path, czxid and sequence (read by the listing
+ * sent with it, whose reply comes next). */
 static void done_create(int rc, const char *path, const struct Stat *st, const void *data)
 {
 	struct zk_call *k = (struct zk_call *)data;
 
 	if (!call_take(k))
 		return;
+	k->crc = rc;
 	if (rc == ZOK && path) {
 		snprintf(k->path, sizeof(k->path), "%s", path);
 		k->czxid = st ? st->czxid : 0;
+		k->seq = child_seq(strrchr(k->path, '/') + 1);
 	}
 	call_done(k, rc);
 }
@@ -534,37 +572,68 @@ static int make_parents(struct backend_conn *c, zhandle_t *zh)
 }
 
 /*
- * Creates it's znode: <dir>/lock-NNNNNNNNNN, EPHEMERAL|SEQUENCE, the lock
- * value as data, its parents first when missing. The fencing token is
- * its czxid, not its sequence: a zxid grows across every key and every
- * leader change, while a sequence restarts when an operator deletes a
- * key's parent znode. Returns the new hold, or NULL with c->err.
+ * Sends the create of <dir>/lock-NNNNNNNNNN (EPHEMERAL|SEQUENCE, data:
+ * the lock value) and the listing of dir together, on k (2 completions):
+ * a session's requests are run and answered in order, so the listing sees
+ * the new znode, and the call costs one round trip, not two. Returns the
+ * create's result (ZOK: the listing's in k->rc), or the library's refusal.
+ */
+static int create_and_list(struct backend_conn *c, zhandle_t *zh, struct zk_call *k,
+			   const struct backend_item *it)
+{
+	char path[ZK_PATH_MAX + 8];
+	int rc;
+
+	snprintf(path, sizeof(path), "%s/" ZK_PREFIX, c->dir);
+	rc = zoo_acreate2(zh, path, it->val, (int)it->vlen, &ZOO_OPEN_ACL_UNSAFE,
+			  ZOO_EPHEMERAL_SEQUENTIAL, done_create, k);
+	if (rc != ZOK) {
+		snprintf(c->err, sizeof(c->err), "create: %s", zerror(rc));
+		return rc;
+	}
+	rc = zoo_aget_children(zh, c->dir, 0, done_children, k);
+	if (rc != ZOK) { /* the create's reply may still come: it frees k */
+		call_abandon(c, k, 1);
+		snprintf(c->err, sizeof(c->err), "children: %s", zerror(rc));
+		return rc;
+	}
+	rc = call_wait(c, k, ZOK, deadline_of(c), "create");
+	if (rc == ZOPERATIONTIMEOUT)
+		return rc;
+	if (k->crc != ZOK)
+		snprintf(c->err, sizeof(c->err), "create: %s", zerror(k->crc));
+	return k->crc;
+}
+
+/*
+ * Creates it's znode, its parents first when missing, and lists its
+ * siblings with it (c->call: k->rc the listing's result, k->mine, k->lower,
+ * k->pred). The fencing token is its czxid, not its sequence: a zxid grows
+ * across every key and every leader change, while a sequence restarts
+ * when an operator deletes a key's parent znode. Returns the new hold, or
+ * NULL with c->err.
  */
 static struct zk_hold *zk_create(struct backend_conn *c, zhandle_t *zh, unsigned gen,
 				 const struct backend_item *it)
 {
-	char path[ZK_PATH_MAX + 8];
 	struct zk_hold *h;
 	struct zk_call *k;
 	int rc = ZNONODE;
 
-	snprintf(path, sizeof(path), "%s/" ZK_PREFIX, c->dir);
 	for (int tries = 0; rc == ZNONODE && tries < 2; tries++) {
 		if (tries && make_parents(c, zh) != ZOK)
 			return NULL;
-		if (!(k = call_begin(c)))
+		if (!(k = call_begin_n(c, 2)))
 			return NULL;
-		rc = call_wait(c, k, zoo_acreate2(zh, path, it->val, (int)it->vlen,
-						  &ZOO_OPEN_ACL_UNSAFE, ZOO_EPHEMERAL_SEQUENTIAL,
-						  done_create, k),
-			       deadline_of(c), "create");
+		k->seq = -1;
+		rc = create_and_list(c, zh, k, it);
 	}
 	if (rc != ZOK || !(h = hold_add(c, it)))
 		return NULL;
 	snprintf(h->path, sizeof(h->path), "%s", k->path);
 	h->gen = gen;
 	h->czxid = k->czxid;
-	h->seq = child_seq(strrchr(h->path, '/') + 1);
+	h->seq = k->seq;
 	return h;
 }
 
@@ -583,17 +652,22 @@ static int zk_siblings(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h)
 }
 
 /*
- * One look at h's place: 1 when it is the lowest (it holds), 0 when a
+ * One look at h's place (listed: its siblings are in c->call already,
+ * from zk_create): 1 when it is the lowest (it holds), 0 when a
  * watch is now set on its predecessor (which existed when set), -1 on
  * error (c->err; a znode of ours gone: its session's end).
  */
-static int zk_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h)
+static int zk_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int listed)
 {
 	char pred[ZK_PATH_MAX + 32];
 	int rc;
 
-	for (;;) {
-		if (zk_siblings(c, zh, h) != ZOK)
+	for (;; listed = 0) {
+		if (listed && c->call->rc != ZOK) {
+			snprintf(c->err, sizeof(c->err), "children: %s", zerror(c->call->rc));
+			return -1;
+		}
+		if (!listed && zk_siblings(c, zh, h) != ZOK)
 			return -1;
 		if (!c->call->mine) {
 			snprintf(c->err, sizeof(c->err), "the lock's znode %.160s is gone (its "
@@ -736,7 +810,7 @@ static int zk_acquire(struct backend_conn *c, const struct backend_item *it, lon
 	struct zk_hold *h;
 	unsigned gen;
 	zhandle_t *zh;
-	int r;
+	int r, listed = 0;
 
 	*fence = 0;
 	*holder_len = 0;
@@ -756,8 +830,9 @@ static int zk_acquire(struct backend_conn *c, const struct backend_item *it, lon
 		key_dir(c, it);
 		if (!(h = zk_create(c, zh, gen, it)))
 			return BACKEND_ERR;
+		listed = 1;
 	}
-	if ((r = zk_look(c, zh, h)) < 0)
+	if ((r = zk_look(c, zh, h, listed)) < 0)
 		return BACKEND_ERR;
 	if (r == 1) {
 		*fence = h->czxid;
@@ -808,7 +883,7 @@ static int zk_wait(struct backend_conn *c, const struct backend_item *it,
 		pthread_mutex_lock(&sess.mu);
 		seen = sess.wake;
 		pthread_mutex_unlock(&sess.mu);
-		if ((r = zk_look(c, zh, h)) < 0)
+		if ((r = zk_look(c, zh, h, 0)) < 0)
 			return BACKEND_ERR;
 		if (r == 1) {
 			*fence = h->czxid;
