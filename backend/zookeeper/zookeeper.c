@@ -708,8 +708,11 @@ static int zk_delete(struct backend_conn *c, struct zk_hold *h, int async)
 	hold_drop(c, h);
 	if (!zh)
 		return BACKEND_ERR;
-	if (stale) /* made in a session that ended: its znode went with it */
+	if (stale) { /* made in a session that ended: its znode went with it */
+		warn("lock znode %.400s was gone at its release: its session expired while "
+		     "it was held (lost)", path);
 		return BACKEND_NO;
+	}
 	if (async) {
 		pthread_mutex_lock(&sess.mu);
 		sess.pending++;

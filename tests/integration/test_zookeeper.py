@@ -15,6 +15,7 @@ lock. A 3-member ensemble whose leader is killed is for a later step.
 """
 import os
 import re
+import signal
 import time
 
 import pytest
@@ -306,3 +307,34 @@ def test_verbs_not_built_exit_1(zk, tmp_path, verb):
     cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
     r = run([CLI] + verb[:1] + ["-c", cfg] + verb[1:])
     assert r.returncode == 1 and "zookeeper" in r.stderr, (r.stdout, r.stderr)
+
+
+def test_frozen_holder_loses_the_lock_at_its_session_timeout(bg, worker_progs, zk, tmp_path):
+    """A holder stopped (SIGSTOP) past session_timeout_ms: its session
+    expires, its znode vanishes and the waiter enters; resumed, the holder
+    says its session expired and that its lock was lost (no on_lost yet)."""
+    cfg = zk_config(tmp_path, zk, BLOCK_LOCK % 60000)
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: len(zk.children(BLK)) == 2, timeout=30, what="the waiter's znode")
+    t0 = time.monotonic()
+    os.kill(holder.p.pid, signal.SIGSTOP)
+    try:
+        waiter.expect("enter", timeout=SESSION_MS / 1000 + 20 * MULT)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(holder.p.pid, signal.SIGCONT)
+    assert SESSION_MS / 1000 * 0.5 <= took < SESSION_MS / 1000 + 5 * MULT, took
+    wait_for(lambda: "session expired" in holder.stderr(), what="the holder's expiry line")
+    holder.send()
+    assert holder.expect("call").startswith("call rc=42")
+    assert holder.wait() == 0
+    err = holder.stderr()
+    assert "every lock of this process is lost" in err, err
+    assert re.search(r"lock znode %s/lock-\d{10} was gone at its release" % re.escape(BLK),
+                     err), err
+    waiter.send()
+    assert waiter.expect("call").startswith("call rc=42")
+    assert waiter.wait() == 0
+    assert zk.children(BLK) == []
