@@ -144,19 +144,11 @@ static int cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, long long de
 
 /* ---- the session ---------------------------------------------------------- */
 
-static void sess_prepare(void)
-{
-	pthread_mutex_lock(&sess.mu);
-}
-
-static void sess_parent(void)
-{
-	pthread_mutex_unlock(&sess.mu);
-}
-
 /* In a fork child: the parent's session is not ours (its threads are not
  * here, and closing it would end the parent's): forget it unclosed; the
- * next open makes the child's own. */
+ * next open makes the child's own. The mutex is made anew rather than
+ * held across the fork: the shim's own fork handler, which runs after a
+ * prepare handler of ours would, flushes (zk_flush takes it). */
 static void sess_child(void)
 {
 	pthread_mutex_init(&sess.mu, NULL);
@@ -169,7 +161,7 @@ static void sess_child(void)
 static void sess_setup(void)
 {
 	cond_init_mono(&sess.cv);
-	pthread_atfork(sess_prepare, sess_parent, sess_child);
+	pthread_atfork(NULL, NULL, sess_child);
 }
 
 /* The session's watcher and every path watch: wakes every waiter; an

@@ -338,3 +338,50 @@ def test_frozen_holder_loses_the_lock_at_its_session_timeout(bg, worker_progs, z
     assert waiter.expect("call").startswith("call rc=42")
     assert waiter.wait() == 0
     assert zk.children(BLK) == []
+
+
+FORK_LIB_C = r"""
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+int lib_call(int x)
+{
+	return x;
+}
+/* A guarded call (the process's session made), then a fork whose child
+ * makes a guarded call of its own, then one more in the parent. */
+int fork_calls(void)
+{
+	int st;
+	pid_t pid;
+
+	if (lib_call(1) != 1)
+		return 1;
+	pid = fork();
+	if (pid == 0)
+		_exit(lib_call(7) == 7 ? 0 : 2);
+	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		return 3;
+	return lib_call(1) == 1 ? 0 : 4;
+}
+"""
+
+
+def test_fork_child_makes_a_session_of_its_own(zk, tmp_path):
+    """The parent's session is not the child's (its library threads are not
+    there): the child's guarded call makes a new session, and its fence is
+    a znode of its own; the parent goes on with its session."""
+    d = tmp_path / "fork"
+    d.mkdir()
+    (d / "lib.c").write_text(FORK_LIB_C)
+    (d / "main.c").write_text("int fork_calls(void);\nint main(void) { return fork_calls(); }\n")
+    cc(str(d / "libfk.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC")
+    prog = cc(str(d / "fk"), [str(d / "main.c")], "-O2", "-L" + str(d),
+              "-Wl,-rpath," + str(d), "-lfk")
+    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "lib_call"; key = "fk"; '
+                    'wait_ms = 10000; } );\n')
+    r = run([prog], cfg, LOCKSHIM_LOG_LEVEL="debug", timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    fences = [int(l.rsplit("fence ", 1)[1]) for l in r.stderr.splitlines() if " acquired " in l]
+    assert len(fences) == 3 and len(set(fences)) == 3, r.stderr[-3000:]
+    assert zk.children("/lockshim/lockshim%3Afk") == []
