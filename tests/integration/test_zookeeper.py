@@ -15,12 +15,14 @@ lock. A 3-member ensemble whose leader is killed is for a later step.
 """
 import os
 import re
+import shutil
 import signal
+import subprocess
 import time
 
 import pytest
 
-from support.util import CLI, MULT, cc, run, wait_for, write_config
+from support.util import CLI, MULT, PRELOAD, SHIM, cc, run, shim_env, wait_for, write_config
 from support.workers import race
 from support.zookeeper import ZookeeperServer, skip_reason
 
@@ -218,6 +220,62 @@ def test_locks_on_send_write_poll_do_not_loop_through_libzookeeper(zk, tmp_path)
     redirected = [l for l in r.stderr.splitlines() if " redirected" in l and
                   ("libzookeeper" in l or "liblockshim-zookeeper" in l)]
     assert redirected == [], redirected
+
+
+def test_module_whose_library_is_missing_names_the_package(worker_progs, zk, tmp_path):
+    """A module that cannot be loaded (here: its client library is gone):
+    one line naming libzookeeper-mt2, 78."""
+    d = tmp_path / "lib"
+    d.mkdir()
+    shutil.copy(SHIM, str(d / "liblockshim.so"))
+    src = tmp_path / "gone.c"
+    src.write_text("int gone(void) { return 1; }\n")
+    cc(str(tmp_path / "libgone.so"), [str(src)], "-shared", "-fPIC")
+    mod = tmp_path / "mod.c"
+    mod.write_text("int gone(void); int lockshim_backend_zookeeper(void) { return gone(); }\n")
+    cc(str(d / "liblockshim-zookeeper.so"), [str(mod)], "-shared", "-fPIC",
+       "-L" + str(tmp_path), "-lgone")
+    os.unlink(str(tmp_path / "libgone.so"))
+    cfg = zk_config(tmp_path, zk, BLOCK_LOCK % 1000)
+    r = subprocess.run([worker_progs["block"]], env=shim_env(cfg, LD_PRELOAD=PRELOAD.replace(
+        SHIM, str(d / "liblockshim.so"))), capture_output=True, text=True,
+        stdin=subprocess.DEVNULL)
+    assert r.returncode == 78, (r.stdout, r.stderr)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "liblockshim-zookeeper.so cannot be loaded (" in lines[0] \
+        and lines[0].endswith("install libzookeeper-mt2"), r.stderr
+
+
+@pytest.mark.parametrize("key,znode", [
+    ("a/b c", "lockshim%3Aa%2Fb%20c"),
+    ("..", "lockshim%3A%2E%2E"),
+])
+def test_keys_are_encoded_into_znode_names(zk, tmp_path, key, znode):
+    cfg = zk_config(tmp_path, zk, "")
+    flag = tmp_path / "in"
+    p = subprocess.Popen([CLI, "lock", "-c", cfg, key, "--", "sh", "-c",
+                          "touch %s; read line" % flag], stdin=subprocess.PIPE,
+                         env=dict(os.environ, LD_PRELOAD=""), text=True)
+    try:
+        wait_for(flag.exists, what="the command inside the lock")
+        assert len(zk.children("/lockshim/" + znode)) == 1
+    finally:
+        p.communicate("go\n", timeout=30)
+    assert p.returncode == 0
+
+
+def test_long_key_is_shortened_with_its_sha1(zk, tmp_path):
+    """Past 200 encoded bytes: the first 150, "~" and the SHA-1 (hex) of the
+    whole stored key; two long keys that differ only at their end stay
+    apart."""
+    cfg = zk_config(tmp_path, zk, "", 'root = "/long";')
+    for last in "ab":
+        r = run([CLI, "lock", "-c", cfg, "k" * 300 + last, "--", "true"], LD_PRELOAD="")
+        assert r.returncode == 0, r.stderr
+    names = zk.children("/long")
+    assert len(names) == 2, names
+    for n in names:
+        assert re.fullmatch(r"lockshim%3Ak{139}~[0-9a-f]{40}", n), n
 
 
 # ---- refusals -------------------------------------------------------------------
