@@ -160,6 +160,29 @@ def test_waiter_is_woken_by_the_release_not_by_polling(bg, worker_progs, zk, tmp
     assert holder.wait() == 0
 
 
+def test_waiters_enter_in_the_order_they_queued(bg, worker_progs, zk, tmp_path):
+    """FIFO by znode creation (fair = true is honoured): three waiters, each
+    started once the previous one's znode is there, enter one by one in
+    that order, never one behind the others' backs."""
+    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                    'wait_ms = 60000; fair = true; } );\n')
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    waiters = []
+    for i in range(3):
+        waiters.append(bg([worker_progs["block"]], cfg))
+        wait_for(lambda: len(zk.children(BLK)) == i + 2, timeout=30, what="waiter %d" % i)
+    holder.send()
+    holder.expect("call rc=42")
+    for i, w in enumerate(waiters):
+        w.expect("enter", timeout=10)
+        assert all(o.lines.empty() for o in waiters[i + 1:]), i
+        w.send()
+        w.expect("call rc=42")
+        assert w.wait() == 0
+    assert holder.wait() == 0
+
+
 # ---- what the module brings in ----------------------------------------------------
 
 def test_redis_guarded_program_maps_no_libzookeeper(bg, worker_progs, redis, zk, tmp_path):
