@@ -54,6 +54,7 @@ struct zk_call {
 	int left;                 /* completions still to come */
 	int done, abandoned, rc;  /* rc: the last completion's */
 	int crc;                  /* create: its result */
+	zhandle_t *zh;            /* create: its session (to undo it if given up) */
 	long long czxid;          /* create: the new znode's */
 	char path[ZK_PATH_MAX];   /* create: the new znode's path */
 	long long seq;            /* children: ours (in) ... */
@@ -391,12 +392,43 @@ static long long child_seq(const char *name);
 
 /* A create's reply: its path, czxid and sequence (read by the listing
  * sent with it, whose reply comes next). */
+static void done_release(int rc, const void *data);
+
+/* A parent's create: its result only. */
+static void done_parent(int rc, const char *path, const struct Stat *st, const void *data)
+{
+	(void)path;
+	(void)st;
+	done_void(rc, data);
+}
+
+/*
+ * A lock znode's create. Given up by its waiter (command_timeout_ms) but
+ * made: nobody will ever delete it, and the session, alive, would keep it
+ * (and the key) forever: it is deleted here, counted as a release.
+ */
 static void done_create(int rc, const char *path, const struct Stat *st, const void *data)
 {
 	struct zk_call *k = (struct zk_call *)data;
 
-	if (!call_take(k))
+	pthread_mutex_lock(&k->mu);
+	if (k->abandoned) {
+		zhandle_t *zh = k->zh;
+		int last = --k->left == 0;
+
+		pthread_mutex_unlock(&k->mu);
+		if (rc == ZOK && path) {
+			pthread_mutex_lock(&sess.mu);
+			sess.pending++;
+			pthread_mutex_unlock(&sess.mu);
+			if (zoo_adelete(zh, path, -1, done_release, NULL) != ZOK)
+				done_release(ZOK, NULL);
+		}
+		if (last)
+			call_free(k);
 		return;
+	}
+	k->left--;
 	k->crc = rc;
 	if (rc == ZOK && path) {
 		snprintf(k->path, sizeof(k->path), "%s", path);
@@ -555,7 +587,7 @@ static int make_parents(struct backend_conn *c, zhandle_t *zh)
 		if (!(k = call_begin(c)))
 			return ZSYSTEMERROR;
 		rc = call_wait(c, k, zoo_acreate2(zh, path, NULL, -1, &ZOO_OPEN_ACL_UNSAFE,
-						  ZOO_PERSISTENT, done_create, k),
+						  ZOO_PERSISTENT, done_parent, k),
 			       deadline_of(c), "create parent");
 		if (rc != ZOK && rc != ZNODEEXISTS)
 			return rc;
@@ -577,6 +609,7 @@ static int create_and_list(struct backend_conn *c, zhandle_t *zh, struct zk_call
 	int rc;
 
 	snprintf(path, sizeof(path), "%s/" ZK_PREFIX, c->dir);
+	k->zh = zh;
 	rc = zoo_acreate2(zh, path, it->val, (int)it->vlen, &ZOO_OPEN_ACL_UNSAFE,
 			  ZOO_EPHEMERAL_SEQUENTIAL, done_create, k);
 	if (rc != ZOK) {

@@ -466,3 +466,76 @@ def test_fork_child_makes_a_session_of_its_own(zk, tmp_path):
     fences = [int(l.rsplit("fence ", 1)[1]) for l in r.stderr.splitlines() if " acquired " in l]
     assert len(fences) == 3 and len(set(fences)) == 3, r.stderr[-3000:]
     assert zk.children("/lockshim/lockshim%3Afk") == []
+
+
+TWO_CALLS_LIB_C = r"""
+#include <errno.h>
+#include <stdio.h>
+int lib_call(int x)
+{
+	return x;
+}
+/* A guarded call (the session made), a line, a second one (its rc said),
+ * a line. */
+int two_calls(void)
+{
+	char line[16];
+	int rc;
+
+	printf("one rc=%d\n", lib_call(1));
+	fflush(stdout);
+	if (!fgets(line, sizeof(line), stdin))
+		return 1;
+	errno = 0;
+	rc = lib_call(2);
+	printf("two rc=%d errno=%d\n", rc, errno);
+	fflush(stdout);
+	return fgets(line, sizeof(line), stdin) ? 0 : 1;
+}
+"""
+
+
+@pytest.fixture
+def own_zk():
+    """A server of the test's own (it is frozen)."""
+    s = ZookeeperServer()
+    try:
+        yield s.start()
+    finally:
+        if s.proc:
+            os.kill(s.proc.pid, signal.SIGCONT)
+        s.cleanup()
+
+
+def test_create_given_up_is_deleted_when_its_reply_comes(bg, own_zk, tmp_path):
+    """The server frozen (SIGSTOP) past command_timeout_ms: the call gives up
+    (on_error "skip") while its creates are still in flight; resumed, the
+    server makes them, and their late replies delete them: the key is free
+    while the process (and its session) lives on."""
+    zk = own_zk
+    d = tmp_path / "two"
+    d.mkdir()
+    (d / "lib.c").write_text(TWO_CALLS_LIB_C)
+    (d / "main.c").write_text("int two_calls(void);\nint main(void) { return two_calls(); }\n")
+    cc(str(d / "libtwo.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC")
+    prog = cc(str(d / "two"), [str(d / "main.c")], "-O2", "-L" + str(d),
+              "-Wl,-rpath," + str(d), "-ltwo")
+    cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = "%s"; '
+                       'session_timeout_ms = 20000; command_timeout_ms = 300; };\n'
+                       'locks = ( { symbol = "lib_call"; key = "frz"; wait_ms = 1000; '
+                       'on_error = "skip"; errno = "EAGAIN"; } );\n' % zk.hosts())
+    p = bg([prog], cfg)
+    p.expect("one rc=1")
+    os.kill(zk.proc.pid, signal.SIGSTOP)
+    try:
+        p.send()
+        assert p.expect("two").startswith("two rc=-1 errno=11"), p.stderr()
+    finally:
+        os.kill(zk.proc.pid, signal.SIGCONT)
+    wait_for(lambda: zk.children("/lockshim/lockshim%3Afrz") == [], timeout=30,
+             what="the given-up creates deleted")
+    assert p.p.poll() is None  # its session lives: only the deletes freed the key
+    r = run([CLI, "lock", "-c", cfg, "frz", "--", "true"], LD_PRELOAD="")
+    assert r.returncode == 0, r.stderr
+    p.send()
+    assert p.wait() == 0
