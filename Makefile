@@ -88,7 +88,7 @@ MOD_LIBS_postgres := -lpq
 MOD_LIBS_zookeeper := -lzookeeper_mt
 MOD_CFLAGS_zookeeper := -I/usr/include/zookeeper -DTHREADED
 # Files of common/ a module links too (self-contained ones: no core state).
-MOD_COMMON_zookeeper := common/sha1.c
+MOD_COMMON_zookeeper := common/sha1.c common/keyname.c
 MOD_CFLAGS_postgres := -I$(shell pg_config --includedir 2>/dev/null || echo /usr/include/postgresql)
 MOD_SO := $(MODULES:%=$(BUILD)/liblockshim-%.so)
 

@@ -1,20 +1,16 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * zookeeper.c - the zookeeper backend, a module (liblockshim-zookeeper.so,
- * backend_module.h) on Debian's libzookeeper-mt2: ZooKeeper's lock recipe
- * without herd effect. A lock is an EPHEMERAL|SEQUENCE znode
- * <root>/<encoded key>/lock-NNNNNNNNNN holding the lock value; the lowest
- * sequence holds; a waiter watches only its predecessor (exists + watch)
- * and sleeps on a condition variable the watcher signals: FIFO by
- * creation. The fencing token is the znode's czxid (see zk_create).
- * One session (zhandle_t) per process, made at the first open and shared by
- * every thread's connection (the client is thread-safe; its I/O and
- * completion threads are the library's): the session is the lease, kept
- * by the library's heartbeats; its expiry frees every lock of the process
- * (said in one warn line; each is then found lost at its release). Every
- * request is the library's asynchronous form, waited for on this
- * connection's call slot for at most command_timeout_ms. A fork child makes
- * a session of its own. One export (zookeeper.map).
+ * backend_module.h) on libzookeeper-mt2: ZooKeeper's lock recipe without
+ * herd. A lock is an EPHEMERAL|SEQUENCE znode <root>/<key's name>/lock-N
+ * (keyname.h) holding the lock value; the lowest holds; a waiter watches
+ * only its predecessor and sleeps until a watch fires: FIFO. The fence is
+ * the znode's czxid (zk_create). One session per process, shared by its
+ * threads' connections, is the lease (the library heartbeats); its expiry
+ * loses every lock of the process (one warn line). Requests use the
+ * library's asynchronous form, each waited for at most command_timeout_ms
+ * on the connection's call slot. A fork child makes its own session. One
+ * export (zookeeper.map).
  */
 #include <errno.h>
 #include <limits.h>
@@ -32,12 +28,10 @@
 #include "backend.h"
 #include "backend_module.h"
 #include "backend_zookeeper_conf.h"
-#include "sha1.h"
+#include "keyname.h"
 
 #define ZK_TOKEN 32          /* the token prefix of a lock value (owner.h) */
-#define ZK_NAME_MAX 200      /* longer encoded keys are shortened with a hash */
-#define ZK_NAME_KEEP 150     /* ... to this many encoded bytes, "~" and the SHA-1 */
-#define ZK_PATH_MAX 800      /* root (512) + "/" + name (203) + "/lock-" + 10 digits */
+#define ZK_PATH_MAX 800      /* root (512) + "/" + name (KEYNAME_SIZE) + "/lock-" + 10 digits */
 #define ZK_PREFIX "lock-"
 
 struct backend_config {
@@ -492,36 +486,13 @@ static void done_release(int rc, const void *data)
 
 /* ---- keys and holds ------------------------------------------------------- */
 
-/*
- * Writes <root>/<encoded key> into c->dir: bytes other than [A-Za-z0-9_-]
- * as %XX; an encoding longer than ZK_NAME_MAX bytes shortened to its first
- * ZK_NAME_KEEP, "~" and the SHA-1 of the whole key (backend_local.c's
- * file names, without their suffix).
- */
+/* Writes <root>/<name> into c->dir, name being the key's (keyname.h,
+ * the rule of backend_local.c's file names). */
 static void key_dir(struct backend_conn *c, const struct backend_item *it)
 {
-	static const char hex[] = "0123456789ABCDEF";
-	size_t n = (size_t)snprintf(c->dir, sizeof(c->dir), "%s/", c->bc->spec->root), start = n;
+	size_t n = (size_t)snprintf(c->dir, sizeof(c->dir), "%s/", c->bc->spec->root);
 
-	for (size_t i = 0; i < it->klen && n - start <= ZK_NAME_MAX; i++) {
-		unsigned char ch = (unsigned char)it->key[i];
-
-		if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-		    (ch >= '0' && ch <= '9') || ch == '_' || ch == '-') {
-			c->dir[n++] = (char)ch;
-		} else {
-			c->dir[n++] = '%';
-			c->dir[n++] = hex[ch >> 4];
-			c->dir[n++] = hex[ch & 15];
-		}
-	}
-	if (n - start > ZK_NAME_MAX) {
-		n = start + ZK_NAME_KEEP;
-		c->dir[n++] = '~';
-		sha1_hex(it->key, it->klen, c->dir + n);
-		n += 40;
-	}
-	c->dir[n] = 0;
+	keyname_encode(it->key, it->klen, c->dir + n);
 }
 
 static size_t token_len(const struct backend_item *it)
