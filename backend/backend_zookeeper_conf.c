@@ -9,11 +9,14 @@
  * handoff_ms, on_overrun) are refused when the file sets them, in a lock
  * or in `defaults`; limit > 1, mode "shared", linger_ms > 0 and
  * max_hold_ms are refused by value (not built in this step). fair is
- * honoured: the recipe is FIFO by creation. linger_ms's built-in value is
- * 0 here. This file is in the core: backend.c registers it.
+ * honoured: the recipe is FIFO by creation. method = "entry" is refused
+ * where it may patch a C library function (zk_check_lock). linger_ms's
+ * built-in value is 0 here. This file is in the core: backend.c
+ * registers it.
  */
 #include "backend_zookeeper_conf.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "conf.h"
@@ -74,13 +77,42 @@ static const struct conf_refusal unbuilt[] = {
 	{ NULL, NULL }
 };
 
-/* Refuses what the zookeeper backend cannot honour or does not have yet
- * (conf_refuse_lock). Returns 0, or -1 said with conf_fail. */
+/* Returns 1 when object names the C library (libc.so.6, libpthread...,
+ * by file name or path), else 0. */
+static int object_is_libc(const char *object)
+{
+	const char *base = strrchr(object, '/');
+
+	base = base ? base + 1 : object;
+	return !strncmp(base, "libc.", 5) || !strcmp(base, "libc") ||
+	       !strncmp(base, "libpthread", 10);
+}
+
+/*
+ * Refuses what the zookeeper backend cannot honour or does not have yet
+ * (conf_refuse_lock), and `method = "entry"` on a function that may be
+ * libc's (no object, or libc named): an entry patch catches every caller,
+ * libzookeeper's own I/O and completion threads included, which run
+ * outside the shim's guard: their poll or send would wait for a lock only
+ * they can take. Returns 0, or -1 said with conf_fail.
+ */
 static int zk_check_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
 			 const struct lock_spec *l, const struct conf *cfg, const void *data)
 {
+	char what[64];
+
 	(void)cfg;
 	(void)data;
+	if (l->method == METHOD_ENTRY && (!l->object || object_is_libc(l->object))) {
+		const config_setting_t *s = lg ? config_setting_get_member(lg, "method") : NULL;
+
+		snprintf(what, sizeof(what), "%s.method", where);
+		return conf_fail(e, s ? s : lg, what, "method = \"entry\" %s is not available with "
+				 "backend \"zookeeper\": the entry of a C library function would catch "
+				 "libzookeeper's own threads too (outside the shim's guard); name the "
+				 "function's object (\"main\" or its library) or use \"reloc\"",
+				 l->object ? "on a C library function" : "without object");
+	}
 	return conf_refuse_lock(e, lg, where, l, "zookeeper", unavailable, unbuilt);
 }
 

@@ -322,6 +322,25 @@ def test_refused_settings(zk, tmp_path, setting, where):
     assert what in r.stderr and "backend \"zookeeper\"" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("extra,refused", [
+    ('method = "entry";', True),
+    ('method = "entry"; object = "libc.so.6";', True),
+    ('method = "entry"; object = "main";', False),
+    ('method = "reloc";', False),
+])
+def test_entry_method_on_a_libc_function_is_refused(zk, tmp_path, extra, refused):
+    """An entry patch of libc's poll would catch libzookeeper's own threads
+    (outside the guard: the session could not connect, checked by hand);
+    the program's own functions (object "main") and reloc are fine."""
+    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "poll"; key = "p"; %s } );\n' % extra)
+    r = run([CLI, "check", "-c", cfg])
+    if refused:
+        assert r.returncode == 78 and "locks[0].method" in r.stderr and \
+            'backend "zookeeper"' in r.stderr, r.stderr
+    else:
+        assert r.returncode == 0, r.stderr
+
+
 def test_fair_is_accepted(zk, tmp_path):
     """The recipe is FIFO by creation: fair = true is honoured, not refused."""
     cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "rename"; key = "k"; fair = true; } );\n')
