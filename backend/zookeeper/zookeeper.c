@@ -368,6 +368,7 @@ static long long deadline_of(const struct backend_conn *c)
 	return now_ms() + c->bc->spec->command_timeout_ms;
 }
 
+/* A reply that carries nothing but its result. */
 static void done_void(int rc, const void *data)
 {
 	struct zk_call *k = (struct zk_call *)data;
@@ -382,11 +383,32 @@ static void done_stat(int rc, const struct Stat *st, const void *data)
 	done_void(rc, data);
 }
 
-static long long child_seq(const char *name);
+/* Returns the sequence of a child's name "lock-NNNNNNNNNN", or -1. */
+static long long child_seq(const char *name)
+{
+	const char *d = strrchr(name, '-');
+	char *end;
+	long long v;
 
-/* A create's reply: its path, czxid and sequence (read by the listing
- * sent with it, whose reply comes next). */
-static void done_release(int rc, const void *data);
+	if (!d || strncmp(name, ZK_PREFIX, sizeof(ZK_PREFIX) - 1) != 0)
+		return -1;
+	v = strtoll(d + 1, &end, 10);
+	return *end || end == d + 1 ? -1 : v;
+}
+
+/* An asynchronous release's reply: one fewer pending (zk_flush waits for
+ * none); said when the znode was gone. */
+static void done_release(int rc, const void *data)
+{
+	(void)data;
+	pthread_mutex_lock(&sess.mu);
+	sess.pending--;
+	pthread_cond_broadcast(&sess.cv);
+	pthread_mutex_unlock(&sess.mu);
+	if (rc == ZNONODE)
+		warn("a lock's znode was gone at its release (its session expired: the lock "
+		     "was lost while held)");
+}
 
 /* A parent's create: its result only. */
 static void done_parent(int rc, const char *path, const struct Stat *st, const void *data)
@@ -397,9 +419,11 @@ static void done_parent(int rc, const char *path, const struct Stat *st, const v
 }
 
 /*
- * A lock znode's create. Given up by its waiter (command_timeout_ms) but
- * made: nobody will ever delete it, and the session, alive, would keep it
- * (and the key) forever: it is deleted here, counted as a release.
+ * A lock znode's create: its path, czxid and sequence (read by the
+ * listing sent with it, whose reply comes next). Given up by its waiter
+ * (command_timeout_ms) but made: nobody would ever delete it, and the
+ * session, alive, would keep it (and the key) forever: it is deleted
+ * here, counted as a release.
  */
 static void done_create(int rc, const char *path, const struct Stat *st, const void *data)
 {
@@ -432,19 +456,6 @@ static void done_create(int rc, const char *path, const struct Stat *st, const v
 	call_done(k, rc);
 }
 
-/* Returns the sequence of a child's name "lock-NNNNNNNNNN", or -1. */
-static long long child_seq(const char *name)
-{
-	const char *d = strrchr(name, '-');
-	char *end;
-	long long v;
-
-	if (!d || strncmp(name, ZK_PREFIX, sizeof(ZK_PREFIX) - 1) != 0)
-		return -1;
-	v = strtoll(d + 1, &end, 10);
-	return *end || end == d + 1 ? -1 : v;
-}
-
 /* The children of a lock's parent: is ours there, how many are ahead of
  * it, and which is right ahead. */
 static void done_children(int rc, const struct String_vector *v, const void *data)
@@ -468,20 +479,6 @@ static void done_children(int rc, const struct String_vector *v, const void *dat
 		}
 	}
 	call_done(k, rc);
-}
-
-/* An asynchronous release's reply: one fewer pending (zk_flush waits for
- * none); said when the znode was gone. */
-static void done_release(int rc, const void *data)
-{
-	(void)data;
-	pthread_mutex_lock(&sess.mu);
-	sess.pending--;
-	pthread_cond_broadcast(&sess.cv);
-	pthread_mutex_unlock(&sess.mu);
-	if (rc == ZNONODE)
-		warn("a lock's znode was gone at its release (its session expired: the lock "
-		     "was lost while held)");
 }
 
 /* ---- keys and holds ------------------------------------------------------- */
@@ -698,7 +695,6 @@ static int zk_delete(struct backend_conn *c, struct zk_hold *h, int async)
 	int stale, rc;
 
 	snprintf(path, sizeof(path), "%s", h->path);
-	stale = 0;
 	zh = sess_get(c, &gen);
 	stale = !zh || h->gen != gen;
 	hold_drop(c, h);
