@@ -12,9 +12,11 @@
  * on the connection's call slot. A fork child makes its own session. One
  * export (zookeeper.map).
  */
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -31,8 +33,11 @@
 #include "keyname.h"
 
 #define ZK_TOKEN 32          /* the token prefix of a lock value (owner.h) */
-#define ZK_PATH_MAX 800      /* root (512) + "/" + name (KEYNAME_SIZE) + "/lock-" + 10 digits */
+#define ZK_PATH_MAX 800      /* root (512), "/", KEYNAME_SIZE, "/", ZK_NAME_MAX */
 #define ZK_PREFIX "lock-"
+/* a lock znode's name: "lock-", its mark (token "x" attempt), "-", 10 digits */
+#define ZK_MARK_MAX (ZK_TOKEN + 1 + 8)
+#define ZK_NAME_MAX (sizeof(ZK_PREFIX) + ZK_MARK_MAX + 1 + 10 + 1)
 
 struct backend_config {
 	const struct zookeeper_spec *spec;
@@ -48,12 +53,14 @@ struct zk_call {
 	int left;                 /* completions still to come */
 	int done, abandoned, rc;  /* rc: the last completion's */
 	int crc;                  /* create: its result */
-	zhandle_t *zh;            /* create: its session (to undo it if given up) */
+	zhandle_t *zh;            /* create: its session (to undo it if given up), */
+	char dir[ZK_PATH_MAX];    /* ... its parent ... */
+	char mark[ZK_MARK_MAX + 1]; /* ... and its name's mark, its alone */
 	long long czxid;          /* create: the new znode's */
 	char path[ZK_PATH_MAX];   /* create: the new znode's path */
 	long long seq;            /* children: ours (in) ... */
 	int mine, lower;          /* ... present; how many sequences are below it */
-	char pred[32];            /* ... and the highest of them (the predecessor) */
+	char pred[ZK_NAME_MAX];   /* ... and the highest of them (the predecessor) */
 };
 
 /* A znode this connection made: queued, or holding when lowest. */
@@ -410,6 +417,68 @@ static void done_release(int rc, const void *data)
 		     "was lost while held)");
 }
 
+/* A sweep's delete: one fewer pending (gone already is fine). */
+static void done_swept(int rc, const void *data)
+{
+	(void)rc;
+	(void)data;
+	pthread_mutex_lock(&sess.mu);
+	sess.pending--;
+	pthread_cond_broadcast(&sess.cv);
+	pthread_mutex_unlock(&sess.mu);
+}
+
+/* A sweep for the znode of a create whose outcome is unknown (its
+ * connection was lost before the reply): its parent and its token. */
+struct zk_sweep {
+	zhandle_t *zh;
+	char dir[ZK_PATH_MAX];
+	char mark[ZK_MARK_MAX + 3]; /* "-<mark>-", found only in that znode's name */
+};
+
+/*
+ * The sweep's listing: deletes the child whose name has the mark (counted
+ * as a release), and frees w; a listing lost with the connection again is
+ * sent again (the library sends it once reconnected; a session that ended
+ * refuses it, and its znodes went with it).
+ */
+static void sweep_listed(int rc, const struct String_vector *v, const void *data)
+{
+	struct zk_sweep *w = (struct zk_sweep *)data;
+	char path[ZK_PATH_MAX + 64];
+
+	if ((rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT) &&
+	    zoo_aget_children(w->zh, w->dir, 0, sweep_listed, w) == ZOK)
+		return;
+	for (int i = 0; rc == ZOK && v && i < v->count; i++) {
+		if (!strstr(v->data[i], w->mark))
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", w->dir, v->data[i]);
+		pthread_mutex_lock(&sess.mu);
+		sess.pending++;
+		pthread_mutex_unlock(&sess.mu);
+		if (zoo_adelete(w->zh, path, -1, done_swept, NULL) != ZOK)
+			done_swept(ZOK, NULL);
+	}
+	free(w);
+}
+
+/* Starts a sweep of dir for the znode named with mark (ZooKeeper may
+ * have made it: a connection lost after a create was sent). Without it
+ * the live session would keep that znode, and the key, forever. */
+static void sweep_start(zhandle_t *zh, const char *dir, const char *mark)
+{
+	struct zk_sweep *w = malloc(sizeof(*w));
+
+	if (!w)
+		return;
+	w->zh = zh;
+	snprintf(w->dir, sizeof(w->dir), "%s", dir);
+	snprintf(w->mark, sizeof(w->mark), "-%s-", mark);
+	if (zoo_aget_children(zh, w->dir, 0, sweep_listed, w) != ZOK)
+		free(w);
+}
+
 /* A parent's create: its result only. */
 static void done_parent(int rc, const char *path, const struct Stat *st, const void *data)
 {
@@ -441,6 +510,8 @@ static void done_create(int rc, const char *path, const struct Stat *st, const v
 			pthread_mutex_unlock(&sess.mu);
 			if (zoo_adelete(zh, path, -1, done_release, NULL) != ZOK)
 				done_release(ZOK, NULL);
+		} else if (rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT) {
+			sweep_start(zh, k->dir, k->mark);
 		}
 		if (last)
 			call_free(k);
@@ -573,10 +644,20 @@ static int make_parents(struct backend_conn *c, zhandle_t *zh)
 static int create_and_list(struct backend_conn *c, zhandle_t *zh, struct zk_call *k,
 			   const struct backend_item *it)
 {
-	char path[ZK_PATH_MAX + 8];
+	static atomic_uint attempts;
+	char path[ZK_PATH_MAX + ZK_MARK_MAX + 8];
+	size_t tl = token_len(it);
 	int rc;
 
-	snprintf(path, sizeof(path), "%s/" ZK_PREFIX, c->dir);
+	/* a mark in the name, this create's alone (the token and the
+	 * process's attempt number): a create whose reply is lost can be
+	 * found, and a later create of the same token is never mistaken
+	 * for it */
+	for (size_t i = 0; i < tl; i++)
+		k->mark[i] = isxdigit((unsigned char)it->val[i]) ? it->val[i] : 'x';
+	snprintf(k->mark + tl, sizeof(k->mark) - tl, "x%08x", atomic_fetch_add(&attempts, 1));
+	snprintf(k->dir, sizeof(k->dir), "%s", c->dir);
+	snprintf(path, sizeof(path), "%s/" ZK_PREFIX "%s-", c->dir, k->mark);
 	k->zh = zh;
 	rc = zoo_acreate2(zh, path, it->val, (int)it->vlen, &ZOO_OPEN_ACL_UNSAFE,
 			  ZOO_EPHEMERAL_SEQUENTIAL, done_create, k);
@@ -593,6 +674,8 @@ static int create_and_list(struct backend_conn *c, zhandle_t *zh, struct zk_call
 	rc = call_wait(c, k, ZOK, deadline_of(c), "create");
 	if (rc == ZOPERATIONTIMEOUT)
 		return rc;
+	if (k->crc == ZCONNECTIONLOSS || k->crc == ZOPERATIONTIMEOUT)
+		sweep_start(zh, k->dir, k->mark);
 	if (k->crc != ZOK)
 		snprintf(c->err, sizeof(c->err), "create: %s", zerror(k->crc));
 	return k->crc;
@@ -652,10 +735,10 @@ static int zk_siblings(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h)
  */
 static int zk_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int listed)
 {
-	char pred[ZK_PATH_MAX + 32];
+	char pred[ZK_PATH_MAX + ZK_NAME_MAX];
 	int rc;
 
-	for (;; listed = 0) {
+	for (int tries = 0;; listed = 0) {
 		if (listed && c->call->rc != ZOK) {
 			snprintf(c->err, sizeof(c->err), "children: %s", zerror(c->call->rc));
 			return -1;
@@ -678,7 +761,7 @@ static int zk_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int
 			       deadline_of(c), "watch");
 		if (rc == ZOK)
 			return 0;
-		if (rc != ZNONODE) /* gone meanwhile: look again */
+		if (rc != ZNONODE || ++tries == 100) /* gone meanwhile: look again */
 			return -1;
 	}
 }

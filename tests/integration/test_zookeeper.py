@@ -22,6 +22,7 @@ import time
 
 import pytest
 
+from support.proxy import DROP_REPLIES, PASS, Proxy
 from support.util import CLI, MULT, PRELOAD, SHIM, cc, run, shim_env, wait_for, write_config
 from support.workers import race
 from support.zookeeper import ZookeeperServer, skip_reason
@@ -432,8 +433,8 @@ def test_frozen_holder_loses_the_lock_at_its_session_timeout(bg, worker_progs, z
     assert holder.wait() == 0
     err = holder.stderr()
     assert "every lock of this process is lost" in err, err
-    assert re.search(r"lock znode %s/lock-\d{10} was gone at its release" % re.escape(BLK),
-                     err), err
+    assert re.search(r"lock znode %s/lock-[0-9a-fx]+-\d{10} was gone at its release"
+                     % re.escape(BLK), err), err
     waiter.send()
     assert waiter.expect("call").startswith("call rc=42")
     assert waiter.wait() == 0
@@ -558,3 +559,40 @@ def test_create_given_up_is_deleted_when_its_reply_comes(bg, own_zk, tmp_path):
     assert r.returncode == 0, r.stderr
     p.send()
     assert p.wait() == 0
+
+
+def test_create_whose_connection_was_lost_is_swept(bg, own_zk, tmp_path):
+    """The server's replies dropped (a proxy) while a call's creates go out:
+    ZooKeeper makes the znodes, the client loses its connection (no reply
+    for 2/3 of the session) and reconnects with the session alive. Each
+    znode's name carries its token, so the client finds its own znodes once
+    reconnected and deletes them: the key is free while the process (and its
+    session) lives on."""
+    zk = own_zk
+    d = tmp_path / "two"
+    d.mkdir()
+    (d / "lib.c").write_text(TWO_CALLS_LIB_C)
+    (d / "main.c").write_text("int two_calls(void);\nint main(void) { return two_calls(); }\n")
+    cc(str(d / "libtwo.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC")
+    prog = cc(str(d / "two"), [str(d / "main.c")], "-O2", "-L" + str(d),
+              "-Wl,-rpath," + str(d), "-ltwo")
+    with Proxy(zk.port) as px:
+        cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
+                           '"127.0.0.1:%d"; session_timeout_ms = 6000; command_timeout_ms = '
+                           '500; };\nlocks = ( { symbol = "lib_call"; key = "frz"; wait_ms = '
+                           '1000; on_error = "skip"; errno = "EAGAIN"; } );\n' % px.port)
+        p = bg([prog], cfg)
+        p.expect("one rc=1")
+        px.set_mode(DROP_REPLIES)
+        p.send()
+        assert p.expect("two").startswith("two rc=-1 errno=11"), p.stderr()
+        assert zk.children("/lockshim/lockshim%3Afrz") != []  # made, unanswered
+        px.set_mode(PASS)
+        wait_for(lambda: px.accepted >= 2, timeout=30, what="the client's reconnection")
+        wait_for(lambda: zk.children("/lockshim/lockshim%3Afrz") == [], timeout=30,
+                 what="the unanswered creates swept")
+        assert p.p.poll() is None and "ZooKeeper session expired" not in p.stderr()
+        r = run([CLI, "lock", "-c", cfg, "frz", "--", "true"], LD_PRELOAD="")
+        assert r.returncode == 0, r.stderr
+        p.send()
+        assert p.wait() == 0
