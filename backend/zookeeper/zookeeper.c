@@ -2,15 +2,15 @@
 /*
  * zookeeper.c - the zookeeper backend, a module (liblockshim-zookeeper.so,
  * backend_module.h) on libzookeeper-mt2: ZooKeeper's lock recipe without
- * herd. A lock is an EPHEMERAL|SEQUENCE znode <root>/<key's name>/lock-N
- * (keyname.h) holding the lock value; the lowest holds; a waiter watches
- * only its predecessor and sleeps until a watch fires: FIFO. The fence is
- * the znode's czxid (zk_create). One session per process, shared by its
- * threads' connections, is the lease (the library heartbeats); its expiry
- * loses every lock of the process (one warn line). Requests use the
- * library's asynchronous form, each waited for at most command_timeout_ms
- * on the connection's call slot. A fork child makes its own session. One
- * export (zookeeper.map).
+ * herd. A lock is an EPHEMERAL|SEQUENCE znode <root>/<key's name>/
+ * lock-<mark>-N (keyname.h; the mark is its create's own, so a create
+ * whose reply was lost can be found and deleted) holding the lock value;
+ * the lowest holds; a waiter watches only its predecessor: FIFO. The fence
+ * is the znode's czxid (zk_create). One session per process, shared by its
+ * threads, is the lease (the library heartbeats); its expiry loses every
+ * lock of the process (one warn line). Requests use the library's
+ * asynchronous form, each waited for at most command_timeout_ms on the
+ * connection's call slot. A fork child makes its own session. One export.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -390,7 +390,7 @@ static void done_stat(int rc, const struct Stat *st, const void *data)
 	done_void(rc, data);
 }
 
-/* Returns the sequence of a child's name "lock-NNNNNNNNNN", or -1. */
+/* Returns the sequence of a child's name "lock-<mark>-NNNNNNNNNN", or -1. */
 static long long child_seq(const char *name)
 {
 	const char *d = strrchr(name, '-');
@@ -635,8 +635,8 @@ static int make_parents(struct backend_conn *c, zhandle_t *zh)
 }
 
 /*
- * Sends the create of <dir>/lock-NNNNNNNNNN (EPHEMERAL|SEQUENCE, data:
- * the lock value) and the listing of dir together, on k (2 completions):
+ * Sends the create of <dir>/lock-<mark>-NNNNNNNNNN (EPHEMERAL|SEQUENCE,
+ * data: the lock value) and the listing of dir together, on k (2 replies):
  * a session's requests are run and answered in order, so the listing sees
  * the new znode, and the call costs one round trip, not two. Returns the
  * create's result (ZOK: the listing's in k->rc), or the library's refusal.
