@@ -78,14 +78,19 @@ struct backend_conn {
 	struct zk_hold *holds;    /* grows by doubling, never shrinks */
 	size_t nholds, capholds;
 	char dir[ZK_PATH_MAX];    /* the last key's parent znode */
+	char watched[ZK_PATH_MAX + ZK_NAME_MAX]; /* the predecessor zk_look watches */
 	char err[256];
 };
 
 static const struct backend_module_host *host;
 
+/* The last watch events, by number: a waiter looks again only when one of
+ * them is its predecessor's or the session's (path ""). */
+#define ZK_FIRED 16
+
 /* The process's session, and the wake-ups of its watches: every watch
- * event (a predecessor deleted, a session state change) bumps wake and
- * broadcasts cv; waiters compare. */
+ * event (a predecessor deleted, a session state change) bumps wake, is
+ * kept in fired[wake % ZK_FIRED] and broadcasts cv; waiters compare. */
 static struct {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -93,6 +98,7 @@ static struct {
 	pid_t pid;
 	unsigned gen;             /* bumped at every new session */
 	unsigned long wake;
+	char fired[ZK_FIRED][ZK_PATH_MAX + ZK_NAME_MAX];
 	int expired;
 	int pending;              /* asynchronous deletes not answered yet */
 } sess = { .mu = PTHREAD_MUTEX_INITIALIZER };
@@ -172,8 +178,6 @@ static void sess_watch(zhandle_t *zh, int type, int state, const char *path, voi
 {
 	int said = 0;
 
-	(void)type;
-	(void)path;
 	(void)ctx;
 	pthread_mutex_lock(&sess.mu);
 	if (zh == sess.zh && state == ZOO_EXPIRED_SESSION_STATE && !sess.expired) {
@@ -181,11 +185,29 @@ static void sess_watch(zhandle_t *zh, int type, int state, const char *path, voi
 		said = 1;
 	}
 	sess.wake++;
+	snprintf(sess.fired[sess.wake % ZK_FIRED], sizeof(sess.fired[0]), "%s",
+		 type == ZOO_SESSION_EVENT || !path ? "" : path);
 	pthread_cond_broadcast(&sess.cv);
 	pthread_mutex_unlock(&sess.mu);
 	if (said)
 		warn("ZooKeeper session expired: every lock of this process is lost "
 		     "(a new session is made at the next call)");
+}
+
+/* Returns 1 when a watch event after seen (up to sess.wake) may concern
+ * the waiter watching watched: its path, the session's, or too many to
+ * tell; else 0. Holds sess.mu. */
+static int fired_for(unsigned long seen, const char *watched)
+{
+	if (sess.wake - seen >= ZK_FIRED)
+		return 1;
+	for (unsigned long n = seen + 1; n - seen <= sess.wake - seen; n++) {
+		const char *p = sess.fired[n % ZK_FIRED];
+
+		if (!p[0] || !strcmp(p, watched))
+			return 1;
+	}
+	return 0;
 }
 
 /* The library's log lines go nowhere (they would be the program's stderr). */
@@ -225,6 +247,10 @@ static zhandle_t *sess_get(struct backend_conn *c, unsigned *gen)
 			 z->hosts, strerror(errno));
 		return NULL;
 	}
+	/* the library would resolve hosts at every turn of its I/O loop (a
+	 * getaddrinfo each time: CPU, and a fork child could inherit glibc's
+	 * resolver lock held): only at a connection loss */
+	zoo_set_servers_resolution_delay(zh, -1);
 	sess.zh = zh;
 	sess.pid = getpid();
 	sess.gen++;
@@ -735,7 +761,6 @@ static int zk_siblings(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h)
  */
 static int zk_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int listed)
 {
-	char pred[ZK_PATH_MAX + ZK_NAME_MAX];
 	int rc;
 
 	for (int tries = 0;; listed = 0) {
@@ -752,12 +777,12 @@ static int zk_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int
 		}
 		if (c->call->lower == 0)
 			return 1;
-		snprintf(pred, sizeof(pred), "%.*s/%s", (int)(strrchr(h->path, '/') - h->path),
-			 h->path, c->call->pred);
+		snprintf(c->watched, sizeof(c->watched), "%.*s/%s",
+			 (int)(strrchr(h->path, '/') - h->path), h->path, c->call->pred);
 		if (!call_begin(c))
 			return -1;
-		rc = call_wait(c, c->call, zoo_awexists(zh, pred, sess_watch, NULL, done_stat,
-							c->call),
+		rc = call_wait(c, c->call, zoo_awexists(zh, c->watched, sess_watch, NULL,
+							done_stat, c->call),
 			       deadline_of(c), "watch");
 		if (rc == ZOK)
 			return 0;
@@ -967,11 +992,15 @@ static int zk_wait(struct backend_conn *c, const struct backend_item *it,
 			*fence = h->czxid;
 			return BACKEND_GRANTED;
 		}
+		/* asleep until its predecessor's (or the session's) event */
 		pthread_mutex_lock(&sess.mu);
-		while (sess.wake == seen &&
-		       cond_wait_until(&sess.cv, &sess.mu, deadline) != ETIMEDOUT)
-			;
-		r = sess.wake == seen;
+		while (!fired_for(seen, c->watched)) {
+			seen = sess.wake;
+			if (cond_wait_until(&sess.cv, &sess.mu, deadline) == ETIMEDOUT &&
+			    !fired_for(seen, c->watched))
+				break;
+		}
+		r = !fired_for(seen, c->watched);
 		pthread_mutex_unlock(&sess.mu);
 		if (r)
 			return BACKEND_NO;
