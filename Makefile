@@ -82,14 +82,15 @@ MAN := $(BUILD)/man/lockshim.1 $(BUILD)/man/lockshim.cfg.5
 # Backends built as modules (doc/design.md, backend/backend_module.h): each
 # is backend/NAME/*.c, linked into $(BUILD)/liblockshim-NAME.so with its
 # client library (MOD_LIBS_NAME), exporting one symbol (backend/NAME/NAME.map).
-# The shim dlopens it only when the config selects that backend.
+# The shim dlopens it only when the config selects that backend. A module
+# may also link self-contained files of common/ (MOD_COMMON_NAME: no core
+# state, hidden like the rest).
 MODULES := postgres zookeeper
 MOD_LIBS_postgres := -lpq
+MOD_CFLAGS_postgres := -I$(shell pg_config --includedir 2>/dev/null || echo /usr/include/postgresql)
 MOD_LIBS_zookeeper := -lzookeeper_mt
 MOD_CFLAGS_zookeeper := -I/usr/include/zookeeper -DTHREADED
-# Files of common/ a module links too (self-contained ones: no core state).
 MOD_COMMON_zookeeper := common/sha1.c common/keyname.c
-MOD_CFLAGS_postgres := -I$(shell pg_config --includedir 2>/dev/null || echo /usr/include/postgresql)
 MOD_SO := $(MODULES:%=$(BUILD)/liblockshim-%.so)
 
 all: $(BUILD)/liblockshim.so $(BUILD)/lockshim $(MOD_SO) $(MAN)
