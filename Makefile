@@ -67,14 +67,14 @@ CLI_SHARED := shim/lock.c shim/renew.c shim/guard.c shim/count.c
 CLI_SRC := $(wildcard cli/*.c) $(CLI_SHARED) $(COMMON_SRC)
 SHIM_OBJ := $(patsubst %,$(BUILD)/shim/%.o,$(basename $(SHIM_SRC)))
 CLI_OBJ := $(patsubst %,$(BUILD)/cli/%.o,$(basename $(CLI_SRC)))
-UNIT := config key lock log metrics owner sha1 symhash
+UNIT := config key keyname lock log metrics owner sha1 symhash
 UNIT_BIN := $(UNIT:%=$(BUILD)/tests/test_%)
 # The unit tests link the parser with the redis backend's settings and the
 # CLI's description of them (not the backends, nor hiredis).
 UNIT_OBJ := $(addprefix $(BUILD)/shim/,shim/guard.o common/conf.o common/conf_field.o \
-	common/key.o common/log.o shim/lock.o shim/renew.o common/sha1.o common/owner.o \
-	common/fdown.o backend/backend_redis_conf.o cli/settings.o shim/symhash.o \
-	shim/count.o common/metrics.o)
+	common/key.o common/keyname.o common/log.o shim/lock.o shim/renew.o common/sha1.o \
+	common/owner.o common/fdown.o backend/backend_redis_conf.o cli/settings.o \
+	shim/symhash.o shim/count.o common/metrics.o)
 
 # The man pages: doc/<page>.scd, turned into man(7) by scdoc.
 MAN := $(BUILD)/man/lockshim.1 $(BUILD)/man/lockshim.cfg.5
