@@ -85,6 +85,19 @@ def test_processes_and_threads_exclude_each_other(progs, zk, tmp_path):
         assert zk.children("/lockshim/" + k) == [], k
 
 
+def test_several_keys_exclude(progs, zk, tmp_path):
+    """A lock of two keys (taken in byte order, released together): exact,
+    and neither key keeps a znode."""
+    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "ledger_update"; keys = ( "z", '
+                    '"ledger:{arg0:str}" ); wait_ms = 30000; } );\n', 'root = "/two";')
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
+                threads=2) == 60
+    keys = zk.children("/two")
+    assert len(keys) == 2, keys
+    for k in keys:
+        assert zk.children("/two/" + k) == [], k
+
+
 def test_fences_increase(progs, zk, tmp_path):
     cfg = zk_config(tmp_path, zk, RACE_ZK)
     path = str(tmp_path / "c")
