@@ -416,6 +416,17 @@ def test_lock_command_holds_and_fences(zk, tmp_path):
     assert zk.children("/lockshim/lockshim%3Ajob") == []
 
 
+@pytest.mark.parametrize("opts,says", [
+    (["-l", "5000"], "-l: not available with backend \"zookeeper\""),
+    (["--limit", "2"], "lock.limit"),
+    (["--shared"], "lock.mode"),
+])
+def test_lock_command_refuses_what_the_backend_cannot_honour(zk, tmp_path, opts, says):
+    cfg = zk_config(tmp_path, zk, "")
+    r = run([CLI, "lock", "-c", cfg] + opts + ["k", "--", "true"], LD_PRELOAD="")
+    assert r.returncode == 78 and says in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("verb", [["status"], ["unlock", "k"], ["metrics"]])
 def test_verbs_not_built_exit_1(zk, tmp_path, verb):
     cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
