@@ -6,7 +6,12 @@ clientPort, the admin server off, no four-letter words but `ruok`/`cons`.
 Started as a child of the test, stopped by its pid. children() lists the
 znodes under a path with the jar's own CLI class (no client library in
 Python). JAR is None when the server is not installed (the tests skip,
-saying so). A 3-member ensemble is for a later step.
+saying so).
+
+Ensemble: three members (QuorumPeerMain) on 127.0.0.1, each with its own
+dataDir and myid, client port, and quorum and election ports (server.N
+lines); `srvr` tells each one's mode, so leader() finds the leader and
+kill() SIGKILLs one member by its pid.
 """
 import glob
 import os
@@ -46,41 +51,72 @@ def _classpath():
     return ":".join(jars)
 
 
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+# every member's settings: a 4 s session is allowed (2 ticks at least)
+_CFG = ("tickTime=500\n"
+        "minSessionTimeout=1000\n"
+        "maxSessionTimeout=60000\n"
+        "dataDir=%s\n"
+        "clientPort=%d\n"
+        "clientPortAddress=127.0.0.1\n"
+        "admin.enableServer=false\n"
+        "4lw.commands.whitelist=ruok,cons,srvr\n"
+        "forceSync=no\n")
+
+
 class ZookeeperServer:
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="lszk")
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        self.port = s.getsockname()[1]
-        s.close()
+    """One server: standalone, or member myid of an ensemble (members: the
+    server.N lines of all of them)."""
+
+    MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
+
+    def __init__(self, parent=None, myid=None, members=""):
+        self.dir = tempfile.mkdtemp(prefix="lszk", dir=parent)
+        self.port = _free_port()
         self.cfg = os.path.join(self.dir, "zoo.cfg")
         self.log = os.path.join(self.dir, "zookeeper.log")
+        data = os.path.join(self.dir, "data")
         with open(self.cfg, "w") as f:
-            f.write("tickTime=500\n"
-                    "minSessionTimeout=1000\n"
-                    "maxSessionTimeout=60000\n"
-                    "dataDir=%s\n"
-                    "clientPort=%d\n"
-                    "clientPortAddress=127.0.0.1\n"
-                    "admin.enableServer=false\n"
-                    "4lw.commands.whitelist=ruok,cons\n"
-                    "forceSync=no\n" % (os.path.join(self.dir, "data"), self.port))
+            f.write(_CFG % (data, self.port))
+            if myid:
+                f.write("initLimit=10\nsyncLimit=4\n" + members)
+        if myid:
+            os.mkdir(data)
+            with open(os.path.join(data, "myid"), "w") as f:
+                f.write("%d\n" % myid)
+            self.MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
         self.proc = None
 
     def hosts(self):
         return "127.0.0.1:%d" % self.port
 
-    def start(self):
+    def start(self, wait=True, heap="256m"):
+        """Starts the server (a member: its ensemble's quorum tells when
+        it serves, so the caller waits for them all: wait=False)."""
         logf = open(self.log, "a")
         self.proc = subprocess.Popen(
-            [JAVA, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-             "-Dzookeeper.admin.enableServer=false", "-cp", _classpath(),
-             "org.apache.zookeeper.server.ZooKeeperServerMain", self.cfg],
+            [JAVA, "-Xmx" + heap, "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+             "-Dzookeeper.admin.enableServer=false", "-cp", _classpath(), self.MAIN, self.cfg],
             stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, cwd=self.dir,
             env=_plain_env())
         logf.close()
-        wait_for(self._ready, timeout=60, what="zookeeper on port %d" % self.port)
+        if wait:
+            wait_for(self._ready, timeout=60, what="zookeeper on port %d" % self.port)
         return self
+
+    def mode(self):
+        """"leader", "follower", "standalone", or "" (not serving, or down)."""
+        for line in self.four("srvr").splitlines():
+            if line.startswith("Mode: "):
+                return line[6:].strip()
+        return ""
 
     def _ready(self):
         if self.proc.poll() is not None:
@@ -147,3 +183,51 @@ def _plain_env():
     for k in ("LD_PRELOAD", "LOCKSHIM_CONFIG"):
         env.pop(k, None)
     return env
+
+
+class Ensemble:
+    """Three members on 127.0.0.1 (each: a client port, a quorum and an
+    election port); hosts() is the client's connect string of all three."""
+
+    SIZE = 3
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="lszkens")
+        lines = "".join("server.%d=127.0.0.1:%d:%d\n" % (i, _free_port(), _free_port())
+                        for i in range(1, self.SIZE + 1))
+        self.members = [ZookeeperServer(self.dir, i, lines) for i in range(1, self.SIZE + 1)]
+
+    def hosts(self):
+        return ",".join(m.hosts() for m in self.members)
+
+    def start(self):
+        for m in self.members:
+            m.start(wait=False, heap="128m")
+        wait_for(lambda: self.leader() is not None and
+                 sum(1 for m in self.members if m.mode() == "follower") == self.SIZE - 1,
+                 timeout=90, what="a 3-member zookeeper ensemble with its leader")
+        return self
+
+    def leader(self):
+        """The member now leading, or None."""
+        for m in self.members:
+            if m.proc and m.proc.poll() is not None:
+                raise AssertionError("zookeeper member exited: %s" % m.tail())
+            if m.proc and m.mode() == "leader":
+                return m
+        return None
+
+    def kill(self, member):
+        """SIGKILLs member (by its pid) and reaps it."""
+        member.proc.kill()
+        member.proc.wait()
+        member.proc = None
+
+    def children(self, path):
+        """children() asked of a member that is up."""
+        return next(m for m in self.members if m.proc).children(path)
+
+    def cleanup(self):
+        for m in self.members:
+            m.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
