@@ -10,7 +10,9 @@
  * threads, is the lease (the library heartbeats); its expiry loses every
  * lock of the process (one warn line). Requests use the library's
  * asynchronous form, each waited for at most command_timeout_ms on the
- * connection's call slot. A fork child makes its own session. One export.
+ * connection's call slot. The process's znodes (holds) outlive a thread's
+ * connection, and a delete lost with the connection (a leader's death) is
+ * sent again. A fork child makes its own session. One export.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -63,11 +65,19 @@ struct zk_call {
 	char pred[ZK_NAME_MAX];   /* ... and the highest of them (the predecessor) */
 };
 
-/* A znode this connection made: queued, or holding when lowest. */
+/* A znode this process made: queued, or holding when lowest; in
+ * sess.holds (by token and key) until its delete is answered, then in
+ * sess.spare for reuse (never freed: a completion may still point at it).
+ * Its fields are set before it is linked; releasing and retried change
+ * under sess.mu. */
 struct zk_hold {
+	struct zk_hold *next;
 	size_t tlen;
 	char tok[ZK_TOKEN];
 	unsigned gen;             /* the session it was made in (sess.gen) */
+	zhandle_t *zh;            /* ... that session's handle */
+	int releasing;            /* its delete sent: no longer found */
+	int retried;              /* its delete sent again after a connection loss */
 	long long seq, czxid;
 	char path[ZK_PATH_MAX];
 };
@@ -75,8 +85,6 @@ struct zk_hold {
 struct backend_conn {
 	const struct backend_config *bc;
 	struct zk_call *call;
-	struct zk_hold *holds;    /* grows by doubling, never shrinks */
-	size_t nholds, capholds;
 	char dir[ZK_PATH_MAX];    /* the last key's parent znode */
 	char watched[ZK_PATH_MAX + ZK_NAME_MAX]; /* the predecessor zk_look watches */
 	char err[256];
@@ -101,6 +109,8 @@ static struct {
 	char fired[ZK_FIRED][ZK_PATH_MAX + ZK_NAME_MAX];
 	int expired;
 	int pending;              /* asynchronous deletes not answered yet */
+	struct zk_hold *holds;    /* the process's znodes: a thread's connection */
+	struct zk_hold *spare;    /* ... can be closed (an error) while they live */
 } sess = { .mu = PTHREAD_MUTEX_INITIALIZER };
 static pthread_once_t sess_once = PTHREAD_ONCE_INIT;
 
@@ -159,11 +169,24 @@ static int cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, long long de
  * prepare handler of ours would, flushes (zk_flush takes it). */
 static void sess_child(void)
 {
+	struct zk_hold **pp = &sess.holds;
+
 	pthread_mutex_init(&sess.mu, NULL);
 	cond_init_mono(&sess.cv);
 	sess.zh = NULL;
 	sess.pending = 0;
 	sess.gen++;
+	while (*pp) { /* the parent's deletes in flight: not the child's to answer */
+		struct zk_hold *h = *pp;
+
+		if (!h->releasing) {
+			pp = &h->next; /* its thread finds it stale (gen) */
+			continue;
+		}
+		*pp = h->next;
+		h->next = sess.spare;
+		sess.spare = h;
+	}
 }
 
 static void sess_setup(void)
@@ -429,29 +452,38 @@ static long long child_seq(const char *name)
 	return *end || end == d + 1 ? -1 : v;
 }
 
-/* An asynchronous release's reply: one fewer pending (zk_flush waits for
- * none); said when the znode was gone. */
+static void hold_drop_locked(struct zk_hold *h);
+
+/*
+ * An asynchronous release's reply (data: the hold, or NULL for a create
+ * given up): one fewer pending (zk_flush waits for none), the hold
+ * forgotten; said when the znode was gone. A delete lost with its
+ * connection (a leader's death, say) is sent again, once the library has
+ * reconnected, for as long as the session lives: otherwise the live
+ * session would keep the znode, and the key, for the process's life.
+ */
 static void done_release(int rc, const void *data)
 {
-	(void)data;
+	struct zk_hold *h = (struct zk_hold *)data;
+	int gone;
+
+	if (h && (rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT)) {
+		pthread_mutex_lock(&sess.mu);
+		h->retried = 1;
+		pthread_mutex_unlock(&sess.mu);
+		if (zoo_adelete(h->zh, h->path, -1, done_release, h) == ZOK)
+			return;
+	}
 	pthread_mutex_lock(&sess.mu);
+	gone = rc == ZNONODE && !(h && h->retried); /* a retry's: maybe its first did */
+	if (h)
+		hold_drop_locked(h);
 	sess.pending--;
 	pthread_cond_broadcast(&sess.cv);
 	pthread_mutex_unlock(&sess.mu);
-	if (rc == ZNONODE)
+	if (gone)
 		warn("a lock's znode was gone at its release (its session expired: the lock "
 		     "was lost while held)");
-}
-
-/* A sweep's delete: one fewer pending (gone already is fine). */
-static void done_swept(int rc, const void *data)
-{
-	(void)rc;
-	(void)data;
-	pthread_mutex_lock(&sess.mu);
-	sess.pending--;
-	pthread_cond_broadcast(&sess.cv);
-	pthread_mutex_unlock(&sess.mu);
 }
 
 /* A sweep for the znode of a create whose outcome is unknown (its
@@ -462,11 +494,29 @@ struct zk_sweep {
 	char mark[ZK_MARK_MAX + 3]; /* "-<mark>-", found only in that znode's name */
 };
 
+static void sweep_listed(int rc, const struct String_vector *v, const void *data);
+
+/* A sweep's delete: one fewer pending (gone already is fine); lost with
+ * its connection, the sweep lists again. Frees w at the end. */
+static void done_swept(int rc, const void *data)
+{
+	struct zk_sweep *w = (struct zk_sweep *)data;
+
+	if ((rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT) &&
+	    zoo_aget_children(w->zh, w->dir, 0, sweep_listed, w) == ZOK)
+		w = NULL;
+	free(w);
+	pthread_mutex_lock(&sess.mu);
+	sess.pending--;
+	pthread_cond_broadcast(&sess.cv);
+	pthread_mutex_unlock(&sess.mu);
+}
+
 /*
  * The sweep's listing: deletes the child whose name has the mark (counted
- * as a release), and frees w; a listing lost with the connection again is
- * sent again (the library sends it once reconnected; a session that ended
- * refuses it, and its znodes went with it).
+ * as a release; w goes with it), else frees w; a listing lost with the
+ * connection is sent again (the library sends it once reconnected; a
+ * session that ended refuses it, and its znodes went with it).
  */
 static void sweep_listed(int rc, const struct String_vector *v, const void *data)
 {
@@ -483,8 +533,9 @@ static void sweep_listed(int rc, const struct String_vector *v, const void *data
 		pthread_mutex_lock(&sess.mu);
 		sess.pending++;
 		pthread_mutex_unlock(&sess.mu);
-		if (zoo_adelete(w->zh, path, -1, done_swept, NULL) != ZOK)
-			done_swept(ZOK, NULL);
+		if (zoo_adelete(w->zh, path, -1, done_swept, w) != ZOK)
+			done_swept(ZOK, w);
+		return; /* the mark is one znode's */
 	}
 	free(w);
 }
@@ -594,41 +645,76 @@ static size_t token_len(const struct backend_item *it)
 	return it->vlen < ZK_TOKEN ? it->vlen : ZK_TOKEN;
 }
 
-/* Returns c's hold of it's token, or NULL. */
+/* Returns the process's hold of it (its token, under its key: c->dir
+ * is set to the key's parent) whose delete is not sent, or NULL. Any
+ * connection finds it: lock.c closes a thread's connection at an error,
+ * and a waiter's znode must not be forgotten with it. */
 static struct zk_hold *hold_find(struct backend_conn *c, const struct backend_item *it)
 {
-	size_t tl = token_len(it);
+	size_t tl = token_len(it), dl;
+	struct zk_hold *h;
 
-	for (size_t i = 0; i < c->nholds; i++)
-		if (c->holds[i].tlen == tl && memcmp(c->holds[i].tok, it->val, tl) == 0)
-			return &c->holds[i];
-	return NULL;
+	key_dir(c, it);
+	dl = strlen(c->dir);
+	pthread_mutex_lock(&sess.mu);
+	for (h = sess.holds; h; h = h->next)
+		if (!h->releasing && h->tlen == tl && memcmp(h->tok, it->val, tl) == 0 &&
+		    strncmp(h->path, c->dir, dl) == 0 && h->path[dl] == '/')
+			break;
+	pthread_mutex_unlock(&sess.mu);
+	return h;
 }
 
-static void hold_drop(struct backend_conn *c, struct zk_hold *h)
+/* Unlinks h from sess.holds into sess.spare. Holds sess.mu. */
+static void hold_drop_locked(struct zk_hold *h)
 {
-	*h = c->holds[--c->nholds];
+	struct zk_hold **pp = &sess.holds;
+
+	while (*pp && *pp != h)
+		pp = &(*pp)->next;
+	if (*pp)
+		*pp = h->next;
+	h->next = sess.spare;
+	sess.spare = h;
 }
 
-/* Returns a new hold of it's token, or NULL with c->err. */
-static struct zk_hold *hold_add(struct backend_conn *c, const struct backend_item *it)
+static void hold_drop(struct zk_hold *h)
+{
+	pthread_mutex_lock(&sess.mu);
+	hold_drop_locked(h);
+	pthread_mutex_unlock(&sess.mu);
+}
+
+/* Returns a new hold of it's token for the znode k made (path, czxid,
+ * sequence) in session zh (generation gen), linked once filled; a spare
+ * one when there is (no allocation once the process has had as many at
+ * once), else NULL with c->err. */
+static struct zk_hold *hold_add(struct backend_conn *c, const struct backend_item *it,
+				const struct zk_call *k, zhandle_t *zh, unsigned gen)
 {
 	struct zk_hold *h;
 
-	if (c->nholds == c->capholds) {
-		size_t cap = c->capholds ? c->capholds * 2 : 8;
-		struct zk_hold *n = realloc(c->holds, cap * sizeof(*n));
-
-		if (!n) {
-			snprintf(c->err, sizeof(c->err), "out of memory");
-			return NULL;
-		}
-		c->holds = n;
-		c->capholds = cap;
+	pthread_mutex_lock(&sess.mu);
+	if ((h = sess.spare))
+		sess.spare = h->next;
+	pthread_mutex_unlock(&sess.mu);
+	if (!h && !(h = malloc(sizeof(*h)))) {
+		snprintf(c->err, sizeof(c->err), "out of memory");
+		return NULL;
 	}
-	h = &c->holds[c->nholds++];
 	h->tlen = token_len(it);
 	memcpy(h->tok, it->val, h->tlen);
+	snprintf(h->path, sizeof(h->path), "%s", k->path);
+	h->gen = gen;
+	h->zh = zh;
+	h->czxid = k->czxid;
+	h->seq = k->seq;
+	h->releasing = 0;
+	h->retried = 0;
+	pthread_mutex_lock(&sess.mu);
+	h->next = sess.holds;
+	sess.holds = h;
+	pthread_mutex_unlock(&sess.mu);
 	return h;
 }
 
@@ -730,12 +816,15 @@ static struct zk_hold *zk_create(struct backend_conn *c, zhandle_t *zh, unsigned
 		k->seq = -1;
 		rc = create_and_list(c, zh, k, it);
 	}
-	if (rc != ZOK || !(h = hold_add(c, it)))
+	if (rc != ZOK)
 		return NULL;
-	snprintf(h->path, sizeof(h->path), "%s", k->path);
-	h->gen = gen;
-	h->czxid = k->czxid;
-	h->seq = k->seq;
+	if (!(h = hold_add(c, it, k, zh, gen))) { /* made, but nobody would delete it */
+		pthread_mutex_lock(&sess.mu);
+		sess.pending++;
+		pthread_mutex_unlock(&sess.mu);
+		if (zoo_adelete(zh, k->path, -1, done_release, NULL) != ZOK)
+			done_release(ZOK, NULL);
+	}
 	return h;
 }
 
@@ -791,46 +880,65 @@ static int zk_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int
 	}
 }
 
+/* Sends h's delete (any version), answered by done_release, which
+ * forgets h. Returns the library's result. */
+static int delete_send(struct zk_hold *h)
+{
+	int rc;
+
+	pthread_mutex_lock(&sess.mu);
+	h->releasing = 1;
+	sess.pending++;
+	pthread_mutex_unlock(&sess.mu);
+	rc = zoo_adelete(h->zh, h->path, -1, done_release, h);
+	if (rc != ZOK) {
+		pthread_mutex_lock(&sess.mu);
+		sess.pending--;
+		hold_drop_locked(h);
+		pthread_mutex_unlock(&sess.mu);
+	}
+	return rc;
+}
+
 /* Deletes h's znode (any version) and forgets h; async: the reply is
- * only logged when the znode was gone. Returns BACKEND_OK, BACKEND_NO
- * (gone: lost) or BACKEND_ERR. */
+ * only logged when the znode was gone, and a delete lost with its
+ * connection is sent again (done_release). Synchronous: a delete lost so
+ * is handed to that asynchronous path (BACKEND_OK: it is the process's
+ * to finish). Returns BACKEND_OK, BACKEND_NO (gone: lost) or BACKEND_ERR. */
 static int zk_delete(struct backend_conn *c, struct zk_hold *h, int async)
 {
-	char path[ZK_PATH_MAX];
 	unsigned gen;
 	zhandle_t *zh;
 	struct zk_call *k;
-	int stale, rc;
+	int rc;
 
-	snprintf(path, sizeof(path), "%s", h->path);
 	zh = sess_get(c, &gen);
-	stale = !zh || h->gen != gen;
-	hold_drop(c, h);
-	if (!zh)
-		return BACKEND_ERR;
-	if (stale) { /* made in a session that ended: its znode went with it */
+	if (!zh || h->gen != gen) {
+		hold_drop(h);
+		if (!zh)
+			return BACKEND_ERR;
+		/* made in a session that ended: its znode went with it */
 		warn("lock znode %.400s was gone at its release: its session expired while "
-		     "it was held (lost)", path);
+		     "it was held (lost)", h->path);
 		return BACKEND_NO;
 	}
-	if (async) {
-		pthread_mutex_lock(&sess.mu);
-		sess.pending++;
-		pthread_mutex_unlock(&sess.mu);
-		rc = zoo_adelete(zh, path, -1, done_release, NULL);
-		if (rc != ZOK) {
-			pthread_mutex_lock(&sess.mu);
-			sess.pending--;
-			pthread_mutex_unlock(&sess.mu);
-			snprintf(c->err, sizeof(c->err), "delete: %s", zerror(rc));
+	if (!async) {
+		if (!(k = call_begin(c)))
 			return BACKEND_ERR;
+		rc = call_wait(c, k, zoo_adelete(zh, h->path, -1, done_void, k), deadline_of(c),
+			       "delete");
+		if (rc != ZCONNECTIONLOSS && rc != ZOPERATIONTIMEOUT) {
+			hold_drop(h);
+			return rc == ZOK ? BACKEND_OK : rc == ZNONODE ? BACKEND_NO : BACKEND_ERR;
 		}
-		return BACKEND_OK;
+		h->retried = 1;
 	}
-	if (!(k = call_begin(c)))
+	rc = delete_send(h);
+	if (rc != ZOK) {
+		snprintf(c->err, sizeof(c->err), "delete: %s", zerror(rc));
 		return BACKEND_ERR;
-	rc = call_wait(c, k, zoo_adelete(zh, path, -1, done_void, k), deadline_of(c), "delete");
-	return rc == ZOK ? BACKEND_OK : rc == ZNONODE ? BACKEND_NO : BACKEND_ERR;
+	}
+	return BACKEND_OK;
 }
 
 /* ---- the operations ------------------------------------------------------- */
@@ -891,12 +999,12 @@ static void zk_describe(const struct backend_config *bc, char *buf, size_t len)
 	pthread_mutex_unlock(&sess.mu);
 }
 
-/* Frees c; its znodes stay (their session is the process's). */
+/* Frees c; its znodes stay, and so do their holds (sess.holds): the
+ * thread's next connection finds them. */
 static void zk_close(struct backend_conn *c)
 {
 	if (c->call)
 		call_free(c->call);
-	free(c->holds);
 	free(c);
 }
 
@@ -926,11 +1034,10 @@ static int zk_acquire(struct backend_conn *c, const struct backend_item *it, lon
 	if (!(zh = sess_get(c, &gen)))
 		return BACKEND_ERR;
 	if ((h = hold_find(c, it)) && h->gen != gen) {
-		hold_drop(c, h);
+		hold_drop(h);
 		h = NULL;
 	}
 	if (!h) {
-		key_dir(c, it);
 		if (!(h = zk_create(c, zh, gen, it)))
 			return BACKEND_ERR;
 		listed = 1;
@@ -980,7 +1087,7 @@ static int zk_wait(struct backend_conn *c, const struct backend_item *it,
 		if (!(zh = sess_get(c, &gen)))
 			return BACKEND_ERR;
 		if (h->gen != gen) {
-			hold_drop(c, h);
+			hold_drop(h);
 			return BACKEND_OK; /* its znode went with the session: again */
 		}
 		pthread_mutex_lock(&sess.mu);

@@ -11,7 +11,11 @@ waiter time out at wait_ms, on_timeout applied), the waiter woken by the
 release and not by polling, a Redis-guarded program mapping neither
 libzookeeper nor the module, locks on send/write/poll not looping back from
 the library's threads, every refusal (78), and the command's check and
-lock. A 3-member ensemble whose leader is killed is for a later step.
+lock. A 3-member ensemble (support/zookeeper.py) whose leader is SIGKILLed
+while 3 x 2 writers take one lock in turn: never two inside (an observer
+log; control: the writers overlap without the shim), every call entered
+or applied its policy, the run goes on and ends, and nothing is left
+held.
 """
 import os
 import re
@@ -24,8 +28,9 @@ import pytest
 
 from support.proxy import DROP_REPLIES, PASS, Proxy
 from support.util import CLI, MULT, PRELOAD, SHIM, cc, run, shim_env, wait_for, write_config
+from support import sets
 from support.workers import race
-from support.zookeeper import ZookeeperServer, skip_reason
+from support.zookeeper import Ensemble, ZookeeperServer, skip_reason
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
@@ -620,3 +625,100 @@ def test_create_whose_connection_was_lost_is_swept(bg, own_zk, tmp_path):
         assert r.returncode == 0, r.stderr
         p.send()
         assert p.wait() == 0
+
+
+# ---- a 3-member ensemble whose leader is killed ---------------------------------
+
+ENS_LOCK = ('locks = ( { symbol = "set_write"; key = "ens"; wait_ms = %d; '
+            'on_timeout = "skip"; on_error = "skip"; return = -5; errno = "EAGAIN"; } );\n')
+ENS_SESSION_MS = 10000  # longer than an election (under 1 s here): sessions survive it
+
+
+@pytest.fixture
+def ensemble():
+    s = Ensemble()
+    try:
+        yield s.start()
+    finally:
+        s.cleanup()
+
+
+def ens_run(sets_prog, cfg, log, stop, during):
+    """3 processes x 2 threads of set_write (20-60 ms each) on one key until
+    stop exists; during() runs once every process made a call. Returns
+    (calls that entered, calls that applied a policy, the joined stderr)."""
+    ps = [sets.start(sets_prog, "w", cfg, log, 2, 1, 40, stop) for _ in range(3)]
+    ok = failed = 0
+    errs = ""
+    try:
+        try:
+            for p in ps:
+                assert p.stdout.readline().startswith("started")
+            during()
+        finally:
+            open(stop, "w").close()
+        for p in ps:
+            out, err = p.communicate(timeout=60 * MULT)  # bounded: no call hangs
+            assert p.returncode == 0, err[-3000:]
+            done = [l for l in out.splitlines() if l.startswith("done")]
+            assert done, (out, err[-3000:])
+            fields = {k: int(v) for k, v in (f.split("=") for f in done[0].split()[1:])}
+            ok += fields["ok"]
+            failed += fields["failed"]
+            errs += err
+    finally:
+        for p in ps:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return ok, failed, errs
+
+
+@pytest.mark.timing
+def test_control_writers_overlap_without_the_shim(sets_prog, tmp_path):
+    log, stop = str(tmp_path / "log"), str(tmp_path / "stop")
+    ok, failed, _ = ens_run(sets_prog, None, log, stop, lambda: time.sleep(1))
+    assert failed == 0 and ok > 0
+    assert sets.replay(log)[1] > 1  # two writers inside at once
+
+
+@pytest.mark.timing
+def test_leader_killed_mid_run_keeps_exclusion(sets_prog, ensemble, tmp_path):
+    """hosts = the 3 members; the leader SIGKILLed while 3 x 2 writers take
+    the lock in turn: never two inside at once; every call either entered
+    or applied its policy (one line each); the run goes on under the new
+    leader and ends; afterwards a fresh call takes the lock at once (no
+    znode left behind by a request the election cut)."""
+    log, stop = str(tmp_path / "log"), str(tmp_path / "stop")
+    cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = "%s"; '
+                       'session_timeout_ms = %d; command_timeout_ms = 3000; };\n%s'
+                       % (ensemble.hosts(), ENS_SESSION_MS, ENS_LOCK % 20000))
+    killed = []
+
+    def kill_the_leader():
+        wait_for(lambda: open(log).read().count("w+") >= 10, what="calls before the kill")
+        leader = ensemble.leader()
+        assert leader is not None
+        ensemble.kill(leader)
+        killed.append(len(open(log).read()))
+        wait_for(lambda: ensemble.leader() is not None, timeout=30, what="a new leader")
+        # the writers go on under the new leader
+        wait_for(lambda: open(log).read()[killed[0]:].count("w+") >= 10, timeout=30,
+                 what="calls after the kill")
+    t0 = time.monotonic()
+    ok, failed, err = ens_run(sets_prog, cfg, log, stop, kill_the_leader)
+    assert time.monotonic() - t0 < 60 * MULT
+    most_r, most_w, mixed = sets.replay(log)
+    assert most_w == 1 and not mixed, err[-3000:]
+    assert open(log).read().count("w+") == ok  # a failed call never entered
+    policy = [l for l in err.splitlines() if " not taken" in l or " still held by " in l]
+    assert len(policy) == failed, (failed, err[-3000:])
+    assert "session expired" not in err, err[-3000:]
+    # nothing left held: a first try (wait_ms = 0) gets the lock at once
+    (tmp_path / "after").mkdir()
+    cfg0 = write_config(tmp_path / "after", None, 'backend = "zookeeper";\nzookeeper = { '
+                        'hosts = "%s"; };\n%s' % (ensemble.hosts(), ENS_LOCK % 0))
+    fields, err0 = sets.finish(sets.start(sets_prog, "w", cfg0, str(tmp_path / "log0"), 1, 1,
+                                          0))
+    assert fields["ok"] == 1, err0
+    assert ensemble.children("/lockshim/lockshim%3Aens") == []
