@@ -722,3 +722,41 @@ def test_leader_killed_mid_run_keeps_exclusion(sets_prog, ensemble, tmp_path):
                                           0))
     assert fields["ok"] == 1, err0
     assert ensemble.children("/lockshim/lockshim%3Aens") == []
+
+
+def connected_member(ensemble):
+    """The member with a client connection besides the `cons` asking (the
+    one program connected), or None."""
+    for m in ensemble.members:
+        lines = [l for l in m.four("cons").splitlines() if l.strip().startswith("/")]
+        if len(lines) >= 2:
+            return m
+    return None
+
+
+def test_release_cut_by_a_frozen_member_is_sent_again(bg, worker_progs, ensemble, tmp_path):
+    """A holder's member frozen (SIGSTOP) just before its release: the
+    delete sits unread in that member's socket; the client declares the
+    connection lost (2/3 of the session), reconnects to another member
+    with its session, and sends the delete again: the key is free while
+    the holder, and its session, live on (without the resend, its znode
+    stayed with the live session)."""
+    cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = "%s"; '
+                       'session_timeout_ms = %d; };\n%s'
+                       % (ensemble.hosts(), ENS_SESSION_MS, BLOCK_LOCK % 60000))
+    holder = bg([worker_progs["block"], "stay"], cfg)
+    holder.expect("enter")
+    member = wait_for(lambda: connected_member(ensemble), what="the holder's member")
+    assert len(ensemble.children(BLK)) == 1
+    os.kill(member.proc.pid, signal.SIGSTOP)
+    try:
+        holder.send()
+        holder.expect("call rc=42")
+        wait_for(lambda: ensemble.children_from(BLK, member) == [],
+                 timeout=ENS_SESSION_MS / 1000 + 20, what="the release sent again")
+        assert holder.p.poll() is None and "session expired" not in holder.stderr(), \
+            holder.stderr()
+    finally:
+        os.kill(member.proc.pid, signal.SIGCONT)
+    holder.send("bye")
+    assert holder.wait() == 0

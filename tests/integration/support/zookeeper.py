@@ -227,6 +227,10 @@ class Ensemble:
         """children() asked of a member that is up."""
         return next(m for m in self.members if m.proc).children(path)
 
+    def children_from(self, path, but):
+        """children() asked of a member that is up, other than but."""
+        return next(m for m in self.members if m.proc and m is not but).children(path)
+
     def cleanup(self):
         for m in self.members:
             m.stop()
