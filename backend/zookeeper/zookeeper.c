@@ -900,6 +900,23 @@ static int delete_send(struct zk_hold *h)
 	return rc;
 }
 
+/* Deletes the znode of a first try whose look failed (a connection lost
+ * with the listing): lock.c gives up after an error without leaving, and
+ * the live session would keep it, and the key; forgets h. Its session
+ * ended: forgotten only (its znode went with it). */
+static void hold_abandon(struct zk_hold *h)
+{
+	int live;
+
+	pthread_mutex_lock(&sess.mu);
+	live = h->zh == sess.zh && h->gen == sess.gen && !sess.expired;
+	pthread_mutex_unlock(&sess.mu);
+	if (!live)
+		hold_drop(h);
+	else
+		delete_send(h);
+}
+
 /* Deletes h's znode (any version) and forgets h; async: the reply is
  * only logged when the znode was gone, and a delete lost with its
  * connection is sent again (done_release). Synchronous: a delete lost so
@@ -1042,8 +1059,11 @@ static int zk_acquire(struct backend_conn *c, const struct backend_item *it, lon
 			return BACKEND_ERR;
 		listed = 1;
 	}
-	if ((r = zk_look(c, zh, h, listed)) < 0)
+	if ((r = zk_look(c, zh, h, listed)) < 0) {
+		if (!it->waiting)
+			hold_abandon(h);
 		return BACKEND_ERR;
+	}
 	if (r == 1) {
 		*fence = h->czxid;
 		return BACKEND_OK;
