@@ -643,6 +643,14 @@ def ensemble():
         s.cleanup()
 
 
+def listed(ensemble, path):
+    """path's children, from a member that answers."""
+    names = []
+    wait_for(lambda: names.append(ensemble.children(path)) or names[-1] is not None,
+             what="a listing of " + path)
+    return names[-1]
+
+
 def ens_run(sets_prog, cfg, log, stop, during):
     """3 processes x 2 threads of set_write (20-60 ms each) on one key until
     stop exists; during() runs once every process made a call. Returns
@@ -721,17 +729,24 @@ def test_leader_killed_mid_run_keeps_exclusion(sets_prog, ensemble, tmp_path):
     fields, err0 = sets.finish(sets.start(sets_prog, "w", cfg0, str(tmp_path / "log0"), 1, 1,
                                           0))
     assert fields["ok"] == 1, err0
-    assert ensemble.children("/lockshim/lockshim%3Aens") == []
+    assert listed(ensemble, "/lockshim/lockshim%3Aens") == []
 
 
-def connected_member(ensemble):
-    """The member with a client connection besides the `cons` asking (the
-    one program connected), or None."""
-    for m in ensemble.members:
-        lines = [l for l in m.four("cons").splitlines() if l.strip().startswith("/")]
-        if len(lines) >= 2:
-            return m
-    return None
+def connected_member(ensemble, pid):
+    """The member pid has a TCP connection to (its sockets' inodes looked
+    up in /proc/net/tcp), or None."""
+    inodes = set()
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            link = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    with open("/proc/%d/net/tcp" % pid) as f:
+        ports = {int(l.split()[2].split(":")[1], 16) for l in f.readlines()[1:]
+                 if l.split()[9] in inodes and l.split()[3] == "01"}  # ESTABLISHED
+    return next((m for m in ensemble.members if m.port in ports), None)
 
 
 def test_release_cut_by_a_frozen_member_is_sent_again(bg, worker_progs, ensemble, tmp_path):
@@ -746,13 +761,14 @@ def test_release_cut_by_a_frozen_member_is_sent_again(bg, worker_progs, ensemble
                        % (ensemble.hosts(), ENS_SESSION_MS, BLOCK_LOCK % 60000))
     holder = bg([worker_progs["block"], "stay"], cfg)
     holder.expect("enter")
-    member = wait_for(lambda: connected_member(ensemble), what="the holder's member")
-    assert len(ensemble.children(BLK)) == 1
+    member = wait_for(lambda: connected_member(ensemble, holder.p.pid),
+                      what="the holder's member")
+    assert len(listed(ensemble, BLK)) == 1
     os.kill(member.proc.pid, signal.SIGSTOP)
     try:
         holder.send()
         holder.expect("call rc=42")
-        wait_for(lambda: ensemble.children_from(BLK, member) == [],
+        wait_for(lambda: ensemble.children(BLK, but=member) == [],
                  timeout=ENS_SESSION_MS / 1000 + 20, what="the release sent again")
         assert holder.p.poll() is None and "session expired" not in holder.stderr(), \
             holder.stderr()

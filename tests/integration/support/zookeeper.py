@@ -149,12 +149,17 @@ class ZookeeperServer:
 
     def children(self, path):
         """The names of path's children ([] when it has none or is missing)."""
+        return self.listing(path) or []
+
+    def listing(self, path):
+        """The names of path's children, or None when the server gave no
+        listing (path missing, or the server not serving: an election)."""
         for line in self.cli("ls", path).splitlines():
             line = line.strip()
             if line.startswith("[") and line.endswith("]"):
                 inner = line[1:-1].strip()
                 return [c.strip() for c in inner.split(",")] if inner else []
-        return []
+        return None
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
@@ -223,13 +228,10 @@ class Ensemble:
         member.proc.wait()
         member.proc = None
 
-    def children(self, path):
-        """children() asked of a member that is up."""
-        return next(m for m in self.members if m.proc).children(path)
-
-    def children_from(self, path, but):
-        """children() asked of a member that is up, other than but."""
-        return next(m for m in self.members if m.proc and m is not but).children(path)
+    def children(self, path, but=None):
+        """listing() asked of a member that is up (other than but): None
+        when it did not answer (it may be electing a leader)."""
+        return next(m for m in self.members if m.proc and m is not but).listing(path)
 
     def cleanup(self):
         for m in self.members:
