@@ -78,6 +78,7 @@ struct zk_hold {
 	zhandle_t *zh;            /* ... that session's handle */
 	int releasing;            /* its delete sent: no longer found */
 	int retried;              /* its delete sent again after a connection loss */
+	long long until;          /* its waiter's deadline (monotonic ms; 0: none) */
 	long long seq, czxid;
 	char path[ZK_PATH_MAX];
 };
@@ -711,6 +712,7 @@ static struct zk_hold *hold_add(struct backend_conn *c, const struct backend_ite
 	h->seq = k->seq;
 	h->releasing = 0;
 	h->retried = 0;
+	h->until = 0;
 	pthread_mutex_lock(&sess.mu);
 	h->next = sess.holds;
 	sess.holds = h;
@@ -1025,12 +1027,22 @@ static void zk_close(struct backend_conn *c)
 	free(c);
 }
 
+/* Whether h's waiter is past the deadline its last wait was given: lock.c
+ * gives up after this try, and after an error on the way (a connection
+ * lost) it forgets rather than leaves, which does nothing for a leaseless
+ * backend: the znode would stay with the live session, and the key. */
+static int wait_over(const struct zk_hold *h)
+{
+	return h->until && now_ms() >= h->until;
+}
+
 /*
  * Takes the lock: creates its znode (or uses the one this token has) and
  * looks at its place. Lowest: BACKEND_OK with the czxid as fence. Not:
  * a first try (not waiting) deletes its znode again and says
  * BACKEND_NOT_QUEUED; a waiter keeps it, with a watch on its predecessor,
- * and waits in zk_wait. The holder's value is not fetched (length 0).
+ * and waits in zk_wait, unless its deadline has passed (wait_over: the
+ * znode is deleted). The holder's value is not fetched (length 0).
  */
 static int zk_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
 		      char *holder, size_t *holder_len, long long *fence)
@@ -1060,7 +1072,7 @@ static int zk_acquire(struct backend_conn *c, const struct backend_item *it, lon
 		listed = 1;
 	}
 	if ((r = zk_look(c, zh, h, listed)) < 0) {
-		if (!it->waiting)
+		if (!it->waiting || wait_over(h))
 			hold_abandon(h);
 		return BACKEND_ERR;
 	}
@@ -1073,6 +1085,8 @@ static int zk_acquire(struct backend_conn *c, const struct backend_item *it, lon
 		return zk_delete(c, h, 1) == BACKEND_ERR ? BACKEND_ERR : BACKEND_NO;
 	}
 	*wait_ms = LLONG_MAX / 4;
+	if (wait_over(h))
+		hold_abandon(h);
 	return BACKEND_NO;
 }
 
@@ -1103,6 +1117,9 @@ static int zk_wait(struct backend_conn *c, const struct backend_item *it,
 	*fence = 0;
 	if (!h)
 		return BACKEND_OK;
+	/* lock.c's deadline (timeout_ms: the wait left, for a leaseless
+	 * backend), a little early: its last try then deletes the znode */
+	h->until = timeout_ms > 0 ? deadline - 2 : 0;
 	for (;;) {
 		if (!(zh = sess_get(c, &gen)))
 			return BACKEND_ERR;

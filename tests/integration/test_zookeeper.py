@@ -777,3 +777,40 @@ def test_release_cut_by_a_frozen_member_is_sent_again(bg, worker_progs, ensemble
         os.kill(member.proc.pid, signal.SIGCONT)
     holder.send("bye")
     assert holder.wait() == 0
+
+
+def test_waiter_that_gives_up_after_a_connection_loss_leaves_no_znode(bg, worker_progs, own_zk,
+                                                                     tmp_path):
+    """A waiter whose connection is lost while it waits (a proxy drops the
+    server's replies until the client gives the connection up) and whose
+    wait_ms then runs out: lock.c, having seen an error, does not leave;
+    the module deletes the znode at the waiter's deadline itself, so the
+    holder's release frees the key while the waiter (and its session) lives
+    on. Without that, the waiter's znode stayed with its live session."""
+    zk = own_zk
+    d = tmp_path / "direct"
+    d.mkdir()
+    body = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = 9000; '
+            'on_timeout = "skip"; on_error = "skip"; } );\n')
+    holder = bg([worker_progs["block"], "stay"], zk_config(d, zk, body))
+    holder.expect("enter")
+    with Proxy(zk.port) as px:
+        cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
+                           '"127.0.0.1:%d"; session_timeout_ms = 6000; command_timeout_ms = '
+                           '500; };\n%s' % (px.port, body))
+        waiter = bg([worker_progs["block"], "stay"], cfg)
+        wait_for(lambda: len(zk.children(BLK)) == 2, timeout=30, what="the waiter's znode")
+        px.set_mode(DROP_REPLIES)
+        wait_for(lambda: px.accepted >= 2, timeout=30, what="the client's reconnection")
+        px.set_mode(PASS)
+        assert waiter.expect("call", timeout=30).startswith("call rc=-1"), waiter.stderr()
+        wait_for(lambda: len(zk.children(BLK)) == 1, timeout=10,
+                 what="the waiter's znode deleted")
+        assert waiter.p.poll() is None and "session expired" not in waiter.stderr()
+        holder.send()
+        holder.expect("call rc=42")
+        wait_for(lambda: zk.children(BLK) == [], timeout=10, what="the key free")
+        waiter.send("bye")
+        assert waiter.wait() == 0
+    holder.send("bye")
+    assert holder.wait() == 0
