@@ -15,8 +15,9 @@ lock. A 3-member ensemble (support/zookeeper.py) whose leader is SIGKILLed
 while 3 x 2 writers take one lock in turn: never two inside (an observer
 log; control: the writers overlap without the shim), every call entered
 or applied its policy, the run goes on and ends, and nothing is left
-held; and a release cut by its member frozen is sent again through
-another member.
+held; a release cut by its member frozen is sent again through another
+member; and a waiter that gives up after a connection loss leaves no
+znode.
 """
 import os
 import re
