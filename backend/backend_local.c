@@ -1040,6 +1040,8 @@ const struct backend_ops backend_local = {
 	.name = "local",
 	.settings = &backend_local_settings,
 	.leaseless = 1,
+	.unlock_why = "unlock: not with backend \"local\": a kernel lock cannot be taken from "
+		      "another process; stop its holder (the kernel frees its locks when it exits)",
 	.serves = local_serves,
 	.config_new = local_config_new,
 	.config_free = local_config_free,
