@@ -25,6 +25,7 @@
 
 #include "backend_module.h"
 #include "backend_postgres_conf.h"
+#include "backend_zookeeper_conf.h"
 #include "conf.h"
 #include "conf_field.h"
 #include "log.h"
@@ -44,6 +45,16 @@ static const struct backend_ops backend_postgres_stub = {
 	.module = &postgres_module,
 };
 
+/* The zookeeper backend is a module (backend/zookeeper/, libzookeeper-mt). */
+static const struct backend_module_file zookeeper_module = {
+	"liblockshim-zookeeper.so", "lockshim_backend_zookeeper", "libzookeeper-mt2"
+};
+static const struct backend_ops backend_zookeeper_stub = {
+	.name = "zookeeper",
+	.settings = &backend_zookeeper_settings,
+	.module = &zookeeper_module,
+};
+
 static const struct backend_ops *const backends[] = {
 	&backend_redlock,
 	&backend_sentinel,
@@ -51,6 +62,7 @@ static const struct backend_ops *const backends[] = {
 	&backend_redis,
 	&backend_local,
 	&backend_postgres_stub,
+	&backend_zookeeper_stub,
 };
 
 #define NBACKENDS (sizeof(backends) / sizeof(backends[0]))

@@ -64,12 +64,16 @@ programs (bench/*.c) and measures, in one run:
                PostgreSQL needed, else skipped saying why): the uncontended
                guarded call beside Redis's of linger_ms = 0, and P = 8 x K
                sections on one key (the counter checked)
+  zookeeper    backend = "zookeeper" on a private standalone server (the
+               zookeeper jar and java needed, else skipped saying why): the
+               same two measurements as postgres
 The uncontended, entry, tls, replicas and redlock call rows are measured in
 two placements (taskset): client and server on one CPU, and on two CPUs.
 Prints a markdown report and writes it to bench/results/. `--only PART`
 (uncontended, contended, startup, imports, entry, symbols, tls, replicas,
-cluster, redlock, sets) measures just that part and prints just its section and its
-targets, written only to --out if given. Usage:
+cluster, redlock, sets, local, postgres, zookeeper) measures just that part
+and prints just its section and its targets, written only to --out if given.
+Usage:
 bench.py [--build DIR] [--k K] [--n N] [--reps R] [--startup-runs R]
 [--import-runs R] [--symtab-funcs F] [--symbols-runs R] [--big-funcs F]
 [--cluster-k K] [--only PART] [--out FILE] [--settings S]
@@ -93,6 +97,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 from resp import Resp, free_port  # noqa: E402
 from support import postgres as pg_support  # noqa: E402
+from support import zookeeper as zk_support  # noqa: E402
 from support.proxy import Proxy  # noqa: E402
 
 # The imports row: Debian's interpreter, not the python3 first on PATH (which
@@ -1221,6 +1226,47 @@ class Bench:
         finally:
             pg.cleanup()
 
+    # ---- the zookeeper backend --------------------------------------------
+
+    def zk_config(self, zk, symbol, tag):
+        """A config of backend "zookeeper" on zk with one lock on symbol, key
+        "bench"."""
+        path = os.path.join(self.work, "zookeeper-%s.cfg" % tag)
+        with open(path, "w") as f:
+            f.write('backend = "zookeeper";\nzookeeper = { hosts = "%s"; };\n'
+                    'locks = ( { symbol = "%s"; key = "bench"; wait_ms = 600000; %s } );\n'
+                    % (zk.hosts(), symbol, self.args.settings))
+        return path
+
+    def zookeeper(self):
+        """backend = "zookeeper" on a private standalone server
+        (support/zookeeper.py, as the tests start it; skipped, saying why,
+        where it cannot run): measured as postgres() is."""
+        why = zk_support.skip_reason()
+        if why:
+            return {"skipped": why}
+        zk = zk_support.ZookeeperServer().start()
+        try:
+            cfg = self.zk_config(zk, "bench_noop", "noop")
+            self.check_log("bench_noop, zookeeper", [self.worker, "noop", "-", "3"], cfg,
+                           want=["acquired "], unwanted=[" error: "], stdin="g")
+            redis0 = self.config(symbol="bench_noop", extra=NO_LINGER)
+            n = max(100, self.args.n // 10)
+            got = {"zookeeper": [], "redis0": []}
+            for _ in range(self.args.sets_rounds):
+                plain = self.noop("0", None, n=n)
+                got["zookeeper"].append(self.noop("0", cfg, n=n) - plain)
+                got["redis0"].append(self.noop("0", redis0, n=n) - plain)
+            res = {name: statistics.median(v) for name, v in got.items()}
+            env = self.env(self.zk_config(zk, "section", "section"))
+            runs = sorted((self.contended_once([self.worker, "section", self.counter,
+                                                str(self.args.k)], env, 8)
+                           for _ in range(self.args.reps)), key=lambda r: r["rate"])
+            res["p8-zookeeper"] = runs[len(runs) // 2]
+            return res
+        finally:
+            zk.cleanup()
+
     def close(self):
         self.server.stop()
         shutil.rmtree(self.work, ignore_errors=True)
@@ -1236,7 +1282,8 @@ IMPLS = [("poll", "plain C, SET NX / 1 ms poll / compare-and-delete"),
          ("redis-py", "redis-py Lock, defaults (sleep 0.1)"),
          ("redis-py-0.001", "redis-py Lock, sleep=0.001")]
 PARTS = ["uncontended", "contended", "startup", "imports", "entry", "symbols", "tls",
-         "replicas", "cluster", "redlock", "sets", "local", "postgres", "versus"]
+         "replicas", "cluster", "redlock", "sets", "local", "postgres", "zookeeper",
+         "versus"]
 # The sets part: name, row, the lock's extra settings, its key (None: `keys`).
 SETS_CASES = [("exclusive", "exclusive lock (today's)", "", "bench"),
               ("limit3", "limit = 3", "limit = 3;", "bench"),
@@ -1257,7 +1304,7 @@ ENTRY_CASES = [("reloc", 'library function (bench_noop_wide in libsection.so, th
 
 def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, symbols=None,
            tls=None, replicas=None, cluster=None, redlock=None, sets=None, local=None,
-           postgres=None, versus=None):
+           postgres=None, zookeeper=None, versus=None):
     """The markdown report of the parts measured (those not None)."""
     lines = []
     add = lines.append
@@ -1599,6 +1646,29 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
                                       r["max"], "exact" if r["exact"] else
                                       "NOT exact (%d of %d)" % (r["final"], r["n"])))
         add("")
+    if zookeeper and "skipped" in zookeeper:
+        add("## The zookeeper backend: not measured (%s)" % zookeeper["skipped"])
+        add("")
+    elif zookeeper:
+        add("## The zookeeper backend (ephemeral sequential znodes, backend = \"zookeeper\")")
+        add("")
+        add("A private standalone server on loopback. Guarded uncontended call minus "
+            "unguarded, one CPU, median of %d rounds (each the best of 3 runs of %d calls), "
+            "in turns with the Redis call of linger_ms = 0:"
+            % (args.sets_rounds, max(100, args.n // 10)))
+        add("")
+        add("| lock | guarded call |")
+        add("|---|---:|")
+        add("| **backend = \"zookeeper\"** | **%.1f µs** |" % zookeeper["zookeeper"])
+        add("| redis, linger_ms = 0 | %.1f µs |" % zookeeper["redis0"])
+        add("")
+        r = zookeeper["p8-zookeeper"]
+        add("P = 8 processes x %d sections on one key (unpinned; the run with the median "
+            "sections/s of %d): %.0f sections/s, wait median %.2f ms, p99 %.2f ms, max "
+            "%.2f ms, counter %s." % (args.k, args.reps, r["rate"], r["med"], r["p99"],
+                                      r["max"], "exact" if r["exact"] else
+                                      "NOT exact (%d of %d)" % (r["final"], r["n"])))
+        add("")
     if versus:
         add("## Before and after: this build against %s (medians of %d rounds, both builds "
             "measured in turn in each round)" % (args.baseline, args.versus_rounds))
@@ -1793,6 +1863,8 @@ def main():
             res["local"] = b.local()
         if "postgres" in wanted:
             res["postgres"] = b.postgres()
+        if "zookeeper" in wanted:
+            res["zookeeper"] = b.zookeeper()
         if "versus" in wanted and args.baseline:
             res["versus"] = b.versus()
         text = report(b, args, **res)

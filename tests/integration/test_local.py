@@ -346,7 +346,8 @@ def test_refused_settings_exit_78_naming_them(tmp_path, setting, name, where):
 
 
 @pytest.mark.parametrize("body,says", [
-    ('backend = "zookeeper";', 'backend: "zookeeper" is not available in this build'),
+    ('zookeeper = { hosts = "h:1"; };', 'zookeeper: is the group of backend "zookeeper", '
+     'but backend is "redis"'),
     ('backend = "etcd";', 'backend: "etcd" is not available in this build'),
     ('local = { dir = "/tmp"; };', 'local: is the group of backend "local", but backend '
      'is "redis"'),
