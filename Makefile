@@ -83,9 +83,10 @@ MAN := $(BUILD)/man/lockshim.1 $(BUILD)/man/lockshim.cfg.5
 # is backend/NAME/*.c, linked into $(BUILD)/liblockshim-NAME.so with its
 # client library (MOD_LIBS_NAME), exporting one symbol (backend/NAME/NAME.map).
 # The shim dlopens it only when the config selects that backend.
-MODULES := postgres
+MODULES := postgres etcd
 MOD_LIBS_postgres := -lpq
 MOD_CFLAGS_postgres := -I$(shell pg_config --includedir 2>/dev/null || echo /usr/include/postgresql)
+MOD_LIBS_etcd := -lcurl
 MOD_SO := $(MODULES:%=$(BUILD)/liblockshim-%.so)
 
 all: $(BUILD)/liblockshim.so $(BUILD)/lockshim $(MOD_SO) $(MAN)

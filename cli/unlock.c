@@ -153,6 +153,14 @@ int cmd_unlock(int argc, char **argv)
 		conf_release(&cfg);
 		return 1;
 	}
+	if (!strcmp(lv.b.ops->name, "etcd")) {
+		fprintf(stderr, "lockshim: unlock is not built yet for backend \"etcd\"; revoke "
+			"the holder's lease (etcdctl lease revoke <the hex after the key's last "
+			"/>), which deletes its key\n");
+		lockview_close(&lv);
+		conf_release(&cfg);
+		return 1;
+	}
 	rc = lockview_read(&lv, a.operand, &s, err, sizeof(err));
 	if (rc < 0) {
 		log_stderr("cannot read the lock: %s", err);
