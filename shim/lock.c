@@ -300,10 +300,12 @@ static const char *store_name(void)
 
 /* Returns how long one wait for a signal may take: the backend's hint,
  * capped by retry_max_ms, when the waiter must ask again that often to stay
- * queued (not with a leaseless backend, whose wake-up is the release's). */
+ * queued (not with a leaseless or watched backend, whose wake-up is the
+ * release's). */
 static int64_t wait_cap(const struct lock_spec *s, long long hint)
 {
-	return backend->ops->leaseless ? hint : min64(hint, s->retry_max_ms);
+	return backend->ops->leaseless || backend->ops->watched ? hint :
+		min64(hint, s->retry_max_ms);
 }
 
 /*

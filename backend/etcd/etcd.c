@@ -640,6 +640,7 @@ static int etcd_ping(struct backend_conn *c)
 
 static const struct backend_ops etcd_ops = {
 	.name = "etcd",
+	.watched = 1,
 	.store = "etcd",
 	/* .settings: the core's group (backend_init sets it in its copy) */
 	.serves = etcd_serves,
