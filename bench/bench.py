@@ -64,6 +64,8 @@ programs (bench/*.c) and measures, in one run:
                PostgreSQL needed, else skipped saying why): the uncontended
                guarded call beside Redis's of linger_ms = 0, and P = 8 x K
                sections on one key (the counter checked)
+  etcd         backend = "etcd" on a private etcd (etcd needed, else skipped
+               saying why; its data dir in tmp): the same as postgres
 The uncontended, entry, tls, replicas and redlock call rows are measured in
 two placements (taskset): client and server on one CPU, and on two CPUs.
 Prints a markdown report and writes it to bench/results/. `--only PART`
@@ -93,6 +95,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 from resp import Resp, free_port  # noqa: E402
 from support import postgres as pg_support  # noqa: E402
+from support import etcd as etcd_support  # noqa: E402
 from support.proxy import Proxy  # noqa: E402
 
 # The imports row: Debian's interpreter, not the python3 first on PATH (which
@@ -1221,6 +1224,47 @@ class Bench:
         finally:
             pg.cleanup()
 
+    # ---- the etcd backend -------------------------------------------------
+
+    def etcd_config(self, server, symbol, tag):
+        """A config of backend "etcd" on server with one lock on symbol, key
+        "bench"."""
+        path = os.path.join(self.work, "etcd-%s.cfg" % tag)
+        with open(path, "w") as f:
+            f.write('backend = "etcd";\netcd = { endpoints = ( "%s" ); };\n'
+                    'locks = ( { symbol = "%s"; key = "bench"; wait_ms = 600000; %s } );\n'
+                    % (server.endpoint(), symbol, self.args.settings))
+        return path
+
+    def etcd(self):
+        """backend = "etcd" on a private server (support/etcd.py, as the
+        tests start it; skipped, saying why, where it cannot run): measured
+        as postgres() is."""
+        why = etcd_support.skip_reason()
+        if why:
+            return {"skipped": why}
+        server = etcd_support.EtcdServer().start()
+        try:
+            cfg = self.etcd_config(server, "bench_noop", "noop")
+            self.check_log("bench_noop, etcd", [self.worker, "noop", "-", "3"], cfg,
+                           want=["acquired "], unwanted=[" error: "], stdin="g")
+            redis0 = self.config(symbol="bench_noop", extra=NO_LINGER)
+            n = max(100, self.args.n // 10)
+            got = {"etcd": [], "redis0": []}
+            for _ in range(self.args.sets_rounds):
+                plain = self.noop("0", None, n=n)
+                got["etcd"].append(self.noop("0", cfg, n=n) - plain)
+                got["redis0"].append(self.noop("0", redis0, n=n) - plain)
+            res = {name: statistics.median(v) for name, v in got.items()}
+            env = self.env(self.etcd_config(server, "section", "section"))
+            runs = sorted((self.contended_once([self.worker, "section", self.counter,
+                                                str(self.args.k)], env, 8)
+                           for _ in range(self.args.reps)), key=lambda r: r["rate"])
+            res["p8-etcd"] = runs[len(runs) // 2]
+            return res
+        finally:
+            server.cleanup()
+
     def close(self):
         self.server.stop()
         shutil.rmtree(self.work, ignore_errors=True)
@@ -1236,7 +1280,7 @@ IMPLS = [("poll", "plain C, SET NX / 1 ms poll / compare-and-delete"),
          ("redis-py", "redis-py Lock, defaults (sleep 0.1)"),
          ("redis-py-0.001", "redis-py Lock, sleep=0.001")]
 PARTS = ["uncontended", "contended", "startup", "imports", "entry", "symbols", "tls",
-         "replicas", "cluster", "redlock", "sets", "local", "postgres", "versus"]
+         "replicas", "cluster", "redlock", "sets", "local", "postgres", "etcd", "versus"]
 # The sets part: name, row, the lock's extra settings, its key (None: `keys`).
 SETS_CASES = [("exclusive", "exclusive lock (today's)", "", "bench"),
               ("limit3", "limit = 3", "limit = 3;", "bench"),
@@ -1257,7 +1301,7 @@ ENTRY_CASES = [("reloc", 'library function (bench_noop_wide in libsection.so, th
 
 def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, symbols=None,
            tls=None, replicas=None, cluster=None, redlock=None, sets=None, local=None,
-           postgres=None, versus=None):
+           postgres=None, etcd=None, versus=None):
     """The markdown report of the parts measured (those not None)."""
     lines = []
     add = lines.append
@@ -1599,6 +1643,29 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
                                       r["max"], "exact" if r["exact"] else
                                       "NOT exact (%d of %d)" % (r["final"], r["n"])))
         add("")
+    if etcd and "skipped" in etcd:
+        add("## The etcd backend: not measured (%s)" % etcd["skipped"])
+        add("")
+    elif etcd:
+        add("## The etcd backend (a key with a lease, backend = \"etcd\")")
+        add("")
+        add("A private etcd on loopback (its data dir in tmp, fsync on). Guarded uncontended "
+            "call minus unguarded, one CPU, median of %d rounds (each the best of 3 runs of "
+            "%d calls), in turns with the Redis call of linger_ms = 0:"
+            % (args.sets_rounds, max(100, args.n // 10)))
+        add("")
+        add("| lock | guarded call |")
+        add("|---|---:|")
+        add("| **backend = \"etcd\"** | **%.1f µs** |" % etcd["etcd"])
+        add("| redis, linger_ms = 0 | %.1f µs |" % etcd["redis0"])
+        add("")
+        r = etcd["p8-etcd"]
+        add("P = 8 processes x %d sections on one key (unpinned; the run with the median "
+            "sections/s of %d): %.0f sections/s, wait median %.2f ms, p99 %.2f ms, max "
+            "%.2f ms, counter %s." % (args.k, args.reps, r["rate"], r["med"], r["p99"],
+                                      r["max"], "exact" if r["exact"] else
+                                      "NOT exact (%d of %d)" % (r["final"], r["n"])))
+        add("")
     if versus:
         add("## Before and after: this build against %s (medians of %d rounds, both builds "
             "measured in turn in each round)" % (args.baseline, args.versus_rounds))
@@ -1701,6 +1768,9 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
         checks.append(("postgres P=8 contended: counter exact",
                        1.0 if postgres["p8-postgres"]["exact"] else 0.0, "%.0f",
                        lambda v: v == 1))
+    if etcd and "skipped" not in etcd:
+        checks.append(("etcd P=8 contended: counter exact",
+                       1.0 if etcd["p8-etcd"]["exact"] else 0.0, "%.0f", lambda v: v == 1))
     if versus:
         for m, name, unit in VERSUS:
             before, after = versus[m]["before"], versus[m]["after"]
@@ -1793,6 +1863,8 @@ def main():
             res["local"] = b.local()
         if "postgres" in wanted:
             res["postgres"] = b.postgres()
+        if "etcd" in wanted:
+            res["etcd"] = b.etcd()
         if "versus" in wanted and args.baseline:
             res["versus"] = b.versus()
         text = report(b, args, **res)
