@@ -175,7 +175,9 @@ struct backend_ops {
 	int leaseless;
 	/* 1: a waiter's wait ends when the lock is freed (etcd: a watch on its
 	 * predecessor), so it asks again only when the acquire's hint says
-	 * (to keep its own place), not every retry_max_ms. */
+	 * (to keep its own place), not every retry_max_ms; and the first
+	 * acquire that is refused queues the caller already (a caller that
+	 * then gives up leaves, as a waiter does). */
 	int watched;
 	/* What log lines call the lock store ("Redis" when NULL). */
 	const char *store;

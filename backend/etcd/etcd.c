@@ -43,6 +43,8 @@ struct backend_conn {
 	CURL *curl;
 	struct curl_slist *headers;
 	char base[320];          /* "http://host:port" of the endpoint reached */
+	long long last_lease;    /* the lease of the last refused acquire ... */
+	long long last_rev;      /* ... and its key's create revision (for wait) */
 	int watching;            /* the write callback looks for a DELETE event */
 	int woken;               /* ... and saw one (or the watch's end) */
 	size_t rlen;
@@ -498,10 +500,9 @@ static int join(struct backend_conn *c, const struct backend_item *it,
 
 /*
  * Takes the lock: our key (joining the queue when it is new), granted when
- * it has the lowest create revision. A first attempt (not waiting) that is
- * not granted leaves the queue again (revokes its lease) and answers
- * BACKEND_NOT_QUEUED: the caller may not wait. A waiter's answer bounds its
- * wait by a third of its lease, so that it renews its lease in time.
+ * it has the lowest create revision. Refused, the caller stays queued (a
+ * watched backend: lock.c leaves when it gives up), and its wait is
+ * bounded by a third of its lease, so that it renews its lease in time.
  */
 static int etcd_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
 			char *holder, size_t *holder_len, long long *fence)
@@ -522,12 +523,8 @@ static int etcd_acquire(struct backend_conn *c, const struct backend_item *it, l
 		*fence = mine;
 		return BACKEND_OK;
 	}
-	if (!it->waiting) {
-		if (lease_revoke(c, &n) == BACKEND_ERR)
-			return BACKEND_ERR;
-		*wait_ms = BACKEND_NOT_QUEUED;
-		return BACKEND_NO;
-	}
+	c->last_lease = n.lease;
+	c->last_rev = mine;
 	*wait_ms = ttl_s(it->lease_ms) * 1000 / 3;
 	return BACKEND_NO;
 }
@@ -545,9 +542,9 @@ static int etcd_release(struct backend_conn *c, const struct backend_item *it, i
 
 /*
  * Waits for the deletion of our predecessor (the key of the greatest
- * create revision below ours), by a watch from the revision of the read
- * on: BACKEND_OK when it went (or there is none: try again), BACKEND_NO
- * when timeout_ms passed first.
+ * create revision below ours: the refused acquire's, else read again), by
+ * a watch from the revision of the read on: BACKEND_OK when it went (or
+ * there is none: try again), BACKEND_NO when timeout_ms passed first.
  */
 static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 		     long long timeout_ms, long long *fence)
@@ -562,10 +559,15 @@ static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 	*fence = 0;
 	if (names_make(c->bc, it, &n))
 		return fail(c, "wait", "key too long");
-	if (join(c, it, &n, &mine, &owner, NULL, NULL) != BACKEND_OK)
-		return BACKEND_ERR;
-	if (mine == owner)
-		return BACKEND_OK;
+	if (c->last_lease == n.lease && c->last_rev > 0) {
+		mine = c->last_rev;
+	} else {
+		if (join(c, it, &n, &mine, &owner, NULL, NULL) != BACKEND_OK)
+			return BACKEND_ERR;
+		if (mine == owner)
+			return BACKEND_OK;
+	}
+	c->last_lease = 0;
 	snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"range_end\":\"%s\",\"sort_order\":"
 		 "\"DESCEND\",\"sort_target\":\"CREATE\",\"limit\":\"1\",\"keys_only\":true,"
 		 "\"max_create_revision\":\"%lld\"}", n.from, n.to, mine - 1);
