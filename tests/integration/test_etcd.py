@@ -24,6 +24,7 @@ import time
 import pytest
 
 from support.etcd import EtcdServer, skip_reason
+from support.server import call_failed
 from support.util import CLI, MULT, PRELOAD, SHIM, cc, run, shim_env, wait_for, write_config
 from support.workers import race
 
@@ -41,6 +42,18 @@ def etcd():
     s = EtcdServer()
     try:
         yield s.start()
+    finally:
+        s.cleanup()
+
+
+@pytest.fixture
+def own_etcd(request):
+    """A server of the test's own (it is restarted or frozen)."""
+    s = EtcdServer()
+    try:
+        yield s.start()
+        if call_failed(request):
+            print("---- etcd log ----\n" + s.tail())
     finally:
         s.cleanup()
 
@@ -260,6 +273,57 @@ def test_renewal_keeps_the_lease_and_rounds_it_up(procs, progs, etcd, tmp_path):
     wait_for(lambda: etcd.keys() == [], timeout=3.5 * MULT, what="the key's expiry")
     rc, _, err = p.finish()
     assert rc == 0 and "exceeded max_hold_ms" in err, err
+
+
+# ---- the server down, restarted, frozen ---------------------------------------------
+
+def test_server_restarted_mid_run(bg, worker_progs, own_etcd, tmp_path):
+    """Down: a call gives up within wait_ms (on_error "skip", an error
+    line). Back within the holder's lease: the lease survived (etcd keeps
+    leases across a restart), so the holder keeps its lock and is not told
+    of a loss; a caller waits for it; then calls work and nothing is left."""
+    cfg = etcd_config(tmp_path, own_etcd, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                      'wait_ms = 1500; on_error = "skip"; on_timeout = "skip"; '
+                      'lease_ms = 10000; } );\n',
+                      "connect_timeout_ms = 300; command_timeout_ms = 300;")
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    own_etcd.stop()
+    t0 = time.monotonic()
+    r = run([worker_progs["block"]], cfg)
+    assert r.stdout.startswith("call rc=-1"), (r.stdout, r.stderr)
+    assert time.monotonic() - t0 < 1.5 + 3 * MULT
+    assert "etcd unavailable for 1500 ms" in r.stderr, r.stderr
+    own_etcd.start()
+    r = run([worker_progs["block"]], cfg, timeout=20)
+    assert r.stdout.startswith("call rc=-1") and "still held by another owner" in r.stderr, \
+        (r.stdout, r.stderr)
+    holder.send()
+    holder.expect("call rc=42")
+    holder.p.wait(timeout=10)
+    assert "lost" not in holder.stderr(), holder.stderr()
+    r = run([worker_progs["block"]], cfg, timeout=20)
+    assert "call rc=42" in r.stdout, (r.stdout, r.stderr)
+    assert own_etcd.keys() == []
+
+
+def test_frozen_server_bounds_every_call(worker_progs, own_etcd, tmp_path):
+    """The server stopped (SIGSTOP): its kernel still accepts connections,
+    nothing answers; the call gives up by command_timeout_ms and wait_ms,
+    on_error applied."""
+    cfg = etcd_config(tmp_path, own_etcd, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                      'wait_ms = 1000; on_error = "skip"; } );\n',
+                      "connect_timeout_ms = 300; command_timeout_ms = 300;")
+    own_etcd.proc.send_signal(signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        r = run([worker_progs["block"]], cfg, timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        own_etcd.proc.send_signal(signal.SIGCONT)
+    assert r.stdout.startswith("call rc=-1"), (r.stdout, r.stderr)
+    assert took < 1.0 + 3 * MULT, took
+    assert "etcd unavailable for 1000 ms" in r.stderr, r.stderr
 
 
 # ---- the module ------------------------------------------------------------------
