@@ -176,7 +176,7 @@ test-asan: deps
 # shim (about 5 minutes on 2 cores). Any report fails the test that caused
 # it (support/util.py sends reports to files, conftest.py reads them).
 TSAN_TESTS := exclusion identity lease linger release fork wakeup stranded policies real_programs \
-	redlock entry interposition abi cluster sentinel tls_topologies lock_cmd metrics sets multikey postgres
+	redlock entry interposition abi cluster sentinel tls_topologies lock_cmd metrics sets multikey postgres etcd
 
 test-tsan: deps
 	$(MAKE) BUILD=build/tsan SANITIZER=thread all unit
