@@ -15,8 +15,8 @@
  * lock; a lease gone (TTL 0) is a lost lock. Keys are escaped (% and /)
  * so that no lock's prefix holds another's keys. One export (etcd.map).
  */
-#include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +36,7 @@
 
 struct backend_config {
 	const struct etcd_spec *spec;
+	int nendpoints;
 };
 
 struct backend_conn {
@@ -62,6 +63,7 @@ struct etcd_names {
 };
 
 static const struct backend_module_host *host;
+static atomic_int endpoint_good; /* the endpoint that answered last: tried first */
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc;
 
@@ -330,6 +332,8 @@ static struct backend_config *etcd_config_new(const void *settings, char *err, s
 		return NULL;
 	}
 	bc->spec = settings;
+	while (bc->spec->endpoints[bc->nendpoints])
+		bc->nendpoints++;
 	return bc;
 }
 
@@ -369,7 +373,8 @@ static void etcd_close(struct backend_conn *c)
 }
 
 /* Returns a connection to the first endpoint that answers a status
- * request, or NULL with the last endpoint's error in err. */
+ * request, trying them in order from the one that answered last, or NULL
+ * with the last endpoint's error in err. */
 static struct backend_conn *etcd_open(const struct backend_config *bc, char *err, size_t errlen)
 {
 	struct backend_conn *c = calloc(1, sizeof(*c));
@@ -386,12 +391,17 @@ static struct backend_conn *etcd_open(const struct backend_config *bc, char *err
 		etcd_close(c);
 		return NULL;
 	}
-	for (char *const *ep = bc->spec->endpoints; *ep; ep++) {
-		snprintf(c->base, sizeof(c->base), "http://%s", *ep);
+	for (int k = 0, first = atomic_load(&endpoint_good); k < bc->nendpoints; k++) {
+		int i = (first + k) % bc->nendpoints;
+		const char *ep = bc->spec->endpoints[i];
+
+		snprintf(c->base, sizeof(c->base), "http://%s", ep);
 		snprintf(c->body, sizeof(c->body), "{}");
 		if (post(c, "/v3/maintenance/status", bc->spec->connect_timeout_ms,
-			 *ep, &grpc) == CURLE_OK)
+			 ep, &grpc) == CURLE_OK) {
+			atomic_store(&endpoint_good, i);
 			return c;
+		}
 	}
 	snprintf(err, errlen, "connect: %s", c->err);
 	etcd_close(c);
