@@ -14,6 +14,7 @@ missing (78), a Redis-guarded program mapping neither libcurl nor the
 module, locks on send/write/poll not looping back from libcurl, and the
 command's check, lock, status, unlock and metrics.
 """
+import errno
 import os
 import re
 import shutil
@@ -273,6 +274,37 @@ def test_renewal_keeps_the_lease_and_rounds_it_up(procs, progs, etcd, tmp_path):
     wait_for(lambda: etcd.keys() == [], timeout=3.5 * MULT, what="the key's expiry")
     rc, _, err = p.finish()
     assert rc == 0 and "exceeded max_hold_ms" in err, err
+
+
+def test_exit_inside_a_guarded_call_releases_the_lock(progs, etcd, tmp_path):
+    """exit(3) from inside the call: the lease is revoked at exit (control:
+    its lease, 60 s, would keep the key long after)."""
+    cfg = etcd_config(tmp_path, etcd, 'locks = ( { symbol = "exit_call"; lease_ms = 60000; '
+                      '} );\n')
+    r = run([progs["driver"], "exit:9"], cfg)
+    assert r.returncode == 9, r.stderr
+    assert etcd.keys() == []
+
+
+def test_fork_inside_a_guarded_call(progs, etcd, tmp_path):
+    """test_fork's case with etcd: the child returns through the wrapper
+    without releasing "fk" (its probe of that key is refused, not entered),
+    a lock the child takes itself works, and "fk" is released once, by the
+    parent."""
+    cfg = etcd_config(tmp_path, etcd, 'log_level = "debug";\n'
+                      'locks = ( { symbol = "fork_call"; key = "fk"; lease_ms = 2000; },\n'
+                      '  { symbol = "other_call"; key = "fk"; wait_ms = 0; },\n'
+                      '  { symbol = "hold_call"; key = "child-own"; } );\n')
+    r = run([progs["driver"], "fork"], cfg)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "child-other rc=-1 errno=%d" % errno.EBUSY in lines, r.stdout
+    assert "child-own rc=42 errno=0" in lines, r.stdout
+    assert "parent-fork rc=1 errno=0" in lines, r.stdout
+    assert r.stderr.count("released lockshim:fk") == 1, r.stderr
+    assert r.stderr.count("released lockshim:child-own") == 1, r.stderr
+    assert "no longer ours" not in r.stderr
+    assert etcd.keys() == []
 
 
 # ---- the server down, restarted, frozen ---------------------------------------------
