@@ -263,11 +263,11 @@ static size_t on_data(char *data, size_t size, size_t n, void *arg)
 /*
  * POSTs c->body to path, bounded by timeout_ms (and the connect by
  * connect_timeout_ms). Returns CURLE_OK with the reply in c->resp when it
- * carries no error; else BACKEND_ERR-worthy codes with c->err set ("what:
- * etcd's message" when etcd answered one: its gRPC code in *grpc, else 0).
+ * carries no error; else the failure's code with c->err set ("what:
+ * etcd's message" when etcd answered one, else libcurl's).
  */
 static CURLcode post(struct backend_conn *c, const char *path, long long timeout_ms,
-		     const char *what, long *grpc)
+		     const char *what)
 {
 	char url[sizeof(c->base) + 32];
 	const char *m;
@@ -275,7 +275,6 @@ static CURLcode post(struct backend_conn *c, const char *path, long long timeout
 	CURLcode rc;
 	long status = 0;
 
-	*grpc = 0;
 	snprintf(url, sizeof(url), "%s%s", c->base, path);
 	c->rlen = 0;
 	c->resp[0] = 0;
@@ -292,7 +291,6 @@ static CURLcode post(struct backend_conn *c, const char *path, long long timeout
 	}
 	curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
 	if (status != 200 || json_find(c->resp, "error")) {
-		*grpc = json_int(c->resp, "code", -1);
 		if (json_str(c->resp, "message", &m, &ml) || json_str(c->resp, "error", &m, &ml))
 			snprintf(c->err, sizeof(c->err), "%s: %.*s", what, (int)ml, m);
 		else
@@ -302,11 +300,11 @@ static CURLcode post(struct backend_conn *c, const char *path, long long timeout
 	return CURLE_OK;
 }
 
-/* post() bounded by command_timeout_ms. Returns BACKEND_OK or BACKEND_ERR;
- * *grpc as post's (an answered error: BACKEND_ERR with *grpc > 0). */
-static int command(struct backend_conn *c, const char *path, const char *what, long *grpc)
+/* post() bounded by command_timeout_ms. Returns BACKEND_OK, or BACKEND_ERR
+ * with c->err set (etcd's message when it answered one). */
+static int command(struct backend_conn *c, const char *path, const char *what)
 {
-	return post(c, path, c->bc->spec->command_timeout_ms, what, grpc) == CURLE_OK ?
+	return post(c, path, c->bc->spec->command_timeout_ms, what) == CURLE_OK ?
 		BACKEND_OK : BACKEND_ERR;
 }
 
@@ -378,7 +376,6 @@ static void etcd_close(struct backend_conn *c)
 static struct backend_conn *etcd_open(const struct backend_config *bc, char *err, size_t errlen)
 {
 	struct backend_conn *c = calloc(1, sizeof(*c));
-	long grpc;
 
 	if (!c || !(c->curl = curl_easy_init())) {
 		snprintf(err, errlen, "out of memory");
@@ -398,7 +395,7 @@ static struct backend_conn *etcd_open(const struct backend_config *bc, char *err
 		snprintf(c->base, sizeof(c->base), "http://%s", ep);
 		snprintf(c->body, sizeof(c->body), "{}");
 		if (post(c, "/v3/maintenance/status", bc->spec->connect_timeout_ms,
-			 ep, &grpc) == CURLE_OK) {
+			 ep) == CURLE_OK) {
 			atomic_store(&endpoint_good, i);
 			return c;
 		}
@@ -434,18 +431,17 @@ static long long ttl_s(long long lease_ms)
 static int lease_ensure(struct backend_conn *c, const struct backend_item *it,
 			const struct etcd_names *n)
 {
-	long grpc;
 
 	if (it->waiting) {
 		snprintf(c->body, sizeof(c->body), "{\"ID\":\"%lld\"}", n->lease);
-		if (command(c, "/v3/lease/keepalive", "keepalive", &grpc) != BACKEND_OK)
+		if (command(c, "/v3/lease/keepalive", "keepalive") != BACKEND_OK)
 			return BACKEND_ERR;
 		if (json_int(c->resp, "TTL", 0) > 0)
 			return BACKEND_OK;
 	}
 	snprintf(c->body, sizeof(c->body), "{\"ID\":\"%lld\",\"TTL\":\"%lld\"}", n->lease,
 		 ttl_s(it->lease_ms));
-	if (command(c, "/v3/lease/grant", "lease grant", &grpc) == BACKEND_OK ||
+	if (command(c, "/v3/lease/grant", "lease grant") == BACKEND_OK ||
 	    strstr(c->err, "lease already exists"))
 		return BACKEND_OK;
 	return BACKEND_ERR;
@@ -455,10 +451,9 @@ static int lease_ensure(struct backend_conn *c, const struct backend_item *it,
  * BACKEND_NO when it was gone, or BACKEND_ERR. */
 static int lease_revoke(struct backend_conn *c, const struct etcd_names *n)
 {
-	long grpc;
 
 	snprintf(c->body, sizeof(c->body), "{\"ID\":\"%lld\"}", n->lease);
-	if (command(c, "/v3/lease/revoke", "lease revoke", &grpc) == BACKEND_OK)
+	if (command(c, "/v3/lease/revoke", "lease revoke") == BACKEND_OK)
 		return BACKEND_OK;
 	return strstr(c->err, "lease not found") ? BACKEND_NO : BACKEND_ERR;
 }
@@ -475,7 +470,6 @@ static int join(struct backend_conn *c, const struct backend_item *it,
 	char val[ETCD_B64(BACKEND_VAL_MAX)], range[2 * sizeof(n->from) + 160];
 	const char *resp, *last, *v;
 	size_t vl;
-	long grpc;
 
 	b64_encode((const unsigned char *)it->val, it->vlen, val);
 	snprintf(range, sizeof(range), "{\"request_range\":{\"key\":\"%s\",\"range_end\":\"%s\","
@@ -487,7 +481,7 @@ static int join(struct backend_conn *c, const struct backend_item *it,
 		 "\"success\":[{\"request_put\":{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%lld\"}},%s],"
 		 "\"failure\":[{\"request_range\":{\"key\":\"%s\"}},%s]}",
 		 n->key, n->key, val, n->lease, range, n->key, range);
-	if (command(c, "/v3/kv/txn", "transaction", &grpc) != BACKEND_OK)
+	if (command(c, "/v3/kv/txn", "transaction") != BACKEND_OK)
 		return BACKEND_ERR;
 	resp = c->resp;
 	if (strstr(resp, "\"succeeded\":true"))
@@ -563,7 +557,6 @@ static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 	long long mine = 0, owner = 0, rev;
 	const char *pk;
 	size_t pkl;
-	long grpc;
 	CURLcode rc;
 
 	*fence = 0;
@@ -581,7 +574,7 @@ static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 	snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"range_end\":\"%s\",\"sort_order\":"
 		 "\"DESCEND\",\"sort_target\":\"CREATE\",\"limit\":\"1\",\"keys_only\":true,"
 		 "\"max_create_revision\":\"%lld\"}", n.from, n.to, mine - 1);
-	if (command(c, "/v3/kv/range", "predecessor", &grpc) != BACKEND_OK)
+	if (command(c, "/v3/kv/range", "predecessor") != BACKEND_OK)
 		return BACKEND_ERR;
 	rev = json_int(c->resp, "revision", 0);
 	if (!json_str(json_find(c->resp, "kvs"), "key", &pk, &pkl))
@@ -593,7 +586,7 @@ static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 	if (timeout_ms > ETCD_WAIT_MAX_MS)
 		timeout_ms = ETCD_WAIT_MAX_MS;
 	c->watching = 1;
-	rc = post(c, "/v3/watch", timeout_ms < 1 ? 1 : timeout_ms, "watch", &grpc);
+	rc = post(c, "/v3/watch", timeout_ms < 1 ? 1 : timeout_ms, "watch");
 	c->watching = 0;
 	if (rc == CURLE_OK)
 		return c->woken ? BACKEND_OK : BACKEND_NO;
@@ -627,10 +620,9 @@ static int etcd_renew(struct backend_conn *c, int n, const struct backend_item *
 		      int *results)
 {
 	for (int i = 0; i < n; i++) {
-		long grpc;
 
 		snprintf(c->body, sizeof(c->body), "{\"ID\":\"%lld\"}", lease_id(&items[i]));
-		if (command(c, "/v3/lease/keepalive", "keepalive", &grpc) != BACKEND_OK)
+		if (command(c, "/v3/lease/keepalive", "keepalive") != BACKEND_OK)
 			return BACKEND_ERR;
 		results[i] = json_int(c->resp, "TTL", 0) > 0 ? BACKEND_OK : BACKEND_NO;
 	}
@@ -644,10 +636,9 @@ static const char *etcd_errstr(const struct backend_conn *c)
 
 static int etcd_ping(struct backend_conn *c)
 {
-	long grpc;
 
 	snprintf(c->body, sizeof(c->body), "{}");
-	return command(c, "/v3/maintenance/status", "status", &grpc);
+	return command(c, "/v3/maintenance/status", "status");
 }
 
 static const struct backend_ops etcd_ops = {
