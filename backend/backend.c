@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend_etcd_conf.h"
 #include "backend_module.h"
 #include "backend_postgres_conf.h"
 #include "backend_zookeeper_conf.h"
@@ -55,6 +56,16 @@ static const struct backend_ops backend_zookeeper_stub = {
 	.module = &zookeeper_module,
 };
 
+/* The etcd backend is a module (backend/etcd/, libcurl: etcd's JSON gateway). */
+static const struct backend_module_file etcd_module = {
+	"liblockshim-etcd.so", "lockshim_backend_etcd", "libcurl4"
+};
+static const struct backend_ops backend_etcd_stub = {
+	.name = "etcd",
+	.settings = &backend_etcd_settings,
+	.module = &etcd_module,
+};
+
 static const struct backend_ops *const backends[] = {
 	&backend_redlock,
 	&backend_sentinel,
@@ -63,6 +74,7 @@ static const struct backend_ops *const backends[] = {
 	&backend_local,
 	&backend_postgres_stub,
 	&backend_zookeeper_stub,
+	&backend_etcd_stub,
 };
 
 #define NBACKENDS (sizeof(backends) / sizeof(backends[0]))

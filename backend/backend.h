@@ -174,6 +174,12 @@ struct backend_ops {
 	 * forget, and a waiter waits for its wake-up without asking again
 	 * every retry_max_ms. */
 	int leaseless;
+	/* 1: a waiter's wait ends when the lock is freed (etcd: a watch on its
+	 * predecessor), so it asks again only when the acquire's hint says
+	 * (to keep its own place), not every retry_max_ms; and the first
+	 * acquire that is refused queues the caller already (a caller that
+	 * then gives up leaves, as a waiter does). */
+	int watched;
 	/* What log lines call the lock store ("Redis" when NULL). */
 	const char *store;
 	/* When `lockshim status` or `lockshim unlock` cannot serve this

@@ -1071,6 +1071,11 @@ static const struct backend_ops zk_ops = {
 	.name = "zookeeper",
 	.leaseless = 1,
 	.store = "ZooKeeper",
+	.status_why = "status is not built yet for backend \"zookeeper\"; its holders: zkCli.sh "
+		      "ls <root>/<key> (the lowest lock- child holds; `get` it for its holder)",
+	.unlock_why = "unlock: not with backend \"zookeeper\": a lock is an ephemeral znode of "
+		      "its holder's session, which ZooKeeper deletes when the session ends (a dead "
+		      "holder's at its session timeout); stop its holder",
 	/* .settings: the core's group (backend_init sets it in its copy) */
 	.serves = zk_serves,
 	.config_new = zk_config_new,
