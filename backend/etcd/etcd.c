@@ -13,7 +13,10 @@
  * until it is deleted: a streaming /v3/watch bounded by the wait. Release:
  * revoking the lease deletes the key. Renewal: one LeaseKeepAlive per
  * lock; a lease gone (TTL 0) is a lost lock. Keys are escaped (% and /)
- * so that no lock's prefix holds another's keys. One export (etcd.map).
+ * so that no lock's prefix holds another's keys. A request whose member
+ * went away (refused, or cut before its reply's end) is sent again to the
+ * next endpoint within its time; a watch cut so is a wake-up. One export
+ * (etcd.map).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -21,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <curl/curl.h>
 
@@ -44,6 +48,9 @@ struct backend_conn {
 	CURL *curl;
 	struct curl_slist *headers;
 	char base[320];          /* "http://host:port" of the endpoint reached */
+	int ep;                  /* ... its index in the endpoints */
+	int resent;              /* the last command was sent again after a
+				  * failure that may have been applied */
 	long long last_lease;    /* the lease of the last refused acquire ... */
 	long long last_rev;      /* ... and its key's create revision (for wait) */
 	int watching;            /* the write callback looks for a DELETE event */
@@ -300,12 +307,59 @@ static CURLcode post(struct backend_conn *c, const char *path, long long timeout
 	return CURLE_OK;
 }
 
-/* post() bounded by command_timeout_ms. Returns BACKEND_OK, or BACKEND_ERR
- * with c->err set (etcd's message when it answered one). */
+static long long now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Whether rc says the member went away: no connection, or the connection
+ * broken before the reply's end. */
+static int member_gone(CURLcode rc)
+{
+	return rc == CURLE_COULDNT_CONNECT || rc == CURLE_SEND_ERROR || rc == CURLE_RECV_ERROR ||
+	       rc == CURLE_GOT_NOTHING || rc == CURLE_PARTIAL_FILE;
+}
+
+/* Points c at the endpoint after its own: the next request connects there. */
+static void endpoint_next(struct backend_conn *c)
+{
+	c->ep = (c->ep + 1) % c->bc->nendpoints;
+	snprintf(c->base, sizeof(c->base), "http://%s", c->bc->spec->endpoints[c->ep]);
+}
+
+/*
+ * post() bounded by command_timeout_ms in all; when the member went away,
+ * sent again within that time to the next endpoint (each other endpoint
+ * once), which becomes the one a new connection tries first. Any request
+ * of this module may be sent twice (a grant finds its lease, the
+ * transaction its key; see lease_revoke). An error etcd answered is not
+ * sent again here: lock.c retries until wait_ms. Sets c->resent when an
+ * attempt may have been applied unanswered. Returns BACKEND_OK, or
+ * BACKEND_ERR with c->err set (etcd's message when it answered one, else
+ * libcurl's).
+ */
 static int command(struct backend_conn *c, const char *path, const char *what)
 {
-	return post(c, path, c->bc->spec->command_timeout_ms, what) == CURLE_OK ?
-		BACKEND_OK : BACKEND_ERR;
+	long long deadline = now_ms() + c->bc->spec->command_timeout_ms;
+	long long left = c->bc->spec->command_timeout_ms;
+	int moves = 0;
+	CURLcode rc;
+
+	c->resent = 0;
+	while ((rc = post(c, path, left, what)) != CURLE_OK) {
+		left = deadline - now_ms();
+		if (!member_gone(rc) || moves == c->bc->nendpoints - 1 || left < 1)
+			return BACKEND_ERR;
+		c->resent |= rc != CURLE_COULDNT_CONNECT;
+		endpoint_next(c);
+		moves++;
+	}
+	if (moves)
+		atomic_store(&endpoint_good, c->ep);
+	return BACKEND_OK;
 }
 
 /* ---- set-up ------------------------------------------------------------- */
@@ -392,6 +446,7 @@ static struct backend_conn *etcd_open(const struct backend_config *bc, char *err
 		int i = (first + k) % bc->nendpoints;
 		const char *ep = bc->spec->endpoints[i];
 
+		c->ep = i;
 		snprintf(c->base, sizeof(c->base), "http://%s", ep);
 		snprintf(c->body, sizeof(c->body), "{}");
 		if (post(c, "/v3/maintenance/status", bc->spec->connect_timeout_ms,
@@ -448,14 +503,17 @@ static int lease_ensure(struct backend_conn *c, const struct backend_item *it,
 }
 
 /* Revokes lease n->lease (its key goes with it). Returns BACKEND_OK,
- * BACKEND_NO when it was gone, or BACKEND_ERR. */
+ * BACKEND_NO when it was gone (BACKEND_OK when an earlier attempt of this
+ * revoke may have removed it: sent again after a failure), or BACKEND_ERR. */
 static int lease_revoke(struct backend_conn *c, const struct etcd_names *n)
 {
 
 	snprintf(c->body, sizeof(c->body), "{\"ID\":\"%lld\"}", n->lease);
 	if (command(c, "/v3/lease/revoke", "lease revoke") == BACKEND_OK)
 		return BACKEND_OK;
-	return strstr(c->err, "lease not found") ? BACKEND_NO : BACKEND_ERR;
+	if (!strstr(c->err, "lease not found"))
+		return BACKEND_ERR;
+	return c->resent ? BACKEND_OK : BACKEND_NO;
 }
 
 /*
@@ -548,7 +606,8 @@ static int etcd_release(struct backend_conn *c, const struct backend_item *it, i
  * Waits for the deletion of our predecessor (the key of the greatest
  * create revision below ours: the refused acquire's, else read again), by
  * a watch from the revision of the read on: BACKEND_OK when it went (or
- * there is none: try again), BACKEND_NO when timeout_ms passed first.
+ * there is none, or the watch's member went away: try again, through the
+ * next endpoint), BACKEND_NO when timeout_ms passed first.
  */
 static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 		     long long timeout_ms, long long *fence)
@@ -590,6 +649,10 @@ static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 	c->watching = 0;
 	if (rc == CURLE_OK)
 		return c->woken ? BACKEND_OK : BACKEND_NO;
+	if (member_gone(rc)) {
+		endpoint_next(c);
+		return BACKEND_OK;
+	}
 	return rc == CURLE_OPERATION_TIMEDOUT ? BACKEND_NO : BACKEND_ERR;
 }
 

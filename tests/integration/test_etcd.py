@@ -24,8 +24,9 @@ import time
 
 import pytest
 
-from support.etcd import EtcdServer, skip_reason
+from support.etcd import Cluster, EtcdServer, skip_reason
 from support.server import call_failed
+from support.sets import replay, start as sets_start
 from support.util import CLI, MULT, PRELOAD, SHIM, cc, run, shim_env, wait_for, write_config
 from support.workers import race
 
@@ -356,6 +357,116 @@ def test_frozen_server_bounds_every_call(worker_progs, own_etcd, tmp_path):
     assert r.stdout.startswith("call rc=-1"), (r.stdout, r.stderr)
     assert took < 1.0 + 3 * MULT, took
     assert "etcd unavailable for 1000 ms" in r.stderr, r.stderr
+
+
+# ---- a 3-member cluster whose leader is killed --------------------------------------
+#
+# The observed program of test_sets.py (support/sets.py): each guarded call
+# of set_write appends "w+" to a log when it starts and "w-" when it ends;
+# replaying the log counts who was inside at once.
+
+CROWD = 4  # processes, 2 threads each, 20 ms calls
+CLUSTER_LOCK = ('locks = ( { symbol = "set_write"; key = "k"; wait_ms = %d; lease_ms = 3000; '
+                'on_error = "skip"; on_timeout = "skip"; } );\n')
+
+
+# libcurl's words for a member that went away (refused, cut mid-reply)
+CURL_MEMBER_GONE = ("Couldn't connect", "partial file", "Failure when receiving",
+                    "Failed sending", "Server returned nothing")
+
+
+@pytest.fixture
+def cluster(request):
+    c = Cluster()
+    try:
+        yield c.start()
+        if call_failed(request):
+            print(c.tail())
+    finally:
+        c.cleanup()
+
+
+def sets_end(p, timeout):
+    """Waits for the sets program p (at most timeout s); returns its fields
+    (ok, failed, max_ms) and its stderr."""
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err[-3000:]
+    done = [l for l in out.splitlines() if l.startswith("done")]
+    assert done, (out, err[-3000:])
+    return {k: int(v) for k, v in (f.split("=") for f in done[0].split()[1:])}, err
+
+
+def log_text(log):
+    with open(log) as f:
+        return f.read()
+
+
+@pytest.mark.timing
+def test_control_crowd_is_inside_together_unguarded(sets_prog, tmp_path):
+    """The leader test's workload without the shim: writers overlap."""
+    log = str(tmp_path / "log")
+    ps = [sets_start(sets_prog, "w", None, log, 2, 5, 20) for _ in range(CROWD)]
+    for p in ps:
+        sets_end(p, 30)
+    assert replay(log)[1] > 1
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("wait_ms", [8000, 1000], ids=["rides-over", "gives-up"])
+def test_leader_killed_mid_run(sets_prog, cluster, tmp_path, wait_ms):
+    """4 processes x 2 threads of guarded calls, endpoints = the three members
+    with the leader first (every connection starts on it); SIGKILL of the
+    leader once 20 calls entered, the run stopped once 20 more entered after
+    the kill. Never two inside at once; every call entered or applied its
+    on_error/on_timeout ("skip", one error line each); every process ends
+    within wait_ms of the stop; no key is left and a try-lock (wait_ms = 0)
+    gets the lock at once. The election takes about 2 s: wait_ms = 8000
+    rides over it, 1000 gives up during it (some calls skipped)."""
+    leader = cluster.leader()
+    head = 'backend = "etcd";\netcd = { endpoints = ( %s ); connect_timeout_ms = 500; ' \
+           'command_timeout_ms = 1000; };\n' % ", ".join(
+               '"%s"' % e for e in cluster.endpoints(first=leader))
+    cfg = write_config(tmp_path, None, head + CLUSTER_LOCK % wait_ms)
+    log, stop = str(tmp_path / "log"), str(tmp_path / "stop")
+    open(log, "w").close()
+    ps = [sets_start(sets_prog, "w", cfg, log, 2, 1, 20, stop) for _ in range(CROWD)]
+    try:
+        wait_for(lambda: log_text(log).count("w+") >= 20, timeout=20, what="20 calls")
+        with open(log, "a") as f:
+            f.write("K\n")
+        cluster.kill(leader)
+        wait_for(lambda: log_text(log).split("K\n", 1)[1].count("w+") >= 20, timeout=30,
+                 what="20 calls after the kill")
+        open(stop, "w").close()
+        t0 = time.monotonic()
+        ends = [sets_end(p, wait_ms / 1000 * 2 * MULT + 10) for p in ps]
+        took = time.monotonic() - t0
+    finally:
+        open(stop, "w").close()
+        for p in ps:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    ok = sum(f["ok"] for f, _ in ends)
+    failed = sum(f["failed"] for f, _ in ends)
+    err = "".join(e for _, e in ends)
+    gave_up = [l for l in err.splitlines() if " not taken: " in l or " still held by " in l]
+    writers, mixed = replay(log)[1:]
+    assert writers == 1 and not mixed, err[-3000:]
+    assert ok == log_text(log).count("w+") and failed == len(gave_up), (ok, failed, err[-3000:])
+    assert took < (wait_ms / 1000 + 5) * MULT, (took, err[-3000:])
+    # the dead member is passed over within the request (the next endpoint),
+    # never reported: what is left is the election (no leader: timeouts)
+    gone = [l for l in err.splitlines() if any(m in l for m in CURL_MEMBER_GONE)]
+    assert gone == [], gone
+    assert max(f["max_ms"] for f, _ in ends) < wait_ms + 3000 * MULT, (ends, err[-3000:])
+    print("ok %d failed %d, the stop took %.1f s; stderr:\n%s" % (ok, failed, took, err))
+    live = cluster.alive()
+    assert live.keys() == [], live.keys()
+    (tmp_path / "try").mkdir()
+    r = run([sets_prog, "w", "1", "1", "0"], write_config(tmp_path / "try", None,
+                                                          head + CLUSTER_LOCK % 0))
+    assert "done ok=1 failed=0" in r.stdout, (r.stdout, r.stderr)
 
 
 # ---- the module ------------------------------------------------------------------
