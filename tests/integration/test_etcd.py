@@ -14,8 +14,11 @@ missing (78), a Redis-guarded program mapping neither libcurl nor the
 module, locks on send/write/poll not looping back from libcurl, and the
 command's check, lock, status, unlock and metrics.
 """
+import base64
 import errno
 import os
+import platform
+import random
 import re
 import shutil
 import signal
@@ -27,7 +30,8 @@ import pytest
 from support.etcd import Cluster, EtcdServer, skip_reason
 from support.server import call_failed
 from support.sets import replay, start as sets_start
-from support.util import CLI, MULT, PRELOAD, SHIM, cc, run, shim_env, wait_for, write_config
+from support.util import (CLI, MULT, PRELOAD, ROOT, SHIM, cc, run, shim_env, wait_for,
+                          write_config)
 from support.workers import race
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
@@ -625,6 +629,89 @@ def test_lock_command_holds_and_fences(procs, etcd, tmp_path):
     assert key.startswith("/lockshim/lockshim:job/") and fence == rev > 0
     p.send()
     assert p.finish()[0] == 0
+
+
+# ---- status: etcd_holders (backend/etcd/etcd.h) -----------------------------------
+
+@pytest.fixture(scope="module")
+def holders_prog(tmp_path_factory):
+    """progs/etcd_holders.c: etcd.c compiled in, etcd_holders' report printed."""
+    inc = ["-iquote" + os.path.join(ROOT, d) for d in (
+        "backend", "backend/etcd", "common", "arch", "arch/" + platform.machine())]
+    return cc(str(tmp_path_factory.mktemp("eh") / "etcd_holders"), ["etcd_holders.c"], "-O2",
+              "-D_GNU_SOURCE", *inc, "-lcurl")
+
+
+def holders(prog, etcd):
+    """etcd_holders' report: {key: (fence, lease_left_ms, holder, [waiters])}."""
+    r = run([prog, etcd.endpoint(), "/lockshim/"])
+    assert r.returncode == 0, r.stderr
+    out = {}
+    for line in r.stdout.splitlines():
+        head, *waiters = line.split(" | ")
+        m = re.match(r"lock (\S+) fence=(\d+) lease_left_ms=(-?\d+) holder=(.*) waiters=(\d+)$",
+                     head)
+        assert m and int(m.group(5)) == len(waiters), line
+        out[m.group(1)] = (int(m.group(2)), int(m.group(3)), m.group(4), waiters)
+    return out
+
+
+def test_holders_lists_each_lock_with_its_holder_and_waiters(bg, worker_progs, holders_prog,
+                                                             etcd, tmp_path):
+    """Two locks ("blk": a holder and two waiters; "x/%y", escaped in etcd):
+    each key once, unescaped, its holder's value, its fence (the lowest
+    create revision of its keys), its lease's time left, the waiters in
+    arrival order."""
+    cfg = etcd_config(tmp_path, etcd, BLOCK_LOCK % (30000, "lease_ms = 10000;"))
+    (tmp_path / "2").mkdir()
+    cfg2 = etcd_config(tmp_path / "2", etcd, 'locks = ( { symbol = "block_call"; '
+                       'key = "x/%y"; } );\n')
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    other = bg([worker_progs["block"]], cfg2)
+    other.expect("enter")
+    waiters = []
+    for n in (3, 4):
+        waiters.append(bg([worker_progs["block"]], cfg))
+        wait_for(lambda: len(etcd.keys()) == n, what="waiter %d's key" % (n - 2))
+    got = holders(holders_prog, etcd)
+    assert sorted(got) == ["lockshim:blk", "lockshim:x/%y"], got
+    fence, left, val, queued = got["lockshim:blk"]
+    assert fence == min(k[2] for k in etcd.keys() if "lockshim:blk/" in k[0])
+    assert 0 < left <= 10000
+    assert ":%d:" % holder.p.pid in val
+    assert [":%d:" % w.p.pid in v for w, v in zip(waiters, queued)] == [True, True], queued
+    fence, left, val, queued = got["lockshim:x/%y"]
+    assert ":%d:" % other.p.pid in val and queued == [] and left > 0
+    assert [k for k in etcd.keys() if "x%2F%25y/" in k[0]][0][2] == fence
+    for p in [holder, other] + waiters:
+        p.send()
+        p.expect("call rc=42")
+    assert holders(holders_prog, etcd) == {}
+
+
+def test_holders_reads_the_prefix_in_pages(holders_prog, etcd):
+    """75 keys of 3 locks, 400-byte values, put in an order unlike their key
+    order: read in pages (64 keys overflow the 16 KiB reply buffer: 32, then
+    16), each lock once with its first-put key holding and the others
+    waiting in put order."""
+    lease = etcd.call("/v3/lease/grant", {"TTL": "60"})["ID"]
+    b64 = lambda s: base64.b64encode(s.encode()).decode()  # noqa: E731
+    order = {g: [] for g in range(3)}
+    try:
+        for j in range(25):
+            for g in range(3):
+                val = "g%d-%02d-" % (g, j) + "v" * 400
+                etcd.call("/v3/kv/put", {"key": b64("/lockshim/lockshim:pg%d/%x" % (
+                    g, random.getrandbits(60))), "value": b64(val), "lease": lease})
+                order[g].append(val)
+        got = holders(holders_prog, etcd)
+        assert sorted(got) == ["lockshim:pg0", "lockshim:pg1", "lockshim:pg2"], sorted(got)
+        for g in range(3):
+            _, left, val, queued = got["lockshim:pg%d" % g]
+            assert [val] + queued == order[g] and 0 < left <= 60000
+    finally:
+        etcd.call("/v3/lease/revoke", {"ID": lease})
 
 
 @pytest.mark.parametrize("verb", [["status"], ["unlock", "k"], ["metrics"]])
