@@ -30,7 +30,7 @@ import pytest
 from support.etcd import Cluster, EtcdServer, skip_reason
 from support.server import call_failed
 from support.sets import replay, start as sets_start
-from support.util import (CLI, MULT, PRELOAD, ROOT, SHIM, cc, run, shim_env, wait_for,
+from support.util import (ASAN, CLI, MULT, PRELOAD, ROOT, SHIM, cc, run, shim_env, wait_for,
                           write_config)
 from support.workers import race
 
@@ -635,11 +635,13 @@ def test_lock_command_holds_and_fences(procs, etcd, tmp_path):
 
 @pytest.fixture(scope="module")
 def holders_prog(tmp_path_factory):
-    """progs/etcd_holders.c: etcd.c compiled in, etcd_holders' report printed."""
+    """progs/etcd_holders.c: etcd.c compiled in, etcd_holders' report printed
+    (under LOCKSHIM_TEST_ASAN, with ASan and UBSan)."""
     inc = ["-iquote" + os.path.join(ROOT, d) for d in (
         "backend", "backend/etcd", "common", "arch", "arch/" + platform.machine())]
+    san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"] if ASAN else []
     return cc(str(tmp_path_factory.mktemp("eh") / "etcd_holders"), ["etcd_holders.c"], "-O2",
-              "-D_GNU_SOURCE", *inc, "-lcurl")
+              "-D_GNU_SOURCE", *inc, *san, "-lcurl")
 
 
 def holders(prog, etcd):
