@@ -15,8 +15,9 @@
  * lock; a lease gone (TTL 0) is a lost lock. Keys are escaped (% and /)
  * so that no lock's prefix holds another's keys. A request whose member
  * went away (refused, or cut before its reply's end) is sent again to the
- * next endpoint within its time; a watch cut so is a wake-up. One export
- * (etcd.map).
+ * next endpoint within its time; a watch cut so is a wake-up.
+ * etcd_holders (etcd.h) reads every lock under the prefix for status. One
+ * export (etcd.map).
  */
 #include <pthread.h>
 #include <stdatomic.h>

@@ -12,7 +12,9 @@ fences (create revisions) increasing, the lease rounded up to whole
 seconds (2 at least), keys with / kept apart, refusals (78), the module
 missing (78), a Redis-guarded program mapping neither libcurl nor the
 module, locks on send/write/poll not looping back from libcurl, and the
-command's check, lock, status, unlock and metrics.
+command's check, lock, status, unlock and metrics. Step 2: a 3-member
+cluster whose leader is SIGKILLed mid-run (support/etcd.py's Cluster),
+and etcd_holders, the reader of status (progs/etcd_holders.c).
 """
 import base64
 import errno
