@@ -1,23 +1,16 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * etcd.c - the etcd backend, a module (liblockshim-etcd.so,
- * backend_module.h) speaking etcd 3.4's v3 API as JSON over HTTP (its
- * grpc-gateway, /v3/..., byte fields base64) through libcurl: one easy
- * handle, so one kept-alive HTTP connection, per thread. The lock is
- * etcd's concurrency.Mutex: a lease (its ID derived from key and value,
- * so that any connection, the renewal thread's included, finds it again),
- * the key <prefix><key>/<lease hex> put with it only when absent, in one
- * transaction that also reads the holder: the key of the lowest create
- * revision under <prefix><key>/. Ours is the fencing token. A waiter
- * watches its predecessor (the greatest create revision below its own)
- * until it is deleted: a streaming /v3/watch bounded by the wait. Release:
- * revoking the lease deletes the key. Renewal: one LeaseKeepAlive per
- * lock; a lease gone (TTL 0) is a lost lock. Keys are escaped (% and /)
- * so that no lock's prefix holds another's keys. A request whose member
- * went away (refused, or cut before its reply's end) is sent again to the
- * next endpoint within its time; a watch cut so is a wake-up.
- * etcd_holders (etcd.h) reads every lock under the prefix for status. One
- * export (etcd.map).
+ * etcd.c - the etcd backend, a module (liblockshim-etcd.so) speaking etcd
+ * 3.4's v3 JSON gateway through libcurl: one kept-alive easy handle per
+ * thread. The lock is concurrency.Mutex: a lease (its ID derived from key
+ * and value, so any connection finds it again), the key <prefix><key>/<lease
+ * hex> put with it when absent, in one transaction that also reads the
+ * holder (the lowest create revision under <prefix><key>/; ours is the
+ * fence). A waiter watches its predecessor until it is deleted. Release:
+ * revoking the lease deletes the key; renewal: one LeaseKeepAlive per lock
+ * (TTL 0: lost). Keys are escaped (% and /). A request whose member went
+ * away is sent again to the next endpoint; a watch cut so is a wake-up.
+ * etcd_holders (etcd.h) reads the locks for status. One export (etcd.map).
  */
 #include <pthread.h>
 #include <stdatomic.h>
