@@ -1,19 +1,16 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * etcd.c - the etcd backend, a module (liblockshim-etcd.so,
- * backend_module.h) speaking etcd 3.4's v3 API as JSON over HTTP (its
- * grpc-gateway, /v3/..., byte fields base64) through libcurl: one easy
- * handle, so one kept-alive HTTP connection, per thread. The lock is
- * etcd's concurrency.Mutex: a lease (its ID derived from key and value,
- * so that any connection, the renewal thread's included, finds it again),
- * the key <prefix><key>/<lease hex> put with it only when absent, in one
- * transaction that also reads the holder: the key of the lowest create
- * revision under <prefix><key>/. Ours is the fencing token. A waiter
- * watches its predecessor (the greatest create revision below its own)
- * until it is deleted: a streaming /v3/watch bounded by the wait. Release:
- * revoking the lease deletes the key. Renewal: one LeaseKeepAlive per
- * lock; a lease gone (TTL 0) is a lost lock. Keys are escaped (% and /)
- * so that no lock's prefix holds another's keys. One export (etcd.map).
+ * etcd.c - the etcd backend, a module (liblockshim-etcd.so) speaking etcd
+ * 3.4's v3 JSON gateway through libcurl: one kept-alive easy handle per
+ * thread. The lock is concurrency.Mutex: a lease (its ID derived from key
+ * and value, so any connection finds it again), the key <prefix><key>/<lease
+ * hex> put with it when absent, in one transaction that also reads the
+ * holder (the lowest create revision under <prefix><key>/; ours is the
+ * fence). A waiter watches its predecessor until it is deleted. Release:
+ * revoking the lease deletes the key; renewal: one LeaseKeepAlive per lock
+ * (TTL 0: lost). Keys are escaped (% and /). A request whose member went
+ * away is sent again to the next endpoint; a watch cut so is a wake-up.
+ * etcd_holders (etcd.h) reads the locks for status. One export (etcd.map).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -21,12 +18,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <curl/curl.h>
 
 #include "backend.h"
 #include "backend_etcd_conf.h"
 #include "backend_module.h"
+#include "etcd.h"
 
 #define ETCD_WAIT_MAX_MS 3600000 /* one watch at most (then asked again) */
 #define ETCD_KEY_MAX (1024 + 3 * KEY_BUF_SIZE + 24) /* prefix, escaped key, /lease */
@@ -44,9 +43,13 @@ struct backend_conn {
 	CURL *curl;
 	struct curl_slist *headers;
 	char base[320];          /* "http://host:port" of the endpoint reached */
+	int ep;                  /* ... its index in the endpoints */
+	int resent;              /* the last command was sent again after a
+				  * failure that may have been applied */
 	long long last_lease;    /* the lease of the last refused acquire ... */
 	long long last_rev;      /* ... and its key's create revision (for wait) */
 	int watching;            /* the write callback looks for a DELETE event */
+	int cut;                 /* the last reply did not fit in resp */
 	int woken;               /* ... and saw one (or the watch's end) */
 	size_t rlen;
 	char resp[ETCD_RESP_MAX];
@@ -248,8 +251,10 @@ static size_t on_data(char *data, size_t size, size_t n, void *arg)
 
 	if (c->watching && c->rlen + len >= sizeof(c->resp)) /* keep the tail only */
 		c->rlen = 0, room = sizeof(c->resp) - 1;
-	if (len > room)
+	if (len > room) {
 		len = room;
+		c->cut = 1;
+	}
 	memcpy(c->resp + c->rlen, data, len);
 	c->rlen += len;
 	c->resp[c->rlen] = 0;
@@ -279,6 +284,7 @@ static CURLcode post(struct backend_conn *c, const char *path, long long timeout
 	c->rlen = 0;
 	c->resp[0] = 0;
 	c->woken = 0;
+	c->cut = 0;
 	curl_easy_setopt(c->curl, CURLOPT_URL, url);
 	curl_easy_setopt(c->curl, CURLOPT_POSTFIELDS, c->body);
 	curl_easy_setopt(c->curl, CURLOPT_TIMEOUT_MS, timeout_ms);
@@ -300,12 +306,59 @@ static CURLcode post(struct backend_conn *c, const char *path, long long timeout
 	return CURLE_OK;
 }
 
-/* post() bounded by command_timeout_ms. Returns BACKEND_OK, or BACKEND_ERR
- * with c->err set (etcd's message when it answered one). */
+static long long now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Whether rc says the member went away: no connection, or the connection
+ * broken before the reply's end. */
+static int member_gone(CURLcode rc)
+{
+	return rc == CURLE_COULDNT_CONNECT || rc == CURLE_SEND_ERROR || rc == CURLE_RECV_ERROR ||
+	       rc == CURLE_GOT_NOTHING || rc == CURLE_PARTIAL_FILE;
+}
+
+/* Points c at the endpoint after its own: the next request connects there. */
+static void endpoint_next(struct backend_conn *c)
+{
+	c->ep = (c->ep + 1) % c->bc->nendpoints;
+	snprintf(c->base, sizeof(c->base), "http://%s", c->bc->spec->endpoints[c->ep]);
+}
+
+/*
+ * post() bounded by command_timeout_ms in all; when the member went away,
+ * sent again within that time to the next endpoint (each other endpoint
+ * once), which becomes the one a new connection tries first. Any request
+ * of this module may be sent twice (a grant finds its lease, the
+ * transaction its key; see lease_revoke). An error etcd answered is not
+ * sent again here: lock.c retries until wait_ms. Sets c->resent when an
+ * attempt may have been applied unanswered. Returns BACKEND_OK, or
+ * BACKEND_ERR with c->err set (etcd's message when it answered one, else
+ * libcurl's).
+ */
 static int command(struct backend_conn *c, const char *path, const char *what)
 {
-	return post(c, path, c->bc->spec->command_timeout_ms, what) == CURLE_OK ?
-		BACKEND_OK : BACKEND_ERR;
+	long long deadline = now_ms() + c->bc->spec->command_timeout_ms;
+	long long left = c->bc->spec->command_timeout_ms;
+	int moves = 0;
+	CURLcode rc;
+
+	c->resent = 0;
+	while ((rc = post(c, path, left, what)) != CURLE_OK) {
+		left = deadline - now_ms();
+		if (!member_gone(rc) || moves == c->bc->nendpoints - 1 || left < 1)
+			return BACKEND_ERR;
+		c->resent |= rc != CURLE_COULDNT_CONNECT;
+		endpoint_next(c);
+		moves++;
+	}
+	if (moves)
+		atomic_store(&endpoint_good, c->ep);
+	return BACKEND_OK;
 }
 
 /* ---- set-up ------------------------------------------------------------- */
@@ -392,6 +445,7 @@ static struct backend_conn *etcd_open(const struct backend_config *bc, char *err
 		int i = (first + k) % bc->nendpoints;
 		const char *ep = bc->spec->endpoints[i];
 
+		c->ep = i;
 		snprintf(c->base, sizeof(c->base), "http://%s", ep);
 		snprintf(c->body, sizeof(c->body), "{}");
 		if (post(c, "/v3/maintenance/status", bc->spec->connect_timeout_ms,
@@ -448,14 +502,17 @@ static int lease_ensure(struct backend_conn *c, const struct backend_item *it,
 }
 
 /* Revokes lease n->lease (its key goes with it). Returns BACKEND_OK,
- * BACKEND_NO when it was gone, or BACKEND_ERR. */
+ * BACKEND_NO when it was gone (BACKEND_OK when an earlier attempt of this
+ * revoke may have removed it: sent again after a failure), or BACKEND_ERR. */
 static int lease_revoke(struct backend_conn *c, const struct etcd_names *n)
 {
 
 	snprintf(c->body, sizeof(c->body), "{\"ID\":\"%lld\"}", n->lease);
 	if (command(c, "/v3/lease/revoke", "lease revoke") == BACKEND_OK)
 		return BACKEND_OK;
-	return strstr(c->err, "lease not found") ? BACKEND_NO : BACKEND_ERR;
+	if (!strstr(c->err, "lease not found"))
+		return BACKEND_ERR;
+	return c->resent ? BACKEND_OK : BACKEND_NO;
 }
 
 /*
@@ -548,7 +605,8 @@ static int etcd_release(struct backend_conn *c, const struct backend_item *it, i
  * Waits for the deletion of our predecessor (the key of the greatest
  * create revision below ours: the refused acquire's, else read again), by
  * a watch from the revision of the read on: BACKEND_OK when it went (or
- * there is none: try again), BACKEND_NO when timeout_ms passed first.
+ * there is none, or the watch's member went away: try again, through the
+ * next endpoint), BACKEND_NO when timeout_ms passed first.
  */
 static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 		     long long timeout_ms, long long *fence)
@@ -590,6 +648,10 @@ static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 	c->watching = 0;
 	if (rc == CURLE_OK)
 		return c->woken ? BACKEND_OK : BACKEND_NO;
+	if (member_gone(rc)) {
+		endpoint_next(c);
+		return BACKEND_OK;
+	}
 	return rc == CURLE_OPERATION_TIMEDOUT ? BACKEND_NO : BACKEND_ERR;
 }
 
@@ -639,6 +701,246 @@ static int etcd_ping(struct backend_conn *c)
 
 	snprintf(c->body, sizeof(c->body), "{}");
 	return command(c, "/v3/maintenance/status", "status");
+}
+
+/* ---- status ------------------------------------------------------------- */
+
+#define ETCD_PAGE_MAX 64 /* keys per range read of etcd_holders */
+
+/* One key under the prefix, as etcd_holders reads it (malloc'd strings). */
+struct etcd_entry {
+	char *name;   /* the escaped key: between the prefix and the last / */
+	size_t nlen;
+	char *val;    /* its value, decoded */
+	size_t vlen;
+	long long rev, lease, ttl_ms;
+};
+
+/* The keys read so far, in key order. */
+struct etcd_listing {
+	struct etcd_entry *e;
+	int n, cap;
+};
+
+static void listing_free(struct etcd_listing *ls)
+{
+	for (int i = 0; i < ls->n; i++) {
+		free(ls->e[i].name);
+		free(ls->e[i].val);
+	}
+	free(ls->e);
+}
+
+/* Adds the key of the gateway's kv object obj (NUL-terminated) to ls when
+ * it is <prefix><name>/<lease hex>; *last (ETCD_KEY_MAX + 1 bytes) gets its
+ * raw key, *lastlen its length. Returns 0, or -1 out of memory. */
+static int listing_add(struct etcd_listing *ls, const char *obj, size_t plen,
+		       unsigned char *last, size_t *lastlen)
+{
+	struct etcd_entry *e;
+	const char *k, *v, *slash;
+	size_t kl, vl;
+
+	if (!json_str(obj, "key", &k, &kl))
+		return 0;
+	*lastlen = b64_decode(k, kl, (char *)last, ETCD_KEY_MAX);
+	last[*lastlen] = 0;
+	slash = memrchr(last, '/', *lastlen);
+	if (!slash || (size_t)(slash - (char *)last) <= plen)
+		return 0;
+	if (ls->n == ls->cap) {
+		int cap = ls->cap ? 2 * ls->cap : 64;
+		struct etcd_entry *grown = realloc(ls->e, (size_t)cap * sizeof(*grown));
+
+		if (!grown)
+			return -1;
+		ls->e = grown;
+		ls->cap = cap;
+	}
+	e = &ls->e[ls->n];
+	memset(e, 0, sizeof(*e));
+	e->nlen = (size_t)(slash - (char *)last) - plen;
+	if (!json_str(obj, "value", &v, &vl))
+		vl = 0;
+	if (!(e->name = strndup((char *)last + plen, e->nlen)) || !(e->val = malloc(vl / 4 * 3 + 3))) {
+		free(e->name);
+		return -1;
+	}
+	e->vlen = vl ? b64_decode(v, vl, e->val, vl / 4 * 3 + 3) : 0;
+	e->rev = json_int(obj, "create_revision", 0);
+	e->lease = json_int(obj, "lease", 0);
+	ls->n++;
+	return 0;
+}
+
+/* Reads every key under c's prefix into ls, in key order: range reads of
+ * ETCD_PAGE_MAX keys, halved while a reply overflows c->resp. Returns
+ * BACKEND_OK or BACKEND_ERR (c->err set). */
+static int listing_read(struct backend_conn *c, struct etcd_listing *ls)
+{
+	const char *prefix = c->bc->spec->prefix;
+	size_t plen = strlen(prefix), lastlen = plen;
+	unsigned char last[ETCD_KEY_MAX + 1], end[ETCD_KEY_MAX];
+	char from[ETCD_B64(ETCD_KEY_MAX + 1)], to[ETCD_B64(ETCD_KEY_MAX)];
+	int limit = ETCD_PAGE_MAX, more = 1;
+
+	memcpy(last, prefix, plen);
+	memcpy(end, prefix, plen);
+	end[plen - 1]++;
+	b64_encode(end, plen, to);
+	b64_encode(last, lastlen, from);
+	while (more) {
+		char *p;
+
+		snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"range_end\":\"%s\","
+			 "\"sort_order\":\"ASCEND\",\"sort_target\":\"KEY\",\"limit\":\"%d\"}",
+			 from, to, limit);
+		if (command(c, "/v3/kv/range", "status") != BACKEND_OK)
+			return BACKEND_ERR;
+		if (c->cut) {
+			if (limit == 1)
+				return fail(c, "status", "a key and its value too long to read");
+			limit /= 2;
+			continue;
+		}
+		more = strstr(c->resp, "\"more\":true") != NULL;
+		for (p = strstr(c->resp, "\"kvs\":"); p && (p = strchr(p, '{'));) {
+			char *q = strchr(p, '}');
+
+			if (!q)
+				break;
+			*q = 0; /* one kv object: base64 and numbers, no brace inside */
+			if (listing_add(ls, p, plen, last, &lastlen) != 0)
+				return fail(c, "status", "out of memory");
+			p = q + 1;
+		}
+		last[lastlen] = 0; /* the next page starts just after the last key */
+		b64_encode(last, lastlen + 1, from);
+	}
+	return BACKEND_OK;
+}
+
+/* Fills e->ttl_ms with its lease's TTL left (-1: gone). Returns BACKEND_OK
+ * or BACKEND_ERR. */
+static int entry_ttl(struct backend_conn *c, struct etcd_entry *e)
+{
+	long long ttl;
+
+	snprintf(c->body, sizeof(c->body), "{\"ID\":\"%lld\"}", e->lease);
+	if (command(c, "/v3/lease/timetolive", "status") != BACKEND_OK)
+		return BACKEND_ERR;
+	ttl = json_int(c->resp, "TTL", -1);
+	e->ttl_ms = ttl < 0 ? -1 : ttl * 1000;
+	return BACKEND_OK;
+}
+
+/* Returns the value of hex digit ch, or -1. */
+static int hex_value(char ch)
+{
+	if (ch >= '0' && ch <= '9')
+		return ch - '0';
+	if (ch >= 'A' && ch <= 'F')
+		return ch - 'A' + 10;
+	return ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+}
+
+/* Writes the stored key of escaped name[0..n) (each %XX decoded) into out
+ * (n bytes at least). Returns its length. */
+static size_t name_unescape(const char *name, size_t n, char *out)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		int hi = i + 2 < n && name[i] == '%' ? hex_value(name[i + 1]) : -1;
+		int lo = hi >= 0 ? hex_value(name[i + 2]) : -1;
+
+		if (lo >= 0) {
+			out[k++] = (char)(hi << 4 | lo);
+			i += 2;
+		} else {
+			out[k++] = name[i];
+		}
+	}
+	return k;
+}
+
+/* Room for reporting one lock of a listing of n keys (group_report). */
+struct etcd_report {
+	const char **wval;
+	size_t *wlen;
+	char *key;
+};
+
+/* Reports the lock of g[0..n) (one name; sorted by create revision here)
+ * to fn, through r's room. */
+static void group_report(struct etcd_entry *g, int n, const struct etcd_report *r,
+			 void (*fn)(void *arg, const struct etcd_lock_view *l), void *arg)
+{
+	struct etcd_lock_view l = { 0 };
+
+	for (int i = 1; i < n; i++) /* insertion sort: the keys come in key order */
+		for (int j = i; j > 0 && g[j].rev < g[j - 1].rev; j--) {
+			struct etcd_entry t = g[j];
+
+			g[j] = g[j - 1];
+			g[j - 1] = t;
+		}
+	for (int i = 1; i < n; i++) {
+		r->wval[i - 1] = g[i].val;
+		r->wlen[i - 1] = g[i].vlen;
+	}
+	l.key = r->key;
+	l.klen = name_unescape(g->name, g->nlen, r->key);
+	l.val = g->val;
+	l.vlen = g->vlen;
+	l.fence = g->rev;
+	l.lease_left_ms = g->ttl_ms;
+	l.nwaiters = n - 1;
+	l.wval = r->wval;
+	l.wlen = r->wlen;
+	fn(arg, &l);
+}
+
+/* Returns the end of the group of keys of ls->e[i]'s name. */
+static int group_end(const struct etcd_listing *ls, int i)
+{
+	int j = i + 1;
+
+	while (j < ls->n && ls->e[j].nlen == ls->e[i].nlen &&
+	       memcmp(ls->e[j].name, ls->e[i].name, ls->e[i].nlen) == 0)
+		j++;
+	return j;
+}
+
+int etcd_holders(struct backend_conn *c, void (*fn)(void *arg, const struct etcd_lock_view *l),
+		 void *arg)
+{
+	struct etcd_listing ls = { 0 };
+	struct etcd_report r = { 0 };
+	int rc = listing_read(c, &ls);
+
+	for (int i = 0; rc == BACKEND_OK && i < ls.n; i = group_end(&ls, i)) {
+		int holder = i;
+
+		for (int j = i + 1; j < group_end(&ls, i); j++)
+			if (ls.e[j].rev < ls.e[holder].rev)
+				holder = j;
+		rc = entry_ttl(c, &ls.e[holder]);
+	}
+	if (rc == BACKEND_OK && ls.n &&
+	    (!(r.wval = calloc((size_t)ls.n, sizeof(*r.wval))) ||
+	     !(r.wlen = calloc((size_t)ls.n, sizeof(*r.wlen))) ||
+	     !(r.key = malloc(ETCD_KEY_MAX))))
+		rc = fail(c, "status", "out of memory");
+	for (int i = 0, j; rc == BACKEND_OK && i < ls.n; i = j) {
+		j = group_end(&ls, i);
+		group_report(ls.e + i, j - i, &r, fn, arg);
+	}
+	free(r.wval);
+	free(r.wlen);
+	free(r.key);
+	listing_free(&ls);
+	return rc;
 }
 
 static const struct backend_ops etcd_ops = {

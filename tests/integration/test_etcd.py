@@ -12,10 +12,15 @@ fences (create revisions) increasing, the lease rounded up to whole
 seconds (2 at least), keys with / kept apart, refusals (78), the module
 missing (78), a Redis-guarded program mapping neither libcurl nor the
 module, locks on send/write/poll not looping back from libcurl, and the
-command's check, lock, status, unlock and metrics.
+command's check, lock, status, unlock and metrics. Step 2: a 3-member
+cluster whose leader is SIGKILLed mid-run (support/etcd.py's Cluster),
+and etcd_holders, the reader of status (progs/etcd_holders.c).
 """
+import base64
 import errno
 import os
+import platform
+import random
 import re
 import shutil
 import signal
@@ -24,9 +29,11 @@ import time
 
 import pytest
 
-from support.etcd import EtcdServer, skip_reason
+from support.etcd import Cluster, EtcdServer, skip_reason
 from support.server import call_failed
-from support.util import CLI, MULT, PRELOAD, SHIM, cc, run, shim_env, wait_for, write_config
+from support.sets import replay, start as sets_start
+from support.util import (ASAN, CLI, MULT, PRELOAD, ROOT, SHIM, cc, run, shim_env, wait_for,
+                          write_config)
 from support.workers import race
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
@@ -358,6 +365,116 @@ def test_frozen_server_bounds_every_call(worker_progs, own_etcd, tmp_path):
     assert "etcd unavailable for 1000 ms" in r.stderr, r.stderr
 
 
+# ---- a 3-member cluster whose leader is killed --------------------------------------
+#
+# The observed program of test_sets.py (support/sets.py): each guarded call
+# of set_write appends "w+" to a log when it starts and "w-" when it ends;
+# replaying the log counts who was inside at once.
+
+CROWD = 4  # processes, 2 threads each, 20 ms calls
+CLUSTER_LOCK = ('locks = ( { symbol = "set_write"; key = "k"; wait_ms = %d; lease_ms = 3000; '
+                'on_error = "skip"; on_timeout = "skip"; } );\n')
+
+
+# libcurl's words for a member that went away (refused, cut mid-reply)
+CURL_MEMBER_GONE = ("Couldn't connect", "partial file", "Failure when receiving",
+                    "Failed sending", "Server returned nothing")
+
+
+@pytest.fixture
+def cluster(request):
+    c = Cluster()
+    try:
+        yield c.start()
+        if call_failed(request):
+            print(c.tail())
+    finally:
+        c.cleanup()
+
+
+def sets_end(p, timeout):
+    """Waits for the sets program p (at most timeout s); returns its fields
+    (ok, failed, max_ms) and its stderr."""
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err[-3000:]
+    done = [l for l in out.splitlines() if l.startswith("done")]
+    assert done, (out, err[-3000:])
+    return {k: int(v) for k, v in (f.split("=") for f in done[0].split()[1:])}, err
+
+
+def log_text(log):
+    with open(log) as f:
+        return f.read()
+
+
+@pytest.mark.timing
+def test_control_crowd_is_inside_together_unguarded(sets_prog, tmp_path):
+    """The leader test's workload without the shim: writers overlap."""
+    log = str(tmp_path / "log")
+    ps = [sets_start(sets_prog, "w", None, log, 2, 5, 20) for _ in range(CROWD)]
+    for p in ps:
+        sets_end(p, 30)
+    assert replay(log)[1] > 1
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("wait_ms", [8000, 1000], ids=["rides-over", "gives-up"])
+def test_leader_killed_mid_run(sets_prog, cluster, tmp_path, wait_ms):
+    """4 processes x 2 threads of guarded calls, endpoints = the three members
+    with the leader first (every connection starts on it); SIGKILL of the
+    leader once 20 calls entered, the run stopped once 20 more entered after
+    the kill. Never two inside at once; every call entered or applied its
+    on_error/on_timeout ("skip", one error line each); every process ends
+    within wait_ms + 5 s of the stop; no line reports the dead member; no key is left and a try-lock (wait_ms = 0)
+    gets the lock at once. The election takes about 2 s: wait_ms = 8000
+    rides over it, 1000 gives up during it (some calls skipped)."""
+    leader = cluster.leader()
+    head = 'backend = "etcd";\netcd = { endpoints = ( %s ); connect_timeout_ms = 500; ' \
+           'command_timeout_ms = 1000; };\n' % ", ".join(
+               '"%s"' % e for e in cluster.endpoints(first=leader))
+    cfg = write_config(tmp_path, None, head + CLUSTER_LOCK % wait_ms)
+    log, stop = str(tmp_path / "log"), str(tmp_path / "stop")
+    open(log, "w").close()
+    ps = [sets_start(sets_prog, "w", cfg, log, 2, 1, 20, stop) for _ in range(CROWD)]
+    try:
+        wait_for(lambda: log_text(log).count("w+") >= 20, timeout=20, what="20 calls")
+        with open(log, "a") as f:
+            f.write("K\n")
+        cluster.kill(leader)
+        wait_for(lambda: log_text(log).split("K\n", 1)[1].count("w+") >= 20, timeout=30,
+                 what="20 calls after the kill")
+        open(stop, "w").close()
+        t0 = time.monotonic()
+        ends = [sets_end(p, wait_ms / 1000 * 2 * MULT + 10) for p in ps]
+        took = time.monotonic() - t0
+    finally:
+        open(stop, "w").close()
+        for p in ps:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    ok = sum(f["ok"] for f, _ in ends)
+    failed = sum(f["failed"] for f, _ in ends)
+    err = "".join(e for _, e in ends)
+    gave_up = [l for l in err.splitlines() if " not taken: " in l or " still held by " in l]
+    writers, mixed = replay(log)[1:]
+    assert writers == 1 and not mixed, err[-3000:]
+    assert ok == log_text(log).count("w+") and failed == len(gave_up), (ok, failed, err[-3000:])
+    assert took < (wait_ms / 1000 + 5) * MULT, (took, err[-3000:])
+    # the dead member is passed over within the request (the next endpoint),
+    # never reported: what is left is the election (no leader: timeouts)
+    gone = [l for l in err.splitlines() if any(m in l for m in CURL_MEMBER_GONE)]
+    assert gone == [], gone
+    assert max(f["max_ms"] for f, _ in ends) < wait_ms + 3000 * MULT, (ends, err[-3000:])
+    print("ok %d failed %d, the stop took %.1f s; stderr:\n%s" % (ok, failed, took, err))
+    live = cluster.alive()
+    assert live.keys() == [], live.keys()
+    (tmp_path / "try").mkdir()
+    r = run([sets_prog, "w", "1", "1", "0"], write_config(tmp_path / "try", None,
+                                                          head + CLUSTER_LOCK % 0))
+    assert "done ok=1 failed=0" in r.stdout, (r.stdout, r.stderr)
+
+
 # ---- the module ------------------------------------------------------------------
 
 def preload_only(shim):
@@ -514,6 +631,91 @@ def test_lock_command_holds_and_fences(procs, etcd, tmp_path):
     assert key.startswith("/lockshim/lockshim:job/") and fence == rev > 0
     p.send()
     assert p.finish()[0] == 0
+
+
+# ---- status: etcd_holders (backend/etcd/etcd.h) -----------------------------------
+
+@pytest.fixture(scope="module")
+def holders_prog(tmp_path_factory):
+    """progs/etcd_holders.c: etcd.c compiled in, etcd_holders' report printed
+    (under LOCKSHIM_TEST_ASAN, with ASan and UBSan)."""
+    inc = ["-iquote" + os.path.join(ROOT, d) for d in (
+        "backend", "backend/etcd", "common", "arch", "arch/" + platform.machine())]
+    san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"] if ASAN else []
+    return cc(str(tmp_path_factory.mktemp("eh") / "etcd_holders"), ["etcd_holders.c"], "-O2",
+              "-D_GNU_SOURCE", *inc, *san, "-lcurl")
+
+
+def holders(prog, etcd):
+    """etcd_holders' report: {key: (fence, lease_left_ms, holder, [waiters])}."""
+    r = run([prog, etcd.endpoint(), "/lockshim/"])
+    assert r.returncode == 0, r.stderr
+    out = {}
+    for line in r.stdout.splitlines():
+        head, *waiters = line.split(" | ")
+        m = re.match(r"lock (\S+) fence=(\d+) lease_left_ms=(-?\d+) holder=(.*) waiters=(\d+)$",
+                     head)
+        assert m and int(m.group(5)) == len(waiters), line
+        out[m.group(1)] = (int(m.group(2)), int(m.group(3)), m.group(4), waiters)
+    return out
+
+
+def test_holders_lists_each_lock_with_its_holder_and_waiters(bg, worker_progs, holders_prog,
+                                                             etcd, tmp_path):
+    """Two locks ("blk": a holder and two waiters; "x/%y", escaped in etcd):
+    each key once, unescaped, its holder's value, its fence (the lowest
+    create revision of its keys), its lease's time left, the waiters in
+    arrival order."""
+    cfg = etcd_config(tmp_path, etcd, BLOCK_LOCK % (30000, "lease_ms = 10000;"))
+    (tmp_path / "2").mkdir()
+    cfg2 = etcd_config(tmp_path / "2", etcd, 'locks = ( { symbol = "block_call"; '
+                       'key = "x/%y"; } );\n')
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    other = bg([worker_progs["block"]], cfg2)
+    other.expect("enter")
+    waiters = []
+    for n in (3, 4):
+        waiters.append(bg([worker_progs["block"]], cfg))
+        wait_for(lambda: len(etcd.keys()) == n, what="waiter %d's key" % (n - 2))
+    got = holders(holders_prog, etcd)
+    assert sorted(got) == ["lockshim:blk", "lockshim:x/%y"], got
+    fence, left, val, queued = got["lockshim:blk"]
+    assert fence == min(k[2] for k in etcd.keys() if "lockshim:blk/" in k[0])
+    assert 0 < left <= 10000
+    assert ":%d:" % holder.p.pid in val
+    assert [":%d:" % w.p.pid in v for w, v in zip(waiters, queued)] == [True, True], queued
+    fence, left, val, queued = got["lockshim:x/%y"]
+    assert ":%d:" % other.p.pid in val and queued == [] and left > 0
+    assert [k for k in etcd.keys() if "x%2F%25y/" in k[0]][0][2] == fence
+    for p in [holder, other] + waiters:
+        p.send()
+        p.expect("call rc=42")
+    assert holders(holders_prog, etcd) == {}
+
+
+def test_holders_reads_the_prefix_in_pages(holders_prog, etcd):
+    """75 keys of 3 locks, 400-byte values, put in an order unlike their key
+    order: read in pages (64 keys overflow the 16 KiB reply buffer: 32, then
+    16), each lock once with its first-put key holding and the others
+    waiting in put order."""
+    lease = etcd.call("/v3/lease/grant", {"TTL": "60"})["ID"]
+    b64 = lambda s: base64.b64encode(s.encode()).decode()  # noqa: E731
+    order = {g: [] for g in range(3)}
+    try:
+        for j in range(25):
+            for g in range(3):
+                val = "g%d-%02d-" % (g, j) + "v" * 400
+                etcd.call("/v3/kv/put", {"key": b64("/lockshim/lockshim:pg%d/%x" % (
+                    g, random.getrandbits(60))), "value": b64(val), "lease": lease})
+                order[g].append(val)
+        got = holders(holders_prog, etcd)
+        assert sorted(got) == ["lockshim:pg0", "lockshim:pg1", "lockshim:pg2"], sorted(got)
+        for g in range(3):
+            _, left, val, queued = got["lockshim:pg%d" % g]
+            assert [val] + queued == order[g] and 0 < left <= 60000
+    finally:
+        etcd.call("/v3/lease/revoke", {"ID": lease})
 
 
 @pytest.mark.parametrize("verb", [["status"], ["unlock", "k"], ["metrics"]])

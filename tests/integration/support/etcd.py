@@ -5,6 +5,11 @@ ports, started as `etcd ...` and stopped by its pid. keys() and lease_ttl()
 read it through its JSON gateway (the same API the module speaks), with
 urllib and no proxy. ETCD is None when no server is installed (the tests
 skip, saying so).
+
+Cluster: three such members forming one cluster (--initial-cluster naming
+all three peer URLs), each with its own data dir; leader() asks each
+member's /v3/maintenance/status which one leads (its `leader` is its own
+`header.member_id`), and a member is killed or stopped by its pid.
 """
 import base64
 import json
@@ -44,7 +49,8 @@ def _b64(s):
 
 
 class EtcdServer:
-    def __init__(self):
+    def __init__(self, name="t"):
+        self.name = name
         self.dir = tempfile.mkdtemp(prefix="lsetcd")
         self.log = os.path.join(self.dir, "etcd.log")
         self.port = _free_port()
@@ -54,35 +60,50 @@ class EtcdServer:
     def endpoint(self):
         return "127.0.0.1:%d" % self.port
 
-    def start(self):
+    def peer_url(self):
+        return "http://127.0.0.1:%d" % self.peer
+
+    def start(self, cluster=None, token="lockshim-test"):
+        """Starts this member (cluster: the --initial-cluster string; None,
+        a cluster of itself) and, alone, waits until it answers."""
+        self.launch(cluster or "%s=%s" % (self.name, self.peer_url()), token)
+        if cluster is None:
+            wait_for(self._ready, what="etcd on port %d" % self.port)
+        return self
+
+    def launch(self, cluster, token):
         client = "http://127.0.0.1:%d" % self.port
-        peer = "http://127.0.0.1:%d" % self.peer
         logf = open(self.log, "a")
         self.proc = subprocess.Popen(
-            [ETCD, "--name", "t", "--data-dir", os.path.join(self.dir, "data"),
+            [ETCD, "--name", self.name, "--data-dir", os.path.join(self.dir, "data"),
              "--listen-client-urls", client, "--advertise-client-urls", client,
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", "t=" + peer, "--log-outputs", "stderr"],
+             "--listen-peer-urls", self.peer_url(),
+             "--initial-advertise-peer-urls", self.peer_url(),
+             "--initial-cluster", cluster, "--initial-cluster-token", token,
+             "--log-outputs", "stderr"],
             stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, cwd=self.dir)
         logf.close()
-        wait_for(self._ready, what="etcd on port %d" % self.port)
-        return self
+
+    def status(self):
+        """This member's /v3/maintenance/status reply, or None (down)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        try:
+            return self.call("/v3/maintenance/status", {}, timeout=2)
+        except OSError:
+            return None
 
     def _ready(self):
         if self.proc.poll() is not None:
             raise AssertionError("etcd exited: %s" % self.tail())
-        try:
-            self.call("/v3/maintenance/status", {})
-            return True
-        except OSError:
-            return False
+        return self.status() is not None
 
-    def call(self, path, body):
+    def call(self, path, body, timeout=10):
         """POSTs body (JSON) to path; returns the decoded reply."""
         req = urllib.request.Request("http://127.0.0.1:%d%s" % (self.port, path),
                                      data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
-        with _OPENER.open(req, timeout=10) as r:
+        with _OPENER.open(req, timeout=timeout) as r:
             return json.loads(r.read())
 
     def keys(self, prefix="/lockshim/"):
@@ -121,3 +142,55 @@ class EtcdServer:
     def cleanup(self):
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Cluster:
+    """Three members on free loopback ports, one --initial-cluster."""
+
+    def __init__(self, n=3):
+        self.members = [EtcdServer("m%d" % i) for i in range(n)]
+
+    def start(self):
+        """Starts every member; returns once one of them leads and all answer."""
+        initial = ",".join("%s=%s" % (m.name, m.peer_url()) for m in self.members)
+        token = "lockshim-%d" % self.members[0].port
+        for m in self.members:
+            m.launch(initial, token)
+        wait_for(self._formed, timeout=30, what="a 3-member etcd cluster with a leader")
+        return self
+
+    def _formed(self):
+        for m in self.members:
+            if m.proc.poll() is not None:
+                raise AssertionError("etcd %s exited: %s" % (m.name, m.tail()))
+        return self.leader() is not None and all(m.status() for m in self.members)
+
+    def endpoints(self, first=None):
+        """The members' host:port, first (a member) ahead of the others."""
+        ms = sorted(self.members, key=lambda m: m is not first)
+        return [m.endpoint() for m in ms]
+
+    def leader(self):
+        """The member that leads (the one whose status names itself the
+        leader), or None while there is none."""
+        for m in self.members:
+            st = m.status()
+            if st and int(st.get("leader", 0)) and \
+                    st["leader"] == st.get("header", {}).get("member_id"):
+                return m
+        return None
+
+    def alive(self):
+        """A member still running, to read keys from."""
+        return next(m for m in self.members if m.status())
+
+    def kill(self, member, sig=signal.SIGKILL):
+        """Sends sig to member's process (by its pid) and reaps it."""
+        member.stop(sig)
+
+    def tail(self):
+        return "\n".join("---- %s ----\n%s" % (m.name, m.tail()) for m in self.members)
+
+    def cleanup(self):
+        for m in self.members:
+            m.cleanup()
