@@ -32,8 +32,9 @@
  *      .flush, .unconfirmed, .renew, .errstr, .ping }` (.describe,
  *      .count, .node_count and .node_open optional; .renew too when
  *      .leaseless; without .count `lockshim metrics` says it is not
- *      built for it, and .status_why/.unlock_why say why those verbs
- *      are not). serves and config_new get its struct NAME_spec.
+ *      built for it; .holders lists the locks for `lockshim status`,
+ *      and .status_why/.unlock_why say why those verbs are not there).
+ *      serves and config_new get its struct NAME_spec.
  *   4. backend/backend.c: `&backend_NAME,` in backends[], and its name on
  *      the extern line above it.
  *   5. Its documentation: the group's settings in the settings reference
@@ -165,6 +166,25 @@ static inline struct backend_item backend_copy_item(const struct backend_copy *c
 
 	return it;
 }
+
+/* One holder of a lock as a backend's .holders reports it, for `lockshim
+ * status` (its pointers valid during the call only). */
+struct backend_holder {
+	const char *key;          /* as stored (namespace:key); a name the
+				   * backend shortened with a hash: as kept */
+	size_t klen;
+	const char *val;          /* the holder's lock value (owner record) */
+	size_t vlen;
+	long long fence;          /* its fencing token; -1 unknown */
+	long long since_ms;       /* when taken (CLOCK_REALTIME ms); 0 unknown */
+	long long lease_left_ms;  /* -1: no lease, or unknown */
+	int limit;                /* the holders' limit: 1 exclusive or shared */
+	int shared;               /* a shared holder (mode "shared") */
+	int in_set;               /* one holder of a set (shared, or a permit) */
+	int nwaiters;             /* its waiters, oldest first: their values */
+	const char *const *wval;
+	const size_t *wlen;
+};
 
 struct backend_ops {
 	const char *name;
@@ -301,6 +321,14 @@ struct backend_ops {
 	 */
 	int (*acquire_batch)(struct backend_conn *c, int n, const struct backend_item *items,
 			     int *results, long long *fences);
+	/*
+	 * Optional, for `lockshim status` of a backend that is not Redis's
+	 * (lockview.c reads Redis itself): calls fn once per holder the store
+	 * has now, in key order. Read-only. Returns BACKEND_OK, or BACKEND_ERR
+	 * with the reason in errstr (nothing reported then).
+	 */
+	int (*holders)(struct backend_conn *c,
+		       void (*fn)(void *arg, const struct backend_holder *h), void *arg);
 };
 
 /* The backend serving a config: its table and its settings. */

@@ -32,7 +32,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend_local.h"
 #include "backend_local_conf.h"
 #include "log.h"
 #include "keyname.h"
@@ -949,8 +948,8 @@ static size_t name_decode(const char *name, size_t n, char *key)
 }
 
 /* Reports each held slot of fd's set (limit, shared) as h to fn. */
-static void set_holders(int fd, struct local_holder *h, int limit, int shared,
-			void (*fn)(void *arg, const struct local_holder *h), void *arg)
+static void set_holders(int fd, struct backend_holder *h, int limit, int shared,
+			void (*fn)(void *arg, const struct backend_holder *h), void *arg)
 {
 	char rec[LOCAL_RECORD_MAX], *val = (char *)h->val;
 	off_t at;
@@ -970,12 +969,12 @@ static void set_holders(int fd, struct local_holder *h, int limit, int shared,
 
 /* Reports the holders of the lock file name of dirfd to fn. */
 static void holder_of(int dirfd, const char *name,
-		      void (*fn)(void *arg, const struct local_holder *h), void *arg)
+		      void (*fn)(void *arg, const struct backend_holder *h), void *arg)
 {
 	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
 	char rec[LOCAL_RECORD_MAX], key[LOCAL_NAME_MAX + 64], val[BACKEND_VAL_MAX];
 	size_t n = strlen(name), sl = sizeof(LOCAL_SUFFIX) - 1;
-	struct local_holder h = { .key = key, .val = val, .limit = 1 };
+	struct backend_holder h = { .key = key, .val = val, .limit = 1, .lease_left_ms = -1 };
 	struct stat st;
 	int fd, limit, shared;
 
@@ -1000,21 +999,23 @@ static void holder_of(int dirfd, const char *name,
 	close(fd);
 }
 
-int local_holders(const struct backend_config *bc,
-		  void (*fn)(void *arg, const struct local_holder *h), void *arg,
-		  char *err, size_t errlen)
+/* .holders: each lock file of the dir that a process holds now (opened
+ * for reading and tested with F_OFD_GETLK, never locked): the exclusive
+ * holder, or each holder of a set from its slot's record. */
+static int local_holders(struct backend_conn *c,
+			 void (*fn)(void *arg, const struct backend_holder *h), void *arg)
 {
-	DIR *d = opendir(bc->spec->dir);
+	DIR *d = opendir(c->bc->spec->dir);
 	struct dirent *e;
 
 	if (!d) {
-		snprintf(err, errlen, "\"%s\": %s", bc->spec->dir, strerror(errno));
-		return -1;
+		snprintf(c->err, sizeof(c->err), "\"%s\": %s", c->bc->spec->dir, strerror(errno));
+		return BACKEND_ERR;
 	}
 	while ((e = readdir(d)) != NULL)
 		holder_of(dirfd(d), e->d_name, fn, arg);
 	closedir(d);
-	return 0;
+	return BACKEND_OK;
 }
 
 const struct backend_ops backend_local = {
@@ -1037,4 +1038,5 @@ const struct backend_ops backend_local = {
 	.unconfirmed = local_unconfirmed,
 	.errstr = local_errstr,
 	.ping = local_ping,
+	.holders = local_holders,
 };

@@ -52,7 +52,6 @@ struct lockview {
 	const struct conf *cfg;
 	struct backend b;
 	int redlock, quorum; /* Redlock masters: quorum = n / 2 + 1 */
-	int local;           /* backend "local": lock files, read by local_holders */
 	int tagged;          /* Redis Cluster: keys are "<ns>:{KEY}" */
 };
 
@@ -64,10 +63,11 @@ void lockview_close(struct lockview *lv);
 /*
  * Adds to out every holder of the namespace's locks whose KEY matches the glob
  * pattern (Redis MATCH syntax; NULL: all): SCAN ... MATCH COUNT 1000 on
- * every node, one pipelined read per page of keys. With backend "local",
- * the held lock files of local.dir instead (fnmatch(3) on KEY; no lease,
- * no waiters shown). Returns 0, or -1 with the reason in err (a node or
- * the dir could not be read; out keeps what was read).
+ * every node, one pipelined read per page of keys. With a backend that
+ * lists its holders itself (.holders: local's lock files, etcd's keys),
+ * what it lists, matched with fnmatch(3) on KEY. Returns 0, or -1 with
+ * the reason in err (a node, the dir or the server could not be read;
+ * out keeps what was read).
  */
 int lockview_scan(struct lockview *lv, const char *pattern, struct lv_set *out, char *err,
 		  size_t errlen);

@@ -10,7 +10,7 @@
  * revoking the lease deletes the key; renewal: one LeaseKeepAlive per lock
  * (TTL 0: lost). Keys are escaped (% and /). A request whose member went
  * away is sent again to the next endpoint; a watch cut so is a wake-up.
- * etcd_holders (etcd.h) reads the locks for status. One export (etcd.map).
+ * etcd_holders reads the locks for `lockshim status`. One export (etcd.map).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -25,7 +25,6 @@
 #include "backend.h"
 #include "backend_etcd_conf.h"
 #include "backend_module.h"
-#include "etcd.h"
 
 #define ETCD_WAIT_MAX_MS 3600000 /* one watch at most (then asked again) */
 #define ETCD_KEY_MAX (1024 + 3 * KEY_BUF_SIZE + 24) /* prefix, escaped key, /lease */
@@ -874,9 +873,9 @@ struct etcd_report {
 /* Reports the lock of g[0..n) (one name; sorted by create revision here)
  * to fn, through r's room. */
 static void group_report(struct etcd_entry *g, int n, const struct etcd_report *r,
-			 void (*fn)(void *arg, const struct etcd_lock_view *l), void *arg)
+			 void (*fn)(void *arg, const struct backend_holder *l), void *arg)
 {
-	struct etcd_lock_view l = { 0 };
+	struct backend_holder l = { .limit = 1 };
 
 	for (int i = 1; i < n; i++) /* insertion sort: the keys come in key order */
 		for (int j = i; j > 0 && g[j].rev < g[j - 1].rev; j--) {
@@ -912,8 +911,14 @@ static int group_end(const struct etcd_listing *ls, int i)
 	return j;
 }
 
-int etcd_holders(struct backend_conn *c, void (*fn)(void *arg, const struct etcd_lock_view *l),
-		 void *arg)
+/* .holders: the locks under c's prefix, in key order: each one's holder (the
+ * key of the lowest create revision under <prefix><key>/) and its waiters
+ * (the rest, in create revision order). Reads the prefix in pages of at
+ * most ETCD_PAGE_MAX keys (fewer while a page overflows the reply
+ * buffer), then one lease TTL per lock; keys not of the form <prefix>
+ * <escaped key>/<lease hex> are skipped. */
+static int etcd_holders(struct backend_conn *c,
+			void (*fn)(void *arg, const struct backend_holder *l), void *arg)
 {
 	struct etcd_listing ls = { 0 };
 	struct etcd_report r = { 0 };
@@ -947,9 +952,6 @@ static const struct backend_ops etcd_ops = {
 	.name = "etcd",
 	.watched = 1,
 	.store = "etcd",
-	.status_why = "status is not built yet for backend \"etcd\"; its holders and waiters: "
-		      "etcdctl get --prefix <etcd.prefix> (per key, the lowest create revision "
-		      "holds)",
 	.unlock_why = "unlock is not built yet for backend \"etcd\"; revoke the holder's lease "
 		      "(etcdctl lease revoke <the hex after the key's last />), which deletes its "
 		      "key",
@@ -969,6 +971,7 @@ static const struct backend_ops etcd_ops = {
 	.renew = etcd_renew,
 	.errstr = etcd_errstr,
 	.ping = etcd_ping,
+	.holders = etcd_holders,
 };
 
 __attribute__((visibility("default")))

@@ -18,6 +18,7 @@ and etcd_holders, the reader of status (progs/etcd_holders.c).
 """
 import base64
 import errno
+import json
 import os
 import platform
 import random
@@ -660,12 +661,19 @@ def holders(prog, etcd):
     return out
 
 
-def test_holders_lists_each_lock_with_its_holder_and_waiters(bg, worker_progs, holders_prog,
-                                                             etcd, tmp_path):
+def status(cfg, *args):
+    """`lockshim status --json` of cfg: {key: object}."""
+    r = run([CLI, "status", "-c", cfg, "--json"] + list(args))
+    assert r.returncode == 0, r.stderr
+    return {o["key"]: o for o in map(json.loads, r.stdout.splitlines())}
+
+
+def test_status_lists_each_lock_with_its_holder_and_waiters(bg, worker_progs, holders_prog,
+                                                            etcd, tmp_path):
     """Two locks ("blk": a holder and two waiters; "x/%y", escaped in etcd):
-    each key once, unescaped, its holder's value, its fence (the lowest
-    create revision of its keys), its lease's time left, the waiters in
-    arrival order."""
+    `lockshim status` shows each key once, unescaped, its holder, its fence
+    (the lowest create revision of its keys), its lease's time left, the
+    waiters in arrival order; etcd_holders reads the same values."""
     cfg = etcd_config(tmp_path, etcd, BLOCK_LOCK % (30000, "lease_ms = 10000;"))
     (tmp_path / "2").mkdir()
     cfg2 = etcd_config(tmp_path / "2", etcd, 'locks = ( { symbol = "block_call"; '
@@ -678,20 +686,33 @@ def test_holders_lists_each_lock_with_its_holder_and_waiters(bg, worker_progs, h
     for n in (3, 4):
         waiters.append(bg([worker_progs["block"]], cfg))
         wait_for(lambda: len(etcd.keys()) == n, what="waiter %d's key" % (n - 2))
-    got = holders(holders_prog, etcd)
-    assert sorted(got) == ["lockshim:blk", "lockshim:x/%y"], got
-    fence, left, val, queued = got["lockshim:blk"]
-    assert fence == min(k[2] for k in etcd.keys() if "lockshim:blk/" in k[0])
-    assert 0 < left <= 10000
-    assert ":%d:" % holder.p.pid in val
-    assert [":%d:" % w.p.pid in v for w, v in zip(waiters, queued)] == [True, True], queued
-    fence, left, val, queued = got["lockshim:x/%y"]
-    assert ":%d:" % other.p.pid in val and queued == [] and left > 0
-    assert [k for k in etcd.keys() if "x%2F%25y/" in k[0]][0][2] == fence
+    got = status(cfg)
+    assert sorted(got) == ["blk", "x/%y"], got
+    blk = got["blk"]
+    assert blk["fence"] == min(k[2] for k in etcd.keys() if "lockshim:blk/" in k[0])
+    assert 0 < blk["lease_left_ms"] <= 10000 and blk["since"] is None
+    assert (blk["pid"], blk["limit"], blk["mode"]) == (holder.p.pid, 1, "exclusive")
+    assert [w["pid"] for w in blk["waiters"]] == [w.p.pid for w in waiters]
+    xy = got["x/%y"]
+    assert xy["pid"] == other.p.pid and xy["waiters"] == [] and xy["lease_left_ms"] > 0
+    assert [k for k in etcd.keys() if "x%2F%25y/" in k[0]][0][2] == xy["fence"]
+    assert list(status(cfg, "x*")) == ["x/%y"]
+    text = run([CLI, "status", "-c", cfg, "blk"])
+    assert text.returncode == 0 and text.stdout.startswith("blk  held by ") and \
+        "2 waiting, oldest" in text.stdout, (text.stdout, text.stderr)
+    raw = holders(holders_prog, etcd)
+    assert raw["lockshim:blk"][0] == blk["fence"] and len(raw["lockshim:blk"][3]) == 2
     for p in [holder, other] + waiters:
         p.send()
         p.expect("call rc=42")
-    assert holders(holders_prog, etcd) == {}
+    assert status(cfg) == {} and holders(holders_prog, etcd) == {}
+
+
+def test_status_of_an_unreachable_server_is_69(tmp_path):
+    cfg = write_config(tmp_path, None, 'backend = "etcd";\netcd = { endpoints = '
+                       '( "127.0.0.1:1" ); };\n')
+    r = run([CLI, "status", "-c", cfg])
+    assert r.returncode == 69 and r.stderr, (r.returncode, r.stderr)
 
 
 def test_holders_reads_the_prefix_in_pages(holders_prog, etcd):
@@ -718,7 +739,7 @@ def test_holders_reads_the_prefix_in_pages(holders_prog, etcd):
         etcd.call("/v3/lease/revoke", {"ID": lease})
 
 
-@pytest.mark.parametrize("verb", [["status"], ["unlock", "k"], ["metrics"]])
+@pytest.mark.parametrize("verb", [["unlock", "k"], ["metrics"]])
 def test_verbs_not_built_exit_1(etcd, tmp_path, verb):
     cfg = etcd_config(tmp_path, etcd, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
     r = run([CLI] + verb[:1] + ["-c", cfg] + verb[1:])

@@ -1,14 +1,15 @@
 /*
- * etcd_holders ENDPOINT PREFIX: prints what etcd_holders (backend/etcd/
- * etcd.h) reports, one line per lock: "lock KEY fence=N lease_left_ms=N
+ * etcd_holders ENDPOINT PREFIX: prints what etcd_holders (the etcd
+ * module's .holders) reports, one line per lock: "lock KEY fence=N lease_left_ms=N
  * holder=VALUE waiters=N" then " | VALUE" per waiter, oldest first. The
- * module's source is compiled in (the module exports its table only, and
- * `lockshim status` does not call etcd_holders yet). Exit 0, or 1 with
+ * module's source is compiled in (the module exports its table only), so
+ * that any value can be read back, not only owner records as `lockshim
+ * status` shows them. Exit 0, or 1 with
  * the error on stderr.
  */
 #include "etcd.c"
 
-static void show(void *arg, const struct etcd_lock_view *l)
+static void show(void *arg, const struct backend_holder *l)
 {
 	(void)arg;
 	printf("lock %.*s fence=%lld lease_left_ms=%lld holder=%.*s waiters=%d", (int)l->klen,
