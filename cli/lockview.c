@@ -688,30 +688,43 @@ static void settle_set(const struct lockview *lv, struct lv_set *s, int min_mast
 	s->n = out;
 }
 
-/* What holders_scan's callback needs. */
+/* What holders_scan's callback needs: the holders it keeps are those of
+ * key (klen bytes, as stored) when set, else those whose key matches
+ * pattern (NULL: all) in the namespace. */
 struct holders_job {
 	const struct lockview *lv;
 	const char *pattern;
+	const char *key;
+	size_t klen;
 	struct lv_set *out;
 	int nomem;
 };
 
-/* Adds holder h (a backend's .holders report) to the job's set when its
- * key is in the namespace and matches the pattern, and its value is an
- * owner record; its waiters whose values are. */
+/* Returns 1 when h's key is one the job keeps, else 0. */
+static int holder_wanted(const struct holders_job *j, const struct backend_holder *h)
+{
+	size_t ns = strlen(j->lv->cfg->ns);
+	char rest[KEY_BUF_SIZE + 64];
+
+	if (j->key)
+		return h->klen == j->klen && memcmp(h->key, j->key, h->klen) == 0;
+	if (h->klen <= ns || h->klen >= KEY_BUF_SIZE || h->key[ns] != ':' ||
+	    memcmp(h->key, j->lv->cfg->ns, ns) != 0)
+		return 0;
+	snprintf(rest, sizeof(rest), "%.*s", (int)(h->klen - ns - 1), h->key + ns + 1);
+	return !j->pattern || fnmatch(j->pattern, rest, 0) == 0;
+}
+
+/* Adds holder h (a backend's .holders report) to the job's set when the
+ * job wants its key and its value is an owner record; its waiters whose
+ * values are. */
 static void holder_found(void *arg, const struct backend_holder *h)
 {
 	struct holders_job *j = arg;
-	size_t ns = strlen(j->lv->cfg->ns);
-	char rest[KEY_BUF_SIZE + 64];
 	struct lv_lock *l, tmp = { 0 };
 
-	if (h->klen <= ns || h->klen >= sizeof(tmp.key) || h->key[ns] != ':' ||
-	    memcmp(h->key, j->lv->cfg->ns, ns) != 0)
-		return;
-	snprintf(rest, sizeof(rest), "%.*s", (int)(h->klen - ns - 1), h->key + ns + 1);
-	if ((j->pattern && fnmatch(j->pattern, rest, 0) != 0) ||
-	    h->vlen > BACKEND_VAL_MAX || owner_parse(h->val, h->vlen, &tmp.owner) != 0)
+	if (h->klen >= sizeof(tmp.key) || !holder_wanted(j, h) || h->vlen > BACKEND_VAL_MAX ||
+	    owner_parse(h->val, h->vlen, &tmp.owner) != 0)
 		return;
 	if (h->nwaiters && !(tmp.waiters = calloc((size_t)h->nwaiters, sizeof(*tmp.waiters)))) {
 		j->nomem = 1;
@@ -738,11 +751,12 @@ static void holder_found(void *arg, const struct backend_holder *h)
 	l->in_set = h->in_set;
 }
 
-/* lockview_scan of a backend with .holders (not Redis's). */
-static int holders_scan(struct lockview *lv, const char *pattern, struct lv_set *out,
-			char *err, size_t errlen)
+/* lockview_scan (key NULL) and lockview_read (key: klen bytes, as
+ * stored) of a backend with .holders (not Redis's). */
+static int holders_scan(struct lockview *lv, const char *pattern, const char *key, size_t klen,
+			struct lv_set *out, char *err, size_t errlen)
 {
-	struct holders_job j = { lv, pattern, out, 0 };
+	struct holders_job j = { lv, pattern, key, klen, out, 0 };
 	struct backend_conn *c = backend_open(&lv->b, err, errlen);
 	int rc;
 
@@ -769,7 +783,7 @@ int lockview_scan(struct lockview *lv, const char *pattern, struct lv_set *out, 
 	int rc;
 
 	if (lv->b.ops->holders)
-		return holders_scan(lv, pattern, out, err, errlen);
+		return holders_scan(lv, pattern, NULL, 0, out, err, errlen);
 	glob_escape(ns, sizeof(ns), lv->cfg->ns);
 	if (snprintf(match, sizeof(match), lv->tagged ? "%s:{%s}" : "%s:%s", ns,
 		     pattern ? pattern : "*") >= (int)sizeof(match)) {
@@ -791,6 +805,13 @@ int lockview_read(struct lockview *lv, const char *key, struct lv_set *out, char
 	if (!(job.klen = lockview_key(lv, key, full))) {
 		snprintf(err, errlen, "key too long");
 		return -1;
+	}
+	if (lv->b.ops->holders) {
+		if (holders_scan(lv, NULL, full, job.klen, out, err, errlen) != 0) {
+			lv_set_free(out);
+			return -1;
+		}
+		return out->n;
 	}
 	if (each_node(lv, &job, err, errlen) != 0) {
 		lv_set_free(out);

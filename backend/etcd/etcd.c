@@ -952,9 +952,6 @@ static const struct backend_ops etcd_ops = {
 	.name = "etcd",
 	.watched = 1,
 	.store = "etcd",
-	.unlock_why = "unlock is not built yet for backend \"etcd\"; revoke the holder's lease "
-		      "(etcdctl lease revoke <the hex after the key's last />), which deletes its "
-		      "key",
 	/* .settings: the core's group (backend_init sets it in its copy) */
 	.serves = etcd_serves,
 	.config_new = etcd_config_new,

@@ -739,8 +739,51 @@ def test_holders_reads_the_prefix_in_pages(holders_prog, etcd):
         etcd.call("/v3/lease/revoke", {"ID": lease})
 
 
-@pytest.mark.parametrize("verb", [["unlock", "k"], ["metrics"]])
+@pytest.mark.parametrize("verb", [["metrics"]])
 def test_verbs_not_built_exit_1(etcd, tmp_path, verb):
     cfg = etcd_config(tmp_path, etcd, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
     r = run([CLI] + verb[:1] + ["-c", cfg] + verb[1:])
     assert r.returncode == 1 and "etcd" in r.stderr, (r.stdout, r.stderr)
+
+
+# ---- unlock: the holder's lease revoked, as its release would -------------------------
+
+def test_unlock_refuses_a_live_holder_then_forces_it(bg, worker_progs, etcd, tmp_path):
+    """Without --force a holder alive on this host is kept (exit 1, its key
+    untouched); with --force its lease is revoked: the waiter enters before
+    the holder's lease would have ended, and the holder reports the loss at
+    its next keepalive. Control: a second unlock finds nothing held (1)."""
+    cfg = etcd_config(tmp_path, etcd, BLOCK_LOCK % (30000, "lease_ms = 10000;"))
+    h = bg([worker_progs["block"]], cfg)
+    h.expect("enter")
+    w = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: len(etcd.keys()) == 2, what="the waiter's key")
+    r = run([CLI, "unlock", "-c", cfg, "blk"])
+    assert r.returncode == 1 and "alive" in r.stderr and "pid %d" % h.p.pid in r.stderr, \
+        r.stderr
+    assert len(etcd.keys()) == 2
+    t0 = time.monotonic()
+    r = run([CLI, "unlock", "-c", cfg, "--force", "--json", "blk"])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["pid"] == h.p.pid
+    w.expect("enter")
+    assert time.monotonic() - t0 < 5 * MULT  # the release's watch, not the 10 s lease
+    wait_for(lambda: "was lost" in h.stderr(), timeout=10 * MULT,
+             what="the former holder's on_lost")
+    r = run([CLI, "unlock", "-c", cfg, "--force", "nothing-here"])
+    assert r.returncode == 1 and "is not held" in r.stderr, r.stderr
+    for p in (h, w):
+        p.send()
+        p.expect("call rc=42")
+
+
+def test_unlock_of_a_dead_holder_needs_no_force(bg, worker_progs, etcd, tmp_path):
+    cfg = etcd_config(tmp_path, etcd, BLOCK_LOCK % (30000, "lease_ms = 30000;"))
+    h = bg([worker_progs["block"]], cfg)
+    h.expect("enter")
+    os.kill(h.p.pid, signal.SIGKILL)
+    h.wait()
+    r = run([CLI, "unlock", "-c", cfg, "blk"])
+    assert r.returncode == 0 and r.stdout.startswith("removed blk  held by "), \
+        (r.stdout, r.stderr)
+    assert etcd.keys() == []
