@@ -202,8 +202,10 @@ def test_control_live_holder_makes_the_waiter_time_out(bg, worker_progs, pg, tmp
 
 @pytest.mark.timing
 def test_waiter_is_woken_by_the_release_not_by_polling(bg, worker_progs, pg, tmp_path):
-    """Over a 2 s wait the waiter has one thread and spends (nearly) no CPU;
-    once the holder's call returns it enters at once."""
+    """Over a 2 s wait the waiter has two threads (its own and the renewal
+    thread, started before it queues) and spends (nearly) no CPU: its wait
+    blocks in the server (sent again each retry_max_ms, 1 s); once the
+    holder's call returns it enters at once."""
     cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 60000)
     holder = bg([worker_progs["block"], "stay"], cfg)
     holder.expect("enter")
@@ -211,14 +213,132 @@ def test_waiter_is_woken_by_the_release_not_by_polling(bg, worker_progs, pg, tmp
     wait_for(lambda: advisory(pg, granted=False) == 1, what="the waiter in the server")
     before = cpu_ticks(waiter.p.pid)
     time.sleep(2)  # the span measured, not a synchronisation
-    assert threads(waiter.p.pid) == 1
+    assert threads(waiter.p.pid) == 2
     assert cpu_ticks(waiter.p.pid) - before <= 2
-    assert advisory(pg, granted=False) == 1  # one wait, not asked again
+    assert advisory(pg, granted=False) == 1  # one wait in the server
     holder.send()
     holder.expect("call rc=42")
     t0 = time.monotonic()
     waiter.expect("enter", timeout=5)
     assert time.monotonic() - t0 < 1 * MULT
+
+
+# ---- leases: the session's idle_session_timeout, kept by the renewal's pings ----
+
+LEASE_LOCK = ('locks = ( { symbol = "block_call"; key = "blk"; lease_ms = %d; wait_ms = %d; '
+              'on_timeout = "skip"; } );\n')
+LOST = "lease on lockshim:blk was lost"
+
+
+def holder_pid(pg):
+    """The server pid of the session that holds the (one) advisory lock."""
+    return int(wait_for(lambda: pg.psql("SELECT pid FROM pg_locks WHERE locktype = 'advisory' "
+                                        "AND granted") or None, what="a granted advisory lock"))
+
+
+def stopped(bg_proc):
+    """SIGSTOPs a Bg's process; returns a function that continues it."""
+    os.kill(bg_proc.p.pid, signal.SIGSTOP)
+    return lambda: os.kill(bg_proc.p.pid, signal.SIGCONT)
+
+
+@pytest.mark.timing
+def test_frozen_holder_is_bounded_by_its_lease(bg, worker_progs, pg, tmp_path):
+    """A holder SIGSTOPped inside its call sends nothing: the server ends
+    its idle session after lease_ms (1.5 s) and the waiter enters. Once
+    continued, the holder's renewal finds its session gone: on_lost's line;
+    its call's end then releases nothing (the waiter's lock is intact in
+    pg_locks). Control: test_control_frozen_holder_with_a_long_lease."""
+    cfg = pg_config(tmp_path, pg, LEASE_LOCK % (1500, 30000))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    first = holder_pid(pg)
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: advisory(pg, granted=False) == 1, what="the waiter in the server")
+    cont = stopped(holder)
+    try:
+        t0 = time.monotonic()
+        waiter.expect("enter", timeout=20)
+        took = time.monotonic() - t0
+    finally:
+        cont()
+    # idle since its last ping (at most lease/3 before the stop) for a lease
+    assert 0.9 <= took < 1.5 + 3 * MULT, took
+    second = holder_pid(pg)
+    assert second != first
+    wait_for(lambda: LOST in holder.stderr(), what="on_lost's line")
+    assert "applying log" in holder.stderr(), holder.stderr()
+    holder.send()
+    holder.expect("call rc=42")
+    holder.p.wait(timeout=10)
+    # no double release: the waiter's lock is still its own
+    assert advisory(pg, granted=True) == 1 and holder_pid(pg) == second
+    assert pg.psql("SELECT pg_try_advisory_lock(hashtextextended('lockshim:blk', 0))") == "f"
+    waiter.send()
+    waiter.expect("call rc=42")
+    wait_for(lambda: advisory(pg) == 0, what="no advisory lock left")
+
+
+def test_control_frozen_holder_with_a_long_lease(bg, worker_progs, pg, tmp_path):
+    """The same frozen holder with a 10-minute lease keeps the lock: a
+    waiter of wait_ms 2 s times out (on_timeout "skip")."""
+    cfg = pg_config(tmp_path, pg, LEASE_LOCK % (600000, 2000))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    cont = stopped(holder)
+    try:
+        r = run([worker_progs["block"]], cfg)
+    finally:
+        cont()
+    assert r.stdout.strip() == "call rc=-1 errno=16", (r.stdout, r.stderr)
+    assert "still held by another owner after 2000 ms" in r.stderr, r.stderr
+    holder.send()
+    holder.expect("call rc=42")
+    assert LOST not in holder.stderr(), holder.stderr()
+
+
+@pytest.mark.timing
+def test_live_holder_keeps_its_lock_by_renewal(bg, worker_progs, pg, tmp_path):
+    """A holder whose call lasts over 3 leases (lease_ms 1 s) keeps its lock
+    and its session: the renewal pings it every lease/3. A waiter of
+    wait_ms 2.5 s (shorter than the call) times out; no loss is reported.
+    Control: test_frozen_holder_is_bounded_by_its_lease (no pings: gone
+    after a lease)."""
+    cfg = pg_config(tmp_path, pg, LEASE_LOCK % (1000, 2500))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    t0 = time.monotonic()
+    first = holder_pid(pg)
+    r = run([worker_progs["block"]], cfg)
+    assert r.stdout.strip() == "call rc=-1 errno=16", (r.stdout, r.stderr)
+    time.sleep(max(0, 3.2 - (time.monotonic() - t0)))  # the span measured: 3 leases
+    assert holder_pid(pg) == first and advisory(pg, granted=True) == 1
+    holder.send()
+    holder.expect("call rc=42")
+    assert LOST not in holder.stderr(), holder.stderr()
+    wait_for(lambda: advisory(pg) == 0, what="the release")
+
+
+@pytest.mark.timing
+def test_terminated_session_is_on_lost(bg, worker_progs, pg, tmp_path):
+    """pg_terminate_backend of the holder's session mid-call: the next
+    renewal (within lease/3) finds it gone and applies on_lost; a second
+    caller enters meanwhile (the lock was the session's)."""
+    cfg = pg_config(tmp_path, pg, LEASE_LOCK % (1500, 5000))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    assert pg.psql("SELECT pg_terminate_backend(%d)" % holder_pid(pg)) == "t"
+    t0 = time.monotonic()
+    wait_for(lambda: LOST in holder.stderr(), what="on_lost's line")
+    assert time.monotonic() - t0 < 0.5 + 2 * MULT
+    assert "applying log" in holder.stderr(), holder.stderr()
+    other = bg([worker_progs["block"]], cfg)
+    other.expect("enter")
+    other.send()
+    other.expect("call rc=42")
+    holder.send()
+    holder.expect("call rc=42")
+    wait_for(lambda: advisory(pg) == 0, what="no advisory lock left")
 
 
 FORK_LIB_C = r"""
@@ -488,7 +608,7 @@ def test_locks_on_send_write_poll_do_not_loop_through_libpq(pg, tmp_path):
 # ---- refusals -------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting", [
-    "lease_ms = 5000", "on_lost = \"kill\"", "linger_ms = 10", "limit = 2",
+    "linger_ms = 10", "limit = 2",
     "mode = \"shared\"", "max_hold_ms = 100", "retry_max_ms = 50",
     "break_dead_holders = false", "fair = true", "handoff_ms = 5",
 ])
@@ -504,6 +624,20 @@ def test_refused_settings(pg, tmp_path, setting, where):
     assert r.returncode == 78, (r.stdout, r.stderr)
     what = "locks[0].%s" % name if where == "lock" else "defaults.%s" % name
     assert what in r.stderr and "backend \"postgres\"" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("where", ["lock", "defaults"])
+def test_lease_ms_and_on_lost_are_accepted(pg, tmp_path, where):
+    """The lease is the holder session's idle_session_timeout: lease_ms and
+    on_lost are honoured (no longer refused: control, test_refused_settings)."""
+    setting = 'lease_ms = 5000; on_lost = "kill"'
+    if where == "lock":
+        body = 'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting
+    else:
+        body = 'defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
+    r = run([CLI, "check", "-c", pg_config(tmp_path, pg, body)])
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "acquire, renew," in r.stdout, r.stdout
 
 
 def test_wait_replicas_is_refused_with_the_redis_group(pg, tmp_path):
