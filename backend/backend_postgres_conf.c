@@ -80,9 +80,10 @@ static int pg_check_lock(struct conf_err *e, const config_setting_t *lg, const c
 
 /* No lock is kept between calls (a parked lock would be released by the
  * renewal thread, whose session does not hold it). A waiter blocks in the
- * server for up to retry_max_ms per statement (lock.c's wait_cap): 1 s,
- * not 100 ms, so that a waiter keeps its place in the server's queue and
- * costs one round trip a second; errors back off up to that too. */
+ * server for up to retry_max_ms per statement (lock.c's wait_cap), then
+ * sends its wait again (and rejoins the server's queue at its end): 1 s,
+ * not 100 ms, is one round trip a second per waiter; errors back off up
+ * to that too. */
 static void pg_lock_defaults(struct lock_spec *d)
 {
 	d->linger_ms = 0;

@@ -8,10 +8,15 @@
  * and nextval('lockshim_fence') in one statement; wait: one blocking
  * pg_advisory_lock under lock_timeout (set in that statement), woken by
  * the release; release: pg_advisory_unlock, async, in pipeline mode (the
- * next command does not wait for its reply). Every command is bounded by
- * poll; one late closes the session. Parameters are bound, never spliced.
- * A fork child's inherited sockets become /dev/null. One export
- * (postgres.map); of the core, only bind's warning callback is used.
+ * next command does not wait for its reply). The lease is the session's
+ * idle_session_timeout, set by those same statements (the shortest lease
+ * it holds; 0 when it holds none): a frozen holder's session is ended by
+ * the server. Renewal (pg_renew, the renewal thread) pings each holder's
+ * session, found in the registry of holds (conns), under that
+ * connection's mutex. Every command is bounded by poll; one late closes
+ * the session. Parameters are bound, never spliced. A fork child's
+ * inherited sockets become /dev/null. One export (postgres.map); of the
+ * core, only bind's warning callback is used.
  */
 #include <errno.h>
 #include <limits.h>
