@@ -8,7 +8,10 @@ the shim), a SIGKILLed holder freeing the lock at once (control: a live
 holder makes the waiter time out at wait_ms, on_timeout applied), the
 waiter woken by the release and not by polling (no CPU over a 2 s wait,
 entering right after the release), the server restarted and frozen
-mid-run (calls bounded, on_error applied, nothing left held), the module
+mid-run (calls bounded, on_error applied, nothing left held), leases (a
+frozen holder's session ended by the server after lease_ms, on_lost when
+it runs again, no double release; control: a long lease keeps it; a live
+holder kept over 3 leases by renewal; a terminated session is on_lost), the module
 or its library missing (one line, 78), a Redis-guarded program mapping
 neither libpq nor the module, locks on send/write/poll not looping back
 from libpq, every refusal (78), and the command's check, lock, status,
@@ -444,9 +447,9 @@ def test_exec_inside_a_guarded_call_frees_the_lock(bg, worker_progs, pg, tmp_pat
 def test_server_restarted_mid_run(bg, worker_progs, own_pg, tmp_path):
     """Down: the call gives up within wait_ms (on_error "skip", an error
     line); back: calls work again and nothing is left held. The holder of
-    the restart lost its lock without being told (this step's limit)."""
+    the restart lost its lock: its renewal (lease 1.5 s) tells it (on_lost)."""
     cfg = pg_config(tmp_path, own_pg, 'locks = ( { symbol = "block_call"; key = "blk"; '
-                    'wait_ms = 1500; on_error = "skip"; } );\n',
+                    'wait_ms = 1500; on_error = "skip"; lease_ms = 1500; } );\n',
                     "connect_timeout_ms = 300; command_timeout_ms = 300;")
     holder = bg([worker_progs["block"]], cfg)
     holder.expect("enter")
@@ -457,16 +460,17 @@ def test_server_restarted_mid_run(bg, worker_progs, own_pg, tmp_path):
     assert time.monotonic() - t0 < 1.5 + 3 * MULT
     assert "PostgreSQL unavailable for 1500 ms" in r.stderr, r.stderr
     own_pg.start()
-    # the known limit of this step (doc/backends-postgres-plan.md): the
-    # restart ended the holder's session, so its lock is gone while it is
-    # still inside its call, and it is not told (no lease, no renewal)
+    # the restart ended the holder's session: its lock is gone while it is
+    # still inside its call, and its next renewal says so
     r = run([worker_progs["block"]], cfg, timeout=20)
     assert "call rc=42" in r.stdout, (r.stdout, r.stderr)
+    # (while the server was down the renewal could not connect: the lease
+    # ran out first, "expired while ... unreachable"; else "was lost")
+    wait_for(lambda: "lease on lockshim:blk" in holder.stderr(), what="on_lost's line")
+    assert "applying log" in holder.stderr(), holder.stderr()
     holder.send()
     holder.expect("call rc=42")
     holder.p.wait(timeout=10)
-    # told only at its release (no lease): the session was gone
-    assert "reading the replies of releases failed" in holder.stderr(), holder.stderr()
     r = run([worker_progs["block"]], cfg, timeout=20)
     assert "call rc=42" in r.stdout, (r.stdout, r.stderr)
     assert advisory(own_pg) == 0
@@ -789,7 +793,8 @@ def test_setuid_program_refuses_the_users_libpq_variables(pg):
             return first + out, err, held
 
         out, err, held = go()
-        assert "enter threads=1 euid=0" in out and held == 1 and err == "", (out, err)
+        # guarded: the renewal thread keeps the lease (threads=2)
+        assert "enter threads=2 euid=0" in out and held == 1 and err == "", (out, err)
         out, err, held = go(PGSSLROOTCERT="/tmp/users-own-ca.crt")
         assert "enter threads=1 euid=0" in out and held == 0, (out, err)
         lines = [l for l in err.splitlines() if l.strip()]
