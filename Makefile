@@ -67,14 +67,14 @@ CLI_SHARED := shim/lock.c shim/renew.c shim/guard.c shim/count.c
 CLI_SRC := $(wildcard cli/*.c) $(CLI_SHARED) $(COMMON_SRC)
 SHIM_OBJ := $(patsubst %,$(BUILD)/shim/%.o,$(basename $(SHIM_SRC)))
 CLI_OBJ := $(patsubst %,$(BUILD)/cli/%.o,$(basename $(CLI_SRC)))
-UNIT := config key lock log metrics owner sha1 symhash
+UNIT := config key keyname lock log metrics owner sha1 symhash
 UNIT_BIN := $(UNIT:%=$(BUILD)/tests/test_%)
 # The unit tests link the parser with the redis backend's settings and the
 # CLI's description of them (not the backends, nor hiredis).
 UNIT_OBJ := $(addprefix $(BUILD)/shim/,shim/guard.o common/conf.o common/conf_field.o \
-	common/key.o common/log.o shim/lock.o shim/renew.o common/sha1.o common/owner.o \
-	common/fdown.o backend/backend_redis_conf.o cli/settings.o shim/symhash.o \
-	shim/count.o common/metrics.o)
+	common/key.o common/keyname.o common/log.o shim/lock.o shim/renew.o common/sha1.o \
+	common/owner.o common/fdown.o backend/backend_redis_conf.o cli/settings.o \
+	shim/symhash.o shim/count.o common/metrics.o)
 
 # The man pages: doc/<page>.scd, turned into man(7) by scdoc.
 MAN := $(BUILD)/man/lockshim.1 $(BUILD)/man/lockshim.cfg.5
@@ -82,10 +82,16 @@ MAN := $(BUILD)/man/lockshim.1 $(BUILD)/man/lockshim.cfg.5
 # Backends built as modules (doc/design.md, backend/backend_module.h): each
 # is backend/NAME/*.c, linked into $(BUILD)/liblockshim-NAME.so with its
 # client library (MOD_LIBS_NAME), exporting one symbol (backend/NAME/NAME.map).
-# The shim dlopens it only when the config selects that backend.
-MODULES := postgres
+# The shim dlopens it only when the config selects that backend. A module
+# may also link self-contained files of common/ (MOD_COMMON_NAME: no core
+# state, hidden like the rest).
+MODULES := postgres zookeeper etcd
 MOD_LIBS_postgres := -lpq
 MOD_CFLAGS_postgres := -I$(shell pg_config --includedir 2>/dev/null || echo /usr/include/postgresql)
+MOD_LIBS_zookeeper := -lzookeeper_mt
+MOD_CFLAGS_zookeeper := -I/usr/include/zookeeper -DTHREADED
+MOD_COMMON_zookeeper := common/sha1.c common/keyname.c
+MOD_LIBS_etcd := -lcurl
 MOD_SO := $(MODULES:%=$(BUILD)/liblockshim-%.so)
 
 all: $(BUILD)/liblockshim.so $(BUILD)/lockshim $(MOD_SO) $(MAN)
@@ -102,7 +108,7 @@ $(BUILD)/liblockshim.so: $(SHIM_OBJ) shim/shim.map $(BUILD)/libconfig-shim.a $(B
 # A module: its own folder's objects, libc and its client library only (-z
 # defs: nothing of the core is reached by name).
 define MODULE_RULE
-$(BUILD)/liblockshim-$(1).so: $(patsubst %,$(BUILD)/mod/%.o,$(basename $(wildcard backend/$(1)/*.c))) backend/$(1)/$(1).map
+$(BUILD)/liblockshim-$(1).so: $(patsubst %,$(BUILD)/mod/%.o,$(basename $(wildcard backend/$(1)/*.c) $(MOD_COMMON_$(1)))) backend/$(1)/$(1).map
 	$$(CC) -shared $$(SAN) -o $$@ $$(filter %.o,$$^) -Wl,--version-script=backend/$(1)/$(1).map \
 		-Wl,-z,defs,-z,relro,-z,now,-z,noexecstack,-z,text $$(LDFLAGS) $$(MOD_LIBS_$(1))
 endef
@@ -111,6 +117,10 @@ $(foreach m,$(MODULES),$(eval $(call MODULE_RULE,$(m))))
 $(BUILD)/mod/backend/%.o: backend/%.c | $(BUILD)/shim
 	@mkdir -p $(@D)
 	$(CC) $(SHIM_CFLAGS) $(MOD_CFLAGS_$(firstword $(subst /, ,$*))) -c $< -o $@
+
+$(BUILD)/mod/common/%.o: common/%.c | $(BUILD)/shim
+	@mkdir -p $(@D)
+	$(CC) $(SHIM_CFLAGS) -c $< -o $@
 
 $(BUILD)/lockshim: $(CLI_OBJ)
 	$(CC) $(SAN) -o $@ $(CLI_OBJ) -Wl,-z,relro,-z,now $(LDFLAGS) $(HIREDIS_A) $(LIBCONFIG_A) $(MBEDTLS_A) -lpthread
@@ -175,7 +185,8 @@ test-asan: deps
 # shim (about 5 minutes on 2 cores). Any report fails the test that caused
 # it (support/util.py sends reports to files, conftest.py reads them).
 TSAN_TESTS := exclusion identity lease linger release fork wakeup stranded policies real_programs \
-	redlock entry interposition abi cluster sentinel tls_topologies lock_cmd metrics sets multikey postgres
+	redlock entry interposition abi cluster sentinel tls_topologies lock_cmd metrics sets multikey postgres \
+	zookeeper etcd
 
 test-tsan: deps
 	$(MAKE) BUILD=build/tsan SANITIZER=thread all unit

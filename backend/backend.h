@@ -31,8 +31,9 @@
  *      .config_free, .open, .close, .acquire, .release, .wait, .leave,
  *      .flush, .unconfirmed, .renew, .errstr, .ping }` (.describe,
  *      .count, .node_count and .node_open optional; .renew too when
- *      .leaseless). serves and config_new get
- *      its struct NAME_spec.
+ *      .leaseless; without .count `lockshim metrics` says it is not
+ *      built for it, and .status_why/.unlock_why say why those verbs
+ *      are not). serves and config_new get its struct NAME_spec.
  *   4. backend/backend.c: `&backend_NAME,` in backends[], and its name on
  *      the extern line above it.
  *   5. Its documentation: the group's settings in the settings reference
@@ -173,8 +174,19 @@ struct backend_ops {
 	 * forget, and a waiter waits for its wake-up without asking again
 	 * every retry_max_ms. */
 	int leaseless;
+	/* 1: a waiter's wait ends when the lock is freed (etcd: a watch on its
+	 * predecessor), so it asks again only when the acquire's hint says
+	 * (to keep its own place), not every retry_max_ms; and the first
+	 * acquire that is refused queues the caller already (a caller that
+	 * then gives up leaves, as a waiter does). */
+	int watched;
 	/* What log lines call the lock store ("Redis" when NULL). */
 	const char *store;
+	/* When `lockshim status` or `lockshim unlock` cannot serve this
+	 * backend: why, and what to do instead (one sentence, printed after
+	 * "lockshim: "; the verb exits 1). NULL when it can. */
+	const char *status_why;
+	const char *unlock_why;
 	/* A stub of a backend built as a module (backend_module.h): the file
 	 * backend_init opens to get the real table; NULL for the built-in. */
 	const struct backend_module_file *module;

@@ -35,10 +35,9 @@
 #include "backend_local.h"
 #include "backend_local_conf.h"
 #include "log.h"
-#include "sha1.h"
+#include "keyname.h"
 
-#define LOCAL_NAME_MAX 200   /* longer encoded names are shortened with a hash */
-#define LOCAL_NAME_KEEP 150  /* ... to this many encoded bytes, "~" and the SHA-1 */
+#define LOCAL_NAME_MAX KEYNAME_MAX /* a file's name: keyname.h, then the suffix */
 #define LOCAL_SUFFIX ".lock"
 #define LOCAL_TOKEN 32       /* a lock value's token: its first bytes (owner.h) */
 #define LOCAL_RECORD_MAX (24 + BACKEND_VAL_MAX)
@@ -215,33 +214,15 @@ static void atfork_register(void)
 
 /*
  * Writes the path of key's lock file into buf (PATH_MAX): dir, "/", the
- * key with bytes other than [A-Za-z0-9_-] as %XX (so no "/", no leading
- * ".", no ".."), shortened past LOCAL_NAME_MAX bytes to its first
- * LOCAL_NAME_KEEP, "~" and the SHA-1 of the whole key; then ".lock".
+ * key's name (keyname.h: [A-Za-z0-9_-] kept, other bytes %XX, so no "/",
+ * no leading ".", no ".."; past KEYNAME_MAX bytes shortened with the
+ * SHA-1 of the whole key), then ".lock".
  */
 static void lock_path(const struct backend_config *bc, const char *key, size_t klen, char *buf)
 {
-	static const char hex[] = "0123456789ABCDEF";
-	size_t n = (size_t)snprintf(buf, PATH_MAX, "%s/", bc->spec->dir), start = n;
+	size_t n = (size_t)snprintf(buf, PATH_MAX, "%s/", bc->spec->dir);
 
-	for (size_t i = 0; i < klen && n - start <= LOCAL_NAME_MAX; i++) {
-		unsigned char ch = (unsigned char)key[i];
-
-		if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-		    (ch >= '0' && ch <= '9') || ch == '_' || ch == '-') {
-			buf[n++] = (char)ch;
-		} else {
-			buf[n++] = '%';
-			buf[n++] = hex[ch >> 4];
-			buf[n++] = hex[ch & 15];
-		}
-	}
-	if (n - start > LOCAL_NAME_MAX) {
-		n = start + LOCAL_NAME_KEEP;
-		buf[n++] = '~';
-		sha1_hex(key, klen, buf + n);
-		n += 40;
-	}
+	n += keyname_encode(key, klen, buf + n);
 	memcpy(buf + n, LOCAL_SUFFIX, sizeof(LOCAL_SUFFIX));
 }
 
@@ -1040,6 +1021,8 @@ const struct backend_ops backend_local = {
 	.name = "local",
 	.settings = &backend_local_settings,
 	.leaseless = 1,
+	.unlock_why = "unlock: not with backend \"local\": a kernel lock cannot be taken from "
+		      "another process; stop its holder (the kernel frees its locks when it exits)",
 	.serves = local_serves,
 	.config_new = local_config_new,
 	.config_free = local_config_free,

@@ -1005,8 +1005,9 @@ usage:
 }
 
 int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *a,
-		   const char *local_why)
+		   enum lv_verb verb)
 {
+	const char *why;
 	char err[1024];
 
 	if (lockview_load(cfg, a) != 0) {
@@ -1018,8 +1019,9 @@ int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *
 		conf_release(cfg);
 		return CONF_EXIT_CODE;
 	}
-	if (lv->local && local_why) {
-		fprintf(stderr, "lockshim: %s\n", local_why);
+	why = verb == LV_UNLOCK ? lv->b.ops->unlock_why : lv->b.ops->status_why;
+	if (why) {
+		fprintf(stderr, "lockshim: %s\n", why);
 		lockview_close(lv);
 		conf_release(cfg);
 		return 1;

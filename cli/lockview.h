@@ -109,12 +109,15 @@ int lockview_args(int argc, char **argv, int allow_force, const char *usage,
  * printing the error. */
 int lockview_load(struct conf *cfg, const struct lv_args *a);
 
+/* The verb a lockview_start serves. */
+enum lv_verb { LV_STATUS, LV_UNLOCK };
+
 /* lockview_load, then lockview_open on it. Returns 0, or the exit status
- * (CONF_EXIT_CODE) after printing the error, cfg released; 1 after printing
- * "lockshim: <local_why>" when the backend is local and local_why is not
- * NULL (the verb is not there for it). */
+ * (CONF_EXIT_CODE) after printing the error, cfg released; 1, cfg released,
+ * after printing "lockshim: " and the backend's .status_why or .unlock_why
+ * when it has one for verb (the verb is not there for it). */
 int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *a,
-		   const char *local_why);
+		   enum lv_verb verb);
 
 /* Returns the time of day in milliseconds since the epoch (for
  * lockview_print's now_ms). */

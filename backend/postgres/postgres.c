@@ -1064,6 +1064,13 @@ static int pg_renew(struct backend_conn *c, int n, const struct backend_item *it
 static const struct backend_ops pg_ops = {
 	.name = "postgres",
 	.store = "PostgreSQL",
+	.status_why = "status is not built yet for backend \"postgres\"; its holders: SELECT "
+		      "l.pid, a.application_name, (l.classid::bigint << 32) | l.objid::bigint AS "
+		      "id FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.locktype = "
+		      "'advisory' AND l.granted",
+	.unlock_why = "unlock: not with backend \"postgres\": an advisory lock is its holder's "
+		      "session's; end that session (pg_terminate_backend(pid), the pid from "
+		      "pg_locks) or stop its holder",
 	/* .settings: the core's group (backend_init sets it in its copy) */
 	.serves = pg_serves,
 	.config_new = pg_config_new,

@@ -33,6 +33,8 @@ EXPECTED_FILES = {
     "/usr/bin/lockshim",
     SHIM_LINE,
     SHIM_LINE.replace("liblockshim.so", "liblockshim-postgres.so"),
+    SHIM_LINE.replace("liblockshim.so", "liblockshim-zookeeper.so"),
+    SHIM_LINE.replace("liblockshim.so", "liblockshim-etcd.so"),
     "/usr/share/doc/lockshim/changelog.gz",
     "/usr/share/doc/lockshim/copyright",
     "/usr/share/doc/lockshim/examples/lockshim.cfg",
@@ -152,17 +154,19 @@ def test_package_files_and_metadata(deb, tmp_path):
 def test_depends_are_the_documented_packages_and_the_needed_ones(deb, tmp_path):
     depends = package_names(field(deb, "Depends"))
     documented = readme_dependencies()
-    module = "liblockshim-postgres.so"
-    assert set(documented) == {"liblockshim.so", "lockshim", module}, documented
+    modules = ("liblockshim-postgres.so", "liblockshim-zookeeper.so", "liblockshim-etcd.so")
+    assert set(documented) == {"liblockshim.so", "lockshim"} | set(modules), documented
     assert depends == documented["liblockshim.so"] | documented["lockshim"]
-    # the module's library is suggested: needed only when postgres is selected
-    assert package_names(field(deb, "Suggests")) == documented[module] - depends
+    # the modules' libraries are suggested: needed only when that backend is selected
+    assert package_names(field(deb, "Suggests")) == \
+        set().union(*(documented[m] for m in modules)) - depends
     tree = str(tmp_path / "tree")
     subprocess.run(["dpkg-deb", "-x", deb, tree], check=True)
     assert needed_packages(tree + SHIM_LINE) == documented["liblockshim.so"]
     assert needed_packages(tree + "/usr/bin/lockshim") == documented["lockshim"]
-    assert needed_packages(tree + SHIM_LINE.replace("liblockshim.so", module)) == \
-        documented[module]
+    for module in modules:
+        assert needed_packages(tree + SHIM_LINE.replace("liblockshim.so", module)) == \
+            documented[module]
     assert "libc6" in depends
 
 

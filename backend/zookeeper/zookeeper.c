@@ -1,0 +1,1101 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * zookeeper.c - the zookeeper backend, a module (liblockshim-zookeeper.so,
+ * backend_module.h) on libzookeeper-mt2: ZooKeeper's lock recipe without
+ * herd. A lock is an EPHEMERAL|SEQUENCE znode <root>/<key's name>/
+ * lock-<mark>-N (keyname.h; the mark is its create's own, so a create
+ * whose reply was lost can be found and deleted) holding the lock value;
+ * the lowest holds; a waiter watches only its predecessor: FIFO. The fence
+ * is the znode's czxid (zk_create). One session per process, shared by its
+ * threads, is the lease (the library heartbeats); its expiry loses every
+ * lock of the process (one warn line). Requests use the library's
+ * asynchronous form, each waited for at most command_timeout_ms on the
+ * connection's call slot. A fork child makes its own session. One export.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zookeeper.h>
+
+#include "backend.h"
+#include "backend_module.h"
+#include "backend_zookeeper_conf.h"
+#include "keyname.h"
+
+#define ZK_TOKEN 32          /* the token prefix of a lock value (owner.h) */
+#define ZK_PATH_MAX 800      /* root (512), "/", KEYNAME_SIZE, "/", ZK_NAME_MAX */
+#define ZK_PREFIX "lock-"
+/* a lock znode's name: "lock-", its mark (token "x" attempt), "-", 10 digits */
+#define ZK_MARK_MAX (ZK_TOKEN + 1 + 8)
+#define ZK_NAME_MAX (sizeof(ZK_PREFIX) + ZK_MARK_MAX + 1 + 10 + 1)
+
+struct backend_config {
+	const struct zookeeper_spec *spec;
+};
+
+/* The completions of one request, or of two sent at once (a create and
+ * the listing of its siblings), waited for by its connection's thread. A
+ * request given up at its deadline leaves its slot to its completions,
+ * the last of which frees it (abandoned). */
+struct zk_call {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int left;                 /* completions still to come */
+	int done, abandoned, rc;  /* rc: the last completion's */
+	int crc;                  /* create: its result */
+	zhandle_t *zh;            /* create: its session (to undo it if given up), */
+	char dir[ZK_PATH_MAX];    /* ... its parent ... */
+	char mark[ZK_MARK_MAX + 1]; /* ... and its name's mark, its alone */
+	long long czxid;          /* create: the new znode's */
+	char path[ZK_PATH_MAX];   /* create: the new znode's path */
+	long long seq;            /* children: ours (in) ... */
+	int mine, lower;          /* ... present; how many sequences are below it */
+	char pred[ZK_NAME_MAX];   /* ... and the highest of them (the predecessor) */
+};
+
+/* A znode this connection made: queued, or holding when lowest. */
+struct zk_hold {
+	size_t tlen;
+	char tok[ZK_TOKEN];
+	unsigned gen;             /* the session it was made in (sess.gen) */
+	long long seq, czxid;
+	char path[ZK_PATH_MAX];
+};
+
+struct backend_conn {
+	const struct backend_config *bc;
+	struct zk_call *call;
+	struct zk_hold *holds;    /* grows by doubling, never shrinks */
+	size_t nholds, capholds;
+	char dir[ZK_PATH_MAX];    /* the last key's parent znode */
+	char watched[ZK_PATH_MAX + ZK_NAME_MAX]; /* the predecessor zk_look watches */
+	char err[256];
+};
+
+static const struct backend_module_host *host;
+
+/* The last watch events, by number: a waiter looks again only when one of
+ * them is its predecessor's or the session's (path ""). */
+#define ZK_FIRED 16
+
+/* The process's session, and the wake-ups of its watches: every watch
+ * event (a predecessor deleted, a session state change) bumps wake, is
+ * kept in fired[wake % ZK_FIRED] and broadcasts cv; waiters compare. */
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	zhandle_t *zh;
+	pid_t pid;
+	unsigned gen;             /* bumped at every new session */
+	unsigned long wake;
+	char fired[ZK_FIRED][ZK_PATH_MAX + ZK_NAME_MAX];
+	int expired;
+	int pending;              /* asynchronous deletes not answered yet */
+} sess = { .mu = PTHREAD_MUTEX_INITIALIZER };
+static pthread_once_t sess_once = PTHREAD_ONCE_INIT;
+
+static void zk_bind(const struct backend_module_host *h)
+{
+	host = h;
+}
+
+/* Formats one warn line into the core's log. */
+static void warn(const char *fmt, ...)
+{
+	char buf[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	if (host && host->warn)
+		host->warn(buf);
+}
+
+/* Returns the monotonic clock in ms. */
+static long long now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void cond_init_mono(pthread_cond_t *cv)
+{
+	pthread_condattr_t a;
+
+	pthread_condattr_init(&a);
+	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+	pthread_cond_init(cv, &a);
+	pthread_condattr_destroy(&a);
+}
+
+/* Waits on cv (mu held) until deadline (monotonic ms). Returns
+ * ETIMEDOUT when it passed, else 0. */
+static int cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, long long deadline)
+{
+	struct timespec ts = { deadline / 1000, (deadline % 1000) * 1000000 };
+
+	return pthread_cond_timedwait(cv, mu, &ts);
+}
+
+/* ---- the session ---------------------------------------------------------- */
+
+/* In a fork child: the parent's session is not ours (its threads are not
+ * here, and closing it would end the parent's): forget it unclosed; the
+ * next open makes the child's own. The mutex is made anew rather than
+ * held across the fork: the shim's own fork handler, which runs after a
+ * prepare handler of ours would, flushes (zk_flush takes it). */
+static void sess_child(void)
+{
+	pthread_mutex_init(&sess.mu, NULL);
+	cond_init_mono(&sess.cv);
+	sess.zh = NULL;
+	sess.pending = 0;
+	sess.gen++;
+}
+
+static void sess_setup(void)
+{
+	cond_init_mono(&sess.cv);
+	pthread_atfork(NULL, NULL, sess_child);
+}
+
+/* The session's watcher and every path watch: wakes every waiter; an
+ * expiry is said once. Runs in the library's completion thread. */
+static void sess_watch(zhandle_t *zh, int type, int state, const char *path, void *ctx)
+{
+	int said = 0;
+
+	(void)ctx;
+	pthread_mutex_lock(&sess.mu);
+	if (zh == sess.zh && state == ZOO_EXPIRED_SESSION_STATE && !sess.expired) {
+		sess.expired = 1;
+		said = 1;
+	}
+	sess.wake++;
+	snprintf(sess.fired[sess.wake % ZK_FIRED], sizeof(sess.fired[0]), "%s",
+		 type == ZOO_SESSION_EVENT || !path ? "" : path);
+	pthread_cond_broadcast(&sess.cv);
+	pthread_mutex_unlock(&sess.mu);
+	if (said)
+		warn("ZooKeeper session expired: every lock of this process is lost "
+		     "(a new session is made at the next call)");
+}
+
+/* Returns 1 when a watch event after seen (up to sess.wake) may concern
+ * the waiter watching watched: its path, the session's, or too many to
+ * tell; else 0. Holds sess.mu. */
+static int fired_for(unsigned long seen, const char *watched)
+{
+	if (sess.wake - seen >= ZK_FIRED)
+		return 1;
+	for (unsigned long n = seen + 1; n - seen <= sess.wake - seen; n++) {
+		const char *p = sess.fired[n % ZK_FIRED];
+
+		if (!p[0] || !strcmp(p, watched))
+			return 1;
+	}
+	return 0;
+}
+
+/* The library's log lines go nowhere (they would be the program's stderr). */
+static void log_none(const char *msg)
+{
+	(void)msg;
+}
+
+/*
+ * Returns the process's session, made (or made again after an expiry or a
+ * fork) and connected within connect_timeout_ms; with its generation in
+ * *gen. NULL with c->err set.
+ */
+static zhandle_t *sess_get(struct backend_conn *c, unsigned *gen)
+{
+	const struct zookeeper_spec *z = c->bc->spec;
+	zhandle_t *zh, *old = NULL;
+	long long deadline;
+
+	pthread_once(&sess_once, sess_setup);
+	pthread_mutex_lock(&sess.mu);
+	if (sess.zh && !sess.expired && sess.pid == getpid()) {
+		zh = sess.zh;
+		*gen = sess.gen;
+		pthread_mutex_unlock(&sess.mu);
+		return zh;
+	}
+	if (sess.zh && sess.pid == getpid())
+		old = sess.zh;
+	sess.zh = NULL;
+	sess.expired = 0;
+	zh = zookeeper_init2(z->hosts, sess_watch, z->session_timeout_ms, NULL, NULL,
+			     ZOO_NO_LOG_CLIENTENV, log_none);
+	if (!zh) {
+		pthread_mutex_unlock(&sess.mu);
+		snprintf(c->err, sizeof(c->err), "cannot start a ZooKeeper session with %s: %s",
+			 z->hosts, strerror(errno));
+		return NULL;
+	}
+	/* the library would resolve hosts at every turn of its I/O loop (a
+	 * getaddrinfo each time: CPU, and a fork child could inherit glibc's
+	 * resolver lock held): only at a connection loss */
+	zoo_set_servers_resolution_delay(zh, -1);
+	sess.zh = zh;
+	sess.pid = getpid();
+	sess.gen++;
+	deadline = now_ms() + z->connect_timeout_ms;
+	while (zoo_state(zh) != ZOO_CONNECTED_STATE && !sess.expired &&
+	       cond_wait_until(&sess.cv, &sess.mu, deadline) != ETIMEDOUT)
+		;
+	if (zoo_state(zh) != ZOO_CONNECTED_STATE) {
+		sess.zh = NULL;
+		pthread_mutex_unlock(&sess.mu);
+		zookeeper_close(zh);
+		if (old)
+			zookeeper_close(old);
+		snprintf(c->err, sizeof(c->err), "no ZooKeeper session with %s within %d ms "
+			 "(zookeeper.connect_timeout_ms)", z->hosts, z->connect_timeout_ms);
+		return NULL;
+	}
+	*gen = sess.gen;
+	pthread_mutex_unlock(&sess.mu);
+	if (old)
+		zookeeper_close(old);
+	return zh;
+}
+
+/* ---- requests ------------------------------------------------------------- */
+
+static struct zk_call *call_new(void)
+{
+	struct zk_call *k = calloc(1, sizeof(*k));
+
+	if (k) {
+		pthread_mutex_init(&k->mu, NULL);
+		cond_init_mono(&k->cv);
+	}
+	return k;
+}
+
+static void call_free(struct zk_call *k)
+{
+	pthread_mutex_destroy(&k->mu);
+	pthread_cond_destroy(&k->cv);
+	free(k);
+}
+
+/* Returns c's call slot reset for want completions (a new one after a
+ * request was given up), or NULL with c->err. */
+static struct zk_call *call_begin_n(struct backend_conn *c, int want)
+{
+	struct zk_call *k = c->call;
+
+	if (!k && !(k = c->call = call_new())) {
+		snprintf(c->err, sizeof(c->err), "out of memory");
+		return NULL;
+	}
+	k->left = want;
+	k->done = 0;
+	k->rc = ZOK;
+	k->crc = ZOK;
+	k->mine = 0;
+	k->lower = 0;
+	k->pred[0] = 0;
+	return k;
+}
+
+static struct zk_call *call_begin(struct backend_conn *c)
+{
+	return call_begin_n(c, 1);
+}
+
+/* Gives k up to its completions (less gone: those that will never come),
+ * the last of which frees it; c gets a new slot at its next request. */
+static void call_abandon(struct backend_conn *c, struct zk_call *k, int gone)
+{
+	int free_now;
+
+	pthread_mutex_lock(&k->mu);
+	k->left -= gone;
+	k->abandoned = 1;
+	free_now = k->left == 0;
+	pthread_mutex_unlock(&k->mu);
+	c->call = NULL;
+	if (free_now)
+		call_free(k);
+}
+
+/* Ends a request in a completion: 1 when its waiter is still there (fill
+ * k, then call_done), 0 when it was given up (k is freed here). */
+static int call_take(struct zk_call *k)
+{
+	pthread_mutex_lock(&k->mu);
+	k->left--;
+	if (k->abandoned) {
+		int last = k->left == 0;
+
+		pthread_mutex_unlock(&k->mu);
+		if (last)
+			call_free(k);
+		return 0;
+	}
+	return 1;
+}
+
+/* Records one completion's result; the last wakes the waiter. */
+static void call_done(struct zk_call *k, int rc)
+{
+	k->rc = rc;
+	if (k->left == 0) {
+		k->done = 1;
+		pthread_cond_signal(&k->cv);
+	}
+	pthread_mutex_unlock(&k->mu);
+}
+
+/*
+ * Waits for the request issued on k (issued: the library's return value)
+ * until deadline. Returns the request's ZooKeeper result (ZOK...), or
+ * ZOPERATIONTIMEOUT with the slot left to the completion (c->call
+ * cleared), with c->err said for what.
+ */
+static int call_wait(struct backend_conn *c, struct zk_call *k, int issued, long long deadline,
+		     const char *what)
+{
+	int rc;
+
+	if (issued != ZOK) {
+		snprintf(c->err, sizeof(c->err), "%s: %s", what, zerror(issued));
+		return issued;
+	}
+	pthread_mutex_lock(&k->mu);
+	while (!k->done && cond_wait_until(&k->cv, &k->mu, deadline) != ETIMEDOUT)
+		;
+	if (!k->done) {
+		pthread_mutex_unlock(&k->mu);
+		call_abandon(c, k, 0);
+		snprintf(c->err, sizeof(c->err), "%s: no reply from ZooKeeper within %d ms "
+			 "(zookeeper.command_timeout_ms)", what, c->bc->spec->command_timeout_ms);
+		return ZOPERATIONTIMEOUT;
+	}
+	rc = k->rc;
+	pthread_mutex_unlock(&k->mu);
+	if (rc != ZOK)
+		snprintf(c->err, sizeof(c->err), "%s: %s", what, zerror(rc));
+	return rc;
+}
+
+static long long deadline_of(const struct backend_conn *c)
+{
+	return now_ms() + c->bc->spec->command_timeout_ms;
+}
+
+/* A reply that carries nothing but its result. */
+static void done_void(int rc, const void *data)
+{
+	struct zk_call *k = (struct zk_call *)data;
+
+	if (call_take(k))
+		call_done(k, rc);
+}
+
+static void done_stat(int rc, const struct Stat *st, const void *data)
+{
+	(void)st;
+	done_void(rc, data);
+}
+
+/* Returns the sequence of a child's name "lock-<mark>-NNNNNNNNNN", or -1. */
+static long long child_seq(const char *name)
+{
+	const char *d = strrchr(name, '-');
+	char *end;
+	long long v;
+
+	if (!d || strncmp(name, ZK_PREFIX, sizeof(ZK_PREFIX) - 1) != 0)
+		return -1;
+	v = strtoll(d + 1, &end, 10);
+	return *end || end == d + 1 ? -1 : v;
+}
+
+/* An asynchronous release's reply: one fewer pending (zk_flush waits for
+ * none); said when the znode was gone. */
+static void done_release(int rc, const void *data)
+{
+	(void)data;
+	pthread_mutex_lock(&sess.mu);
+	sess.pending--;
+	pthread_cond_broadcast(&sess.cv);
+	pthread_mutex_unlock(&sess.mu);
+	if (rc == ZNONODE)
+		warn("a lock's znode was gone at its release (its session expired: the lock "
+		     "was lost while held)");
+}
+
+/* A sweep's delete: one fewer pending (gone already is fine). */
+static void done_swept(int rc, const void *data)
+{
+	(void)rc;
+	(void)data;
+	pthread_mutex_lock(&sess.mu);
+	sess.pending--;
+	pthread_cond_broadcast(&sess.cv);
+	pthread_mutex_unlock(&sess.mu);
+}
+
+/* A sweep for the znode of a create whose outcome is unknown (its
+ * connection was lost before the reply): its parent and its token. */
+struct zk_sweep {
+	zhandle_t *zh;
+	char dir[ZK_PATH_MAX];
+	char mark[ZK_MARK_MAX + 3]; /* "-<mark>-", found only in that znode's name */
+};
+
+/*
+ * The sweep's listing: deletes the child whose name has the mark (counted
+ * as a release), and frees w; a listing lost with the connection again is
+ * sent again (the library sends it once reconnected; a session that ended
+ * refuses it, and its znodes went with it).
+ */
+static void sweep_listed(int rc, const struct String_vector *v, const void *data)
+{
+	struct zk_sweep *w = (struct zk_sweep *)data;
+	char path[ZK_PATH_MAX + 64];
+
+	if ((rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT) &&
+	    zoo_aget_children(w->zh, w->dir, 0, sweep_listed, w) == ZOK)
+		return;
+	for (int i = 0; rc == ZOK && v && i < v->count; i++) {
+		if (!strstr(v->data[i], w->mark))
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", w->dir, v->data[i]);
+		pthread_mutex_lock(&sess.mu);
+		sess.pending++;
+		pthread_mutex_unlock(&sess.mu);
+		if (zoo_adelete(w->zh, path, -1, done_swept, NULL) != ZOK)
+			done_swept(ZOK, NULL);
+	}
+	free(w);
+}
+
+/* Starts a sweep of dir for the znode named with mark (ZooKeeper may
+ * have made it: a connection lost after a create was sent). Without it
+ * the live session would keep that znode, and the key, forever. */
+static void sweep_start(zhandle_t *zh, const char *dir, const char *mark)
+{
+	struct zk_sweep *w = malloc(sizeof(*w));
+
+	if (!w)
+		return;
+	w->zh = zh;
+	snprintf(w->dir, sizeof(w->dir), "%s", dir);
+	snprintf(w->mark, sizeof(w->mark), "-%s-", mark);
+	if (zoo_aget_children(zh, w->dir, 0, sweep_listed, w) != ZOK)
+		free(w);
+}
+
+/* A parent's create: its result only. */
+static void done_parent(int rc, const char *path, const struct Stat *st, const void *data)
+{
+	(void)path;
+	(void)st;
+	done_void(rc, data);
+}
+
+/*
+ * A lock znode's create: its path, czxid and sequence (read by the
+ * listing sent with it, whose reply comes next). Given up by its waiter
+ * (command_timeout_ms) but made: nobody would ever delete it, and the
+ * session, alive, would keep it (and the key) forever: it is deleted
+ * here, counted as a release.
+ */
+static void done_create(int rc, const char *path, const struct Stat *st, const void *data)
+{
+	struct zk_call *k = (struct zk_call *)data;
+
+	pthread_mutex_lock(&k->mu);
+	if (k->abandoned) {
+		zhandle_t *zh = k->zh;
+		int last = --k->left == 0;
+
+		pthread_mutex_unlock(&k->mu);
+		if (rc == ZOK && path) {
+			pthread_mutex_lock(&sess.mu);
+			sess.pending++;
+			pthread_mutex_unlock(&sess.mu);
+			if (zoo_adelete(zh, path, -1, done_release, NULL) != ZOK)
+				done_release(ZOK, NULL);
+		} else if (rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT) {
+			sweep_start(zh, k->dir, k->mark);
+		}
+		if (last)
+			call_free(k);
+		return;
+	}
+	k->left--;
+	k->crc = rc;
+	if (rc == ZOK && path) {
+		snprintf(k->path, sizeof(k->path), "%s", path);
+		k->czxid = st ? st->czxid : 0;
+		k->seq = child_seq(strrchr(k->path, '/') + 1);
+	}
+	call_done(k, rc);
+}
+
+/* The children of a lock's parent: is ours there, how many are ahead of
+ * it, and which is right ahead. */
+static void done_children(int rc, const struct String_vector *v, const void *data)
+{
+	struct zk_call *k = (struct zk_call *)data;
+	long long best = -1;
+
+	if (!call_take(k))
+		return;
+	for (int i = 0; rc == ZOK && v && i < v->count; i++) {
+		long long s = child_seq(v->data[i]);
+
+		if (s == k->seq)
+			k->mine = 1;
+		else if (s >= 0 && s < k->seq) {
+			k->lower++;
+			if (s > best) {
+				best = s;
+				snprintf(k->pred, sizeof(k->pred), "%s", v->data[i]);
+			}
+		}
+	}
+	call_done(k, rc);
+}
+
+/* ---- keys and holds ------------------------------------------------------- */
+
+/* Writes <root>/<name> into c->dir, name being the key's (keyname.h,
+ * the rule of backend_local.c's file names). */
+static void key_dir(struct backend_conn *c, const struct backend_item *it)
+{
+	size_t n = (size_t)snprintf(c->dir, sizeof(c->dir), "%s/", c->bc->spec->root);
+
+	keyname_encode(it->key, it->klen, c->dir + n);
+}
+
+static size_t token_len(const struct backend_item *it)
+{
+	return it->vlen < ZK_TOKEN ? it->vlen : ZK_TOKEN;
+}
+
+/* Returns c's hold of it's token, or NULL. */
+static struct zk_hold *hold_find(struct backend_conn *c, const struct backend_item *it)
+{
+	size_t tl = token_len(it);
+
+	for (size_t i = 0; i < c->nholds; i++)
+		if (c->holds[i].tlen == tl && memcmp(c->holds[i].tok, it->val, tl) == 0)
+			return &c->holds[i];
+	return NULL;
+}
+
+static void hold_drop(struct backend_conn *c, struct zk_hold *h)
+{
+	*h = c->holds[--c->nholds];
+}
+
+/* Returns a new hold of it's token, or NULL with c->err. */
+static struct zk_hold *hold_add(struct backend_conn *c, const struct backend_item *it)
+{
+	struct zk_hold *h;
+
+	if (c->nholds == c->capholds) {
+		size_t cap = c->capholds ? c->capholds * 2 : 8;
+		struct zk_hold *n = realloc(c->holds, cap * sizeof(*n));
+
+		if (!n) {
+			snprintf(c->err, sizeof(c->err), "out of memory");
+			return NULL;
+		}
+		c->holds = n;
+		c->capholds = cap;
+	}
+	h = &c->holds[c->nholds++];
+	h->tlen = token_len(it);
+	memcpy(h->tok, it->val, h->tlen);
+	return h;
+}
+
+/* ---- the recipe ----------------------------------------------------------- */
+
+/* Creates the persistent znodes of c->dir's path (each component; one
+ * that exists is fine). Returns ZOK or the failure. */
+static int make_parents(struct backend_conn *c, zhandle_t *zh)
+{
+	char path[ZK_PATH_MAX];
+	size_t len = strlen(c->dir);
+
+	for (size_t i = 1; i <= len; i++) {
+		struct zk_call *k;
+		int rc;
+
+		if (i < len && c->dir[i] != '/')
+			continue;
+		memcpy(path, c->dir, i);
+		path[i] = 0;
+		if (!(k = call_begin(c)))
+			return ZSYSTEMERROR;
+		rc = call_wait(c, k, zoo_acreate2(zh, path, NULL, -1, &ZOO_OPEN_ACL_UNSAFE,
+						  ZOO_PERSISTENT, done_parent, k),
+			       deadline_of(c), "create parent");
+		if (rc != ZOK && rc != ZNODEEXISTS)
+			return rc;
+	}
+	return ZOK;
+}
+
+/*
+ * Sends the create of <dir>/lock-<mark>-NNNNNNNNNN (EPHEMERAL|SEQUENCE,
+ * data: the lock value) and the listing of dir together, on k (2 replies):
+ * a session's requests are run and answered in order, so the listing sees
+ * the new znode, and the call costs one round trip, not two. Returns the
+ * create's result (ZOK: the listing's in k->rc), or the library's refusal.
+ */
+static int create_and_list(struct backend_conn *c, zhandle_t *zh, struct zk_call *k,
+			   const struct backend_item *it)
+{
+	static atomic_uint attempts;
+	char path[ZK_PATH_MAX + ZK_MARK_MAX + 8];
+	size_t tl = token_len(it);
+	int rc;
+
+	/* a mark in the name, this create's alone (the token and the
+	 * process's attempt number): a create whose reply is lost can be
+	 * found, and a later create of the same token is never mistaken
+	 * for it */
+	for (size_t i = 0; i < tl; i++)
+		k->mark[i] = isxdigit((unsigned char)it->val[i]) ? it->val[i] : 'x';
+	snprintf(k->mark + tl, sizeof(k->mark) - tl, "x%08x", atomic_fetch_add(&attempts, 1));
+	snprintf(k->dir, sizeof(k->dir), "%s", c->dir);
+	snprintf(path, sizeof(path), "%s/" ZK_PREFIX "%s-", c->dir, k->mark);
+	k->zh = zh;
+	rc = zoo_acreate2(zh, path, it->val, (int)it->vlen, &ZOO_OPEN_ACL_UNSAFE,
+			  ZOO_EPHEMERAL_SEQUENTIAL, done_create, k);
+	if (rc != ZOK) {
+		snprintf(c->err, sizeof(c->err), "create: %s", zerror(rc));
+		return rc;
+	}
+	rc = zoo_aget_children(zh, c->dir, 0, done_children, k);
+	if (rc != ZOK) { /* the create's reply may still come: it frees k */
+		call_abandon(c, k, 1);
+		snprintf(c->err, sizeof(c->err), "children: %s", zerror(rc));
+		return rc;
+	}
+	rc = call_wait(c, k, ZOK, deadline_of(c), "create");
+	if (rc == ZOPERATIONTIMEOUT)
+		return rc;
+	if (k->crc == ZCONNECTIONLOSS || k->crc == ZOPERATIONTIMEOUT)
+		sweep_start(zh, k->dir, k->mark);
+	if (k->crc != ZOK)
+		snprintf(c->err, sizeof(c->err), "create: %s", zerror(k->crc));
+	return k->crc;
+}
+
+/*
+ * Creates it's znode, its parents first when missing, and lists its
+ * siblings with it (c->call: k->rc the listing's result, k->mine, k->lower,
+ * k->pred). The fencing token is its czxid, not its sequence: a zxid grows
+ * across every key and every leader change, while a sequence restarts
+ * when an operator deletes a key's parent znode. Returns the new hold, or
+ * NULL with c->err.
+ */
+static struct zk_hold *zk_create(struct backend_conn *c, zhandle_t *zh, unsigned gen,
+				 const struct backend_item *it)
+{
+	struct zk_hold *h;
+	struct zk_call *k;
+	int rc = ZNONODE;
+
+	for (int tries = 0; rc == ZNONODE && tries < 2; tries++) {
+		if (tries && make_parents(c, zh) != ZOK)
+			return NULL;
+		if (!(k = call_begin_n(c, 2)))
+			return NULL;
+		k->seq = -1;
+		rc = create_and_list(c, zh, k, it);
+	}
+	if (rc != ZOK || !(h = hold_add(c, it)))
+		return NULL;
+	snprintf(h->path, sizeof(h->path), "%s", k->path);
+	h->gen = gen;
+	h->czxid = k->czxid;
+	h->seq = k->seq;
+	return h;
+}
+
+/* Lists h's siblings into c->call: ZOK with k->mine, k->lower and k->pred. */
+static int zk_siblings(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h)
+{
+	struct zk_call *k = call_begin(c);
+	char dir[ZK_PATH_MAX];
+
+	if (!k)
+		return ZSYSTEMERROR;
+	snprintf(dir, sizeof(dir), "%.*s", (int)(strrchr(h->path, '/') - h->path), h->path);
+	k->seq = h->seq;
+	return call_wait(c, k, zoo_aget_children(zh, dir, 0, done_children, k), deadline_of(c),
+			 "children");
+}
+
+/*
+ * One look at h's place (listed: its siblings are in c->call already,
+ * from zk_create): 1 when it is the lowest (it holds), 0 when a
+ * watch is now set on its predecessor (which existed when set), -1 on
+ * error (c->err; a znode of ours gone: its session's end).
+ */
+static int zk_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int listed)
+{
+	int rc;
+
+	for (int tries = 0;; listed = 0) {
+		if (listed && c->call->rc != ZOK) {
+			snprintf(c->err, sizeof(c->err), "children: %s", zerror(c->call->rc));
+			return -1;
+		}
+		if (!listed && zk_siblings(c, zh, h) != ZOK)
+			return -1;
+		if (!c->call->mine) {
+			snprintf(c->err, sizeof(c->err), "the lock's znode %.160s is gone (its "
+				 "session ended)", h->path);
+			return -1;
+		}
+		if (c->call->lower == 0)
+			return 1;
+		snprintf(c->watched, sizeof(c->watched), "%.*s/%s",
+			 (int)(strrchr(h->path, '/') - h->path), h->path, c->call->pred);
+		if (!call_begin(c))
+			return -1;
+		rc = call_wait(c, c->call, zoo_awexists(zh, c->watched, sess_watch, NULL,
+							done_stat, c->call),
+			       deadline_of(c), "watch");
+		if (rc == ZOK)
+			return 0;
+		if (rc != ZNONODE || ++tries == 100) /* gone meanwhile: look again */
+			return -1;
+	}
+}
+
+/* Deletes h's znode (any version) and forgets h; async: the reply is
+ * only logged when the znode was gone. Returns BACKEND_OK, BACKEND_NO
+ * (gone: lost) or BACKEND_ERR. */
+static int zk_delete(struct backend_conn *c, struct zk_hold *h, int async)
+{
+	char path[ZK_PATH_MAX];
+	unsigned gen;
+	zhandle_t *zh;
+	struct zk_call *k;
+	int stale, rc;
+
+	snprintf(path, sizeof(path), "%s", h->path);
+	zh = sess_get(c, &gen);
+	stale = !zh || h->gen != gen;
+	hold_drop(c, h);
+	if (!zh)
+		return BACKEND_ERR;
+	if (stale) { /* made in a session that ended: its znode went with it */
+		warn("lock znode %.400s was gone at its release: its session expired while "
+		     "it was held (lost)", path);
+		return BACKEND_NO;
+	}
+	if (async) {
+		pthread_mutex_lock(&sess.mu);
+		sess.pending++;
+		pthread_mutex_unlock(&sess.mu);
+		rc = zoo_adelete(zh, path, -1, done_release, NULL);
+		if (rc != ZOK) {
+			pthread_mutex_lock(&sess.mu);
+			sess.pending--;
+			pthread_mutex_unlock(&sess.mu);
+			snprintf(c->err, sizeof(c->err), "delete: %s", zerror(rc));
+			return BACKEND_ERR;
+		}
+		return BACKEND_OK;
+	}
+	if (!(k = call_begin(c)))
+		return BACKEND_ERR;
+	rc = call_wait(c, k, zoo_adelete(zh, path, -1, done_void, k), deadline_of(c), "delete");
+	return rc == ZOK ? BACKEND_OK : rc == ZNONODE ? BACKEND_NO : BACKEND_ERR;
+}
+
+/* ---- the operations ------------------------------------------------------- */
+
+static int zk_serves(const void *settings)
+{
+	(void)settings;
+	return 1;
+}
+
+static struct backend_config *zk_config_new(const void *settings, char *err, size_t errlen)
+{
+	struct backend_config *bc = calloc(1, sizeof(*bc));
+
+	if (!bc)
+		snprintf(err, errlen, "out of memory");
+	else
+		bc->spec = settings;
+	return bc;
+}
+
+static void zk_config_free(struct backend_config *bc)
+{
+	free(bc);
+}
+
+/* A connection is this thread's call slot and holds; the session is the
+ * process's, made here the first time. */
+static struct backend_conn *zk_open(const struct backend_config *bc, char *err, size_t errlen)
+{
+	struct backend_conn *c = calloc(1, sizeof(*c));
+	unsigned gen;
+
+	if (!c) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	c->bc = bc;
+	if (!sess_get(c, &gen)) {
+		snprintf(err, errlen, "%s", c->err);
+		free(c);
+		return NULL;
+	}
+	return c;
+}
+
+/* Writes the server the session reached (the library's static text,
+ * copied at once), the timeout it negotiated and the root. */
+static void zk_describe(const struct backend_config *bc, char *buf, size_t len)
+{
+	pthread_mutex_lock(&sess.mu);
+	if (sess.zh)
+		snprintf(buf, len, "%s, session timeout %d ms, root %s",
+			 zoo_get_current_server(sess.zh), zoo_recv_timeout(sess.zh),
+			 bc->spec->root);
+	else
+		snprintf(buf, len, "%s, no session", bc->spec->hosts);
+	pthread_mutex_unlock(&sess.mu);
+}
+
+/* Frees c; its znodes stay (their session is the process's). */
+static void zk_close(struct backend_conn *c)
+{
+	if (c->call)
+		call_free(c->call);
+	free(c->holds);
+	free(c);
+}
+
+/*
+ * Takes the lock: creates its znode (or uses the one this token has) and
+ * looks at its place. Lowest: BACKEND_OK with the czxid as fence. Not:
+ * a first try (not waiting) deletes its znode again and says
+ * BACKEND_NOT_QUEUED; a waiter keeps it, with a watch on its predecessor,
+ * and waits in zk_wait. The holder's value is not fetched (length 0).
+ */
+static int zk_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
+		      char *holder, size_t *holder_len, long long *fence)
+{
+	struct zk_hold *h;
+	unsigned gen;
+	zhandle_t *zh;
+	int r, listed = 0;
+
+	*fence = 0;
+	*holder_len = 0;
+	(void)holder;
+	if (backend_item_set(it)) {
+		snprintf(c->err, sizeof(c->err), "the zookeeper backend has no semaphores or "
+			 "shared locks yet");
+		return BACKEND_ERR;
+	}
+	if (!(zh = sess_get(c, &gen)))
+		return BACKEND_ERR;
+	if ((h = hold_find(c, it)) && h->gen != gen) {
+		hold_drop(c, h);
+		h = NULL;
+	}
+	if (!h) {
+		key_dir(c, it);
+		if (!(h = zk_create(c, zh, gen, it)))
+			return BACKEND_ERR;
+		listed = 1;
+	}
+	if ((r = zk_look(c, zh, h, listed)) < 0)
+		return BACKEND_ERR;
+	if (r == 1) {
+		*fence = h->czxid;
+		return BACKEND_OK;
+	}
+	if (!it->waiting) {
+		*wait_ms = BACKEND_NOT_QUEUED;
+		return zk_delete(c, h, 1) == BACKEND_ERR ? BACKEND_ERR : BACKEND_NO;
+	}
+	*wait_ms = LLONG_MAX / 4;
+	return BACKEND_NO;
+}
+
+/* Deletes it's znode: BACKEND_OK, or BACKEND_NO when this connection has
+ * none for it or it was gone (lost with its session). */
+static int zk_release(struct backend_conn *c, const struct backend_item *it, int async)
+{
+	struct zk_hold *h = hold_find(c, it);
+
+	return h ? zk_delete(c, h, async) : BACKEND_NO;
+}
+
+/*
+ * Sleeps until a watch fires (the predecessor's deletion, a session
+ * event) or timeout_ms passes, and looks again at each wake-up: GRANTED
+ * with the fence when its znode is the lowest, NO at the timeout.
+ */
+static int zk_wait(struct backend_conn *c, const struct backend_item *it,
+		   long long timeout_ms, long long *fence)
+{
+	long long deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+	struct zk_hold *h = hold_find(c, it);
+	unsigned long seen;
+	unsigned gen;
+	zhandle_t *zh;
+	int r;
+
+	*fence = 0;
+	if (!h)
+		return BACKEND_OK;
+	for (;;) {
+		if (!(zh = sess_get(c, &gen)))
+			return BACKEND_ERR;
+		if (h->gen != gen) {
+			hold_drop(c, h);
+			return BACKEND_OK; /* its znode went with the session: again */
+		}
+		pthread_mutex_lock(&sess.mu);
+		seen = sess.wake;
+		pthread_mutex_unlock(&sess.mu);
+		if ((r = zk_look(c, zh, h, 0)) < 0)
+			return BACKEND_ERR;
+		if (r == 1) {
+			*fence = h->czxid;
+			return BACKEND_GRANTED;
+		}
+		/* asleep until its predecessor's (or the session's) event */
+		pthread_mutex_lock(&sess.mu);
+		while (!fired_for(seen, c->watched)) {
+			seen = sess.wake;
+			if (cond_wait_until(&sess.cv, &sess.mu, deadline) == ETIMEDOUT &&
+			    !fired_for(seen, c->watched))
+				break;
+		}
+		r = !fired_for(seen, c->watched);
+		pthread_mutex_unlock(&sess.mu);
+		if (r)
+			return BACKEND_NO;
+	}
+}
+
+/* Leaves the queue: deletes its znode (a grant not used included). */
+static int zk_leave(struct backend_conn *c, const struct backend_item *it, int async)
+{
+	return zk_release(c, it, async) == BACKEND_OK ? BACKEND_OK : BACKEND_NO;
+}
+
+/*
+ * Waits (at most command_timeout_ms) until every asynchronous delete of
+ * the process is answered: lock.c flushes at a thread's exit, the
+ * process's and an exec, where a delete still queued in the library would
+ * be lost and its znode kept until the session expires. Returns
+ * BACKEND_OK, or BACKEND_ERR when some are still unanswered.
+ */
+static int zk_flush(struct backend_conn *c)
+{
+	long long deadline = deadline_of(c);
+	int left;
+
+	pthread_mutex_lock(&sess.mu);
+	while (sess.pending > 0 && cond_wait_until(&sess.cv, &sess.mu, deadline) != ETIMEDOUT)
+		;
+	left = sess.pending;
+	pthread_mutex_unlock(&sess.mu);
+	if (left > 0) {
+		snprintf(c->err, sizeof(c->err), "%d release(s) not answered within %d ms "
+			 "(zookeeper.command_timeout_ms)", left, c->bc->spec->command_timeout_ms);
+		return BACKEND_ERR;
+	}
+	return BACKEND_OK;
+}
+
+/* Nothing is left unconfirmed: a delete not answered is the session's. */
+static void zk_unconfirmed(struct backend_conn *c,
+			   void (*fn)(void *arg, const struct backend_item *it), void *arg)
+{
+	(void)c;
+	(void)fn;
+	(void)arg;
+}
+
+static const char *zk_errstr(const struct backend_conn *c)
+{
+	return c->err;
+}
+
+/* One round trip: exists of the root. */
+static int zk_ping(struct backend_conn *c)
+{
+	struct zk_call *k;
+	unsigned gen;
+	zhandle_t *zh;
+	int rc;
+
+	if (!(zh = sess_get(c, &gen)) || !(k = call_begin(c)))
+		return BACKEND_ERR;
+	rc = call_wait(c, k, zoo_aexists(zh, c->bc->spec->root, 0, done_stat, k), deadline_of(c),
+		       "ping");
+	return rc == ZOK || rc == ZNONODE ? BACKEND_OK : BACKEND_ERR;
+}
+
+static const struct backend_ops zk_ops = {
+	.name = "zookeeper",
+	.leaseless = 1,
+	.store = "ZooKeeper",
+	.status_why = "status is not built yet for backend \"zookeeper\"; its holders: zkCli.sh "
+		      "ls <root>/<key> (the lowest lock- child holds; `get` it for its holder)",
+	.unlock_why = "unlock: not with backend \"zookeeper\": a lock is an ephemeral znode of "
+		      "its holder's session, which ZooKeeper deletes when the session ends (a dead "
+		      "holder's at its session timeout); stop its holder",
+	/* .settings: the core's group (backend_init sets it in its copy) */
+	.serves = zk_serves,
+	.config_new = zk_config_new,
+	.config_free = zk_config_free,
+	.open = zk_open,
+	.describe = zk_describe,
+	.close = zk_close,
+	.acquire = zk_acquire,
+	.release = zk_release,
+	.wait = zk_wait,
+	.leave = zk_leave,
+	.flush = zk_flush,
+	.unconfirmed = zk_unconfirmed,
+	.errstr = zk_errstr,
+	.ping = zk_ping,
+};
+
+__attribute__((visibility("default")))
+const struct backend_module lockshim_backend_zookeeper = {
+	.abi = BACKEND_MODULE_ABI,
+	.ops = &zk_ops,
+	.bind = zk_bind,
+};

@@ -1,0 +1,622 @@
+# SPDX-License-Identifier: MIT
+"""backend = "zookeeper" (issue 23, its first step): ZooKeeper's lock recipe
+(ephemeral sequential znodes, each waiter watching its predecessor) on a
+private server (support/zookeeper.py), through the module
+liblockshim-zookeeper.so.
+
+Exclusion of processes x threads (control: the same workload races without
+the shim), fences (czxid) increasing, a SIGKILLed holder freed when its
+session expires (session_timeout_ms; control: a live holder makes the
+waiter time out at wait_ms, on_timeout applied), the waiter woken by the
+release and not by polling, a Redis-guarded program mapping neither
+libzookeeper nor the module, locks on send/write/poll not looping back from
+the library's threads, every refusal (78), and the command's check and
+lock. A 3-member ensemble whose leader is killed is for a later step.
+"""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from support.proxy import DROP_REPLIES, PASS, Proxy
+from support.util import CLI, MULT, PRELOAD, SHIM, cc, run, shim_env, wait_for, write_config
+from support.workers import race
+from support.zookeeper import ZookeeperServer, skip_reason
+
+pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
+
+BLOCK_LOCK = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
+              'on_timeout = "skip"; } );\n')
+RACE_ZK = ('locks = ( { symbol = "ledger_update"; key = "ledger:{arg0:str}"; '
+           'wait_ms = 30000; } );\n')
+SESSION_MS = 4000
+BLK = "/lockshim/lockshim%3Ablk"  # the key lockshim:blk, encoded
+
+
+@pytest.fixture(scope="module")
+def zk():
+    s = ZookeeperServer()
+    try:
+        yield s.start()
+    finally:
+        s.cleanup()
+
+
+def zk_config(tmp_path, zk, body, extra=""):
+    """A config of backend "zookeeper" on zk plus body; returns its path."""
+    return write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = "%s"; '
+                        'session_timeout_ms = %d; %s };\n%s' % (zk.hosts(), SESSION_MS, extra,
+                                                                 body))
+
+
+def cpu_ticks(pid):
+    """utime + stime of pid (every thread), in clock ticks."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def maps(pid):
+    with open("/proc/%d/maps" % pid) as f:
+        return f.read()
+
+
+# ---- exclusion ------------------------------------------------------------------
+
+@pytest.mark.timing
+def test_control_processes_and_threads_lose_updates(progs, tmp_path):
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), None, procs=3, iters=10,
+                threads=3) < 90
+
+
+def test_processes_and_threads_exclude_each_other(progs, zk, tmp_path):
+    """3 processes x 3 threads (one session per process): exact; no znode
+    left under the key."""
+    cfg = zk_config(tmp_path, zk, RACE_ZK)
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
+                threads=3) == 90
+    keys = zk.children("/lockshim")
+    assert keys, "no key znode"
+    for k in keys:
+        assert zk.children("/lockshim/" + k) == [], k
+
+
+def test_several_keys_exclude(progs, zk, tmp_path):
+    """A lock of two keys (taken in byte order, released together): exact,
+    and neither key keeps a znode."""
+    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "ledger_update"; keys = ( "z", '
+                    '"ledger:{arg0:str}" ); wait_ms = 30000; } );\n', 'root = "/two";')
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
+                threads=2) == 60
+    keys = zk.children("/two")
+    assert len(keys) == 2, keys
+    for k in keys:
+        assert zk.children("/two/" + k) == [], k
+
+
+def test_fences_increase(progs, zk, tmp_path):
+    cfg = zk_config(tmp_path, zk, RACE_ZK)
+    path = str(tmp_path / "c")
+    with open(path, "w") as f:
+        f.write("0\n")
+    r = run([progs["ledger"], "direct", path, "3"], cfg, LOCKSHIM_LOG_LEVEL="debug")
+    assert r.returncode == 0, r.stderr
+    fences = [int(l.rsplit("fence ", 1)[1]) for l in r.stderr.splitlines() if " acquired " in l]
+    assert len(fences) == 3 and fences == sorted(set(fences)) and fences[0] > 0, r.stderr
+
+
+# ---- holders that die, waiters that wake ----------------------------------------
+
+def test_killed_holder_frees_the_lock_at_its_session_timeout(bg, worker_progs, zk, tmp_path):
+    """The holder's znode is ephemeral: SIGKILLed, its session expires after
+    session_timeout_ms (4 s here) and the waiter, watching it, enters."""
+    cfg = zk_config(tmp_path, zk, BLOCK_LOCK % 60000)
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: len(zk.children(BLK)) == 2, timeout=30, what="the waiter's znode")
+    t0 = time.monotonic()
+    holder.p.kill()
+    waiter.expect("enter", timeout=SESSION_MS / 1000 + 20 * MULT)
+    took = time.monotonic() - t0
+    assert SESSION_MS / 1000 * 0.5 <= took < SESSION_MS / 1000 + 5 * MULT, took
+    waiter.send()
+    assert waiter.expect("call").startswith("call rc=42")
+    assert waiter.wait() == 0  # its exit flushes its release (not killed before it)
+
+
+def test_control_live_holder_makes_the_waiter_time_out(bg, worker_progs, zk, tmp_path):
+    """wait_ms bounds the wait; on_timeout "skip" applies; the waiter's
+    znode is deleted when it gives up."""
+    cfg = zk_config(tmp_path, zk, BLOCK_LOCK % 1500)
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    t0 = time.monotonic()
+    r = run([worker_progs["block"]], cfg)
+    took = time.monotonic() - t0
+    assert r.stdout.strip() == "call rc=-1 errno=16", (r.stdout, r.stderr)
+    assert 1.4 <= took < 1.5 + 5 * MULT
+    assert "after 1500 ms" in r.stderr, r.stderr
+    assert len(zk.children(BLK)) == 1
+    holder.send()
+    holder.expect("call rc=42")
+    assert holder.wait() == 0
+
+
+@pytest.mark.timing
+def test_waiter_is_woken_by_the_release_not_by_polling(bg, worker_progs, zk, tmp_path):
+    """Over a 2 s wait the waiter (its threads: the program's and the
+    library's two) spends (nearly) no CPU and its znode stays the same one;
+    once the holder's call returns it enters at once."""
+    cfg = zk_config(tmp_path, zk, BLOCK_LOCK % 60000)
+    holder = bg([worker_progs["block"], "stay"], cfg)
+    holder.expect("enter")
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: len(zk.children(BLK)) == 2, timeout=30, what="the waiter's znode")
+    queued = zk.children(BLK)
+    before = cpu_ticks(waiter.p.pid)
+    time.sleep(2)  # the span measured, not a synchronisation
+    assert cpu_ticks(waiter.p.pid) - before <= 3
+    assert zk.children(BLK) == queued  # one znode, not made again
+    holder.send()
+    holder.expect("call rc=42")
+    t0 = time.monotonic()
+    waiter.expect("enter", timeout=5)
+    assert time.monotonic() - t0 < 1 * MULT
+    waiter.send()
+    waiter.expect("call rc=42")
+    assert waiter.wait() == 0
+    holder.send("bye")
+    assert holder.wait() == 0
+
+
+def test_waiters_enter_in_the_order_they_queued(bg, worker_progs, zk, tmp_path):
+    """FIFO by znode creation (fair = true is honoured): three waiters, each
+    started once the previous one's znode is there, enter one by one in
+    that order, never one behind the others' backs."""
+    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                    'wait_ms = 60000; fair = true; } );\n')
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    waiters = []
+    for i in range(3):
+        waiters.append(bg([worker_progs["block"]], cfg))
+        wait_for(lambda: len(zk.children(BLK)) == i + 2, timeout=30, what="waiter %d" % i)
+    holder.send()
+    holder.expect("call rc=42")
+    for i, w in enumerate(waiters):
+        w.expect("enter", timeout=10)
+        assert all(o.lines.empty() for o in waiters[i + 1:]), i
+        w.send()
+        w.expect("call rc=42")
+        assert w.wait() == 0
+    assert holder.wait() == 0
+
+
+# ---- what the module brings in ----------------------------------------------------
+
+def test_redis_guarded_program_maps_no_libzookeeper(bg, worker_progs, redis, zk, tmp_path):
+    """Control: the same program guarded with zookeeper maps both."""
+    rcfg = write_config(tmp_path, redis, BLOCK_LOCK % 1000)
+    p = bg([worker_progs["block"]], rcfg)
+    p.expect("enter")
+    m = maps(p.p.pid)
+    assert "libzookeeper" not in m and "liblockshim-zookeeper" not in m
+    p.send()
+    p.expect("call rc=42")
+    (tmp_path / "z").mkdir()
+    zcfg = zk_config(tmp_path / "z", zk, BLOCK_LOCK % 1000)
+    q = bg([worker_progs["block"]], zcfg)
+    q.expect("enter")
+    m = maps(q.p.pid)
+    assert "libzookeeper_mt.so" in m and "liblockshim-zookeeper.so" in m
+    q.send()
+    q.expect("call rc=42")
+
+
+IO_C = r"""
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+int main(void)
+{
+	int sv[2];
+	char buf[8];
+	socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+	for (int i = 0; i < 20; i++) {
+		struct pollfd p = { .fd = sv[1], .events = POLLIN };
+		if (send(sv[0], "x", 1, 0) != 1 || poll(&p, 1, 1000) != 1 ||
+		    read(sv[1], buf, 1) != 1 || write(1, "ok\n", 3) != 3)
+			return 1;
+	}
+	return 0;
+}
+"""
+
+
+def test_locks_on_send_write_poll_do_not_loop_through_libzookeeper(zk, tmp_path):
+    """The module and libzookeeper are never redirected, so the library's
+    own threads' send/poll/write/read reach libc: every guarded call of the
+    program is taken once, and no slot of theirs is redirected."""
+    src = tmp_path / "io.c"
+    src.write_text(IO_C)
+    prog = cc(str(tmp_path / "io"), [str(src)], "-O2")
+    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "send"; key = "s"; }, '
+                    '{ symbol = "poll"; key = "p"; }, { symbol = "write"; key = "w"; }, '
+                    '{ symbol = "recv"; key = "r"; }, { symbol = "read"; key = "rd"; } );\n')
+    r = run([prog], cfg, LOCKSHIM_LOG_LEVEL="debug", timeout=60)
+    assert r.returncode == 0 and r.stdout == "ok\n" * 20, (r.stdout, r.stderr[-2000:])
+    acquired = [l for l in r.stderr.splitlines() if " acquired " in l]
+    assert len(acquired) >= 80, r.stderr[-2000:]  # send, poll, read, write: 20 each
+    redirected = [l for l in r.stderr.splitlines() if " redirected" in l and
+                  ("libzookeeper" in l or "liblockshim-zookeeper" in l)]
+    assert redirected == [], redirected
+
+
+def test_module_whose_library_is_missing_names_the_package(worker_progs, zk, tmp_path):
+    """A module that cannot be loaded (here: its client library is gone):
+    one line naming libzookeeper-mt2, 78."""
+    d = tmp_path / "lib"
+    d.mkdir()
+    shutil.copy(SHIM, str(d / "liblockshim.so"))
+    src = tmp_path / "gone.c"
+    src.write_text("int gone(void) { return 1; }\n")
+    cc(str(tmp_path / "libgone.so"), [str(src)], "-shared", "-fPIC")
+    mod = tmp_path / "mod.c"
+    mod.write_text("int gone(void); int lockshim_backend_zookeeper(void) { return gone(); }\n")
+    cc(str(d / "liblockshim-zookeeper.so"), [str(mod)], "-shared", "-fPIC",
+       "-L" + str(tmp_path), "-lgone")
+    os.unlink(str(tmp_path / "libgone.so"))
+    cfg = zk_config(tmp_path, zk, BLOCK_LOCK % 1000)
+    r = subprocess.run([worker_progs["block"]], env=shim_env(cfg, LD_PRELOAD=PRELOAD.replace(
+        SHIM, str(d / "liblockshim.so"))), capture_output=True, text=True,
+        stdin=subprocess.DEVNULL)
+    assert r.returncode == 78, (r.stdout, r.stderr)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "liblockshim-zookeeper.so cannot be loaded (" in lines[0] \
+        and lines[0].endswith("install libzookeeper-mt2"), r.stderr
+
+
+@pytest.mark.parametrize("key,znode", [
+    ("a/b c", "lockshim%3Aa%2Fb%20c"),
+    ("..", "lockshim%3A%2E%2E"),
+])
+def test_keys_are_encoded_into_znode_names(zk, tmp_path, key, znode):
+    cfg = zk_config(tmp_path, zk, "")
+    flag = tmp_path / "in"
+    p = subprocess.Popen([CLI, "lock", "-c", cfg, key, "--", "sh", "-c",
+                          "touch %s; read line" % flag], stdin=subprocess.PIPE,
+                         env=dict(os.environ, LD_PRELOAD=""), text=True)
+    try:
+        wait_for(flag.exists, what="the command inside the lock")
+        assert len(zk.children("/lockshim/" + znode)) == 1
+    finally:
+        p.communicate("go\n", timeout=30)
+    assert p.returncode == 0
+
+
+def test_long_key_is_shortened_with_its_sha1(zk, tmp_path):
+    """Past 200 encoded bytes: the first 150, "~" and the SHA-1 (hex) of the
+    whole stored key; two long keys that differ only at their end stay
+    apart."""
+    cfg = zk_config(tmp_path, zk, "", 'root = "/long";')
+    for last in "ab":
+        r = run([CLI, "lock", "-c", cfg, "k" * 300 + last, "--", "true"], LD_PRELOAD="")
+        assert r.returncode == 0, r.stderr
+    names = zk.children("/long")
+    assert len(names) == 2, names
+    for n in names:
+        assert re.fullmatch(r"lockshim%3Ak{139}~[0-9a-f]{40}", n), n
+
+
+# ---- refusals -------------------------------------------------------------------
+
+@pytest.mark.parametrize("setting", [
+    "lease_ms = 5000", "on_lost = \"kill\"", "linger_ms = 10", "limit = 2",
+    "mode = \"shared\"", "max_hold_ms = 100", "retry_max_ms = 50",
+    "break_dead_holders = false", "handoff_ms = 5",
+])
+@pytest.mark.parametrize("where", ["lock", "defaults"])
+def test_refused_settings(zk, tmp_path, setting, where):
+    name = setting.split()[0]
+    if where == "lock":
+        body = 'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting
+    else:
+        body = 'defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
+    cfg = zk_config(tmp_path, zk, body)
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 78, (r.stdout, r.stderr)
+    what = "locks[0].%s" % name if where == "lock" else "defaults.%s" % name
+    assert what in r.stderr and "backend \"zookeeper\"" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("extra,refused", [
+    ('method = "entry";', True),
+    ('method = "entry"; object = "libc.so.6";', True),
+    ('method = "entry"; object = "main";', False),
+    ('method = "reloc";', False),
+])
+def test_entry_method_on_a_libc_function_is_refused(zk, tmp_path, extra, refused):
+    """An entry patch of libc's poll would catch libzookeeper's own threads
+    (outside the guard: the session could not connect, checked by hand);
+    the program's own functions (object "main") and reloc are fine."""
+    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "poll"; key = "p"; %s } );\n' % extra)
+    r = run([CLI, "check", "-c", cfg])
+    if refused:
+        assert r.returncode == 78 and "locks[0].method" in r.stderr and \
+            'backend "zookeeper"' in r.stderr, r.stderr
+    else:
+        assert r.returncode == 0, r.stderr
+
+
+def test_fair_is_accepted(zk, tmp_path):
+    """The recipe is FIFO by creation: fair = true is honoured, not refused."""
+    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "rename"; key = "k"; fair = true; } );\n')
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("root", ["lockshim", "/a/", "/a//b", "/a/../b"])
+def test_bad_root_is_refused(zk, tmp_path, root):
+    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "rename"; key = "k"; } );\n',
+                    'root = "%s";' % root)
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 78 and "zookeeper.root" in r.stderr, r.stderr
+
+
+# ---- the command ----------------------------------------------------------------
+
+def test_check_probes_the_server(zk, tmp_path):
+    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "rename"; key = "k"; } );\n',
+                    'root = "/ls/check";')
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^zookeeper: ok \(.* at 127\.0\.0\.1:%d, session timeout \d+ ms, "
+                     r"root /ls/check\)$" % zk.port, r.stdout, re.M), r.stdout
+    assert zk.children("/ls/check") != []  # made as needed, nested
+
+
+def test_check_reports_a_server_that_is_down(tmp_path):
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
+                       '"127.0.0.1:%d"; connect_timeout_ms = 500; };\n'
+                       'locks = ( { symbol = "rename"; key = "k"; } );\n' % port)
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 69 and "connect_timeout_ms" in r.stdout + r.stderr, (r.stdout,
+                                                                               r.stderr)
+
+
+def test_lock_command_holds_and_fences(zk, tmp_path):
+    """LOCKSHIM_FENCE is the znode's czxid; while the command runs its
+    znode is under the key; afterwards it is gone."""
+    cfg = zk_config(tmp_path, zk, "")
+    flag = tmp_path / "in"
+    go = tmp_path / "go"
+    p = __import__("subprocess").Popen(
+        [CLI, "lock", "-c", cfg, "job", "--", "sh", "-c",
+         "echo fence=$LOCKSHIM_FENCE; touch %s; while [ ! -e %s ]; do sleep 0.05; done"
+         % (flag, go)], stdout=__import__("subprocess").PIPE, text=True,
+        env=dict(os.environ, LD_PRELOAD=""))
+    wait_for(flag.exists, what="the command inside the lock")
+    assert len(zk.children("/lockshim/lockshim%3Ajob")) == 1
+    go.touch()
+    out, _ = p.communicate(timeout=30)
+    assert p.returncode == 0
+    assert int(out.split("=")[1]) > 0, out
+    assert zk.children("/lockshim/lockshim%3Ajob") == []
+
+
+@pytest.mark.parametrize("opts,says", [
+    (["-l", "5000"], "-l: not available with backend \"zookeeper\""),
+    (["--limit", "2"], "lock.limit"),
+    (["--shared"], "lock.mode"),
+])
+def test_lock_command_refuses_what_the_backend_cannot_honour(zk, tmp_path, opts, says):
+    cfg = zk_config(tmp_path, zk, "")
+    r = run([CLI, "lock", "-c", cfg] + opts + ["k", "--", "true"], LD_PRELOAD="")
+    assert r.returncode == 78 and says in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("verb", [["status"], ["unlock", "k"], ["metrics"]])
+def test_verbs_not_built_exit_1(zk, tmp_path, verb):
+    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
+    r = run([CLI] + verb[:1] + ["-c", cfg] + verb[1:])
+    assert r.returncode == 1 and "zookeeper" in r.stderr, (r.stdout, r.stderr)
+
+
+def test_frozen_holder_loses_the_lock_at_its_session_timeout(bg, worker_progs, zk, tmp_path):
+    """A holder stopped (SIGSTOP) past session_timeout_ms: its session
+    expires, its znode vanishes and the waiter enters; resumed, the holder
+    says its session expired and that its lock was lost (no on_lost yet)."""
+    cfg = zk_config(tmp_path, zk, BLOCK_LOCK % 60000)
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: len(zk.children(BLK)) == 2, timeout=30, what="the waiter's znode")
+    t0 = time.monotonic()
+    os.kill(holder.p.pid, signal.SIGSTOP)
+    try:
+        waiter.expect("enter", timeout=SESSION_MS / 1000 + 20 * MULT)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(holder.p.pid, signal.SIGCONT)
+    assert SESSION_MS / 1000 * 0.5 <= took < SESSION_MS / 1000 + 5 * MULT, took
+    wait_for(lambda: "session expired" in holder.stderr(), what="the holder's expiry line")
+    holder.send()
+    assert holder.expect("call").startswith("call rc=42")
+    assert holder.wait() == 0
+    err = holder.stderr()
+    assert "every lock of this process is lost" in err, err
+    assert re.search(r"lock znode %s/lock-[0-9a-fx]+-\d{10} was gone at its release"
+                     % re.escape(BLK), err), err
+    waiter.send()
+    assert waiter.expect("call").startswith("call rc=42")
+    assert waiter.wait() == 0
+    assert zk.children(BLK) == []
+
+
+FORK_LIB_C = r"""
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+int lib_call(int x)
+{
+	return x;
+}
+/* A guarded call (the process's session made), then a fork whose child
+ * makes a guarded call of its own, then one more in the parent. */
+int fork_calls(void)
+{
+	int st;
+	pid_t pid;
+
+	if (lib_call(1) != 1)
+		return 1;
+	pid = fork();
+	if (pid == 0)
+		_exit(lib_call(7) == 7 ? 0 : 2);
+	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		return 3;
+	return lib_call(1) == 1 ? 0 : 4;
+}
+"""
+
+
+def test_fork_child_makes_a_session_of_its_own(zk, tmp_path):
+    """The parent's session is not the child's (its library threads are not
+    there): the child's guarded call makes a new session, and its fence is
+    a znode of its own; the parent goes on with its session."""
+    d = tmp_path / "fork"
+    d.mkdir()
+    (d / "lib.c").write_text(FORK_LIB_C)
+    (d / "main.c").write_text("int fork_calls(void);\nint main(void) { return fork_calls(); }\n")
+    cc(str(d / "libfk.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC")
+    prog = cc(str(d / "fk"), [str(d / "main.c")], "-O2", "-L" + str(d),
+              "-Wl,-rpath," + str(d), "-lfk")
+    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "lib_call"; key = "fk"; '
+                    'wait_ms = 10000; } );\n')
+    r = run([prog], cfg, LOCKSHIM_LOG_LEVEL="debug", timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    fences = [int(l.rsplit("fence ", 1)[1]) for l in r.stderr.splitlines() if " acquired " in l]
+    assert len(fences) == 3 and len(set(fences)) == 3, r.stderr[-3000:]
+    assert zk.children("/lockshim/lockshim%3Afk") == []
+
+
+TWO_CALLS_LIB_C = r"""
+#include <errno.h>
+#include <stdio.h>
+int lib_call(int x)
+{
+	return x;
+}
+/* A guarded call (the session made), a line, a second one (its rc said),
+ * a line. */
+int two_calls(void)
+{
+	char line[16];
+	int rc;
+
+	printf("one rc=%d\n", lib_call(1));
+	fflush(stdout);
+	if (!fgets(line, sizeof(line), stdin))
+		return 1;
+	errno = 0;
+	rc = lib_call(2);
+	printf("two rc=%d errno=%d\n", rc, errno);
+	fflush(stdout);
+	return fgets(line, sizeof(line), stdin) ? 0 : 1;
+}
+"""
+
+
+@pytest.fixture
+def own_zk():
+    """A server of the test's own (it is frozen)."""
+    s = ZookeeperServer()
+    try:
+        yield s.start()
+    finally:
+        if s.proc:
+            os.kill(s.proc.pid, signal.SIGCONT)
+        s.cleanup()
+
+
+def test_create_given_up_is_deleted_when_its_reply_comes(bg, own_zk, tmp_path):
+    """The server frozen (SIGSTOP) past command_timeout_ms: the call gives up
+    (on_error "skip") while its creates are still in flight; resumed, the
+    server makes them, and their late replies delete them: the key is free
+    while the process (and its session) lives on."""
+    zk = own_zk
+    d = tmp_path / "two"
+    d.mkdir()
+    (d / "lib.c").write_text(TWO_CALLS_LIB_C)
+    (d / "main.c").write_text("int two_calls(void);\nint main(void) { return two_calls(); }\n")
+    cc(str(d / "libtwo.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC")
+    prog = cc(str(d / "two"), [str(d / "main.c")], "-O2", "-L" + str(d),
+              "-Wl,-rpath," + str(d), "-ltwo")
+    cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = "%s"; '
+                       'session_timeout_ms = 20000; command_timeout_ms = 300; };\n'
+                       'locks = ( { symbol = "lib_call"; key = "frz"; wait_ms = 1000; '
+                       'on_error = "skip"; errno = "EAGAIN"; } );\n' % zk.hosts())
+    p = bg([prog], cfg)
+    p.expect("one rc=1")
+    os.kill(zk.proc.pid, signal.SIGSTOP)
+    try:
+        p.send()
+        assert p.expect("two").startswith("two rc=-1 errno=11"), p.stderr()
+    finally:
+        os.kill(zk.proc.pid, signal.SIGCONT)
+    wait_for(lambda: zk.children("/lockshim/lockshim%3Afrz") == [], timeout=30,
+             what="the given-up creates deleted")
+    assert p.p.poll() is None  # its session lives: only the deletes freed the key
+    r = run([CLI, "lock", "-c", cfg, "frz", "--", "true"], LD_PRELOAD="")
+    assert r.returncode == 0, r.stderr
+    p.send()
+    assert p.wait() == 0
+
+
+def test_create_whose_connection_was_lost_is_swept(bg, own_zk, tmp_path):
+    """The server's replies dropped (a proxy) while a call's creates go out:
+    ZooKeeper makes the znodes, the client loses its connection (no reply
+    for 2/3 of the session) and reconnects with the session alive. Each
+    znode's name carries its token, so the client finds its own znodes once
+    reconnected and deletes them: the key is free while the process (and its
+    session) lives on."""
+    zk = own_zk
+    d = tmp_path / "two"
+    d.mkdir()
+    (d / "lib.c").write_text(TWO_CALLS_LIB_C)
+    (d / "main.c").write_text("int two_calls(void);\nint main(void) { return two_calls(); }\n")
+    cc(str(d / "libtwo.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC")
+    prog = cc(str(d / "two"), [str(d / "main.c")], "-O2", "-L" + str(d),
+              "-Wl,-rpath," + str(d), "-ltwo")
+    with Proxy(zk.port) as px:
+        cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
+                           '"127.0.0.1:%d"; session_timeout_ms = 6000; command_timeout_ms = '
+                           '500; };\nlocks = ( { symbol = "lib_call"; key = "frz"; wait_ms = '
+                           '1000; on_error = "skip"; errno = "EAGAIN"; } );\n' % px.port)
+        p = bg([prog], cfg)
+        p.expect("one rc=1")
+        px.set_mode(DROP_REPLIES)
+        p.send()
+        assert p.expect("two").startswith("two rc=-1 errno=11"), p.stderr()
+        assert zk.children("/lockshim/lockshim%3Afrz") != []  # made, unanswered
+        px.set_mode(PASS)
+        wait_for(lambda: px.accepted >= 2, timeout=30, what="the client's reconnection")
+        wait_for(lambda: zk.children("/lockshim/lockshim%3Afrz") == [], timeout=30,
+                 what="the unanswered creates swept")
+        assert p.p.poll() is None and "ZooKeeper session expired" not in p.stderr()
+        r = run([CLI, "lock", "-c", cfg, "frz", "--", "true"], LD_PRELOAD="")
+        assert r.returncode == 0, r.stderr
+        p.send()
+        assert p.wait() == 0
