@@ -7,9 +7,8 @@
  * renewal thread's pings (lease_ms, on_lost). Refused when the file sets
  * them, in a lock or in `defaults`: retry_max_ms, break_dead_holders,
  * handoff_ms, on_overrun; by value: fair, limit > 1, mode "shared",
- * linger_ms > 0 and max_hold_ms. Built-in values here (pg_lock_defaults):
- * linger_ms 0, retry_max_ms 1000 (how often a waiter's blocking wait is
- * sent again, and the longest back-off after an error). The password file is read with conf_read_password_file
+ * linger_ms > 0 and max_hold_ms. linger_ms's built-in value is 0 here
+ * (pg_lock_defaults). The password file is read with conf_read_password_file
  * (in secure-execution mode only a trusted one, as redis.password_file); the module reads
  * LOCKSHIM_POSTGRES_PASSWORD itself (secure_getenv). This file is in the
  * core: backend.c registers backend_postgres_settings, conf.c never names it.
@@ -79,15 +78,10 @@ static int pg_check_lock(struct conf_err *e, const config_setting_t *lg, const c
 }
 
 /* No lock is kept between calls (a parked lock would be released by the
- * renewal thread, whose session does not hold it). A waiter blocks in the
- * server for up to retry_max_ms per statement (lock.c's wait_cap), then
- * sends its wait again (and rejoins the server's queue at its end): 1 s,
- * not 100 ms, is one round trip a second per waiter; errors back off up
- * to that too. */
+ * renewal thread, whose session does not hold it). */
 static void pg_lock_defaults(struct lock_spec *d)
 {
 	d->linger_ms = 0;
-	d->retry_max_ms = 1000;
 }
 
 /* The longest request: a command (a wait adds its own time). */

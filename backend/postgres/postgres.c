@@ -1063,6 +1063,10 @@ static int pg_renew(struct backend_conn *c, int n, const struct backend_item *it
 
 static const struct backend_ops pg_ops = {
 	.name = "postgres",
+	/* a waiter's one blocking pg_advisory_lock ends at the release: it is
+	 * not sent again every retry_max_ms (and keeps its place in the
+	 * server's queue); a caller refused once leaves nothing queued */
+	.watched = 1,
 	.store = "PostgreSQL",
 	.status_why = "status is not built yet for backend \"postgres\"; its holders: SELECT "
 		      "l.pid, a.application_name, (l.classid::bigint << 32) | l.objid::bigint AS "
