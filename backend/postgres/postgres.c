@@ -102,6 +102,8 @@ struct backend_conn {
 	const struct backend_config *bc;
 	PGconn *pg;
 	pid_t pid;
+	long long active_ms;     /* when the server last answered (now_ms): the
+				  * session was not idle then (pg_renew) */
 	int fenced;              /* the sequence is usable */
 	int prepared;            /* the statements are prepared (stmt_name) */
 	int piped;               /* libpq pipeline mode: a query may be sent before
@@ -310,6 +312,7 @@ static PGresult *result_read(struct backend_conn *c, long long deadline, const c
 	}
 	if (!last)
 		goto broken;
+	c->active_ms = now_ms();
 	return last;
 timeout:
 	PQclear(last);
@@ -1026,8 +1029,12 @@ static struct backend_conn *holder_session(const struct backend_item *it, int *b
  * The lease of a session advisory lock is its session's
  * idle_session_timeout (set by the statements that take and release
  * locks): renewing is keeping the holder's session from being idle, one
- * SELECT 1 on it (once per session however many of the n items it holds),
- * under its mutex. c (the renewal thread's own connection) is not used.
+ * SELECT 1 on it under its mutex; none when the server answered on that
+ * session less than a sixth of the item's lease ago (another lock's
+ * renewal, the owner's own command). Each lock is due every third of its
+ * lease (renew.c), so a session holding one lock is pinged three times a
+ * lease, one holding many at most six times, and none is idle for more
+ * than half a lease. c (the renewal thread's own connection) is not used.
  * results[i]: BACKEND_OK (pinged, or its owner is using it), BACKEND_NO
  * (no session holds it any more, or the ping failed: the session, and so
  * the lock, is gone). Returns BACKEND_OK.
@@ -1035,27 +1042,23 @@ static struct backend_conn *holder_session(const struct backend_item *it, int *b
 static int pg_renew(struct backend_conn *c, int n, const struct backend_item *items,
 		    int *results)
 {
-	struct backend_conn *done[64];
-	int ndone = 0;
-
 	(void)c;
 	for (int i = 0; i < n; i++) {
-		int busy, again = 0;
+		int busy;
 		struct backend_conn *h = holder_session(&items[i], &busy);
 
 		if (!h) {
 			results[i] = busy ? BACKEND_OK : BACKEND_NO;
 			continue;
 		}
-		for (int j = 0; j < ndone && !again; j++)
-			again = done[j] == h;
-		results[i] = again || ping_locked(h) == BACKEND_OK ? BACKEND_OK : BACKEND_NO;
+		if (now_ms() - h->active_ms < items[i].lease_ms / 6)
+			results[i] = BACKEND_OK;
+		else
+			results[i] = ping_locked(h) == BACKEND_OK ? BACKEND_OK : BACKEND_NO;
 		/* the ping found the session gone: its locks are lost (the
 		 * server freed them), and the next command reconnects */
 		if (results[i] == BACKEND_OK && hold_index(h, &items[i]) < 0)
 			results[i] = BACKEND_NO;
-		if (!again && results[i] == BACKEND_OK && ndone < 64)
-			done[ndone++] = h;
 		pthread_mutex_unlock(&h->mu);
 	}
 	return BACKEND_OK;
