@@ -719,6 +719,20 @@ def test_lock_command_holds_and_fences(pg, tmp_path):
     assert advisory(pg) == 0
 
 
+def test_lock_command_keeps_its_lease(pg, tmp_path):
+    """lockshim lock -l 1000 (no longer refused): the command's lock
+    outlives 2.5 leases, kept by the renewal's pings (a frozen one would be
+    gone: test_frozen_holder_is_bounded_by_its_lease)."""
+    cfg = pg_config(tmp_path, pg, "")
+    r = run([CLI, "lock", "-c", cfg, "-l", "1000", "job", "--", "sh", "-c",
+             "sleep 2.5; psql -h 127.0.0.1 -p %d -U postgres -Atc "  # the span measured
+             "\"SELECT pg_try_advisory_lock(hashtextextended('lockshim:job', 0))\"" % pg.port],
+            LD_PRELOAD="")
+    assert r.returncode == 0 and r.stdout.strip() == "f", (r.stdout, r.stderr)
+    assert "lost" not in r.stderr, r.stderr
+    assert advisory(pg) == 0
+
+
 @pytest.mark.parametrize("verb", [["status"], ["unlock", "k"], ["metrics"]])
 def test_verbs_not_built_exit_1(pg, tmp_path, verb):
     cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
