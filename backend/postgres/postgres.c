@@ -685,22 +685,23 @@ static void notice_none(void *arg, const char *msg)
 	(void)msg;
 }
 
-static struct backend_conn *pg_open(const struct backend_config *bc, char *err, size_t errlen)
+/*
+ * Opens c's session (c->pg is NULL): connect within connect_timeout_ms,
+ * the version, the fence sequence, the prepared statements, pipeline
+ * mode. Returns 0, or -1 with one line in err (never c->err) and c->pg
+ * NULL.
+ */
+static int session_connect(struct backend_conn *c, char *err, size_t errlen)
 {
+	const struct backend_config *bc = c->bc;
 	const char *keys[5] = { "dbname", "application_name", NULL, NULL, NULL };
 	const char *vals[5] = { bc->spec->conninfo, bc->app, NULL, NULL, NULL };
 	long long deadline = now_ms() + bc->spec->connect_timeout_ms;
-	struct backend_conn *c = calloc(1, sizeof(*c));
 	PostgresPollingStatusType st = PGRES_POLLING_WRITING;
 	int k = 2;
 
-	if (!c) {
-		snprintf(err, errlen, "out of memory");
-		return NULL;
-	}
-	pthread_mutex_init(&c->mu, NULL);
-	c->bc = bc;
-	c->pid = getpid();
+	c->fenced = c->prepared = c->piped = c->pending = c->phead = 0;
+	c->err[0] = 0;
 	if (bc->password) {
 		keys[k] = "password";
 		vals[k++] = bc->password;
@@ -736,14 +737,46 @@ static struct backend_conn *pg_open(const struct backend_config *bc, char *err, 
 		goto out;
 	}
 	c->piped = PQenterPipelineMode(c->pg) == 1;
-	conns_add(c);
-	return c;
+	return 0;
 out:
 	err[strcspn(err, "\n")] = 0;
 	session_drop(c);
-	pthread_mutex_destroy(&c->mu);
-	free(c);
-	return NULL;
+	return -1;
+}
+
+static struct backend_conn *pg_open(const struct backend_config *bc, char *err, size_t errlen)
+{
+	struct backend_conn *c = calloc(1, sizeof(*c));
+
+	if (!c) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	pthread_mutex_init(&c->mu, NULL);
+	c->bc = bc;
+	c->pid = getpid();
+	if (session_connect(c, err, errlen) != 0) {
+		pthread_mutex_destroy(&c->mu);
+		free(c);
+		return NULL;
+	}
+	conns_add(c);
+	return c;
+}
+
+/* Opens c's session again when it was dropped (a renewal's ping found it
+ * gone, a command timed out): the call after a lost lock does not fail.
+ * Returns BACKEND_OK, or BACKEND_ERR with c->err set. Holds c->mu. */
+static int session_up(struct backend_conn *c)
+{
+	char err[sizeof(c->err)];
+
+	if (c->pg)
+		return BACKEND_OK;
+	if (session_connect(c, err, sizeof(err)) == 0)
+		return BACKEND_OK;
+	snprintf(c->err, sizeof(c->err), "%s", err);
+	return BACKEND_ERR;
 }
 
 /* Writes "PostgreSQL HOST:PORT database DB (session advisory locks)", each
@@ -808,6 +841,8 @@ static int pg_acquire_locked(struct backend_conn *c, const struct backend_item *
 		*wait_ms = LLONG_MAX / 4;
 		return BACKEND_NO;
 	}
+	if (session_up(c) != BACKEND_OK)
+		return BACKEND_ERR;
 	v[0] = key_text(c, it);
 	v[1] = idle_text(c, it->lease_ms, idle);
 	if (!(r = run(c, c->fenced ? sql_try_fenced : sql_try, 2, v,
@@ -909,6 +944,8 @@ static int pg_wait_locked(struct backend_conn *c, const struct backend_item *it,
 		return BACKEND_NO;
 	if (timeout_ms > PG_WAIT_MAX_MS)
 		timeout_ms = PG_WAIT_MAX_MS;
+	if (session_up(c) != BACKEND_OK)
+		return BACKEND_ERR;
 	snprintf(lt, sizeof(lt), "%lld", timeout_ms);
 	v[0] = key_text(c, it);
 	v[1] = lt;

@@ -344,6 +344,44 @@ def test_terminated_session_is_on_lost(bg, worker_progs, pg, tmp_path):
     wait_for(lambda: advisory(pg) == 0, what="no advisory lock left")
 
 
+TWICE_MAIN_C = r"""
+#include <stdio.h>
+int block_call(int x);
+/* Two guarded calls in a row, each until a line on stdin. */
+int main(void)
+{
+	int a = block_call(1), b = block_call(2);
+
+	printf("calls rc=%d,%d\n", a, b);
+	return 0;
+}
+"""
+
+
+def test_call_after_a_lost_lease_reconnects_quietly(bg, worker_progs, pg, tmp_path):
+    """The session of a holder is terminated: on_lost, and its next call on
+    the same thread opens a new session and takes the lock without an
+    error line; control: the loss itself is reported (on_lost's line)."""
+    d = os.path.dirname(worker_progs["block"])
+    (tmp_path / "twice.c").write_text(TWICE_MAIN_C)
+    prog = cc(str(tmp_path / "twice"), [str(tmp_path / "twice.c")], "-O2", "-L" + d,
+              "-Wl,-rpath," + d, "-lblock")
+    cfg = pg_config(tmp_path, pg, LEASE_LOCK % (1500, 5000))
+    holder = bg([prog], cfg)
+    holder.expect("enter 1")
+    first = holder_pid(pg)
+    assert pg.psql("SELECT pg_terminate_backend(%d)" % first) == "t"
+    wait_for(lambda: LOST in holder.stderr(), what="on_lost's line")
+    holder.send()
+    holder.expect("enter 2")
+    assert holder_pid(pg) != first
+    holder.send()
+    assert holder.expect("calls").startswith("calls rc=42,42")
+    err = holder.stderr()
+    assert "retrying" not in err and err.count("lease on") == 1, err
+    wait_for(lambda: advisory(pg) == 0, what="the release")
+
+
 FORK_LIB_C = r"""
 #include <pthread.h>
 #include <stdio.h>
