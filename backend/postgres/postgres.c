@@ -14,7 +14,7 @@
  * the server. Renewal (pg_renew, the renewal thread) pings each holder's
  * session, found in the registry of holds (conns), under that
  * connection's mutex. Every command is bounded by poll; one late closes
- * the session. Parameters are bound, never spliced. A fork child's
+ * the session (the next try or wait opens it again). Parameters are bound, never spliced. A fork child's
  * inherited sockets become /dev/null. One export (postgres.map); of the
  * core, only bind's warning callback is used.
  */
