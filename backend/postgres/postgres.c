@@ -1,22 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * postgres.c - the postgres backend, a module (liblockshim-postgres.so,
- * backend_module.h) on Debian's libpq5: session advisory locks on the id
- * hashtextextended(key, 0) that the server computes (psql finds them). One
- * libpq session per thread holds its locks: the server frees them when the
- * session ends (its holder's death included). Try: pg_try_advisory_lock
+ * backend_module.h) on libpq5: session advisory locks on the id
+ * hashtextextended(key, 0) (psql finds them), one session per thread; the
+ * server frees a session's locks when it ends. Try: pg_try_advisory_lock
  * and nextval('lockshim_fence') in one statement; wait: one blocking
- * pg_advisory_lock under lock_timeout (set in that statement), woken by
- * the release; release: pg_advisory_unlock, async, in pipeline mode (the
- * next command does not wait for its reply). The lease is the session's
- * idle_session_timeout, set by those same statements (the shortest lease
- * it holds; 0 when it holds none): a frozen holder's session is ended by
- * the server. Renewal (pg_renew, the renewal thread) pings each holder's
- * session, found in the registry of holds (conns), under that
- * connection's mutex. Every command is bounded by poll; one late closes
- * the session (the next try or wait opens it again). Parameters are bound, never spliced. A fork child's
- * inherited sockets become /dev/null. One export (postgres.map); of the
- * core, only bind's warning callback is used.
+ * pg_advisory_lock under lock_timeout; release: pg_advisory_unlock, async,
+ * in pipeline mode. The lease is the session's idle_session_timeout, set
+ * by those statements (the shortest lease held; 0: none), so the server
+ * ends a frozen holder's session; pg_renew pings each holder's session
+ * (the holds registry, conns) under its connection's mutex. Commands are
+ * bounded by poll; one late closes the session (the next try or wait
+ * reopens it). Parameters are bound, never spliced. A fork child's sockets
+ * become /dev/null. One export (postgres.map); of the core, only bind's
+ * warning callback is used.
  */
 #include <errno.h>
 #include <limits.h>
