@@ -8,7 +8,10 @@ the shim), a SIGKILLed holder freeing the lock at once (control: a live
 holder makes the waiter time out at wait_ms, on_timeout applied), the
 waiter woken by the release and not by polling (no CPU over a 2 s wait,
 entering right after the release), the server restarted and frozen
-mid-run (calls bounded, on_error applied, nothing left held), the module
+mid-run (calls bounded, on_error applied, nothing left held), leases (a
+frozen holder's session ended by the server after lease_ms, on_lost when
+it runs again, no double release; control: a long lease keeps it; a live
+holder kept over 3 leases by renewal; a terminated session is on_lost), the module
 or its library missing (one line, 78), a Redis-guarded program mapping
 neither libpq nor the module, locks on send/write/poll not looping back
 from libpq, every refusal (78), and the command's check, lock, status,
@@ -26,7 +29,7 @@ import pytest
 from support.postgres import PostgresServer, skip_reason
 from support.secure import NOBODY, NOGROUP, Layout
 from support.server import call_failed
-from support.util import CLI, MULT, PRELOAD, SHIM, cc, run, shim_env, wait_for, write_config
+from support.util import CLI, MULT, PRELOAD, SHIM, TSAN, cc, run, shim_env, wait_for, write_config
 from support.workers import killed_holder_frees, race
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
@@ -202,8 +205,10 @@ def test_control_live_holder_makes_the_waiter_time_out(bg, worker_progs, pg, tmp
 
 @pytest.mark.timing
 def test_waiter_is_woken_by_the_release_not_by_polling(bg, worker_progs, pg, tmp_path):
-    """Over a 2 s wait the waiter has one thread and spends (nearly) no CPU;
-    once the holder's call returns it enters at once."""
+    """Over a 2 s wait the waiter has two threads (its own and the renewal
+    thread, started before it queues) and spends (nearly) no CPU: its wait
+    blocks in the server (one statement, not asked again); once the
+    holder's call returns it enters at once."""
     cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 60000)
     holder = bg([worker_progs["block"], "stay"], cfg)
     holder.expect("enter")
@@ -211,7 +216,7 @@ def test_waiter_is_woken_by_the_release_not_by_polling(bg, worker_progs, pg, tmp
     wait_for(lambda: advisory(pg, granted=False) == 1, what="the waiter in the server")
     before = cpu_ticks(waiter.p.pid)
     time.sleep(2)  # the span measured, not a synchronisation
-    assert threads(waiter.p.pid) == 1
+    assert threads(waiter.p.pid) == 2 + TSAN  # (TSan's runtime has its own)
     assert cpu_ticks(waiter.p.pid) - before <= 2
     assert advisory(pg, granted=False) == 1  # one wait, not asked again
     holder.send()
@@ -219,6 +224,162 @@ def test_waiter_is_woken_by_the_release_not_by_polling(bg, worker_progs, pg, tmp
     t0 = time.monotonic()
     waiter.expect("enter", timeout=5)
     assert time.monotonic() - t0 < 1 * MULT
+
+
+# ---- leases: the session's idle_session_timeout, kept by the renewal's pings ----
+
+LEASE_LOCK = ('locks = ( { symbol = "block_call"; key = "blk"; lease_ms = %d; wait_ms = %d; '
+              'on_timeout = "skip"; } );\n')
+LOST = "lease on lockshim:blk was lost"
+
+
+def holder_pid(pg):
+    """The server pid of the session that holds the (one) advisory lock."""
+    return int(wait_for(lambda: pg.psql("SELECT pid FROM pg_locks WHERE locktype = 'advisory' "
+                                        "AND granted") or None, what="a granted advisory lock"))
+
+
+def stopped(bg_proc):
+    """SIGSTOPs a Bg's process; returns a function that continues it."""
+    os.kill(bg_proc.p.pid, signal.SIGSTOP)
+    return lambda: os.kill(bg_proc.p.pid, signal.SIGCONT)
+
+
+@pytest.mark.timing
+def test_frozen_holder_is_bounded_by_its_lease(bg, worker_progs, pg, tmp_path):
+    """A holder SIGSTOPped inside its call sends nothing: the server ends
+    its idle session after lease_ms (1.5 s) and the waiter enters. Once
+    continued, the holder's renewal finds its session gone: on_lost's line;
+    its call's end then releases nothing (the waiter's lock is intact in
+    pg_locks). Control: test_control_frozen_holder_with_a_long_lease."""
+    cfg = pg_config(tmp_path, pg, LEASE_LOCK % (1500, 30000))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    first = holder_pid(pg)
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: advisory(pg, granted=False) == 1, what="the waiter in the server")
+    cont = stopped(holder)
+    try:
+        t0 = time.monotonic()
+        waiter.expect("enter", timeout=20)
+        took = time.monotonic() - t0
+    finally:
+        cont()
+    # idle since its last ping (at most lease/3 before the stop) for a lease
+    assert 0.9 <= took < 1.5 + 3 * MULT, took
+    second = holder_pid(pg)
+    assert second != first
+    wait_for(lambda: LOST in holder.stderr(), what="on_lost's line")
+    assert "applying log" in holder.stderr(), holder.stderr()
+    holder.send()
+    holder.expect("call rc=42")
+    holder.p.wait(timeout=10)
+    # no double release: the waiter's lock is still its own
+    assert advisory(pg, granted=True) == 1 and holder_pid(pg) == second
+    assert pg.psql("SELECT pg_try_advisory_lock(hashtextextended('lockshim:blk', 0))") == "f"
+    waiter.send()
+    waiter.expect("call rc=42")
+    wait_for(lambda: advisory(pg) == 0, what="no advisory lock left")
+
+
+def test_control_frozen_holder_with_a_long_lease(bg, worker_progs, pg, tmp_path):
+    """The same frozen holder with a 10-minute lease keeps the lock: a
+    waiter of wait_ms 2 s times out (on_timeout "skip")."""
+    cfg = pg_config(tmp_path, pg, LEASE_LOCK % (600000, 2000))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    cont = stopped(holder)
+    try:
+        r = run([worker_progs["block"]], cfg)
+    finally:
+        cont()
+    assert r.stdout.strip() == "call rc=-1 errno=16", (r.stdout, r.stderr)
+    assert "still held by another owner after 2000 ms" in r.stderr, r.stderr
+    holder.send()
+    holder.expect("call rc=42")
+    assert LOST not in holder.stderr(), holder.stderr()
+
+
+@pytest.mark.timing
+def test_live_holder_keeps_its_lock_by_renewal(bg, worker_progs, pg, tmp_path):
+    """A holder whose call lasts over 3 leases (lease_ms 1 s) keeps its lock
+    and its session: the renewal pings it every lease/3. A waiter of
+    wait_ms 2.5 s (shorter than the call) times out; no loss is reported.
+    Control: test_frozen_holder_is_bounded_by_its_lease (no pings: gone
+    after a lease)."""
+    cfg = pg_config(tmp_path, pg, LEASE_LOCK % (1000, 2500))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    t0 = time.monotonic()
+    first = holder_pid(pg)
+    r = run([worker_progs["block"]], cfg)
+    assert r.stdout.strip() == "call rc=-1 errno=16", (r.stdout, r.stderr)
+    time.sleep(max(0, 3.2 - (time.monotonic() - t0)))  # the span measured: 3 leases
+    assert holder_pid(pg) == first and advisory(pg, granted=True) == 1
+    holder.send()
+    holder.expect("call rc=42")
+    assert LOST not in holder.stderr(), holder.stderr()
+    wait_for(lambda: advisory(pg) == 0, what="the release")
+
+
+@pytest.mark.timing
+def test_terminated_session_is_on_lost(bg, worker_progs, pg, tmp_path):
+    """pg_terminate_backend of the holder's session mid-call: the next
+    renewal (within lease/3) finds it gone and applies on_lost; a second
+    caller enters meanwhile (the lock was the session's)."""
+    cfg = pg_config(tmp_path, pg, LEASE_LOCK % (1500, 5000))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    assert pg.psql("SELECT pg_terminate_backend(%d)" % holder_pid(pg)) == "t"
+    t0 = time.monotonic()
+    wait_for(lambda: LOST in holder.stderr(), what="on_lost's line")
+    assert time.monotonic() - t0 < 0.5 + 2 * MULT
+    assert "applying log" in holder.stderr(), holder.stderr()
+    other = bg([worker_progs["block"]], cfg)
+    other.expect("enter")
+    other.send()
+    other.expect("call rc=42")
+    holder.send()
+    holder.expect("call rc=42")
+    wait_for(lambda: advisory(pg) == 0, what="no advisory lock left")
+
+
+TWICE_MAIN_C = r"""
+#include <stdio.h>
+int block_call(int x);
+/* Two guarded calls in a row, each until a line on stdin. */
+int main(void)
+{
+	int a = block_call(1), b = block_call(2);
+
+	printf("calls rc=%d,%d\n", a, b);
+	return 0;
+}
+"""
+
+
+def test_call_after_a_lost_lease_reconnects_quietly(bg, worker_progs, pg, tmp_path):
+    """The session of a holder is terminated: on_lost, and its next call on
+    the same thread opens a new session and takes the lock without an
+    error line; control: the loss itself is reported (on_lost's line)."""
+    d = os.path.dirname(worker_progs["block"])
+    (tmp_path / "twice.c").write_text(TWICE_MAIN_C)
+    prog = cc(str(tmp_path / "twice"), [str(tmp_path / "twice.c")], "-O2", "-L" + d,
+              "-Wl,-rpath," + d, "-lblock")
+    cfg = pg_config(tmp_path, pg, LEASE_LOCK % (1500, 5000))
+    holder = bg([prog], cfg)
+    holder.expect("enter 1")
+    first = holder_pid(pg)
+    assert pg.psql("SELECT pg_terminate_backend(%d)" % first) == "t"
+    wait_for(lambda: LOST in holder.stderr(), what="on_lost's line")
+    holder.send()
+    holder.expect("enter 2")
+    assert holder_pid(pg) != first
+    holder.send()
+    assert holder.expect("calls").startswith("calls rc=42,42")
+    err = holder.stderr()
+    assert "retrying" not in err and err.count("lease on") == 1, err
+    wait_for(lambda: advisory(pg) == 0, what="the release")
 
 
 FORK_LIB_C = r"""
@@ -324,9 +485,9 @@ def test_exec_inside_a_guarded_call_frees_the_lock(bg, worker_progs, pg, tmp_pat
 def test_server_restarted_mid_run(bg, worker_progs, own_pg, tmp_path):
     """Down: the call gives up within wait_ms (on_error "skip", an error
     line); back: calls work again and nothing is left held. The holder of
-    the restart lost its lock without being told (this step's limit)."""
+    the restart lost its lock: its renewal (lease 1.5 s) tells it (on_lost)."""
     cfg = pg_config(tmp_path, own_pg, 'locks = ( { symbol = "block_call"; key = "blk"; '
-                    'wait_ms = 1500; on_error = "skip"; } );\n',
+                    'wait_ms = 1500; on_error = "skip"; lease_ms = 1500; } );\n',
                     "connect_timeout_ms = 300; command_timeout_ms = 300;")
     holder = bg([worker_progs["block"]], cfg)
     holder.expect("enter")
@@ -337,16 +498,17 @@ def test_server_restarted_mid_run(bg, worker_progs, own_pg, tmp_path):
     assert time.monotonic() - t0 < 1.5 + 3 * MULT
     assert "PostgreSQL unavailable for 1500 ms" in r.stderr, r.stderr
     own_pg.start()
-    # the known limit of this step (doc/backends-postgres-plan.md): the
-    # restart ended the holder's session, so its lock is gone while it is
-    # still inside its call, and it is not told (no lease, no renewal)
+    # the restart ended the holder's session: its lock is gone while it is
+    # still inside its call, and its next renewal says so
     r = run([worker_progs["block"]], cfg, timeout=20)
     assert "call rc=42" in r.stdout, (r.stdout, r.stderr)
+    # (while the server was down the renewal could not connect: the lease
+    # ran out first, "expired while ... unreachable"; else "was lost")
+    wait_for(lambda: "lease on lockshim:blk" in holder.stderr(), what="on_lost's line")
+    assert "applying log" in holder.stderr(), holder.stderr()
     holder.send()
     holder.expect("call rc=42")
     holder.p.wait(timeout=10)
-    # told only at its release (no lease): the session was gone
-    assert "reading the replies of releases failed" in holder.stderr(), holder.stderr()
     r = run([worker_progs["block"]], cfg, timeout=20)
     assert "call rc=42" in r.stdout, (r.stdout, r.stderr)
     assert advisory(own_pg) == 0
@@ -488,7 +650,7 @@ def test_locks_on_send_write_poll_do_not_loop_through_libpq(pg, tmp_path):
 # ---- refusals -------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting", [
-    "lease_ms = 5000", "on_lost = \"kill\"", "linger_ms = 10", "limit = 2",
+    "linger_ms = 10", "limit = 2",
     "mode = \"shared\"", "max_hold_ms = 100", "retry_max_ms = 50",
     "break_dead_holders = false", "fair = true", "handoff_ms = 5",
 ])
@@ -504,6 +666,20 @@ def test_refused_settings(pg, tmp_path, setting, where):
     assert r.returncode == 78, (r.stdout, r.stderr)
     what = "locks[0].%s" % name if where == "lock" else "defaults.%s" % name
     assert what in r.stderr and "backend \"postgres\"" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("where", ["lock", "defaults"])
+def test_lease_ms_and_on_lost_are_accepted(pg, tmp_path, where):
+    """The lease is the holder session's idle_session_timeout: lease_ms and
+    on_lost are honoured (no longer refused: control, test_refused_settings)."""
+    setting = 'lease_ms = 5000; on_lost = "kill"'
+    if where == "lock":
+        body = 'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting
+    else:
+        body = 'defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
+    r = run([CLI, "check", "-c", pg_config(tmp_path, pg, body)])
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "acquire, renew," in r.stdout, r.stdout
 
 
 def test_wait_replicas_is_refused_with_the_redis_group(pg, tmp_path):
@@ -581,6 +757,20 @@ def test_lock_command_holds_and_fences(pg, tmp_path):
     assert advisory(pg) == 0
 
 
+def test_lock_command_keeps_its_lease(pg, tmp_path):
+    """lockshim lock -l 1000 (no longer refused): the command's lock
+    outlives 2.5 leases, kept by the renewal's pings (a frozen one would be
+    gone: test_frozen_holder_is_bounded_by_its_lease)."""
+    cfg = pg_config(tmp_path, pg, "")
+    r = run([CLI, "lock", "-c", cfg, "-l", "1000", "job", "--", "sh", "-c",
+             "sleep 2.5; psql -h 127.0.0.1 -p %d -U postgres -Atc "  # the span measured
+             "\"SELECT pg_try_advisory_lock(hashtextextended('lockshim:job', 0))\"" % pg.port],
+            LD_PRELOAD="")
+    assert r.returncode == 0 and r.stdout.strip() == "f", (r.stdout, r.stderr)
+    assert "lost" not in r.stderr, r.stderr
+    assert advisory(pg) == 0
+
+
 @pytest.mark.parametrize("verb", [["status"], ["unlock", "k"], ["metrics"]])
 def test_verbs_not_built_exit_1(pg, tmp_path, verb):
     cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
@@ -655,7 +845,9 @@ def test_setuid_program_refuses_the_users_libpq_variables(pg):
             return first + out, err, held
 
         out, err, held = go()
-        assert "enter threads=1 euid=0" in out and held == 1 and err == "", (out, err)
+        # guarded: the renewal thread keeps the lease (and TSan's runtime has a thread)
+        assert "enter threads=%d euid=0" % (2 + TSAN) in out and held == 1 and err == "", \
+            (out, err)
         out, err, held = go(PGSSLROOTCERT="/tmp/users-own-ca.crt")
         assert "enter threads=1 euid=0" in out and held == 0, (out, err)
         lines = [l for l in err.splitlines() if l.strip()]
