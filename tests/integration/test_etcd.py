@@ -23,7 +23,7 @@ import pytest
 
 from support.etcd import EtcdServer, skip_reason
 from support.process import cpu_ticks
-from support.server import call_failed
+from support.server import serving
 from support.util import CLI, MULT, run, wait_for, write_config
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
@@ -35,23 +35,13 @@ HOLD_LOCK = 'locks = ( { symbol = "hold_call"; key = "hold"; %s } );\n'
 
 @pytest.fixture(scope="module")
 def etcd():
-    s = EtcdServer()
-    try:
-        yield s.start()
-    finally:
-        s.cleanup()
+    yield from serving(EtcdServer())
 
 
 @pytest.fixture
 def own_etcd(request):
     """A server of the test's own (it is restarted or frozen)."""
-    s = EtcdServer()
-    try:
-        yield s.start()
-        if call_failed(request):
-            print("---- etcd log ----\n" + s.tail())
-    finally:
-        s.cleanup()
+    yield from serving(EtcdServer(), request, "etcd")
 
 
 @pytest.fixture(autouse=True)

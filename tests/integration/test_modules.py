@@ -26,6 +26,7 @@ import pytest
 
 from support import etcd as etcd_support, postgres as pg_support, zookeeper as zk_support
 from support.process import maps
+from support.server import serving
 from support.util import CLI, MULT, SHIM, cc, preload_only, run, shim_env, wait_for, \
     write_config
 from support.workers import race
@@ -144,11 +145,8 @@ BACKENDS = [
     for b in BACKENDS])
 def served(request):
     """(the backend's row, its server): one server per backend."""
-    s = request.param.make()
-    try:
-        yield request.param, s.start()
-    finally:
-        s.cleanup()
+    for s in serving(request.param.make()):
+        yield request.param, s
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ import pytest
 from support.postgres import PostgresServer, skip_reason
 from support.process import cpu_ticks
 from support.secure import NOBODY, NOGROUP, Layout
-from support.server import call_failed
+from support.server import serving
 from support.util import CLI, MULT, SHIM, cc, run, shim_env, wait_for, write_config
 from support.workers import killed_holder_frees
 
@@ -39,23 +39,13 @@ MODULE = os.path.join(os.path.dirname(SHIM), "liblockshim-postgres.so")
 
 @pytest.fixture(scope="module")
 def pg():
-    s = PostgresServer()
-    try:
-        yield s.start()
-    finally:
-        s.cleanup()
+    yield from serving(PostgresServer())
 
 
 @pytest.fixture
 def own_pg(request):
     """A server of the test's own (it is restarted or frozen)."""
-    s = PostgresServer()
-    try:
-        yield s.start()
-        if call_failed(request):
-            print("---- postgres log ----\n" + s.tail())
-    finally:
-        s.cleanup()
+    yield from serving(PostgresServer(), request, "postgres")
 
 
 def pg_config(tmp_path, pg, body, extra=""):

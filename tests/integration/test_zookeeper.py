@@ -26,6 +26,7 @@ import pytest
 
 from support.process import cpu_ticks
 from support.proxy import DROP_REPLIES, PASS, Proxy
+from support.server import serving
 from support.util import CLI, MULT, PRELOAD, SHIM, cc, run, shim_env, wait_for, write_config
 from support.workers import race
 from support.zookeeper import ZookeeperServer, skip_reason
@@ -40,11 +41,7 @@ BLK = "/lockshim/lockshim%3Ablk"  # the key lockshim:blk, encoded
 
 @pytest.fixture(scope="module")
 def zk():
-    s = ZookeeperServer()
-    try:
-        yield s.start()
-    finally:
-        s.cleanup()
+    yield from serving(ZookeeperServer())
 
 
 def zk_config(tmp_path, zk, body, extra=""):

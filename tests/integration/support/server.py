@@ -107,6 +107,19 @@ def started(request, thing):
         thing.stop()
 
 
+def serving(server, request=None, label="server"):
+    """The body of a fixture around one server (start(), tail(),
+    cleanup()): yields it started; given the fixture's request, prints its
+    log's tail, headed label, if the test failed; cleans it up, also when
+    start() failed half-way."""
+    try:
+        yield server.start()
+        if request is not None and call_failed(request):
+            print("---- %s log ----\n%s" % (label, server.tail()))
+    finally:
+        server.cleanup()
+
+
 def start_servers(request, make, label):
     """The body of a fixture starting servers: yields start(*args, **kw),
     which starts make(*args, **kw) and returns it; each one is stopped (by
