@@ -23,6 +23,7 @@ import pytest
 
 from support.etcd import EtcdServer, skip_reason
 from support.process import cpu_ticks
+from support.scenarios import refused_setting
 from support.server import serving
 from support.util import CLI, MULT, run, wait_for, write_config
 
@@ -304,16 +305,7 @@ def test_frozen_server_bounds_every_call(worker_progs, own_etcd, tmp_path):
 ])
 @pytest.mark.parametrize("where", ["lock", "defaults"])
 def test_refused_settings(etcd, tmp_path, setting, where):
-    name = setting.split()[0]
-    if where == "lock":
-        body = 'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting
-    else:
-        body = 'defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
-    cfg = etcd_config(tmp_path, etcd, body)
-    r = run([CLI, "check", "-c", cfg])
-    assert r.returncode == 78, (r.stdout, r.stderr)
-    what = "locks[0].%s" % name if where == "lock" else "defaults.%s" % name
-    assert what in r.stderr and "backend \"etcd\"" in r.stderr, r.stderr
+    refused_setting(lambda body: etcd_config(tmp_path, etcd, body), setting, where, "etcd")
 
 
 @pytest.mark.parametrize("endpoints,says", [

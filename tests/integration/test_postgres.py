@@ -26,6 +26,7 @@ import pytest
 from support.postgres import PostgresServer, skip_reason
 from support.process import cpu_ticks
 from support.secure import NOBODY, NOGROUP, Layout
+from support.scenarios import refused_setting
 from support.server import serving
 from support.util import CLI, MULT, SHIM, cc, run, shim_env, wait_for, write_config
 from support.workers import killed_holder_frees
@@ -327,16 +328,7 @@ def test_frozen_server_bounds_every_call(worker_progs, own_pg, tmp_path):
 ])
 @pytest.mark.parametrize("where", ["lock", "defaults"])
 def test_refused_settings(pg, tmp_path, setting, where):
-    name = setting.split()[0]
-    if where == "lock":
-        body = 'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting
-    else:
-        body = 'defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
-    cfg = pg_config(tmp_path, pg, body)
-    r = run([CLI, "check", "-c", cfg])
-    assert r.returncode == 78, (r.stdout, r.stderr)
-    what = "locks[0].%s" % name if where == "lock" else "defaults.%s" % name
-    assert what in r.stderr and "backend \"postgres\"" in r.stderr, r.stderr
+    refused_setting(lambda body: pg_config(tmp_path, pg, body), setting, where, "postgres")
 
 
 def test_wait_replicas_is_refused_with_the_redis_group(pg, tmp_path):

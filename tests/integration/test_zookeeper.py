@@ -26,6 +26,7 @@ import pytest
 
 from support.process import cpu_ticks
 from support.proxy import DROP_REPLIES, PASS, Proxy
+from support.scenarios import refused_setting
 from support.server import serving
 from support.util import CLI, MULT, PRELOAD, SHIM, cc, run, shim_env, wait_for, write_config
 from support.workers import race
@@ -182,16 +183,7 @@ def test_long_key_is_shortened_with_its_sha1(zk, tmp_path):
 ])
 @pytest.mark.parametrize("where", ["lock", "defaults"])
 def test_refused_settings(zk, tmp_path, setting, where):
-    name = setting.split()[0]
-    if where == "lock":
-        body = 'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting
-    else:
-        body = 'defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
-    cfg = zk_config(tmp_path, zk, body)
-    r = run([CLI, "check", "-c", cfg])
-    assert r.returncode == 78, (r.stdout, r.stderr)
-    what = "locks[0].%s" % name if where == "lock" else "defaults.%s" % name
-    assert what in r.stderr and "backend \"zookeeper\"" in r.stderr, r.stderr
+    refused_setting(lambda body: zk_config(tmp_path, zk, body), setting, where, "zookeeper")
 
 
 @pytest.mark.parametrize("extra,refused", [
