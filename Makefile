@@ -186,7 +186,7 @@ test-asan: deps
 # it (support/util.py sends reports to files, conftest.py reads them).
 TSAN_TESTS := exclusion identity lease linger release fork wakeup stranded policies real_programs \
 	redlock entry interposition abi cluster sentinel tls_topologies lock_cmd metrics sets multikey postgres \
-	zookeeper etcd
+	zookeeper etcd modules
 
 test-tsan: deps
 	$(MAKE) BUILD=build/tsan SANITIZER=thread all unit

@@ -3,18 +3,18 @@
 on a private etcd (support/etcd.py), through the module liblockshim-etcd.so
 (libcurl, etcd's JSON gateway).
 
-Exclusion of processes x threads (control: the same workload races without
-the shim), the waiter woken by the release through its watch (retry_max_ms
-and its lease's third far longer), a SIGKILLed holder freed at its lease's
-end (not before, not at wait_ms), a frozen holder past its lease: the loss
+The waiter woken by the release through its watch (retry_max_ms and its
+lease's third far longer), a SIGKILLed holder freed at its lease's end
+(not before, not at wait_ms), a frozen holder past its lease: the loss
 reported and the next holder's key left alone, wait_ms with on_timeout,
-fences (create revisions) increasing, the lease rounded up to whole
-seconds (2 at least), keys with / kept apart, refusals (78), the module
-missing (78), a Redis-guarded program mapping neither libcurl nor the
-module, locks on send/write/poll not looping back from libcurl, and the
-command's check, lock, status, unlock and metrics. Step 2: a 3-member
-cluster whose leader is SIGKILLed mid-run (support/etcd.py's Cluster),
-and etcd_holders, the reader of status (progs/etcd_holders.c).
+the lease rounded up to whole seconds (2 at least), keys with / kept
+apart, refusals (78), and the command's check, lock, status and unlock.
+Step 2: a 3-member cluster whose leader is SIGKILLed mid-run
+(support/etcd.py's Cluster), and etcd_holders, the reader of status
+(progs/etcd_holders.c). What every module backend shares (exclusion and
+its control, fences increasing (create revisions here), the module
+missing, what a Redis-guarded program maps, locks on send/write/poll,
+metrics exiting 1) is in test_modules.py.
 """
 import base64
 import errno
@@ -23,48 +23,34 @@ import os
 import platform
 import random
 import re
-import shutil
 import signal
-import subprocess
 import time
 
 import pytest
 
 from support.etcd import Cluster, EtcdServer, skip_reason
-from support.server import call_failed
+from support.process import cpu_ticks
+from support.scenarios import refused_setting
+from support.server import call_failed, serving
 from support.sets import replay, start as sets_start
-from support.util import (ASAN, CLI, MULT, PRELOAD, ROOT, SHIM, cc, run, shim_env, wait_for,
-                          write_config)
-from support.workers import race
+from support.util import ASAN, CLI, MULT, ROOT, cc, run, wait_for, write_config
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
 BLOCK_LOCK = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
               'on_timeout = "skip"; %s } );\n')
-RACE_ETCD = ('locks = ( { symbol = "ledger_update"; key = "ledger:{arg0:str}"; '
-             'wait_ms = 30000; } );\n')
 HOLD_LOCK = 'locks = ( { symbol = "hold_call"; key = "hold"; %s } );\n'
 
 
 @pytest.fixture(scope="module")
 def etcd():
-    s = EtcdServer()
-    try:
-        yield s.start()
-    finally:
-        s.cleanup()
+    yield from serving(EtcdServer())
 
 
 @pytest.fixture
 def own_etcd(request):
     """A server of the test's own (it is restarted or frozen)."""
-    s = EtcdServer()
-    try:
-        yield s.start()
-        if call_failed(request):
-            print("---- etcd log ----\n" + s.tail())
-    finally:
-        s.cleanup()
+    yield from serving(EtcdServer(), request, "etcd")
 
 
 @pytest.fixture(autouse=True)
@@ -85,53 +71,7 @@ def etcd_config(tmp_path, etcd, body, extra=""):
                         '%s };\n%s' % (etcd.endpoint(), extra, body))
 
 
-def cpu_ticks(pid):
-    """utime + stime of pid, in clock ticks."""
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
-def maps(pid):
-    with open("/proc/%d/maps" % pid) as f:
-        return f.read()
-
-
-# ---- exclusion ------------------------------------------------------------------
-
-@pytest.mark.timing
-def test_control_processes_and_threads_lose_updates(progs, tmp_path):
-    assert race(progs["ledger"], "direct", str(tmp_path / "c"), None, procs=3, iters=10,
-                threads=3) < 90
-
-
-def test_processes_and_threads_exclude_each_other(progs, etcd, tmp_path):
-    """3 processes x 3 threads: exact, and no key left."""
-    cfg = etcd_config(tmp_path, etcd, RACE_ETCD)
-    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
-                threads=3) == 90
-
-
-def test_several_keys_exclude(progs, etcd, tmp_path):
-    """A lock of two keys (one lease each: its ID comes from key and value)."""
-    cfg = etcd_config(tmp_path, etcd, 'locks = ( { symbol = "ledger_update"; keys = ( "z", '
-                      '"ledger:{arg0:str}" ); wait_ms = 30000; } );\n')
-    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
-                threads=2) == 60
-
-
-def test_fences_are_create_revisions_and_increase(progs, etcd, tmp_path):
-    cfg = etcd_config(tmp_path, etcd, RACE_ETCD)
-    path = str(tmp_path / "c")
-    with open(path, "w") as f:
-        f.write("0\n")
-    r = run([progs["ledger"], "direct", path, "3"], cfg, LOCKSHIM_LOG_LEVEL="debug")
-    assert r.returncode == 0, r.stderr
-    fences = [int(l.rsplit("fence ", 1)[1]) for l in r.stderr.splitlines() if " acquired " in l]
-    assert len(fences) == 3 and fences == sorted(set(fences)) and fences[0] > 0, r.stderr
-    head = int(etcd.call("/v3/kv/range", {"key": "eA=="})["header"]["revision"])
-    assert fences[-1] < head  # each a revision etcd made (its key's creation)
-
+# ---- keys -----------------------------------------------------------------------
 
 def test_keys_with_slashes_are_kept_apart(etcd, tmp_path):
     """"a" and "a/b" are two locks: held at once (the key's / is escaped, so
@@ -476,88 +416,6 @@ def test_leader_killed_mid_run(sets_prog, cluster, tmp_path, wait_ms):
     assert "done ok=1 failed=0" in r.stdout, (r.stdout, r.stderr)
 
 
-# ---- the module ------------------------------------------------------------------
-
-def preload_only(shim):
-    """LD_PRELOAD with shim instead of the build's (the sanitizer runtime kept)."""
-    return PRELOAD.replace(SHIM, shim)
-
-
-def test_missing_module_is_one_line_and_78(worker_progs, etcd, tmp_path):
-    d = tmp_path / "lib"
-    d.mkdir()
-    shutil.copy(SHIM, str(d / "liblockshim.so"))
-    cfg = etcd_config(tmp_path, etcd, BLOCK_LOCK % (1000, ""))
-    r = subprocess.run([worker_progs["block"]], env=shim_env(cfg, LD_PRELOAD=preload_only(
-        str(d / "liblockshim.so"))), capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    assert r.returncode == 78, (r.stdout, r.stderr)
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1 and "liblockshim-etcd.so is not installed beside " \
-        "liblockshim.so (%s)" % d in lines[0], r.stderr
-
-
-def test_redis_guarded_program_maps_no_libcurl(bg, worker_progs, redis, etcd, tmp_path):
-    """Control: the same program guarded with etcd maps both."""
-    rcfg = write_config(tmp_path, redis, BLOCK_LOCK % (1000, ""))
-    p = bg([worker_progs["block"]], rcfg)
-    p.expect("enter")
-    m = maps(p.p.pid)
-    assert "libcurl" not in m and "liblockshim-etcd" not in m
-    p.send()
-    p.expect("call rc=42")
-    (tmp_path / "e").mkdir()
-    ecfg = etcd_config(tmp_path / "e", etcd, BLOCK_LOCK % (1000, ""))
-    q = bg([worker_progs["block"]], ecfg)
-    q.expect("enter")
-    m = maps(q.p.pid)
-    assert "libcurl" in m and "liblockshim-etcd.so" in m
-    q.send()
-    q.expect("call rc=42")
-
-
-IO_C = r"""
-#include <poll.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
-int main(void)
-{
-	int sv[2];
-	char buf[8];
-	socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
-	for (int i = 0; i < 20; i++) {
-		struct pollfd p = { .fd = sv[1], .events = POLLIN };
-		if (send(sv[0], "x", 1, 0) != 1 || poll(&p, 1, 1000) != 1 ||
-		    read(sv[1], buf, 1) != 1 || write(1, "ok\n", 3) != 3)
-			return 1;
-	}
-	return 0;
-}
-"""
-
-
-def test_locks_on_send_write_poll_do_not_loop_through_libcurl(etcd, tmp_path):
-    """The module and what it brought in (libcurl, libnghttp2, libssl...)
-    are never redirected, so libcurl's own send/poll/write reach libc:
-    every guarded call of the program is taken once."""
-    src = tmp_path / "io.c"
-    src.write_text(IO_C)
-    prog = cc(str(tmp_path / "io"), [str(src)], "-O2")
-    cfg = etcd_config(tmp_path, etcd, 'locks = ( { symbol = "send"; key = "s"; }, '
-                      '{ symbol = "poll"; key = "p"; }, { symbol = "write"; key = "w"; }, '
-                      '{ symbol = "recv"; key = "r"; }, { symbol = "read"; key = "rd"; } );\n')
-    r = run([prog], cfg, LOCKSHIM_LOG_LEVEL="debug", timeout=60)
-    assert r.returncode == 0 and r.stdout == "ok\n" * 20, (r.stdout, r.stderr[-2000:])
-    acquired = [l for l in r.stderr.splitlines() if " acquired " in l]
-    assert len(acquired) >= 80, r.stderr[-2000:]  # send, poll, read, write: 20 each
-    brought = ("libcurl", "liblockshim-etcd", "libnghttp2", "libssl", "libcrypto", "libssh2",
-               "libldap", "libgssapi", "libpsl", "libidn2", "librtmp")
-    redirected = [l for l in r.stderr.splitlines() if " redirected" in l and
-                  any(b in l for b in brought)]
-    assert redirected == [], redirected
-
-
 # ---- refusals -------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting", [
@@ -565,16 +423,7 @@ def test_locks_on_send_write_poll_do_not_loop_through_libcurl(etcd, tmp_path):
 ])
 @pytest.mark.parametrize("where", ["lock", "defaults"])
 def test_refused_settings(etcd, tmp_path, setting, where):
-    name = setting.split()[0]
-    if where == "lock":
-        body = 'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting
-    else:
-        body = 'defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
-    cfg = etcd_config(tmp_path, etcd, body)
-    r = run([CLI, "check", "-c", cfg])
-    assert r.returncode == 78, (r.stdout, r.stderr)
-    what = "locks[0].%s" % name if where == "lock" else "defaults.%s" % name
-    assert what in r.stderr and "backend \"etcd\"" in r.stderr, r.stderr
+    refused_setting(lambda body: etcd_config(tmp_path, etcd, body), setting, where, "etcd")
 
 
 @pytest.mark.parametrize("endpoints,says", [
@@ -737,13 +586,6 @@ def test_holders_reads_the_prefix_in_pages(holders_prog, etcd):
             assert [val] + queued == order[g] and 0 < left <= 60000
     finally:
         etcd.call("/v3/lease/revoke", {"ID": lease})
-
-
-@pytest.mark.parametrize("verb", [["metrics"]])
-def test_verbs_not_built_exit_1(etcd, tmp_path, verb):
-    cfg = etcd_config(tmp_path, etcd, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
-    r = run([CLI] + verb[:1] + ["-c", cfg] + verb[1:])
-    assert r.returncode == 1 and "etcd" in r.stderr, (r.stdout, r.stderr)
 
 
 # ---- unlock: the holder's lease revoked, as its release would -------------------------

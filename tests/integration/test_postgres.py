@@ -3,19 +3,19 @@
 in a private PostgreSQL cluster (support/postgres.py), through the module
 liblockshim-postgres.so.
 
-Exclusion of processes x threads (control: the same workload races without
-the shim), a SIGKILLed holder freeing the lock at once (control: a live
-holder makes the waiter time out at wait_ms, on_timeout applied), the
-waiter woken by the release and not by polling (no CPU over a 2 s wait,
-entering right after the release), the server restarted and frozen
-mid-run (calls bounded, on_error applied, nothing left held), leases (a
-frozen holder's session ended by the server after lease_ms, on_lost when
-it runs again, no double release; control: a long lease keeps it; a live
-holder kept over 3 leases by renewal; a terminated session is on_lost), the module
-or its library missing (one line, 78), a Redis-guarded program mapping
-neither libpq nor the module, locks on send/write/poll not looping back
-from libpq, every refusal (78), and the command's check, lock, status,
-unlock and metrics.
+A SIGKILLed holder freeing the lock at once (control: a live holder
+makes the waiter time out at wait_ms, on_timeout applied), the waiter
+woken by the release and not by polling (no CPU over a 2 s wait, entering
+right after the release), the server restarted and frozen mid-run (calls
+bounded, on_error applied, nothing left held), leases (a frozen holder's
+session ended by the server after lease_ms, on_lost when it runs again, no
+double release; control: a long lease keeps it; a live holder kept over 3
+leases by renewal; a terminated session is on_lost), the command without
+its module (one line, 78), every refusal (78), and the command's check and
+lock. What every module backend shares (exclusion and its control, fences
+increasing, the module or its library missing, what a Redis-guarded
+program maps, locks on send/write/poll, status/unlock/metrics exiting 1)
+is in test_modules.py.
 """
 import os
 import re
@@ -27,39 +27,29 @@ import time
 import pytest
 
 from support.postgres import PostgresServer, skip_reason
+from support.process import cpu_ticks
 from support.secure import NOBODY, NOGROUP, Layout
-from support.server import call_failed
-from support.util import CLI, MULT, PRELOAD, SHIM, TSAN, cc, run, shim_env, wait_for, write_config
-from support.workers import killed_holder_frees, race
+from support.scenarios import refused_setting
+from support.server import serving
+from support.util import CLI, MULT, SHIM, TSAN, cc, run, shim_env, wait_for, write_config
+from support.workers import killed_holder_frees
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
 BLOCK_LOCK = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
               'on_timeout = "skip"; } );\n')
-RACE_PG = ('locks = ( { symbol = "ledger_update"; key = "ledger:{arg0:str}"; '
-           'wait_ms = 30000; } );\n')
 MODULE = os.path.join(os.path.dirname(SHIM), "liblockshim-postgres.so")
 
 
 @pytest.fixture(scope="module")
 def pg():
-    s = PostgresServer()
-    try:
-        yield s.start()
-    finally:
-        s.cleanup()
+    yield from serving(PostgresServer())
 
 
 @pytest.fixture
 def own_pg(request):
     """A server of the test's own (it is restarted or frozen)."""
-    s = PostgresServer()
-    try:
-        yield s.start()
-        if call_failed(request):
-            print("---- postgres log ----\n" + s.tail())
-    finally:
-        s.cleanup()
+    yield from serving(PostgresServer(), request, "postgres")
 
 
 def pg_config(tmp_path, pg, body, extra=""):
@@ -75,60 +65,11 @@ def advisory(pg, granted=None):
     return int(pg.psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'" + cond))
 
 
-def cpu_ticks(pid):
-    """utime + stime of pid, in clock ticks."""
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
 def threads(pid):
     return len(os.listdir("/proc/%d/task" % pid))
 
 
-def maps(pid):
-    with open("/proc/%d/maps" % pid) as f:
-        return f.read()
-
-
 # ---- exclusion ------------------------------------------------------------------
-
-@pytest.mark.timing
-def test_control_processes_and_threads_lose_updates(progs, tmp_path):
-    assert race(progs["ledger"], "direct", str(tmp_path / "c"), None, procs=3, iters=10,
-                threads=3) < 90
-
-
-def test_processes_and_threads_exclude_each_other(progs, pg, tmp_path):
-    """3 processes x 3 threads: exact; a fence from the sequence per grant."""
-    cfg = pg_config(tmp_path, pg, RACE_PG)
-    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
-                threads=3) == 90
-    assert int(pg.psql("SELECT last_value FROM lockshim_fence")) >= 90
-    assert advisory(pg) == 0
-
-
-def test_several_keys_exclude(progs, pg, tmp_path):
-    """A lock of two keys (taken in byte order, released together: two
-    pipelined async releases): exact."""
-    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "ledger_update"; keys = ( "z", '
-                    '"ledger:{arg0:str}" ); wait_ms = 30000; } );\n')
-    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
-                threads=2) == 60
-    assert advisory(pg) == 0
-
-
-def test_fences_increase(progs, pg, tmp_path):
-    cfg = pg_config(tmp_path, pg, RACE_PG)
-    path = str(tmp_path / "c")
-    with open(path, "w") as f:
-        f.write("0\n")
-    r = run([progs["ledger"], "direct", path, "3"], cfg, LOCKSHIM_LOG_LEVEL="debug")
-    assert r.returncode == 0, r.stderr
-    fences = [int(l.rsplit("fence ", 1)[1]) for l in r.stderr.splitlines() if " acquired " in l]
-    assert len(fences) == 3 and fences == sorted(fences) and fences[0] > 0, r.stderr
-    assert fences[-1] == int(pg.psql("SELECT last_value FROM lockshim_fence"))
-
 
 def test_psql_sees_the_lock_under_its_key_id(bg, worker_progs, pg, tmp_path):
     """The id is hashtextextended(key, 0): an operator's psql finds it."""
@@ -540,113 +481,6 @@ def test_frozen_server_bounds_every_call(worker_progs, own_pg, tmp_path):
     assert "connect_timeout_ms" in r.stderr, r.stderr
 
 
-# ---- the module ------------------------------------------------------------------
-
-def preload_only(shim):
-    """LD_PRELOAD with shim instead of the build's (the sanitizer runtime kept)."""
-    return PRELOAD.replace(SHIM, shim)
-
-
-def test_missing_module_is_one_line_and_78(worker_progs, pg, tmp_path):
-    d = tmp_path / "lib"
-    d.mkdir()
-    shutil.copy(SHIM, str(d / "liblockshim.so"))
-    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 1000)
-    r = subprocess.run([worker_progs["block"]], env=shim_env(cfg, LD_PRELOAD=preload_only(
-        str(d / "liblockshim.so"))), capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    assert r.returncode == 78, (r.stdout, r.stderr)
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1 and "liblockshim-postgres.so is not installed beside " \
-        "liblockshim.so (%s)" % d in lines[0], r.stderr
-
-
-def test_module_whose_library_is_missing_names_the_package(worker_progs, pg, tmp_path):
-    """A module that cannot be loaded (here: its client library is gone)."""
-    d = tmp_path / "lib"
-    d.mkdir()
-    shutil.copy(SHIM, str(d / "liblockshim.so"))
-    src = tmp_path / "gone.c"
-    src.write_text("int gone(void) { return 1; }\n")
-    cc(str(tmp_path / "libgone.so"), [str(src)], "-shared", "-fPIC")
-    mod = tmp_path / "mod.c"
-    mod.write_text("int gone(void); int lockshim_backend_postgres(void) { return gone(); }\n")
-    cc(str(d / "liblockshim-postgres.so"), [str(mod)], "-shared", "-fPIC",
-       "-L" + str(tmp_path), "-lgone")
-    os.unlink(str(tmp_path / "libgone.so"))
-    cfg = pg_config(tmp_path, pg, BLOCK_LOCK % 1000)
-    r = subprocess.run([worker_progs["block"]], env=shim_env(cfg, LD_PRELOAD=preload_only(
-        str(d / "liblockshim.so"))), capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    assert r.returncode == 78, (r.stdout, r.stderr)
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1 and "liblockshim-postgres.so cannot be loaded (" in lines[0] \
-        and "libgone.so" in lines[0] and lines[0].endswith("install libpq5"), r.stderr
-    r = run([CLI, "check", "-c", cfg], LD_PRELOAD="")
-    assert r.returncode == 0  # the command's own module (the build's) is there
-
-
-def test_redis_guarded_program_maps_no_libpq(bg, worker_progs, redis, pg, tmp_path):
-    """Control: the same program guarded with postgres maps both."""
-    rcfg = write_config(tmp_path, redis, BLOCK_LOCK % 1000)
-    p = bg([worker_progs["block"]], rcfg)
-    p.expect("enter")
-    m = maps(p.p.pid)
-    assert "libpq" not in m and "liblockshim-postgres" not in m
-    p.send()
-    p.expect("call rc=42")
-    (tmp_path / "p").mkdir()
-    pcfg = pg_config(tmp_path / "p", pg, BLOCK_LOCK % 1000)
-    q = bg([worker_progs["block"]], pcfg)
-    q.expect("enter")
-    m = maps(q.p.pid)
-    assert "libpq.so" in m and "liblockshim-postgres.so" in m
-    q.send()
-    q.expect("call rc=42")
-
-
-IO_C = r"""
-#include <poll.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
-int main(void)
-{
-	int sv[2];
-	char buf[8];
-	socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
-	for (int i = 0; i < 20; i++) {
-		struct pollfd p = { .fd = sv[1], .events = POLLIN };
-		if (send(sv[0], "x", 1, 0) != 1 || poll(&p, 1, 1000) != 1 ||
-		    read(sv[1], buf, 1) != 1 || write(1, "ok\n", 3) != 3)
-			return 1;
-	}
-	return 0;
-}
-"""
-
-
-def test_locks_on_send_write_poll_do_not_loop_through_libpq(pg, tmp_path):
-    """The module and what it brought in (libpq, libssl, ...) are never
-    redirected, so libpq's own send/poll/write reach libc (the guard would
-    pass them through too): every guarded call of the program is taken once,
-    in the server."""
-    src = tmp_path / "io.c"
-    src.write_text(IO_C)
-    prog = cc(str(tmp_path / "io"), [str(src)], "-O2")
-    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "send"; key = "s"; }, '
-                    '{ symbol = "poll"; key = "p"; }, { symbol = "write"; key = "w"; }, '
-                    '{ symbol = "recv"; key = "r"; }, { symbol = "read"; key = "rd"; } );\n')
-    r = run([prog], cfg, LOCKSHIM_LOG_LEVEL="debug", timeout=30)
-    assert r.returncode == 0 and r.stdout == "ok\n" * 20, (r.stdout, r.stderr[-2000:])
-    acquired = [l for l in r.stderr.splitlines() if " acquired " in l]
-    assert len(acquired) >= 80, r.stderr[-2000:]  # send, poll, read, write: 20 each
-    brought = ("libpq", "liblockshim-postgres", "libssl", "libcrypto", "libgssapi", "libldap",
-               "libkrb5", "libk5crypto", "libsasl2")
-    redirected = [l for l in r.stderr.splitlines() if " redirected" in l and
-                  any(b in l for b in brought)]
-    assert redirected == [], redirected
-
-
 # ---- refusals -------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting", [
@@ -656,16 +490,7 @@ def test_locks_on_send_write_poll_do_not_loop_through_libpq(pg, tmp_path):
 ])
 @pytest.mark.parametrize("where", ["lock", "defaults"])
 def test_refused_settings(pg, tmp_path, setting, where):
-    name = setting.split()[0]
-    if where == "lock":
-        body = 'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting
-    else:
-        body = 'defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
-    cfg = pg_config(tmp_path, pg, body)
-    r = run([CLI, "check", "-c", cfg])
-    assert r.returncode == 78, (r.stdout, r.stderr)
-    what = "locks[0].%s" % name if where == "lock" else "defaults.%s" % name
-    assert what in r.stderr and "backend \"postgres\"" in r.stderr, r.stderr
+    refused_setting(lambda body: pg_config(tmp_path, pg, body), setting, where, "postgres")
 
 
 @pytest.mark.parametrize("where", ["lock", "defaults"])
@@ -769,13 +594,6 @@ def test_lock_command_keeps_its_lease(pg, tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "f", (r.stdout, r.stderr)
     assert "lost" not in r.stderr, r.stderr
     assert advisory(pg) == 0
-
-
-@pytest.mark.parametrize("verb", [["status"], ["unlock", "k"], ["metrics"]])
-def test_verbs_not_built_exit_1(pg, tmp_path, verb):
-    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
-    r = run([CLI] + verb[:1] + ["-c", cfg] + verb[1:])
-    assert r.returncode == 1 and "postgres" in r.stderr, (r.stdout, r.stderr)
 
 
 def test_key_that_is_not_utf8_is_hashed_as_its_hex(pg, tmp_path):

@@ -14,13 +14,13 @@ member's /v3/maintenance/status which one leads (its `leader` is its own
 import base64
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import urllib.request
 
+from support.process import ServerProcess
 from support.util import wait_for
 
 ETCD = shutil.which("etcd")
@@ -48,7 +48,7 @@ def _b64(s):
     return base64.b64encode(s.encode() if isinstance(s, str) else s).decode()
 
 
-class EtcdServer:
+class EtcdServer(ServerProcess):
     def __init__(self, name="t"):
         self.name = name
         self.dir = tempfile.mkdtemp(prefix="lsetcd")
@@ -120,28 +120,6 @@ class EtcdServer:
         """(granted TTL, remaining TTL) of lease, in seconds (-1: gone)."""
         r = self.call("/v3/lease/timetolive", {"ID": str(lease)})
         return int(r.get("grantedTTL", 0)), int(r.get("TTL", 0))
-
-    def stop(self, sig=signal.SIGTERM):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def tail(self):
-        try:
-            with open(self.log) as f:
-                return f.read()[-3000:]
-        except OSError:
-            return ""
-
-    def cleanup(self):
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class Cluster:

@@ -102,6 +102,11 @@ def shim_env(cfg, preload=True, **extra):
     return env
 
 
+def preload_only(shim):
+    """LD_PRELOAD with shim instead of the build's (the sanitizer runtime kept)."""
+    return PRELOAD.replace(SHIM, shim)
+
+
 def tsan_options():
     """TSAN_OPTIONS for a program under the TSan build: every report goes
     to a file in TSAN_LOG_DIR and makes the program exit with status 66. A

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 
+from support.process import ServerProcess
 from support.util import wait_for
 
 _JAVA_DIR = "/usr/share/java"
@@ -46,7 +47,7 @@ def _classpath():
     return ":".join(jars)
 
 
-class ZookeeperServer:
+class ZookeeperServer(ServerProcess):
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="lszk")
         s = socket.socket()
@@ -119,27 +120,6 @@ class ZookeeperServer:
                 inner = line[1:-1].strip()
                 return [c.strip() for c in inner.split(",")] if inner else []
         return []
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def tail(self):
-        try:
-            with open(self.log) as f:
-                return f.read()[-3000:]
-        except OSError:
-            return ""
-
-    def cleanup(self):
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _plain_env():
