@@ -14,6 +14,7 @@ member's /v3/maintenance/status which one leads (its `leader` is its own
 import base64
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
