@@ -916,37 +916,6 @@ static void local_describe(const struct backend_config *bc, char *buf, size_t le
 
 /* ---- holders, for `lockshim status` ------------------------------------ */
 
-/* Returns the value of hex digit c, or -1. */
-static int hex_digit(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
-/* Decodes the lock file name (without ".lock", n bytes) into key
- * (KEY_BUF_SIZE + 64 bytes): %XX back to its byte; a cut %X of a shortened
- * name stays as it is. Returns the key's length. */
-static size_t name_decode(const char *name, size_t n, char *key)
-{
-	size_t k = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		int hi = i + 2 < n ? hex_digit(name[i + 1]) : -1;
-		int lo = i + 2 < n ? hex_digit(name[i + 2]) : -1;
-
-		if (name[i] == '%' && hi >= 0 && lo >= 0) {
-			key[k++] = (char)(hi * 16 + lo);
-			i += 2;
-		} else {
-			key[k++] = name[i];
-		}
-	}
-	return k;
-}
-
 /* Reports each held slot of fd's set (limit, shared) as h to fn. */
 static void set_holders(int fd, struct backend_holder *h, int limit, int shared,
 			void (*fn)(void *arg, const struct backend_holder *h), void *arg)
@@ -986,7 +955,7 @@ static void holder_of(int dirfd, const char *name,
 	if (fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK &&
 	    fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
 		record_read(fd, rec, sizeof(rec));
-		h.klen = name_decode(name, n - sl, key);
+		h.klen = keyname_decode(name, n - sl, key);
 		h.since_ms = (long long)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
 		if ((limit = record_set(rec, &shared)) != 0) {
 			set_holders(fd, &h, limit, shared, fn, arg);
