@@ -16,6 +16,7 @@ making a session of its own as it inherits none of
 the library's threads, every refusal (78), and the command's check and
 lock. A 3-member ensemble whose leader is killed is for a later step.
 """
+import json
 import os
 import re
 import signal
@@ -463,3 +464,53 @@ def test_create_whose_connection_was_lost_is_swept(bg, own_zk, tmp_path):
         assert r.returncode == 0, r.stderr
         p.send()
         assert p.wait() == 0
+
+
+# ---- status: the key znodes and their lock znodes ---------------------------------
+
+def zk_status(cfg, *args):
+    """`lockshim status --json` of cfg: {key: object}."""
+    r = run([CLI, "status", "-c", cfg, "--json"] + list(args))
+    assert r.returncode == 0, r.stderr
+    return {o["key"]: o for o in map(json.loads, r.stdout.splitlines())}
+
+
+def test_status_lists_each_lock_with_its_holder_and_waiters(bg, worker_progs, zk, tmp_path):
+    """Two locks ("blk": a holder and two waiters; "x/%y", its znode name
+    escaped): each key once, decoded, its holder, its fence (the lowest lock
+    znode's czxid), no lease (the session is the lease), the waiters in
+    queue order; nothing once all are released."""
+    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                    'wait_ms = 60000; } );\n')
+    (tmp_path / "2").mkdir()
+    cfg2 = zk_config(tmp_path / "2", zk, 'locks = ( { symbol = "block_call"; '
+                     'key = "x/%y"; } );\n')
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    other = bg([worker_progs["block"]], cfg2)
+    other.expect("enter")
+    waiters = []
+    for i in range(2):
+        waiters.append(bg([worker_progs["block"]], cfg))
+        wait_for(lambda: len(zk.children(BLK)) == i + 2, timeout=30, what="waiter %d" % i)
+    got = zk_status(cfg)
+    assert sorted(got) == ["blk", "x/%y"], got
+    blk = got["blk"]
+    lowest = min(zk.children(BLK), key=lambda n: int(n.rsplit("-", 1)[1]))
+    czxid = re.search(r"cZxid = (0x[0-9a-f]+)", zk.cli("stat", BLK + "/" + lowest)).group(1)
+    assert blk["fence"] == int(czxid, 16), (blk, czxid)
+    assert (blk["pid"], blk["lease_left_ms"], blk["limit"]) == (holder.p.pid, None, 1)
+    assert [w["pid"] for w in blk["waiters"]] == [w.p.pid for w in waiters]
+    assert got["x/%y"]["pid"] == other.p.pid and got["x/%y"]["waiters"] == []
+    assert list(zk_status(cfg, "x*")) == ["x/%y"]
+    for p in [holder, other] + waiters:
+        p.send()
+        p.expect("call rc=42")
+    assert zk_status(cfg) == {}
+
+
+def test_status_of_a_server_that_is_down_is_69(tmp_path):
+    cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
+                       '"127.0.0.1:1"; connect_timeout_ms = 500; };\n')
+    r = run([CLI, "status", "-c", cfg])
+    assert r.returncode == 69 and "ZooKeeper" in r.stderr, (r.returncode, r.stderr)
