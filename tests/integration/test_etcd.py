@@ -33,7 +33,8 @@ from support.process import cpu_ticks
 from support.scenarios import refused_setting
 from support.server import call_failed, serving
 from support.sets import replay, start as sets_start
-from support.util import ASAN, CLI, MULT, ROOT, cc, run, wait_for, write_config
+from support.util import (ASAN, CLI, MULT, ROOT, cc, run, status_by_key, wait_for,
+                          write_config)
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
@@ -510,13 +511,6 @@ def holders(prog, etcd):
     return out
 
 
-def status(cfg, *args):
-    """`lockshim status --json` of cfg: {key: object}."""
-    r = run([CLI, "status", "-c", cfg, "--json"] + list(args))
-    assert r.returncode == 0, r.stderr
-    return {o["key"]: o for o in map(json.loads, r.stdout.splitlines())}
-
-
 def test_status_lists_each_lock_with_its_holder_and_waiters(bg, worker_progs, holders_prog,
                                                             etcd, tmp_path):
     """Two locks ("blk": a holder and two waiters; "x/%y", escaped in etcd):
@@ -535,7 +529,7 @@ def test_status_lists_each_lock_with_its_holder_and_waiters(bg, worker_progs, ho
     for n in (3, 4):
         waiters.append(bg([worker_progs["block"]], cfg))
         wait_for(lambda: len(etcd.keys()) == n, what="waiter %d's key" % (n - 2))
-    got = status(cfg)
+    got = status_by_key(cfg)
     assert sorted(got) == ["blk", "x/%y"], got
     blk = got["blk"]
     assert blk["fence"] == min(k[2] for k in etcd.keys() if "lockshim:blk/" in k[0])
@@ -545,7 +539,7 @@ def test_status_lists_each_lock_with_its_holder_and_waiters(bg, worker_progs, ho
     xy = got["x/%y"]
     assert xy["pid"] == other.p.pid and xy["waiters"] == [] and xy["lease_left_ms"] > 0
     assert [k for k in etcd.keys() if "x%2F%25y/" in k[0]][0][2] == xy["fence"]
-    assert list(status(cfg, "x*")) == ["x/%y"]
+    assert list(status_by_key(cfg, "x*")) == ["x/%y"]
     text = run([CLI, "status", "-c", cfg, "blk"])
     assert text.returncode == 0 and text.stdout.startswith("blk  held by ") and \
         "2 waiting, oldest" in text.stdout, (text.stdout, text.stderr)
@@ -554,7 +548,7 @@ def test_status_lists_each_lock_with_its_holder_and_waiters(bg, worker_progs, ho
     for p in [holder, other] + waiters:
         p.send()
         p.expect("call rc=42")
-    assert status(cfg) == {} and holders(holders_prog, etcd) == {}
+    assert status_by_key(cfg) == {} and holders(holders_prog, etcd) == {}
 
 
 def test_status_of_an_unreachable_server_is_69(tmp_path):

@@ -16,7 +16,6 @@ making a session of its own as it inherits none of
 the library's threads, every refusal (78), and the command's check and
 lock. A 3-member ensemble whose leader is killed is for a later step.
 """
-import json
 import os
 import re
 import signal
@@ -29,8 +28,7 @@ from support.process import cpu_ticks
 from support.proxy import DROP_REPLIES, PASS, Proxy
 from support.scenarios import refused_setting
 from support.server import serving
-from support.util import CLI, MULT, PRELOAD, SHIM, cc, run, shim_env, wait_for, write_config
-from support.workers import race
+from support.util import CLI, MULT, cc, run, status_by_key, wait_for, write_config
 from support.zookeeper import ZookeeperServer, skip_reason
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
@@ -468,13 +466,6 @@ def test_create_whose_connection_was_lost_is_swept(bg, own_zk, tmp_path):
 
 # ---- status: the key znodes and their lock znodes ---------------------------------
 
-def zk_status(cfg, *args):
-    """`lockshim status --json` of cfg: {key: object}."""
-    r = run([CLI, "status", "-c", cfg, "--json"] + list(args))
-    assert r.returncode == 0, r.stderr
-    return {o["key"]: o for o in map(json.loads, r.stdout.splitlines())}
-
-
 def test_status_lists_each_lock_with_its_holder_and_waiters(bg, worker_progs, zk, tmp_path):
     """Two locks ("blk": a holder and two waiters; "x/%y", its znode name
     escaped): each key once, decoded, its holder, its fence (the lowest lock
@@ -493,7 +484,7 @@ def test_status_lists_each_lock_with_its_holder_and_waiters(bg, worker_progs, zk
     for i in range(2):
         waiters.append(bg([worker_progs["block"]], cfg))
         wait_for(lambda: len(zk.children(BLK)) == i + 2, timeout=30, what="waiter %d" % i)
-    got = zk_status(cfg)
+    got = status_by_key(cfg)
     assert sorted(got) == ["blk", "x/%y"], got
     blk = got["blk"]
     lowest = min(zk.children(BLK), key=lambda n: int(n.rsplit("-", 1)[1]))
@@ -502,11 +493,11 @@ def test_status_lists_each_lock_with_its_holder_and_waiters(bg, worker_progs, zk
     assert (blk["pid"], blk["lease_left_ms"], blk["limit"]) == (holder.p.pid, None, 1)
     assert [w["pid"] for w in blk["waiters"]] == [w.p.pid for w in waiters]
     assert got["x/%y"]["pid"] == other.p.pid and got["x/%y"]["waiters"] == []
-    assert list(zk_status(cfg, "x*")) == ["x/%y"]
+    assert list(status_by_key(cfg, "x*")) == ["x/%y"]
     for p in [holder, other] + waiters:
         p.send()
         p.expect("call rc=42")
-    assert zk_status(cfg) == {}
+    assert status_by_key(cfg) == {}
 
 
 def test_status_of_a_server_that_is_down_is_69(tmp_path):

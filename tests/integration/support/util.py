@@ -8,6 +8,7 @@ shim, LOCKSHIM_TEST_TSAN=1 the TSan runtime, with every report written to
 TSAN_LOG_DIR (conftest.py fails the test that left one);
 LOCKSHIM_TEST_TIMEOUT_MULTIPLIER scales every timeout and time bound.
 """
+import json
 import os
 import subprocess
 import time
@@ -166,3 +167,11 @@ class Proc:
         if self.p.poll() is None:
             self.p.kill()
             self.p.communicate()
+
+
+def status_by_key(cfg, *args):
+    """`lockshim status --json` of cfg (args: more of its arguments), which
+    must succeed: {key: its holder's object}."""
+    r = run([CLI, "status", "-c", cfg, "--json"] + list(args))
+    assert r.returncode == 0, r.stderr
+    return {o["key"]: o for o in map(json.loads, r.stdout.splitlines())}
