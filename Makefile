@@ -85,12 +85,13 @@ MAN := $(BUILD)/man/lockshim.1 $(BUILD)/man/lockshim.cfg.5
 # The shim dlopens it only when the config selects that backend. A module
 # may also link self-contained files of common/ (MOD_COMMON_NAME: no core
 # state, hidden like the rest).
-MODULES := postgres zookeeper
+MODULES := postgres zookeeper etcd
 MOD_LIBS_postgres := -lpq
 MOD_CFLAGS_postgres := -I$(shell pg_config --includedir 2>/dev/null || echo /usr/include/postgresql)
 MOD_LIBS_zookeeper := -lzookeeper_mt
 MOD_CFLAGS_zookeeper := -I/usr/include/zookeeper -DTHREADED
 MOD_COMMON_zookeeper := common/sha1.c common/keyname.c
+MOD_LIBS_etcd := -lcurl
 MOD_SO := $(MODULES:%=$(BUILD)/liblockshim-%.so)
 
 all: $(BUILD)/liblockshim.so $(BUILD)/lockshim $(MOD_SO) $(MAN)
@@ -185,7 +186,7 @@ test-asan: deps
 # it (support/util.py sends reports to files, conftest.py reads them).
 TSAN_TESTS := exclusion identity lease linger release fork wakeup stranded policies real_programs \
 	redlock entry interposition abi cluster sentinel tls_topologies lock_cmd metrics sets multikey postgres \
-	zookeeper
+	zookeeper etcd modules
 
 test-tsan: deps
 	$(MAKE) BUILD=build/tsan SANITIZER=thread all unit

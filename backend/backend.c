@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend_etcd_conf.h"
 #include "backend_module.h"
 #include "backend_postgres_conf.h"
 #include "backend_zookeeper_conf.h"
@@ -55,6 +56,16 @@ static const struct backend_ops backend_zookeeper_stub = {
 	.module = &zookeeper_module,
 };
 
+/* The etcd backend is a module (backend/etcd/, libcurl: etcd's JSON gateway). */
+static const struct backend_module_file etcd_module = {
+	"liblockshim-etcd.so", "lockshim_backend_etcd", "libcurl4"
+};
+static const struct backend_ops backend_etcd_stub = {
+	.name = "etcd",
+	.settings = &backend_etcd_settings,
+	.module = &etcd_module,
+};
+
 static const struct backend_ops *const backends[] = {
 	&backend_redlock,
 	&backend_sentinel,
@@ -63,6 +74,7 @@ static const struct backend_ops *const backends[] = {
 	&backend_local,
 	&backend_postgres_stub,
 	&backend_zookeeper_stub,
+	&backend_etcd_stub,
 };
 
 #define NBACKENDS (sizeof(backends) / sizeof(backends[0]))
@@ -81,6 +93,10 @@ void backend_conf_groups(const struct conf_group **groups, size_t n)
 	}
 	groups[k] = NULL;
 }
+
+const char *const backend_cli_dirs[BACKEND_CLI_DIRS] = {
+	"%s", "%s/../lib", "%s/../lib/lockshim", "%.0s" LOCKSHIM_LIBDIR
+};
 
 /* The objects (load biases) that loading the modules brought in: a
  * module, its client library and theirs. Written at start-up only. */
@@ -163,26 +179,23 @@ static int module_home(char *dir)
  * Opens the module of stub (backend_module.h) and returns its table (a
  * copy in into, with the stub's settings group: the module links none), or
  * NULL with one line in err naming what to install. The shim looks in its
- * own directory only; the command in its own, then ../lib,
- * ../lib/lockshim and LOCKSHIM_LIBDIR (where cli_find_shim looks). The
- * handle is never closed: its code is the backend's while the process runs.
+ * own directory only; the command in backend_cli_dirs. The handle is never
+ * closed: its code is the backend's while the process runs.
  */
 static const struct backend_ops *module_load(const struct backend_ops *stub,
 					     struct backend_ops *into, char *err, size_t errlen)
 {
 	const struct backend_module_file *mf = stub->module;
-	static const char *const cli_dirs[] = { "%s", "%s/../lib", "%s/../lib/lockshim",
-						"%.0s" LOCKSHIM_LIBDIR };
 	char dir[PATH_MAX], path[PATH_MAX + 64];
 	const struct backend_module *m;
 	int home = module_home(dir), found = 0;
 	struct objects *before;
 	void *h = NULL;
 
-	for (size_t i = 0; home >= 0 && !found && i < (home ? 1 : 4); i++) {
+	for (size_t i = 0; home >= 0 && !found && i < (home ? 1 : BACKEND_CLI_DIRS); i++) {
 		char d[PATH_MAX + 32];
 
-		snprintf(d, sizeof(d), cli_dirs[i], dir);
+		snprintf(d, sizeof(d), backend_cli_dirs[i], dir);
 		snprintf(path, sizeof(path), "%s/%s", d, mf->file);
 		found = access(path, F_OK) == 0;
 	}
@@ -193,10 +206,15 @@ static const struct backend_ops *module_load(const struct backend_ops *stub,
 			 home >= 0 ? dir : "unknown directory");
 		return NULL;
 	}
-	if ((before = calloc(1, sizeof(*before))))
-		dl_iterate_phdr(objects_list, before);
+	/* without the list, the module's objects could not be kept out of
+	 * the redirection */
+	if (!(before = calloc(1, sizeof(*before)))) {
+		snprintf(err, errlen, "backend %s: out of memory", stub->name);
+		return NULL;
+	}
+	dl_iterate_phdr(objects_list, before);
 	h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (h && before)
+	if (h)
 		dl_iterate_phdr(objects_new, before);
 	free(before);
 	if (!h) {

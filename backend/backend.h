@@ -31,8 +31,10 @@
  *      .config_free, .open, .close, .acquire, .release, .wait, .leave,
  *      .flush, .unconfirmed, .renew, .errstr, .ping }` (.describe,
  *      .count, .node_count and .node_open optional; .renew too when
- *      .leaseless). serves and config_new get
- *      its struct NAME_spec.
+ *      .leaseless; without .count `lockshim metrics` says it is not
+ *      built for it; .holders lists the locks for `lockshim status`,
+ *      and .status_why/.unlock_why say why those verbs are not there).
+ *      serves and config_new get its struct NAME_spec.
  *   4. backend/backend.c: `&backend_NAME,` in backends[], and its name on
  *      the extern line above it.
  *   5. Its documentation: the group's settings in the settings reference
@@ -165,6 +167,25 @@ static inline struct backend_item backend_copy_item(const struct backend_copy *c
 	return it;
 }
 
+/* One holder of a lock as a backend's .holders reports it, for `lockshim
+ * status` (its pointers valid during the call only). */
+struct backend_holder {
+	const char *key;          /* as stored (namespace:key); a name the
+				   * backend shortened with a hash: as kept */
+	size_t klen;
+	const char *val;          /* the holder's lock value (owner record) */
+	size_t vlen;
+	long long fence;          /* its fencing token; -1 unknown */
+	long long since_ms;       /* when taken (CLOCK_REALTIME ms); 0 unknown */
+	long long lease_left_ms;  /* -1: no lease, or unknown */
+	int limit;                /* the holders' limit: 1 exclusive or shared */
+	int shared;               /* a shared holder (mode "shared") */
+	int in_set;               /* one holder of a set (shared, or a permit) */
+	int nwaiters;             /* its waiters, oldest first: their values */
+	const char *const *wval;
+	const size_t *wlen;
+};
+
 struct backend_ops {
 	const char *name;
 	/* 1: a lock has no lease and no server-side queue (a kernel lock, kept
@@ -173,8 +194,19 @@ struct backend_ops {
 	 * forget, and a waiter waits for its wake-up without asking again
 	 * every retry_max_ms. */
 	int leaseless;
+	/* 1: a waiter's wait ends when the lock is freed (etcd: a watch on its
+	 * predecessor), so it asks again only when the acquire's hint says
+	 * (to keep its own place), not every retry_max_ms; and the first
+	 * acquire that is refused queues the caller already (a caller that
+	 * then gives up leaves, as a waiter does). */
+	int watched;
 	/* What log lines call the lock store ("Redis" when NULL). */
 	const char *store;
+	/* When `lockshim status` or `lockshim unlock` cannot serve this
+	 * backend: why, and what to do instead (one sentence, printed after
+	 * "lockshim: "; the verb exits 1). NULL when it can. */
+	const char *status_why;
+	const char *unlock_why;
 	/* A stub of a backend built as a module (backend_module.h): the file
 	 * backend_init opens to get the real table; NULL for the built-in. */
 	const struct backend_module_file *module;
@@ -289,6 +321,14 @@ struct backend_ops {
 	 */
 	int (*acquire_batch)(struct backend_conn *c, int n, const struct backend_item *items,
 			     int *results, long long *fences);
+	/*
+	 * Optional, for `lockshim status` of a backend that is not Redis's
+	 * (lockview.c reads Redis itself): calls fn once per holder the store
+	 * has now, in key order. Read-only. Returns BACKEND_OK, or BACKEND_ERR
+	 * with the reason in errstr (nothing reported then).
+	 */
+	int (*holders)(struct backend_conn *c,
+		       void (*fn)(void *arg, const struct backend_holder *h), void *arg);
 };
 
 /* The backend serving a config: its table and its settings. */

@@ -32,7 +32,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend_local.h"
 #include "backend_local_conf.h"
 #include "log.h"
 #include "keyname.h"
@@ -917,40 +916,9 @@ static void local_describe(const struct backend_config *bc, char *buf, size_t le
 
 /* ---- holders, for `lockshim status` ------------------------------------ */
 
-/* Returns the value of hex digit c, or -1. */
-static int hex_digit(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
-/* Decodes the lock file name (without ".lock", n bytes) into key
- * (KEY_BUF_SIZE + 64 bytes): %XX back to its byte; a cut %X of a shortened
- * name stays as it is. Returns the key's length. */
-static size_t name_decode(const char *name, size_t n, char *key)
-{
-	size_t k = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		int hi = i + 2 < n ? hex_digit(name[i + 1]) : -1;
-		int lo = i + 2 < n ? hex_digit(name[i + 2]) : -1;
-
-		if (name[i] == '%' && hi >= 0 && lo >= 0) {
-			key[k++] = (char)(hi * 16 + lo);
-			i += 2;
-		} else {
-			key[k++] = name[i];
-		}
-	}
-	return k;
-}
-
 /* Reports each held slot of fd's set (limit, shared) as h to fn. */
-static void set_holders(int fd, struct local_holder *h, int limit, int shared,
-			void (*fn)(void *arg, const struct local_holder *h), void *arg)
+static void set_holders(int fd, struct backend_holder *h, int limit, int shared,
+			void (*fn)(void *arg, const struct backend_holder *h), void *arg)
 {
 	char rec[LOCAL_RECORD_MAX], *val = (char *)h->val;
 	off_t at;
@@ -970,12 +938,12 @@ static void set_holders(int fd, struct local_holder *h, int limit, int shared,
 
 /* Reports the holders of the lock file name of dirfd to fn. */
 static void holder_of(int dirfd, const char *name,
-		      void (*fn)(void *arg, const struct local_holder *h), void *arg)
+		      void (*fn)(void *arg, const struct backend_holder *h), void *arg)
 {
 	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1 };
 	char rec[LOCAL_RECORD_MAX], key[LOCAL_NAME_MAX + 64], val[BACKEND_VAL_MAX];
 	size_t n = strlen(name), sl = sizeof(LOCAL_SUFFIX) - 1;
-	struct local_holder h = { .key = key, .val = val, .limit = 1 };
+	struct backend_holder h = { .key = key, .val = val, .limit = 1, .lease_left_ms = -1 };
 	struct stat st;
 	int fd, limit, shared;
 
@@ -987,7 +955,7 @@ static void holder_of(int dirfd, const char *name,
 	if (fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK &&
 	    fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
 		record_read(fd, rec, sizeof(rec));
-		h.klen = name_decode(name, n - sl, key);
+		h.klen = keyname_decode(name, n - sl, key);
 		h.since_ms = (long long)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
 		if ((limit = record_set(rec, &shared)) != 0) {
 			set_holders(fd, &h, limit, shared, fn, arg);
@@ -1000,27 +968,31 @@ static void holder_of(int dirfd, const char *name,
 	close(fd);
 }
 
-int local_holders(const struct backend_config *bc,
-		  void (*fn)(void *arg, const struct local_holder *h), void *arg,
-		  char *err, size_t errlen)
+/* .holders: each lock file of the dir that a process holds now (opened
+ * for reading and tested with F_OFD_GETLK, never locked): the exclusive
+ * holder, or each holder of a set from its slot's record. */
+static int local_holders(struct backend_conn *c,
+			 void (*fn)(void *arg, const struct backend_holder *h), void *arg)
 {
-	DIR *d = opendir(bc->spec->dir);
+	DIR *d = opendir(c->bc->spec->dir);
 	struct dirent *e;
 
 	if (!d) {
-		snprintf(err, errlen, "\"%s\": %s", bc->spec->dir, strerror(errno));
-		return -1;
+		snprintf(c->err, sizeof(c->err), "\"%s\": %s", c->bc->spec->dir, strerror(errno));
+		return BACKEND_ERR;
 	}
 	while ((e = readdir(d)) != NULL)
 		holder_of(dirfd(d), e->d_name, fn, arg);
 	closedir(d);
-	return 0;
+	return BACKEND_OK;
 }
 
 const struct backend_ops backend_local = {
 	.name = "local",
 	.settings = &backend_local_settings,
 	.leaseless = 1,
+	.unlock_why = "unlock: not with backend \"local\": a kernel lock cannot be taken from "
+		      "another process; stop its holder (the kernel frees its locks when it exits)",
 	.serves = local_serves,
 	.config_new = local_config_new,
 	.config_free = local_config_free,
@@ -1035,4 +1007,5 @@ const struct backend_ops backend_local = {
 	.unconfirmed = local_unconfirmed,
 	.errstr = local_errstr,
 	.ping = local_ping,
+	.holders = local_holders,
 };

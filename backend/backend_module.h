@@ -21,7 +21,7 @@ struct backend_ops;
 
 /* Raised whenever struct backend_ops, struct backend_item or a module's
  * settings struct changes: a module of another build is refused. */
-#define BACKEND_MODULE_ABI 1
+#define BACKEND_MODULE_ABI 2
 
 /* The stub's description of its module file. */
 struct backend_module_file {
@@ -42,6 +42,13 @@ struct backend_module {
 	const struct backend_ops *ops;  /* its .settings is the core's group */
 	void (*bind)(const struct backend_module_host *host);
 };
+
+/* Where the command looks for liblockshim.so (cli_find_shim) and for the
+ * modules (backend_init): formats of its own executable's directory, in
+ * this order; the last ignores it (LOCKSHIM_LIBDIR, the installed one).
+ * The shim looks in its own directory only. */
+#define BACKEND_CLI_DIRS 4
+extern const char *const backend_cli_dirs[BACKEND_CLI_DIRS];
 
 /* Returns 1 when the object loaded at base (its dlpi_addr) came in with a
  * backend module (the module or a library it needs that was not loaded

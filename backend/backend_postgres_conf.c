@@ -3,11 +3,11 @@
  * backend_postgres_conf.c - the `postgres` group of the file (conninfo,
  * password, password_file, connect_timeout_ms, command_timeout_ms), its
  * check, and the lock settings the postgres backend refuses. A session
- * advisory lock has no lease in this step (no renewal): the settings that
- * tune a lease (lease_ms, on_lost, retry_max_ms, break_dead_holders,
- * handoff_ms, on_overrun) are refused when the file sets them, in a lock
- * or in `defaults`; fair, limit > 1, mode "shared", linger_ms > 0 and
- * max_hold_ms are refused by value. linger_ms's built-in value is 0 here
+ * advisory lock's lease is its session's idle_session_timeout, kept by the
+ * renewal thread's pings (lease_ms, on_lost). Refused when the file sets
+ * them, in a lock or in `defaults`: retry_max_ms, break_dead_holders,
+ * handoff_ms, on_overrun; by value: fair, limit > 1, mode "shared",
+ * linger_ms > 0 and max_hold_ms. linger_ms's built-in value is 0 here
  * (pg_lock_defaults). The password file is read with conf_read_password_file
  * (in secure-execution mode only a trusted one, as redis.password_file); the module reads
  * LOCKSHIM_POSTGRES_PASSWORD itself (secure_getenv). This file is in the
@@ -45,12 +45,9 @@ static int pg_check(struct conf_err *e, const config_setting_t *g, void *data)
 	return 0;
 }
 
-/* The settings a session advisory lock without renewal cannot honour,
- * refused when the file sets them. */
+/* The settings a session advisory lock cannot honour, refused when the
+ * file sets them. */
 static const struct conf_refusal unavailable[] = {
-	{ "lease_ms", "an advisory lock is held while its holder's session lives (no lease "
-	  "renewal yet): a dead holder's is freed at once, a frozen one's is kept" },
-	{ "on_lost", "no lease to lose yet (the lock is the session's)" },
 	{ "retry_max_ms", "a waiter blocks in the server, which wakes it at the release" },
 	{ "break_dead_holders", "the server frees a dead holder's lock itself, when its "
 	  "connection closes" },
@@ -80,7 +77,8 @@ static int pg_check_lock(struct conf_err *e, const config_setting_t *lg, const c
 	return conf_refuse_lock(e, lg, where, l, "postgres", unavailable, unbuilt);
 }
 
-/* No lock is kept between calls (linger needs the renewal thread). */
+/* No lock is kept between calls (a parked lock would be released by the
+ * renewal thread, whose session does not hold it). */
 static void pg_lock_defaults(struct lock_spec *d)
 {
 	d->linger_ms = 0;

@@ -67,6 +67,8 @@ programs (bench/*.c) and measures, in one run:
   zookeeper    backend = "zookeeper" on a private standalone server (the
                zookeeper jar and java needed, else skipped saying why): the
                same two measurements as postgres
+  etcd         backend = "etcd" on a private etcd (etcd needed, else skipped
+               saying why; its data dir in tmp): the same as postgres
 The uncontended, entry, tls, replicas and redlock call rows are measured in
 two placements (taskset): client and server on one CPU, and on two CPUs.
 Prints a markdown report and writes it to bench/results/. `--only PART`
@@ -98,6 +100,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 from resp import Resp, free_port  # noqa: E402
 from support import postgres as pg_support  # noqa: E402
 from support import zookeeper as zk_support  # noqa: E402
+from support import etcd as etcd_support  # noqa: E402
 from support.proxy import Proxy  # noqa: E402
 
 # The imports row: Debian's interpreter, not the python3 first on PATH (which
@@ -1181,91 +1184,53 @@ class Bench:
             res[name] = runs[len(runs) // 2]
         return res
 
-    # ---- the postgres backend ---------------------------------------------
+    # ---- the backends built as modules ------------------------------------
 
-    def pg_config(self, pg, symbol, tag):
-        """A config of backend "postgres" on pg with one lock on symbol, key
-        "bench"."""
-        path = os.path.join(self.work, "postgres-%s.cfg" % tag)
+    def module_config(self, name, server, symbol, tag):
+        """A config of backend name (MODULE_BACKENDS) on server with one lock
+        on symbol, key "bench"."""
+        path = os.path.join(self.work, "%s-%s.cfg" % (name, tag))
         with open(path, "w") as f:
-            f.write('backend = "postgres";\npostgres = { conninfo = "%s"; };\n'
+            f.write('backend = "%s";\n%s\n'
                     'locks = ( { symbol = "%s"; key = "bench"; wait_ms = 600000; %s } );\n'
-                    % (pg.conninfo(), symbol, self.args.settings))
+                    % (name, MODULE_BACKENDS[name]["group"](server), symbol,
+                       self.args.settings))
         return path
 
-    def postgres(self):
-        """backend = "postgres" on a private cluster (support/postgres.py, as
-        the tests start it; skipped, saying why, where it cannot run): the
-        uncontended guarded call minus unguarded (µs, one CPU; the best of 3
-        runs of args.n / 10 calls, median of args.sets_rounds rounds, in turns
-        with the redis call of linger_ms = 0), and P = 8 x args.k sections on
-        one key (the run with the median sections/s of args.reps; the counter
-        is checked)."""
-        why = pg_support.skip_reason()
+    def module_backend(self, name):
+        """backend name (postgres, zookeeper, etcd: MODULE_BACKENDS) on a
+        private server started as the tests start it (skipped, saying why,
+        where it cannot run): the uncontended guarded call minus unguarded
+        (µs, one CPU; the best of 3 runs of args.n / 10 calls, median of
+        args.sets_rounds rounds, in turns with the redis call of linger_ms =
+        0), and P = 8 x args.k sections on one key (the run with the median
+        sections/s of args.reps; the counter is checked). Returns {name: µs,
+        "redis0": µs, "p8-" + name: run} or {"skipped": why}."""
+        mb = MODULE_BACKENDS[name]
+        why = mb["support"].skip_reason()
         if why:
             return {"skipped": why}
-        pg = pg_support.PostgresServer().start()
+        server = mb["server"]().start()
         try:
-            cfg = self.pg_config(pg, "bench_noop", "noop")
-            self.check_log("bench_noop, postgres", [self.worker, "noop", "-", "3"], cfg,
+            cfg = self.module_config(name, server, "bench_noop", "noop")
+            self.check_log("bench_noop, " + name, [self.worker, "noop", "-", "3"], cfg,
                            want=["acquired "], unwanted=[" error: "], stdin="g")
             redis0 = self.config(symbol="bench_noop", extra=NO_LINGER)
             n = max(100, self.args.n // 10)
-            got = {"postgres": [], "redis0": []}
+            got = {name: [], "redis0": []}
             for _ in range(self.args.sets_rounds):
                 plain = self.noop("0", None, n=n)
-                got["postgres"].append(self.noop("0", cfg, n=n) - plain)
+                got[name].append(self.noop("0", cfg, n=n) - plain)
                 got["redis0"].append(self.noop("0", redis0, n=n) - plain)
-            res = {name: statistics.median(v) for name, v in got.items()}
-            env = self.env(self.pg_config(pg, "section", "section"))
+            res = {k: statistics.median(v) for k, v in got.items()}
+            env = self.env(self.module_config(name, server, "section", "section"))
             runs = sorted((self.contended_once([self.worker, "section", self.counter,
                                                 str(self.args.k)], env, 8)
                            for _ in range(self.args.reps)), key=lambda r: r["rate"])
-            res["p8-postgres"] = runs[len(runs) // 2]
+            res["p8-" + name] = runs[len(runs) // 2]
             return res
         finally:
-            pg.cleanup()
-
-    # ---- the zookeeper backend --------------------------------------------
-
-    def zk_config(self, zk, symbol, tag):
-        """A config of backend "zookeeper" on zk with one lock on symbol, key
-        "bench"."""
-        path = os.path.join(self.work, "zookeeper-%s.cfg" % tag)
-        with open(path, "w") as f:
-            f.write('backend = "zookeeper";\nzookeeper = { hosts = "%s"; };\n'
-                    'locks = ( { symbol = "%s"; key = "bench"; wait_ms = 600000; %s } );\n'
-                    % (zk.hosts(), symbol, self.args.settings))
-        return path
-
-    def zookeeper(self):
-        """backend = "zookeeper" on a private standalone server
-        (support/zookeeper.py, as the tests start it; skipped, saying why,
-        where it cannot run): measured as postgres() is."""
-        why = zk_support.skip_reason()
-        if why:
-            return {"skipped": why}
-        zk = zk_support.ZookeeperServer().start()
-        try:
-            cfg = self.zk_config(zk, "bench_noop", "noop")
-            self.check_log("bench_noop, zookeeper", [self.worker, "noop", "-", "3"], cfg,
-                           want=["acquired "], unwanted=[" error: "], stdin="g")
-            redis0 = self.config(symbol="bench_noop", extra=NO_LINGER)
-            n = max(100, self.args.n // 10)
-            got = {"zookeeper": [], "redis0": []}
-            for _ in range(self.args.sets_rounds):
-                plain = self.noop("0", None, n=n)
-                got["zookeeper"].append(self.noop("0", cfg, n=n) - plain)
-                got["redis0"].append(self.noop("0", redis0, n=n) - plain)
-            res = {name: statistics.median(v) for name, v in got.items()}
-            env = self.env(self.zk_config(zk, "section", "section"))
-            runs = sorted((self.contended_once([self.worker, "section", self.counter,
-                                                str(self.args.k)], env, 8)
-                           for _ in range(self.args.reps)), key=lambda r: r["rate"])
-            res["p8-zookeeper"] = runs[len(runs) // 2]
-            return res
-        finally:
-            zk.cleanup()
+            server.cleanup()
 
     def close(self):
         self.server.stop()
@@ -1283,7 +1248,23 @@ IMPLS = [("poll", "plain C, SET NX / 1 ms poll / compare-and-delete"),
          ("redis-py-0.001", "redis-py Lock, sleep=0.001")]
 PARTS = ["uncontended", "contended", "startup", "imports", "entry", "symbols", "tls",
          "replicas", "cluster", "redlock", "sets", "local", "postgres", "zookeeper",
-         "versus"]
+         "etcd", "versus"]
+# The backends built as modules (Bench.module_backend), one part each: its
+# tests' support module, its server, its config group on that server, and
+# its report section's title and set-up sentence.
+MODULE_BACKENDS = {
+    "postgres": {"support": pg_support, "server": pg_support.PostgresServer,
+                 "group": lambda s: 'postgres = { conninfo = "%s"; };' % s.conninfo(),
+                 "what": "session advisory locks", "where": "A private cluster on loopback."},
+    "zookeeper": {"support": zk_support, "server": zk_support.ZookeeperServer,
+                  "group": lambda s: 'zookeeper = { hosts = "%s"; };' % s.hosts(),
+                  "what": "ephemeral sequential znodes",
+                  "where": "A private standalone server on loopback."},
+    "etcd": {"support": etcd_support, "server": etcd_support.EtcdServer,
+             "group": lambda s: 'etcd = { endpoints = ( "%s" ); };' % s.endpoint(),
+             "what": "a key with a lease",
+             "where": "A private etcd on loopback (its data dir in tmp, fsync on)."},
+}
 # The sets part: name, row, the lock's extra settings, its key (None: `keys`).
 SETS_CASES = [("exclusive", "exclusive lock (today's)", "", "bench"),
               ("limit3", "limit = 3", "limit = 3;", "bench"),
@@ -1302,9 +1283,79 @@ ENTRY_CASES = [("reloc", 'library function (bench_noop_wide in libsection.so, th
                 'method = "entry"')]
 
 
+def report_module(add, args, name, res):
+    """Adds the section of backend name (MODULE_BACKENDS) measured as res
+    (Bench.module_backend's; nothing when None)."""
+    if res and "skipped" in res:
+        add("## The %s backend: not measured (%s)" % (name, res["skipped"]))
+        add("")
+    elif res:
+        mb = MODULE_BACKENDS[name]
+        add("## The %s backend (%s, backend = \"%s\")" % (name, mb["what"], name))
+        add("")
+        add("%s Guarded uncontended call minus unguarded, one CPU, median of %d rounds "
+            "(each the best of 3 runs of %d calls), in turns with the Redis call of "
+            "linger_ms = 0:" % (mb["where"], args.sets_rounds, max(100, args.n // 10)))
+        add("")
+        add("| lock | guarded call |")
+        add("|---|---:|")
+        add("| **backend = \"%s\"** | **%.1f µs** |" % (name, res[name]))
+        add("| redis, linger_ms = 0 | %.1f µs |" % res["redis0"])
+        add("")
+        r = res["p8-" + name]
+        add("P = 8 processes x %d sections on one key (unpinned; the run with the median "
+            "sections/s of %d): %.0f sections/s, wait median %.2f ms, p99 %.2f ms, max "
+            "%.2f ms, counter %s." % (args.k, args.reps, r["rate"], r["med"], r["p99"],
+                                      r["max"], "exact" if r["exact"] else
+                                      "NOT exact (%d of %d)" % (r["final"], r["n"])))
+        add("")
+
+
+def side_by_side(add, args, con, startup, local, modules, versus):
+    """Adds one table of every backend measured in this run (when two or
+    more were): the uncontended guarded call, P = 8 sections/s and worst
+    wait; then the start-up cost of a program guarded with Redis (and,
+    with --baseline, before and after)."""
+    rows = []
+    redis0 = [r["redis0"] for r in [local] + list(modules.values())
+              if r and "skipped" not in r]
+    p8 = con.get(("lockshim-0", 8)) if con else None
+    if redis0 or p8:
+        rows.append(('redis (linger_ms = 0)', statistics.median(redis0) if redis0 else None,
+                     p8))
+    if local:
+        rows.append(('local', local["local"], local["p8-local"]))
+    for name, res in modules.items():
+        if res and "skipped" not in res:
+            rows.append((name, res[name], res["p8-" + name]))
+    if len(rows) < 2:
+        return
+    add("## Every backend side by side")
+    add("")
+    add("One run of this bench; the uncontended guarded call minus unguarded on one CPU, "
+        "and P = 8 processes x %d sections on one key (unpinned; the median run). Redis's "
+        "P = 8 row is the contended part's linger_ms = 0 run." % args.k)
+    add("")
+    add("| backend | uncontended call | P=8 sections/s | P=8 worst wait |")
+    add("|---|---:|---:|---:|")
+    for name, call, r in rows:
+        add("| %s | %s | %s | %s |" % (
+            name, "%.1f µs" % call if call is not None else "–",
+            "%.0f" % r["rate"] if r else "–", "%.1f ms" % r["max"] if r else "–"))
+    add("")
+    if startup:
+        add("Start-up cost of a program guarded with Redis (a lock it does not call): "
+            "%.2f ms; the modules are not loaded then." % (startup[1] - startup[0]))
+    if versus:
+        add("Before and after (--baseline %s): %.2f ms, then %.2f ms."
+            % (args.baseline, versus["startup"]["before"], versus["startup"]["after"]))
+    if startup or versus:
+        add("")
+
+
 def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, symbols=None,
            tls=None, replicas=None, cluster=None, redlock=None, sets=None, local=None,
-           postgres=None, zookeeper=None, versus=None):
+           postgres=None, zookeeper=None, etcd=None, versus=None):
     """The markdown report of the parts measured (those not None)."""
     lines = []
     add = lines.append
@@ -1624,51 +1675,10 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
                 label, r["rate"], r["med"], r["p99"], r["max"],
                 "yes" if r["exact"] else "NO (%d of %d)" % (r["final"], r["n"])))
         add("")
-    if postgres and "skipped" in postgres:
-        add("## The postgres backend: not measured (%s)" % postgres["skipped"])
-        add("")
-    elif postgres:
-        add("## The postgres backend (session advisory locks, backend = \"postgres\")")
-        add("")
-        add("A private cluster on loopback. Guarded uncontended call minus unguarded, one "
-            "CPU, median of %d rounds (each the best of 3 runs of %d calls), in turns with "
-            "the Redis call of linger_ms = 0:" % (args.sets_rounds, max(100, args.n // 10)))
-        add("")
-        add("| lock | guarded call |")
-        add("|---|---:|")
-        add("| **backend = \"postgres\"** | **%.1f µs** |" % postgres["postgres"])
-        add("| redis, linger_ms = 0 | %.1f µs |" % postgres["redis0"])
-        add("")
-        r = postgres["p8-postgres"]
-        add("P = 8 processes x %d sections on one key (unpinned; the run with the median "
-            "sections/s of %d): %.0f sections/s, wait median %.2f ms, p99 %.2f ms, max "
-            "%.2f ms, counter %s." % (args.k, args.reps, r["rate"], r["med"], r["p99"],
-                                      r["max"], "exact" if r["exact"] else
-                                      "NOT exact (%d of %d)" % (r["final"], r["n"])))
-        add("")
-    if zookeeper and "skipped" in zookeeper:
-        add("## The zookeeper backend: not measured (%s)" % zookeeper["skipped"])
-        add("")
-    elif zookeeper:
-        add("## The zookeeper backend (ephemeral sequential znodes, backend = \"zookeeper\")")
-        add("")
-        add("A private standalone server on loopback. Guarded uncontended call minus "
-            "unguarded, one CPU, median of %d rounds (each the best of 3 runs of %d calls), "
-            "in turns with the Redis call of linger_ms = 0:"
-            % (args.sets_rounds, max(100, args.n // 10)))
-        add("")
-        add("| lock | guarded call |")
-        add("|---|---:|")
-        add("| **backend = \"zookeeper\"** | **%.1f µs** |" % zookeeper["zookeeper"])
-        add("| redis, linger_ms = 0 | %.1f µs |" % zookeeper["redis0"])
-        add("")
-        r = zookeeper["p8-zookeeper"]
-        add("P = 8 processes x %d sections on one key (unpinned; the run with the median "
-            "sections/s of %d): %.0f sections/s, wait median %.2f ms, p99 %.2f ms, max "
-            "%.2f ms, counter %s." % (args.k, args.reps, r["rate"], r["med"], r["p99"],
-                                      r["max"], "exact" if r["exact"] else
-                                      "NOT exact (%d of %d)" % (r["final"], r["n"])))
-        add("")
+    modules = {"postgres": postgres, "zookeeper": zookeeper, "etcd": etcd}
+    for name, res in modules.items():
+        report_module(add, args, name, res)
+    side_by_side(add, args, con, startup, local, modules, versus)
     if versus:
         add("## Before and after: this build against %s (medians of %d rounds, both builds "
             "measured in turn in each round)" % (args.baseline, args.versus_rounds))
@@ -1767,10 +1777,11 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
                        lambda v: v >= 0.8))
         checks.append(("local P=8 contended: counter exact",
                        1.0 if local["p8-local"]["exact"] else 0.0, "%.0f", lambda v: v == 1))
-    if postgres and "skipped" not in postgres:
-        checks.append(("postgres P=8 contended: counter exact",
-                       1.0 if postgres["p8-postgres"]["exact"] else 0.0, "%.0f",
-                       lambda v: v == 1))
+    for name, res in (("postgres", postgres), ("zookeeper", zookeeper), ("etcd", etcd)):
+        if res and "skipped" not in res:
+            checks.append(("%s P=8 contended: counter exact" % name,
+                           1.0 if res["p8-" + name]["exact"] else 0.0, "%.0f",
+                           lambda v: v == 1))
     if versus:
         for m, name, unit in VERSUS:
             before, after = versus[m]["before"], versus[m]["after"]
@@ -1861,10 +1872,9 @@ def main():
             res["sets"] = b.sets()
         if "local" in wanted:
             res["local"] = b.local()
-        if "postgres" in wanted:
-            res["postgres"] = b.postgres()
-        if "zookeeper" in wanted:
-            res["zookeeper"] = b.zookeeper()
+        for name in MODULE_BACKENDS:
+            if name in wanted:
+                res[name] = b.module_backend(name)
         if "versus" in wanted and args.baseline:
             res["versus"] = b.versus()
         text = report(b, args, **res)

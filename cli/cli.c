@@ -69,6 +69,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "backend_module.h"
 #include "cli.h"
 #include "conf.h"
 #include "lockview.h"
@@ -332,24 +333,24 @@ unknown:
 
 char *cli_find_shim(void)
 {
-	char self[PATH_MAX], *dir, *p = NULL;
-	const char *candidates[] = { "%s/liblockshim.so", "%s/../lib/liblockshim.so",
-				     "%s/../lib/lockshim/liblockshim.so" };
+	char self[PATH_MAX], *p;
 	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	const char *dir = NULL;
 
 	if (n > 0) {
 		self[n] = 0;
 		dir = dirname(self);
-		for (size_t i = 0; i < sizeof(candidates) / sizeof(*candidates); i++) {
-			char buf[PATH_MAX + 64];
-
-			snprintf(buf, sizeof(buf), candidates[i], dir);
-			if (access(buf, R_OK) == 0 && (p = realpath(buf, NULL)))
-				return p;
-		}
 	}
-	if (access(LOCKSHIM_LIBDIR "/liblockshim.so", R_OK) == 0)
-		return realpath(LOCKSHIM_LIBDIR "/liblockshim.so", NULL);
+	for (size_t i = 0; i < BACKEND_CLI_DIRS; i++) {
+		char d[PATH_MAX + 32], buf[PATH_MAX + 64];
+
+		if (!dir && i + 1 < BACKEND_CLI_DIRS)
+			continue;
+		snprintf(d, sizeof(d), backend_cli_dirs[i], dir ? dir : "");
+		snprintf(buf, sizeof(buf), "%s/liblockshim.so", d);
+		if (access(buf, R_OK) == 0 && (p = realpath(buf, NULL)))
+			return p;
+	}
 	return NULL;
 }
 

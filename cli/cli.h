@@ -30,9 +30,9 @@ const char *cli_default_config(void);
 int cli_load(struct conf *cfg, const char *path);
 
 /* Returns the shim's absolute path (malloc'd; the caller frees it): the
- * liblockshim.so next to this program, in ../lib or ../lib/lockshim,
- * symbolic links resolved, else LOCKSHIM_LIBDIR's; NULL when none is
- * readable. */
+ * first readable liblockshim.so of backend_cli_dirs (next to this program,
+ * in ../lib or ../lib/lockshim, else LOCKSHIM_LIBDIR's), symbolic links
+ * resolved; NULL when none is readable. */
 char *cli_find_shim(void);
 
 /* `lockshim enable` and `disable` (cli/preload.c). argv[1] is the verb;

@@ -16,10 +16,9 @@
  * clock has not expired (a mark whose token is no such member is ignored:
  * the next mark written prunes it). With Redlock a
  * holder is shown when a quorum holds its value: the largest fence, the
- * shortest lease. With backend "local" the holders are the lock files of
- * local.dir that a process holds now (backend_local.h's local_holders: an
- * F_OFD_GETLK test and the owner record, or each held slot's of a set),
- * matched with fnmatch(3). Nothing is written.
+ * shortest lease. Another backend lists its holders itself (its .holders:
+ * local's held lock files, etcd's keys), matched here with fnmatch(3).
+ * Nothing is written.
  */
 #include "lockview.h"
 
@@ -29,7 +28,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend_local.h"
 #include "backend_redis.h"
 #include "conf.h"
 #include "conf_field.h"
@@ -55,7 +53,6 @@ int lockview_open(struct lockview *lv, const struct conf *cfg, char *err, size_t
 	if (backend_init(&lv->b, cfg, err, errlen) != 0)
 		return -1;
 	lv->redlock = strcmp(lv->b.ops->name, "redlock") == 0;
-	lv->local = strcmp(lv->b.ops->name, "local") == 0;
 	if (lv->redlock)
 		lv->quorum = lv->b.ops->node_count(lv->b.cfg) / 2 + 1;
 	sel = conf_backend_group(cfg);
@@ -691,31 +688,53 @@ static void settle_set(const struct lockview *lv, struct lv_set *s, int min_mast
 	s->n = out;
 }
 
-/* What local_scan's callback needs. */
-struct local_job {
+/* What holders_scan's callback needs: the holders it keeps are those of
+ * key (klen bytes, as stored) when set, else those whose key matches
+ * pattern (NULL: all) in the namespace. */
+struct holders_job {
 	const struct lockview *lv;
 	const char *pattern;
+	const char *key;
+	size_t klen;
 	struct lv_set *out;
 	int nomem;
 };
 
-/* Adds the held lock file h to the job's set when its key is in the
- * namespace and matches the pattern, and its record names a holder. */
-static void local_found(void *arg, const struct local_holder *h)
+/* Returns 1 when h's key is one the job keeps, else 0. */
+static int holder_wanted(const struct holders_job *j, const struct backend_holder *h)
 {
-	struct local_job *j = arg;
 	size_t ns = strlen(j->lv->cfg->ns);
 	char rest[KEY_BUF_SIZE + 64];
+
+	if (j->key)
+		return h->klen == j->klen && memcmp(h->key, j->key, h->klen) == 0;
+	if (h->klen <= ns || h->klen >= KEY_BUF_SIZE || h->key[ns] != ':' ||
+	    memcmp(h->key, j->lv->cfg->ns, ns) != 0)
+		return 0;
+	snprintf(rest, sizeof(rest), "%.*s", (int)(h->klen - ns - 1), h->key + ns + 1);
+	return !j->pattern || fnmatch(j->pattern, rest, 0) == 0;
+}
+
+/* Adds holder h (a backend's .holders report) to the job's set when the
+ * job wants its key and its value is an owner record; its waiters whose
+ * values are. */
+static void holder_found(void *arg, const struct backend_holder *h)
+{
+	struct holders_job *j = arg;
 	struct lv_lock *l, tmp = { 0 };
 
-	if (h->klen <= ns || h->klen >= sizeof(tmp.key) || h->key[ns] != ':' ||
-	    memcmp(h->key, j->lv->cfg->ns, ns) != 0)
+	if (h->klen >= sizeof(tmp.key) || !holder_wanted(j, h) || h->vlen > BACKEND_VAL_MAX ||
+	    owner_parse(h->val, h->vlen, &tmp.owner) != 0)
 		return;
-	snprintf(rest, sizeof(rest), "%.*s", (int)(h->klen - ns - 1), h->key + ns + 1);
-	if ((j->pattern && fnmatch(j->pattern, rest, 0) != 0) ||
-	    h->vlen > BACKEND_VAL_MAX || owner_parse(h->val, h->vlen, &tmp.owner) != 0)
+	if (h->nwaiters && !(tmp.waiters = calloc((size_t)h->nwaiters, sizeof(*tmp.waiters)))) {
+		j->nomem = 1;
 		return;
+	}
+	for (int i = 0; i < h->nwaiters; i++)
+		if (owner_parse(h->wval[i], h->wlen[i], &tmp.waiters[tmp.nwaiters]) == 0)
+			tmp.nwaiters++;
 	if (!(l = set_add(j->out))) {
+		free(tmp.waiters);
 		j->nomem = 1;
 		return;
 	}
@@ -725,27 +744,34 @@ static void local_found(void *arg, const struct local_holder *h)
 	memcpy(l->val, h->val, h->vlen);
 	l->vlen = h->vlen;
 	l->since_ms = h->since_ms;
-	l->lease_left_ms = -1;
+	l->lease_left_ms = h->lease_left_ms;
 	l->fence = h->fence;
 	l->limit = h->limit;
 	l->shared = h->shared;
 	l->in_set = h->in_set;
 }
 
-/* lockview_scan of backend "local": the held files of local.dir. */
-static int local_scan(struct lockview *lv, const char *pattern, struct lv_set *out, char *err,
-		      size_t errlen)
+/* lockview_scan (key NULL) and lockview_read (key: klen bytes, as
+ * stored) of a backend with .holders (not Redis's). */
+static int holders_scan(struct lockview *lv, const char *pattern, const char *key, size_t klen,
+			struct lv_set *out, char *err, size_t errlen)
 {
-	struct local_job j = { lv, pattern, out, 0 };
+	struct holders_job j = { lv, pattern, key, klen, out, 0 };
+	struct backend_conn *c = backend_open(&lv->b, err, errlen);
+	int rc;
 
-	if (local_holders(lv->b.cfg, local_found, &j, err, errlen) != 0)
+	if (!c)
 		return -1;
+	rc = lv->b.ops->holders(c, holder_found, &j);
+	if (rc != BACKEND_OK)
+		snprintf(err, errlen, "%s", lv->b.ops->errstr(c));
+	lv->b.ops->close(c);
 	qsort(out->v, (size_t)out->n, sizeof(*out->v), by_key_val);
-	if (j.nomem) {
+	if (rc == BACKEND_OK && j.nomem) {
 		snprintf(err, errlen, "out of memory");
 		return -1;
 	}
-	return 0;
+	return rc == BACKEND_OK ? 0 : -1;
 }
 
 int lockview_scan(struct lockview *lv, const char *pattern, struct lv_set *out, char *err,
@@ -756,8 +782,8 @@ int lockview_scan(struct lockview *lv, const char *pattern, struct lv_set *out, 
 	struct node_job job = { .scan = &sj };
 	int rc;
 
-	if (lv->local)
-		return local_scan(lv, pattern, out, err, errlen);
+	if (lv->b.ops->holders)
+		return holders_scan(lv, pattern, NULL, 0, out, err, errlen);
 	glob_escape(ns, sizeof(ns), lv->cfg->ns);
 	if (snprintf(match, sizeof(match), lv->tagged ? "%s:{%s}" : "%s:%s", ns,
 		     pattern ? pattern : "*") >= (int)sizeof(match)) {
@@ -779,6 +805,13 @@ int lockview_read(struct lockview *lv, const char *key, struct lv_set *out, char
 	if (!(job.klen = lockview_key(lv, key, full))) {
 		snprintf(err, errlen, "key too long");
 		return -1;
+	}
+	if (lv->b.ops->holders) {
+		if (holders_scan(lv, NULL, full, job.klen, out, err, errlen) != 0) {
+			lv_set_free(out);
+			return -1;
+		}
+		return out->n;
 	}
 	if (each_node(lv, &job, err, errlen) != 0) {
 		lv_set_free(out);
@@ -1005,8 +1038,9 @@ usage:
 }
 
 int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *a,
-		   const char *local_why)
+		   enum lv_verb verb)
 {
+	const char *why;
 	char err[1024];
 
 	if (lockview_load(cfg, a) != 0) {
@@ -1018,8 +1052,9 @@ int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *
 		conf_release(cfg);
 		return CONF_EXIT_CODE;
 	}
-	if (lv->local && local_why) {
-		fprintf(stderr, "lockshim: %s\n", local_why);
+	why = verb == LV_UNLOCK ? lv->b.ops->unlock_why : lv->b.ops->status_why;
+	if (why) {
+		fprintf(stderr, "lockshim: %s\n", why);
 		lockview_close(lv);
 		conf_release(cfg);
 		return 1;

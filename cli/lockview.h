@@ -52,7 +52,6 @@ struct lockview {
 	const struct conf *cfg;
 	struct backend b;
 	int redlock, quorum; /* Redlock masters: quorum = n / 2 + 1 */
-	int local;           /* backend "local": lock files, read by local_holders */
 	int tagged;          /* Redis Cluster: keys are "<ns>:{KEY}" */
 };
 
@@ -64,10 +63,11 @@ void lockview_close(struct lockview *lv);
 /*
  * Adds to out every holder of the namespace's locks whose KEY matches the glob
  * pattern (Redis MATCH syntax; NULL: all): SCAN ... MATCH COUNT 1000 on
- * every node, one pipelined read per page of keys. With backend "local",
- * the held lock files of local.dir instead (fnmatch(3) on KEY; no lease,
- * no waiters shown). Returns 0, or -1 with the reason in err (a node or
- * the dir could not be read; out keeps what was read).
+ * every node, one pipelined read per page of keys. With a backend that
+ * lists its holders itself (.holders: local's lock files, etcd's keys),
+ * what it lists, matched with fnmatch(3) on KEY. Returns 0, or -1 with
+ * the reason in err (a node, the dir or the server could not be read;
+ * out keeps what was read).
  */
 int lockview_scan(struct lockview *lv, const char *pattern, struct lv_set *out, char *err,
 		  size_t errlen);
@@ -109,12 +109,15 @@ int lockview_args(int argc, char **argv, int allow_force, const char *usage,
  * printing the error. */
 int lockview_load(struct conf *cfg, const struct lv_args *a);
 
+/* The verb a lockview_start serves. */
+enum lv_verb { LV_STATUS, LV_UNLOCK };
+
 /* lockview_load, then lockview_open on it. Returns 0, or the exit status
- * (CONF_EXIT_CODE) after printing the error, cfg released; 1 after printing
- * "lockshim: <local_why>" when the backend is local and local_why is not
- * NULL (the verb is not there for it). */
+ * (CONF_EXIT_CODE) after printing the error, cfg released; 1, cfg released,
+ * after printing "lockshim: " and the backend's .status_why or .unlock_why
+ * when it has one for verb (the verb is not there for it). */
 int lockview_start(struct lockview *lv, struct conf *cfg, const struct lv_args *a,
-		   const char *local_why);
+		   enum lv_verb verb);
 
 /* Returns the time of day in milliseconds since the epoch (for
  * lockview_print's now_ms). */

@@ -671,8 +671,7 @@ int cmd_metrics(int argc, char **argv)
 		conf_release(&cfg);
 		return CONF_EXIT_CODE;
 	}
-	if (!strcmp(b.ops->name, "local") || !strcmp(b.ops->name, "postgres") ||
-	    !strcmp(b.ops->name, "zookeeper")) {
+	if (!b.ops->count) {
 		fprintf(stderr, "lockshim: metrics is not built yet for backend \"%s\"\n",
 			b.ops->name);
 		rc = 1;

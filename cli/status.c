@@ -26,25 +26,8 @@ int cmd_status(int argc, char **argv)
 
 	if ((rc = lockview_args(argc, argv, 0, "[-c FILE] [--json] [PATTERN]", &a)) != 0)
 		return rc;
-	if ((rc = lockview_start(&lv, &cfg, &a, NULL)) != 0)
+	if ((rc = lockview_start(&lv, &cfg, &a, LV_STATUS)) != 0)
 		return rc;
-	if (!strcmp(lv.b.ops->name, "postgres")) {
-		fprintf(stderr, "lockshim: status is not built yet for backend \"postgres\"; its "
-			"holders: SELECT l.pid, a.application_name, (l.classid::bigint << 32) | "
-			"l.objid::bigint AS id FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-			"WHERE l.locktype = 'advisory' AND l.granted\n");
-		lockview_close(&lv);
-		conf_release(&cfg);
-		return 1;
-	}
-	if (!strcmp(lv.b.ops->name, "zookeeper")) {
-		fprintf(stderr, "lockshim: status is not built yet for backend \"zookeeper\"; its "
-			"holders: zkCli.sh ls <root>/<key> (the lowest lock- child holds; `get` "
-			"it for its holder)\n");
-		lockview_close(&lv);
-		conf_release(&cfg);
-		return 1;
-	}
 	rc = lockview_scan(&lv, a.operand, &s, err, sizeof(err));
 	if (rc == 0) {
 		long long now = lockview_now_ms();

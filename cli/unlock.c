@@ -141,26 +141,8 @@ int cmd_unlock(int argc, char **argv)
 		fprintf(stderr, "lockshim: unlock needs a KEY\nusage: lockshim unlock " USAGE "\n");
 		return EX_USAGE;
 	}
-	if ((rc = lockview_start(&lv, &cfg, &a, "unlock: not with backend \"local\": a kernel "
-				 "lock cannot be taken from another process; stop its holder "
-				 "(the kernel frees its locks when it exits)")) != 0)
+	if ((rc = lockview_start(&lv, &cfg, &a, LV_UNLOCK)) != 0)
 		return rc;
-	if (!strcmp(lv.b.ops->name, "postgres")) {
-		fprintf(stderr, "lockshim: unlock: not with backend \"postgres\": an advisory lock "
-			"is its holder's session's; end that session (pg_terminate_backend(pid), "
-			"the pid from pg_locks) or stop its holder\n");
-		lockview_close(&lv);
-		conf_release(&cfg);
-		return 1;
-	}
-	if (!strcmp(lv.b.ops->name, "zookeeper")) {
-		fprintf(stderr, "lockshim: unlock: not with backend \"zookeeper\": a lock is an "
-			"ephemeral znode of its holder's session, which ZooKeeper deletes when the "
-			"session ends (a dead holder's at its session timeout); stop its holder\n");
-		lockview_close(&lv);
-		conf_release(&cfg);
-		return 1;
-	}
 	rc = lockview_read(&lv, a.operand, &s, err, sizeof(err));
 	if (rc < 0) {
 		log_stderr("cannot read the lock: %s", err);

@@ -22,4 +22,9 @@
  * Returns its length (at most KEYNAME_MAX). */
 size_t keyname_encode(const void *key, size_t klen, char *buf);
 
+/* Writes the key of name[0..n) into key (n bytes at most): %XX back to its
+ * byte; a shortened name's "~" and hash, and a cut escape, stay as they
+ * are. Returns the key's length. */
+size_t keyname_decode(const char *name, size_t n, char *key);
+
 #endif

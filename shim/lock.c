@@ -300,10 +300,12 @@ static const char *store_name(void)
 
 /* Returns how long one wait for a signal may take: the backend's hint,
  * capped by retry_max_ms, when the waiter must ask again that often to stay
- * queued (not with a leaseless backend, whose wake-up is the release's). */
+ * queued (not with a leaseless or watched backend, whose wake-up is the
+ * release's). */
 static int64_t wait_cap(const struct lock_spec *s, long long hint)
 {
-	return backend->ops->leaseless ? hint : min64(hint, s->retry_max_ms);
+	return backend->ops->leaseless || backend->ops->watched ? hint :
+		min64(hint, s->retry_max_ms);
 }
 
 /*
@@ -333,7 +335,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 	const struct lock_spec *s = l->spec;
 	int64_t now = util_now_ms(), start = now, step = 2, asked_us = 0;
 	int64_t logged = now - LOCK_ERROR_LOG_MS;
-	int busy = 0, tries = 0, unsure = 0, start_rc = 0, mism = 0, rc;
+	int busy = 0, tries = 0, unsure = 0, start_rc = 0, mism = 0, queued, rc;
 	char err[192] = "", holder[BACKEND_VAL_MAX], seen[BACKEND_VAL_MAX];
 	size_t hlen, seen_len = 0;
 
@@ -412,9 +414,11 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 		if (now < deadline)
 			util_sleep_ms(min64(backoff_next(t, &step, s->retry_max_ms), deadline - now));
 	}
-	if (unsure || (it->waiting && !t->conn)) {
+	/* a watched backend's first refusal queued the caller already */
+	queued = it->waiting || (busy && backend->ops->watched);
+	if (unsure || (queued && !t->conn)) {
 		renew_forget(it);
-	} else if (it->waiting && backend->ops->leave(t->conn, it, 1) == BACKEND_ERR) {
+	} else if (queued && backend->ops->leave(t->conn, it, 1) == BACKEND_ERR) {
 		conn_check(t, -1, err, sizeof(err));
 		renew_forget(it);
 	}

@@ -1,17 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * postgres.c - the postgres backend, a module (liblockshim-postgres.so,
- * backend_module.h) on Debian's libpq5: session advisory locks on the id
- * hashtextextended(key, 0) that the server computes (psql finds them). One
- * libpq session per thread holds its locks: the server frees them when the
- * session ends (its holder's death included). Try: pg_try_advisory_lock
+ * backend_module.h) on libpq5: session advisory locks on the id
+ * hashtextextended(key, 0) (psql finds them), one session per thread; the
+ * server frees a session's locks when it ends. Try: pg_try_advisory_lock
  * and nextval('lockshim_fence') in one statement; wait: one blocking
- * pg_advisory_lock under lock_timeout (set in that statement), woken by
- * the release; release: pg_advisory_unlock, async, in pipeline mode (the
- * next command does not wait for its reply). Every command is bounded by
- * poll; one late closes the session. Parameters are bound, never spliced.
- * A fork child's inherited sockets become /dev/null. One export
- * (postgres.map); of the core, only bind's warning callback is used.
+ * pg_advisory_lock under lock_timeout; release: pg_advisory_unlock, async,
+ * in pipeline mode. The lease is the session's idle_session_timeout, set
+ * by those statements (the shortest lease held; 0: none), so the server
+ * ends a frozen holder's session; pg_renew pings each holder's session
+ * (the holds registry, conns) under its connection's mutex. Commands are
+ * bounded by poll; one late closes the session (the next try or wait
+ * reopens it). Parameters are bound, never spliced. A fork child's sockets
+ * become /dev/null. One export (postgres.map); of the core, only bind's
+ * warning callback is used.
  */
 #include <errno.h>
 #include <limits.h>
@@ -38,19 +40,30 @@
 #define PG_KEYTEXT_MAX (2 * KEY_BUF_SIZE + 3)
 #define PG_PENDING_MAX 8       /* async releases in flight on a connection */
 
-/* What the server runs; $1 the key's text, $2 lock_timeout. */
+/* What the server runs; $1 the key's text; $2 (try, unlock) or $3 (wait)
+ * the session's idle_session_timeout from then on (the lease: the
+ * shortest of the locks it holds, "0" when none); a wait's $2 its
+ * lock_timeout. A try that fails sets nothing (the nested CASE); a wait
+ * that times out sets nothing either (its transaction is rolled back). */
 static const char sql_try_fenced[] =
-	"SELECT CASE WHEN pg_try_advisory_lock(hashtextextended($1, 0)) "
-	"THEN nextval('lockshim_fence') ELSE -1 END";
+	"SELECT CASE WHEN pg_try_advisory_lock(hashtextextended($1, 0)) THEN CASE WHEN "
+	"set_config('idle_session_timeout', $2, false) IS NOT NULL THEN "
+	"nextval('lockshim_fence') END ELSE -1 END";
 static const char sql_try[] =
-	"SELECT CASE WHEN pg_try_advisory_lock(hashtextextended($1, 0)) THEN 0 ELSE -1 END";
+	"SELECT CASE WHEN pg_try_advisory_lock(hashtextextended($1, 0)) THEN CASE WHEN "
+	"set_config('idle_session_timeout', $2, false) IS NOT NULL THEN 0 END ELSE -1 END";
 static const char sql_wait_fenced[] =
 	"SELECT set_config('lock_timeout', $2, false), "
-	"pg_advisory_lock(hashtextextended($1, 0)), nextval('lockshim_fence')";
+	"pg_advisory_lock(hashtextextended($1, 0)), nextval('lockshim_fence'), "
+	"set_config('idle_session_timeout', $3, false)";
 static const char sql_wait[] =
 	"SELECT set_config('lock_timeout', $2, false), "
-	"pg_advisory_lock(hashtextextended($1, 0)), 0";
-static const char sql_unlock[] = "SELECT pg_advisory_unlock(hashtextextended($1, 0))";
+	"pg_advisory_lock(hashtextextended($1, 0)), 0, "
+	"set_config('idle_session_timeout', $3, false)";
+static const char sql_unlock[] = "SELECT pg_advisory_unlock(hashtextextended($1, 0)), "
+	"set_config('idle_session_timeout', $2, false)";
+/* The renewal's ping of a holder's session: it is not idle for long. */
+static const char sql_ping[] = "SELECT 1";
 /* At connect, one round trip: the server's TCP keepalive on this session
  * (a holder's host that died or was cut off is noticed in about
  * 10 + 4 x 5 s, not the system's 2 h, and its locks freed), and the
@@ -60,7 +73,8 @@ static const char sql_fence_state[] =
 	"WHEN has_sequence_privilege('lockshim_fence', 'USAGE') THEN 1 ELSE 2 END, "
 	"set_config('tcp_keepalives_idle', '10', false), "
 	"set_config('tcp_keepalives_interval', '5', false), "
-	"set_config('tcp_keepalives_count', '4', false)";
+	"set_config('tcp_keepalives_count', '4', false), "
+	"set_config('idle_session_timeout', '0', false)";
 static const char sql_fence_create[] = "CREATE SEQUENCE IF NOT EXISTS lockshim_fence";
 
 struct backend_config {
@@ -70,17 +84,23 @@ struct backend_config {
 	char app[64];     /* application_name: "lockshim:<program>" */
 };
 
-/* A lock this session holds: its token. */
+/* A lock this session holds: its token and lease. */
 struct pg_hold {
+	long long lease_ms;
 	size_t tlen;
 	char tok[PG_TOKEN];
 };
 
 struct backend_conn {
 	struct backend_conn *prev, *next; /* every open connection (conns) */
+	/* Taken by every operation of the owning thread, and by the
+	 * renewal's ping of this session (pg_renew, from another thread). */
+	pthread_mutex_t mu;
 	const struct backend_config *bc;
 	PGconn *pg;
 	pid_t pid;
+	long long active_ms;     /* when the server last answered (now_ms): the
+				  * session was not idle then (pg_renew) */
 	int fenced;              /* the sequence is usable */
 	int prepared;            /* the statements are prepared (stmt_name) */
 	int piped;               /* libpq pipeline mode: a query may be sent before
@@ -92,7 +112,8 @@ struct backend_conn {
 		size_t klen;     /* ... and their keys, for the line if one was lost */
 		char key[KEY_BUF_SIZE];
 	} pkeys[PG_PENDING_MAX];
-	struct pg_hold *holds;   /* grows by doubling, never shrinks */
+	struct pg_hold *holds;   /* grows by doubling, never shrinks; changed
+				  * under conns.mu too (pg_renew reads it) */
 	size_t nholds, capholds;
 	char keytext[PG_KEYTEXT_MAX];
 	char err[256];
@@ -101,7 +122,9 @@ struct backend_conn {
 static const struct backend_module_host *host;
 static atomic_int fence_warned;
 
-/* Every open connection of the process, for the fork child (pg_atfork_child). */
+/* Every open connection of the process, for the fork child (pg_atfork_child),
+ * and the registry of which session holds which lock (each one's holds:
+ * pg_renew finds a lease's session there). */
 static struct {
 	pthread_mutex_t mu;
 	struct backend_conn *head;
@@ -123,16 +146,21 @@ static void pg_atfork_parent(void)
  * parent) becomes /dev/null, so that the child neither keeps its parent's
  * sessions, and so their locks, alive after the parent's death, nor ever
  * writes into them (a later close's goodbye goes to /dev/null). Only
- * async-signal-safe calls; the connections' memory stays (the threads that
- * owned them do not exist here; the forking thread's is closed by lock.c).
+ * async-signal-safe calls (and each connection's mutex made anew: a
+ * renewal's ping in the parent may have held it); the connections' memory
+ * stays (the threads that owned them do not exist here; the forking
+ * thread's is closed by lock.c).
  */
 static void pg_atfork_child(void)
 {
 	int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
 
-	for (struct backend_conn *c = conns.head; c && nul >= 0; c = c->next)
-		if (c->pg && PQsocket(c->pg) >= 0)
+	for (struct backend_conn *c = conns.head; c; c = c->next) {
+		/* the parent's renewal thread may have been pinging it */
+		pthread_mutex_init(&c->mu, NULL);
+		if (nul >= 0 && c->pg && PQsocket(c->pg) >= 0)
 			dup2(nul, PQsocket(c->pg));
+	}
 	if (nul >= 0)
 		close(nul);
 	pthread_mutex_unlock(&conns.mu);
@@ -198,7 +226,9 @@ static void session_drop(struct backend_conn *c)
 	PQfinish(c->pg);
 	c->pg = NULL;
 	c->pending = 0;
-	c->nholds = 0;
+	pthread_mutex_lock(&conns.mu);
+	c->nholds = 0; /* the server frees them: a renewal finds them lost */
+	pthread_mutex_unlock(&conns.mu);
 }
 
 /* Records "what: libpq's message" as c's error, drops the session.
@@ -279,6 +309,7 @@ static PGresult *result_read(struct backend_conn *c, long long deadline, const c
 	}
 	if (!last)
 		goto broken;
+	c->active_ms = now_ms();
 	return last;
 timeout:
 	PQclear(last);
@@ -436,22 +467,55 @@ static long hold_index(const struct backend_conn *c, const struct backend_item *
 	return -1;
 }
 
-/* Records it as held by c's session. Returns 0, or -1 out of memory. */
+/* Records it as held by c's session (under conns.mu: the registry).
+ * Returns 0, or -1 out of memory. */
 static int hold_add(struct backend_conn *c, const struct backend_item *it)
 {
+	int rc = 0;
+
+	pthread_mutex_lock(&conns.mu);
 	if (c->nholds == c->capholds) {
 		size_t cap = c->capholds ? 2 * c->capholds : 8;
 		struct pg_hold *v = realloc(c->holds, cap * sizeof(*v));
 
-		if (!v)
-			return -1;
+		if (!v) {
+			rc = -1;
+			goto out;
+		}
 		c->holds = v;
 		c->capholds = cap;
 	}
+	c->holds[c->nholds].lease_ms = it->lease_ms;
 	c->holds[c->nholds].tlen = token_len(it);
 	memcpy(c->holds[c->nholds].tok, it->val, token_len(it));
 	c->nholds++;
-	return 0;
+out:
+	pthread_mutex_unlock(&conns.mu);
+	return rc;
+}
+
+/* Forgets c's i-th hold (under conns.mu: the registry). */
+static void hold_remove(struct backend_conn *c, size_t i)
+{
+	pthread_mutex_lock(&conns.mu);
+	c->holds[i] = c->holds[--c->nholds];
+	pthread_mutex_unlock(&conns.mu);
+}
+
+/* Writes into buf (24 bytes) the session's idle_session_timeout once it
+ * holds its locks and also one of lease_ms (0: none more): the shortest
+ * lease, or "0" (none) when it holds nothing. Returns buf. */
+static const char *idle_text(const struct backend_conn *c, long long lease_ms, char *buf)
+{
+	long long ms = lease_ms;
+
+	for (size_t i = 0; i < c->nholds; i++)
+		if (c->holds[i].lease_ms > 0 && (ms <= 0 || c->holds[i].lease_ms < ms))
+			ms = c->holds[i].lease_ms;
+	if (ms > INT_MAX)
+		ms = INT_MAX;
+	snprintf(buf, 24, "%lld", ms > 0 ? ms : 0);
+	return buf;
 }
 
 /* Records a grant of it; on no room the session is dropped (the lock is
@@ -597,8 +661,8 @@ static int prepare_statements(struct backend_conn *c)
 	char sql[1024];
 	PGresult *r;
 
-	snprintf(sql, sizeof(sql), "PREPARE lockshim_try(text) AS %s; PREPARE "
-		 "lockshim_wait(text, text) AS %s; PREPARE lockshim_unlock(text) AS %s",
+	snprintf(sql, sizeof(sql), "PREPARE lockshim_try(text, text) AS %s; PREPARE "
+		 "lockshim_wait(text, text, text) AS %s; PREPARE lockshim_unlock(text, text) AS %s",
 		 c->fenced ? sql_try_fenced : sql_try, c->fenced ? sql_wait_fenced : sql_wait,
 		 sql_unlock);
 	if (!PQsendQuery(c->pg, sql))
@@ -618,21 +682,23 @@ static void notice_none(void *arg, const char *msg)
 	(void)msg;
 }
 
-static struct backend_conn *pg_open(const struct backend_config *bc, char *err, size_t errlen)
+/*
+ * Opens c's session (c->pg is NULL): connect within connect_timeout_ms,
+ * the version, the fence sequence, the prepared statements, pipeline
+ * mode. Returns 0, or -1 with one line in err (never c->err) and c->pg
+ * NULL.
+ */
+static int session_connect(struct backend_conn *c, char *err, size_t errlen)
 {
+	const struct backend_config *bc = c->bc;
 	const char *keys[5] = { "dbname", "application_name", NULL, NULL, NULL };
 	const char *vals[5] = { bc->spec->conninfo, bc->app, NULL, NULL, NULL };
 	long long deadline = now_ms() + bc->spec->connect_timeout_ms;
-	struct backend_conn *c = calloc(1, sizeof(*c));
 	PostgresPollingStatusType st = PGRES_POLLING_WRITING;
 	int k = 2;
 
-	if (!c) {
-		snprintf(err, errlen, "out of memory");
-		return NULL;
-	}
-	c->bc = bc;
-	c->pid = getpid();
+	c->fenced = c->prepared = c->piped = c->pending = c->phead = 0;
+	c->err[0] = 0;
 	if (bc->password) {
 		keys[k] = "password";
 		vals[k++] = bc->password;
@@ -655,6 +721,12 @@ static struct backend_conn *pg_open(const struct backend_config *bc, char *err, 
 		snprintf(err, errlen, "connect: %s", PQerrorMessage(c->pg));
 		goto out;
 	}
+	if (PQserverVersion(c->pg) < 140000) {
+		snprintf(err, errlen, "connect: PostgreSQL 14 or later is needed (a lock's lease "
+			 "is its session's idle_session_timeout); this server is %d",
+			 PQserverVersion(c->pg));
+		goto out;
+	}
 	PQsetNoticeProcessor(c->pg, notice_none, NULL);
 	if (PQsetnonblocking(c->pg, 1) != 0 || fence_setup(c) != BACKEND_OK ||
 	    prepare_statements(c) != BACKEND_OK) {
@@ -662,13 +734,46 @@ static struct backend_conn *pg_open(const struct backend_config *bc, char *err, 
 		goto out;
 	}
 	c->piped = PQenterPipelineMode(c->pg) == 1;
-	conns_add(c);
-	return c;
+	return 0;
 out:
 	err[strcspn(err, "\n")] = 0;
 	session_drop(c);
-	free(c);
-	return NULL;
+	return -1;
+}
+
+static struct backend_conn *pg_open(const struct backend_config *bc, char *err, size_t errlen)
+{
+	struct backend_conn *c = calloc(1, sizeof(*c));
+
+	if (!c) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	pthread_mutex_init(&c->mu, NULL);
+	c->bc = bc;
+	c->pid = getpid();
+	if (session_connect(c, err, errlen) != 0) {
+		pthread_mutex_destroy(&c->mu);
+		free(c);
+		return NULL;
+	}
+	conns_add(c);
+	return c;
+}
+
+/* Opens c's session again when it was dropped (a renewal's ping found it
+ * gone, a command timed out): the call after a lost lock does not fail.
+ * Returns BACKEND_OK, or BACKEND_ERR with c->err set. Holds c->mu. */
+static int session_up(struct backend_conn *c)
+{
+	char err[sizeof(c->err)];
+
+	if (c->pg)
+		return BACKEND_OK;
+	if (session_connect(c, err, sizeof(err)) == 0)
+		return BACKEND_OK;
+	snprintf(c->err, sizeof(c->err), "%s", err);
+	return BACKEND_ERR;
 }
 
 /* Writes "PostgreSQL HOST:PORT database DB (session advisory locks)", each
@@ -698,6 +803,9 @@ static void pg_describe(const struct backend_config *bc, char *buf, size_t len)
 static void pg_close(struct backend_conn *c)
 {
 	conns_remove(c);
+	pthread_mutex_lock(&c->mu); /* a renewal's ping in flight ends first */
+	pthread_mutex_unlock(&c->mu);
+	pthread_mutex_destroy(&c->mu);
 	session_drop(c);
 	free(c->holds);
 	free(c);
@@ -710,16 +818,15 @@ static void pg_close(struct backend_conn *c)
  * waiter does not try here (its wait blocks in the server): BACKEND_NO
  * with a wait as long as it likes. Its token held already: taken.
  */
-static int pg_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
-		      char *holder, size_t *holder_len, long long *fence)
+static int pg_acquire_locked(struct backend_conn *c, const struct backend_item *it,
+			     long long *wait_ms, long long *fence)
 {
-	const char *v[1];
+	char idle[24];
+	const char *v[2];
 	PGresult *r;
 	long long f;
 
 	*fence = 0;
-	*holder_len = 0;
-	(void)holder;
 	if (backend_item_set(it)) {
 		snprintf(c->err, sizeof(c->err), "the postgres backend has no semaphores or "
 			 "shared locks yet");
@@ -731,8 +838,11 @@ static int pg_acquire(struct backend_conn *c, const struct backend_item *it, lon
 		*wait_ms = LLONG_MAX / 4;
 		return BACKEND_NO;
 	}
+	if (session_up(c) != BACKEND_OK)
+		return BACKEND_ERR;
 	v[0] = key_text(c, it);
-	if (!(r = run(c, c->fenced ? sql_try_fenced : sql_try, 1, v,
+	v[1] = idle_text(c, it->lease_ms, idle);
+	if (!(r = run(c, c->fenced ? sql_try_fenced : sql_try, 2, v,
 		      c->bc->spec->command_timeout_ms, "acquire")))
 		return BACKEND_ERR;
 	if (!rows_ok(c, r, "acquire")) {
@@ -749,25 +859,41 @@ static int pg_acquire(struct backend_conn *c, const struct backend_item *it, lon
 	return granted(c, it);
 }
 
-/* Sends pg_advisory_unlock of it's key; async: its reply is read with the
- * next command (or flush). */
-static int pg_release(struct backend_conn *c, const struct backend_item *it, int async)
+static int pg_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
+		      char *holder, size_t *holder_len, long long *fence)
+{
+	int rc;
+
+	(void)holder;
+	*holder_len = 0;
+	pthread_mutex_lock(&c->mu);
+	rc = pg_acquire_locked(c, it, wait_ms, fence);
+	pthread_mutex_unlock(&c->mu);
+	return rc;
+}
+
+/* Sends pg_advisory_unlock of it's key (and the session's idle timeout
+ * for the locks it still holds); async: its reply is read with the next
+ * command (or flush). Holds c->mu. */
+static int pg_release_locked(struct backend_conn *c, const struct backend_item *it, int async)
 {
 	long i = hold_index(c, it);
-	const char *v[1];
+	char idle[24];
+	const char *v[2];
 	PGresult *r;
 	int ok;
 
 	if (i < 0)
 		return BACKEND_NO;
-	c->holds[i] = c->holds[--c->nholds];
+	hold_remove(c, (size_t)i);
 	v[0] = key_text(c, it);
+	v[1] = idle_text(c, 0, idle);
 	if (async) {
 		int k;
 
 		if (c->pending == PG_PENDING_MAX && drain(c) != BACKEND_OK)
 			return BACKEND_ERR;
-		if (send_query(c, sql_unlock, 1, v, "release") != BACKEND_OK)
+		if (send_query(c, sql_unlock, 2, v, "release") != BACKEND_OK)
 			return BACKEND_ERR;
 		k = (c->phead + c->pending++) % PG_PENDING_MAX;
 		c->pkeys[k].klen = it->klen < KEY_BUF_SIZE ? it->klen : KEY_BUF_SIZE;
@@ -777,11 +903,22 @@ static int pg_release(struct backend_conn *c, const struct backend_item *it, int
 			return fail(c, "release", PQerrorMessage(c->pg));
 		return BACKEND_OK;
 	}
-	if (!(r = run(c, sql_unlock, 1, v, c->bc->spec->command_timeout_ms, "release")))
+	if (!(r = run(c, sql_unlock, 2, v, c->bc->spec->command_timeout_ms, "release")))
 		return BACKEND_ERR;
 	ok = rows_ok(c, r, "release") && PQgetvalue(r, 0, 0)[0] == 't';
 	PQclear(r);
 	return ok ? BACKEND_OK : BACKEND_NO;
+}
+
+/* Waits for a renewal's ping in flight on c (pg_renew), then releases. */
+static int pg_release(struct backend_conn *c, const struct backend_item *it, int async)
+{
+	int rc;
+
+	pthread_mutex_lock(&c->mu);
+	rc = pg_release_locked(c, it, async);
+	pthread_mutex_unlock(&c->mu);
+	return rc;
 }
 
 /*
@@ -789,11 +926,11 @@ static int pg_release(struct backend_conn *c, const struct backend_item *it, int
  * (lock_timeout, set in the same statement): GRANTED with the fence when
  * the release (or the holder's death) hands it over, NO at the timeout.
  */
-static int pg_wait(struct backend_conn *c, const struct backend_item *it,
-		   long long timeout_ms, long long *fence)
+static int pg_wait_locked(struct backend_conn *c, const struct backend_item *it,
+			  long long timeout_ms, long long *fence)
 {
-	char lt[24];
-	const char *v[2];
+	char lt[24], idle[24];
+	const char *v[3];
 	PGresult *r;
 	const char *state;
 
@@ -804,10 +941,13 @@ static int pg_wait(struct backend_conn *c, const struct backend_item *it,
 		return BACKEND_NO;
 	if (timeout_ms > PG_WAIT_MAX_MS)
 		timeout_ms = PG_WAIT_MAX_MS;
+	if (session_up(c) != BACKEND_OK)
+		return BACKEND_ERR;
 	snprintf(lt, sizeof(lt), "%lld", timeout_ms);
 	v[0] = key_text(c, it);
 	v[1] = lt;
-	if (!(r = run(c, c->fenced ? sql_wait_fenced : sql_wait, 2, v,
+	v[2] = idle_text(c, it->lease_ms, idle);
+	if (!(r = run(c, c->fenced ? sql_wait_fenced : sql_wait, 3, v,
 		      timeout_ms + c->bc->spec->command_timeout_ms, "wait")))
 		return BACKEND_ERR;
 	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
@@ -825,6 +965,18 @@ static int pg_wait(struct backend_conn *c, const struct backend_item *it,
 	return BACKEND_ERR;
 }
 
+/* A renewal's ping does not wait behind a blocked wait (pg_renew). */
+static int pg_wait(struct backend_conn *c, const struct backend_item *it,
+		   long long timeout_ms, long long *fence)
+{
+	int rc;
+
+	pthread_mutex_lock(&c->mu);
+	rc = pg_wait_locked(c, it, timeout_ms, fence);
+	pthread_mutex_unlock(&c->mu);
+	return rc;
+}
+
 /* Gives up it: released when this session holds it. */
 static int pg_leave(struct backend_conn *c, const struct backend_item *it, int async)
 {
@@ -833,7 +985,12 @@ static int pg_leave(struct backend_conn *c, const struct backend_item *it, int a
 
 static int pg_flush(struct backend_conn *c)
 {
-	return drain(c);
+	int rc;
+
+	pthread_mutex_lock(&c->mu);
+	rc = drain(c);
+	pthread_mutex_unlock(&c->mu);
+	return rc;
 }
 
 /* An unread release's session is dropped with it: the server frees the
@@ -843,7 +1000,9 @@ static void pg_unconfirmed(struct backend_conn *c,
 {
 	(void)fn;
 	(void)arg;
+	pthread_mutex_lock(&c->mu);
 	c->pending = 0;
+	pthread_mutex_unlock(&c->mu);
 }
 
 static const char *pg_errstr(const struct backend_conn *c)
@@ -851,9 +1010,10 @@ static const char *pg_errstr(const struct backend_conn *c)
 	return c->err;
 }
 
-static int pg_ping(struct backend_conn *c)
+/* Sends SELECT 1 on c. Returns BACKEND_OK or BACKEND_ERR. Holds c->mu. */
+static int ping_locked(struct backend_conn *c)
 {
-	PGresult *r = run(c, "SELECT 1", 0, NULL, c->bc->spec->command_timeout_ms, "ping");
+	PGresult *r = run(c, sql_ping, 0, NULL, c->bc->spec->command_timeout_ms, "ping");
 	int ok;
 
 	if (!r)
@@ -863,10 +1023,95 @@ static int pg_ping(struct backend_conn *c)
 	return ok ? BACKEND_OK : BACKEND_ERR;
 }
 
+static int pg_ping(struct backend_conn *c)
+{
+	int rc;
+
+	pthread_mutex_lock(&c->mu);
+	rc = ping_locked(c);
+	pthread_mutex_unlock(&c->mu);
+	return rc;
+}
+
+/* ---- renewal ------------------------------------------------------------ */
+
+/*
+ * Returns the session (in the registry: every connection's holds) that
+ * holds it's token, with its mutex taken (the caller unlocks it), or NULL
+ * with *busy 1 when that session's owner is using it (a command in
+ * flight: the session is not idle), 0 when no session holds it.
+ */
+static struct backend_conn *holder_session(const struct backend_item *it, int *busy)
+{
+	struct backend_conn *found = NULL;
+
+	*busy = 0;
+	pthread_mutex_lock(&conns.mu);
+	for (struct backend_conn *c = conns.head; c && !found; c = c->next)
+		if (hold_index(c, it) >= 0)
+			found = c;
+	/* trylock: the owner takes c->mu then conns.mu (hold_add) */
+	if (found && pthread_mutex_trylock(&found->mu) != 0) {
+		*busy = 1;
+		found = NULL;
+	}
+	pthread_mutex_unlock(&conns.mu);
+	return found;
+}
+
+/*
+ * The lease of a session advisory lock is its session's
+ * idle_session_timeout (set by the statements that take and release
+ * locks): renewing is keeping the holder's session from being idle, one
+ * SELECT 1 on it under its mutex; none when the server answered on that
+ * session less than a sixth of the item's lease ago (another lock's
+ * renewal, the owner's own command). Each lock is due every third of its
+ * lease (renew.c), so a session holding one lock is pinged three times a
+ * lease, one holding many at most six times, and none is idle for more
+ * than half a lease. c (the renewal thread's own connection) is not used.
+ * results[i]: BACKEND_OK (pinged, or its owner is using it), BACKEND_NO
+ * (no session holds it any more, or the ping failed: the session, and so
+ * the lock, is gone). Returns BACKEND_OK.
+ */
+static int pg_renew(struct backend_conn *c, int n, const struct backend_item *items,
+		    int *results)
+{
+	(void)c;
+	for (int i = 0; i < n; i++) {
+		int busy;
+		struct backend_conn *h = holder_session(&items[i], &busy);
+
+		if (!h) {
+			results[i] = busy ? BACKEND_OK : BACKEND_NO;
+			continue;
+		}
+		if (now_ms() - h->active_ms < items[i].lease_ms / 6)
+			results[i] = BACKEND_OK;
+		else
+			results[i] = ping_locked(h) == BACKEND_OK ? BACKEND_OK : BACKEND_NO;
+		/* the ping found the session gone: its locks are lost (the
+		 * server freed them), and the next command reconnects */
+		if (results[i] == BACKEND_OK && hold_index(h, &items[i]) < 0)
+			results[i] = BACKEND_NO;
+		pthread_mutex_unlock(&h->mu);
+	}
+	return BACKEND_OK;
+}
+
 static const struct backend_ops pg_ops = {
 	.name = "postgres",
-	.leaseless = 1,
+	/* a waiter's one blocking pg_advisory_lock ends at the release: it is
+	 * not sent again every retry_max_ms (and keeps its place in the
+	 * server's queue); a caller refused once leaves nothing queued */
+	.watched = 1,
 	.store = "PostgreSQL",
+	.status_why = "status is not built yet for backend \"postgres\"; its holders: SELECT "
+		      "l.pid, a.application_name, (l.classid::bigint << 32) | l.objid::bigint AS "
+		      "id FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.locktype = "
+		      "'advisory' AND l.granted",
+	.unlock_why = "unlock: not with backend \"postgres\": an advisory lock is its holder's "
+		      "session's; end that session (pg_terminate_backend(pid), the pid from "
+		      "pg_locks) or stop its holder",
 	/* .settings: the core's group (backend_init sets it in its copy) */
 	.serves = pg_serves,
 	.config_new = pg_config_new,
@@ -880,6 +1125,7 @@ static const struct backend_ops pg_ops = {
 	.leave = pg_leave,
 	.flush = pg_flush,
 	.unconfirmed = pg_unconfirmed,
+	.renew = pg_renew,
 	.errstr = pg_errstr,
 	.ping = pg_ping,
 };

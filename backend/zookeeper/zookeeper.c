@@ -1211,10 +1211,139 @@ static int zk_ping(struct backend_conn *c)
 	return rc == ZOK || rc == ZNONODE ? BACKEND_OK : BACKEND_ERR;
 }
 
+/* ---- holders, for `lockshim status` --------------------------------------- */
+
+/* One lock znode of a key, as zk_holders reads it. */
+struct zk_entry {
+	long long seq, czxid;
+	int vlen;
+	char val[BACKEND_VAL_MAX];
+};
+
+static int by_name(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int by_seq(const void *a, const void *b)
+{
+	const struct zk_entry *x = a, *y = b;
+
+	return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/* Reports the lock of the key znode dir (its name: the key's) to fn: its
+ * lock- children read with their data, the lowest holding, the rest its
+ * waiters. Returns ZOK (also when it has none, or they went meanwhile),
+ * or the error of a read, said in c->err. */
+static int key_holders(struct backend_conn *c, zhandle_t *zh, const char *dir, const char *name,
+		       void (*fn)(void *arg, const struct backend_holder *h), void *arg)
+{
+	struct String_vector kids = { 0, NULL };
+	struct backend_holder h = { .fence = -1, .lease_left_ms = -1, .limit = 1 };
+	struct zk_entry *e = NULL;
+	const char **wval = NULL;
+	size_t *wlen = NULL;
+	char key[KEYNAME_SIZE], path[ZK_PATH_MAX + ZK_NAME_MAX + 1];
+	int rc = zoo_get_children(zh, dir, 0, &kids), n = 0;
+
+	if (rc == ZNONODE || (rc == ZOK && kids.count == 0))
+		goto out;
+	if (rc != ZOK)
+		goto fail;
+	e = calloc((size_t)kids.count, sizeof(*e));
+	wval = calloc((size_t)kids.count, sizeof(*wval));
+	wlen = calloc((size_t)kids.count, sizeof(*wlen));
+	if (!e || !wval || !wlen) {
+		rc = ZSYSTEMERROR;
+		snprintf(c->err, sizeof(c->err), "status: out of memory");
+		goto out;
+	}
+	for (int i = 0; i < kids.count; i++) {
+		struct Stat st;
+
+		if (strlen(kids.data[i]) >= ZK_NAME_MAX || (e[n].seq = child_seq(kids.data[i])) < 0)
+			continue; /* not a lock znode of ours */
+		snprintf(path, sizeof(path), "%.*s/%s", ZK_PATH_MAX - 1, dir, kids.data[i]);
+		e[n].vlen = sizeof(e[n].val);
+		rc = zoo_get(zh, path, 0, e[n].val, &e[n].vlen, &st);
+		if (rc == ZNONODE)
+			continue; /* released meanwhile */
+		if (rc != ZOK)
+			goto fail;
+		e[n].czxid = st.czxid;
+		e[n].vlen = e[n].vlen < 0 ? 0 : e[n].vlen;
+		n++;
+	}
+	rc = ZOK;
+	if (!n)
+		goto out;
+	qsort(e, (size_t)n, sizeof(*e), by_seq);
+	for (int i = 1; i < n; i++) {
+		wval[i - 1] = e[i].val;
+		wlen[i - 1] = (size_t)e[i].vlen;
+	}
+	h.key = key;
+	h.klen = keyname_decode(name, strlen(name), key);
+	h.val = e[0].val;
+	h.vlen = (size_t)e[0].vlen;
+	h.fence = e[0].czxid;
+	h.nwaiters = n - 1;
+	h.wval = wval;
+	h.wlen = wlen;
+	fn(arg, &h);
+	goto out;
+fail:
+	snprintf(c->err, sizeof(c->err), "status: %.200s: %s", dir, zerror(rc));
+out:
+	free(e);
+	free(wval);
+	free(wlen);
+	deallocate_String_vector(&kids);
+	return rc;
+}
+
+/* .holders: each key znode under root (in name order) and its lock znodes,
+ * read with the library's synchronous calls (bounded by the session's
+ * own timeout). Read-only. */
+static int zk_holders(struct backend_conn *c,
+		      void (*fn)(void *arg, const struct backend_holder *h), void *arg)
+{
+	const char *root = c->bc->spec->root;
+	struct String_vector keys = { 0, NULL };
+	char dir[ZK_PATH_MAX];
+	unsigned gen;
+	zhandle_t *zh = sess_get(c, &gen);
+	int rc;
+
+	if (!zh)
+		return BACKEND_ERR;
+	rc = zoo_get_children(zh, root, 0, &keys);
+	if (rc == ZNONODE)
+		return BACKEND_OK;
+	if (rc != ZOK) {
+		snprintf(c->err, sizeof(c->err), "status: %.200s: %s", root, zerror(rc));
+		return BACKEND_ERR;
+	}
+	if (keys.count > 1)
+		qsort(keys.data, (size_t)keys.count, sizeof(*keys.data), by_name);
+	for (int i = 0; rc == ZOK && i < keys.count; i++) {
+		if (strlen(keys.data[i]) >= KEYNAME_SIZE)
+			continue; /* not a key's name */
+		snprintf(dir, sizeof(dir), "%s/%s", root, keys.data[i]);
+		rc = key_holders(c, zh, dir, keys.data[i], fn, arg);
+	}
+	deallocate_String_vector(&keys);
+	return rc == ZOK ? BACKEND_OK : BACKEND_ERR;
+}
+
 static const struct backend_ops zk_ops = {
 	.name = "zookeeper",
 	.leaseless = 1,
 	.store = "ZooKeeper",
+	.unlock_why = "unlock: not with backend \"zookeeper\": a lock is an ephemeral znode of "
+		      "its holder's session, which ZooKeeper deletes when the session ends (a dead "
+		      "holder's at its session timeout); stop its holder",
 	/* .settings: the core's group (backend_init sets it in its copy) */
 	.serves = zk_serves,
 	.config_new = zk_config_new,
@@ -1230,6 +1359,7 @@ static const struct backend_ops zk_ops = {
 	.unconfirmed = zk_unconfirmed,
 	.errstr = zk_errstr,
 	.ping = zk_ping,
+	.holders = zk_holders,
 };
 
 __attribute__((visibility("default")))

@@ -17,7 +17,7 @@ import subprocess
 import pytest
 
 from support.debroot import chroot, fresh_root
-from support.util import ASAN, CLI, SHIM, TSAN, cc
+from support.util import ASAN, CLI, SHIM, TSAN
 
 pytestmark = pytest.mark.skipif(ASAN or TSAN, reason="a sanitizer build needs its runtime, "
                                 "which the bare root lacks")

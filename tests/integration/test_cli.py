@@ -82,9 +82,9 @@ def test_settings_format():
     assert all(len(row) == 4 for row in rows)
     groups = [g for g, _, _, _ in rows]
     assert set(groups) == {"top", "redis", "tls", "master", "local", "postgres", "zookeeper",
-                           "lock"}
+                           "etcd", "lock"}
     assert groups == sorted(groups, key=["top", "redis", "tls", "master", "local",
-                                         "postgres", "zookeeper", "lock"].index)
+                                         "postgres", "zookeeper", "etcd", "lock"].index)
     assert ["lock", "lease_ms", "integer:30..2147483647", "30000"] in rows
     assert ["redis", "port", "integer:1..65535", "6379"] in rows
     assert ["lock", "symbol", "string", "required"] in rows
@@ -97,10 +97,11 @@ def test_settings_defaults_are_what_a_missing_setting_gets(redis, tmp_path):
     they point at the test's server; the tls group's defaults apply only
     when the group is there, which turns TLS on; the local group is refused
     with the redis backend: test_local.py covers it, and so are the
-    postgres and zookeeper groups: test_postgres.py, test_zookeeper.py)."""
+    postgres, zookeeper and etcd groups: test_postgres.py, test_zookeeper.py,
+    test_etcd.py)."""
     given = {"top": [], "redis": [], "lock": []}
     for group, name, type_, default in settings():
-        if group in ("tls", "master", "local", "postgres", "zookeeper") or \
+        if group in ("tls", "master", "local", "postgres", "zookeeper", "etcd") or \
                 default in ("none", "required") or default.startswith("=") or \
                 type_ in ("group", "list") or (group, name) in (("redis", "host"),
                                                                 ("redis", "port")):

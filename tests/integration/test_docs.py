@@ -22,6 +22,7 @@ README_MAX_BYTES = 15 * 1024
 # lockshim.cfg(5): the section of each group `lockshim settings` prints.
 MAN5_GROUPS = {"TOP LEVEL": "top", "REDIS": "redis", "TLS": "tls", "MASTERS": "master",
                "LOCAL": "local", "POSTGRES": "postgres", "ZOOKEEPER": "zookeeper",
+               "ETCD": "etcd",
                "PER LOCK": "lock"}
 # One setting in lockshim.cfg(5): "*name* (type, default X)" or "(type, required)".
 SETTING_LINE = re.compile(r"\*(\w+)\* \((\S+), (.+)\)")

@@ -24,7 +24,6 @@ import subprocess
 import pytest
 
 from support.util import CLI, PRELOAD, TIMEOUT, run, shim_env, wait_for, write_config
-from support.workers import Bg, build_block
 
 GO_NOTE = "Go makes system calls directly, not through libc, and only its cgo calls reach libc"
 

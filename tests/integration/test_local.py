@@ -348,7 +348,8 @@ def test_refused_settings_exit_78_naming_them(tmp_path, setting, name, where):
 @pytest.mark.parametrize("body,says", [
     ('zookeeper = { hosts = "h:1"; };', 'zookeeper: is the group of backend "zookeeper", '
      'but backend is "redis"'),
-    ('backend = "etcd";', 'backend: "etcd" is not available in this build'),
+    ('etcd = { prefix = "/x/"; };', 'etcd: is the group of backend "etcd", but backend '
+     'is "redis"'),
     ('local = { dir = "/tmp"; };', 'local: is the group of backend "local", but backend '
      'is "redis"'),
     ('backend = "local"; redis = { port = 7000; };', 'redis: is the group of backend '

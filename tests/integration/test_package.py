@@ -34,6 +34,7 @@ EXPECTED_FILES = {
     SHIM_LINE,
     SHIM_LINE.replace("liblockshim.so", "liblockshim-postgres.so"),
     SHIM_LINE.replace("liblockshim.so", "liblockshim-zookeeper.so"),
+    SHIM_LINE.replace("liblockshim.so", "liblockshim-etcd.so"),
     "/usr/share/doc/lockshim/changelog.gz",
     "/usr/share/doc/lockshim/copyright",
     "/usr/share/doc/lockshim/examples/lockshim.cfg",
@@ -153,7 +154,7 @@ def test_package_files_and_metadata(deb, tmp_path):
 def test_depends_are_the_documented_packages_and_the_needed_ones(deb, tmp_path):
     depends = package_names(field(deb, "Depends"))
     documented = readme_dependencies()
-    modules = ("liblockshim-postgres.so", "liblockshim-zookeeper.so")
+    modules = ("liblockshim-postgres.so", "liblockshim-zookeeper.so", "liblockshim-etcd.so")
     assert set(documented) == {"liblockshim.so", "lockshim"} | set(modules), documented
     assert depends == documented["liblockshim.so"] | documented["lockshim"]
     # the modules' libraries are suggested: needed only when that backend is selected

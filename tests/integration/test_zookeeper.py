@@ -4,12 +4,15 @@
 private server (support/zookeeper.py), through the module
 liblockshim-zookeeper.so.
 
-Exclusion of processes x threads (control: the same workload races without
-the shim), fences (czxid) increasing, a SIGKILLed holder freed when its
-session expires (session_timeout_ms; control: a live holder makes the
-waiter time out at wait_ms, on_timeout applied), the waiter woken by the
-release and not by polling, a Redis-guarded program mapping neither
-libzookeeper nor the module, locks on send/write/poll not looping back from
+What every module backend shares (exclusion and its control, fences
+increasing, the module's library missing, what a Redis-guarded program
+maps, locks on send/write/poll, status/unlock/metrics exiting 1) is in
+test_modules.py. Here: a SIGKILLed holder freed when its session expires
+(session_timeout_ms; control: a live holder makes the waiter time out at
+wait_ms, on_timeout applied), the waiter woken by the release and not by
+polling, waiters in their queue's order, keys in znode names, a frozen
+holder, creates given up or lost with their connection, a fork child
+making a session of its own as it inherits none of
 the library's threads, every refusal (78), and the command's check and
 lock. A 3-member ensemble (support/zookeeper.py) whose leader is SIGKILLed
 while 3 x 2 writers take one lock in turn: never two inside (an observer
@@ -21,36 +24,31 @@ znode.
 """
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
 
 import pytest
 
+from support.process import cpu_ticks
 from support.proxy import DROP_REPLIES, PASS, Proxy
-from support.util import CLI, MULT, PRELOAD, SHIM, cc, run, shim_env, wait_for, write_config
 from support import sets
-from support.workers import race
+from support.scenarios import refused_setting
+from support.server import serving
+from support.util import CLI, MULT, cc, run, status_by_key, wait_for, write_config
 from support.zookeeper import Ensemble, ZookeeperServer, skip_reason
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
 BLOCK_LOCK = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
               'on_timeout = "skip"; } );\n')
-RACE_ZK = ('locks = ( { symbol = "ledger_update"; key = "ledger:{arg0:str}"; '
-           'wait_ms = 30000; } );\n')
 SESSION_MS = 4000
 BLK = "/lockshim/lockshim%3Ablk"  # the key lockshim:blk, encoded
 
 
 @pytest.fixture(scope="module")
 def zk():
-    s = ZookeeperServer()
-    try:
-        yield s.start()
-    finally:
-        s.cleanup()
+    yield from serving(ZookeeperServer())
 
 
 def zk_config(tmp_path, zk, body, extra=""):
@@ -58,62 +56,6 @@ def zk_config(tmp_path, zk, body, extra=""):
     return write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = "%s"; '
                         'session_timeout_ms = %d; %s };\n%s' % (zk.hosts(), SESSION_MS, extra,
                                                                  body))
-
-
-def cpu_ticks(pid):
-    """utime + stime of pid (every thread), in clock ticks."""
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
-def maps(pid):
-    with open("/proc/%d/maps" % pid) as f:
-        return f.read()
-
-
-# ---- exclusion ------------------------------------------------------------------
-
-@pytest.mark.timing
-def test_control_processes_and_threads_lose_updates(progs, tmp_path):
-    assert race(progs["ledger"], "direct", str(tmp_path / "c"), None, procs=3, iters=10,
-                threads=3) < 90
-
-
-def test_processes_and_threads_exclude_each_other(progs, zk, tmp_path):
-    """3 processes x 3 threads (one session per process): exact; no znode
-    left under the key."""
-    cfg = zk_config(tmp_path, zk, RACE_ZK)
-    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
-                threads=3) == 90
-    keys = zk.children("/lockshim")
-    assert keys, "no key znode"
-    for k in keys:
-        assert zk.children("/lockshim/" + k) == [], k
-
-
-def test_several_keys_exclude(progs, zk, tmp_path):
-    """A lock of two keys (taken in byte order, released together): exact,
-    and neither key keeps a znode."""
-    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "ledger_update"; keys = ( "z", '
-                    '"ledger:{arg0:str}" ); wait_ms = 30000; } );\n', 'root = "/two";')
-    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=3, iters=10,
-                threads=2) == 60
-    keys = zk.children("/two")
-    assert len(keys) == 2, keys
-    for k in keys:
-        assert zk.children("/two/" + k) == [], k
-
-
-def test_fences_increase(progs, zk, tmp_path):
-    cfg = zk_config(tmp_path, zk, RACE_ZK)
-    path = str(tmp_path / "c")
-    with open(path, "w") as f:
-        f.write("0\n")
-    r = run([progs["ledger"], "direct", path, "3"], cfg, LOCKSHIM_LOG_LEVEL="debug")
-    assert r.returncode == 0, r.stderr
-    fences = [int(l.rsplit("fence ", 1)[1]) for l in r.stderr.splitlines() if " acquired " in l]
-    assert len(fences) == 3 and fences == sorted(set(fences)) and fences[0] > 0, r.stderr
 
 
 # ---- holders that die, waiters that wake ----------------------------------------
@@ -204,91 +146,7 @@ def test_waiters_enter_in_the_order_they_queued(bg, worker_progs, zk, tmp_path):
     assert holder.wait() == 0
 
 
-# ---- what the module brings in ----------------------------------------------------
-
-def test_redis_guarded_program_maps_no_libzookeeper(bg, worker_progs, redis, zk, tmp_path):
-    """Control: the same program guarded with zookeeper maps both."""
-    rcfg = write_config(tmp_path, redis, BLOCK_LOCK % 1000)
-    p = bg([worker_progs["block"]], rcfg)
-    p.expect("enter")
-    m = maps(p.p.pid)
-    assert "libzookeeper" not in m and "liblockshim-zookeeper" not in m
-    p.send()
-    p.expect("call rc=42")
-    (tmp_path / "z").mkdir()
-    zcfg = zk_config(tmp_path / "z", zk, BLOCK_LOCK % 1000)
-    q = bg([worker_progs["block"]], zcfg)
-    q.expect("enter")
-    m = maps(q.p.pid)
-    assert "libzookeeper_mt.so" in m and "liblockshim-zookeeper.so" in m
-    q.send()
-    q.expect("call rc=42")
-
-
-IO_C = r"""
-#include <poll.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
-int main(void)
-{
-	int sv[2];
-	char buf[8];
-	socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
-	for (int i = 0; i < 20; i++) {
-		struct pollfd p = { .fd = sv[1], .events = POLLIN };
-		if (send(sv[0], "x", 1, 0) != 1 || poll(&p, 1, 1000) != 1 ||
-		    read(sv[1], buf, 1) != 1 || write(1, "ok\n", 3) != 3)
-			return 1;
-	}
-	return 0;
-}
-"""
-
-
-def test_locks_on_send_write_poll_do_not_loop_through_libzookeeper(zk, tmp_path):
-    """The module and libzookeeper are never redirected, so the library's
-    own threads' send/poll/write/read reach libc: every guarded call of the
-    program is taken once, and no slot of theirs is redirected."""
-    src = tmp_path / "io.c"
-    src.write_text(IO_C)
-    prog = cc(str(tmp_path / "io"), [str(src)], "-O2")
-    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "send"; key = "s"; }, '
-                    '{ symbol = "poll"; key = "p"; }, { symbol = "write"; key = "w"; }, '
-                    '{ symbol = "recv"; key = "r"; }, { symbol = "read"; key = "rd"; } );\n')
-    r = run([prog], cfg, LOCKSHIM_LOG_LEVEL="debug", timeout=60)
-    assert r.returncode == 0 and r.stdout == "ok\n" * 20, (r.stdout, r.stderr[-2000:])
-    acquired = [l for l in r.stderr.splitlines() if " acquired " in l]
-    assert len(acquired) >= 80, r.stderr[-2000:]  # send, poll, read, write: 20 each
-    redirected = [l for l in r.stderr.splitlines() if " redirected" in l and
-                  ("libzookeeper" in l or "liblockshim-zookeeper" in l)]
-    assert redirected == [], redirected
-
-
-def test_module_whose_library_is_missing_names_the_package(worker_progs, zk, tmp_path):
-    """A module that cannot be loaded (here: its client library is gone):
-    one line naming libzookeeper-mt2, 78."""
-    d = tmp_path / "lib"
-    d.mkdir()
-    shutil.copy(SHIM, str(d / "liblockshim.so"))
-    src = tmp_path / "gone.c"
-    src.write_text("int gone(void) { return 1; }\n")
-    cc(str(tmp_path / "libgone.so"), [str(src)], "-shared", "-fPIC")
-    mod = tmp_path / "mod.c"
-    mod.write_text("int gone(void); int lockshim_backend_zookeeper(void) { return gone(); }\n")
-    cc(str(d / "liblockshim-zookeeper.so"), [str(mod)], "-shared", "-fPIC",
-       "-L" + str(tmp_path), "-lgone")
-    os.unlink(str(tmp_path / "libgone.so"))
-    cfg = zk_config(tmp_path, zk, BLOCK_LOCK % 1000)
-    r = subprocess.run([worker_progs["block"]], env=shim_env(cfg, LD_PRELOAD=PRELOAD.replace(
-        SHIM, str(d / "liblockshim.so"))), capture_output=True, text=True,
-        stdin=subprocess.DEVNULL)
-    assert r.returncode == 78, (r.stdout, r.stderr)
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1 and "liblockshim-zookeeper.so cannot be loaded (" in lines[0] \
-        and lines[0].endswith("install libzookeeper-mt2"), r.stderr
-
+# ---- key znodes -----------------------------------------------------------------
 
 @pytest.mark.parametrize("key,znode", [
     ("a/b c", "lockshim%3Aa%2Fb%20c"),
@@ -331,16 +189,7 @@ def test_long_key_is_shortened_with_its_sha1(zk, tmp_path):
 ])
 @pytest.mark.parametrize("where", ["lock", "defaults"])
 def test_refused_settings(zk, tmp_path, setting, where):
-    name = setting.split()[0]
-    if where == "lock":
-        body = 'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting
-    else:
-        body = 'defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
-    cfg = zk_config(tmp_path, zk, body)
-    r = run([CLI, "check", "-c", cfg])
-    assert r.returncode == 78, (r.stdout, r.stderr)
-    what = "locks[0].%s" % name if where == "lock" else "defaults.%s" % name
-    assert what in r.stderr and "backend \"zookeeper\"" in r.stderr, r.stderr
+    refused_setting(lambda body: zk_config(tmp_path, zk, body), setting, where, "zookeeper")
 
 
 @pytest.mark.parametrize("extra,refused", [
@@ -432,13 +281,6 @@ def test_lock_command_refuses_what_the_backend_cannot_honour(zk, tmp_path, opts,
     cfg = zk_config(tmp_path, zk, "")
     r = run([CLI, "lock", "-c", cfg] + opts + ["k", "--", "true"], LD_PRELOAD="")
     assert r.returncode == 78 and says in r.stderr, r.stderr
-
-
-@pytest.mark.parametrize("verb", [["status"], ["unlock", "k"], ["metrics"]])
-def test_verbs_not_built_exit_1(zk, tmp_path, verb):
-    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "rename"; key = "k"; } );\n')
-    r = run([CLI] + verb[:1] + ["-c", cfg] + verb[1:])
-    assert r.returncode == 1 and "zookeeper" in r.stderr, (r.stdout, r.stderr)
 
 
 def test_frozen_holder_loses_the_lock_at_its_session_timeout(bg, worker_progs, zk, tmp_path):
@@ -627,6 +469,49 @@ def test_create_whose_connection_was_lost_is_swept(bg, own_zk, tmp_path):
         assert r.returncode == 0, r.stderr
         p.send()
         assert p.wait() == 0
+
+
+# ---- status: the key znodes and their lock znodes ---------------------------------
+
+def test_status_lists_each_lock_with_its_holder_and_waiters(bg, worker_progs, zk, tmp_path):
+    """Two locks ("blk": a holder and two waiters; "x/%y", its znode name
+    escaped): each key once, decoded, its holder, its fence (the lowest lock
+    znode's czxid), no lease (the session is the lease), the waiters in
+    queue order; nothing once all are released."""
+    cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                    'wait_ms = 60000; } );\n')
+    (tmp_path / "2").mkdir()
+    cfg2 = zk_config(tmp_path / "2", zk, 'locks = ( { symbol = "block_call"; '
+                     'key = "x/%y"; } );\n')
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    other = bg([worker_progs["block"]], cfg2)
+    other.expect("enter")
+    waiters = []
+    for i in range(2):
+        waiters.append(bg([worker_progs["block"]], cfg))
+        wait_for(lambda: len(zk.children(BLK)) == i + 2, timeout=30, what="waiter %d" % i)
+    got = status_by_key(cfg)
+    assert sorted(got) == ["blk", "x/%y"], got
+    blk = got["blk"]
+    lowest = min(zk.children(BLK), key=lambda n: int(n.rsplit("-", 1)[1]))
+    czxid = re.search(r"cZxid = (0x[0-9a-f]+)", zk.cli("stat", BLK + "/" + lowest)).group(1)
+    assert blk["fence"] == int(czxid, 16), (blk, czxid)
+    assert (blk["pid"], blk["lease_left_ms"], blk["limit"]) == (holder.p.pid, None, 1)
+    assert [w["pid"] for w in blk["waiters"]] == [w.p.pid for w in waiters]
+    assert got["x/%y"]["pid"] == other.p.pid and got["x/%y"]["waiters"] == []
+    assert list(status_by_key(cfg, "x*")) == ["x/%y"]
+    for p in [holder, other] + waiters:
+        p.send()
+        p.expect("call rc=42")
+    assert status_by_key(cfg) == {}
+
+
+def test_status_of_a_server_that_is_down_is_69(tmp_path):
+    cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
+                       '"127.0.0.1:1"; connect_timeout_ms = 500; };\n')
+    r = run([CLI, "status", "-c", cfg])
+    assert r.returncode == 69 and "ZooKeeper" in r.stderr, (r.returncode, r.stderr)
 
 
 # ---- a 3-member ensemble whose leader is killed ---------------------------------

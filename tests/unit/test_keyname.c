@@ -3,7 +3,7 @@
  * test_keyname.c - keys as safe names (keyname.h), the rule of the local
  * backend's file names and the zookeeper backend's znode names: what is
  * kept, what is escaped, where a long key is cut, and that two long keys
- * with one start stay apart.
+ * with one start stay apart; and names decoded back.
  */
 #include <string.h>
 
@@ -50,5 +50,11 @@ int main(void)
 	big[399] = 'y';
 	nb = keyname_encode(big, 400, b);
 	test_cond(na == nb && memcmp(a, b, 150) == 0 && strcmp(a, b) != 0);
+	test("a name decodes back to its key; a shortened one keeps its hash");
+	na = keyname_encode("ns:k y\0\xff/%", 11, a);
+	test_cond(keyname_decode(a, na, b) == 11 && memcmp(b, "ns:k y\0\xff/%", 11) == 0);
+	test_cond(keyname_decode("a%2", 3, b) == 3 && memcmp(b, "a%2", 3) == 0);
+	na = keyname_encode(big, 400, a);
+	test_cond(keyname_decode(a, na, b) == 191 && memcmp(b, a, 191) == 0);
 	return test_report("keyname");
 }

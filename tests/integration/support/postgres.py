@@ -15,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 
+from support.process import ServerProcess
 from support.util import wait_for
 
 _BINS = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
@@ -35,7 +36,9 @@ def skip_reason():
     return None
 
 
-class PostgresServer:
+class PostgresServer(ServerProcess):
+    STOP_SIGNAL = signal.SIGINT  # fast shutdown: every session closed
+
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="lspg")
         os.chmod(self.dir, 0o755)
@@ -86,23 +89,14 @@ class PostgresServer:
         with open(os.path.join(self.data, "postmaster.pid")) as f:
             return int(f.readline())
 
-    def stop(self, sig=signal.SIGINT):
-        """Stops the server: sig to the postmaster itself (SIGINT: fast
-        shutdown, every session closed), then waits for runuser."""
-        if self.proc and self.proc.poll() is None:
-            try:
-                os.kill(self.pid(), sig)
-            except (OSError, ValueError):
-                self.proc.send_signal(sig)
-            # runuser stops itself when its child is stopped (a test froze
-            # the server): it must run to reap it
-            self.proc.send_signal(signal.SIGCONT)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+    def _stop_pid(self):
+        """The postmaster (stop() signals it; runuser, the child, exits
+        after it, and is continued too: it stops itself when its child is
+        stopped, and must run to reap it)."""
+        try:
+            return self.pid()
+        except (OSError, ValueError):
+            return self.proc.pid
 
     def restart(self):
         self.stop()
@@ -118,17 +112,6 @@ class PostgresServer:
         with open(hba, "w") as f:
             f.write("host all %s 127.0.0.1/32 scram-sha-256\n" % user + text)
         self.psql("SELECT pg_reload_conf()")
-
-    def tail(self):
-        try:
-            with open(self.log) as f:
-                return f.read()[-3000:]
-        except OSError:
-            return ""
-
-    def cleanup(self):
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _plain_env():

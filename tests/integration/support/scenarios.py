@@ -9,12 +9,15 @@ own server or build of a program.
 - jumped_out_and_released: the jump program (progs/jump_main.c) left its
   guarded call by longjmp and its hold was released (test_abi.py for the
   PLT/GOT methods, test_entry.py for entry patching).
+- refused_setting: a lock setting a backend cannot honour, in a lock or in
+  defaults, is refused by `lockshim check` (78) naming the setting and the
+  backend (test_postgres.py, test_zookeeper.py, test_etcd.py).
 """
 import os
 import time
 
 from support.server import lock_keys
-from support.util import MULT, TIMEOUT, cc, wait_for
+from support.util import CLI, MULT, TIMEOUT, cc, run, wait_for
 
 
 # ---- the hostile program -------------------------------------------------------
@@ -117,3 +120,20 @@ def jumped_out_and_released(p, redis):
     rc, _, err = p.finish()
     assert rc == 0, err
     return err
+
+
+# ---- a backend's refusals --------------------------------------------------------
+
+def refused_setting(write, setting, where, backend):
+    """setting ("name = value") in lock 0 (where "lock") or in defaults
+    (where "defaults") of a config that write(body) makes (its path) is
+    refused by check: 78, one error naming the setting and the backend."""
+    name = setting.split()[0]
+    if where == "lock":
+        body = 'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting
+    else:
+        body = 'defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
+    r = run([CLI, "check", "-c", write(body)])
+    assert r.returncode == 78, (r.stdout, r.stderr)
+    what = "locks[0].%s" % name if where == "lock" else "defaults.%s" % name
+    assert what in r.stderr and "backend \"%s\"" % backend in r.stderr, r.stderr

@@ -11,13 +11,17 @@ import tempfile
 import weakref
 
 from resp import Resp
+from support.process import ServerProcess
 from support.util import wait_for
 
 
-class RedisServer:
+class RedisServer(ServerProcess):
     """A redis-server; until start() its port is held by a bound socket that
     does not listen, so connections to it are refused (a server that is
     down) and no other free_port() (another test process) takes it."""
+
+    STOP_WAIT = 10
+    TAIL = 2000
 
     def __init__(self, password=None):
         self.dir = tempfile.mkdtemp(prefix="lsr")
@@ -74,27 +78,9 @@ class RedisServer:
         finally:
             c.close()
 
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def tail(self):
-        try:
-            with open(self.log) as f:
-                return f.read()[-2000:]
-        except OSError:
-            return ""
-
     def cleanup(self):
         self.unhold()
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        super().cleanup()
 
 
 def connections(server):
@@ -119,6 +105,19 @@ def started(request, thing):
             print(thing.logs())
     finally:
         thing.stop()
+
+
+def serving(server, request=None, label="server"):
+    """The body of a fixture around one server (start(), tail(),
+    cleanup()): yields it started; given the fixture's request, prints its
+    log's tail, headed label, if the test failed; cleans it up, also when
+    start() failed half-way."""
+    try:
+        yield server.start()
+        if request is not None and call_failed(request):
+            print("---- %s log ----\n%s" % (label, server.tail()))
+    finally:
+        server.cleanup()
 
 
 def start_servers(request, make, label):

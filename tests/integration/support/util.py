@@ -8,6 +8,7 @@ shim, LOCKSHIM_TEST_TSAN=1 the TSan runtime, with every report written to
 TSAN_LOG_DIR (conftest.py fails the test that left one);
 LOCKSHIM_TEST_TIMEOUT_MULTIPLIER scales every timeout and time bound.
 """
+import json
 import os
 import subprocess
 import time
@@ -102,6 +103,11 @@ def shim_env(cfg, preload=True, **extra):
     return env
 
 
+def preload_only(shim):
+    """LD_PRELOAD with shim instead of the build's (the sanitizer runtime kept)."""
+    return PRELOAD.replace(SHIM, shim)
+
+
 def tsan_options():
     """TSAN_OPTIONS for a program under the TSan build: every report goes
     to a file in TSAN_LOG_DIR and makes the program exit with status 66. A
@@ -161,3 +167,11 @@ class Proc:
         if self.p.poll() is None:
             self.p.kill()
             self.p.communicate()
+
+
+def status_by_key(cfg, *args):
+    """`lockshim status --json` of cfg (args: more of its arguments), which
+    must succeed: {key: its holder's object}."""
+    r = run([CLI, "status", "-c", cfg, "--json"] + list(args))
+    assert r.returncode == 0, r.stderr
+    return {o["key"]: o for o in map(json.loads, r.stdout.splitlines())}

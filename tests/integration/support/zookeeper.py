@@ -20,6 +20,7 @@ import socket
 import subprocess
 import tempfile
 
+from support.process import ServerProcess
 from support.util import wait_for
 
 _JAVA_DIR = "/usr/share/java"
@@ -71,7 +72,7 @@ _CFG = ("tickTime=500\n"
         "forceSync=no\n")
 
 
-class ZookeeperServer:
+class ZookeeperServer(ServerProcess):
     """One server: standalone, or member myid of an ensemble (members: the
     server.N lines of all of them)."""
 
@@ -160,27 +161,6 @@ class ZookeeperServer:
                 inner = line[1:-1].strip()
                 return [c.strip() for c in inner.split(",")] if inner else []
         return None
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def tail(self):
-        try:
-            with open(self.log) as f:
-                return f.read()[-3000:]
-        except OSError:
-            return ""
-
-    def cleanup(self):
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _plain_env():

@@ -1,0 +1,979 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * etcd.c - the etcd backend, a module (liblockshim-etcd.so) speaking etcd
+ * 3.4's v3 JSON gateway through libcurl: one kept-alive easy handle per
+ * thread. The lock is concurrency.Mutex: a lease (its ID derived from key
+ * and value, so any connection finds it again), the key <prefix><key>/<lease
+ * hex> put with it when absent, in one transaction that also reads the
+ * holder (the lowest create revision under <prefix><key>/; ours is the
+ * fence). A waiter watches its predecessor until it is deleted. Release:
+ * revoking the lease deletes the key; renewal: one LeaseKeepAlive per lock
+ * (TTL 0: lost). Keys are escaped (% and /). A request whose member went
+ * away is sent again to the next endpoint; a watch cut so is a wake-up.
+ * etcd_holders reads the locks for `lockshim status`. One export (etcd.map).
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <curl/curl.h>
+
+#include "backend.h"
+#include "backend_etcd_conf.h"
+#include "backend_module.h"
+
+#define ETCD_WAIT_MAX_MS 3600000 /* one watch at most (then asked again) */
+#define ETCD_KEY_MAX (1024 + 3 * KEY_BUF_SIZE + 24) /* prefix, escaped key, /lease */
+#define ETCD_B64(n) (((n) + 2) / 3 * 4 + 1)
+#define ETCD_BODY_MAX (8 * ETCD_B64(ETCD_KEY_MAX) + ETCD_B64(BACKEND_VAL_MAX) + 1024)
+#define ETCD_RESP_MAX 16384
+
+struct backend_config {
+	const struct etcd_spec *spec;
+	int nendpoints;
+};
+
+struct backend_conn {
+	const struct backend_config *bc;
+	CURL *curl;
+	struct curl_slist *headers;
+	char base[320];          /* "http://host:port" of the endpoint reached */
+	int ep;                  /* ... its index in the endpoints */
+	int resent;              /* the last command was sent again after a
+				  * failure that may have been applied */
+	long long last_lease;    /* the lease of the last refused acquire ... */
+	long long last_rev;      /* ... and its key's create revision (for wait) */
+	int watching;            /* the write callback looks for a DELETE event */
+	int cut;                 /* the last reply did not fit in resp */
+	int woken;               /* ... and saw one (or the watch's end) */
+	size_t rlen;
+	char resp[ETCD_RESP_MAX];
+	char body[ETCD_BODY_MAX];
+	char err[256];
+};
+
+/* One lock's names in etcd: its key, the range of its key's holders. */
+struct etcd_names {
+	long long lease;
+	char key[ETCD_B64(ETCD_KEY_MAX)];   /* <prefix><escaped key>/<lease hex> */
+	char from[ETCD_B64(ETCD_KEY_MAX)];  /* <prefix><escaped key>/ */
+	char to[ETCD_B64(ETCD_KEY_MAX)];    /* ... with its last byte + 1 */
+};
+
+static const struct backend_module_host *host;
+static atomic_int endpoint_good; /* the endpoint that answered last: tried first */
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc;
+
+static void etcd_bind(const struct backend_module_host *h)
+{
+	host = h;
+}
+
+static void curl_global(void)
+{
+	curl_init_rc = curl_global_init(CURL_GLOBAL_NOTHING);
+}
+
+/* ---- encoding ----------------------------------------------------------- */
+
+/* Writes base64 of s[0..n) into out (ETCD_B64(n) bytes), NUL-terminated. */
+static void b64_encode(const unsigned char *s, size_t n, char *out)
+{
+	static const char t[] =
+		"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	size_t i = 0;
+
+	for (; i + 2 < n; i += 3) {
+		*out++ = t[s[i] >> 2];
+		*out++ = t[((s[i] & 3) << 4) | (s[i + 1] >> 4)];
+		*out++ = t[((s[i + 1] & 15) << 2) | (s[i + 2] >> 6)];
+		*out++ = t[s[i + 2] & 63];
+	}
+	if (i < n) {
+		*out++ = t[s[i] >> 2];
+		if (i + 1 < n) {
+			*out++ = t[((s[i] & 3) << 4) | (s[i + 1] >> 4)];
+			*out++ = t[(s[i + 1] & 15) << 2];
+		} else {
+			*out++ = t[(s[i] & 3) << 4];
+			*out++ = '=';
+		}
+		*out++ = '=';
+	}
+	*out = 0;
+}
+
+static int b64_value(char ch)
+{
+	if (ch >= 'A' && ch <= 'Z')
+		return ch - 'A';
+	if (ch >= 'a' && ch <= 'z')
+		return ch - 'a' + 26;
+	if (ch >= '0' && ch <= '9')
+		return ch - '0' + 52;
+	return ch == '+' ? 62 : ch == '/' ? 63 : -1;
+}
+
+/* Decodes base64 s[0..n) into out (at most cap bytes). Returns the length
+ * written (a longer value is cut at cap). */
+static size_t b64_decode(const char *s, size_t n, char *out, size_t cap)
+{
+	unsigned acc = 0;
+	int bits = 0;
+	size_t k = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		int v = b64_value(s[i]);
+
+		if (v < 0)
+			break;
+		acc = (acc << 6) | (unsigned)v;
+		bits += 6;
+		if (bits >= 8) {
+			bits -= 8;
+			if (k < cap)
+				out[k++] = (char)((acc >> bits) & 0xff);
+		}
+	}
+	return k;
+}
+
+/* Returns the lease ID of lock it: FNV-1a of key and value, positive and
+ * nonzero (the value holds a random token: two holders never share it). */
+static long long lease_id(const struct backend_item *it)
+{
+	uint64_t h = 0xcbf29ce484222325ULL;
+
+	for (size_t i = 0; i < it->klen; i++)
+		h = (h ^ (unsigned char)it->key[i]) * 0x100000001b3ULL;
+	h = (h ^ 0xff) * 0x100000001b3ULL;
+	for (size_t i = 0; i < it->vlen; i++)
+		h = (h ^ (unsigned char)it->val[i]) * 0x100000001b3ULL;
+	h &= 0x7fffffffffffffffULL;
+	return h ? (long long)h : 1;
+}
+
+/* Fills n with it's names (base64), under prefix. Returns 0, or -1 when
+ * too long. */
+static int names_make(const struct backend_config *bc, const struct backend_item *it,
+		      struct etcd_names *n)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	unsigned char k[ETCD_KEY_MAX];
+	size_t plen = strlen(bc->spec->prefix), len = 0, head;
+
+	if (plen + 3 * it->klen + 24 > sizeof(k))
+		return -1;
+	memcpy(k, bc->spec->prefix, plen);
+	len = plen;
+	for (size_t i = 0; i < it->klen; i++) {
+		unsigned char ch = (unsigned char)it->key[i];
+
+		if (ch == '/' || ch == '%') {
+			k[len++] = '%';
+			k[len++] = (unsigned char)hex[ch >> 4];
+			k[len++] = (unsigned char)hex[ch & 15];
+		} else {
+			k[len++] = ch;
+		}
+	}
+	k[len++] = '/';
+	head = len;
+	b64_encode(k, head, n->from);
+	k[head - 1] = '/' + 1;
+	b64_encode(k, head, n->to);
+	k[head - 1] = '/';
+	n->lease = lease_id(it);
+	len += (size_t)snprintf((char *)k + head, sizeof(k) - head, "%llx", n->lease);
+	b64_encode(k, len, n->key);
+	return 0;
+}
+
+/* ---- JSON replies (the gateway's, trusted to be well formed) ------------- */
+
+/* Returns the position just after `"name":` in s (from start), or NULL. */
+static const char *json_find(const char *s, const char *name)
+{
+	char pat[48];
+
+	snprintf(pat, sizeof(pat), "\"%s\":", name);
+	s = strstr(s, pat);
+	return s ? s + strlen(pat) : NULL;
+}
+
+/* Returns the integer of `"name":"N"` (int64 fields are strings) or
+ * `"name":N` in s, or dflt when absent. */
+static long long json_int(const char *s, const char *name, long long dflt)
+{
+	const char *p = s ? json_find(s, name) : NULL;
+
+	if (!p)
+		return dflt;
+	if (*p == '"')
+		p++;
+	return strtoll(p, NULL, 10);
+}
+
+/* Points *v at the string of `"name":"..."` in s (its length in *n).
+ * Returns 1, or 0 when absent. */
+static int json_str(const char *s, const char *name, const char **v, size_t *n)
+{
+	const char *p = s ? json_find(s, name) : NULL, *q;
+
+	if (!p || *p != '"' || !(q = strchr(p + 1, '"')))
+		return 0;
+	*v = p + 1;
+	*n = (size_t)(q - p - 1);
+	return 1;
+}
+
+/* ---- requests ----------------------------------------------------------- */
+
+/* Records "what: msg" as c's error. Returns BACKEND_ERR. */
+static int fail(struct backend_conn *c, const char *what, const char *msg)
+{
+	snprintf(c->err, sizeof(c->err), "%s: %s", what, msg && *msg ? msg : "failed");
+	return BACKEND_ERR;
+}
+
+/* libcurl's write callback: keeps what fits in c->resp; a watch stops
+ * (returns 0: curl aborts the transfer) at a DELETE event or its end. */
+static size_t on_data(char *data, size_t size, size_t n, void *arg)
+{
+	struct backend_conn *c = arg;
+	size_t len = size * n, room = sizeof(c->resp) - 1 - c->rlen;
+
+	if (c->watching && c->rlen + len >= sizeof(c->resp)) /* keep the tail only */
+		c->rlen = 0, room = sizeof(c->resp) - 1;
+	if (len > room) {
+		len = room;
+		c->cut = 1;
+	}
+	memcpy(c->resp + c->rlen, data, len);
+	c->rlen += len;
+	c->resp[c->rlen] = 0;
+	if (c->watching && (strstr(c->resp, "\"DELETE\"") || strstr(c->resp, "\"canceled\":true"))) {
+		c->woken = 1;
+		return 0;
+	}
+	return size * n;
+}
+
+/*
+ * POSTs c->body to path, bounded by timeout_ms (and the connect by
+ * connect_timeout_ms). Returns CURLE_OK with the reply in c->resp when it
+ * carries no error; else the failure's code with c->err set ("what:
+ * etcd's message" when etcd answered one, else libcurl's).
+ */
+static CURLcode post(struct backend_conn *c, const char *path, long long timeout_ms,
+		     const char *what)
+{
+	char url[sizeof(c->base) + 32];
+	const char *m;
+	size_t ml;
+	CURLcode rc;
+	long status = 0;
+
+	snprintf(url, sizeof(url), "%s%s", c->base, path);
+	c->rlen = 0;
+	c->resp[0] = 0;
+	c->woken = 0;
+	c->cut = 0;
+	curl_easy_setopt(c->curl, CURLOPT_URL, url);
+	curl_easy_setopt(c->curl, CURLOPT_POSTFIELDS, c->body);
+	curl_easy_setopt(c->curl, CURLOPT_TIMEOUT_MS, timeout_ms);
+	rc = curl_easy_perform(c->curl);
+	if (rc == CURLE_WRITE_ERROR && c->watching && c->woken)
+		return CURLE_OK;
+	if (rc != CURLE_OK) {
+		fail(c, what, curl_easy_strerror(rc));
+		return rc;
+	}
+	curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
+	if (status != 200 || json_find(c->resp, "error")) {
+		if (json_str(c->resp, "message", &m, &ml) || json_str(c->resp, "error", &m, &ml))
+			snprintf(c->err, sizeof(c->err), "%s: %.*s", what, (int)ml, m);
+		else
+			snprintf(c->err, sizeof(c->err), "%s: HTTP status %ld", what, status);
+		return CURLE_HTTP_RETURNED_ERROR;
+	}
+	return CURLE_OK;
+}
+
+static long long now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Whether rc says the member went away: no connection, or the connection
+ * broken before the reply's end. */
+static int member_gone(CURLcode rc)
+{
+	return rc == CURLE_COULDNT_CONNECT || rc == CURLE_SEND_ERROR || rc == CURLE_RECV_ERROR ||
+	       rc == CURLE_GOT_NOTHING || rc == CURLE_PARTIAL_FILE;
+}
+
+/* Points c at the endpoint after its own: the next request connects there. */
+static void endpoint_next(struct backend_conn *c)
+{
+	c->ep = (c->ep + 1) % c->bc->nendpoints;
+	snprintf(c->base, sizeof(c->base), "http://%s", c->bc->spec->endpoints[c->ep]);
+}
+
+/*
+ * post() bounded by command_timeout_ms in all; when the member went away,
+ * sent again within that time to the next endpoint (each other endpoint
+ * once), which becomes the one a new connection tries first. Any request
+ * of this module may be sent twice (a grant finds its lease, the
+ * transaction its key; see lease_revoke). An error etcd answered is not
+ * sent again here: lock.c retries until wait_ms. Sets c->resent when an
+ * attempt may have been applied unanswered. Returns BACKEND_OK, or
+ * BACKEND_ERR with c->err set (etcd's message when it answered one, else
+ * libcurl's).
+ */
+static int command(struct backend_conn *c, const char *path, const char *what)
+{
+	long long deadline = now_ms() + c->bc->spec->command_timeout_ms;
+	long long left = c->bc->spec->command_timeout_ms;
+	int moves = 0;
+	CURLcode rc;
+
+	c->resent = 0;
+	while ((rc = post(c, path, left, what)) != CURLE_OK) {
+		left = deadline - now_ms();
+		if (!member_gone(rc) || moves == c->bc->nendpoints - 1 || left < 1)
+			return BACKEND_ERR;
+		c->resent |= rc != CURLE_COULDNT_CONNECT;
+		endpoint_next(c);
+		moves++;
+	}
+	if (moves)
+		atomic_store(&endpoint_good, c->ep);
+	return BACKEND_OK;
+}
+
+/* ---- set-up ------------------------------------------------------------- */
+
+static int etcd_serves(const void *settings)
+{
+	(void)settings;
+	return 1;
+}
+
+static struct backend_config *etcd_config_new(const void *settings, char *err, size_t errlen)
+{
+	struct backend_config *bc;
+
+	pthread_once(&curl_once, curl_global);
+	if (curl_init_rc != CURLE_OK) {
+		snprintf(err, errlen, "backend etcd: libcurl: %s", curl_easy_strerror(curl_init_rc));
+		return NULL;
+	}
+	if (!(bc = calloc(1, sizeof(*bc)))) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	bc->spec = settings;
+	while (bc->spec->endpoints[bc->nendpoints])
+		bc->nendpoints++;
+	return bc;
+}
+
+static void etcd_config_free(struct backend_config *bc)
+{
+	free(bc);
+}
+
+/* Sets the options every request of c shares. Returns 0, or -1. */
+static int handle_setup(struct backend_conn *c)
+{
+	CURL *h = c->curl;
+
+	c->headers = curl_slist_append(NULL, "Content-Type: application/json");
+	if (!c->headers || !(c->headers = curl_slist_append(c->headers, "Expect:")))
+		return -1;
+	return (curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L) ||
+		curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http") ||
+		curl_easy_setopt(h, CURLOPT_PROXY, "") ||
+		curl_easy_setopt(h, CURLOPT_NOPROXY, "*") ||
+		curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L) ||
+		curl_easy_setopt(h, CURLOPT_HTTPHEADER, c->headers) ||
+		curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
+				 (long)c->bc->spec->connect_timeout_ms) ||
+		curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data) ||
+		curl_easy_setopt(h, CURLOPT_WRITEDATA, c)) ? -1 : 0;
+}
+
+static void etcd_close(struct backend_conn *c)
+{
+	if (!c)
+		return;
+	if (c->curl)
+		curl_easy_cleanup(c->curl);
+	curl_slist_free_all(c->headers);
+	free(c);
+}
+
+/* Returns a connection to the first endpoint that answers a status
+ * request, trying them in order from the one that answered last, or NULL
+ * with the last endpoint's error in err. */
+static struct backend_conn *etcd_open(const struct backend_config *bc, char *err, size_t errlen)
+{
+	struct backend_conn *c = calloc(1, sizeof(*c));
+
+	if (!c || !(c->curl = curl_easy_init())) {
+		snprintf(err, errlen, "out of memory");
+		free(c);
+		return NULL;
+	}
+	c->bc = bc;
+	if (handle_setup(c)) {
+		snprintf(err, errlen, "libcurl: cannot set up a handle");
+		etcd_close(c);
+		return NULL;
+	}
+	for (int k = 0, first = atomic_load(&endpoint_good); k < bc->nendpoints; k++) {
+		int i = (first + k) % bc->nendpoints;
+		const char *ep = bc->spec->endpoints[i];
+
+		c->ep = i;
+		snprintf(c->base, sizeof(c->base), "http://%s", ep);
+		snprintf(c->body, sizeof(c->body), "{}");
+		if (post(c, "/v3/maintenance/status", bc->spec->connect_timeout_ms,
+			 ep) == CURLE_OK) {
+			atomic_store(&endpoint_good, i);
+			return c;
+		}
+	}
+	snprintf(err, errlen, "connect: %s", c->err);
+	etcd_close(c);
+	return NULL;
+}
+
+/* Writes "etcd HOST:PORT (leases, lowest create revision holds)". */
+static void etcd_describe(const struct backend_config *bc, char *buf, size_t len)
+{
+	snprintf(buf, len, "etcd %s%s, prefix %s (a lease per lock; the lowest create "
+		 "revision holds)", bc->spec->endpoints[0], bc->spec->endpoints[1] ?
+		 " (first of the endpoints)" : "", bc->spec->prefix);
+}
+
+/* ---- locking ------------------------------------------------------------ */
+
+/* Returns the lease TTL in whole seconds for lease_ms: rounded up, at
+ * least 2 (etcd's leases are whole seconds; 1 s would expire between two
+ * renewals at a third of it). */
+static long long ttl_s(long long lease_ms)
+{
+	long long s = (lease_ms + 999) / 1000;
+
+	return s < 2 ? 2 : s;
+}
+
+/* Makes sure lease n->lease lives: a waiter's may exist already (a
+ * keepalive renews it), a first attempt grants it. Returns BACKEND_OK or
+ * BACKEND_ERR. */
+static int lease_ensure(struct backend_conn *c, const struct backend_item *it,
+			const struct etcd_names *n)
+{
+
+	if (it->waiting) {
+		snprintf(c->body, sizeof(c->body), "{\"ID\":\"%lld\"}", n->lease);
+		if (command(c, "/v3/lease/keepalive", "keepalive") != BACKEND_OK)
+			return BACKEND_ERR;
+		if (json_int(c->resp, "TTL", 0) > 0)
+			return BACKEND_OK;
+	}
+	snprintf(c->body, sizeof(c->body), "{\"ID\":\"%lld\",\"TTL\":\"%lld\"}", n->lease,
+		 ttl_s(it->lease_ms));
+	if (command(c, "/v3/lease/grant", "lease grant") == BACKEND_OK ||
+	    strstr(c->err, "lease already exists"))
+		return BACKEND_OK;
+	return BACKEND_ERR;
+}
+
+/* Revokes lease n->lease (its key goes with it). Returns BACKEND_OK,
+ * BACKEND_NO when it was gone (BACKEND_OK when an earlier attempt of this
+ * revoke may have removed it: sent again after a failure), or BACKEND_ERR. */
+static int lease_revoke(struct backend_conn *c, const struct etcd_names *n)
+{
+
+	snprintf(c->body, sizeof(c->body), "{\"ID\":\"%lld\"}", n->lease);
+	if (command(c, "/v3/lease/revoke", "lease revoke") == BACKEND_OK)
+		return BACKEND_OK;
+	if (!strstr(c->err, "lease not found"))
+		return BACKEND_ERR;
+	return c->resent ? BACKEND_OK : BACKEND_NO;
+}
+
+/*
+ * Puts our key with its lease unless it exists, and reads the holder, in
+ * one transaction. Fills *mine (our create revision) and *owner (the
+ * holder's), and the holder's value. Returns BACKEND_OK or BACKEND_ERR.
+ */
+static int join(struct backend_conn *c, const struct backend_item *it,
+		const struct etcd_names *n, long long *mine, long long *owner,
+		char *holder, size_t *holder_len)
+{
+	char val[ETCD_B64(BACKEND_VAL_MAX)], range[2 * sizeof(n->from) + 160];
+	const char *resp, *last, *v;
+	size_t vl;
+
+	b64_encode((const unsigned char *)it->val, it->vlen, val);
+	snprintf(range, sizeof(range), "{\"request_range\":{\"key\":\"%s\",\"range_end\":\"%s\","
+		 "\"sort_order\":\"ASCEND\",\"sort_target\":\"CREATE\",\"limit\":\"1\"}}",
+		 n->from, n->to);
+	snprintf(c->body, sizeof(c->body),
+		 "{\"compare\":[{\"target\":\"CREATE\",\"key\":\"%s\",\"create_revision\":\"0\","
+		 "\"result\":\"EQUAL\"}],"
+		 "\"success\":[{\"request_put\":{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%lld\"}},%s],"
+		 "\"failure\":[{\"request_range\":{\"key\":\"%s\"}},%s]}",
+		 n->key, n->key, val, n->lease, range, n->key, range);
+	if (command(c, "/v3/kv/txn", "transaction") != BACKEND_OK)
+		return BACKEND_ERR;
+	resp = c->resp;
+	if (strstr(resp, "\"succeeded\":true"))
+		*mine = json_int(resp, "revision", 0);
+	else
+		*mine = json_int(json_find(resp, "response_range"), "create_revision", 0);
+	for (last = json_find(resp, "response_range"); last && json_find(last, "response_range");)
+		last = json_find(last, "response_range");
+	*owner = json_int(last, "create_revision", 0);
+	if (holder_len) {
+		*holder_len = 0;
+		if (json_str(last, "value", &v, &vl))
+			*holder_len = b64_decode(v, vl, holder, BACKEND_VAL_MAX);
+	}
+	if (*mine <= 0 || *owner <= 0)
+		return fail(c, "transaction", "no create revision in the reply (our lease "
+			    "expired?)");
+	return BACKEND_OK;
+}
+
+/*
+ * Takes the lock: our key (joining the queue when it is new), granted when
+ * it has the lowest create revision. Refused, the caller stays queued (a
+ * watched backend: lock.c leaves when it gives up), and its wait is
+ * bounded by a third of its lease, so that it renews its lease in time.
+ */
+static int etcd_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
+			char *holder, size_t *holder_len, long long *fence)
+{
+	struct etcd_names n;
+	long long mine = 0, owner = 0;
+
+	*fence = 0;
+	*holder_len = 0;
+	if (backend_item_set(it))
+		return fail(c, "acquire", "limit > 1 and shared locks are not built for etcd");
+	if (names_make(c->bc, it, &n))
+		return fail(c, "acquire", "key too long");
+	if (lease_ensure(c, it, &n) != BACKEND_OK ||
+	    join(c, it, &n, &mine, &owner, holder, holder_len) != BACKEND_OK)
+		return BACKEND_ERR;
+	if (mine == owner) {
+		*fence = mine;
+		return BACKEND_OK;
+	}
+	c->last_lease = n.lease;
+	c->last_rev = mine;
+	*wait_ms = ttl_s(it->lease_ms) * 1000 / 3;
+	return BACKEND_NO;
+}
+
+/* Revokes the lease: the key goes with it. BACKEND_NO: it was gone. */
+static int etcd_release(struct backend_conn *c, const struct backend_item *it, int async)
+{
+	struct etcd_names n;
+
+	(void)async;
+	if (names_make(c->bc, it, &n))
+		return fail(c, "release", "key too long");
+	return lease_revoke(c, &n);
+}
+
+/*
+ * Waits for the deletion of our predecessor (the key of the greatest
+ * create revision below ours: the refused acquire's, else read again), by
+ * a watch from the revision of the read on: BACKEND_OK when it went (or
+ * there is none, or the watch's member went away: try again, through the
+ * next endpoint), BACKEND_NO when timeout_ms passed first.
+ */
+static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
+		     long long timeout_ms, long long *fence)
+{
+	struct etcd_names n;
+	long long mine = 0, owner = 0, rev;
+	const char *pk;
+	size_t pkl;
+	CURLcode rc;
+
+	*fence = 0;
+	if (names_make(c->bc, it, &n))
+		return fail(c, "wait", "key too long");
+	if (c->last_lease == n.lease && c->last_rev > 0) {
+		mine = c->last_rev;
+	} else {
+		if (join(c, it, &n, &mine, &owner, NULL, NULL) != BACKEND_OK)
+			return BACKEND_ERR;
+		if (mine == owner)
+			return BACKEND_OK;
+	}
+	c->last_lease = 0;
+	snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"range_end\":\"%s\",\"sort_order\":"
+		 "\"DESCEND\",\"sort_target\":\"CREATE\",\"limit\":\"1\",\"keys_only\":true,"
+		 "\"max_create_revision\":\"%lld\"}", n.from, n.to, mine - 1);
+	if (command(c, "/v3/kv/range", "predecessor") != BACKEND_OK)
+		return BACKEND_ERR;
+	rev = json_int(c->resp, "revision", 0);
+	if (!json_str(json_find(c->resp, "kvs"), "key", &pk, &pkl))
+		return BACKEND_OK;
+	if (pkl >= sizeof(n.key))
+		return fail(c, "wait", "predecessor key too long");
+	snprintf(c->body, sizeof(c->body), "{\"create_request\":{\"key\":\"%.*s\","
+		 "\"start_revision\":\"%lld\"}}", (int)pkl, pk, rev + 1);
+	if (timeout_ms > ETCD_WAIT_MAX_MS)
+		timeout_ms = ETCD_WAIT_MAX_MS;
+	c->watching = 1;
+	rc = post(c, "/v3/watch", timeout_ms < 1 ? 1 : timeout_ms, "watch");
+	c->watching = 0;
+	if (rc == CURLE_OK)
+		return c->woken ? BACKEND_OK : BACKEND_NO;
+	if (member_gone(rc)) {
+		endpoint_next(c);
+		return BACKEND_OK;
+	}
+	return rc == CURLE_OPERATION_TIMEDOUT ? BACKEND_NO : BACKEND_ERR;
+}
+
+/* Leaves the queue (or forgets a grant): the lease and its key go. */
+static int etcd_leave(struct backend_conn *c, const struct backend_item *it, int async)
+{
+	return etcd_release(c, it, async);
+}
+
+/* Releases are synchronous: nothing is ever unread. */
+static int etcd_flush(struct backend_conn *c)
+{
+	(void)c;
+	return BACKEND_OK;
+}
+
+static void etcd_unconfirmed(struct backend_conn *c,
+			     void (*fn)(void *arg, const struct backend_item *it), void *arg)
+{
+	(void)c;
+	(void)fn;
+	(void)arg;
+}
+
+/* One LeaseKeepAlive per lock (the gateway's stream, one request long): a
+ * lease answered with TTL 0 (or not found) is lost. */
+static int etcd_renew(struct backend_conn *c, int n, const struct backend_item *items,
+		      int *results)
+{
+	for (int i = 0; i < n; i++) {
+
+		snprintf(c->body, sizeof(c->body), "{\"ID\":\"%lld\"}", lease_id(&items[i]));
+		if (command(c, "/v3/lease/keepalive", "keepalive") != BACKEND_OK)
+			return BACKEND_ERR;
+		results[i] = json_int(c->resp, "TTL", 0) > 0 ? BACKEND_OK : BACKEND_NO;
+	}
+	return BACKEND_OK;
+}
+
+static const char *etcd_errstr(const struct backend_conn *c)
+{
+	return c->err;
+}
+
+static int etcd_ping(struct backend_conn *c)
+{
+
+	snprintf(c->body, sizeof(c->body), "{}");
+	return command(c, "/v3/maintenance/status", "status");
+}
+
+/* ---- status ------------------------------------------------------------- */
+
+#define ETCD_PAGE_MAX 64 /* keys per range read of etcd_holders */
+
+/* One key under the prefix, as etcd_holders reads it (malloc'd strings). */
+struct etcd_entry {
+	char *name;   /* the escaped key: between the prefix and the last / */
+	size_t nlen;
+	char *val;    /* its value, decoded */
+	size_t vlen;
+	long long rev, lease, ttl_ms;
+};
+
+/* The keys read so far, in key order. */
+struct etcd_listing {
+	struct etcd_entry *e;
+	int n, cap;
+};
+
+static void listing_free(struct etcd_listing *ls)
+{
+	for (int i = 0; i < ls->n; i++) {
+		free(ls->e[i].name);
+		free(ls->e[i].val);
+	}
+	free(ls->e);
+}
+
+/* Adds the key of the gateway's kv object obj (NUL-terminated) to ls when
+ * it is <prefix><name>/<lease hex>; *last (ETCD_KEY_MAX + 1 bytes) gets its
+ * raw key, *lastlen its length. Returns 0, or -1 out of memory. */
+static int listing_add(struct etcd_listing *ls, const char *obj, size_t plen,
+		       unsigned char *last, size_t *lastlen)
+{
+	struct etcd_entry *e;
+	const char *k, *v, *slash;
+	size_t kl, vl;
+
+	if (!json_str(obj, "key", &k, &kl))
+		return 0;
+	*lastlen = b64_decode(k, kl, (char *)last, ETCD_KEY_MAX);
+	last[*lastlen] = 0;
+	slash = memrchr(last, '/', *lastlen);
+	if (!slash || (size_t)(slash - (char *)last) <= plen)
+		return 0;
+	if (ls->n == ls->cap) {
+		int cap = ls->cap ? 2 * ls->cap : 64;
+		struct etcd_entry *grown = realloc(ls->e, (size_t)cap * sizeof(*grown));
+
+		if (!grown)
+			return -1;
+		ls->e = grown;
+		ls->cap = cap;
+	}
+	e = &ls->e[ls->n];
+	memset(e, 0, sizeof(*e));
+	e->nlen = (size_t)(slash - (char *)last) - plen;
+	if (!json_str(obj, "value", &v, &vl))
+		vl = 0;
+	if (!(e->name = strndup((char *)last + plen, e->nlen)) || !(e->val = malloc(vl / 4 * 3 + 3))) {
+		free(e->name);
+		return -1;
+	}
+	e->vlen = vl ? b64_decode(v, vl, e->val, vl / 4 * 3 + 3) : 0;
+	e->rev = json_int(obj, "create_revision", 0);
+	e->lease = json_int(obj, "lease", 0);
+	ls->n++;
+	return 0;
+}
+
+/* Reads every key under c's prefix into ls, in key order: range reads of
+ * ETCD_PAGE_MAX keys, halved while a reply overflows c->resp. Returns
+ * BACKEND_OK or BACKEND_ERR (c->err set). */
+static int listing_read(struct backend_conn *c, struct etcd_listing *ls)
+{
+	const char *prefix = c->bc->spec->prefix;
+	size_t plen = strlen(prefix), lastlen = plen;
+	unsigned char last[ETCD_KEY_MAX + 1], end[ETCD_KEY_MAX];
+	char from[ETCD_B64(ETCD_KEY_MAX + 1)], to[ETCD_B64(ETCD_KEY_MAX)];
+	int limit = ETCD_PAGE_MAX, more = 1;
+
+	memcpy(last, prefix, plen);
+	memcpy(end, prefix, plen);
+	end[plen - 1]++;
+	b64_encode(end, plen, to);
+	b64_encode(last, lastlen, from);
+	while (more) {
+		char *p;
+
+		snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"range_end\":\"%s\","
+			 "\"sort_order\":\"ASCEND\",\"sort_target\":\"KEY\",\"limit\":\"%d\"}",
+			 from, to, limit);
+		if (command(c, "/v3/kv/range", "status") != BACKEND_OK)
+			return BACKEND_ERR;
+		if (c->cut) {
+			if (limit == 1)
+				return fail(c, "status", "a key and its value too long to read");
+			limit /= 2;
+			continue;
+		}
+		more = strstr(c->resp, "\"more\":true") != NULL;
+		for (p = strstr(c->resp, "\"kvs\":"); p && (p = strchr(p, '{'));) {
+			char *q = strchr(p, '}');
+
+			if (!q)
+				break;
+			*q = 0; /* one kv object: base64 and numbers, no brace inside */
+			if (listing_add(ls, p, plen, last, &lastlen) != 0)
+				return fail(c, "status", "out of memory");
+			p = q + 1;
+		}
+		last[lastlen] = 0; /* the next page starts just after the last key */
+		b64_encode(last, lastlen + 1, from);
+	}
+	return BACKEND_OK;
+}
+
+/* Fills e->ttl_ms with its lease's TTL left (-1: gone). Returns BACKEND_OK
+ * or BACKEND_ERR. */
+static int entry_ttl(struct backend_conn *c, struct etcd_entry *e)
+{
+	long long ttl;
+
+	snprintf(c->body, sizeof(c->body), "{\"ID\":\"%lld\"}", e->lease);
+	if (command(c, "/v3/lease/timetolive", "status") != BACKEND_OK)
+		return BACKEND_ERR;
+	ttl = json_int(c->resp, "TTL", -1);
+	e->ttl_ms = ttl < 0 ? -1 : ttl * 1000;
+	return BACKEND_OK;
+}
+
+/* Returns the value of hex digit ch, or -1. */
+static int hex_value(char ch)
+{
+	if (ch >= '0' && ch <= '9')
+		return ch - '0';
+	if (ch >= 'A' && ch <= 'F')
+		return ch - 'A' + 10;
+	return ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+}
+
+/* Writes the stored key of escaped name[0..n) (each %XX decoded) into out
+ * (n bytes at least). Returns its length. */
+static size_t name_unescape(const char *name, size_t n, char *out)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		int hi = i + 2 < n && name[i] == '%' ? hex_value(name[i + 1]) : -1;
+		int lo = hi >= 0 ? hex_value(name[i + 2]) : -1;
+
+		if (lo >= 0) {
+			out[k++] = (char)(hi << 4 | lo);
+			i += 2;
+		} else {
+			out[k++] = name[i];
+		}
+	}
+	return k;
+}
+
+/* Room for reporting one lock of a listing of n keys (group_report). */
+struct etcd_report {
+	const char **wval;
+	size_t *wlen;
+	char *key;
+};
+
+/* Reports the lock of g[0..n) (one name; sorted by create revision here)
+ * to fn, through r's room. */
+static void group_report(struct etcd_entry *g, int n, const struct etcd_report *r,
+			 void (*fn)(void *arg, const struct backend_holder *l), void *arg)
+{
+	struct backend_holder l = { .limit = 1 };
+
+	for (int i = 1; i < n; i++) /* insertion sort: the keys come in key order */
+		for (int j = i; j > 0 && g[j].rev < g[j - 1].rev; j--) {
+			struct etcd_entry t = g[j];
+
+			g[j] = g[j - 1];
+			g[j - 1] = t;
+		}
+	for (int i = 1; i < n; i++) {
+		r->wval[i - 1] = g[i].val;
+		r->wlen[i - 1] = g[i].vlen;
+	}
+	l.key = r->key;
+	l.klen = name_unescape(g->name, g->nlen, r->key);
+	l.val = g->val;
+	l.vlen = g->vlen;
+	l.fence = g->rev;
+	l.lease_left_ms = g->ttl_ms;
+	l.nwaiters = n - 1;
+	l.wval = r->wval;
+	l.wlen = r->wlen;
+	fn(arg, &l);
+}
+
+/* Returns the end of the group of keys of ls->e[i]'s name. */
+static int group_end(const struct etcd_listing *ls, int i)
+{
+	int j = i + 1;
+
+	while (j < ls->n && ls->e[j].nlen == ls->e[i].nlen &&
+	       memcmp(ls->e[j].name, ls->e[i].name, ls->e[i].nlen) == 0)
+		j++;
+	return j;
+}
+
+/* .holders: the locks under c's prefix, in key order: each one's holder (the
+ * key of the lowest create revision under <prefix><key>/) and its waiters
+ * (the rest, in create revision order). Reads the prefix in pages of at
+ * most ETCD_PAGE_MAX keys (fewer while a page overflows the reply
+ * buffer), then one lease TTL per lock; keys not of the form <prefix>
+ * <escaped key>/<lease hex> are skipped. */
+static int etcd_holders(struct backend_conn *c,
+			void (*fn)(void *arg, const struct backend_holder *l), void *arg)
+{
+	struct etcd_listing ls = { 0 };
+	struct etcd_report r = { 0 };
+	int rc = listing_read(c, &ls);
+
+	for (int i = 0; rc == BACKEND_OK && i < ls.n; i = group_end(&ls, i)) {
+		int holder = i;
+
+		for (int j = i + 1; j < group_end(&ls, i); j++)
+			if (ls.e[j].rev < ls.e[holder].rev)
+				holder = j;
+		rc = entry_ttl(c, &ls.e[holder]);
+	}
+	if (rc == BACKEND_OK && ls.n &&
+	    (!(r.wval = calloc((size_t)ls.n, sizeof(*r.wval))) ||
+	     !(r.wlen = calloc((size_t)ls.n, sizeof(*r.wlen))) ||
+	     !(r.key = malloc(ETCD_KEY_MAX))))
+		rc = fail(c, "status", "out of memory");
+	for (int i = 0, j; rc == BACKEND_OK && i < ls.n; i = j) {
+		j = group_end(&ls, i);
+		group_report(ls.e + i, j - i, &r, fn, arg);
+	}
+	free(r.wval);
+	free(r.wlen);
+	free(r.key);
+	listing_free(&ls);
+	return rc;
+}
+
+static const struct backend_ops etcd_ops = {
+	.name = "etcd",
+	.watched = 1,
+	.store = "etcd",
+	/* .settings: the core's group (backend_init sets it in its copy) */
+	.serves = etcd_serves,
+	.config_new = etcd_config_new,
+	.config_free = etcd_config_free,
+	.open = etcd_open,
+	.describe = etcd_describe,
+	.close = etcd_close,
+	.acquire = etcd_acquire,
+	.release = etcd_release,
+	.wait = etcd_wait,
+	.leave = etcd_leave,
+	.flush = etcd_flush,
+	.unconfirmed = etcd_unconfirmed,
+	.renew = etcd_renew,
+	.errstr = etcd_errstr,
+	.ping = etcd_ping,
+	.holders = etcd_holders,
+};
+
+__attribute__((visibility("default")))
+const struct backend_module lockshim_backend_etcd = {
+	.abi = BACKEND_MODULE_ABI,
+	.ops = &etcd_ops,
+	.bind = etcd_bind,
+};
