@@ -13,7 +13,6 @@ dataDir and myid, client port, and quorum and election ports (server.N
 lines); `srvr` tells each one's mode, so leader() finds the leader and
 kill() SIGKILLs one member by its pid.
 """
-import glob
 import os
 import shutil
 import socket
