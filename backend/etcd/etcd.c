@@ -661,12 +661,16 @@ static struct backend_conn *etcd_open(const struct backend_config *bc, char *err
 	return NULL;
 }
 
-/* Writes "etcd HOST:PORT (leases, lowest create revision holds)". */
+/* Writes "etcd HOST:PORT[, TLS][, user NAME], prefix P (leases, lowest
+ * create revision holds)". */
 static void etcd_describe(const struct backend_config *bc, char *buf, size_t len)
 {
-	snprintf(buf, len, "etcd %s%s, prefix %s (a lease per lock; the lowest create "
-		 "revision holds)", bc->spec->endpoints[0], bc->spec->endpoints[1] ?
-		 " (first of the endpoints)" : "", bc->spec->prefix);
+	const struct etcd_spec *sp = bc->spec;
+
+	snprintf(buf, len, "etcd %s%s%s%s%s, prefix %s (a lease per lock; the lowest create "
+		 "revision holds)", sp->endpoints[0], sp->endpoints[1] ?
+		 " (first of the endpoints)" : "", sp->tls.enabled ? ", TLS" : "",
+		 sp->username ? ", user " : "", sp->username ? sp->username : "", sp->prefix);
 }
 
 /* ---- locking ------------------------------------------------------------ */
