@@ -58,7 +58,9 @@ struct backend_conn {
 	size_t rlen;
 	char resp[ETCD_RESP_MAX];
 	char body[ETCD_BODY_MAX];
-	char err[256];
+	char err[CURL_ERROR_SIZE + 192];
+	char curl_err[CURL_ERROR_SIZE]; /* libcurl's detail of a failure (the
+					 * certificate's problem, ...) */
 };
 
 /* One lock's names in etcd: its key, the range of its key's holders. */
@@ -289,6 +291,7 @@ static CURLcode post_body(struct backend_conn *c, const char *body, const char *
 	c->resp[0] = 0;
 	c->woken = 0;
 	c->cut = 0;
+	c->curl_err[0] = 0;
 	curl_easy_setopt(c->curl, CURLOPT_URL, url);
 	curl_easy_setopt(c->curl, CURLOPT_POSTFIELDS, body);
 	curl_easy_setopt(c->curl, CURLOPT_TIMEOUT_MS, timeout_ms);
@@ -296,7 +299,8 @@ static CURLcode post_body(struct backend_conn *c, const char *body, const char *
 	if (rc == CURLE_WRITE_ERROR && c->watching && c->woken)
 		return CURLE_OK;
 	if (rc != CURLE_OK) {
-		fail(c, what, curl_easy_strerror(rc));
+		snprintf(c->err, sizeof(c->err), "%s: %s%s%s%s", what, curl_easy_strerror(rc),
+			 c->curl_err[0] ? " (" : "", c->curl_err, c->curl_err[0] ? ")" : "");
 		return rc;
 	}
 	curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
@@ -605,6 +609,7 @@ static int handle_setup(struct backend_conn *c)
 		curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L) ||
 		curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
 				 (long)c->bc->spec->connect_timeout_ms) ||
+		curl_easy_setopt(h, CURLOPT_ERRORBUFFER, c->curl_err) ||
 		curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data) ||
 		curl_easy_setopt(h, CURLOPT_WRITEDATA, c)) ? -1 : 0;
 }

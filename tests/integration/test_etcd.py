@@ -903,3 +903,59 @@ def refused(server, token):
         return e.read().decode(errors="replace") if hasattr(e, "read") else str(e)
     finally:
         server.token = keep
+
+
+def test_tls_guards_a_race_with_ca_file_and_check_says_tls(progs, tls_etcd, certs, tmp_path):
+    """https with ca_file: 2 processes x 2 threads exact, no key left;
+    `check` probes it and says TLS. Control: the same server spoken to
+    without a tls group (plain HTTP) fails."""
+    cfg = etcd_config(tmp_path, tls_etcd, RACE_ETCD, tls_group(certs))
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=2, iters=10,
+                threads=2) == 40
+    assert tls_etcd.keys() == []
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 0 and ":%d, TLS, prefix" % tls_etcd.port in r.stdout, \
+        (r.stdout, r.stderr)
+    plain = etcd_config(tmp_path, tls_etcd, "", "connect_timeout_ms = 1000;")
+    r = run([CLI, "check", "-c", plain])
+    assert r.returncode not in (0, 78) and "etcd: connect:" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("tls, ok", [
+    ('ca="other-ca.crt"', "unable to get local issuer certificate"),  # another CA's
+    ('more="server_name = \\"wrong.test\\"; "',  # a name not in it
+     "no alternative certificate subject name matches target host name 'wrong.test'"),
+    ('more="server_name = \\"etcd.test\\"; "', None),  # a name in it (not the host)
+    ('ca="other-ca.crt", more="verify = false; "', None),  # not verified: any CA
+])
+def test_tls_server_verification(worker_progs, tls_etcd, certs, tmp_path, tls, ok):
+    """A server certificate that does not verify fails, one clear error
+    (libcurl's detail: the CA, the name) then on_error; server_name is the
+    name verified (and sent), verify = false accepts any certificate."""
+    group = eval("tls_group(certs, %s)" % tls)
+    cfg = etcd_config(tmp_path, tls_etcd, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                      'wait_ms = 500; on_error = "skip"; } );\n', group)
+    r = run([worker_progs["block"]], cfg)
+    if ok is None:
+        assert "call rc=42" in r.stdout and r.stderr == "", (r.stdout, r.stderr)
+        return
+    assert r.stdout.startswith("call rc=-1"), (r.stdout, r.stderr)
+    bad = [l for l in r.stderr.splitlines() if ": warn: " in l or ": error: " in l]
+    assert len(bad) == 2 and all(ok in l for l in bad), r.stderr
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode not in (0, 78) and ok in r.stderr, r.stderr
+
+
+def test_tls_client_certificate(progs, mtls_etcd, certs, tmp_path):
+    """A server that wants client certificates (--client-cert-auth):
+    cert_file and key_file guard a race, and `check` passes. Control: the
+    same without them fails."""
+    cfg = etcd_config(tmp_path, mtls_etcd, RACE_ETCD, tls_group(certs, client=True))
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=2, iters=10,
+                threads=2) == 40
+    assert mtls_etcd.keys() == []
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 0, r.stderr
+    cfg = etcd_config(tmp_path, mtls_etcd, "", tls_group(certs))
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode not in (0, 78) and "etcd: connect:" in r.stderr, r.stderr
