@@ -959,3 +959,91 @@ def test_tls_client_certificate(progs, mtls_etcd, certs, tmp_path):
     cfg = etcd_config(tmp_path, mtls_etcd, "", tls_group(certs))
     r = run([CLI, "check", "-c", cfg])
     assert r.returncode not in (0, 78) and "etcd: connect:" in r.stderr, r.stderr
+
+
+def setuid_run(lay, cfg_text, **user_env):
+    """Runs lay's set-user-ID program as nobody with root's config cfg_text
+    and user_env; inside the call, count() is taken. Returns (stdout,
+    stderr, what count() gave inside or None)."""
+    lay._write(lay.cfg, cfg_text, 0o644)
+    env = {k: v for k, v in shim_env(None, preload=False).items()
+           if not k.startswith("LOCKSHIM_") and k != "SSLKEYLOGFILE"}
+    env.update(user_env)
+    p = subprocess.Popen([lay.launch, lay.upper, lay.work, str(NOBODY), str(NOGROUP),
+                          lay.secure], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        first = p.stdout.readline()
+        inside = None
+        if first.startswith("enter"):  # else the launcher has exited: no one reads
+            inside = lay.count()
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    if p.returncode == 2 and err.startswith("secure_launch: namespace:"):
+        pytest.skip("no private mount namespace here: " + err.strip())
+    return first + out, err, inside
+
+
+def test_setuid_program_refuses_sslkeylogfile(tls_etcd, certs, tmp_path):
+    """libcurl reads SSLKEYLOGFILE (getenv) at its init, creates that file
+    and appends every TLS session's secrets to it. A set-user-ID program run
+    by nobody with it set refuses the backend (one line) and runs
+    unguarded, the file never created; without it the same program is
+    guarded over TLS (its key in etcd while it runs). Control: the same
+    program not set-ID, with the variable, writes the secrets there."""
+    cfg_text = ('backend = "etcd";\netcd = { endpoints = ( "%s" ); %s };\n'
+                'locks = ( { symbol = "secure_work"; key = "secure"; } );\n'
+                % (tls_etcd.endpoint(), tls_group(certs)))
+    lay = Layout(1, 1)
+    lay.count = lambda: len(tls_etcd.keys())
+    keylog = os.path.join(lay.base, "user", "keylog")
+    try:
+        out, err, inside = setuid_run(lay, cfg_text)
+        assert "enter threads=2 euid=0" in out and inside == 1 and err == "", (out, err)
+        out, err, inside = setuid_run(lay, cfg_text, SSLKEYLOGFILE=keylog)
+        assert "enter threads=1 euid=0" in out and inside == 0, (out, err)
+        lines = [l for l in err.splitlines() if l.strip()]
+        assert len(lines) == 1 and "SSLKEYLOGFILE is set in a set-ID program" in lines[0], err
+        assert not os.path.exists(keylog)
+        cfg = str(tmp_path / "plain.cfg")
+        with open(cfg, "w") as f:
+            f.write(cfg_text)
+        mine = str(tmp_path / "keylog")
+        r = subprocess.run([lay.plain], env=shim_env(cfg, SSLKEYLOGFILE=mine), input="go\n",
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0 and "enter threads=2" in r.stdout, (r.stdout, r.stderr)
+        with open(mine) as f:
+            assert re.search(r"^(CLIENT_RANDOM|CLIENT_HANDSHAKE_TRAFFIC_SECRET) ", f.read(),
+                             re.M)
+    finally:
+        lay.cleanup()
+
+
+def test_setuid_program_ignores_the_users_password_variable(auth_etcd, tmp_path):
+    """LOCKSHIM_ETCD_PASSWORD is not read in a set-ID program: root's
+    password_file (in /etc/lockshim, root's) is used, so a user's wrong
+    value changes nothing: the call is guarded. Control: the same variable
+    given to the program not set-ID overrides the file and fails."""
+    lay = Layout(1, 1)
+    lay.count = lambda: len(auth_etcd.keys())
+    try:
+        lay._write(os.path.join(lay.etc, "etcd.pass"), ROOT_PASSWORD + "\n", 0o600)
+        cfg_text = ('backend = "etcd";\netcd = { endpoints = ( "%s" ); username = "root"; '
+                    'password_file = "/etc/lockshim/etcd.pass"; };\n'
+                    'locks = ( { symbol = "secure_work"; key = "secure"; wait_ms = 500; '
+                    'on_error = "skip"; } );\n' % auth_etcd.endpoint())
+        out, err, inside = setuid_run(lay, cfg_text, LOCKSHIM_ETCD_PASSWORD=WRONG_PASSWORD)
+        assert "enter threads=2 euid=0" in out and inside == 1 and err == "", (out, err)
+        cfg = str(tmp_path / "plain.cfg")
+        with open(cfg, "w") as f:
+            f.write(cfg_text.replace("/etc/lockshim/etcd.pass", password_file(tmp_path)))
+        r = subprocess.run([lay.plain], env=shim_env(cfg, LOCKSHIM_ETCD_PASSWORD=WRONG_PASSWORD),
+                           input="go\n", capture_output=True, text=True, timeout=30)
+        assert "authentication failed" in r.stderr and WRONG_PASSWORD not in r.stderr, r.stderr
+    finally:
+        lay.cleanup()
