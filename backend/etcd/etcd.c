@@ -9,8 +9,10 @@
  * fence). A waiter watches its predecessor until it is deleted. Release:
  * revoking the lease deletes the key; renewal: one LeaseKeepAlive per lock
  * (TTL 0: lost). Keys are escaped (% and /). A request whose member went
- * away is sent again to the next endpoint; a watch cut so is a wake-up.
- * etcd_holders reads the locks for `lockshim status`. One export (etcd.map).
+ * away goes to the next endpoint; a watch cut so is a wake-up. With a
+ * password each connection authenticates (its token in every request,
+ * renewed once when refused); etcd.tls is https. etcd_holders reads the
+ * locks for `lockshim status`. One export (etcd.map).
  */
 #include <pthread.h>
 #include <stdatomic.h>
