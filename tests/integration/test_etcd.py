@@ -1047,3 +1047,21 @@ def test_setuid_program_ignores_the_users_password_variable(auth_etcd, tmp_path)
         assert "authentication failed" in r.stderr and WRONG_PASSWORD not in r.stderr, r.stderr
     finally:
         lay.cleanup()
+
+
+@pytest.mark.parametrize("extra, said", [
+    ('password = "p";', "etcd.password: needs etcd.username"),
+    ('username = "u";', "etcd.username: needs etcd.password"),
+    ('username = "u"; password = "p"; password_file = "/nonexistent";',
+     "etcd.password_file: give password or password_file, not both"),
+    ('username = "u"; password_file = "/nonexistent";', "etcd.password_file: cannot open"),
+    ('tls = { cert_file = "/c.pem"; };', "etcd.tls: cert_file and key_file go together"),
+    ('tls = { verify = 2; };', "etcd.tls"),
+])
+def test_auth_and_tls_settings_refused(etcd, tmp_path, extra, said):
+    """One line naming the setting, exit 78; no password in it."""
+    cfg = etcd_config(tmp_path, etcd, "", extra)
+    r = run([CLI, "check", "-c", cfg])
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 78 and len(lines) == 1 and said in lines[0], r.stderr
+    assert '"p"' not in r.stderr
