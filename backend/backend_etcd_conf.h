@@ -12,14 +12,20 @@
 #ifndef LOCKSHIM_BACKEND_ETCD_CONF_H
 #define LOCKSHIM_BACKEND_ETCD_CONF_H
 
+#include "backend_tls_conf.h"
+
 struct conf_group;
 
 struct etcd_spec {
-	char **endpoints;        /* "host:port" of etcd members (client URLs, plain
-				  * HTTP), NULL-terminated; tried in order */
+	char **endpoints;        /* "host:port" of etcd members (client URLs: HTTP,
+				  * or HTTPS with tls), NULL-terminated; tried in order */
 	char *prefix;            /* every lock key lives under it ("/lockshim/") */
 	int connect_timeout_ms;  /* bound of a connection's set-up */
 	int command_timeout_ms;  /* bound of every request (a wait: its time + this) */
+	char *username;          /* etcd user: with password, authenticated */
+	char *password;          /* LOCKSHIM_ETCD_PASSWORD, password_file, or the file's */
+	char *password_file;     /* the password is its first line */
+	struct backend_tls tls;  /* the `tls` group: present, every endpoint is https */
 };
 
 /* The `etcd` group: its table, checks and per-lock refusals. */

@@ -20,8 +20,9 @@
 
 /* ---- the tables --------------------------------------------------------- */
 
-#define TLS_FIELD(n, k, lo, hi, ...) FIELD(struct redis_tls, #n, n, k, lo, hi, __VA_ARGS__)
-static const struct conf_field tls_fields[] = {
+/* The tls group's table, shared with etcd.tls (backend_tls_conf.h). */
+#define TLS_FIELD(n, k, lo, hi, ...) FIELD(struct backend_tls, #n, n, k, lo, hi, __VA_ARGS__)
+const struct conf_field backend_tls_fields[] = {
 	TLS_FIELD(ca_file, F_STR, 1, 0),
 	TLS_FIELD(ca_dir, F_STR, 1, 0),
 	TLS_FIELD(cert_file, F_STR, 1, 0),
@@ -31,13 +32,11 @@ static const struct conf_field tls_fields[] = {
 	{ .name = NULL }
 };
 
-static int tls_check(struct conf_err *e, const config_setting_t *g, void *member);
-
 /* The tls group of the redis group and of a master: its presence is
  * tls.enabled. */
-#define TLS_GROUP(...)                                                         \
-	FIELD(struct redis_spec, "tls", tls, F_GROUP, 0, 0, .sub = tls_fields,  \
-	      .label = "tls", .check = tls_check, .flags = FL_PRESENT,          \
+#define TLS_GROUP(...)                                                          \
+	FIELD(struct redis_spec, "tls", tls, F_GROUP, 0, 0, .sub = backend_tls_fields,  \
+	      .label = "tls", .check = backend_tls_check, .flags = FL_PRESENT,         \
 	      .off2 = offsetof(struct redis_spec, tls.enabled), __VA_ARGS__)
 
 #define REDIS_FIELD(n, k, lo, hi, ...) FIELD(struct redis_spec, #n, n, k, lo, hi, __VA_ARGS__)
@@ -82,13 +81,17 @@ static const struct conf_field redis_fields[] = {
 /* ---- the checks --------------------------------------------------------- */
 
 /* Checks a tls group once read (its presence, enabled, is set by the
- * table: FL_PRESENT). */
-static int tls_check(struct conf_err *e, const config_setting_t *g, void *member)
+ * table: FL_PRESENT), in the redis or the etcd group. */
+int backend_tls_check(struct conf_err *e, const config_setting_t *g, void *member)
 {
-	const struct redis_tls *t = member;
+	const struct backend_tls *t = member;
+	const config_setting_t *up = config_setting_parent(g);
+	const char *group = up ? config_setting_name(up) : NULL;
+	char what[32];
 
+	snprintf(what, sizeof(what), "%s.tls", group ? group : "redis.masters[]");
 	if (!!t->cert_file != !!t->key_file)
-		return conf_fail(e, g, "redis.tls", "cert_file and key_file go together");
+		return conf_fail(e, g, what, "cert_file and key_file go together");
 	return 0;
 }
 
@@ -151,7 +154,7 @@ static int master_inherit(struct conf_err *e, const config_setting_t *g, struct 
 	if (m->username && !m->password)
 		return conf_fail(e, g, what, "username needs a password as well");
 	if (!m->tls.enabled && r->tls.enabled) {
-		if (conf_fields_copy(tls_fields, &m->tls, &r->tls))
+		if (conf_fields_copy(backend_tls_fields, &m->tls, &r->tls))
 			return conf_fail(e, g, what, "out of memory");
 		m->tls.enabled = 1;
 	}

@@ -11,18 +11,9 @@
 #ifndef LOCKSHIM_BACKEND_REDIS_CONF_H
 #define LOCKSHIM_BACKEND_REDIS_CONF_H
 
-struct conf_group;
+#include "backend_tls_conf.h"
 
-/* The `tls` group of `redis`: present (enabled) makes every connection TLS. */
-struct redis_tls {
-	int enabled;
-	char *ca_file;           /* NULL with ca_dir NULL: the system's CA store */
-	char *ca_dir;
-	char *cert_file;         /* client certificate, with key_file */
-	char *key_file;
-	char *server_name;       /* SNI and the name verified; NULL: the host */
-	int verify;              /* verify the certificate and the name */
-};
+struct conf_group;
 
 struct redis_spec {
 	char *host;
@@ -40,7 +31,7 @@ struct redis_spec {
 	char *password_file;     /* the password is its first line */
 	int wait_replicas;       /* WAIT for this many replicas after acquires and renewals */
 	int wait_replicas_ms;
-	struct redis_tls tls;
+	struct backend_tls tls;  /* the `tls` group (backend_tls_conf.h) */
 	char **cluster;          /* "host:port" seed nodes of a Redis Cluster, NULL-terminated */
 	struct redis_spec *masters; /* Redlock: nmasters independent masters, each a whole
 				     * single-server spec (unset settings taken from this one) */

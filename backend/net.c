@@ -93,7 +93,7 @@ static int connect_one(struct net_sock *s, int family, const struct sockaddr *ad
 }
 
 int net_connect(struct net_sock *s, const char *host, int port, const char *path,
-		const struct redis_tls *tls, int64_t connect_ms, int64_t io_ms, char *err,
+		const struct backend_tls *tls, int64_t connect_ms, int64_t io_ms, char *err,
 		size_t errlen)
 {
 	int64_t deadline = util_now_ms() + connect_ms;

@@ -31,7 +31,7 @@ struct net_sock {
 	struct net_tls *tls; /* the TLS session (redis.tls), or NULL */
 };
 
-struct redis_tls; /* backend_redis_conf.h */
+struct backend_tls; /* backend_tls_conf.h */
 
 /*
  * Connects to the unix socket path, or else to host:port, within
@@ -40,7 +40,7 @@ struct redis_tls; /* backend_redis_conf.h */
  * Returns 0, or -1 with "connect to WHERE: REASON" in err (s is then empty).
  */
 int net_connect(struct net_sock *s, const char *host, int port, const char *path,
-		const struct redis_tls *tls, int64_t connect_ms, int64_t io_ms, char *err,
+		const struct backend_tls *tls, int64_t connect_ms, int64_t io_ms, char *err,
 		size_t errlen);
 
 /* Sets the send/receive timeout (no system call when unchanged). Returns 0 or -1. */

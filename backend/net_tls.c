@@ -120,7 +120,7 @@ static int readable(const char *path, const char *setting, char *why, size_t len
 }
 
 /* Loads the CAs to trust into s->ca. Returns 0 or -1. */
-static int load_ca(struct tls_shared *s, const struct redis_tls *cfg, char *why, size_t len)
+static int load_ca(struct tls_shared *s, const struct backend_tls *cfg, char *why, size_t len)
 {
 	char what[64];
 	int ret;
@@ -168,7 +168,7 @@ static int load_ca(struct tls_shared *s, const struct redis_tls *cfg, char *why,
 }
 
 /* Loads the client certificate and its key. Returns 0 or -1. */
-static int load_cert(struct tls_shared *s, const struct redis_tls *cfg, char *why, size_t len)
+static int load_cert(struct tls_shared *s, const struct backend_tls *cfg, char *why, size_t len)
 {
 	int ret;
 
@@ -248,7 +248,7 @@ static void order_suites(struct tls_shared *s)
 
 /* Returns the process's shared settings, built from cfg at the first call
  * (again after a failure), or NULL with the cause in why. */
-static struct tls_shared *shared_get(const struct redis_tls *cfg, char *why, size_t len)
+static struct tls_shared *shared_get(const struct backend_tls *cfg, char *why, size_t len)
 {
 	static const mbedtls_ecp_group_id curves[] = {
 		MBEDTLS_ECP_DP_CURVE25519, MBEDTLS_ECP_DP_SECP256R1, MBEDTLS_ECP_DP_SECP384R1,
@@ -559,7 +559,7 @@ static int handshake(struct net_tls *t, int64_t deadline, char *why, size_t len)
 	return 0;
 }
 
-struct net_tls *net_tls_open(struct fdown *own, const struct redis_tls *cfg, const char *name,
+struct net_tls *net_tls_open(struct fdown *own, const struct backend_tls *cfg, const char *name,
 			     int64_t deadline, char *why, size_t whylen)
 {
 	struct tls_shared *s = shared_get(cfg, why, whylen);

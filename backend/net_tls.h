@@ -19,7 +19,7 @@
 #include <sys/types.h>
 
 struct fdown;
-struct redis_tls; /* backend_redis_conf.h */
+struct backend_tls; /* backend_tls_conf.h */
 struct net_tls;   /* one TLS session */
 
 /*
@@ -30,7 +30,7 @@ struct net_tls;   /* one TLS session */
  * names are loaded at the first successful call of the process and kept:
  * one redis.tls per process (the config is frozen).
  */
-struct net_tls *net_tls_open(struct fdown *own, const struct redis_tls *cfg, const char *name,
+struct net_tls *net_tls_open(struct fdown *own, const struct backend_tls *cfg, const char *name,
 			     int64_t deadline, char *why, size_t whylen);
 
 /*

@@ -9,15 +9,19 @@
  * fence). A waiter watches its predecessor until it is deleted. Release:
  * revoking the lease deletes the key; renewal: one LeaseKeepAlive per lock
  * (TTL 0: lost). Keys are escaped (% and /). A request whose member went
- * away is sent again to the next endpoint; a watch cut so is a wake-up.
- * etcd_holders reads the locks for `lockshim status`. One export (etcd.map).
+ * away goes to the next endpoint; a watch cut so is a wake-up. With a
+ * password each connection authenticates (its token in every request,
+ * renewed once when refused); etcd.tls is https. etcd_holders reads the
+ * locks for `lockshim status`. One export (etcd.map).
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <time.h>
 
 #include <curl/curl.h>
@@ -35,13 +39,16 @@
 struct backend_config {
 	const struct etcd_spec *spec;
 	int nendpoints;
+	struct curl_slist **connect_to; /* with tls.server_name: per endpoint,
+					 * "NAME:PORT:HOST:PORT" (the URL names
+					 * NAME, the socket goes to HOST) */
 };
 
 struct backend_conn {
 	const struct backend_config *bc;
 	CURL *curl;
-	struct curl_slist *headers;
-	char base[320];          /* "http://host:port" of the endpoint reached */
+	struct curl_slist *headers;  /* with the token's Authorization once authenticated */
+	char base[320];          /* "http(s)://host:port" of the endpoint reached */
 	int ep;                  /* ... its index in the endpoints */
 	int resent;              /* the last command was sent again after a
 				  * failure that may have been applied */
@@ -53,7 +60,9 @@ struct backend_conn {
 	size_t rlen;
 	char resp[ETCD_RESP_MAX];
 	char body[ETCD_BODY_MAX];
-	char err[256];
+	char err[CURL_ERROR_SIZE + 192];
+	char curl_err[CURL_ERROR_SIZE]; /* libcurl's detail of a failure (the
+					 * certificate's problem, ...) */
 };
 
 /* One lock's names in etcd: its key, the range of its key's holders. */
@@ -265,13 +274,13 @@ static size_t on_data(char *data, size_t size, size_t n, void *arg)
 }
 
 /*
- * POSTs c->body to path, bounded by timeout_ms (and the connect by
+ * POSTs body to path, bounded by timeout_ms (and the connect by
  * connect_timeout_ms). Returns CURLE_OK with the reply in c->resp when it
  * carries no error; else the failure's code with c->err set ("what:
  * etcd's message" when etcd answered one, else libcurl's).
  */
-static CURLcode post(struct backend_conn *c, const char *path, long long timeout_ms,
-		     const char *what)
+static CURLcode post_body(struct backend_conn *c, const char *body, const char *path,
+			  long long timeout_ms, const char *what)
 {
 	char url[sizeof(c->base) + 32];
 	const char *m;
@@ -284,14 +293,16 @@ static CURLcode post(struct backend_conn *c, const char *path, long long timeout
 	c->resp[0] = 0;
 	c->woken = 0;
 	c->cut = 0;
+	c->curl_err[0] = 0;
 	curl_easy_setopt(c->curl, CURLOPT_URL, url);
-	curl_easy_setopt(c->curl, CURLOPT_POSTFIELDS, c->body);
+	curl_easy_setopt(c->curl, CURLOPT_POSTFIELDS, body);
 	curl_easy_setopt(c->curl, CURLOPT_TIMEOUT_MS, timeout_ms);
 	rc = curl_easy_perform(c->curl);
 	if (rc == CURLE_WRITE_ERROR && c->watching && c->woken)
 		return CURLE_OK;
 	if (rc != CURLE_OK) {
-		fail(c, what, curl_easy_strerror(rc));
+		snprintf(c->err, sizeof(c->err), "%s: %s%s%s%s", what, curl_easy_strerror(rc),
+			 c->curl_err[0] ? " (" : "", c->curl_err, c->curl_err[0] ? ")" : "");
 		return rc;
 	}
 	curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
@@ -303,6 +314,103 @@ static CURLcode post(struct backend_conn *c, const char *path, long long timeout
 		return CURLE_HTTP_RETURNED_ERROR;
 	}
 	return CURLE_OK;
+}
+
+/* post_body() of c->body. */
+static CURLcode post(struct backend_conn *c, const char *path, long long timeout_ms,
+		     const char *what)
+{
+	return post_body(c, c->body, path, timeout_ms, what);
+}
+
+/* ---- authentication ------------------------------------------------------ */
+
+/* Appends s to out[*n..cap) as the contents of a JSON string (", \ and
+ * control characters escaped). Returns 0, or -1 when it does not fit. */
+static int json_put(char *out, size_t *n, size_t cap, const char *s)
+{
+	for (; *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+		int w = ch == '"' || ch == '\\' ? snprintf(out + *n, cap - *n, "\\%c", ch) :
+			ch < 0x20 ? snprintf(out + *n, cap - *n, "\\u%04x", ch) :
+			snprintf(out + *n, cap - *n, "%c", ch);
+
+		if (w < 0 || (size_t)w >= cap - *n)
+			return -1;
+		*n += (size_t)w;
+	}
+	return 0;
+}
+
+/* Sets c's request headers: the JSON ones, and "Authorization: token"
+ * when token is not NULL (the old list freed). Returns 0, or -1. */
+static int headers_set(struct backend_conn *c, const char *token, size_t toklen)
+{
+	char auth[2048];
+	struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+
+	if (token && toklen + 16 > sizeof(auth))
+		h = (curl_slist_free_all(h), NULL);
+	if (h && !curl_slist_append(h, "Expect:"))
+		h = (curl_slist_free_all(h), NULL);
+	if (h && token) {
+		snprintf(auth, sizeof(auth), "Authorization: %.*s", (int)toklen, token);
+		if (!curl_slist_append(h, auth))
+			h = (curl_slist_free_all(h), NULL);
+	}
+	if (!h || curl_easy_setopt(c->curl, CURLOPT_HTTPHEADER, h)) {
+		curl_slist_free_all(h);
+		return -1;
+	}
+	curl_slist_free_all(c->headers);
+	c->headers = h;
+	return 0;
+}
+
+/*
+ * Authenticates c as etcd.username (/v3/auth/authenticate, bounded by
+ * timeout_ms): the token answered becomes the Authorization header of c's
+ * requests. The password is only in this request's body (malloc'd,
+ * wiped and freed here). Returns BACKEND_OK, or BACKEND_ERR with c->err
+ * ("authenticate: " etcd's or libcurl's message: never the password).
+ */
+static int authenticate(struct backend_conn *c, long long timeout_ms)
+{
+	const struct etcd_spec *sp = c->bc->spec;
+	size_t cap = 6 * (strlen(sp->username) + strlen(sp->password)) + 32, n = 0;
+	char *body = malloc(cap);
+	const char *tok;
+	size_t toklen;
+	int rc = BACKEND_ERR;
+
+	if (!body || headers_set(c, NULL, 0))
+		return (free(body), fail(c, "authenticate", "out of memory"));
+	n = (size_t)snprintf(body, cap, "{\"name\":\"");
+	if (json_put(body, &n, cap, sp->username) ||
+	    (n += (size_t)snprintf(body + n, cap - n, "\",\"password\":\"")) >= cap ||
+	    json_put(body, &n, cap, sp->password) || n + 3 > cap)
+		fail(c, "authenticate", "user name or password too long");
+	else if (memcpy(body + n, "\"}", 3),
+		 post_body(c, body, "/v3/auth/authenticate", timeout_ms, "authenticate") != CURLE_OK)
+		; /* c->err says it */
+	else if (!json_str(c->resp, "token", &tok, &toklen))
+		fail(c, "authenticate", "no token in the reply");
+	else if (headers_set(c, tok, toklen))
+		fail(c, "authenticate", "token too long, or out of memory");
+	else
+		rc = BACKEND_OK;
+	explicit_bzero(body, cap);
+	free(body);
+	return rc;
+}
+
+/* Whether c's last error says its token is no longer valid (expired, or
+ * the auth store changed): authenticating again may cure it. */
+static int token_refused(const struct backend_conn *c)
+{
+	return c->bc->spec->password && (strstr(c->err, "invalid auth token") ||
+					 strstr(c->err, "auth store is old") ||
+					 strstr(c->err, "user name is empty"));
 }
 
 static long long now_ms(void)
@@ -321,11 +429,27 @@ static int member_gone(CURLcode rc)
 	       rc == CURLE_GOT_NOTHING || rc == CURLE_PARTIAL_FILE;
 }
 
+/* Points c at endpoint i: its URL (https with tls; with tls.server_name,
+ * the URL names that host and the socket goes to the endpoint). */
+static void endpoint_set(struct backend_conn *c, int i)
+{
+	const struct etcd_spec *sp = c->bc->spec;
+	const char *ep = sp->endpoints[i], *scheme = sp->tls.enabled ? "https" : "http";
+
+	c->ep = i;
+	if (c->bc->connect_to) {
+		snprintf(c->base, sizeof(c->base), "%s://%s%s", scheme, sp->tls.server_name,
+			 strrchr(ep, ':'));
+		curl_easy_setopt(c->curl, CURLOPT_CONNECT_TO, c->bc->connect_to[i]);
+	} else {
+		snprintf(c->base, sizeof(c->base), "%s://%s", scheme, ep);
+	}
+}
+
 /* Points c at the endpoint after its own: the next request connects there. */
 static void endpoint_next(struct backend_conn *c)
 {
-	c->ep = (c->ep + 1) % c->bc->nendpoints;
-	snprintf(c->base, sizeof(c->base), "http://%s", c->bc->spec->endpoints[c->ep]);
+	endpoint_set(c, (c->ep + 1) % c->bc->nendpoints);
 }
 
 /*
@@ -334,7 +458,8 @@ static void endpoint_next(struct backend_conn *c)
  * once), which becomes the one a new connection tries first. Any request
  * of this module may be sent twice (a grant finds its lease, the
  * transaction its key; see lease_revoke). An error etcd answered is not
- * sent again here: lock.c retries until wait_ms. Sets c->resent when an
+ * sent again here (lock.c retries until wait_ms), except once after
+ * authenticating again when the token was refused. Sets c->resent when an
  * attempt may have been applied unanswered. Returns BACKEND_OK, or
  * BACKEND_ERR with c->err set (etcd's message when it answered one, else
  * libcurl's).
@@ -343,12 +468,19 @@ static int command(struct backend_conn *c, const char *path, const char *what)
 {
 	long long deadline = now_ms() + c->bc->spec->command_timeout_ms;
 	long long left = c->bc->spec->command_timeout_ms;
-	int moves = 0;
+	int moves = 0, reauth = 0;
 	CURLcode rc;
 
 	c->resent = 0;
 	while ((rc = post(c, path, left, what)) != CURLE_OK) {
 		left = deadline - now_ms();
+		if (rc == CURLE_HTTP_RETURNED_ERROR && token_refused(c) && !reauth++ && left >= 1) {
+			if (authenticate(c, left) != BACKEND_OK)
+				return BACKEND_ERR;
+			left = deadline - now_ms();
+			if (left >= 1)
+				continue;
+		}
 		if (!member_gone(rc) || moves == c->bc->nendpoints - 1 || left < 1)
 			return BACKEND_ERR;
 		c->resent |= rc != CURLE_COULDNT_CONNECT;
@@ -368,10 +500,64 @@ static int etcd_serves(const void *settings)
 	return 1;
 }
 
+/*
+ * In secure-execution mode (a set-ID program): libcurl reads SSLKEYLOGFILE
+ * with getenv at its global init (with any protocol, TLS or not) and
+ * opens that file for appending, creating it, to write every TLS
+ * session's secrets there: with the program's privileges, at a path the
+ * user chose. Returns 1 when it is set there (the backend is then
+ * refused, before libcurl's init), else 0. Its other variables do not
+ * apply: the proxy ones are overridden by CURLOPT_PROXY, netrc is off.
+ */
+static int secure_keylog_set(void)
+{
+	return getauxval(AT_SECURE) && getenv("SSLKEYLOGFILE");
+}
+
+/* Fills bc->connect_to (tls.server_name): per endpoint HOST:PORT, the
+ * list "NAME:PORT:HOST:PORT". Returns 0, or -1 out of memory. */
+static int connect_to_make(struct backend_config *bc)
+{
+	const char *name = bc->spec->tls.server_name;
+
+	if (!(bc->connect_to = calloc((size_t)bc->nendpoints, sizeof(*bc->connect_to))))
+		return -1;
+	for (int i = 0; i < bc->nendpoints; i++) {
+		const char *ep = bc->spec->endpoints[i];
+		size_t len = strlen(name) + 2 * strlen(ep) + 2;
+		char *line = malloc(len);
+
+		if (line)
+			snprintf(line, len, "%s%s:%s", name, strrchr(ep, ':'), ep);
+		bc->connect_to[i] = line ? curl_slist_append(NULL, line) : NULL;
+		free(line);
+		if (!bc->connect_to[i])
+			return -1;
+	}
+	return 0;
+}
+
+static void etcd_config_free(struct backend_config *bc)
+{
+	if (!bc)
+		return;
+	for (int i = 0; bc->connect_to && i < bc->nendpoints; i++)
+		curl_slist_free_all(bc->connect_to[i]);
+	free(bc->connect_to);
+	free(bc);
+}
+
 static struct backend_config *etcd_config_new(const void *settings, char *err, size_t errlen)
 {
+	const struct etcd_spec *sp = settings;
 	struct backend_config *bc;
 
+	if (secure_keylog_set()) {
+		snprintf(err, errlen, "backend etcd: SSLKEYLOGFILE is set in a set-ID program "
+			 "(secure-execution mode), where libcurl would create that file and write "
+			 "TLS secrets to it: unset it");
+		return NULL;
+	}
 	pthread_once(&curl_once, curl_global);
 	if (curl_init_rc != CURLE_OK) {
 		snprintf(err, errlen, "backend etcd: libcurl: %s", curl_easy_strerror(curl_init_rc));
@@ -381,15 +567,34 @@ static struct backend_config *etcd_config_new(const void *settings, char *err, s
 		snprintf(err, errlen, "out of memory");
 		return NULL;
 	}
-	bc->spec = settings;
-	while (bc->spec->endpoints[bc->nendpoints])
+	bc->spec = sp;
+	while (sp->endpoints[bc->nendpoints])
 		bc->nendpoints++;
+	if (sp->tls.enabled && sp->tls.server_name && connect_to_make(bc)) {
+		etcd_config_free(bc);
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
 	return bc;
 }
 
-static void etcd_config_free(struct backend_config *bc)
+/* Sets c's TLS options from etcd.tls (when present): the CAs (ca_file
+ * and ca_dir replace the system's store, which stays when neither is set),
+ * the client certificate, the verification. Returns 0, or -1. */
+static int tls_setup(struct backend_conn *c)
 {
-	free(bc);
+	const struct backend_tls *t = &c->bc->spec->tls;
+	CURL *h = c->curl;
+
+	if (!t->enabled)
+		return 0;
+	return (curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, (long)!!t->verify) ||
+		curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, t->verify ? 2L : 0L) ||
+		((t->ca_file || t->ca_dir) &&
+		 (curl_easy_setopt(h, CURLOPT_CAINFO, t->ca_file) ||
+		  curl_easy_setopt(h, CURLOPT_CAPATH, t->ca_dir))) ||
+		(t->cert_file && (curl_easy_setopt(h, CURLOPT_SSLCERT, t->cert_file) ||
+				  curl_easy_setopt(h, CURLOPT_SSLKEY, t->key_file)))) ? -1 : 0;
 }
 
 /* Sets the options every request of c shares. Returns 0, or -1. */
@@ -397,17 +602,16 @@ static int handle_setup(struct backend_conn *c)
 {
 	CURL *h = c->curl;
 
-	c->headers = curl_slist_append(NULL, "Content-Type: application/json");
-	if (!c->headers || !(c->headers = curl_slist_append(c->headers, "Expect:")))
-		return -1;
-	return (curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L) ||
-		curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http") ||
+	return (headers_set(c, NULL, 0) || tls_setup(c) ||
+		curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L) ||
+		curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR,
+				 c->bc->spec->tls.enabled ? "https" : "http") ||
 		curl_easy_setopt(h, CURLOPT_PROXY, "") ||
 		curl_easy_setopt(h, CURLOPT_NOPROXY, "*") ||
 		curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L) ||
-		curl_easy_setopt(h, CURLOPT_HTTPHEADER, c->headers) ||
 		curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
 				 (long)c->bc->spec->connect_timeout_ms) ||
+		curl_easy_setopt(h, CURLOPT_ERRORBUFFER, c->curl_err) ||
 		curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data) ||
 		curl_easy_setopt(h, CURLOPT_WRITEDATA, c)) ? -1 : 0;
 }
@@ -423,11 +627,13 @@ static void etcd_close(struct backend_conn *c)
 }
 
 /* Returns a connection to the first endpoint that answers a status
- * request, trying them in order from the one that answered last, or NULL
- * with the last endpoint's error in err. */
+ * request (and, with a password, authenticates us), trying them in order
+ * from the one that answered last, or NULL with the last endpoint's error
+ * in err. */
 static struct backend_conn *etcd_open(const struct backend_config *bc, char *err, size_t errlen)
 {
 	struct backend_conn *c = calloc(1, sizeof(*c));
+	int authfail = 0;
 
 	if (!c || !(c->curl = curl_easy_init())) {
 		snprintf(err, errlen, "out of memory");
@@ -444,26 +650,34 @@ static struct backend_conn *etcd_open(const struct backend_config *bc, char *err
 		int i = (first + k) % bc->nendpoints;
 		const char *ep = bc->spec->endpoints[i];
 
-		c->ep = i;
-		snprintf(c->base, sizeof(c->base), "http://%s", ep);
+		endpoint_set(c, i);
 		snprintf(c->body, sizeof(c->body), "{}");
 		if (post(c, "/v3/maintenance/status", bc->spec->connect_timeout_ms,
-			 ep) == CURLE_OK) {
-			atomic_store(&endpoint_good, i);
-			return c;
+			 ep) != CURLE_OK)
+			continue;
+		if (bc->spec->password &&
+		    authenticate(c, bc->spec->command_timeout_ms) != BACKEND_OK) {
+			authfail = 1;
+			continue;
 		}
+		atomic_store(&endpoint_good, i);
+		return c;
 	}
-	snprintf(err, errlen, "connect: %s", c->err);
+	snprintf(err, errlen, "%s%s", authfail ? "" : "connect: ", c->err);
 	etcd_close(c);
 	return NULL;
 }
 
-/* Writes "etcd HOST:PORT (leases, lowest create revision holds)". */
+/* Writes "etcd HOST:PORT[, TLS][, user NAME], prefix P (leases, lowest
+ * create revision holds)". */
 static void etcd_describe(const struct backend_config *bc, char *buf, size_t len)
 {
-	snprintf(buf, len, "etcd %s%s, prefix %s (a lease per lock; the lowest create "
-		 "revision holds)", bc->spec->endpoints[0], bc->spec->endpoints[1] ?
-		 " (first of the endpoints)" : "", bc->spec->prefix);
+	const struct etcd_spec *sp = bc->spec;
+
+	snprintf(buf, len, "etcd %s%s%s%s%s, prefix %s (a lease per lock; the lowest create "
+		 "revision holds)", sp->endpoints[0], sp->endpoints[1] ?
+		 " (first of the endpoints)" : "", sp->tls.enabled ? ", TLS" : "",
+		 sp->username ? ", user " : "", sp->username ? sp->username : "", sp->prefix);
 }
 
 /* ---- locking ------------------------------------------------------------ */

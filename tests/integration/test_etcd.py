@@ -24,22 +24,28 @@ import platform
 import random
 import re
 import signal
+import subprocess
 import time
 
 import pytest
 
 from support.etcd import Cluster, EtcdServer, skip_reason
+from support.etcd_secure import ROOT_PASSWORD, SecureEtcd, make_certs
 from support.process import cpu_ticks
 from support.scenarios import refused_setting
+from support.secure import NOBODY, NOGROUP, Layout
 from support.server import call_failed, serving
 from support.sets import replay, start as sets_start
-from support.util import (ASAN, CLI, MULT, ROOT, cc, run, status_by_key, wait_for,
+from support.util import (ASAN, CLI, MULT, ROOT, cc, run, shim_env, status_by_key, wait_for,
                           write_config)
+from support.workers import race
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
 BLOCK_LOCK = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
               'on_timeout = "skip"; %s } );\n')
+RACE_ETCD = ('locks = ( { symbol = "ledger_update"; key = "ledger:{arg0:str}"; '
+             'wait_ms = 30000; } );\n')
 HOLD_LOCK = 'locks = ( { symbol = "hold_call"; key = "hold"; %s } );\n'
 
 
@@ -623,3 +629,322 @@ def test_unlock_of_a_dead_holder_needs_no_force(bg, worker_progs, etcd, tmp_path
     assert r.returncode == 0 and r.stdout.startswith("removed blk  held by "), \
         (r.stdout, r.stderr)
     assert etcd.keys() == []
+
+
+# ---- step 3: user/password and TLS (support/etcd_secure.py) -------------------------
+#
+# An etcd with auth on (user root) and etcds serving https (certificates of
+# make_certs); each is the tests' own, so the autouse check above still
+# reads the plain server. etcd 3.4's gateway refuses a request that carries
+# a client certificate once auth is on ("CommonName of client ... will be
+# ignored"), so auth and client certificates are tested apart.
+
+
+WRONG_PASSWORD = "wrong-Pw-4417"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_certs(str(tmp_path_factory.mktemp("certs")))
+
+
+@pytest.fixture(scope="module")
+def auth_etcd():
+    s = SecureEtcd()
+    try:
+        yield s.start().enable_auth()
+    finally:
+        s.cleanup()
+
+
+@pytest.fixture(scope="module")
+def tls_etcd(certs):
+    s = SecureEtcd(certs)
+    try:
+        yield s.start()
+    finally:
+        s.cleanup()
+
+
+@pytest.fixture(scope="module")
+def mtls_etcd(certs):
+    s = SecureEtcd(certs, client_auth=True)
+    try:
+        yield s.start()
+    finally:
+        s.cleanup()
+
+
+def password_file(tmp_path, password=ROOT_PASSWORD):
+    path = str(tmp_path / "etcd.pass")
+    with open(path, "w") as f:
+        f.write(password + "\n")
+    return path
+
+
+def tls_group(certs, ca="ca.crt", client=False, more=""):
+    cert = ('cert_file = "%s"; key_file = "%s"; ' % (certs["client.crt"], certs["client.key"])
+            if client else "")
+    return 'tls = { ca_file = "%s"; %s%s};' % (certs[ca], cert, more)
+
+
+def test_auth_password_file_guards_a_race_and_the_variable_overrides(
+        progs, auth_etcd, tmp_path, monkeypatch):
+    """password_file: 2 processes x 2 threads exact, no key left.
+    LOCKSHIM_ETCD_PASSWORD overrides a wrong password of the file: the same
+    race exact. Control: no password at all, etcd refuses every call
+    ("user name is empty")."""
+    cfg = etcd_config(tmp_path, auth_etcd, RACE_ETCD,
+                      'username = "root"; password_file = "%s";' % password_file(tmp_path))
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=2, iters=10,
+                threads=2) == 40
+    assert auth_etcd.keys() == []
+    cfg = etcd_config(tmp_path, auth_etcd, RACE_ETCD,
+                      'username = "root"; password = "%s";' % WRONG_PASSWORD)
+    monkeypatch.setenv("LOCKSHIM_ETCD_PASSWORD", ROOT_PASSWORD)
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=2, iters=10,
+                threads=2) == 40
+    assert auth_etcd.keys() == []
+    monkeypatch.delenv("LOCKSHIM_ETCD_PASSWORD")
+    cfg = etcd_config(tmp_path, auth_etcd, 'locks = ( { symbol = "ledger_update"; key = "l"; '
+                      'wait_ms = 500; on_error = "skip"; } );\n')
+    r = run([progs["ledger"], "direct", str(tmp_path / "c"), "1"], cfg)
+    assert "user name is empty" in r.stderr, r.stderr
+
+
+def test_auth_wrong_password_is_one_error_and_on_error(worker_progs, auth_etcd, tmp_path):
+    """A wrong password: the call applies on_error ("skip") after wait_ms,
+    with one warning and one error naming the authentication, never the
+    password (not even at log level debug); `check` fails the same way."""
+    cfg = etcd_config(tmp_path, auth_etcd, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                      'wait_ms = 1000; on_error = "skip"; } );\n',
+                      'username = "root"; password = "%s";' % WRONG_PASSWORD)
+    r = run([worker_progs["block"]], cfg, LOCKSHIM_LOG_LEVEL="debug")
+    assert r.stdout.startswith("call rc=-1"), (r.stdout, r.stderr)
+    bad = [l for l in r.stderr.splitlines() if ": warn: " in l or ": error: " in l]
+    assert len(bad) == 2 and all("authenticate: etcdserver: authentication failed" in l
+                                 for l in bad), r.stderr
+    assert WRONG_PASSWORD not in r.stderr and ROOT_PASSWORD not in r.stderr
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode not in (0, 78) and "authentication failed" in r.stderr, r.stderr
+    assert WRONG_PASSWORD not in r.stdout + r.stderr
+    assert auth_etcd.keys() == []
+
+
+def test_auth_check_and_lock_with_the_right_password(auth_etcd, tmp_path):
+    cfg = etcd_config(tmp_path, auth_etcd, 'locks = ( { symbol = "rename"; key = "k"; } );\n',
+                      'username = "root"; password = "%s";'
+                      % ROOT_PASSWORD.replace('"', '\\"'))
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 0 and ", user root, prefix" in r.stdout, (r.stdout, r.stderr)
+    assert ROOT_PASSWORD not in r.stdout + r.stderr
+    r = run([CLI, "lock", "-c", cfg, "job", "--", "sh", "-c", "echo fence=$LOCKSHIM_FENCE"],
+            LD_PRELOAD="")
+    assert r.returncode == 0 and int(r.stdout.split("=")[1]) > 0, (r.stdout, r.stderr)
+
+
+def test_auth_expired_token_is_renewed(bg, worker_progs, tmp_path):
+    """Tokens live 1 s unused (--auth-token-ttl 1): a holder of a 6 s lease
+    renews every 2 s and releases after two renewals, each time with an
+    expired token: it authenticates again and nothing fails; a second
+    caller then gets the lock. Control: a token of the test's, unused
+    since the holder entered, is refused by then."""
+    s = SecureEtcd(extra=["--auth-token-ttl", "1"])
+    try:
+        s.start().enable_auth()
+        cfg = etcd_config(tmp_path, s, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                          'lease_ms = 6000; wait_ms = 2000; on_error = "skip"; } );\n',
+                          'username = "root"; password_file = "%s";' % password_file(tmp_path))
+        holder = bg([worker_progs["block"]], cfg)
+        holder.expect("enter")
+        stale = s.call("/v3/auth/authenticate", {"name": "root",
+                                                  "password": ROOT_PASSWORD})["token"]
+        (key, _, _, lease), = s.keys()
+        for _ in range(2):
+            low = [s.lease_ttl(lease)[1]]
+            wait_for(lambda: low.append(s.lease_ttl(lease)[1]) or low[-1] > min(low),
+                     timeout=10, what="the holder's lease renewed")
+        assert "invalid auth token" in refused(s, stale)
+        holder.send()
+        assert holder.expect("call").startswith("call rc=42")
+        holder.p.wait(timeout=10)
+        assert "error" not in holder.stderr() and "warn" not in holder.stderr(), holder.stderr()
+        r = run([worker_progs["block"]], cfg, timeout=20)
+        assert "call rc=42" in r.stdout and r.stderr == "", (r.stdout, r.stderr)
+        assert s.keys() == []
+    finally:
+        s.cleanup()
+
+
+def refused(server, token):
+    """The error a range read with token gets ("" when it is accepted)."""
+    keep, server.token = server.token, token
+    try:
+        server._post("/v3/kv/range", {"key": "eA=="}, 10)
+        return ""
+    except OSError as e:
+        return e.read().decode(errors="replace") if hasattr(e, "read") else str(e)
+    finally:
+        server.token = keep
+
+
+def test_tls_guards_a_race_with_ca_file_and_check_says_tls(progs, tls_etcd, certs, tmp_path):
+    """https with ca_file: 2 processes x 2 threads exact, no key left;
+    `check` probes it and says TLS. Control: the same server spoken to
+    without a tls group (plain HTTP) fails."""
+    cfg = etcd_config(tmp_path, tls_etcd, RACE_ETCD, tls_group(certs))
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=2, iters=10,
+                threads=2) == 40
+    assert tls_etcd.keys() == []
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 0 and ":%d, TLS, prefix" % tls_etcd.port in r.stdout, \
+        (r.stdout, r.stderr)
+    plain = etcd_config(tmp_path, tls_etcd, "", "connect_timeout_ms = 1000;")
+    r = run([CLI, "check", "-c", plain])
+    assert r.returncode not in (0, 78) and "etcd: connect:" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("tls, ok", [
+    ('ca="other-ca.crt"', "unable to get local issuer certificate"),  # another CA's
+    ('more="server_name = \\"wrong.test\\"; "',  # a name not in it
+     "no alternative certificate subject name matches target host name 'wrong.test'"),
+    ('more="server_name = \\"etcd.test\\"; "', None),  # a name in it (not the host)
+    ('ca="other-ca.crt", more="verify = false; "', None),  # not verified: any CA
+])
+def test_tls_server_verification(worker_progs, tls_etcd, certs, tmp_path, tls, ok):
+    """A server certificate that does not verify fails, one clear error
+    (libcurl's detail: the CA, the name) then on_error; server_name is the
+    name verified (and sent), verify = false accepts any certificate."""
+    group = eval("tls_group(certs, %s)" % tls)
+    cfg = etcd_config(tmp_path, tls_etcd, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                      'wait_ms = 500; on_error = "skip"; } );\n', group)
+    r = run([worker_progs["block"]], cfg)
+    if ok is None:
+        assert "call rc=42" in r.stdout and r.stderr == "", (r.stdout, r.stderr)
+        return
+    assert r.stdout.startswith("call rc=-1"), (r.stdout, r.stderr)
+    bad = [l for l in r.stderr.splitlines() if ": warn: " in l or ": error: " in l]
+    assert len(bad) == 2 and all(ok in l for l in bad), r.stderr
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode not in (0, 78) and ok in r.stderr, r.stderr
+
+
+def test_tls_client_certificate(progs, mtls_etcd, certs, tmp_path):
+    """A server that wants client certificates (--client-cert-auth):
+    cert_file and key_file guard a race, and `check` passes. Control: the
+    same without them fails."""
+    cfg = etcd_config(tmp_path, mtls_etcd, RACE_ETCD, tls_group(certs, client=True))
+    assert race(progs["ledger"], "direct", str(tmp_path / "c"), cfg, procs=2, iters=10,
+                threads=2) == 40
+    assert mtls_etcd.keys() == []
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 0, r.stderr
+    cfg = etcd_config(tmp_path, mtls_etcd, "", tls_group(certs))
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode not in (0, 78) and "etcd: connect:" in r.stderr, r.stderr
+
+
+def setuid_run(lay, cfg_text, **user_env):
+    """Runs lay's set-user-ID program as nobody with root's config cfg_text
+    and user_env; inside the call, count() is taken. Returns (stdout,
+    stderr, what count() gave inside or None)."""
+    lay._write(lay.cfg, cfg_text, 0o644)
+    env = {k: v for k, v in shim_env(None, preload=False).items()
+           if not k.startswith("LOCKSHIM_") and k != "SSLKEYLOGFILE"}
+    env.update(user_env)
+    p = subprocess.Popen([lay.launch, lay.upper, lay.work, str(NOBODY), str(NOGROUP),
+                          lay.secure], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        first = p.stdout.readline()
+        inside = None
+        if first.startswith("enter"):  # else the launcher has exited: no one reads
+            inside = lay.count()
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    if p.returncode == 2 and err.startswith("secure_launch: namespace:"):
+        pytest.skip("no private mount namespace here: " + err.strip())
+    return first + out, err, inside
+
+
+def test_setuid_program_refuses_sslkeylogfile(tls_etcd, certs, tmp_path):
+    """libcurl reads SSLKEYLOGFILE (getenv) at its init, creates that file
+    and appends every TLS session's secrets to it. A set-user-ID program run
+    by nobody with it set refuses the backend (one line) and runs
+    unguarded, the file never created; without it the same program is
+    guarded over TLS (its key in etcd while it runs). Control: the same
+    program not set-ID, with the variable, writes the secrets there."""
+    cfg_text = ('backend = "etcd";\netcd = { endpoints = ( "%s" ); %s };\n'
+                'locks = ( { symbol = "secure_work"; key = "secure"; } );\n'
+                % (tls_etcd.endpoint(), tls_group(certs)))
+    lay = Layout(1, 1)
+    lay.count = lambda: len(tls_etcd.keys())
+    keylog = os.path.join(lay.base, "user", "keylog")
+    try:
+        out, err, inside = setuid_run(lay, cfg_text)
+        assert "enter threads=2 euid=0" in out and inside == 1 and err == "", (out, err)
+        out, err, inside = setuid_run(lay, cfg_text, SSLKEYLOGFILE=keylog)
+        assert "enter threads=1 euid=0" in out and inside == 0, (out, err)
+        lines = [l for l in err.splitlines() if l.strip()]
+        assert len(lines) == 1 and "SSLKEYLOGFILE is set in a set-ID program" in lines[0], err
+        assert not os.path.exists(keylog)
+        cfg = str(tmp_path / "plain.cfg")
+        with open(cfg, "w") as f:
+            f.write(cfg_text)
+        mine = str(tmp_path / "keylog")
+        r = subprocess.run([lay.plain], env=shim_env(cfg, SSLKEYLOGFILE=mine), input="go\n",
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0 and "enter threads=2" in r.stdout, (r.stdout, r.stderr)
+        with open(mine) as f:
+            assert re.search(r"^(CLIENT_RANDOM|CLIENT_HANDSHAKE_TRAFFIC_SECRET) ", f.read(),
+                             re.M)
+    finally:
+        lay.cleanup()
+
+
+def test_setuid_program_ignores_the_users_password_variable(auth_etcd, tmp_path):
+    """LOCKSHIM_ETCD_PASSWORD is not read in a set-ID program: root's
+    password_file (in /etc/lockshim, root's) is used, so a user's wrong
+    value changes nothing: the call is guarded. Control: the same variable
+    given to the program not set-ID overrides the file and fails."""
+    lay = Layout(1, 1)
+    lay.count = lambda: len(auth_etcd.keys())
+    try:
+        lay._write(os.path.join(lay.etc, "etcd.pass"), ROOT_PASSWORD + "\n", 0o600)
+        cfg_text = ('backend = "etcd";\netcd = { endpoints = ( "%s" ); username = "root"; '
+                    'password_file = "/etc/lockshim/etcd.pass"; };\n'
+                    'locks = ( { symbol = "secure_work"; key = "secure"; wait_ms = 500; '
+                    'on_error = "skip"; } );\n' % auth_etcd.endpoint())
+        out, err, inside = setuid_run(lay, cfg_text, LOCKSHIM_ETCD_PASSWORD=WRONG_PASSWORD)
+        assert "enter threads=2 euid=0" in out and inside == 1 and err == "", (out, err)
+        cfg = str(tmp_path / "plain.cfg")
+        with open(cfg, "w") as f:
+            f.write(cfg_text.replace("/etc/lockshim/etcd.pass", password_file(tmp_path)))
+        r = subprocess.run([lay.plain], env=shim_env(cfg, LOCKSHIM_ETCD_PASSWORD=WRONG_PASSWORD),
+                           input="go\n", capture_output=True, text=True, timeout=30)
+        assert "authentication failed" in r.stderr and WRONG_PASSWORD not in r.stderr, r.stderr
+    finally:
+        lay.cleanup()
+
+
+@pytest.mark.parametrize("extra, said", [
+    ('password = "p";', "etcd.password: needs etcd.username"),
+    ('username = "u";', "etcd.username: needs etcd.password"),
+    ('username = "u"; password = "p"; password_file = "/nonexistent";',
+     "etcd.password_file: give password or password_file, not both"),
+    ('username = "u"; password_file = "/nonexistent";', "etcd.password_file: cannot open"),
+    ('tls = { cert_file = "/c.pem"; };', "etcd.tls: cert_file and key_file go together"),
+    ('tls = { verify = 2; };', "etcd.tls"),
+])
+def test_auth_and_tls_settings_refused(etcd, tmp_path, extra, said):
+    """One line naming the setting, exit 78; no password in it."""
+    cfg = etcd_config(tmp_path, etcd, "", extra)
+    r = run([CLI, "check", "-c", cfg])
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 78 and len(lines) == 1 and said in lines[0], r.stderr
+    assert '"p"' not in r.stderr
