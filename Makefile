@@ -73,8 +73,8 @@ UNIT_BIN := $(UNIT:%=$(BUILD)/tests/test_%)
 # CLI's description of them (not the backends, nor hiredis).
 UNIT_OBJ := $(addprefix $(BUILD)/shim/,shim/guard.o common/conf.o common/conf_field.o \
 	common/key.o common/keyname.o common/log.o shim/lock.o shim/renew.o common/sha1.o \
-	common/owner.o common/fdown.o backend/backend_redis_conf.o cli/settings.o \
-	shim/symhash.o shim/count.o common/metrics.o)
+	common/owner.o common/fdown.o backend/backend_redis_conf.o backend/backend_tls_conf.o \
+	cli/settings.o shim/symhash.o shim/count.o common/metrics.o)
 
 # The man pages: doc/<page>.scd, turned into man(7) by scdoc.
 MAN := $(BUILD)/man/lockshim.1 $(BUILD)/man/lockshim.cfg.5

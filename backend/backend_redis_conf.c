@@ -20,18 +20,6 @@
 
 /* ---- the tables --------------------------------------------------------- */
 
-/* The tls group's table, shared with etcd.tls (backend_tls_conf.h). */
-#define TLS_FIELD(n, k, lo, hi, ...) FIELD(struct backend_tls, #n, n, k, lo, hi, __VA_ARGS__)
-const struct conf_field backend_tls_fields[] = {
-	TLS_FIELD(ca_file, F_STR, 1, 0),
-	TLS_FIELD(ca_dir, F_STR, 1, 0),
-	TLS_FIELD(cert_file, F_STR, 1, 0),
-	TLS_FIELD(key_file, F_STR, 1, 0),
-	TLS_FIELD(server_name, F_STR, 1, 0),
-	TLS_FIELD(verify, F_BOOL, 0, 1, .def = 1),
-	{ .name = NULL }
-};
-
 /* The tls group of the redis group and of a master: its presence is
  * tls.enabled. */
 #define TLS_GROUP(...)                                                          \
@@ -79,21 +67,6 @@ static const struct conf_field redis_fields[] = {
 };
 
 /* ---- the checks --------------------------------------------------------- */
-
-/* Checks a tls group once read (its presence, enabled, is set by the
- * table: FL_PRESENT), in the redis or the etcd group. */
-int backend_tls_check(struct conf_err *e, const config_setting_t *g, void *member)
-{
-	const struct backend_tls *t = member;
-	const config_setting_t *up = config_setting_parent(g);
-	const char *group = up ? config_setting_name(up) : NULL;
-	char what[32];
-
-	snprintf(what, sizeof(what), "%s.tls", group ? group : "redis.masters[]");
-	if (!!t->cert_file != !!t->key_file)
-		return conf_fail(e, g, what, "cert_file and key_file go together");
-	return 0;
-}
 
 /* Checks the "host:port" entries of the list v, the setting what (at
  * least one). Returns 0, or -1 (said). */

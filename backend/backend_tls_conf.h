@@ -5,8 +5,7 @@
  * settings have the same names, defaults and check wherever they appear,
  * and `lockshim settings` and lockshim.cfg(5) list them once (TLS). Each
  * backend gives them to its own TLS engine: mbedTLS for Redis (net_tls.c),
- * libcurl's OpenSSL for etcd. The table lives in backend_redis_conf.c,
- * the first file to use it (the unit tests link that file alone).
+ * libcurl's OpenSSL for etcd. The table is backend_tls_conf.c's.
  */
 #ifndef LOCKSHIM_BACKEND_TLS_CONF_H
 #define LOCKSHIM_BACKEND_TLS_CONF_H
