@@ -200,7 +200,7 @@ struct backend_ops {
 	 * acquire that is refused queues the caller already (a caller that
 	 * then gives up leaves, as a waiter does). */
 	int watched;
-	/* What log lines call the lock store ("Redis" when NULL). */
+	/* What log lines call the lock store (backend_store: "Redis" when NULL). */
 	const char *store;
 	/* When `lockshim status` or `lockshim unlock` cannot serve this
 	 * backend: why, and what to do instead (one sentence, printed after
@@ -330,6 +330,14 @@ struct backend_ops {
 	int (*holders)(struct backend_conn *c,
 		       void (*fn)(void *arg, const struct backend_holder *h), void *arg);
 };
+
+/* Returns what log lines call ops's lock store (a static string): its
+ * .store ("PostgreSQL"), else "lock file" for a leaseless backend (kernel
+ * locks), else "Redis". */
+static inline const char *backend_store(const struct backend_ops *ops)
+{
+	return ops->store ? ops->store : ops->leaseless ? "lock file" : "Redis";
+}
 
 /* The backend serving a config: its table and its settings. */
 struct backend {

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -147,8 +148,13 @@ static int policy_for(const struct lock_spec *s, int outcome)
 	int p = outcome == LOCK_TIMEOUT ? s->on_timeout : s->on_error;
 	const char *why = outcome == LOCK_TIMEOUT ? "lock wait timed out" :
 			  outcome == LOCK_NOLEASE ? "lease cannot be kept" :
-			  outcome == LOCK_REFUSED ? "lock refused" : "Redis unavailable";
+			  outcome == LOCK_REFUSED ? "lock refused" : NULL;
+	char unavailable[48];
 
+	if (!why) { /* LOCK_ERROR: "Redis unavailable", "etcd unavailable"... */
+		snprintf(unavailable, sizeof(unavailable), "%s unavailable", lock_store_name());
+		why = unavailable;
+	}
 	count_add(s, outcome == LOCK_TIMEOUT ? MC_TIMEOUTS : MC_ERRORS);
 	if (p == POLICY_SKIP)
 		count_add(s, MC_SKIPPED);

@@ -288,14 +288,9 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
 	return 1;
 }
 
-/* Returns what the log lines call the lock store: the backend's .store
- * ("PostgreSQL"), else "Redis", or for a leaseless backend (kernel locks)
- * "lock file". */
-static const char *store_name(void)
+const char *lock_store_name(void)
 {
-	if (backend->ops->store)
-		return backend->ops->store;
-	return backend->ops->leaseless ? "lock file" : "Redis";
+	return backend_store(backend->ops);
 }
 
 /* Returns how long one wait for a signal may take: the backend's hint,
@@ -408,7 +403,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 		}
 		now = util_now_ms();
 		if (now - logged >= LOCK_ERROR_LOG_MS) {
-			LOG(LOG_WARN, "%s: %s error, retrying: %s", s->symbol, store_name(), err);
+			LOG(LOG_WARN, "%s: %s error, retrying: %s", s->symbol, lock_store_name(), err);
 			logged = now;
 		}
 		if (now < deadline)
@@ -436,7 +431,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 	if (!busy) {
 		LOGK(LOG_ERROR, s->symbol, l->key, l->klen,
 		     "%s: %s unavailable for %lld ms, lock %.*s not taken: %s",
-		     s->symbol, store_name(), s->wait_ms, (int)l->klen, l->key, err);
+		     s->symbol, lock_store_name(), s->wait_ms, (int)l->klen, l->key, err);
 		return LOCK_ERROR;
 	}
 	if (LOG_WARN <= log_threshold) {

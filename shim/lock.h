@@ -43,6 +43,10 @@ enum lock_outcome { LOCK_OK, LOCK_TIMEOUT, LOCK_ERROR, LOCK_NOLEASE, LOCK_REFUSE
  * acquire. Returns 0 or -errno. */
 int lock_setup(const struct backend *b);
 
+/* Returns what log lines call the lock store (backend_store of the
+ * backend lock_setup set: "Redis", "etcd"...). */
+const char *lock_store_name(void);
+
 /*
  * Takes spec's lock for a call with integer argument registers args, waiting up to
  * spec->wait_ms. A lock of several keys takes each distinct expanded key in

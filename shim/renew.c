@@ -320,7 +320,11 @@ static void apply(const struct lease *batch, const int *results, int n, int rc,
 		} else if (rc == BACKEND_OK) {
 			lost(l, "was lost (key gone or owned by another)");
 		} else if (now - l->confirmed_us >= l->spec->lease_ms * MS) {
-			lost(l, "expired while Redis was unreachable");
+			char why[64];
+
+			snprintf(why, sizeof(why), "expired while %s was unreachable",
+				 backend_store(backend->ops));
+			lost(l, why);
 		} else {
 			int64_t retry = period_us(l) / 3;
 
