@@ -5,9 +5,10 @@
  * refuses. A kernel file lock has no lease, no server-side queue and no
  * hand-over: the settings that tune those (lease_ms, on_lost,
  * retry_max_ms, break_dead_holders, handoff_ms) cannot be honoured and are
- * refused when the file sets them, in a lock or in `defaults`; fair is
- * not built yet for it and is refused by value (limit, mode "shared",
- * linger_ms and max_hold_ms/on_overrun are built: byte-range locks,
+ * refused when the file sets them, in a lock or in `defaults`; fair with
+ * limit > 1 or mode "shared" is not built yet and is refused (fair
+ * exclusive locks, limit, mode "shared", linger_ms and
+ * max_hold_ms/on_overrun are built: byte-range locks, tickets,
  * backend_local.c; the renewal thread, shim/renew.c). file_mode is the
  * mode lock files get. linger_ms's built-in value is 0 here
  * (local_lock_defaults): a lock kept between calls needs the renewal
@@ -155,7 +156,6 @@ static const struct conf_refusal unavailable[] = {
 
 /* The values not built yet for this backend, refused when a lock asks. */
 static const struct conf_refusal unbuilt[] = {
-	{ "fair", "fair = true (arrival order)" },
 	{ NULL, NULL }
 };
 
@@ -164,9 +164,18 @@ static const struct conf_refusal unbuilt[] = {
 static int local_check_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
 			    const struct lock_spec *l, const struct conf *cfg, const void *data)
 {
+	const config_setting_t *s = lg ? config_setting_get_member(lg, "fair") : NULL;
+	char what[64];
+
 	(void)cfg;
 	(void)data;
-	return conf_refuse_lock(e, lg, where, l, "local", unavailable, unbuilt);
+	if (conf_refuse_lock(e, lg, where, l, "local", unavailable, unbuilt))
+		return -1;
+	if (!l->fair || (l->limit <= 1 && !l->shared))
+		return 0;
+	snprintf(what, sizeof(what), "%s.fair", where);
+	return conf_fail(e, s ? s : lg, what, "fair = true with limit above 1 or mode \"shared\" "
+			 "is not built yet for backend \"local\" (fair works for exclusive locks)");
 }
 
 /* A local lock is not kept between calls by default: keeping it needs the

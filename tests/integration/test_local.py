@@ -13,7 +13,10 @@ and every refusal (78, naming the setting). Step 3: max_hold_ms and
 on_overrun (log releases the lock at the deadline, kill and abort keep it
 until the process dies) and linger_ms (a lock kept between calls, released
 linger_ms after the last call), with the renewal thread started only for
-them (controls: no thread without them; no max_hold_ms, no linger_ms).
+them (controls: no thread without them; no max_hold_ms, no linger_ms);
+fair (exclusive): waiters in arrival order, a dead one skipped (controls:
+fair = false lets a later waiter in first; a live waiter ahead keeps its
+turn).
 """
 import fcntl
 import glob
@@ -333,7 +336,7 @@ def test_verbs_not_built_yet_say_so(tmp_path, verb, says):
 REFUSED = [("lease_ms = 5000", "lease_ms"), ("on_lost = \"log\"", "on_lost"),
            ("retry_max_ms = 50", "retry_max_ms"), ("break_dead_holders = true",
                                                     "break_dead_holders"),
-           ("handoff_ms = 1", "handoff_ms"), ("fair = true", "fair")]
+           ("handoff_ms = 1", "handoff_ms")]
 
 
 @pytest.mark.parametrize("setting,name", REFUSED)
@@ -1036,3 +1039,148 @@ def test_kept_lock_is_released_linger_ms_after_the_last_call(bg, progs, tmp_path
     assert holder.p.poll() is None and waiter.wait() == 0
     holder.send()
     assert holder.wait() == 0
+
+
+# ---- fair = true: tickets ------------------------------------------------------
+
+FAIR_LOCAL = ('locks = ( { symbol = "block_call"; key = "q"; wait_ms = 30000; }, '
+              '{ symbol = "log_call"; key = "q"; wait_ms = 30000; fair = %s; } );\n')
+
+
+def tickets(tmp_path):
+    """How many fair waiters' tickets (locks at byte 2^32 and past) are held
+    on key q's lock file (/proc/locks)."""
+    ino = os.stat(str(tmp_path / "locks" / "lockshim%3Aq.lock")).st_ino
+    n = 0
+    with open("/proc/locks") as f:
+        for line in f:
+            fields = line.split()
+            for i, x in enumerate(fields[:-1]):
+                m = re.fullmatch(r"[0-9a-f]+:[0-9a-f]+:(\d+)", x)
+                if m and int(m.group(1)) == ino and int(fields[i + 1]) >= 1 << 32:
+                    n += 1
+    return n
+
+
+def logged(path):
+    try:
+        with open(path) as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def queue_waiters(bg, progs, cfg, tmp_path, log, n, fair):
+    """Starts n log_call waiters one after another, each once the one before
+    waits (fair: holds its ticket); returns them."""
+    ws = []
+    for i in range(n):
+        w = bg([progs["driver"], "log:" + log], cfg)
+        if fair:
+            wait_for(lambda: tickets(tmp_path) == i + 1, what="ticket %d" % (i + 1))
+        else:
+            wait_for(lambda: waiting(w.p.pid), what="waiter %d's watch" % (i + 1))
+        ws.append(w)
+    return ws
+
+
+@pytest.mark.parametrize("fair", [True, False], ids=["fair", "control-unfair"])
+def test_fair_waiters_enter_in_arrival_order(bg, progs, worker_progs, tmp_path, fair):
+    """Three waiters queue behind a holder and are stopped (SIGSTOP); the
+    holder leaves; the third and the second are continued first: with fair
+    neither passes the first's ticket (1 s), and once the first runs they
+    enter in arrival order. Control fair = false: the first continued takes
+    the free lock."""
+    cfg = local_config(tmp_path, FAIR_LOCAL % ("true" if fair else "false"))
+    log = str(tmp_path / "order")
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    ws = queue_waiters(bg, progs, cfg, tmp_path, log, 3, fair)
+    for w in ws:
+        os.kill(w.p.pid, signal.SIGSTOP)
+    holder.send()
+    holder.expect("call rc=42")
+    os.kill(ws[2].p.pid, signal.SIGCONT)
+    os.kill(ws[1].p.pid, signal.SIGCONT)
+    if fair:
+        time.sleep(1)  # the span in which nobody may pass the first waiter
+        assert logged(log) == []
+    else:
+        wait_for(lambda: logged(log), what="a later waiter entering")
+        assert logged(log)[0] in (ws[1].p.pid, ws[2].p.pid)
+    os.kill(ws[0].p.pid, signal.SIGCONT)
+    for w in ws:
+        assert w.wait() == 0
+    if fair:
+        assert logged(log) == [w.p.pid for w in ws]
+
+
+def test_fair_dead_waiter_leaves_the_queue(bg, progs, worker_progs, tmp_path):
+    """Two waiters queue behind a holder, the first is stopped and the holder
+    leaves: the second stays behind the live first's ticket (1 s: the
+    control), and so does a caller arriving now (no barging). The first is
+    SIGKILLed: its ticket goes with it, and the second then the newcomer
+    enter at once."""
+    cfg = local_config(tmp_path, FAIR_LOCAL % "true")
+    log = str(tmp_path / "order")
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    w1, w2 = queue_waiters(bg, progs, cfg, tmp_path, log, 2, True)
+    os.kill(w1.p.pid, signal.SIGSTOP)
+    holder.send()
+    holder.expect("call rc=42")
+    late = bg([progs["driver"], "log:" + log], cfg)
+    wait_for(lambda: tickets(tmp_path) == 3, what="the newcomer's ticket")
+    time.sleep(1)  # the span in which nobody may pass the stopped waiter
+    assert logged(log) == []
+    t0 = time.monotonic()
+    w1.p.kill()
+    assert w2.wait() == 0 and late.wait() == 0
+    assert time.monotonic() - t0 < 2 * MULT
+    assert logged(log) == [w2.p.pid, late.p.pid]
+    assert tickets(tmp_path) == 0
+
+
+@pytest.mark.parametrize("extra,refused", [("limit = 2;", True), ('mode = "shared";', True),
+                                           ("", False)], ids=["limit", "shared", "control"])
+def test_fair_with_a_set_is_refused(tmp_path, extra, refused):
+    r = run(["true"], local_config(tmp_path, 'locks = ( { symbol = "f"; fair = true; %s } );\n'
+                                   % extra))
+    if refused:
+        assert r.returncode == 78 and "locks[0].fair" in r.stderr and "\"local\"" in r.stderr, \
+            r.stderr
+    else:
+        assert r.returncode == 0, r.stderr
+
+
+def test_fork_child_does_not_keep_a_fair_ticket(bg, sets_prog, progs, worker_progs, tmp_path):
+    """A fair waiter (a thread, behind a holder) holds its ticket; another
+    thread forks a child that lives on; the waiter times out and the holder
+    leaves. A new fair caller then enters at once, no ticket left: the
+    child closed its copy of the waiter's descriptor (checked by not
+    registering the ticket: the caller then waits behind the child's copy
+    until its wait_ms)."""
+    src = tmp_path / "fw.c"
+    src.write_text(FORK_WRITER_C)
+    d = os.path.dirname(sets_prog)
+    prog = cc(str(tmp_path / "fw"), [str(src)], "-O2", "-L" + d, "-Wl,-rpath," + d, "-lsets",
+              "-lpthread")
+    cfg = local_config(tmp_path, 'locks = ( { symbol = "block_call"; key = "q"; }, '
+                       '{ symbol = "set_write"; key = "q"; wait_ms = 1000; on_timeout = "skip"; '
+                       'fair = true; }, { symbol = "log_call"; key = "q"; wait_ms = 3000; '
+                       'on_timeout = "skip"; fair = true; } );\n')
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    fw = bg([prog], cfg)
+    wait_for(lambda: tickets(tmp_path) == 1, what="the waiter's ticket")
+    fw.send()
+    fw.expect("forked")
+    assert fw.expect("writer rc=") == "writer rc=-1"  # timed out; the child lives on
+    holder.send()
+    holder.expect("call rc=42")
+    assert tickets(tmp_path) == 0
+    log = str(tmp_path / "log")
+    t0 = time.monotonic()
+    r = run([progs["driver"], "log:" + log], cfg)
+    assert r.returncode == 0 and logged(log) and time.monotonic() - t0 < 1.5 * MULT, r.stderr
+    fw.p.stdin.close()  # the child's stdin: it exits
