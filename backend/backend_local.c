@@ -59,11 +59,12 @@
 #define LOCAL_SLOT_SIZE 1024 /* slot i's record is at offset i * this */
 #define LOCAL_FENCE_TRIES 600 /* fence_lock's tries: about 50 ms */
 /*
- * fair = true (exclusive locks): a waiter's ticket is the byte LOCAL_TICKETS
- * + its arrival (CLOCK_MONOTONIC ns; the next free byte on a tie),
- * F_WRLCK on its pending descriptor while it waits; it tries the lock only
- * when no earlier ticket is held, and a caller that is not waiting yet
- * queues while any is. The kernel frees a dead waiter's ticket with it.
+ * fair = true: a waiter's ticket is the byte LOCAL_TICKETS + its arrival
+ * (CLOCK_MONOTONIC ns; the next free byte on a tie), locked on its pending
+ * descriptor while it waits (F_RDLCK for a shared caller, else F_WRLCK);
+ * it tries the lock only when no earlier ticket conflicts with its own (a
+ * reader passes readers), and a caller not waiting yet queues while any
+ * does. The kernel frees a dead waiter's ticket with it.
  */
 #define LOCAL_TICKETS ((off_t)1 << 32)
 
@@ -303,11 +304,12 @@ static void intent_forget(struct backend_conn *c)
 	c->intent = 0;
 }
 
-/* Takes a fair waiter's ticket on c's pending descriptor, registered in
- * intents. Returns BACKEND_OK, or BACKEND_ERR (c->err says why). */
-static int ticket_take(struct backend_conn *c)
+/* Takes a fair waiter's ticket of type (F_RDLCK: shared, F_WRLCK) on c's
+ * pending descriptor, registered in intents. Returns BACKEND_OK, or
+ * BACKEND_ERR (c->err says why). */
+static int ticket_take(struct backend_conn *c, short type)
 {
-	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_len = 1 };
+	struct flock fl = { .l_type = type, .l_whence = SEEK_SET, .l_len = 1 };
 	struct timespec ts;
 	int rc = BACKEND_ERR;
 
@@ -751,11 +753,12 @@ static int excl_acquire(struct backend_conn *c, const struct backend_item *it,
 	return busy(c, it, wait_ms);
 }
 
-/* Frees every lock of the pending descriptor (its byte 0, slot, intent). */
+/* Frees the locks of the pending descriptor (its byte 0, slot, intent),
+ * but not its ticket: a fair waiter keeps its place. */
 static void pend_unlock(struct backend_conn *c)
 {
 	intent_forget(c);
-	byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, 0, 0);
+	byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, 0, LOCAL_TICKETS);
 }
 
 /* Takes LOCAL_FENCE on fd, which others hold for microseconds: tries
@@ -860,10 +863,11 @@ static int set_acquire(struct backend_conn *c, const struct backend_item *it,
 }
 
 /* Returns 1 when another open file description than fd's holds a ticket
- * before `before` (0: any ticket), 0 when none, -1 on error. */
-static int tickets_ahead(int fd, off_t before)
+ * before `before` (0: any ticket) that conflicts with type (F_RDLCK: only
+ * write tickets do), 0 when none, -1 on error. */
+static int tickets_ahead(int fd, off_t before, short type)
 {
-	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = LOCAL_TICKETS,
+	struct flock fl = { .l_type = type, .l_whence = SEEK_SET, .l_start = LOCAL_TICKETS,
 			    .l_len = before ? before - LOCAL_TICKETS : 0 };
 
 	if (fcntl(fd, F_OFD_GETLK, &fl) != 0)
@@ -872,28 +876,42 @@ static int tickets_ahead(int fd, off_t before)
 }
 
 /*
- * A fair caller's turn (exclusive locks): one not waiting yet queues while
- * any ticket is held; a waiter takes its ticket once and tries the lock
- * only when no earlier ticket is held (the waiters ahead of it). Returns
- * BACKEND_OK (try the lock now), BACKEND_NO (busy: *wait_ms, holder as
- * the record names it) or BACKEND_ERR.
+ * A fair caller's turn: one not waiting yet queues while any ticket
+ * conflicting with its kind is held; a waiter takes its ticket once and
+ * tries the lock only when no earlier one conflicts (the waiters ahead of
+ * it; a shared caller passes shared ones). Returns BACKEND_OK (try the
+ * lock now), BACKEND_NO (busy: *wait_ms, holder as the record names it)
+ * or BACKEND_ERR.
  */
 static int fair_turn(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
 		     char *holder, size_t *holder_len)
 {
+	short type = it->shared ? F_RDLCK : F_WRLCK;
 	char rec[LOCAL_RECORD_MAX];
-	int ahead;
+	int ahead, shared;
 
-	if (it->waiting && !c->ticket && ticket_take(c) != BACKEND_OK)
+	if (it->waiting && !c->ticket && ticket_take(c, type) != BACKEND_OK)
 		return BACKEND_ERR;
-	ahead = tickets_ahead(c->pend, it->waiting ? c->ticket : 0);
+	ahead = tickets_ahead(c->pend, it->waiting ? c->ticket : 0, type);
 	if (ahead < 0)
 		return fail(c, "fcntl F_OFD_GETLK of the tickets");
 	if (!ahead)
 		return BACKEND_OK;
 	record_read(c->pend, rec, sizeof(rec));
-	record_holder(rec, holder, holder_len);
+	any_holder(c->pend, rec, holder, holder_len, &shared);
 	return busy(c, it, wait_ms);
+}
+
+/* After a fair waiter's entry on fd (the hold's descriptor now): its ticket
+ * goes, and when it entered a holder set, where room may be left, the next
+ * waiters are woken (futimens) to look, since an unlock wakes nobody. */
+static void fair_entered(struct backend_conn *c, const struct backend_item *it, int fd)
+{
+	if (!c->ticket)
+		return;
+	ticket_forget(c, fd);
+	if (backend_item_set(it))
+		futimens(fd, NULL);
 }
 
 /*
@@ -920,14 +938,15 @@ static int local_acquire(struct backend_conn *c, const struct backend_item *it,
 		return BACKEND_ERR;
 	if (it->waiting && watch(c, it) != BACKEND_OK)
 		unwatched(c);
-	if (backend_item_set(it))
-		return set_acquire(c, it, wait_ms, holder, holder_len, fence);
 	if (it->fair && (rc = fair_turn(c, it, wait_ms, holder, holder_len)) != BACKEND_OK)
 		return rc;
 	fd = c->pend;
-	rc = excl_acquire(c, it, wait_ms, holder, holder_len, fence);
+	if (backend_item_set(it))
+		rc = set_acquire(c, it, wait_ms, holder, holder_len, fence);
+	else
+		rc = excl_acquire(c, it, wait_ms, holder, holder_len, fence);
 	if (rc == BACKEND_OK)
-		ticket_forget(c, fd); /* fd is the hold's now */
+		fair_entered(c, it, fd); /* fd is the hold's now */
 	return rc;
 }
 

@@ -5,11 +5,10 @@
  * refuses. A kernel file lock has no lease, no server-side queue and no
  * hand-over: the settings that tune those (lease_ms, on_lost,
  * retry_max_ms, break_dead_holders, handoff_ms) cannot be honoured and are
- * refused when the file sets them, in a lock or in `defaults`; fair with
- * limit > 1 or mode "shared" is not built yet and is refused (fair
- * exclusive locks, limit, mode "shared", linger_ms and
- * max_hold_ms/on_overrun are built: byte-range locks, tickets,
- * backend_local.c; the renewal thread, shim/renew.c). file_mode is the
+ * refused when the file sets them, in a lock or in `defaults` (fair,
+ * limit, mode "shared", linger_ms and max_hold_ms/on_overrun are built:
+ * byte-range locks, tickets, backend_local.c; the renewal thread,
+ * shim/renew.c). file_mode is the
  * mode lock files get. linger_ms's built-in value is 0 here
  * (local_lock_defaults): a lock kept between calls needs the renewal
  * thread, which only a lock that asks for it starts. It is the local
@@ -154,7 +153,8 @@ static const struct conf_refusal unavailable[] = {
 	{ NULL, NULL }
 };
 
-/* The values not built yet for this backend, refused when a lock asks. */
+/* The values not built yet for this backend, refused when a lock asks:
+ * none since step 3 (fair, linger_ms, max_hold_ms were). */
 static const struct conf_refusal unbuilt[] = {
 	{ NULL, NULL }
 };
@@ -164,18 +164,9 @@ static const struct conf_refusal unbuilt[] = {
 static int local_check_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
 			    const struct lock_spec *l, const struct conf *cfg, const void *data)
 {
-	const config_setting_t *s = lg ? config_setting_get_member(lg, "fair") : NULL;
-	char what[64];
-
 	(void)cfg;
 	(void)data;
-	if (conf_refuse_lock(e, lg, where, l, "local", unavailable, unbuilt))
-		return -1;
-	if (!l->fair || (l->limit <= 1 && !l->shared))
-		return 0;
-	snprintf(what, sizeof(what), "%s.fair", where);
-	return conf_fail(e, s ? s : lg, what, "fair = true with limit above 1 or mode \"shared\" "
-			 "is not built yet for backend \"local\" (fair works for exclusive locks)");
+	return conf_refuse_lock(e, lg, where, l, "local", unavailable, unbuilt);
 }
 
 /* A local lock is not kept between calls by default: keeping it needs the
