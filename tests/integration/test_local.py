@@ -1026,7 +1026,7 @@ def test_kept_lock_goes_back_to_the_kernel_every_linger_ms(progs, tmp_path, ling
 @pytest.mark.timing
 @pytest.mark.parametrize("linger", [3000, 0], ids=["linger", "control-no-linger"])
 def test_kept_lock_is_released_linger_ms_after_the_last_call(bg, progs, tmp_path, linger):
-    """The holder's call returns and its program lives on: a waiter in
+    """The holder's only call returns and its program lives on: a waiter in
     another process enters linger_ms (3 s) later, when the holder's renewal
     thread releases the kept lock (nothing else would before the holder
     exits). Control linger_ms = 0: at once, the lock was not kept."""
