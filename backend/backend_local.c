@@ -317,8 +317,8 @@ static int ticket_take(struct backend_conn *c, short type)
 	fl.l_start = LOCAL_TICKETS + (off_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 	pthread_mutex_lock(&holds.mu);
 	if (nintents == LOCAL_INTENTS) {
-		snprintf(c->err, sizeof(c->err), "more than %d waiters of this process hold an intent or a ticket",
-			 LOCAL_INTENTS);
+		snprintf(c->err, sizeof(c->err), "more than %d waiters of this process hold an "
+			 "intent or a ticket", LOCAL_INTENTS);
 	} else {
 		int r;
 
