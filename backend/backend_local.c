@@ -11,7 +11,8 @@
  * being waited for (kept across tries: its close would wake the others) or
  * the last released (the next call opens nothing). A waiter watches the
  * file, then tries, then poll()s; a release (F_UNLCK, then futimens or
- * close) or a holder's death wakes it after the unlock.
+ * close) or a holder's death wakes it after the unlock. fair: each waiter
+ * holds a ticket byte, and only the earliest tries (LOCAL_TICKETS).
  */
 #include "backend.h"
 
@@ -57,6 +58,15 @@
 #define LOCAL_FENCE (LOCAL_SLOTS + 2)  /* held while a set holder updates fence and header */
 #define LOCAL_SLOT_SIZE 1024 /* slot i's record is at offset i * this */
 #define LOCAL_FENCE_TRIES 600 /* fence_lock's tries: about 50 ms */
+/*
+ * fair = true: a waiter's ticket is the byte LOCAL_TICKETS + its arrival
+ * (CLOCK_MONOTONIC ns; the next free byte on a tie), locked on its pending
+ * descriptor while it waits (F_RDLCK for a shared caller, else F_WRLCK);
+ * it tries the lock only when no earlier ticket conflicts with its own (a
+ * reader passes readers), and a caller not waiting yet queues while any
+ * does. The kernel frees a dead waiter's ticket with it.
+ */
+#define LOCAL_TICKETS ((off_t)1 << 32)
 
 struct backend_config {
 	const struct local_spec *spec;
@@ -73,6 +83,7 @@ struct backend_conn {
 		    * registered; -1 */
 	int pid;   /* the process that opened it */
 	int intent; /* pend holds LOCAL_INTENT (an exclusive waiter behind shared holders) */
+	off_t ticket; /* pend holds this ticket byte (a fair waiter); 0: none */
 	size_t pklen, wklen;
 	char pkey[KEY_BUF_SIZE];
 	char wkey[KEY_BUF_SIZE];
@@ -94,10 +105,11 @@ static struct {
 	size_t n, cap;
 } holds = { .mu = PTHREAD_MUTEX_INITIALIZER };
 
-/* The descriptors that hold LOCAL_INTENT now (exclusive waiters'), under
- * holds.mu: a fork child closes its copies, as it does the holds', so that
- * a child that lives on does not keep shared callers out. A waiter past
- * LOCAL_INTENTS of them takes no intent. */
+/* The descriptors that hold LOCAL_INTENT or a ticket now (exclusive
+ * waiters'; one entry for each), under holds.mu: a fork child closes its
+ * copies, as it does the holds', so that a child that lives on does not
+ * keep shared callers or fair waiters out. A waiter past LOCAL_INTENTS of
+ * them takes no intent, and a fair one gets an error. */
 #define LOCAL_INTENTS 256
 static int intents[LOCAL_INTENTS];
 static size_t nintents;
@@ -270,20 +282,73 @@ static int intent_take(struct backend_conn *c)
 	return taken;
 }
 
+/* Removes one entry of fd from intents. */
+static void intents_drop(int fd)
+{
+	pthread_mutex_lock(&holds.mu);
+	for (size_t i = 0; i < nintents; i++)
+		if (intents[i] == fd) {
+			intents[i] = intents[--nintents];
+			break;
+		}
+	pthread_mutex_unlock(&holds.mu);
+}
+
 /* c's pending descriptor no longer holds the intent (unlocked, closed, or
  * now a hold's): removed from intents. */
 static void intent_forget(struct backend_conn *c)
 {
 	if (!c->intent)
 		return;
-	pthread_mutex_lock(&holds.mu);
-	for (size_t i = 0; i < nintents; i++)
-		if (intents[i] == c->pend) {
-			intents[i] = intents[--nintents];
-			break;
-		}
-	pthread_mutex_unlock(&holds.mu);
+	intents_drop(c->pend);
 	c->intent = 0;
+}
+
+/* Takes a fair waiter's ticket of type (F_RDLCK: shared, F_WRLCK) on c's
+ * pending descriptor, registered in intents. Returns BACKEND_OK, or
+ * BACKEND_ERR (c->err says why). */
+static int ticket_take(struct backend_conn *c, short type)
+{
+	struct flock fl = { .l_type = type, .l_whence = SEEK_SET, .l_len = 1 };
+	struct timespec ts;
+	int rc = BACKEND_ERR;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	fl.l_start = LOCAL_TICKETS + (off_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+	pthread_mutex_lock(&holds.mu);
+	if (nintents == LOCAL_INTENTS) {
+		snprintf(c->err, sizeof(c->err), "more than %d waiters of this process hold an "
+			 "intent or a ticket", LOCAL_INTENTS);
+	} else {
+		int r;
+
+		while ((r = fcntl(c->pend, F_OFD_SETLK, &fl)) != 0 &&
+		       (errno == EAGAIN || errno == EACCES))
+			fl.l_start++; /* another waiter's, of the same nanosecond */
+		if (r == 0) {
+			intents[nintents++] = c->pend;
+			c->ticket = fl.l_start;
+			rc = BACKEND_OK;
+		} else {
+			fail(c, "fcntl F_OFD_SETLK of a ticket");
+		}
+	}
+	pthread_mutex_unlock(&holds.mu);
+	return rc;
+}
+
+/* c's ticket, on fd (its pending descriptor, or the hold it became), is
+ * given up: unlocked, removed from intents. */
+static void ticket_forget(struct backend_conn *c, int fd)
+{
+	struct flock fl = { .l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = c->ticket,
+			    .l_len = 1 };
+
+	if (!c->ticket)
+		return;
+	fcntl(fd, F_OFD_SETLK, &fl);
+	intents_drop(fd);
+	c->ticket = 0;
 }
 
 /* Closes c's pending descriptor and its watch. */
@@ -291,6 +356,10 @@ static void pend_drop(struct backend_conn *c)
 {
 	unwatch(c);
 	intent_forget(c);
+	if (c->ticket) { /* freed by the close */
+		intents_drop(c->pend);
+		c->ticket = 0;
+	}
 	if (c->pend >= 0)
 		close(c->pend);
 	c->pend = -1;
@@ -684,11 +753,12 @@ static int excl_acquire(struct backend_conn *c, const struct backend_item *it,
 	return busy(c, it, wait_ms);
 }
 
-/* Frees every lock of the pending descriptor (its byte 0, slot, intent). */
+/* Frees the locks of the pending descriptor (its byte 0, slot, intent),
+ * but not its ticket: a fair waiter keeps its place. */
 static void pend_unlock(struct backend_conn *c)
 {
 	intent_forget(c);
-	byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, 0, 0);
+	byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, 0, LOCAL_TICKETS);
 }
 
 /* Takes LOCAL_FENCE on fd, which others hold for microseconds: tries
@@ -792,9 +862,62 @@ static int set_acquire(struct backend_conn *c, const struct backend_item *it,
 	return rc == BACKEND_NO ? busy(c, it, wait_ms) : rc;
 }
 
+/* Returns 1 when another open file description than fd's holds a ticket
+ * before `before` (0: any ticket) that conflicts with type (F_RDLCK: only
+ * write tickets do), 0 when none, -1 on error. */
+static int tickets_ahead(int fd, off_t before, short type)
+{
+	struct flock fl = { .l_type = type, .l_whence = SEEK_SET, .l_start = LOCAL_TICKETS,
+			    .l_len = before ? before - LOCAL_TICKETS : 0 };
+
+	if (fcntl(fd, F_OFD_GETLK, &fl) != 0)
+		return -1;
+	return fl.l_type != F_UNLCK;
+}
+
+/*
+ * A fair caller's turn: one not waiting yet queues while any ticket
+ * conflicting with its kind is held; a waiter takes its ticket once and
+ * tries the lock only when no earlier one conflicts (the waiters ahead of
+ * it; a shared caller passes shared ones). Returns BACKEND_OK (try the
+ * lock now), BACKEND_NO (busy: *wait_ms, holder as the record names it)
+ * or BACKEND_ERR.
+ */
+static int fair_turn(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
+		     char *holder, size_t *holder_len)
+{
+	short type = it->shared ? F_RDLCK : F_WRLCK;
+	char rec[LOCAL_RECORD_MAX];
+	int ahead, shared;
+
+	if (it->waiting && !c->ticket && ticket_take(c, type) != BACKEND_OK)
+		return BACKEND_ERR;
+	ahead = tickets_ahead(c->pend, it->waiting ? c->ticket : 0, type);
+	if (ahead < 0)
+		return fail(c, "fcntl F_OFD_GETLK of the tickets");
+	if (!ahead)
+		return BACKEND_OK;
+	record_read(c->pend, rec, sizeof(rec));
+	any_holder(c->pend, rec, holder, holder_len, &shared);
+	return busy(c, it, wait_ms);
+}
+
+/* After a fair waiter's entry on fd (the hold's descriptor now): its ticket
+ * goes, and when it entered a holder set, where room may be left, the next
+ * waiters are woken (futimens) to look, since an unlock wakes nobody. */
+static void fair_entered(struct backend_conn *c, const struct backend_item *it, int fd)
+{
+	if (!c->ticket)
+		return;
+	ticket_forget(c, fd);
+	if (backend_item_set(it))
+		futimens(fd, NULL);
+}
+
 /*
  * Tries the lock of it's key on the pending descriptor (a waiter watches
- * the file first); a waiter's token held already counts as taken. Taken:
+ * the file first; a fair one waits for its turn, fair_turn); a waiter's
+ * token held already counts as taken. Taken:
  * the descriptor becomes the hold's, the owner record is written, *fence
  * is its fence. Busy: *wait_ms says wait (or, not waiting yet,
  * BACKEND_NOT_QUEUED: call again waiting), holder is the record's value.
@@ -803,17 +926,28 @@ static int set_acquire(struct backend_conn *c, const struct backend_item *it,
 static int local_acquire(struct backend_conn *c, const struct backend_item *it,
 			 long long *wait_ms, char *holder, size_t *holder_len, long long *fence)
 {
+	int fd, rc;
+
 	*fence = 0;
 	*holder_len = 0;
-	if (it->waiting && holds_find(it, fence)) /* ours already (the plain try: never) */
+	if (it->waiting && holds_find(it, fence)) { /* ours already (the plain try: never) */
+		ticket_forget(c, c->pend);
 		return BACKEND_OK;
+	}
 	if (pend_open(c, it) != BACKEND_OK)
 		return BACKEND_ERR;
 	if (it->waiting && watch(c, it) != BACKEND_OK)
 		unwatched(c);
+	if (it->fair && (rc = fair_turn(c, it, wait_ms, holder, holder_len)) != BACKEND_OK)
+		return rc;
+	fd = c->pend;
 	if (backend_item_set(it))
-		return set_acquire(c, it, wait_ms, holder, holder_len, fence);
-	return excl_acquire(c, it, wait_ms, holder, holder_len, fence);
+		rc = set_acquire(c, it, wait_ms, holder, holder_len, fence);
+	else
+		rc = excl_acquire(c, it, wait_ms, holder, holder_len, fence);
+	if (rc == BACKEND_OK)
+		fair_entered(c, it, fd); /* fd is the hold's now */
+	return rc;
 }
 
 /*

@@ -5,13 +5,15 @@
  * refuses. A kernel file lock has no lease, no server-side queue and no
  * hand-over: the settings that tune those (lease_ms, on_lost,
  * retry_max_ms, break_dead_holders, handoff_ms) cannot be honoured and are
- * refused when the file sets them, in a lock or in `defaults`; fair,
- * linger_ms > 0 and max_hold_ms/on_overrun are not built yet for it and
- * are refused by value (limit and mode "shared" are built: byte-range
- * locks, backend_local.c). file_mode is the mode lock files get. linger_ms's built-in value is
- * 0 here (local_lock_defaults), so only an explicit one is refused. It is
- * the local backend's struct conf_group, backend_local_settings, which
- * backend.c registers: conf.c never names it.
+ * refused when the file sets them, in a lock or in `defaults` (fair,
+ * limit, mode "shared", linger_ms and max_hold_ms/on_overrun are built:
+ * byte-range locks, tickets, backend_local.c; the renewal thread,
+ * shim/renew.c). file_mode is the
+ * mode lock files get. linger_ms's built-in value is 0 here
+ * (local_lock_defaults): a lock kept between calls needs the renewal
+ * thread, which only a lock that asks for it starts. It is the local
+ * backend's struct conf_group, backend_local_settings, which backend.c
+ * registers: conf.c never names it.
  */
 #include "backend_local_conf.h"
 
@@ -148,15 +150,12 @@ static const struct conf_refusal unavailable[] = {
 	{ "break_dead_holders", "the kernel frees a dead holder's lock itself, at once" },
 	{ "handoff_ms", "the kernel hands nothing over: a released lock goes to the first "
 	  "waiter that locks it" },
-	{ "on_overrun", "max_hold_ms is not built yet for this backend" },
 	{ NULL, NULL }
 };
 
-/* The values not built yet for this backend, refused when a lock asks. */
+/* The values not built yet for this backend, refused when a lock asks:
+ * none since step 3 (fair, linger_ms, max_hold_ms were). */
 static const struct conf_refusal unbuilt[] = {
-	{ "fair", "fair = true (arrival order)" },
-	{ "linger_ms", "linger_ms > 0 (its default is 0 with this backend)" },
-	{ "max_hold_ms", "max_hold_ms" },
 	{ NULL, NULL }
 };
 
@@ -170,8 +169,9 @@ static int local_check_lock(struct conf_err *e, const config_setting_t *lg, cons
 	return conf_refuse_lock(e, lg, where, l, "local", unavailable, unbuilt);
 }
 
-/* A local lock is not kept between calls by default (linger needs the
- * renewal thread, which this backend does not start). */
+/* A local lock is not kept between calls by default: keeping it needs the
+ * renewal thread (it releases the kept lock), which a program that does
+ * not ask for linger_ms or max_hold_ms never starts. */
 static void local_lock_defaults(struct lock_spec *d)
 {
 	d->linger_ms = 0;

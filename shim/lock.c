@@ -26,8 +26,10 @@
  * hold of its own, so reentrancy, parking, renewal, fork and fences work
  * per key; the call record lists them, and lock_release leaves them all.
  * With a leaseless backend (backend_local.c: kernel file locks) the same
- * path runs without the renewal thread: nothing is renewed or parked, and
- * a waiter waits for its wake-up as long as wait_ms allows (wait_cap).
+ * path runs: nothing is renewed, the renewal thread runs only for locks
+ * with max_hold_ms or linger_ms (a kept lock lasts linger_ms from its
+ * taking at most: reuse_us), and a waiter waits for its wake-up as long as
+ * wait_ms allows (wait_cap).
  */
 #include "lock.h"
 
@@ -209,10 +211,19 @@ static int64_t min64(int64_t a, int64_t b)
 	return a < b ? a : b;
 }
 
+/* Returns how long after taking spec's lock its thread may still keep it
+ * between calls (µs): handoff_ms; with a leaseless backend, which hands
+ * nothing over (handoff_ms refused), linger_ms: a thread that calls
+ * without pause still lets the lock go that often. */
+static int64_t reuse_us(const struct lock_spec *s)
+{
+	return backend->ops->leaseless ? s->linger_ms * 1000LL : s->handoff_us;
+}
+
 /* Whether spec's lock may stay with its thread between calls. */
 static int lingers(const struct lock_spec *s)
 {
-	return !s->fair && s->handoff_us > 0 && s->linger_ms > 0;
+	return !s->fair && reuse_us(s) > 0 && s->linger_ms > 0;
 }
 
 /* Records that l is ours since `since` (µs) with fencing token fence,
@@ -224,7 +235,7 @@ static int acquired(struct lease *l, int64_t since, int64_t asked_us, long long 
 	int64_t now = util_now_us();
 
 	l->acquired_us = since;
-	l->reuse_until_us = now + l->spec->handoff_us;
+	l->reuse_until_us = now + reuse_us(l->spec);
 	l->fence = fence;
 	if (l->spec->nkeys > 1)
 		self->call_waited |= tries > 1;
@@ -638,7 +649,7 @@ static int take_fresh(struct lock_thread *t, const struct lock_spec *spec, const
 	rc = acquire_wait(t, &h->lease, deadline, &granted_ttl_ms);
 	if (rc != LOCK_OK)
 		return rc;
-	h->entered_us = h->lease.reuse_until_us - spec->handoff_us; /* acquired()'s now */
+	h->entered_us = h->lease.reuse_until_us - reuse_us(spec); /* acquired()'s now */
 	h->foreign = 0; /* a slot a fork child inherited is ours now: unkept releases it */
 	if ((rc = renew_track(&h->lease, granted_ttl_ms)) != 0)
 		return unkept(t, h, rc);
@@ -838,7 +849,7 @@ static int take_batch(struct lock_thread *t, const struct lock_spec *spec,
 		h->count = 0;
 		if (ok && call->n == i && !nolease) {
 			acquired(&h->lease, sent, asked_us, fences[i], 1, "");
-			h->entered_us = h->lease.reuse_until_us - spec->handoff_us;
+			h->entered_us = h->lease.reuse_until_us - reuse_us(spec);
 			if ((nolease = renew_track(&h->lease, spec->lease_ms)) != 0) {
 				unkept(t, h, nolease);
 				continue;

@@ -28,7 +28,11 @@
  * exactly one thread, and its memory stays valid until its owner has seen it.
  *
  * A leaseless backend (backend.h: kernel locks) has nothing to renew: its
- * leases are never listed and the thread never starts for them.
+ * leases are listed only for the thread's other jobs, max_hold_ms and
+ * linger_ms (leaseless_listed), never renewed, and the thread starts only
+ * for them. Its overrun (overrun_leaseless) under on_overrun "log"
+ * releases the lock at the deadline, as a Redis lock whose renewal stops
+ * expires; under "kill" and "abort" the process's death frees it.
  *
  * Lease states: HELD -> LOST when Redis says the key is gone or someone
  * else's, or when Redis stayed unreachable for a whole lease since the last
@@ -212,6 +216,35 @@ static int64_t period_us(const struct lease *l)
 	return renew_after_us(l->spec->lease_ms);
 }
 
+/* Whether leaseless l has a job for the thread: a deadline (max_hold_ms)
+ * or a keep between calls (linger_ms, lock.c parks it). */
+static int leaseless_listed(const struct lease *l)
+{
+	return l->spec->max_hold_ms > 0 || l->spec->linger_ms > 0;
+}
+
+/* Returns when tracked l, whose key was given ttl_ms, is first renewed:
+ * never for a leaseless backend. */
+static int64_t first_renew_us(const struct lease *l, long long ttl_ms)
+{
+	return backend->ops->leaseless ? INT64_MAX : l->acquired_us + renew_after_us(ttl_ms);
+}
+
+/*
+ * What "renewal stopped" means for leaseless l past max_hold_ms (a kernel
+ * lock has no lease to run out): under on_overrun "log" the lock is
+ * released now, on the thread's connection, so others may enter while the
+ * call runs on (as a Redis lock expires); under "kill" it is kept until
+ * the process dies (kill_grace_ms at most), and the kernel frees it then.
+ * The call's own release later finds nothing to release. Holds mu: a
+ * kernel lock's release is two system calls, no round trip.
+ */
+static void overrun_leaseless(struct lease *l)
+{
+	if (backend->ops->leaseless && l->spec->on_overrun == HOLD_LOG)
+		renew_release(&conn, l, 1, 0, "max_hold_ms");
+}
+
 /* Applies policy p (enum hold_policy) to l once. Called with mu held. */
 static void act(struct lease *l, int p, const char *why)
 {
@@ -260,6 +293,7 @@ static int collect_due(int64_t now, struct lease *batch, int64_t *wake)
 			l->state = LEASE_OVERRUN;
 			count_add(s, MC_OVERRUNS);
 			act(l, s->on_overrun, "exceeded max_hold_ms; renewal stopped");
+			overrun_leaseless(l);
 			continue;
 		}
 		if (s->max_hold_ms && max_hold_end < *wake)
@@ -666,7 +700,7 @@ int renew_track(struct lease *l, long long granted_ttl_ms)
 {
 	int rc;
 
-	if (backend->ops->leaseless) { /* nothing to renew: not listed, no thread */
+	if (backend->ops->leaseless && !leaseless_listed(l)) { /* not listed, no thread */
 		l->state = LEASE_HELD;
 		l->park = PARK_NONE;
 		return 0;
@@ -676,7 +710,7 @@ int renew_track(struct lease *l, long long granted_ttl_ms)
 	l->state = LEASE_HELD;
 	l->park = PARK_NONE;
 	l->confirmed_us = l->acquired_us;
-	l->next_renew_us = l->acquired_us + renew_after_us(granted_ttl_ms);
+	l->next_renew_us = first_renew_us(l, granted_ttl_ms);
 	l->next = &head;
 	l->prev = head.prev;
 	head.prev->next = l;

@@ -71,8 +71,9 @@ struct backend_item renew_item(const struct lease *l);
 /* Starts renewing l, whose key was given granted_ttl_ms at l->acquired_us
  * (the lease, or a hand-over's shorter TTL): renew.c alone decides when
  * that is renewed (a third of it), starting the thread on first need.
- * A leaseless backend's lease is only marked held: not listed, no thread
- * (so it is never parked either). Returns 0 or -errno. */
+ * A leaseless backend's lease is never renewed: it is only marked held
+ * (not listed, no thread, never parked) unless its lock has max_hold_ms or
+ * linger_ms, the thread's other jobs. Returns 0 or -errno. */
 int renew_track(struct lease *l, long long granted_ttl_ms);
 
 /* Starts the thread if it is not running yet, so that a caller about to

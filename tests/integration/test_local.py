@@ -9,13 +9,22 @@ not by polling (its threads and context switches stay flat over a 2 s wait;
 control: a Redis waiter asks again every retry_max_ms), a fork child not
 keeping its parent's lock (control: the kernel keeps an inherited OFD lock
 after its parent's death), fences one per grant, keys mapped inside dir,
-and every refusal (78, naming the setting).
+and every refusal (78, naming the setting). Step 3: max_hold_ms and
+on_overrun (log releases the lock at the deadline, kill and abort keep it
+until the process dies) and linger_ms (a lock kept between calls, released
+linger_ms after the last call), with the renewal thread started only for
+them (controls: no thread without them; no max_hold_ms, no linger_ms);
+fair: waiters in arrival order (exclusive, permits), a dead one skipped,
+readers passing readers but not writers (controls: fair = false lets a
+later waiter in first; a live waiter ahead keeps its turn; a reader ahead
+does not hold a reader).
 """
 import fcntl
 import glob
 import json
 import os
 import re
+import signal
 import struct
 import subprocess
 import time
@@ -328,9 +337,7 @@ def test_verbs_not_built_yet_say_so(tmp_path, verb, says):
 REFUSED = [("lease_ms = 5000", "lease_ms"), ("on_lost = \"log\"", "on_lost"),
            ("retry_max_ms = 50", "retry_max_ms"), ("break_dead_holders = true",
                                                     "break_dead_holders"),
-           ("handoff_ms = 1", "handoff_ms"), ("fair = true", "fair"),
-           ("linger_ms = 5", "linger_ms"),
-           ("max_hold_ms = 100", "max_hold_ms"), ("on_overrun = \"log\"", "on_overrun")]
+           ("handoff_ms = 1", "handoff_ms")]
 
 
 @pytest.mark.parametrize("setting,name", REFUSED)
@@ -903,3 +910,317 @@ def test_fork_child_does_not_keep_a_writer_intent(bg, sets_prog, tmp_path):
                        capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0 and time.monotonic() - t0 < 1.5 * MULT, r.stderr
     reader.send()
+
+
+# ---- max_hold_ms, on_overrun and linger_ms: the renewal thread's jobs -----------
+
+HOLD_LOCAL = 'locks = ( { symbol = "hold_call"; key = "h"; wait_ms = 30000; %s } );\n'
+OVERRUN_SAID = "hold_call: lease on lockshim:h exceeded max_hold_ms; renewal stopped; applying "
+
+
+def tasks(pid):
+    return len(os.listdir("/proc/%d/task" % pid))
+
+
+@pytest.mark.parametrize("settings,threads", [
+    ("", 1), ("linger_ms = 0; max_hold_ms = 0;", 1),
+    ("max_hold_ms = 60000;", 2), ("linger_ms = 100;", 2)],
+    ids=["default", "zeros", "control-max_hold", "control-linger"])
+def test_no_thread_without_max_hold_or_linger(bg, progs, tmp_path, settings, threads):
+    """A local-guarded program has no thread of the shim's, during its call
+    and after it, unless its lock asks for max_hold_ms or linger_ms (the
+    controls: either starts the renewal thread)."""
+    cfg = local_config(tmp_path, HOLD_LOCAL % settings)
+    p = bg([progs["driver"], "call:300", "stdin"], cfg)
+    p.expect("enter")
+    inside = tasks(p.p.pid)
+    p.expect("call rc=42")
+    assert (inside, tasks(p.p.pid)) == (threads, threads)
+    p.send()
+    assert p.wait() == 0
+
+
+def waiter_enters(bg, progs, cfg, holder, after):
+    """Starts a second driver of cfg's lock once holder printed `after`;
+    returns the waiter and the seconds from then until it entered."""
+    holder.expect(after)
+    t0 = time.monotonic()
+    waiter = bg([progs["driver"], "call:0"], cfg)
+    waiter.expect("enter", timeout=20)
+    return waiter, time.monotonic() - t0
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("max_hold", [300, None], ids=["max_hold", "control-none"])
+def test_overrun_log_releases_the_lock_at_the_deadline(bg, progs, tmp_path, max_hold):
+    """on_overrun "log" (what a Redis lock does when its renewal stops and
+    it expires): at max_hold_ms the holder's renewal thread releases the
+    kernel lock, so a waiter enters while the 3 s call runs on. Control
+    without max_hold_ms: the waiter enters when the call returns."""
+    cfg = local_config(tmp_path, HOLD_LOCAL % ("max_hold_ms = %d;" % max_hold
+                                               if max_hold else ""))
+    holder = bg([progs["driver"], "call:3000"], cfg)
+    waiter, entered = waiter_enters(bg, progs, cfg, holder, "enter")
+    if max_hold:
+        assert entered < 2.0 and holder.p.poll() is None, entered  # the call runs on
+    else:
+        assert entered >= 2.5, entered
+    holder.expect("call rc=42")
+    assert holder.wait() == 0 and waiter.wait() == 0
+    assert (OVERRUN_SAID + "log" in holder.stderr()) == bool(max_hold), holder.stderr()
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("policy,settings,steps,status", [
+    ("kill", "kill_grace_ms = 1500;", ["ignore-term"], -signal.SIGKILL),
+    ("kill", "", [], -signal.SIGTERM),
+    ("abort", "", [], -signal.SIGABRT)])
+def test_overrun_kill_and_abort_keep_the_lock_until_death(bg, progs, tmp_path, policy, settings,
+                                                         steps, status):
+    """on_overrun "kill" and "abort" at max_hold_ms (300): the process dies,
+    and the kernel frees its lock then, not before: a holder that ignores
+    SIGTERM keeps it through kill_grace_ms (1.5 s) until the SIGKILL (the
+    control is the "log" test above: there the waiter enters at 0.3 s)."""
+    cfg = local_config(tmp_path, HOLD_LOCAL % ('max_hold_ms = 300; on_overrun = "%s"; %s'
+                                               % (policy, settings)))
+    holder = bg([progs["driver"]] + steps + ["call:20000"], cfg)
+    waiter, entered = waiter_enters(bg, progs, cfg, holder, "enter")
+    assert holder.wait() == status
+    assert OVERRUN_SAID + policy in holder.stderr(), holder.stderr()
+    assert entered < 10, entered
+    if steps:
+        assert entered >= 1.5, entered
+    assert waiter.wait() == 0
+
+
+LINGER_CALLS = 200
+
+
+@pytest.mark.parametrize("linger,grants", [(60000, 1), (0, LINGER_CALLS)],
+                         ids=["linger", "control-no-linger"])
+def test_linger_keeps_the_lock_between_calls(progs, tmp_path, linger, grants):
+    """200 calls in a row with linger_ms: the lock is taken from the kernel
+    once (the file's fence counts grants), the kept calls take it back
+    without asking the kernel; control linger_ms = 0: a grant per call."""
+    cfg = local_config(tmp_path, HOLD_LOCAL % ("linger_ms = %d;" % linger))
+    r = run([progs["driver"]] + ["call:0"] * LINGER_CALLS, cfg)
+    assert r.returncode == 0 and r.stdout.count("call rc=42") == LINGER_CALLS, r.stderr
+    assert record(str(tmp_path / "locks" / lock_files(tmp_path)[0]))[0] == grants
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("linger,low,high", [(100, 8, 60), (60000, 1, 1)],
+                         ids=["linger-100", "control-60000"])
+def test_kept_lock_goes_back_to_the_kernel_every_linger_ms(progs, tmp_path, linger, low, high):
+    """A thread that calls without pause (200 calls of 6 ms, 1.2 s or more)
+    keeps its lock at most linger_ms (100) from its grant: it takes it from
+    the kernel again about every 100 ms (between the calls others may take
+    it). Control linger_ms = 60000: one grant."""
+    cfg = local_config(tmp_path, HOLD_LOCAL % ("linger_ms = %d;" % linger))
+    r = run([progs["driver"]] + ["call:6"] * 200, cfg)
+    assert r.returncode == 0, r.stderr
+    fence = record(str(tmp_path / "locks" / lock_files(tmp_path)[0]))[0]
+    assert low <= fence <= high, fence
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("linger", [3000, 0], ids=["linger", "control-no-linger"])
+def test_kept_lock_is_released_linger_ms_after_the_last_call(bg, progs, tmp_path, linger):
+    """The holder's only call returns and its program lives on: a waiter in
+    another process enters linger_ms (3 s) later, when the holder's renewal
+    thread releases the kept lock (nothing else would before the holder
+    exits). Control linger_ms = 0: at once, the lock was not kept."""
+    cfg = local_config(tmp_path, HOLD_LOCAL % ("linger_ms = %d;" % linger))
+    holder = bg([progs["driver"], "call:0", "stdin"], cfg)
+    waiter, entered = waiter_enters(bg, progs, cfg, holder, "call rc=42")
+    if linger:
+        assert 2.0 <= entered < 3.0 + 2.0 * MULT, entered
+    else:
+        assert entered < 1.5, entered
+    assert holder.p.poll() is None and waiter.wait() == 0
+    holder.send()
+    assert holder.wait() == 0
+
+
+# ---- fair = true: tickets ------------------------------------------------------
+
+FAIR_LOCAL = ('locks = ( { symbol = "block_call"; key = "q"; wait_ms = 30000; }, '
+              '{ symbol = "log_call"; key = "q"; wait_ms = 30000; fair = %s; } );\n')
+
+
+def tickets(tmp_path):
+    """How many fair waiters' tickets (locks at byte 2^32 and past) are held
+    on key q's lock file (/proc/locks)."""
+    ino = os.stat(str(tmp_path / "locks" / "lockshim%3Aq.lock")).st_ino
+    n = 0
+    with open("/proc/locks") as f:
+        for line in f:
+            fields = line.split()
+            for i, x in enumerate(fields[:-1]):
+                m = re.fullmatch(r"[0-9a-f]+:[0-9a-f]+:(\d+)", x)
+                if m and int(m.group(1)) == ino and int(fields[i + 1]) >= 1 << 32:
+                    n += 1
+    return n
+
+
+def logged(path):
+    try:
+        with open(path) as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def queue_waiters(bg, progs, cfg, tmp_path, log, n, fair):
+    """Starts n log_call waiters (logging at debug) one after another, each
+    once the one before waits (fair: holds its ticket); returns them."""
+    ws = []
+    for i in range(n):
+        w = bg([progs["driver"], "log:" + log], cfg, LOCKSHIM_LOG_LEVEL="debug")
+        if fair:
+            wait_for(lambda: tickets(tmp_path) == i + 1, what="ticket %d" % (i + 1))
+        else:
+            wait_for(lambda: waiting(w.p.pid), what="waiter %d's watch" % (i + 1))
+        ws.append(w)
+    return ws
+
+
+FAIR_PERMITS = ('locks = ( { symbol = "block_call"; key = "q"; wait_ms = 30000; limit = 2; }, '
+                '{ symbol = "log_call"; key = "q"; wait_ms = 30000; limit = 2; fair = %s; } );\n')
+
+
+def fence_of(w):
+    """The fence of the grant a debug-logging waiter got."""
+    m = re.search(r"acquired lockshim:q for log_call .*, fence (\d+)", w.stderr())
+    assert m, w.stderr()
+    return int(m.group(1))
+
+
+@pytest.mark.parametrize("fair", [True, False], ids=["fair", "control-unfair"])
+@pytest.mark.parametrize("kind", ["exclusive", "permits"])
+def test_fair_waiters_enter_in_arrival_order(bg, progs, worker_progs, tmp_path, fair, kind):
+    """Three waiters queue behind the holders (one exclusive, or two permits
+    of limit 2) and are stopped (SIGSTOP); the holders leave; the third and
+    the second are continued first: with fair neither passes the first's
+    ticket (1 s), and once the first runs they are granted in arrival order
+    (their fences). Control fair = false: the first continued takes the
+    free lock."""
+    cfg = local_config(tmp_path, (FAIR_LOCAL if kind == "exclusive" else FAIR_PERMITS)
+                       % ("true" if fair else "false"))
+    log = str(tmp_path / "order")
+    holders = [bg([worker_progs["block"]], cfg) for _ in range(1 if kind == "exclusive" else 2)]
+    for h in holders:
+        h.expect("enter")
+    ws = queue_waiters(bg, progs, cfg, tmp_path, log, 3, fair)
+    for w in ws:
+        os.kill(w.p.pid, signal.SIGSTOP)
+    for h in holders:
+        h.send()
+        h.expect("call rc=42")
+    os.kill(ws[2].p.pid, signal.SIGCONT)
+    os.kill(ws[1].p.pid, signal.SIGCONT)
+    if fair:
+        time.sleep(1)  # the span in which nobody may pass the first waiter
+        assert logged(log) == []
+    else:
+        wait_for(lambda: logged(log), what="a later waiter entering")
+        assert logged(log)[0] in (ws[1].p.pid, ws[2].p.pid)
+    os.kill(ws[0].p.pid, signal.SIGCONT)
+    for w in ws:
+        assert w.wait() == 0
+    if fair:
+        fences = [fence_of(w) for w in ws]
+        assert fences == sorted(fences), fences
+
+
+def test_fair_dead_waiter_leaves_the_queue(bg, progs, worker_progs, tmp_path):
+    """Two waiters queue behind a holder, the first is stopped and the holder
+    leaves: the second stays behind the live first's ticket (1 s: the
+    control), and so does a caller arriving now (no barging). The first is
+    SIGKILLed: its ticket goes with it, and the second then the newcomer
+    enter at once."""
+    cfg = local_config(tmp_path, FAIR_LOCAL % "true")
+    log = str(tmp_path / "order")
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    w1, w2 = queue_waiters(bg, progs, cfg, tmp_path, log, 2, True)
+    os.kill(w1.p.pid, signal.SIGSTOP)
+    holder.send()
+    holder.expect("call rc=42")
+    late = bg([progs["driver"], "log:" + log], cfg)
+    wait_for(lambda: tickets(tmp_path) == 3, what="the newcomer's ticket")
+    time.sleep(1)  # the span in which nobody may pass the stopped waiter
+    assert logged(log) == []
+    t0 = time.monotonic()
+    w1.p.kill()
+    assert w2.wait() == 0 and late.wait() == 0
+    assert time.monotonic() - t0 < 2 * MULT
+    assert logged(log) == [w2.p.pid, late.p.pid]
+    assert tickets(tmp_path) == 0
+
+
+def test_fair_readers_pass_readers_not_writers(bg, progs, worker_progs, tmp_path):
+    """fair readers (mode "shared") behind an exclusive holder: a reader
+    that queued second enters past a stopped first reader when the holder
+    leaves (read tickets do not hold readers: the control), but a reader
+    behind a stopped fair writer waits for it (1 s), and enters after it."""
+    cfg = local_config(tmp_path, 'locks = ( { symbol = "block_call"; key = "q"; }, '
+                       '{ symbol = "log_call"; key = "q"; wait_ms = 30000; mode = "shared"; '
+                       'fair = true; }, { symbol = "hold_call"; key = "q"; wait_ms = 30000; '
+                       'fair = true; } );\n')
+    log = str(tmp_path / "order")
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    r1, r2 = queue_waiters(bg, progs, cfg, tmp_path, log, 2, True)
+    os.kill(r1.p.pid, signal.SIGSTOP)
+    holder.send()
+    assert r2.wait() == 0 and logged(log) == [r2.p.pid]
+    os.kill(r1.p.pid, signal.SIGCONT)
+    assert r1.wait() == 0
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    writer = bg([progs["driver"], "call:0"], cfg)
+    wait_for(lambda: tickets(tmp_path) == 1, what="the writer's ticket")
+    os.kill(writer.p.pid, signal.SIGSTOP)
+    r3 = bg([progs["driver"], "log:" + log], cfg)
+    wait_for(lambda: tickets(tmp_path) == 2, what="the reader's ticket")
+    holder.send()
+    holder.expect("call rc=42")
+    time.sleep(1)  # the span in which the reader may not pass the writer
+    assert len(logged(log)) == 2
+    os.kill(writer.p.pid, signal.SIGCONT)
+    writer.expect("enter")
+    assert r3.wait() == 0 and logged(log)[-1] == r3.p.pid
+
+
+def test_fork_child_does_not_keep_a_fair_ticket(bg, sets_prog, progs, worker_progs, tmp_path):
+    """A fair waiter (a thread, behind a holder) holds its ticket; another
+    thread forks a child that lives on; the waiter times out and the holder
+    leaves. A new fair caller then enters at once, no ticket left: the
+    child closed its copy of the waiter's descriptor (checked by not
+    registering the ticket: the caller then waits behind the child's copy
+    until its wait_ms)."""
+    src = tmp_path / "fw.c"
+    src.write_text(FORK_WRITER_C)
+    d = os.path.dirname(sets_prog)
+    prog = cc(str(tmp_path / "fw"), [str(src)], "-O2", "-L" + d, "-Wl,-rpath," + d, "-lsets",
+              "-lpthread")
+    cfg = local_config(tmp_path, 'locks = ( { symbol = "block_call"; key = "q"; }, '
+                       '{ symbol = "set_write"; key = "q"; wait_ms = 1000; on_timeout = "skip"; '
+                       'fair = true; }, { symbol = "log_call"; key = "q"; wait_ms = 3000; '
+                       'on_timeout = "skip"; fair = true; } );\n')
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    fw = bg([prog], cfg)
+    wait_for(lambda: tickets(tmp_path) == 1, what="the waiter's ticket")
+    fw.send()
+    fw.expect("forked")
+    assert fw.expect("writer rc=") == "writer rc=-1"  # timed out; the child lives on
+    holder.send()
+    holder.expect("call rc=42")
+    assert tickets(tmp_path) == 0
+    log = str(tmp_path / "log")
+    t0 = time.monotonic()
+    r = run([progs["driver"], "log:" + log], cfg)
+    assert r.returncode == 0 and logged(log) and time.monotonic() - t0 < 1.5 * MULT, r.stderr
+    fw.p.stdin.close()  # the child's stdin: it exits
