@@ -98,8 +98,6 @@ static const struct conf_refusal unavailable[] = {
 
 /* The values not built yet for this backend, refused when a lock asks. */
 static const struct conf_refusal unbuilt[] = {
-	{ "limit", "limit > 1 (a semaphore)" },
-	{ "mode", "mode = \"shared\"" },
 	{ "linger_ms", "linger_ms > 0 (its default is 0 with this backend)" },
 	{ NULL, NULL }
 };

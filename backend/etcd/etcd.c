@@ -31,7 +31,7 @@
 #include "backend_module.h"
 
 #define ETCD_WAIT_MAX_MS 3600000 /* one watch at most (then asked again) */
-#define ETCD_KEY_MAX (1024 + 3 * KEY_BUF_SIZE + 24) /* prefix, escaped key, /lease */
+#define ETCD_KEY_MAX (1024 + 3 * KEY_BUF_SIZE + 32) /* prefix, escaped key, /p<limit>.<lease> */
 #define ETCD_B64(n) (((n) + 2) / 3 * 4 + 1)
 #define ETCD_BODY_MAX (8 * ETCD_B64(ETCD_KEY_MAX) + ETCD_B64(BACKEND_VAL_MAX) + 1024)
 #define ETCD_RESP_MAX 16384
@@ -55,6 +55,10 @@ struct backend_conn {
 	long long last_lease;    /* the lease of the last refused acquire ... */
 	long long last_rev;      /* ... and its key's create revision (for wait) */
 	int watching;            /* the write callback looks for a DELETE event */
+	int counting;            /* ... counts the kvs of a range (count_before) */
+	long long counted;
+	size_t clen;             /* ... the reply's last bytes, where a name may */
+	char carry[32];          /* begin (up to 31) */
 	int cut;                 /* the last reply did not fit in resp */
 	int woken;               /* ... and saw one (or the watch's end) */
 	size_t rlen;
@@ -71,6 +75,16 @@ struct etcd_names {
 	char key[ETCD_B64(ETCD_KEY_MAX)];   /* <prefix><escaped key>/<lease hex> */
 	char from[ETCD_B64(ETCD_KEY_MAX)];  /* <prefix><escaped key>/ */
 	char to[ETCD_B64(ETCD_KEY_MAX)];    /* ... with its last byte + 1 */
+	char wto[ETCD_B64(ETCD_KEY_MAX)];   /* <prefix><escaped key>/r: [from, wto)
+					     * holds the writers (every key not
+					     * shared) */
+};
+
+/* What a holder's key says of its lock (the part after its last /):
+ * "r<hex>" shared, "p<limit>.<hex>" a permit, "<hex>" exclusive (limit 1). */
+struct etcd_mode {
+	int limit;
+	int shared;
 };
 
 static const struct backend_module_host *host;
@@ -167,8 +181,8 @@ static long long lease_id(const struct backend_item *it)
 	return h ? (long long)h : 1;
 }
 
-/* Fills n with it's names (base64), under prefix. Returns 0, or -1 when
- * too long. */
+/* Fills n with it's names (base64), under prefix: its key's last part
+ * says its mode (struct etcd_mode). Returns 0, or -1 when too long. */
 static int names_make(const struct backend_config *bc, const struct backend_item *it,
 		      struct etcd_names *n)
 {
@@ -176,7 +190,7 @@ static int names_make(const struct backend_config *bc, const struct backend_item
 	unsigned char k[ETCD_KEY_MAX];
 	size_t plen = strlen(bc->spec->prefix), len = 0, head;
 
-	if (plen + 3 * it->klen + 24 > sizeof(k))
+	if (plen + 3 * it->klen + 32 > sizeof(k))
 		return -1;
 	memcpy(k, bc->spec->prefix, plen);
 	len = plen;
@@ -197,10 +211,39 @@ static int names_make(const struct backend_config *bc, const struct backend_item
 	k[head - 1] = '/' + 1;
 	b64_encode(k, head, n->to);
 	k[head - 1] = '/';
+	k[head] = 'r';
+	b64_encode(k, head + 1, n->wto);
 	n->lease = lease_id(it);
-	len += (size_t)snprintf((char *)k + head, sizeof(k) - head, "%llx", n->lease);
+	if (it->shared)
+		len += (size_t)snprintf((char *)k + head, sizeof(k) - head, "r%llx", n->lease);
+	else if (it->limit > 1)
+		len += (size_t)snprintf((char *)k + head, sizeof(k) - head, "p%d.%llx", it->limit,
+					n->lease);
+	else
+		len += (size_t)snprintf((char *)k + head, sizeof(k) - head, "%llx", n->lease);
 	b64_encode(k, len, n->key);
 	return 0;
+}
+
+/* Returns the mode of a holder's key k[0..n) (decoded): its part after
+ * the last / (struct etcd_mode). */
+static struct etcd_mode mode_of(const char *k, size_t n)
+{
+	const char *slash = memrchr(k, '/', n);
+	struct etcd_mode m = { 1, 0 };
+
+	if (slash && (size_t)(slash + 1 - k) < n) {
+		const char *d = slash + 2, *end = k + n;
+
+		if (slash[1] == 'r')
+			m.shared = 1;
+		if (slash[1] == 'p')
+			for (m.limit = 0; d < end && *d >= '0' && *d <= '9' && m.limit < 100000; d++)
+				m.limit = m.limit * 10 + (*d - '0');
+	}
+	if (m.limit < 1)
+		m.limit = 1;
+	return m;
 }
 
 /* ---- JSON replies (the gateway's, trusted to be well formed) ------------- */
@@ -252,10 +295,40 @@ static int fail(struct backend_conn *c, const char *what, const char *msg)
 
 /* libcurl's write callback: keeps what fits in c->resp; a watch stops
  * (returns 0: curl aborts the transfer) at a DELETE event or its end. */
+/* Adds to c->counted the kvs (their "create_revision" names) in
+ * data[0..len), with the bytes before it that may begin one (c->carry). */
+static void count_kvs(struct backend_conn *c, const char *data, size_t len)
+{
+	static const char pat[] = "\"create_revision\":";
+	const size_t pl = sizeof(pat) - 1;
+	char edge[2 * sizeof(c->carry)];
+	size_t head = len < pl - 1 ? len : pl - 1, el;
+
+	memcpy(edge, c->carry, c->clen); /* a name across the two */
+	memcpy(edge + c->clen, data, head);
+	el = c->clen + head;
+	for (const char *p = edge; (p = memmem(p, el - (size_t)(p - edge), pat, pl)); p++)
+		c->counted++;
+	for (const char *p = data; (p = memmem(p, len - (size_t)(p - data), pat, pl)); p++)
+		c->counted++; /* (data[0..head) is too short to hold one) */
+	if (len >= pl - 1) {
+		c->clen = pl - 1;
+		memcpy(c->carry, data + len - c->clen, c->clen);
+	} else { /* keep the last pl - 1 bytes of carry and data */
+		size_t keep = el < pl - 1 ? el : pl - 1;
+
+		memmove(c->carry, edge + el - keep, keep);
+		c->clen = keep;
+	}
+}
+
 static size_t on_data(char *data, size_t size, size_t n, void *arg)
 {
 	struct backend_conn *c = arg;
 	size_t len = size * n, room = sizeof(c->resp) - 1 - c->rlen;
+
+	if (c->counting)
+		count_kvs(c, data, len);
 
 	if (c->watching && c->rlen + len >= sizeof(c->resp)) /* keep the tail only */
 		c->rlen = 0, room = sizeof(c->resp) - 1;
@@ -293,6 +366,8 @@ static CURLcode post_body(struct backend_conn *c, const char *body, const char *
 	c->resp[0] = 0;
 	c->woken = 0;
 	c->cut = 0;
+	c->counted = 0;
+	c->clen = 0;
 	c->curl_err[0] = 0;
 	curl_easy_setopt(c->curl, CURLOPT_URL, url);
 	curl_easy_setopt(c->curl, CURLOPT_POSTFIELDS, body);
@@ -728,77 +803,167 @@ static int lease_revoke(struct backend_conn *c, const struct etcd_names *n)
 	return c->resent ? BACKEND_OK : BACKEND_NO;
 }
 
+/* What join saw of a lock's keys. */
+struct etcd_seen {
+	long long rev;       /* the transaction's revision */
+	long long mine;      /* our key's create revision */
+	long long owner;     /* the first key's (the lowest create revision) */
+	long long count;     /* the keys under the lock's range */
+	long long writers;   /* shared, put: the writers' keys (all older) */
+	int put;             /* our key was put now: every other key is older */
+	struct etcd_mode om; /* the first key's mode */
+};
+
+/* Returns the position after the i-th (from 0) "response_range" of s, or
+ * NULL. */
+static const char *nth_range(const char *s, int i)
+{
+	for (s = json_find(s, "response_range"); s && i > 0; i--)
+		s = json_find(s, "response_range");
+	return s;
+}
+
 /*
- * Puts our key with its lease unless it exists, and reads the holder, in
- * one transaction. Fills *mine (our create revision) and *owner (the
- * holder's), and the holder's value. Returns BACKEND_OK or BACKEND_ERR.
+ * Puts our key with its lease unless it exists, and reads the first key
+ * (and, for a shared caller whose key is new, counts the writers' keys),
+ * in one transaction. Fills *w, and the first key's value into holder.
+ * Returns BACKEND_OK or BACKEND_ERR.
  */
 static int join(struct backend_conn *c, const struct backend_item *it,
-		const struct etcd_names *n, long long *mine, long long *owner,
-		char *holder, size_t *holder_len)
+		const struct etcd_names *n, struct etcd_seen *w, char *holder, size_t *holder_len)
 {
 	char val[ETCD_B64(BACKEND_VAL_MAX)], range[2 * sizeof(n->from) + 160];
-	const char *resp, *last, *v;
+	char writers[2 * sizeof(n->from) + 96] = "";
+	char first[ETCD_KEY_MAX];
+	const char *resp, *r, *v;
 	size_t vl;
 
 	b64_encode((const unsigned char *)it->val, it->vlen, val);
 	snprintf(range, sizeof(range), "{\"request_range\":{\"key\":\"%s\",\"range_end\":\"%s\","
 		 "\"sort_order\":\"ASCEND\",\"sort_target\":\"CREATE\",\"limit\":\"1\"}}",
 		 n->from, n->to);
+	if (it->shared)
+		snprintf(writers, sizeof(writers), ",{\"request_range\":{\"key\":\"%s\","
+			 "\"range_end\":\"%s\",\"count_only\":true}}", n->from, n->wto);
 	snprintf(c->body, sizeof(c->body),
 		 "{\"compare\":[{\"target\":\"CREATE\",\"key\":\"%s\",\"create_revision\":\"0\","
 		 "\"result\":\"EQUAL\"}],"
-		 "\"success\":[{\"request_put\":{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%lld\"}},%s],"
-		 "\"failure\":[{\"request_range\":{\"key\":\"%s\"}},%s]}",
-		 n->key, n->key, val, n->lease, range, n->key, range);
+		 "\"success\":[{\"request_put\":{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%lld\"}},"
+		 "%s%s],\"failure\":[{\"request_range\":{\"key\":\"%s\"}},%s]}",
+		 n->key, n->key, val, n->lease, range, writers, n->key, range);
 	if (command(c, "/v3/kv/txn", "transaction") != BACKEND_OK)
 		return BACKEND_ERR;
 	resp = c->resp;
-	if (strstr(resp, "\"succeeded\":true"))
-		*mine = json_int(resp, "revision", 0);
-	else
-		*mine = json_int(json_find(resp, "response_range"), "create_revision", 0);
-	for (last = json_find(resp, "response_range"); last && json_find(last, "response_range");)
-		last = json_find(last, "response_range");
-	*owner = json_int(last, "create_revision", 0);
+	memset(w, 0, sizeof(*w));
+	w->rev = json_int(resp, "revision", 0);
+	w->put = strstr(resp, "\"succeeded\":true") != NULL;
+	if (w->put) {
+		w->mine = w->rev;
+		r = nth_range(resp, 0);
+		w->writers = json_int(nth_range(resp, 1), "count", 0);
+	} else {
+		w->mine = json_int(nth_range(resp, 0), "create_revision", 0);
+		r = nth_range(resp, 1);
+	}
+	w->owner = json_int(r, "create_revision", 0);
+	w->count = json_int(r, "count", 0);
+	w->om = (struct etcd_mode){ 1, 0 };
+	if (json_str(r, "key", &v, &vl))
+		w->om = mode_of(first, b64_decode(v, vl, first, sizeof(first)));
 	if (holder_len) {
 		*holder_len = 0;
-		if (json_str(last, "value", &v, &vl))
+		if (json_str(r, "value", &v, &vl))
 			*holder_len = b64_decode(v, vl, holder, BACKEND_VAL_MAX);
 	}
-	if (*mine <= 0 || *owner <= 0)
+	if (w->mine <= 0 || w->owner <= 0)
 		return fail(c, "transaction", "no create revision in the reply (our lease "
 			    "expired?)");
 	return BACKEND_OK;
 }
 
 /*
- * Takes the lock: our key (joining the queue when it is new), granted when
- * it has the lowest create revision. Refused, the caller stays queued (a
- * watched backend: lock.c leaves when it gives up), and its wait is
- * bounded by a third of its lease, so that it renews its lease in time.
+ * Counts the keys of [n->from, end) created before revision mine, up to
+ * most, into *count (*rev: the read's revision). etcd's own count ignores
+ * the create revision's bound, so the keys read (keys only, at most most)
+ * are counted as they stream in: no reply buffer limits most. Returns
+ * BACKEND_OK or BACKEND_ERR.
+ */
+static int count_before(struct backend_conn *c, const struct etcd_names *n, const char *end,
+			long long mine, int most, long long *count, long long *rev)
+{
+	int rc;
+
+	snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"range_end\":\"%s\",\"keys_only\":"
+		 "true,\"sort_order\":\"ASCEND\",\"sort_target\":\"CREATE\",\"limit\":\"%d\","
+		 "\"max_create_revision\":\"%lld\"}", n->from, end, most, mine - 1);
+	c->counting = 1;
+	rc = command(c, "/v3/kv/range", "count");
+	c->counting = 0;
+	if (rc != BACKEND_OK)
+		return BACKEND_ERR;
+	*count = c->counted;
+	*rev = json_int(c->resp, "revision", 0);
+	return BACKEND_OK;
+}
+
+/*
+ * Whether what join saw (w) grants it: exclusive, the first key is ours;
+ * a permit, fewer than limit keys are older than ours; shared, no writer
+ * is. An older key's count not in w (our key was there already: an
+ * attempt again) is read (one more request). Returns 1 granted, 0 not,
+ * or BACKEND_ERR.
+ */
+static int granted(struct backend_conn *c, const struct backend_item *it,
+		   const struct etcd_names *n, const struct etcd_seen *w)
+{
+	long long older, rev;
+
+	if (!backend_item_set(it))
+		return w->mine == w->owner;
+	if (w->put)
+		older = it->shared ? w->writers : w->count - 1;
+	else if (count_before(c, n, it->shared ? n->wto : n->to, w->mine,
+			      it->shared ? 1 : it->limit, &older, &rev) != BACKEND_OK)
+		return BACKEND_ERR;
+	return older < (it->shared ? 1 : it->limit);
+}
+
+/*
+ * Takes the lock: our key (joining the queue when it is new), granted by
+ * its mode (granted()); the key's first holder with another limit (a
+ * shared or exclusive one counts as 1) is BACKEND_MISMATCH, our key
+ * removed. Refused, the caller stays queued (a watched backend: lock.c
+ * leaves when it gives up), and its wait is bounded by a third of its
+ * lease, so that it renews its lease in time.
  */
 static int etcd_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
 			char *holder, size_t *holder_len, long long *fence)
 {
 	struct etcd_names n;
-	long long mine = 0, owner = 0;
+	struct etcd_seen w;
+	int limit = it->limit > 1 ? it->limit : 1, rc;
 
 	*fence = 0;
 	*holder_len = 0;
-	if (backend_item_set(it))
-		return fail(c, "acquire", "limit > 1 and shared locks are not built for etcd");
 	if (names_make(c->bc, it, &n))
 		return fail(c, "acquire", "key too long");
 	if (lease_ensure(c, it, &n) != BACKEND_OK ||
-	    join(c, it, &n, &mine, &owner, holder, holder_len) != BACKEND_OK)
+	    join(c, it, &n, &w, holder, holder_len) != BACKEND_OK)
 		return BACKEND_ERR;
-	if (mine == owner) {
-		*fence = mine;
+	if (w.om.limit != limit) {
+		lease_revoke(c, &n);
+		snprintf(c->err, sizeof(c->err), "limit %d here, %d for the key's holders", limit,
+			 w.om.limit);
+		return BACKEND_MISMATCH;
+	}
+	if ((rc = granted(c, it, &n, &w)) == BACKEND_ERR)
+		return BACKEND_ERR;
+	if (rc) {
+		*fence = w.mine;
 		return BACKEND_OK;
 	}
 	c->last_lease = n.lease;
-	c->last_rev = mine;
+	c->last_rev = w.mine;
 	*wait_ms = ttl_s(it->lease_ms) * 1000 / 3;
 	return BACKEND_NO;
 }
@@ -815,45 +980,20 @@ static int etcd_release(struct backend_conn *c, const struct backend_item *it, i
 }
 
 /*
- * Waits for the deletion of our predecessor (the key of the greatest
- * create revision below ours: the refused acquire's, else read again), by
- * a watch from the revision of the read on: BACKEND_OK when it went (or
- * there is none, or the watch's member went away: try again, through the
- * next endpoint), BACKEND_NO when timeout_ms passed first.
+ * Watches from revision from on: key k (the gateway's base64, kl bytes),
+ * or with end the range [k, end), until a key there is deleted, or
+ * timeout_ms. Returns BACKEND_OK (deleted, or the watch's member went
+ * away: try again, through the next endpoint), BACKEND_NO (timed out) or
+ * BACKEND_ERR.
  */
-static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
-		     long long timeout_ms, long long *fence)
+static int watch_delete(struct backend_conn *c, const char *k, size_t kl, const char *end,
+			long long from, long long timeout_ms)
 {
-	struct etcd_names n;
-	long long mine = 0, owner = 0, rev;
-	const char *pk;
-	size_t pkl;
 	CURLcode rc;
 
-	*fence = 0;
-	if (names_make(c->bc, it, &n))
-		return fail(c, "wait", "key too long");
-	if (c->last_lease == n.lease && c->last_rev > 0) {
-		mine = c->last_rev;
-	} else {
-		if (join(c, it, &n, &mine, &owner, NULL, NULL) != BACKEND_OK)
-			return BACKEND_ERR;
-		if (mine == owner)
-			return BACKEND_OK;
-	}
-	c->last_lease = 0;
-	snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"range_end\":\"%s\",\"sort_order\":"
-		 "\"DESCEND\",\"sort_target\":\"CREATE\",\"limit\":\"1\",\"keys_only\":true,"
-		 "\"max_create_revision\":\"%lld\"}", n.from, n.to, mine - 1);
-	if (command(c, "/v3/kv/range", "predecessor") != BACKEND_OK)
-		return BACKEND_ERR;
-	rev = json_int(c->resp, "revision", 0);
-	if (!json_str(json_find(c->resp, "kvs"), "key", &pk, &pkl))
-		return BACKEND_OK;
-	if (pkl >= sizeof(n.key))
-		return fail(c, "wait", "predecessor key too long");
-	snprintf(c->body, sizeof(c->body), "{\"create_request\":{\"key\":\"%.*s\","
-		 "\"start_revision\":\"%lld\"}}", (int)pkl, pk, rev + 1);
+	snprintf(c->body, sizeof(c->body), "{\"create_request\":{\"key\":\"%.*s\",%s%s%s"
+		 "\"start_revision\":\"%lld\"}}", (int)kl, k, end ? "\"range_end\":\"" : "",
+		 end ? end : "", end ? "\"," : "", from);
 	if (timeout_ms > ETCD_WAIT_MAX_MS)
 		timeout_ms = ETCD_WAIT_MAX_MS;
 	c->watching = 1;
@@ -866,6 +1006,61 @@ static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 		return BACKEND_OK;
 	}
 	return rc == CURLE_OPERATION_TIMEDOUT ? BACKEND_NO : BACKEND_ERR;
+}
+
+/*
+ * Waits for what keeps us out to change (our key's create revision: the
+ * refused acquire's, else read again), by a watch from the revision of a
+ * read on. Exclusive: the deletion of our predecessor (the key of the
+ * greatest create revision below ours); shared: of the last writer's key
+ * below ours (readers wait for writers only); a permit: of any key of the
+ * lock (a herd of that key's permit waiters: whichever older key goes,
+ * one of them may enter). BACKEND_OK when it went (or nothing is in the
+ * way: try again), BACKEND_NO when timeout_ms passed first.
+ */
+static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
+		     long long timeout_ms, long long *fence)
+{
+	struct etcd_names n;
+	struct etcd_seen w;
+	long long mine = 0, rev, older;
+	const char *pk;
+	size_t pkl;
+	int rc;
+
+	*fence = 0;
+	if (names_make(c->bc, it, &n))
+		return fail(c, "wait", "key too long");
+	if (c->last_lease == n.lease && c->last_rev > 0) {
+		mine = c->last_rev;
+	} else {
+		if (join(c, it, &n, &w, NULL, NULL) != BACKEND_OK ||
+		    (rc = granted(c, it, &n, &w)) == BACKEND_ERR)
+			return BACKEND_ERR;
+		if (rc)
+			return BACKEND_OK;
+		mine = w.mine;
+	}
+	c->last_lease = 0;
+	if (it->limit > 1 && !it->shared) {
+		if (count_before(c, &n, n.to, mine, it->limit, &older, &rev) != BACKEND_OK)
+			return BACKEND_ERR;
+		if (older < it->limit)
+			return BACKEND_OK;
+		return watch_delete(c, n.from, strlen(n.from), n.to, rev + 1, timeout_ms);
+	}
+	snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"range_end\":\"%s\",\"sort_order\":"
+		 "\"DESCEND\",\"sort_target\":\"CREATE\",\"limit\":\"1\",\"keys_only\":true,"
+		 "\"max_create_revision\":\"%lld\"}", n.from, it->shared ? n.wto : n.to, mine - 1);
+	if (command(c, "/v3/kv/range", "predecessor") != BACKEND_OK)
+		return BACKEND_ERR;
+	rev = json_int(c->resp, "revision", 0);
+	if (!json_str(json_find(c->resp, "kvs"), "key", &pk, &pkl))
+		return BACKEND_OK;
+	if (pkl >= sizeof(n.key))
+		return fail(c, "wait", "predecessor key too long");
+	memcpy(n.key, pk, pkl); /* out of c->resp, which the watch reuses */
+	return watch_delete(c, n.key, pkl, NULL, rev + 1, timeout_ms);
 }
 
 /* Leaves the queue (or forgets a grant): the lease and its key go. */
@@ -927,6 +1122,7 @@ struct etcd_entry {
 	char *val;    /* its value, decoded */
 	size_t vlen;
 	long long rev, lease, ttl_ms;
+	struct etcd_mode mode; /* what its key says */
 };
 
 /* The keys read so far, in key order. */
@@ -982,6 +1178,7 @@ static int listing_add(struct etcd_listing *ls, const char *obj, size_t plen,
 	e->vlen = vl ? b64_decode(v, vl, e->val, vl / 4 * 3 + 3) : 0;
 	e->rev = json_int(obj, "create_revision", 0);
 	e->lease = json_int(obj, "lease", 0);
+	e->mode = mode_of((char *)last, *lastlen);
 	ls->n++;
 	return 0;
 }
@@ -1084,34 +1281,57 @@ struct etcd_report {
 	char *key;
 };
 
-/* Reports the lock of g[0..n) (one name; sorted by create revision here)
- * to fn, through r's room. */
-static void group_report(struct etcd_entry *g, int n, const struct etcd_report *r,
-			 void (*fn)(void *arg, const struct backend_holder *l), void *arg)
+/* Sorts g[0..n) (one lock's keys, in key order) by create revision. */
+static void group_sort(struct etcd_entry *g, int n)
 {
-	struct backend_holder l = { .limit = 1 };
-
-	for (int i = 1; i < n; i++) /* insertion sort: the keys come in key order */
+	for (int i = 1; i < n; i++) /* insertion sort */
 		for (int j = i; j > 0 && g[j].rev < g[j - 1].rev; j--) {
 			struct etcd_entry t = g[j];
 
 			g[j] = g[j - 1];
 			g[j - 1] = t;
 		}
-	for (int i = 1; i < n; i++) {
-		r->wval[i - 1] = g[i].val;
-		r->wlen[i - 1] = g[i].vlen;
+}
+
+/* Returns how many of g[0..n) (sorted) hold the lock: the first key's
+ * mode says (exclusive: 1; permits: up to its limit; shared: the shared
+ * keys before the first writer's). */
+static int group_holders(const struct etcd_entry *g, int n)
+{
+	int h = 1;
+
+	if (g->mode.shared)
+		while (h < n && g[h].mode.shared)
+			h++;
+	else
+		h = g->mode.limit < n ? g->mode.limit : n;
+	return h;
+}
+
+/* Reports the lock of g[0..n) (one name; sorted), each of its holders
+ * (their waiters, the rest, with the first), to fn through r's room. */
+static void group_report(struct etcd_entry *g, int n, const struct etcd_report *r,
+			 void (*fn)(void *arg, const struct backend_holder *l), void *arg)
+{
+	int nh = group_holders(g, n);
+	struct backend_holder l = { .key = r->key, .wval = r->wval, .wlen = r->wlen };
+
+	for (int i = nh; i < n; i++) {
+		r->wval[i - nh] = g[i].val;
+		r->wlen[i - nh] = g[i].vlen;
 	}
-	l.key = r->key;
 	l.klen = name_unescape(g->name, g->nlen, r->key);
-	l.val = g->val;
-	l.vlen = g->vlen;
-	l.fence = g->rev;
-	l.lease_left_ms = g->ttl_ms;
-	l.nwaiters = n - 1;
-	l.wval = r->wval;
-	l.wlen = r->wlen;
-	fn(arg, &l);
+	for (int i = 0; i < nh; i++) {
+		l.val = g[i].val;
+		l.vlen = g[i].vlen;
+		l.fence = g[i].rev;
+		l.lease_left_ms = g[i].ttl_ms;
+		l.limit = g[i].mode.limit;
+		l.shared = g[i].mode.shared;
+		l.in_set = g[i].mode.shared || g[i].mode.limit > 1;
+		l.nwaiters = i ? 0 : n - nh;
+		fn(arg, &l);
+	}
 }
 
 /* Returns the end of the group of keys of ls->e[i]'s name. */
@@ -1125,12 +1345,13 @@ static int group_end(const struct etcd_listing *ls, int i)
 	return j;
 }
 
-/* .holders: the locks under c's prefix, in key order: each one's holder (the
- * key of the lowest create revision under <prefix><key>/) and its waiters
- * (the rest, in create revision order). Reads the prefix in pages of at
- * most ETCD_PAGE_MAX keys (fewer while a page overflows the reply
- * buffer), then one lease TTL per lock; keys not of the form <prefix>
- * <escaped key>/<lease hex> are skipped. */
+/* .holders: the locks under c's prefix, in key order: each one's holders
+ * (the key of the lowest create revision under <prefix><key>/, or the
+ * keys its mode lets in beside it: group_holders) and its waiters (the
+ * rest, in create revision order, given with its first holder). Reads
+ * the prefix in pages of at most ETCD_PAGE_MAX keys (fewer while a page
+ * overflows the reply buffer), then one lease TTL per holder; keys not of
+ * the form <prefix><escaped key>/<mode and lease hex> are skipped. */
 static int etcd_holders(struct backend_conn *c,
 			void (*fn)(void *arg, const struct backend_holder *l), void *arg)
 {
@@ -1138,13 +1359,11 @@ static int etcd_holders(struct backend_conn *c,
 	struct etcd_report r = { 0 };
 	int rc = listing_read(c, &ls);
 
-	for (int i = 0; rc == BACKEND_OK && i < ls.n; i = group_end(&ls, i)) {
-		int holder = i;
-
-		for (int j = i + 1; j < group_end(&ls, i); j++)
-			if (ls.e[j].rev < ls.e[holder].rev)
-				holder = j;
-		rc = entry_ttl(c, &ls.e[holder]);
+	for (int i = 0, j; rc == BACKEND_OK && i < ls.n; i = j) {
+		j = group_end(&ls, i);
+		group_sort(ls.e + i, j - i);
+		for (int k = 0; rc == BACKEND_OK && k < group_holders(ls.e + i, j - i); k++)
+			rc = entry_ttl(c, &ls.e[i + k]);
 	}
 	if (rc == BACKEND_OK && ls.n &&
 	    (!(r.wval = calloc((size_t)ls.n, sizeof(*r.wval))) ||

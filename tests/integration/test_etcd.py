@@ -35,7 +35,7 @@ from support.process import cpu_ticks
 from support.scenarios import refused_setting
 from support.secure import NOBODY, NOGROUP, Layout
 from support.server import call_failed, serving
-from support.sets import replay, start as sets_start
+from support.sets import replay, run_all, start as sets_start, writer_behind_readers
 from support.util import (ASAN, CLI, MULT, ROOT, cc, run, shim_env, status_by_key, wait_for,
                           write_config)
 from support.workers import race
@@ -426,7 +426,7 @@ def test_leader_killed_mid_run(sets_prog, cluster, tmp_path, wait_ms):
 # ---- refusals -------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting", [
-    "handoff_ms = 5", "limit = 2", "mode = \"shared\"", "linger_ms = 10",
+    "handoff_ms = 5", "linger_ms = 10",
 ])
 @pytest.mark.parametrize("where", ["lock", "defaults"])
 def test_refused_settings(etcd, tmp_path, setting, where):
@@ -948,3 +948,198 @@ def test_auth_and_tls_settings_refused(etcd, tmp_path, extra, said):
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert r.returncode == 78 and len(lines) == 1 and said in lines[0], r.stderr
     assert '"p"' not in r.stderr
+
+
+# ---- limit and mode = "shared" (issue 23, b23-etcd4) ----------------------------
+#
+# The holders' mode is in their keys' names: <key>/<lease hex> exclusive,
+# <key>/r<lease hex> shared, <key>/p<limit>.<lease hex> a permit. The
+# observed program is support/sets.py's (each guarded call appends
+# "r+"/"w+" when it starts, "r-"/"w-" when it ends; replay counts who was
+# inside at once).
+
+def set_lock(symbol, settings):
+    return '{ symbol = "%s"; key = "k"; wait_ms = 30000; %s }' % (symbol, settings)
+
+
+RW_ETCD = "locks = ( %s, %s );\n" % (set_lock("set_read", 'mode = "shared";'),
+                                     set_lock("set_write", ""))
+MODE_LOCK = 'locks = ( { symbol = "hold_call"; key = "k"; wait_ms = 20000; %s } );\n'
+
+
+def etcd_config_in(tmp_path, name, etcd, body):
+    """etcd_config in tmp_path's subdirectory name (several configs)."""
+    d = tmp_path / name
+    d.mkdir(exist_ok=True)
+    return etcd_config(d, etcd, body)
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("guarded", [True, False], ids=["shared", "control-unguarded"])
+def test_shared_readers_overlap_writers_alone(sets_prog, etcd, tmp_path, guarded):
+    """4 reader processes x 2 threads (40 ms calls), 2 writers (20 ms): the
+    readers are inside together (more than one at once), a writer always
+    alone, every call entered, each grant with its own fence (a create
+    revision). Control: unguarded, a writer is inside beside others."""
+    log = str(tmp_path / "log")
+    cfg = etcd_config(tmp_path, etcd, RW_ETCD) if guarded else None
+    runs = [(sets_prog, "r", cfg, log, 2, 6, 40)] * 4 + [(sets_prog, "w", cfg, log, 1, 6, 20)] * 2
+    total, err = run_all(runs)
+    readers, writers, mixed = replay(log)
+    if not guarded:
+        assert mixed
+        return
+    assert total == 4 * 2 * 6 + 2 * 6 and readers > 1, err[-3000:]
+    assert writers == 1 and not mixed, err[-3000:]
+    assert "error" not in err, err[-3000:]
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("limit,most", [(3, 3), (None, 1), ("control", None)],
+                         ids=["limit3", "default", "control-unguarded"])
+def test_limit_bounds_the_holders(sets_prog, etcd, tmp_path, limit, most):
+    """8 processes x 2 threads (30 ms calls): limit 3 lets never more than 3
+    in, and 3 are reached; no limit, one at a time. Control: unguarded,
+    more than 3."""
+    log = str(tmp_path / "log")
+    extra = "limit = %d;" % limit if limit != "control" and limit else ""
+    cfg = None if limit == "control" else etcd_config(
+        tmp_path, etcd, "locks = ( %s );\n" % set_lock("set_read", extra))
+    total, err = run_all([(sets_prog, "r", cfg, log, 2, 4, 30)] * 8)
+    assert total == 8 * 2 * 4
+    if limit == "control":
+        assert replay(log)[0] > 3
+        return
+    assert replay(log)[0] == most, err[-3000:]
+    assert "error" not in err, err[-3000:]
+
+
+def test_limit_mismatch_is_an_error_at_once(progs, procs, etcd, tmp_path):
+    """A holder took the key with limit = 3; callers with limit 2, with no
+    limit (1) and shared (1) get one error line naming both numbers and
+    on_error at once (well before wait_ms), and leave no key behind.
+    Control: limit 3 enters beside the holder."""
+    cfg3 = etcd_config_in(tmp_path, "3", etcd, MODE_LOCK % "limit = 3;")
+    holder = procs([progs["driver"], "call:8000"], cfg3)
+    holder.expect("enter")
+    for i, (limit, setting) in enumerate([(2, "limit = 2;"), (1, ""),
+                                          (1, 'mode = "shared";')]):
+        cfg = etcd_config_in(tmp_path, "c%d" % i, etcd, MODE_LOCK % setting)
+        t0 = time.monotonic()
+        r = run([progs["driver"], "call:0"], cfg)
+        assert time.monotonic() - t0 < 5 * MULT
+        assert r.stdout.strip().splitlines()[-1] == "call rc=-1 errno=16", r.stderr
+        lines = [l for l in r.stderr.splitlines() if ": error: " in l]
+        assert len(lines) == 1, r.stderr
+        assert "limit %d here, 3 for the key's holders" % limit in lines[0], lines
+        assert "lockshim:k" in lines[0], lines
+        assert len(etcd.keys()) == 1, etcd.keys()
+    r = run([progs["driver"], "call:0"], cfg3)
+    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+    assert holder.finish()[0] == 0
+
+
+def test_exclusive_holder_mismatches_a_semaphore_and_waits_shared(progs, procs, etcd,
+                                                                   tmp_path):
+    """A plain lock (limit 1) held for 3 s: a limit = 3 caller gets the
+    mismatch at once; a shared caller waits instead (its key queued behind
+    the holder's), and enters once the holder is gone."""
+    holder = procs([progs["driver"], "call:3000"], etcd_config_in(tmp_path, "x", etcd,
+                                                                  MODE_LOCK % ""))
+    holder.expect("enter")
+    r = run([progs["driver"], "call:0"], etcd_config_in(tmp_path, "p", etcd,
+                                                        MODE_LOCK % "limit = 3;"))
+    assert r.stdout.strip().splitlines()[-1] == "call rc=-1 errno=16", r.stderr
+    assert "limit 3 here, 1 for the key's holders" in r.stderr, r.stderr
+    t0 = time.monotonic()
+    r = run([progs["driver"], "call:0"], etcd_config_in(tmp_path, "s", etcd,
+                                                        MODE_LOCK % 'mode = "shared";'))
+    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+    assert time.monotonic() - t0 > 0.3  # waited for the exclusive holder (3 s from its start)
+    assert holder.finish()[0] == 0
+
+
+@pytest.mark.timing
+def test_writer_not_starved_by_readers(sets_prog, etcd, tmp_path):
+    """Readers (4 processes x 2 threads, 100 ms calls) keep the key held
+    without a gap between the marks x and y (the control: a writer waiting
+    for a free key would wait for the whole stream); a writer arriving
+    meanwhile enters within 1 s (its key is older than the readers' that
+    come after it, and a reader waits for every older writer), alone, and
+    the readers go on after."""
+    log = str(tmp_path / "log")
+    cfg = etcd_config(tmp_path, etcd, RW_ETCD)
+    writer_behind_readers(sets_prog, cfg, log, str(tmp_path / "stop"), 1000)
+    assert replay(log)[1:] == (1, False)
+
+
+def lock_cli(bg, cfg, *opts):
+    """`lockshim lock` of key k with opts, holding it until sent a line."""
+    h = bg([CLI, "lock", "-c", cfg] + list(opts) + ["k", "--", "sh", "-c",
+                                                     "echo in; read x"], None)
+    h.expect("in")
+    return h
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("holder_opts, waiter", [
+    ([], 'mode = "shared";'), (["--limit", "2"], "limit = 2;"),
+], ids=["shared-behind-writer", "permit"])
+def test_set_waiter_is_woken_by_the_release(bg, worker_progs, etcd, tmp_path, holder_opts,
+                                            waiter):
+    """A shared caller behind an exclusive holder, and a third permit of
+    limit 2 behind two holders, wait by a watch: retry_max_ms (30 s) and a
+    third of the lease (20 s) would wake them far later. Over 2 s the
+    waiter spends (nearly) no CPU; after a release it enters within 0.5 s."""
+    cfg = etcd_config(tmp_path, etcd, 'locks = ( { symbol = "block_call"; key = "k"; '
+                      'wait_ms = 60000; lease_ms = 60000; retry_max_ms = 30000; %s } );\n'
+                      % waiter)
+    held = [lock_cli(bg, cfg, *holder_opts) for _ in range(2 if holder_opts else 1)]
+    w = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: len(etcd.keys()) == len(held) + 1, what="the waiter's key")
+    before = cpu_ticks(w.p.pid)
+    time.sleep(2)  # the span measured, not a synchronisation
+    assert cpu_ticks(w.p.pid) - before <= 2
+    assert len(etcd.keys()) == len(held) + 1
+    held[-1].send()
+    t0 = time.monotonic()
+    w.expect("enter", timeout=5)
+    assert time.monotonic() - t0 < 0.5 * MULT
+    w.send()
+    w.expect("call rc=42")
+    for h in held[:-1]:
+        h.send()
+
+
+def test_status_shows_shared_and_permit_holders(bg, etcd, tmp_path):
+    """Two shared holders of "r" and a waiting exclusive caller: two lines,
+    mode shared, each its own fence (create revision), the writer as the
+    first's waiter; a permit holder of limit 3: limit 3, exclusive.
+    Control: once they return, nothing is listed."""
+    cfg = etcd_config(tmp_path, etcd, "")
+
+    def status():
+        r = run([CLI, "status", "-c", cfg, "--json"])
+        assert r.returncode == 0, r.stderr
+        return [json.loads(l) for l in r.stdout.splitlines()]
+
+    def hold(*opts):
+        h = bg([CLI, "lock", "-c", cfg] + list(opts) + ["--", "sh", "-c", "echo in; read x"],
+               None)
+        return h
+    held = [hold("--shared", "r") for _ in range(2)] + [hold("--limit", "3", "p")]
+    for h in held:
+        h.expect("in")
+    writer = hold("-w", "30000", "r")
+    wait_for(lambda: len(etcd.keys()) == 4, what="the writer's key")
+    objs = status()
+    assert sorted((o["key"], o["mode"], o["limit"]) for o in objs) == [
+        ("p", "exclusive", 3), ("r", "shared", 1), ("r", "shared", 1)], objs
+    revs = sorted(k[2] for k in etcd.keys() if "lockshim:r/" in k[0])
+    assert sorted(o["fence"] for o in objs if o["key"] == "r") == revs[:2]
+    assert sum(len(o["waiters"]) for o in objs if o["key"] == "r") == 1, objs
+    for h in held:
+        h.send()
+    writer.expect("in")
+    writer.send()
+    wait_for(lambda: status() == [], what="the holders gone from status")
