@@ -1143,3 +1143,35 @@ def test_status_shows_shared_and_permit_holders(bg, etcd, tmp_path):
     writer.expect("in")
     writer.send()
     wait_for(lambda: status() == [], what="the holders gone from status")
+
+
+@pytest.mark.timing
+def test_permit_counts_more_older_keys_than_a_reply_holds(bg, worker_progs, etcd, tmp_path):
+    """150 permits of limit 150 held (keys put here, one lease, long names):
+    the 151st caller waits; its count of the older keys (etcd's own count
+    ignores the create revision's bound) reads 150 keys, about 30 KiB,
+    more than the 16 KiB reply buffer, counted as they stream in. Once one
+    of them is deleted, it enters within 0.5 s. Control: before that, its
+    key stays queued for 2 s and it does not enter."""
+    lease = etcd.call("/v3/lease/grant", {"TTL": "60"})["ID"]
+    key = "lockshim:" + "k" * 60
+    b64 = lambda s: base64.b64encode(s.encode()).decode()  # noqa: E731
+    fakes = ["/lockshim/%s/p150.%x" % (key, random.getrandbits(60)) for _ in range(150)]
+    try:
+        for k in fakes:
+            etcd.call("/v3/kv/put", {"key": b64(k), "value": b64("x"), "lease": lease})
+        cfg = etcd_config(tmp_path, etcd, 'locks = ( { symbol = "block_call"; key = "%s"; '
+                          'wait_ms = 60000; lease_ms = 60000; retry_max_ms = 30000; '
+                          'limit = 150; break_dead_holders = false; } );\n' % key[9:])
+        w = bg([worker_progs["block"]], cfg)
+        wait_for(lambda: len(etcd.keys()) == 151, what="the waiter's key")
+        time.sleep(2)  # the span of the control, not a synchronisation
+        assert len(etcd.keys()) == 151 and w.lines.empty(), w.stderr()
+        etcd.call("/v3/kv/deleterange", {"key": b64(fakes[77])})
+        t0 = time.monotonic()
+        w.expect("enter", timeout=5)
+        assert time.monotonic() - t0 < 0.5 * MULT
+        w.send()
+        w.expect("call rc=42")
+    finally:
+        etcd.call("/v3/lease/revoke", {"ID": lease})
