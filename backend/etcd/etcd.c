@@ -3,16 +3,17 @@
  * etcd.c - the etcd backend, a module (liblockshim-etcd.so) speaking etcd
  * 3.4's v3 JSON gateway through libcurl: one kept-alive easy handle per
  * thread. The lock is concurrency.Mutex: a lease (its ID derived from key
- * and value, so any connection finds it again), the key <prefix><key>/<lease
- * hex> put with it when absent, in one transaction that also reads the
- * holder (the lowest create revision under <prefix><key>/; ours is the
- * fence). A waiter watches its predecessor until it is deleted. Release:
- * revoking the lease deletes the key; renewal: one LeaseKeepAlive per lock
- * (TTL 0: lost). Keys are escaped (% and /). A request whose member went
- * away goes to the next endpoint; a watch cut so is a wake-up. With a
- * password each connection authenticates (its token in every request,
- * renewed once when refused); etcd.tls is https. etcd_holders reads the
- * locks for `lockshim status`. One export (etcd.map).
+ * and value, so any connection finds it again), the key <prefix><key>/
+ * <mode><lease hex> put with it when absent, in one transaction that also
+ * reads the oldest key under <prefix><key>/ (the holder; ours is the fence).
+ * The mode ("r" shared, "p<limit>." a permit) is recipes/rwmutex and a
+ * semaphore: a permit holds while fewer than limit keys are older, a reader
+ * while no older key is a writer. A waiter watches what keeps it out until
+ * it is deleted. Release: revoking the lease; renewal: one LeaseKeepAlive
+ * per lock (TTL 0: lost). Keys are escaped (% and /). A request whose member
+ * went away goes to the next endpoint. With a password each connection
+ * authenticates; etcd.tls is https. etcd_holders reads the locks for
+ * `lockshim status`. One export (etcd.map).
  */
 #include <pthread.h>
 #include <stdatomic.h>
