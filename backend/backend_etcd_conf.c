@@ -5,9 +5,8 @@
  * settings the etcd backend refuses. A lock is an etcd key under a lease
  * (renewed by the renewal thread), so lease_ms, on_lost, wait_ms and fair
  * (the recipe is FIFO) keep their meaning; handoff_ms (no barging to
- * allow) is refused when set, and what is not built yet (limit > 1, mode
- * "shared", linger_ms > 0) by value. linger_ms's built-in value is 0 here
- * (etcd_lock_defaults). username and password (password_file,
+ * allow) is refused when set. linger_ms's built-in value is 0 here
+ * (etcd_lock_defaults): a kept lock keeps the queue waiting. username and password (password_file,
  * LOCKSHIM_ETCD_PASSWORD: as redis's, not read in secure-execution mode)
  * authenticate; the tls group (redis's table, backend_tls_conf.h) makes
  * every endpoint https. In the core: backend.c registers the group.
@@ -96,14 +95,13 @@ static const struct conf_refusal unavailable[] = {
 	{ NULL, NULL }
 };
 
-/* The values not built yet for this backend, refused when a lock asks. */
+/* Every value is built for this backend: nothing refused by value. */
 static const struct conf_refusal unbuilt[] = {
-	{ "linger_ms", "linger_ms > 0 (its default is 0 with this backend)" },
 	{ NULL, NULL }
 };
 
-/* Refuses what the etcd backend cannot honour or does not have yet
- * (conf_refuse_lock). Returns 0, or -1 said with conf_fail. */
+/* Refuses what the etcd backend cannot honour (conf_refuse_lock).
+ * Returns 0, or -1 said with conf_fail. */
 static int etcd_check_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
 			   const struct lock_spec *l, const struct conf *cfg, const void *data)
 {
@@ -112,7 +110,8 @@ static int etcd_check_lock(struct conf_err *e, const config_setting_t *lg, const
 	return conf_refuse_lock(e, lg, where, l, "etcd", unavailable, unbuilt);
 }
 
-/* No lock is kept between calls in this step. */
+/* No lock is kept between calls unless linger_ms says so: a kept lock
+ * keeps the queue's waiters out. */
 static void etcd_lock_defaults(struct lock_spec *d)
 {
 	d->linger_ms = 0;

@@ -426,7 +426,7 @@ def test_leader_killed_mid_run(sets_prog, cluster, tmp_path, wait_ms):
 # ---- refusals -------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting", [
-    "handoff_ms = 5", "linger_ms = 10",
+    "handoff_ms = 5",
 ])
 @pytest.mark.parametrize("where", ["lock", "defaults"])
 def test_refused_settings(etcd, tmp_path, setting, where):
@@ -1175,3 +1175,33 @@ def test_permit_counts_more_older_keys_than_a_reply_holds(bg, worker_progs, etcd
         w.expect("call rc=42")
     finally:
         etcd.call("/v3/lease/revoke", {"ID": lease})
+
+
+# ---- linger_ms: a kept lock is its key and its lease (b23-etcd4) ----------------
+
+def etcd_revision(etcd):
+    """The cluster's revision: each put and each delete of a key adds 1."""
+    return int(etcd.call("/v3/kv/range", {"key": "AA=="})["header"]["revision"])
+
+
+@pytest.mark.parametrize("linger, writes", [(300, 2), (0, 10)],
+                         ids=["linger", "control-linger-0"])
+def test_linger_keeps_the_key_between_calls(procs, progs, etcd, tmp_path, linger, writes):
+    """5 calls in a row of one thread, linger_ms = 300 (inside the 500 ms of
+    handoff_ms's default, the reuse window): the lock is taken once (one
+    put) and kept between the calls; the renewal thread releases it (its
+    lease revoked: one delete) about linger_ms after the last call while
+    the program still runs. Control: linger_ms = 0, a put and a delete per
+    call."""
+    cfg = etcd_config(tmp_path, etcd, HOLD_LOCK % ("linger_ms = %d;" % linger))
+    before = etcd_revision(etcd)
+    p = procs([progs["driver"]] + ["call:0"] * 5 + ["stdin"], cfg)
+    for _ in range(5):
+        p.expect("call rc=42")
+    t0 = time.monotonic()
+    wait_for(lambda: etcd.keys() == [], what="the kept key released")
+    took = time.monotonic() - t0
+    assert etcd_revision(etcd) - before == writes
+    assert took < (linger / 1000 + 2) * MULT, took
+    p.send("")
+    assert p.finish()[0] == 0
