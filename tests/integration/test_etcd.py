@@ -11,7 +11,8 @@ the lease rounded up to whole seconds (2 at least), keys with / kept
 apart, refusals (78), and the command's check, lock, status and unlock.
 Step 2: a 3-member cluster whose leader is SIGKILLed mid-run
 (support/etcd.py's Cluster), and etcd_holders, the reader of status
-(progs/etcd_holders.c). What every module backend shares (exclusion and
+(progs/etcd_holders.c). Step 4: limit (a semaphore) and mode = "shared"
+(the mode in the key's name), and linger_ms. What every module backend shares (exclusion and
 its control, fences increasing (create revisions here), the module
 missing, what a Redis-guarded program maps, locks on send/write/poll,
 metrics exiting 1) is in test_modules.py.
