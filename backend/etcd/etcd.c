@@ -34,7 +34,7 @@
 #define ETCD_WAIT_MAX_MS 3600000 /* one watch at most (then asked again) */
 #define ETCD_KEY_MAX (1024 + 3 * KEY_BUF_SIZE + 32) /* prefix, escaped key, /p<limit>.<lease> */
 #define ETCD_B64(n) (((n) + 2) / 3 * 4 + 1)
-#define ETCD_BODY_MAX (8 * ETCD_B64(ETCD_KEY_MAX) + ETCD_B64(BACKEND_VAL_MAX) + 1024)
+#define ETCD_BODY_MAX (10 * ETCD_B64(ETCD_KEY_MAX) + ETCD_B64(BACKEND_VAL_MAX) + 1024)
 #define ETCD_RESP_MAX 16384
 
 struct backend_config {
