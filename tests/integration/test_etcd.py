@@ -1185,18 +1185,23 @@ def etcd_revision(etcd):
     return int(etcd.call("/v3/kv/range", {"key": "AA=="})["header"]["revision"])
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("linger, writes", [(300, 2), (0, 10)],
                          ids=["linger", "control-linger-0"])
 def test_linger_keeps_the_key_between_calls(procs, progs, etcd, tmp_path, linger, writes):
-    """5 calls in a row of one thread, linger_ms = 300 (inside the 500 ms of
-    handoff_ms's default, the reuse window): the lock is taken once (one
-    put) and kept between the calls; the renewal thread releases it (its
-    lease revoked: one delete) about linger_ms after the last call while
-    the program still runs. Control: linger_ms = 0, a put and a delete per
-    call."""
+    """After a first call (the connection opened, its key gone), 5 calls in
+    a row of one thread, linger_ms = 300 (inside the 500 ms of handoff_ms's
+    default, the reuse window from the taking): the lock is taken once
+    (one put) and kept between the calls; the renewal thread releases it
+    (its lease revoked: one delete) about linger_ms after the last call
+    while the program still runs. Control: linger_ms = 0, a put and a
+    delete per call."""
     cfg = etcd_config(tmp_path, etcd, HOLD_LOCK % ("linger_ms = %d;" % linger))
+    p = procs([progs["driver"], "call:0", "stdin"] + ["call:0"] * 5 + ["stdin"], cfg)
+    p.expect("call rc=42")
+    wait_for(lambda: etcd.keys() == [], what="the first call's key released")
     before = etcd_revision(etcd)
-    p = procs([progs["driver"]] + ["call:0"] * 5 + ["stdin"], cfg)
+    p.send()
     for _ in range(5):
         p.expect("call rc=42")
     t0 = time.monotonic()
@@ -1204,5 +1209,5 @@ def test_linger_keeps_the_key_between_calls(procs, progs, etcd, tmp_path, linger
     took = time.monotonic() - t0
     assert etcd_revision(etcd) - before == writes
     assert took < (linger / 1000 + 2) * MULT, took
-    p.send("")
+    p.send()
     assert p.finish()[0] == 0
