@@ -1211,3 +1211,22 @@ def test_linger_keeps_the_key_between_calls(procs, progs, etcd, tmp_path, linger
     assert took < (linger / 1000 + 2) * MULT, took
     p.send()
     assert p.finish()[0] == 0
+
+
+@pytest.mark.parametrize("opts", [[], ["--shared"], ["--limit", "2"]],
+                         ids=["exclusive", "shared", "permit"])
+def test_longest_prefix_and_key_fit_every_mode(etcd, tmp_path, opts):
+    """A 1024-byte prefix, a 128-byte namespace and a key of 256 bytes, all
+    "/" (each written %2F): `lock` takes it in every mode (a shared
+    caller's transaction names its key three times and two ranges, nine
+    base64 keys in all), and leaves no key. Checked by making the body
+    room for eight keys again: the shared case fails."""
+    prefix = "/" + "p" * 1022 + "/"
+    cfg = write_config(tmp_path, None, 'backend = "etcd";\nnamespace = "%s";\netcd = { '
+                       'endpoints = ( "%s" ); prefix = "%s"; };\n'
+                       % ("/" * 128, etcd.endpoint(), prefix))
+    r = run([CLI, "lock", "-c", cfg, "-w", "0"] + opts + ["/" * 256, "--", "sh", "-c",
+                                                         "echo in=$LOCKSHIM_FENCE"],
+            LD_PRELOAD="")
+    assert r.returncode == 0 and "in=" in r.stdout, (r.stdout, r.stderr)
+    assert etcd.keys(prefix) == []
