@@ -35,7 +35,7 @@ from support.proxy import DROP_REPLIES, PASS, Proxy
 from support import sets
 from support.scenarios import refused_setting
 from support.server import serving
-from support.util import CLI, MULT, cc, run, status_by_key, wait_for, write_config
+from support.util import CLI, MULT, lib_program, run, status_by_key, wait_for, write_config
 from support.zookeeper import Ensemble, ZookeeperServer, skip_reason
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
@@ -345,13 +345,8 @@ def test_fork_child_makes_a_session_of_its_own(zk, tmp_path):
     """The parent's session is not the child's (its library threads are not
     there): the child's guarded call makes a new session, and its fence is
     a znode of its own; the parent goes on with its session."""
-    d = tmp_path / "fork"
-    d.mkdir()
-    (d / "lib.c").write_text(FORK_LIB_C)
-    (d / "main.c").write_text("int fork_calls(void);\nint main(void) { return fork_calls(); }\n")
-    cc(str(d / "libfk.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC")
-    prog = cc(str(d / "fk"), [str(d / "main.c")], "-O2", "-L" + str(d),
-              "-Wl,-rpath," + str(d), "-lfk")
+    prog = lib_program(tmp_path / "fork", "fk", FORK_LIB_C,
+                       "int fork_calls(void);", "fork_calls()")
     cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "lib_call"; key = "fk"; '
                     'wait_ms = 10000; } );\n')
     r = run([prog], cfg, LOCKSHIM_LOG_LEVEL="debug", timeout=60)
@@ -406,13 +401,8 @@ def test_create_given_up_is_deleted_when_its_reply_comes(bg, own_zk, tmp_path):
     server makes them, and their late replies delete them: the key is free
     while the process (and its session) lives on."""
     zk = own_zk
-    d = tmp_path / "two"
-    d.mkdir()
-    (d / "lib.c").write_text(TWO_CALLS_LIB_C)
-    (d / "main.c").write_text("int two_calls(void);\nint main(void) { return two_calls(); }\n")
-    cc(str(d / "libtwo.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC")
-    prog = cc(str(d / "two"), [str(d / "main.c")], "-O2", "-L" + str(d),
-              "-Wl,-rpath," + str(d), "-ltwo")
+    prog = lib_program(tmp_path / "two", "two", TWO_CALLS_LIB_C,
+                       "int two_calls(void);", "two_calls()")
     cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = "%s"; '
                        'session_timeout_ms = 20000; command_timeout_ms = 300; };\n'
                        'locks = ( { symbol = "lib_call"; key = "frz"; wait_ms = 1000; '
@@ -442,13 +432,8 @@ def test_create_whose_connection_was_lost_is_swept(bg, own_zk, tmp_path):
     reconnected and deletes them: the key is free while the process (and its
     session) lives on."""
     zk = own_zk
-    d = tmp_path / "two"
-    d.mkdir()
-    (d / "lib.c").write_text(TWO_CALLS_LIB_C)
-    (d / "main.c").write_text("int two_calls(void);\nint main(void) { return two_calls(); }\n")
-    cc(str(d / "libtwo.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC")
-    prog = cc(str(d / "two"), [str(d / "main.c")], "-O2", "-L" + str(d),
-              "-Wl,-rpath," + str(d), "-ltwo")
+    prog = lib_program(tmp_path / "two", "two", TWO_CALLS_LIB_C,
+                       "int two_calls(void);", "two_calls()")
     with Proxy(zk.port) as px:
         cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
                            '"127.0.0.1:%d"; session_timeout_ms = 6000; command_timeout_ms = '
