@@ -800,6 +800,9 @@ void renew_before_exec(struct backend_conn **c)
 	renew_flush(c, "exec");
 	for (;;) {
 		pthread_mutex_lock(&mu);
+		/* a release the renewal thread has in flight ends first: the
+		 * thread does not outlive the image */
+		wait_releases(NULL);
 		n = rel ? take_parked(INT64_MAX, rel, RENEW_BATCH, &next) : 0;
 		pthread_mutex_unlock(&mu);
 		if (n == 0)

@@ -135,8 +135,9 @@ void renew_conn_failed(struct backend_conn **c, char *err, size_t errlen);
  */
 void renew_forget(const struct backend_item *it);
 
-/* Before exec (the thread dies with the image): releases every parked
- * lease of the process on *c and reads the replies. */
+/* Before exec (the thread dies with the image): waits for the releases
+ * the renewal thread has in flight, then releases every parked lease of
+ * the process on *c and reads the replies. */
 void renew_before_exec(struct backend_conn **c);
 
 /*
