@@ -29,8 +29,10 @@
  *
  * A leaseless backend (backend.h: kernel locks) has nothing to renew: its
  * leases are listed only for the thread's other jobs, max_hold_ms and
- * linger_ms (leaseless_listed), never renewed, and the thread starts only
- * for them. Its overrun (overrun_leaseless) under on_overrun "log"
+ * linger_ms (leaseless_listed), or when its module reports lost leases
+ * (zookeeper: a session's expiry loses them all, renew_lost_all), never
+ * renewed, and the thread starts only for max_hold_ms and linger_ms, or
+ * for on_lost "kill"'s SIGKILL after kill_grace_ms. Its overrun (overrun_leaseless) under on_overrun "log"
  * releases the lock at the deadline, as a Redis lock whose renewal stops
  * expires; under "kill" and "abort" the process's death frees it.
  *
@@ -76,6 +78,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend_module.h"
 #include "count.h"
 #include "guard.h"
 #include "log.h"
@@ -114,6 +117,7 @@ static const struct backend *backend;
 static struct backend_conn *conn; /* the thread's own */
 static struct forget *forgets;
 static void (*lost_hook)(const struct lease *l, const char *why); /* renew_on_lost */
+static int module_loses; /* the backend's module reports lost leases (renew_lost_all) */
 
 static void cv_init(void)
 {
@@ -131,10 +135,13 @@ void renew_on_lost(void (*fn)(const struct lease *l, const char *why))
 	lost_hook = fn;
 }
 
+static void renew_lost_all(const char *why);
+
 void renew_setup(const struct backend *b)
 {
 	backend = b;
 	cv_init();
+	module_loses = backend_module_lost_to(renew_lost_all);
 }
 
 struct backend_item renew_item(const struct lease *l)
@@ -218,9 +225,16 @@ static int64_t period_us(const struct lease *l)
 
 /* Whether leaseless l has a job for the thread: a deadline (max_hold_ms)
  * or a keep between calls (linger_ms, lock.c parks it). */
-static int leaseless_listed(const struct lease *l)
+static int leaseless_thread(const struct lease *l)
 {
 	return l->spec->max_hold_ms > 0 || l->spec->linger_ms > 0;
+}
+
+/* Whether leaseless l is listed: for the thread's jobs, or for its module
+ * to report it lost (renew_lost_all). */
+static int leaseless_listed(const struct lease *l)
+{
+	return module_loses || leaseless_thread(l);
 }
 
 /* Returns when tracked l, whose key was given ttl_ms, is first renewed:
@@ -715,7 +729,7 @@ int renew_track(struct lease *l, long long granted_ttl_ms)
 	l->prev = head.prev;
 	head.prev->next = l;
 	head.prev = l;
-	rc = start_thread();
+	rc = backend->ops->leaseless && !leaseless_thread(l) ? 0 : start_thread();
 	wake_by(l->next_renew_us);
 	pthread_mutex_unlock(&mu);
 	return rc;
@@ -731,6 +745,24 @@ int renew_start(void)
 	rc = start_thread();
 	pthread_mutex_unlock(&mu);
 	return rc;
+}
+
+/*
+ * host->lost_all (backend_module.h): every held lease of the process is
+ * lost (why: "was lost when its ZooKeeper session expired"), each through
+ * lost(): on_lost applied once, counted. The thread is started when a
+ * kill needs its SIGKILL after kill_grace_ms. Runs in the module's thread;
+ * takes mu, calls no backend.
+ */
+static void renew_lost_all(const char *why)
+{
+	pthread_mutex_lock(&mu);
+	for (struct lease *l = head.next; l != &head; l = l->next)
+		if (l->state == LEASE_HELD)
+			lost(l, why);
+	if (kill_pending && start_thread() == 0)
+		pthread_cond_signal(&cv);
+	pthread_mutex_unlock(&mu);
 }
 
 int renew_untrack(struct lease *l)
