@@ -30,6 +30,7 @@
 #include "conf.h"
 #include "conf_field.h"
 #include "log.h"
+#include "renew.h"
 
 /* Each backend's table, defined in its own file. */
 extern const struct backend_ops backend_redlock, backend_sentinel, backend_cluster,
@@ -148,30 +149,10 @@ static void module_warn(const char *msg)
 	LOG(LOG_WARN, "%s", msg);
 }
 
-/* The module's lost leases (backend_module_lost_to): fn is set before
- * the first session, read by the module's threads after. */
-static void (*module_lost_fn)(const char *why);
-static int module_reports;
-
-static void module_reports_lost(void)
-{
-	module_reports = 1;
-}
-
-static void module_lost_all(const char *why)
-{
-	if (module_lost_fn)
-		module_lost_fn(why);
-}
-
-int backend_module_lost_to(void (*fn)(const char *why))
-{
-	module_lost_fn = fn;
-	return module_reports;
-}
-
+/* The lost-lease path is renew.c's (renew_module_reports_lost,
+ * renew_lost_all). */
 static const struct backend_module_host module_host = {
-	module_warn, module_reports_lost, module_lost_all,
+	module_warn, renew_module_reports_lost, renew_lost_all,
 };
 
 /* Writes into dir (PATH_MAX bytes) the directory of the object holding this

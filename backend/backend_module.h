@@ -36,7 +36,7 @@ struct backend_module_file {
  * is listed for them (renew.c); lost_all(why) then reports every lock the
  * process holds through the backend as lost, at once (the lost-lease path:
  * on_lost applied, counted), from any thread, never under a lock the
- * module's own releases take. */
+ * module's own releases take. Both are shim/renew.c's. */
 struct backend_module_host {
 	void (*warn)(const char *msg);
 	void (*reports_lost)(void);
@@ -49,11 +49,6 @@ struct backend_module {
 	const struct backend_ops *ops;  /* its .settings is the core's group */
 	void (*bind)(const struct backend_module_host *host);
 };
-
-/* Lends fn (renew.c's lost-lease path) to the loaded module as its
- * host->lost_all. Returns 1 when the module said at its bind that it
- * reports lost leases (reports_lost), else 0. */
-int backend_module_lost_to(void (*fn)(const char *why));
 
 /* Where the command looks for liblockshim.so (cli_find_shim) and for the
  * modules (backend_init): formats of its own executable's directory, in

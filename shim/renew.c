@@ -78,7 +78,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend_module.h"
 #include "count.h"
 #include "guard.h"
 #include "log.h"
@@ -117,7 +116,8 @@ static const struct backend *backend;
 static struct backend_conn *conn; /* the thread's own */
 static struct forget *forgets;
 static void (*lost_hook)(const struct lease *l, const char *why); /* renew_on_lost */
-static int module_loses; /* the backend's module reports lost leases (renew_lost_all) */
+static int module_loses; /* the backend's module reports lost leases (renew_lost_all);
+			  * set at its bind, before any lease */
 
 static void cv_init(void)
 {
@@ -135,13 +135,15 @@ void renew_on_lost(void (*fn)(const struct lease *l, const char *why))
 	lost_hook = fn;
 }
 
-static void renew_lost_all(const char *why);
-
 void renew_setup(const struct backend *b)
 {
 	backend = b;
 	cv_init();
-	module_loses = backend_module_lost_to(renew_lost_all);
+}
+
+void renew_module_reports_lost(void)
+{
+	module_loses = 1;
 }
 
 struct backend_item renew_item(const struct lease *l)
@@ -747,14 +749,7 @@ int renew_start(void)
 	return rc;
 }
 
-/*
- * host->lost_all (backend_module.h): every held lease of the process is
- * lost (why: "was lost when its ZooKeeper session expired"), each through
- * lost(): on_lost applied once, counted. The thread is started when a
- * kill needs its SIGKILL after kill_grace_ms. Runs in the module's thread;
- * takes mu, calls no backend.
- */
-static void renew_lost_all(const char *why)
+void renew_lost_all(const char *why)
 {
 	pthread_mutex_lock(&mu);
 	for (struct lease *l = head.next; l != &head; l = l->next)
