@@ -20,7 +20,10 @@ log; control: the writers overlap without the shim), every call entered
 or applied its policy, the run goes on and ends, and nothing is left
 held; a release cut by its member frozen is sent again through another
 member; and a waiter that gives up after a connection loss leaves no
-znode.
+znode. A session's expiry (the holder's connection black-holed by a
+proxy) reports its lock lost at once, while its call runs (on_lost
+"log", "kill"), and its release sends nothing (control: held past the
+session timeout without expiry, nothing is lost).
 """
 import os
 import re
