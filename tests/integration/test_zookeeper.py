@@ -818,3 +818,41 @@ def test_control_held_past_the_session_timeout_without_expiry_is_not_lost(bg, wo
         assert holder.wait() == 0
         assert "lease on" not in holder.stderr() and "session expired" not in holder.stderr()
         assert zk.children(BLK) == []
+
+
+def test_lock_command_whose_session_expires_stops_its_command_and_exits_75(bg, worker_progs,
+                                                                          zk, tmp_path):
+    """lockshim lock through the black-holed proxy: once its session has
+    expired (a waiter of another session enters) and the proxy passes
+    again, it says the lease is lost, stops the command's group and exits
+    75, as for a Redis lease lost; the waiter's znode is untouched."""
+    body = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = 60000; '
+            'on_timeout = "skip"; } );\n')
+    d = tmp_path / "direct"
+    d.mkdir()
+    flag = tmp_path / "in"
+    with Proxy(zk.port) as px:
+        cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
+                           '"127.0.0.1:%d"; session_timeout_ms = %d; };\n%s'
+                           % (px.port, SESSION_MS, body))
+        p = subprocess.Popen([CLI, "lock", "-c", cfg, "blk", "--", "sh", "-c",
+                              "touch %s; exec sleep 120" % flag], stderr=subprocess.PIPE,
+                             text=True, env=dict(os.environ, LD_PRELOAD=""))
+        try:
+            wait_for(flag.exists, what="the command inside the lock")
+            mine = zk.children(BLK)
+            waiter = bg([worker_progs["block"]], zk_config(d, zk, body))
+            wait_for(lambda: len(zk.children(BLK)) == 2, timeout=30, what="the waiter's znode")
+            theirs = [n for n in zk.children(BLK) if n not in mine][0]
+            expire_through(px, waiter, "lock")
+            _, err = p.communicate(timeout=30 * MULT)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode == 75, err
+        assert "lease on lockshim:blk was lost (its ZooKeeper session expired)" in err, err
+        assert zk.children(BLK) == [theirs]
+        waiter.send()
+        assert waiter.expect("call").startswith("call rc=42")
+        assert waiter.wait() == 0
