@@ -32,13 +32,14 @@
  * linger_ms (leaseless_listed), or when its module reports lost leases
  * (zookeeper: a session's expiry loses them all, renew_lost_all), never
  * renewed, and the thread starts only for max_hold_ms and linger_ms, or
- * for on_lost "kill"'s SIGKILL after kill_grace_ms. Its overrun (overrun_leaseless) under on_overrun "log"
- * releases the lock at the deadline, as a Redis lock whose renewal stops
- * expires; under "kill" and "abort" the process's death frees it.
+ * for on_lost "kill"'s SIGKILL after kill_grace_ms. Its overrun
+ * (overrun_leaseless) under on_overrun "log" releases the lock at the
+ * deadline, as a Redis lock whose renewal stops expires; under "kill" and
+ * "abort" the process's death frees it.
  *
  * Lease states: HELD -> LOST when Redis says the key is gone or someone
  * else's, or when Redis stayed unreachable for a whole lease since the last
- * confirmation; HELD -> OVERRUN when max_hold_ms passes (renewal stops).
+ * confirmation, or when a module reports its leases lost (renew_lost_all); HELD -> OVERRUN when max_hold_ms passes (renewal stops).
  * Both apply the lock's policy once: log, kill (kill_signal, then SIGKILL
  * after kill_grace_ms) or abort (a program of its own, `lockshim lock`,
  * replaces on_lost with renew_on_lost); a parked lease has no call to
