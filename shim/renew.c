@@ -39,7 +39,8 @@
  *
  * Lease states: HELD -> LOST when Redis says the key is gone or someone
  * else's, or when Redis stayed unreachable for a whole lease since the last
- * confirmation, or when a module reports its leases lost (renew_lost_all); HELD -> OVERRUN when max_hold_ms passes (renewal stops).
+ * confirmation, or when a module reports its leases lost (renew_lost_all);
+ * HELD -> OVERRUN when max_hold_ms passes (renewal stops).
  * Both apply the lock's policy once: log, kill (kill_signal, then SIGKILL
  * after kill_grace_ms) or abort (a program of its own, `lockshim lock`,
  * replaces on_lost with renew_on_lost); a parked lease has no call to
