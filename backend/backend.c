@@ -30,6 +30,7 @@
 #include "conf.h"
 #include "conf_field.h"
 #include "log.h"
+#include "renew.h"
 
 /* Each backend's table, defined in its own file. */
 extern const struct backend_ops backend_redlock, backend_sentinel, backend_cluster,
@@ -148,7 +149,11 @@ static void module_warn(const char *msg)
 	LOG(LOG_WARN, "%s", msg);
 }
 
-static const struct backend_module_host module_host = { module_warn };
+/* The lost-lease path is renew.c's (renew_module_reports_lost,
+ * renew_lost_all). */
+static const struct backend_module_host module_host = {
+	module_warn, renew_module_reports_lost, renew_lost_all,
+};
 
 /* Writes into dir (PATH_MAX bytes) the directory of the object holding this
  * code: the shim's, or (the command, linked with it) the executable's.
