@@ -31,15 +31,13 @@ struct backend_module_file {
 };
 
 /* What the core lends a module: one log line at level warn (the text
- * without the prefix, which the core adds); reports_lost, called from its
- * bind, says the module will report lost leases, so every lock it holds
- * is listed for them (renew.c); lost_all(why) then reports every lock the
- * process holds through the backend as lost, at once (the lost-lease path:
- * on_lost applied, counted), from any thread, never under a lock the
- * module's own releases take. Both are shim/renew.c's. */
+ * without the prefix, which the core adds); lost_all(why), for a backend
+ * whose table says .reports_lost, reports every lock the process holds
+ * through the backend as lost, at once (the lost-lease path: on_lost
+ * applied, counted; backend_on_lost_all), from any thread, never under a
+ * lock the module's own releases take. */
 struct backend_module_host {
 	void (*warn)(const char *msg);
-	void (*reports_lost)(void);
 	void (*lost_all)(const char *why);
 };
 

@@ -118,8 +118,6 @@ static const struct backend *backend;
 static struct backend_conn *conn; /* the thread's own */
 static struct forget *forgets;
 static void (*lost_hook)(const struct lease *l, const char *why); /* renew_on_lost */
-static int module_loses; /* the backend's module reports lost leases (renew_lost_all);
-			  * set at its bind, before any lease */
 
 static void cv_init(void)
 {
@@ -141,11 +139,6 @@ void renew_setup(const struct backend *b)
 {
 	backend = b;
 	cv_init();
-}
-
-void renew_module_reports_lost(void)
-{
-	module_loses = 1;
 }
 
 struct backend_item renew_item(const struct lease *l)
@@ -238,7 +231,7 @@ static int leaseless_thread(const struct lease *l)
  * to report it lost (renew_lost_all). */
 static int leaseless_listed(const struct lease *l)
 {
-	return module_loses || leaseless_thread(l);
+	return backend->ops->reports_lost || leaseless_thread(l);
 }
 
 /* Returns when tracked l, whose key was given ttl_ms, is first renewed:

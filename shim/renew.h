@@ -63,13 +63,8 @@ void renew_on_lost(void (*fn)(const struct lease *l, const char *why));
 /* Sets the backend the thread connects to. Call once, before any lease. */
 void renew_setup(const struct backend *b);
 
-/* host->reports_lost (backend_module.h), called from a module's bind,
- * before any lease: the backend's module reports lost leases, so every
- * lease of a leaseless backend is listed (never renewed; no thread for
- * it) for renew_lost_all to find. */
-void renew_module_reports_lost(void);
-
-/* host->lost_all (backend_module.h): every held lease of the process is
+/* The lost-lease path a backend's module calls (host->lost_all,
+ * backend_module.h; lent by backend_on_lost_all): every held lease of the process is
  * lost (why, after "lease on KEY": "was lost (its ZooKeeper session
  * expired)"), each through the renewal path's lost(): on_lost (or the
  * renew_on_lost hook) applied once, a parked one only logged, counted.

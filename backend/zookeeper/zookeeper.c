@@ -121,8 +121,6 @@ static pthread_once_t sess_once = PTHREAD_ONCE_INIT;
 static void zk_bind(const struct backend_module_host *h)
 {
 	host = h;
-	if (host->reports_lost)
-		host->reports_lost();
 }
 
 /* Formats one warn line into the core's log. */
@@ -1370,6 +1368,7 @@ static int zk_holders(struct backend_conn *c,
 static const struct backend_ops zk_ops = {
 	.name = "zookeeper",
 	.leaseless = 1,
+	.reports_lost = 1,
 	.store = "ZooKeeper",
 	.unlock_why = "unlock: not with backend \"zookeeper\": a lock is an ephemeral znode of "
 		      "its holder's session, which ZooKeeper deletes when the session ends (a dead "
