@@ -148,7 +148,23 @@ static void module_warn(const char *msg)
 	LOG(LOG_WARN, "%s", msg);
 }
 
-static const struct backend_module_host module_host = { module_warn };
+/* The shim's lost-lease path (backend_on_lost_all), set before any lock
+ * and read by the module's threads after (their creation orders them). */
+static void (*lost_path)(const char *why);
+
+void backend_on_lost_all(void (*fn)(const char *why))
+{
+	lost_path = fn;
+}
+
+/* host->lost_all: the lent path, when there is one. */
+static void module_lost_all(const char *why)
+{
+	if (lost_path)
+		lost_path(why);
+}
+
+static const struct backend_module_host module_host = { module_warn, module_lost_all };
 
 /* Writes into dir (PATH_MAX bytes) the directory of the object holding this
  * code: the shim's, or (the command, linked with it) the executable's.

@@ -200,6 +200,10 @@ struct backend_ops {
 	 * acquire that is refused queues the caller already (a caller that
 	 * then gives up leaves, as a waiter does). */
 	int watched;
+	/* 1: the backend tells when its locks are lost (a module's
+	 * host->lost_all: zookeeper's session expiry), so renew.c lists its
+	 * leaseless locks (never renewing them) to report them. */
+	int reports_lost;
 	/* What log lines call the lock store (backend_store: "Redis" when NULL). */
 	const char *store;
 	/* When `lockshim status` or `lockshim unlock` cannot serve this
@@ -358,6 +362,12 @@ struct backend {
  */
 int backend_init(struct backend *b, const struct conf *cfg, char *err, size_t errlen);
 void backend_release(struct backend *b);
+
+/* Lends fn, the shim's lost-lease path (renew_lost_all), to the backends'
+ * modules as host->lost_all (backend_module.h). The shim and `lockshim
+ * lock` set it once their lock state is set up, before any lock; until
+ * then a module's report is dropped. */
+void backend_on_lost_all(void (*fn)(const char *why));
 
 /* Opens a connection of b's backend; NULL with a message in err. */
 static inline struct backend_conn *backend_open(const struct backend *b, char *err,

@@ -21,7 +21,7 @@ struct backend_ops;
 
 /* Raised whenever struct backend_ops, struct backend_item or a module's
  * settings struct changes: a module of another build is refused. */
-#define BACKEND_MODULE_ABI 3
+#define BACKEND_MODULE_ABI 4
 
 /* The stub's description of its module file. */
 struct backend_module_file {
@@ -31,9 +31,14 @@ struct backend_module_file {
 };
 
 /* What the core lends a module: one log line at level warn (the text
- * without the prefix, which the core adds). */
+ * without the prefix, which the core adds); lost_all(why), for a backend
+ * whose table says .reports_lost, reports every lock the process holds
+ * through the backend as lost, at once (the lost-lease path: on_lost
+ * applied, counted; backend_on_lost_all), from any thread, never under a
+ * lock the module's own releases take. */
 struct backend_module_host {
 	void (*warn)(const char *msg);
+	void (*lost_all)(const char *why);
 };
 
 /* The module's one exported symbol. */

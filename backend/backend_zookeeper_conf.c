@@ -5,9 +5,10 @@
  * check, and the lock settings the zookeeper backend refuses. The lease
  * of a ZooKeeper lock is its process's session (heartbeats by the client
  * library, session_timeout_ms), not a per-lock lease: the settings that
- * tune a lease (lease_ms, on_lost, retry_max_ms, break_dead_holders,
- * handoff_ms, on_overrun) are refused when the file sets them, in a lock
- * or in `defaults`; limit > 1, mode "shared", linger_ms > 0 and
+ * tune a lease (lease_ms, retry_max_ms, break_dead_holders, handoff_ms,
+ * on_overrun) are refused when the file sets them, in a lock or in
+ * `defaults`; on_lost is accepted (a session's expiry loses every lock
+ * of the process, each reported through on_lost); limit > 1, mode "shared", linger_ms > 0 and
  * max_hold_ms are refused by value (not built in this step). fair is
  * honoured: the recipe is FIFO by creation. method = "entry" is refused
  * where it may patch a C library function (zk_check_lock). linger_ms's
@@ -60,7 +61,6 @@ bad:
 static const struct conf_refusal unavailable[] = {
 	{ "lease_ms", "the lease is the process's ZooKeeper session (zookeeper."
 	  "session_timeout_ms)" },
-	{ "on_lost", "a session expiry is not reported per lock yet" },
 	{ "retry_max_ms", "a waiter is woken by the watch on its predecessor's znode" },
 	{ "break_dead_holders", "a dead holder's znode vanishes with its session" },
 	{ "handoff_ms", "the lowest znode holds: nothing is handed over" },

@@ -73,12 +73,14 @@ The uncontended, entry, tls, replicas and redlock call rows are measured in
 two placements (taskset): client and server on one CPU, and on two CPUs.
 Prints a markdown report and writes it to bench/results/. `--only PART`
 (uncontended, contended, startup, imports, entry, symbols, tls, replicas,
-cluster, redlock, sets, local, postgres, zookeeper) measures just that part
-and prints just its section and its targets, written only to --out if given.
+cluster, redlock, sets, local, postgres, zookeeper, etcd, versus; or several,
+comma-separated: `--only local,postgres,zookeeper,etcd` gives the backends
+side by side) measures just those parts and prints just their sections and
+targets, written only to --out if given.
 Usage:
 bench.py [--build DIR] [--k K] [--n N] [--reps R] [--startup-runs R]
 [--import-runs R] [--symtab-funcs F] [--symbols-runs R] [--big-funcs F]
-[--cluster-k K] [--only PART] [--out FILE] [--settings S]
+[--cluster-k K] [--only PART[,PART...]] [--out FILE] [--settings S]
 """
 import argparse
 import concurrent.futures
@@ -1162,8 +1164,9 @@ class Bench:
         """backend = "local": the uncontended guarded call minus unguarded (µs,
         one CPU; the best of 3 runs, median of args.sets_rounds rounds, in
         turns with the redis call of linger_ms = 0 for comparison), and P = 8
-        x args.k sections on one key against bare flock(2) of one file (the
-        run with the median sections/s of args.reps; the counter is checked)."""
+        x args.k sections on one key against bare flock(2) of one file and
+        Redis's linger_ms = 0 lock (the run with the median sections/s of
+        args.reps; the counter is checked)."""
         cfg = self.local_config("bench_noop", "noop")
         self.check_log("bench_noop, local", [self.worker, "noop", "-", "3"], cfg,
                        want=["acquired "], unwanted=[" error: ", " warn: "], stdin="g")
@@ -1178,7 +1181,9 @@ class Bench:
                 ("p8-local", [self.worker, "section", self.counter, str(self.args.k)],
                  self.env(self.local_config("section", "section"))),
                 ("p8-flock", [self.worker, "flock", self.counter, str(self.args.k),
-                              os.path.join(self.work, "flock.lock")], self.env(None))):
+                              os.path.join(self.work, "flock.lock")], self.env(None)),
+                ("p8-redis", [self.worker, "section", self.counter, str(self.args.k)],
+                 self.env(self.config(extra=NO_LINGER, tag="p8-redis0")))):
             runs = sorted((self.contended_once(argv, env, 8) for _ in range(self.args.reps)),
                           key=lambda r: r["rate"])
             res[name] = runs[len(runs) // 2]
@@ -1319,7 +1324,7 @@ def side_by_side(add, args, con, startup, local, modules, versus):
     rows = []
     redis0 = [r["redis0"] for r in [local] + list(modules.values())
               if r and "skipped" not in r]
-    p8 = con.get(("lockshim-0", 8)) if con else None
+    p8 = con.get(("lockshim-0", 8)) if con else local and local.get("p8-redis")
     if redis0 or p8:
         rows.append(('redis (linger_ms = 0)', statistics.median(redis0) if redis0 else None,
                      p8))
@@ -1334,7 +1339,7 @@ def side_by_side(add, args, con, startup, local, modules, versus):
     add("")
     add("One run of this bench; the uncontended guarded call minus unguarded on one CPU, "
         "and P = 8 processes x %d sections on one key (unpinned; the median run). Redis's "
-        "P = 8 row is the contended part's linger_ms = 0 run." % args.k)
+        "P = 8 row is the contended part's linger_ms = 0 run, or the local part's." % args.k)
     add("")
     add("| backend | uncontended call | P=8 sections/s | P=8 worst wait |")
     add("|---|---:|---:|---:|")
@@ -1665,11 +1670,12 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
         add("")
         add("P = 8 processes x %d sections on one key (unpinned; the run with the median "
             "sections/s of %d), against bare flock(2) of one file (open, LOCK_EX, section, "
-            "LOCK_UN, close):" % (args.k, args.reps))
+            "LOCK_UN, close) and Redis's lock of linger_ms = 0:" % (args.k, args.reps))
         add("")
         add("| lock | sections/s | wait median | p99 | max | counter exact |")
         add("|---|---:|---:|---:|---:|---|")
-        for name, label in (("p8-local", "backend = \"local\""), ("p8-flock", "bare flock(2)")):
+        for name, label in (("p8-local", "backend = \"local\""), ("p8-flock", "bare flock(2)"),
+                            ("p8-redis", "redis, linger_ms = 0")):
             r = local[name]
             add("| %s | %.0f | %.2f ms | %.2f ms | %.2f ms | %s |" % (
                 label, r["rate"], r["med"], r["p99"], r["max"],
@@ -1809,6 +1815,16 @@ def report(b, args, unc=None, con=None, startup=None, imports=None, entry=None, 
     return "\n".join(lines) + "\n"
 
 
+def parts_arg(text):
+    """--only's value: a list of PARTS (argparse's type)."""
+    parts = [p for p in text.split(",") if p]
+    bad = [p for p in parts if p not in PARTS]
+    if bad or not parts:
+        raise argparse.ArgumentTypeError("not a part: %s (parts: %s)" % (
+            ", ".join(bad) or "none", ", ".join(PARTS)))
+    return parts
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -1823,8 +1839,8 @@ def main():
                     help="runs per case of the symbols part (median)")
     ap.add_argument("--big-funcs", type=int, default=200000,
                     help="exported functions of the symbols part's generated executable")
-    ap.add_argument("--only", choices=PARTS, default=None,
-                    help="measure and report just this part")
+    ap.add_argument("--only", type=parts_arg, default=None,
+                    help="measure and report just these parts (comma-separated)")
     ap.add_argument("--reps", type=int, default=3, help="timed runs per contended row")
     ap.add_argument("--cluster-k", type=int, default=2000,
                     help="sections per process of the cluster part")
@@ -1840,7 +1856,7 @@ def main():
     ap.add_argument("--make", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     b = Bench(args)
-    wanted = [args.only] if args.only else PARTS
+    wanted = args.only or PARTS
     try:
         res = {}
         if "uncontended" in wanted:

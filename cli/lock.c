@@ -476,6 +476,7 @@ static int lock_and_run(const struct backend *b, const struct lock_spec *spec,
 	}
 	set(&wake_fd, fds[1]);
 	renew_on_lost(on_lost);
+	backend_on_lost_all(renew_lost_all);
 	owner_set_program(base_name(o->argv[0]));
 	switch (lock_acquire(spec, args, &call)) {
 	case LOCK_OK:

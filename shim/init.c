@@ -224,6 +224,7 @@ __attribute__((constructor)) static void shim_init(void)
 			_exit(1);
 		goto out;
 	}
+	backend_on_lost_all(renew_lost_all);
 	__atomic_store_n(&shim_state, SHIM_ON, __ATOMIC_RELEASE);
 	rc = redirect_init(&cfg, check, err, sizeof(err));
 	if (check >= 0)

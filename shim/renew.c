@@ -29,14 +29,18 @@
  *
  * A leaseless backend (backend.h: kernel locks) has nothing to renew: its
  * leases are listed only for the thread's other jobs, max_hold_ms and
- * linger_ms (leaseless_listed), never renewed, and the thread starts only
- * for them. Its overrun (overrun_leaseless) under on_overrun "log"
- * releases the lock at the deadline, as a Redis lock whose renewal stops
- * expires; under "kill" and "abort" the process's death frees it.
+ * linger_ms (leaseless_listed), or when its module reports lost leases
+ * (zookeeper: a session's expiry loses them all, renew_lost_all), never
+ * renewed, and the thread starts only for max_hold_ms and linger_ms, or
+ * for on_lost "kill"'s SIGKILL after kill_grace_ms. Its overrun
+ * (overrun_leaseless) under on_overrun "log" releases the lock at the
+ * deadline, as a Redis lock whose renewal stops expires; under "kill" and
+ * "abort" the process's death frees it.
  *
  * Lease states: HELD -> LOST when Redis says the key is gone or someone
  * else's, or when Redis stayed unreachable for a whole lease since the last
- * confirmation; HELD -> OVERRUN when max_hold_ms passes (renewal stops).
+ * confirmation, or when a module reports its leases lost (renew_lost_all);
+ * HELD -> OVERRUN when max_hold_ms passes (renewal stops).
  * Both apply the lock's policy once: log, kill (kill_signal, then SIGKILL
  * after kill_grace_ms) or abort (a program of its own, `lockshim lock`,
  * replaces on_lost with renew_on_lost); a parked lease has no call to
@@ -218,9 +222,16 @@ static int64_t period_us(const struct lease *l)
 
 /* Whether leaseless l has a job for the thread: a deadline (max_hold_ms)
  * or a keep between calls (linger_ms, lock.c parks it). */
-static int leaseless_listed(const struct lease *l)
+static int leaseless_thread(const struct lease *l)
 {
 	return l->spec->max_hold_ms > 0 || l->spec->linger_ms > 0;
+}
+
+/* Whether leaseless l is listed: for the thread's jobs, or for its module
+ * to report it lost (renew_lost_all). */
+static int leaseless_listed(const struct lease *l)
+{
+	return backend->ops->reports_lost || leaseless_thread(l);
 }
 
 /* Returns when tracked l, whose key was given ttl_ms, is first renewed:
@@ -715,7 +726,7 @@ int renew_track(struct lease *l, long long granted_ttl_ms)
 	l->prev = head.prev;
 	head.prev->next = l;
 	head.prev = l;
-	rc = start_thread();
+	rc = backend->ops->leaseless && !leaseless_thread(l) ? 0 : start_thread();
 	wake_by(l->next_renew_us);
 	pthread_mutex_unlock(&mu);
 	return rc;
@@ -731,6 +742,17 @@ int renew_start(void)
 	rc = start_thread();
 	pthread_mutex_unlock(&mu);
 	return rc;
+}
+
+void renew_lost_all(const char *why)
+{
+	pthread_mutex_lock(&mu);
+	for (struct lease *l = head.next; l != &head; l = l->next)
+		if (l->state == LEASE_HELD)
+			lost(l, why);
+	if (kill_pending && start_thread() == 0)
+		pthread_cond_signal(&cv);
+	pthread_mutex_unlock(&mu);
 }
 
 int renew_untrack(struct lease *l)
@@ -800,6 +822,9 @@ void renew_before_exec(struct backend_conn **c)
 	renew_flush(c, "exec");
 	for (;;) {
 		pthread_mutex_lock(&mu);
+		/* a release the renewal thread has in flight ends first: the
+		 * thread does not outlive the image */
+		wait_releases(NULL);
 		n = rel ? take_parked(INT64_MAX, rel, RENEW_BATCH, &next) : 0;
 		pthread_mutex_unlock(&mu);
 		if (n == 0)

@@ -63,6 +63,15 @@ void renew_on_lost(void (*fn)(const struct lease *l, const char *why));
 /* Sets the backend the thread connects to. Call once, before any lease. */
 void renew_setup(const struct backend *b);
 
+/* The lost-lease path a backend's module calls (host->lost_all,
+ * backend_module.h; lent by backend_on_lost_all): every held lease of the process is
+ * lost (why, after "lease on KEY": "was lost (its ZooKeeper session
+ * expired)"), each through the renewal path's lost(): on_lost (or the
+ * renew_on_lost hook) applied once, a parked one only logged, counted.
+ * Starts the thread when a kill needs its SIGKILL after kill_grace_ms.
+ * Takes the list's mutex; calls no backend. Any thread. */
+void renew_lost_all(const char *why);
+
 /* Returns the backend's view of l (key, value, lease, waiting settings, and
  * its limit and mode, so that every operation on it, a forget too, treats
  * it as the permit or shared entry it is); the strings stay owned by l. */
@@ -135,8 +144,9 @@ void renew_conn_failed(struct backend_conn **c, char *err, size_t errlen);
  */
 void renew_forget(const struct backend_item *it);
 
-/* Before exec (the thread dies with the image): releases every parked
- * lease of the process on *c and reads the replies. */
+/* Before exec (the thread dies with the image): waits for the releases
+ * the renewal thread has in flight, then releases every parked lease of
+ * the process on *c and reads the replies. */
 void renew_before_exec(struct backend_conn **c);
 
 /*

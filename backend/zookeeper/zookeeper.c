@@ -8,7 +8,9 @@
  * the lowest holds; a waiter watches only its predecessor: FIFO. The fence
  * is the znode's czxid (zk_create). One session per process, shared by its
  * threads, is the lease (the library heartbeats); its expiry loses every
- * lock of the process (one warn line). Requests use the library's
+ * lock of the process: reported at once, from the watcher, through the
+ * core's lost-lease path (host->lost_all: on_lost), and their releases
+ * send nothing. Requests use the library's
  * asynchronous form, each waited for at most command_timeout_ms on the
  * connection's call slot. The process's znodes (holds) outlive a thread's
  * connection, and a delete lost with the connection (a leader's death) is
@@ -18,6 +20,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -196,8 +199,30 @@ static void sess_setup(void)
 	pthread_atfork(NULL, NULL, sess_child);
 }
 
+/*
+ * Reports every lock of the process lost (host->lost_all: on_lost), with
+ * every signal blocked in this thread: on_lost "kill" signals the process,
+ * and a handler run here, under sess.mu, could call a guarded function.
+ * Holds sess.mu, so no new session (nor a lock in it) exists before every
+ * lock of the ended one is marked; renew.c calls no backend under its own
+ * mutex (this module refuses max_hold_ms and linger_ms), so the order
+ * sess.mu, then renew.c's, is the only one.
+ */
+static void sess_lost(void)
+{
+	sigset_t all, old;
+
+	if (!host || !host->lost_all)
+		return;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	host->lost_all("was lost (its ZooKeeper session expired)");
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
 /* The session's watcher and every path watch: wakes every waiter; an
- * expiry is said once. Runs in the library's completion thread. */
+ * expiry is said once, and its locks reported lost (sess_lost). Runs in
+ * the library's completion thread. */
 static void sess_watch(zhandle_t *zh, int type, int state, const char *path, void *ctx)
 {
 	int said = 0;
@@ -207,6 +232,7 @@ static void sess_watch(zhandle_t *zh, int type, int state, const char *path, voi
 	if (zh == sess.zh && state == ZOO_EXPIRED_SESSION_STATE && !sess.expired) {
 		sess.expired = 1;
 		said = 1;
+		sess_lost();
 	}
 	sess.wake++;
 	snprintf(sess.fired[sess.wake % ZK_FIRED], sizeof(sess.fired[0]), "%s",
@@ -936,9 +962,11 @@ static int zk_delete(struct backend_conn *c, struct zk_hold *h, int async)
 		hold_drop(h);
 		if (!zh)
 			return BACKEND_ERR;
-		/* made in a session that ended: its znode went with it */
-		warn("lock znode %.400s was gone at its release: its session expired while "
-		     "it was held (lost)", h->path);
+		/* made in a session that ended: its znode went with it; said
+		 * here only when the core could not report it at the expiry */
+		if (!host || !host->lost_all)
+			warn("lock znode %.400s was gone at its release: its session "
+			     "expired while it was held (lost)", h->path);
 		return BACKEND_NO;
 	}
 	if (!async) {
@@ -1340,6 +1368,7 @@ static int zk_holders(struct backend_conn *c,
 static const struct backend_ops zk_ops = {
 	.name = "zookeeper",
 	.leaseless = 1,
+	.reports_lost = 1,
 	.store = "ZooKeeper",
 	.unlock_why = "unlock: not with backend \"zookeeper\": a lock is an ephemeral znode of "
 		      "its holder's session, which ZooKeeper deletes when the session ends (a dead "

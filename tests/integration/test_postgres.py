@@ -31,7 +31,8 @@ from support.process import cpu_ticks
 from support.secure import NOBODY, NOGROUP, Layout
 from support.scenarios import refused_setting
 from support.server import serving
-from support.util import CLI, MULT, SHIM, TSAN, cc, run, shim_env, wait_for, write_config
+from support.util import (CLI, MULT, SHIM, TSAN, cc, lib_program, run, shim_env, wait_for,
+                          write_config)
 from support.workers import killed_holder_frees
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
@@ -364,13 +365,8 @@ def test_fork_child_of_another_thread_does_not_keep_the_lock(bg, worker_progs, p
     is /dev/null) and the waiter enters at once, the child still running.
     Without pg_atfork_child the child kept the session, and the lock, until
     it exited (checked by disabling it)."""
-    d = tmp_path / "fork"
-    d.mkdir()
-    (d / "lib.c").write_text(FORK_LIB_C)
-    (d / "main.c").write_text("int held_call(int x);\nint main(void) { return held_call(0); }\n")
-    cc(str(d / "libheld.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC", "-pthread")
-    prog = cc(str(d / "held"), [str(d / "main.c")], "-O2", "-L" + str(d),
-              "-Wl,-rpath," + str(d), "-lheld")
+    prog = lib_program(tmp_path / "fork", "held", FORK_LIB_C, "int held_call(int x);",
+                       "held_call(0)", "-pthread")
     cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "held_call"; key = "blk"; }, '
                     '{ symbol = "block_call"; key = "blk"; wait_ms = 30000; } );\n')
     holder = bg([prog], cfg)
@@ -402,13 +398,8 @@ def test_exec_inside_a_guarded_call_frees_the_lock(bg, worker_progs, pg, tmp_pat
     """libpq's socket is close-on-exec: the exec ends the session, so the
     waiter enters while the exec'd program runs; control: the live holder
     before it (test_control_live_holder_makes_the_waiter_time_out)."""
-    d = tmp_path / "exec"
-    d.mkdir()
-    (d / "lib.c").write_text(EXEC_LIB_C)
-    (d / "main.c").write_text("int exec_call(int x);\nint main(void) { return exec_call(0); }\n")
-    cc(str(d / "libexec.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC")
-    prog = cc(str(d / "execer"), [str(d / "main.c")], "-O2", "-L" + str(d),
-              "-Wl,-rpath," + str(d), "-lexec")
+    prog = lib_program(tmp_path / "exec", "exec", EXEC_LIB_C,
+                       "int exec_call(int x);", "exec_call(0)")
     cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "exec_call"; key = "blk"; }, '
                     '{ symbol = "block_call"; key = "blk"; wait_ms = 30000; } );\n')
     holder = bg([prog], cfg)

@@ -20,7 +20,10 @@ log; control: the writers overlap without the shim), every call entered
 or applied its policy, the run goes on and ends, and nothing is left
 held; a release cut by its member frozen is sent again through another
 member; and a waiter that gives up after a connection loss leaves no
-znode.
+znode. A session's expiry (the holder's connection black-holed by a
+proxy) reports its lock lost at once, while its call runs (on_lost
+"log", "kill"), and its release sends nothing (control: held past the
+session timeout without expiry, nothing is lost).
 """
 import os
 import re
@@ -31,11 +34,11 @@ import time
 import pytest
 
 from support.process import cpu_ticks
-from support.proxy import DROP_REPLIES, PASS, Proxy
+from support.proxy import BLACK_HOLE, DROP_REPLIES, PASS, Proxy
 from support import sets
 from support.scenarios import refused_setting
 from support.server import serving
-from support.util import CLI, MULT, cc, run, status_by_key, wait_for, write_config
+from support.util import CLI, MULT, lib_program, run, status_by_key, wait_for, write_config
 from support.zookeeper import Ensemble, ZookeeperServer, skip_reason
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
@@ -44,6 +47,9 @@ BLOCK_LOCK = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
               'on_timeout = "skip"; } );\n')
 SESSION_MS = 4000
 BLK = "/lockshim/lockshim%3Ablk"  # the key lockshim:blk, encoded
+# the lost-lease line (support/workers.py's LOST) of a session's expiry, on_lost "log"
+LOST_LINE = re.compile(r"error: block_call: lease on lockshim:blk was lost \(its ZooKeeper "
+                       r"session expired\); applying (\w+)")
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +189,7 @@ def test_long_key_is_shortened_with_its_sha1(zk, tmp_path):
 # ---- refusals -------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting", [
-    "lease_ms = 5000", "on_lost = \"kill\"", "linger_ms = 10", "limit = 2",
+    "lease_ms = 5000", "linger_ms = 10", "limit = 2",
     "mode = \"shared\"", "max_hold_ms = 100", "retry_max_ms = 50",
     "break_dead_holders = false", "handoff_ms = 5",
 ])
@@ -286,7 +292,8 @@ def test_lock_command_refuses_what_the_backend_cannot_honour(zk, tmp_path, opts,
 def test_frozen_holder_loses_the_lock_at_its_session_timeout(bg, worker_progs, zk, tmp_path):
     """A holder stopped (SIGSTOP) past session_timeout_ms: its session
     expires, its znode vanishes and the waiter enters; resumed, the holder
-    says its session expired and that its lock was lost (no on_lost yet)."""
+    says its session expired and reports its lock lost (on_lost "log"), once:
+    its release sends nothing and says nothing more."""
     cfg = zk_config(tmp_path, zk, BLOCK_LOCK % 60000)
     holder = bg([worker_progs["block"]], cfg)
     holder.expect("enter")
@@ -306,8 +313,8 @@ def test_frozen_holder_loses_the_lock_at_its_session_timeout(bg, worker_progs, z
     assert holder.wait() == 0
     err = holder.stderr()
     assert "every lock of this process is lost" in err, err
-    assert re.search(r"lock znode %s/lock-[0-9a-fx]+-\d{10} was gone at its release"
-                     % re.escape(BLK), err), err
+    assert len(LOST_LINE.findall(err)) == 1, err
+    assert "was gone at its release" not in err, err
     waiter.send()
     assert waiter.expect("call").startswith("call rc=42")
     assert waiter.wait() == 0
@@ -345,13 +352,8 @@ def test_fork_child_makes_a_session_of_its_own(zk, tmp_path):
     """The parent's session is not the child's (its library threads are not
     there): the child's guarded call makes a new session, and its fence is
     a znode of its own; the parent goes on with its session."""
-    d = tmp_path / "fork"
-    d.mkdir()
-    (d / "lib.c").write_text(FORK_LIB_C)
-    (d / "main.c").write_text("int fork_calls(void);\nint main(void) { return fork_calls(); }\n")
-    cc(str(d / "libfk.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC")
-    prog = cc(str(d / "fk"), [str(d / "main.c")], "-O2", "-L" + str(d),
-              "-Wl,-rpath," + str(d), "-lfk")
+    prog = lib_program(tmp_path / "fork", "fk", FORK_LIB_C,
+                       "int fork_calls(void);", "fork_calls()")
     cfg = zk_config(tmp_path, zk, 'locks = ( { symbol = "lib_call"; key = "fk"; '
                     'wait_ms = 10000; } );\n')
     r = run([prog], cfg, LOCKSHIM_LOG_LEVEL="debug", timeout=60)
@@ -406,13 +408,8 @@ def test_create_given_up_is_deleted_when_its_reply_comes(bg, own_zk, tmp_path):
     server makes them, and their late replies delete them: the key is free
     while the process (and its session) lives on."""
     zk = own_zk
-    d = tmp_path / "two"
-    d.mkdir()
-    (d / "lib.c").write_text(TWO_CALLS_LIB_C)
-    (d / "main.c").write_text("int two_calls(void);\nint main(void) { return two_calls(); }\n")
-    cc(str(d / "libtwo.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC")
-    prog = cc(str(d / "two"), [str(d / "main.c")], "-O2", "-L" + str(d),
-              "-Wl,-rpath," + str(d), "-ltwo")
+    prog = lib_program(tmp_path / "two", "two", TWO_CALLS_LIB_C,
+                       "int two_calls(void);", "two_calls()")
     cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = "%s"; '
                        'session_timeout_ms = 20000; command_timeout_ms = 300; };\n'
                        'locks = ( { symbol = "lib_call"; key = "frz"; wait_ms = 1000; '
@@ -442,13 +439,8 @@ def test_create_whose_connection_was_lost_is_swept(bg, own_zk, tmp_path):
     reconnected and deletes them: the key is free while the process (and its
     session) lives on."""
     zk = own_zk
-    d = tmp_path / "two"
-    d.mkdir()
-    (d / "lib.c").write_text(TWO_CALLS_LIB_C)
-    (d / "main.c").write_text("int two_calls(void);\nint main(void) { return two_calls(); }\n")
-    cc(str(d / "libtwo.so"), [str(d / "lib.c")], "-O2", "-shared", "-fPIC")
-    prog = cc(str(d / "two"), [str(d / "main.c")], "-O2", "-L" + str(d),
-              "-Wl,-rpath," + str(d), "-ltwo")
+    prog = lib_program(tmp_path / "two", "two", TWO_CALLS_LIB_C,
+                       "int two_calls(void);", "two_calls()")
     with Proxy(zk.port) as px:
         cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
                            '"127.0.0.1:%d"; session_timeout_ms = 6000; command_timeout_ms = '
@@ -700,3 +692,152 @@ def test_waiter_that_gives_up_after_a_connection_loss_leaves_no_znode(bg, worker
         assert waiter.wait() == 0
     holder.send("bye")
     assert holder.wait() == 0
+
+
+# ---- on_lost: a session's expiry loses every lock of the process ------------------
+
+def expiring_holder(bg, worker_progs, zk, tmp_path, px, on_lost):
+    """A holder whose session goes through px (on_lost as given) inside its
+    call, and a waiter of a session of its own (direct) queued behind it.
+    Returns (holder, waiter, the waiter's znode name)."""
+    body = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = 60000; '
+            'on_timeout = "skip"; %s } );\n' % on_lost)
+    d = tmp_path / "direct"
+    d.mkdir()
+    cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
+                       '"127.0.0.1:%d"; session_timeout_ms = %d; };\n%s'
+                       % (px.port, SESSION_MS, body))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    mine = zk.children(BLK)
+    assert len(mine) == 1, mine
+    waiter = bg([worker_progs["block"]], zk_config(d, zk, body))
+    wait_for(lambda: len(zk.children(BLK)) == 2, timeout=30, what="the waiter's znode")
+    theirs = [n for n in zk.children(BLK) if n not in mine]
+    return holder, waiter, theirs[0]
+
+
+def expire_through(px, waiter, what):
+    """Black-holes px until the server has expired the holder's session
+    (the waiter enters: the holder's znode is gone), then lets it through,
+    so that the holder's client reconnects and hears of the expiry."""
+    t0 = time.monotonic()
+    px.set_mode(BLACK_HOLE)
+    try:
+        waiter.expect("enter", timeout=SESSION_MS / 1000 + 20 * MULT)
+        took = time.monotonic() - t0
+    finally:
+        px.set_mode(PASS)
+    assert SESSION_MS / 1000 * 0.5 <= took < SESSION_MS / 1000 + 10 * MULT, (what, took)
+
+
+def test_session_expiry_reports_each_lock_lost_while_its_call_runs(bg, worker_progs, zk,
+                                                                   tmp_path):
+    """The holder's connection black-holed (a proxy) past session_timeout_ms:
+    the server ends its session, the waiter (another session) enters; the
+    proxy passing again, the holder's client hears of the expiry and the
+    holder reports its lock lost at once (on_lost "log": the lost-lease
+    line), while its call still runs. Its release then sends nothing: the
+    waiter's znode, the only one, is untouched."""
+    with Proxy(zk.port) as px:
+        holder, waiter, theirs = expiring_holder(bg, worker_progs, zk, tmp_path, px, "")
+        expire_through(px, waiter, "log")
+        wait_for(lambda: LOST_LINE.search(holder.stderr()), timeout=30 * MULT,
+                 what="the holder's lost-lease line")
+        assert holder.p.poll() is None  # inside its call still: no "call" line yet
+        assert LOST_LINE.search(holder.stderr()).group(1) == "log"
+        holder.send()
+        assert holder.expect("call").startswith("call rc=42")
+        assert holder.wait() == 0
+        err = holder.stderr()
+        assert len(LOST_LINE.findall(err)) == 1, err
+        assert "was gone at its release" not in err, err
+        assert zk.children(BLK) == [theirs]  # no double release
+        waiter.send()
+        assert waiter.expect("call").startswith("call rc=42")
+        assert waiter.wait() == 0
+        assert zk.children(BLK) == []
+
+
+def test_session_expiry_applies_on_lost_kill(bg, worker_progs, zk, tmp_path):
+    """The same expiry under on_lost = "kill" (kill_signal SIGUSR1): the
+    holder dies by its signal inside its call, and the waiter's znode is
+    untouched by its death."""
+    with Proxy(zk.port) as px:
+        holder, waiter, theirs = expiring_holder(bg, worker_progs, zk, tmp_path, px,
+                                                 'on_lost = "kill"; kill_signal = "SIGUSR1";')
+        expire_through(px, waiter, "kill")
+        assert holder.wait(timeout=30 * MULT) == -signal.SIGUSR1, holder.stderr()
+        m = LOST_LINE.search(holder.stderr())
+        assert m and m.group(1) == "kill", holder.stderr()
+        assert zk.children(BLK) == [theirs]
+        waiter.send()
+        assert waiter.expect("call").startswith("call rc=42")
+        assert waiter.wait() == 0
+        assert zk.children(BLK) == []
+
+
+def test_control_held_past_the_session_timeout_without_expiry_is_not_lost(bg, worker_progs,
+                                                                          zk, tmp_path):
+    """Control: the same holder through the proxy, never cut, holds longer
+    than session_timeout_ms (the library heartbeats): on_lost "kill" never
+    fires, the waiter times out at wait_ms, and the holder's call ends."""
+    body = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
+            'on_timeout = "skip"; on_lost = "kill"; kill_signal = "SIGUSR1"; } );\n'
+            % (SESSION_MS * 3 // 2))
+    d = tmp_path / "direct"
+    d.mkdir()
+    with Proxy(zk.port) as px:
+        cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
+                           '"127.0.0.1:%d"; session_timeout_ms = %d; };\n%s'
+                           % (px.port, SESSION_MS, body))
+        holder = bg([worker_progs["block"]], cfg)
+        holder.expect("enter")
+        waiter = bg([worker_progs["block"]], zk_config(d, zk, body))
+        assert waiter.expect("call", timeout=SESSION_MS / 1000 + 20 * MULT) \
+            .startswith("call rc=-1"), waiter.stderr()
+        assert waiter.wait() == 0
+        assert holder.p.poll() is None and "lease on" not in holder.stderr(), holder.stderr()
+        holder.send()
+        assert holder.expect("call").startswith("call rc=42")
+        assert holder.wait() == 0
+        assert "lease on" not in holder.stderr() and "session expired" not in holder.stderr()
+        assert zk.children(BLK) == []
+
+
+def test_lock_command_whose_session_expires_stops_its_command_and_exits_75(bg, worker_progs,
+                                                                          zk, tmp_path):
+    """lockshim lock through the black-holed proxy: once its session has
+    expired (a waiter of another session enters) and the proxy passes
+    again, it says the lease is lost, stops the command's group and exits
+    75, as for a Redis lease lost; the waiter's znode is untouched."""
+    body = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = 60000; '
+            'on_timeout = "skip"; } );\n')
+    d = tmp_path / "direct"
+    d.mkdir()
+    flag = tmp_path / "in"
+    with Proxy(zk.port) as px:
+        cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
+                           '"127.0.0.1:%d"; session_timeout_ms = %d; };\n%s'
+                           % (px.port, SESSION_MS, body))
+        p = subprocess.Popen([CLI, "lock", "-c", cfg, "blk", "--", "sh", "-c",
+                              "touch %s; exec sleep 120" % flag], stderr=subprocess.PIPE,
+                             text=True, env=dict(os.environ, LD_PRELOAD=""))
+        try:
+            wait_for(flag.exists, what="the command inside the lock")
+            mine = zk.children(BLK)
+            waiter = bg([worker_progs["block"]], zk_config(d, zk, body))
+            wait_for(lambda: len(zk.children(BLK)) == 2, timeout=30, what="the waiter's znode")
+            theirs = [n for n in zk.children(BLK) if n not in mine][0]
+            expire_through(px, waiter, "lock")
+            _, err = p.communicate(timeout=30 * MULT)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode == 75, err
+        assert "lease on lockshim:blk was lost (its ZooKeeper session expired)" in err, err
+        assert zk.children(BLK) == [theirs]
+        waiter.send()
+        assert waiter.expect("call").startswith("call rc=42")
+        assert waiter.wait() == 0

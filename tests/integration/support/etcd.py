@@ -16,11 +16,11 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import urllib.request
 
+from resp import free_port
 from support.process import ServerProcess
 from support.util import wait_for
 
@@ -32,14 +32,6 @@ def skip_reason():
     if not ETCD:
         return "no etcd server: etcd is missing (apt-get install etcd-server)"
     return None
-
-
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -54,8 +46,8 @@ class EtcdServer(ServerProcess):
         self.name = name
         self.dir = tempfile.mkdtemp(prefix="lsetcd")
         self.log = os.path.join(self.dir, "etcd.log")
-        self.port = _free_port()
-        self.peer = _free_port()
+        self.port = free_port()
+        self.peer = free_port()
         self.proc = None
 
     def endpoint(self):

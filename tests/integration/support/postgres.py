@@ -11,10 +11,10 @@ import glob
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 
+from resp import free_port
 from support.process import ServerProcess
 from support.util import wait_for
 
@@ -44,10 +44,7 @@ class PostgresServer(ServerProcess):
         os.chmod(self.dir, 0o755)
         self.data = os.path.join(self.dir, "data")
         self.log = os.path.join(self.dir, "postgres.log")
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        self.port = s.getsockname()[1]
-        s.close()
+        self.port = free_port()
         self.proc = None
         self.bindir = os.path.dirname(INITDB)
         subprocess.run(["chown", "postgres", self.dir], check=True)

@@ -175,3 +175,16 @@ def status_by_key(cfg, *args):
     r = run([CLI, "status", "-c", cfg, "--json"] + list(args))
     assert r.returncode == 0, r.stderr
     return {o["key"]: o for o in map(json.loads, r.stdout.splitlines())}
+
+
+def lib_program(d, name, lib_c, decl, call, *lib_flags):
+    """Builds, in the new directory d, lib<name>.so from the C text lib_c
+    (with lib_flags) and the program <name> linked with it (rpath d),
+    whose main is `decl` then `return call;` (decl declares the library's
+    function, e.g. "int exec_call(int x);"). Returns the program's path."""
+    d.mkdir()
+    (d / "lib.c").write_text(lib_c)
+    (d / "main.c").write_text("%s\nint main(void) { return %s; }\n" % (decl, call))
+    cc(str(d / ("lib%s.so" % name)), [str(d / "lib.c")], "-O2", "-shared", "-fPIC", *lib_flags)
+    return cc(str(d / name), [str(d / "main.c")], "-O2", "-L" + str(d),
+              "-Wl,-rpath," + str(d), "-l" + name)

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import tempfile
 
+from resp import free_port
 from support.process import ServerProcess
 from support.util import wait_for
 
@@ -51,14 +52,6 @@ def _classpath():
     return ":".join(jars)
 
 
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 # every member's settings: a 4 s session is allowed (2 ticks at least)
 _CFG = ("tickTime=500\n"
         "minSessionTimeout=1000\n"
@@ -79,7 +72,7 @@ class ZookeeperServer(ServerProcess):
 
     def __init__(self, parent=None, myid=None, members=""):
         self.dir = tempfile.mkdtemp(prefix="lszk", dir=parent)
-        self.port = _free_port()
+        self.port = free_port()
         self.cfg = os.path.join(self.dir, "zoo.cfg")
         self.log = os.path.join(self.dir, "zookeeper.log")
         data = os.path.join(self.dir, "data")
@@ -177,7 +170,7 @@ class Ensemble:
 
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="lszkens")
-        lines = "".join("server.%d=127.0.0.1:%d:%d\n" % (i, _free_port(), _free_port())
+        lines = "".join("server.%d=127.0.0.1:%d:%d\n" % (i, free_port(), free_port())
                         for i in range(1, self.SIZE + 1))
         self.members = [ZookeeperServer(self.dir, i, lines) for i in range(1, self.SIZE + 1)]
 
