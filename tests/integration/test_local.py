@@ -1114,6 +1114,8 @@ def test_fair_waiters_enter_in_arrival_order(bg, progs, worker_progs, tmp_path, 
     ws = queue_waiters(bg, progs, cfg, tmp_path, log, 3, fair)
     for w in ws:
         os.kill(w.p.pid, signal.SIGSTOP)
+    for w in ws:  # the stops take effect before the release
+        wait_for(lambda: stopped(w.p.pid), what="waiter %d stopped" % w.p.pid)
     for h in holders:
         h.send()
         h.expect("call rc=42")
@@ -1224,3 +1226,9 @@ def test_fork_child_does_not_keep_a_fair_ticket(bg, sets_prog, progs, worker_pro
     r = run([progs["driver"], "log:" + log], cfg)
     assert r.returncode == 0 and logged(log) and time.monotonic() - t0 < 1.5 * MULT, r.stderr
     fw.p.stdin.close()  # the child's stdin: it exits
+
+
+def stopped(pid):
+    """Whether pid is stopped (a SIGSTOP has taken effect: /proc state T)."""
+    with open("/proc/%d/stat" % pid) as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
