@@ -3,7 +3,9 @@
  * postgres.c - the postgres backend, a module (liblockshim-postgres.so,
  * backend_module.h) on libpq5: session advisory locks on the id
  * hashtextextended(key, 0) (psql finds them), one session per thread; the
- * server frees a session's locks when it ends. Try: pg_try_advisory_lock
+ * server frees a session's locks when it ends. mode "shared" uses the
+ * _shared functions on the same id; fair needs nothing (the server queues
+ * waiters in order, and a try never passes one). Try: pg_try_advisory_lock
  * and nextval('lockshim_fence') in one statement; wait: one blocking
  * pg_advisory_lock under lock_timeout; release: pg_advisory_unlock, async,
  * in pipeline mode. The lease is the session's idle_session_timeout, set
@@ -44,24 +46,46 @@
  * the session's idle_session_timeout from then on (the lease: the
  * shortest of the locks it holds, "0" when none); a wait's $2 its
  * lock_timeout. A try that fails sets nothing (the nested CASE); a wait
- * that times out sets nothing either (its transaction is rolled back). */
-static const char sql_try_fenced[] =
-	"SELECT CASE WHEN pg_try_advisory_lock(hashtextextended($1, 0)) THEN CASE WHEN "
-	"set_config('idle_session_timeout', $2, false) IS NOT NULL THEN "
-	"nextval('lockshim_fence') END ELSE -1 END";
-static const char sql_try[] =
-	"SELECT CASE WHEN pg_try_advisory_lock(hashtextextended($1, 0)) THEN CASE WHEN "
-	"set_config('idle_session_timeout', $2, false) IS NOT NULL THEN 0 END ELSE -1 END";
-static const char sql_wait_fenced[] =
-	"SELECT set_config('lock_timeout', $2, false), "
-	"pg_advisory_lock(hashtextextended($1, 0)), nextval('lockshim_fence'), "
-	"set_config('idle_session_timeout', $3, false)";
-static const char sql_wait[] =
-	"SELECT set_config('lock_timeout', $2, false), "
-	"pg_advisory_lock(hashtextextended($1, 0)), 0, "
-	"set_config('idle_session_timeout', $3, false)";
-static const char sql_unlock[] = "SELECT pg_advisory_unlock(hashtextextended($1, 0)), "
-	"set_config('idle_session_timeout', $2, false)";
+ * that times out sets nothing either (its transaction is rolled back).
+ * LK is the lock function: pg_advisory_lock or, for mode "shared",
+ * pg_advisory_lock_shared on the same id (shared holders run together,
+ * never beside an exclusive one). */
+#define PG_TRY(LK, F) "SELECT CASE WHEN pg_try_" LK "(hashtextextended($1, 0)) THEN CASE " \
+	"WHEN set_config('idle_session_timeout', $2, false) IS NOT NULL THEN " F " END " \
+	"ELSE -1 END"
+#define PG_WAIT(LK, F) "SELECT set_config('lock_timeout', $2, false), " \
+	"pg_" LK "(hashtextextended($1, 0)), " F ", " \
+	"set_config('idle_session_timeout', $3, false)"
+#define PG_UNLOCK(LK) "SELECT pg_" LK "(hashtextextended($1, 0)), " \
+	"set_config('idle_session_timeout', $2, false)"
+#define PG_FENCE "nextval('lockshim_fence')"
+static const char sql_try_fenced[] = PG_TRY("advisory_lock", PG_FENCE);
+static const char sql_try[] = PG_TRY("advisory_lock", "0");
+static const char sql_wait_fenced[] = PG_WAIT("advisory_lock", PG_FENCE);
+static const char sql_wait[] = PG_WAIT("advisory_lock", "0");
+static const char sql_unlock[] = PG_UNLOCK("advisory_unlock");
+static const char sql_try_fenced_s[] = PG_TRY("advisory_lock_shared", PG_FENCE);
+static const char sql_try_s[] = PG_TRY("advisory_lock_shared", "0");
+static const char sql_wait_fenced_s[] = PG_WAIT("advisory_lock_shared", PG_FENCE);
+static const char sql_wait_s[] = PG_WAIT("advisory_lock_shared", "0");
+static const char sql_unlock_s[] = PG_UNLOCK("advisory_unlock_shared");
+
+/* The statements a session prepares (prepare_statements: the fenced
+ * variants when the sequence is usable, else the others, under the same
+ * names), and their parameters' types. */
+static const struct pg_stmt {
+	const char *name, *types, *sql, *sql_fenced;
+} pg_stmts[] = {
+	{ "lockshim_try", "text, text", sql_try, sql_try_fenced },
+	{ "lockshim_wait", "text, text, text", sql_wait, sql_wait_fenced },
+	{ "lockshim_unlock", "text, text", sql_unlock, sql_unlock },
+	{ "lockshim_try_s", "text, text", sql_try_s, sql_try_fenced_s },
+	{ "lockshim_wait_s", "text, text, text", sql_wait_s, sql_wait_fenced_s },
+	{ "lockshim_unlock_s", "text, text", sql_unlock_s, sql_unlock_s },
+};
+#define PG_NSTMTS (sizeof(pg_stmts) / sizeof(pg_stmts[0]))
+enum { PG_S_TRY, PG_S_WAIT, PG_S_UNLOCK, PG_S_KINDS }; /* + PG_S_KINDS: shared */
+
 /* The renewal's ping of a holder's session: it is not idle for long. */
 static const char sql_ping[] = "SELECT 1";
 /* At connect, one round trip: the server's TCP keepalive on this session
@@ -355,11 +379,20 @@ static const char *stmt_name(const struct backend_conn *c, const char *sql)
 {
 	if (!c->prepared)
 		return NULL;
-	if (sql == sql_try_fenced || sql == sql_try)
-		return "lockshim_try";
-	if (sql == sql_wait_fenced || sql == sql_wait)
-		return "lockshim_wait";
-	return sql == sql_unlock ? "lockshim_unlock" : NULL;
+	for (size_t i = 0; i < PG_NSTMTS; i++)
+		if (sql == pg_stmts[i].sql || sql == pg_stmts[i].sql_fenced)
+			return pg_stmts[i].name;
+	return NULL;
+}
+
+/* Returns the text of statement kind (PG_S_TRY...) for it's mode on c
+ * (the fenced variant when c's sequence is usable); static. */
+static const char *stmt_sql(const struct backend_conn *c, int kind,
+			    const struct backend_item *it)
+{
+	const struct pg_stmt *s = &pg_stmts[kind + (it->shared ? PG_S_KINDS : 0)];
+
+	return c->fenced ? s->sql_fenced : s->sql;
 }
 
 /* Sends sql with params (text) on c: piped, behind the unread replies of
@@ -650,21 +683,24 @@ static int fence_setup(struct backend_conn *c)
 }
 
 /*
- * Prepares the session's three statements (the fenced variants when the
- * sequence is usable) in one round trip, so that each call's statement is
+ * Prepares the session's statements, exclusive and shared (pg_stmts: the
+ * fenced variants when the sequence is usable), in one round trip, so that each call's statement is
  * not parsed and planned again. Sets c->prepared; a failure only leaves
  * the statements unprepared. Returns BACKEND_OK, or BACKEND_ERR (the
  * session dropped).
  */
 static int prepare_statements(struct backend_conn *c)
 {
-	char sql[1024];
+	char sql[4096];
+	size_t n = 0;
 	PGresult *r;
 
-	snprintf(sql, sizeof(sql), "PREPARE lockshim_try(text, text) AS %s; PREPARE "
-		 "lockshim_wait(text, text, text) AS %s; PREPARE lockshim_unlock(text, text) AS %s",
-		 c->fenced ? sql_try_fenced : sql_try, c->fenced ? sql_wait_fenced : sql_wait,
-		 sql_unlock);
+	for (size_t i = 0; i < PG_NSTMTS && n < sizeof(sql); i++)
+		n += (size_t)snprintf(sql + n, sizeof(sql) - n, "%sPREPARE %s(%s) AS %s",
+				      i ? "; " : "", pg_stmts[i].name, pg_stmts[i].types,
+				      c->fenced ? pg_stmts[i].sql_fenced : pg_stmts[i].sql);
+	if (n >= sizeof(sql))
+		return fail(c, "connect (PREPARE)", "statements too long");
 	if (!PQsendQuery(c->pg, sql))
 		return fail(c, "connect (PREPARE)", PQerrorMessage(c->pg));
 	if (!(r = result_read(c, now_ms() + c->bc->spec->command_timeout_ms,
@@ -827,9 +863,8 @@ static int pg_acquire_locked(struct backend_conn *c, const struct backend_item *
 	long long f;
 
 	*fence = 0;
-	if (backend_item_set(it)) {
-		snprintf(c->err, sizeof(c->err), "the postgres backend has no semaphores or "
-			 "shared locks yet");
+	if (it->limit > 1) {
+		snprintf(c->err, sizeof(c->err), "the postgres backend has no semaphores yet");
 		return BACKEND_ERR;
 	}
 	if (hold_index(c, it) >= 0)
@@ -842,7 +877,7 @@ static int pg_acquire_locked(struct backend_conn *c, const struct backend_item *
 		return BACKEND_ERR;
 	v[0] = key_text(c, it);
 	v[1] = idle_text(c, it->lease_ms, idle);
-	if (!(r = run(c, c->fenced ? sql_try_fenced : sql_try, 2, v,
+	if (!(r = run(c, stmt_sql(c, PG_S_TRY, it), 2, v,
 		      c->bc->spec->command_timeout_ms, "acquire")))
 		return BACKEND_ERR;
 	if (!rows_ok(c, r, "acquire")) {
@@ -893,7 +928,7 @@ static int pg_release_locked(struct backend_conn *c, const struct backend_item *
 
 		if (c->pending == PG_PENDING_MAX && drain(c) != BACKEND_OK)
 			return BACKEND_ERR;
-		if (send_query(c, sql_unlock, 2, v, "release") != BACKEND_OK)
+		if (send_query(c, stmt_sql(c, PG_S_UNLOCK, it), 2, v, "release") != BACKEND_OK)
 			return BACKEND_ERR;
 		k = (c->phead + c->pending++) % PG_PENDING_MAX;
 		c->pkeys[k].klen = it->klen < KEY_BUF_SIZE ? it->klen : KEY_BUF_SIZE;
@@ -903,7 +938,8 @@ static int pg_release_locked(struct backend_conn *c, const struct backend_item *
 			return fail(c, "release", PQerrorMessage(c->pg));
 		return BACKEND_OK;
 	}
-	if (!(r = run(c, sql_unlock, 2, v, c->bc->spec->command_timeout_ms, "release")))
+	if (!(r = run(c, stmt_sql(c, PG_S_UNLOCK, it), 2, v, c->bc->spec->command_timeout_ms,
+		      "release")))
 		return BACKEND_ERR;
 	ok = rows_ok(c, r, "release") && PQgetvalue(r, 0, 0)[0] == 't';
 	PQclear(r);
@@ -947,7 +983,7 @@ static int pg_wait_locked(struct backend_conn *c, const struct backend_item *it,
 	v[0] = key_text(c, it);
 	v[1] = lt;
 	v[2] = idle_text(c, it->lease_ms, idle);
-	if (!(r = run(c, c->fenced ? sql_wait_fenced : sql_wait, 3, v,
+	if (!(r = run(c, stmt_sql(c, PG_S_WAIT, it), 3, v,
 		      timeout_ms + c->bc->spec->command_timeout_ms, "wait")))
 		return BACKEND_ERR;
 	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {

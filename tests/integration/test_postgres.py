@@ -30,6 +30,7 @@ from support.postgres import PostgresServer, skip_reason
 from support.process import cpu_ticks
 from support.secure import NOBODY, NOGROUP, Layout
 from support.scenarios import refused_setting
+from support.sets import replay, run_all, writer_behind_readers
 from support.server import serving
 from support.util import CLI, MULT, SHIM, TSAN, cc, run, shim_env, wait_for, write_config
 from support.workers import killed_holder_frees
@@ -484,9 +485,8 @@ def test_frozen_server_bounds_every_call(worker_progs, own_pg, tmp_path):
 # ---- refusals -------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting", [
-    "linger_ms = 10", "limit = 2",
-    "mode = \"shared\"", "max_hold_ms = 100", "retry_max_ms = 50",
-    "break_dead_holders = false", "fair = true", "handoff_ms = 5",
+    "linger_ms = 10", "limit = 2", "max_hold_ms = 100", "retry_max_ms = 50",
+    "break_dead_holders = false", "handoff_ms = 5",
 ])
 @pytest.mark.parametrize("where", ["lock", "defaults"])
 def test_refused_settings(pg, tmp_path, setting, where):
@@ -672,3 +672,109 @@ def test_setuid_program_refuses_the_users_libpq_variables(pg):
         assert len(lines) == 1 and "PGSSLROOTCERT is set in a set-ID program" in lines[0], err
     finally:
         lay.cleanup()
+
+
+# ---- mode = "shared" and fair (issue 23, step 3) -----------------------------------
+#
+# The observed program of test_sets.py (support/sets.py): each guarded call
+# appends "r+"/"w+" to a log when it starts and "r-"/"w-" when it ends;
+# replaying the log counts who was inside at once.
+
+def set_lock(symbol, settings):
+    return '{ symbol = "%s"; key = "k"; wait_ms = 30000; %s }' % (symbol, settings)
+
+
+RW_PG = "locks = ( %s, %s );\n" % (set_lock("set_read", 'mode = "shared";'),
+                                   set_lock("set_write", ""))
+
+
+@pytest.mark.parametrize("where", ["lock", "defaults"])
+@pytest.mark.parametrize("setting", ['mode = "shared"', "fair = true"])
+def test_shared_and_fair_are_accepted(pg, tmp_path, where, setting):
+    """mode = "shared" and fair = true are honoured (no longer refused;
+    limit = 2 still is: test_refused_settings)."""
+    body = ('defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
+            if where == "defaults" else
+            'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting)
+    r = run([CLI, "check", "-c", pg_config(tmp_path, pg, body)])
+    assert r.returncode == 0 and "postgres: ok" in r.stdout, (r.stdout, r.stderr)
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("guarded", [True, False], ids=["shared", "control-unguarded"])
+def test_shared_readers_overlap_writers_alone(sets_prog, pg, tmp_path, guarded):
+    """Shared readers (pg_advisory_lock_shared) are inside together, a
+    writer (pg_advisory_lock on the same id) is always alone, every call
+    entered, no error. Control: unguarded, a writer is inside beside
+    others."""
+    log = str(tmp_path / "log")
+    cfg = pg_config(tmp_path, pg, RW_PG) if guarded else None
+    runs = [(sets_prog, "r", cfg, log, 2, 6, 40)] * 4 + [(sets_prog, "w", cfg, log, 1, 6, 20)] * 2
+    total, err = run_all(runs)
+    readers, writers, mixed = replay(log)
+    if not guarded:
+        assert mixed
+        return
+    assert total == 4 * 2 * 6 + 2 * 6 and readers > 1, err[-3000:]
+    assert writers == 1 and not mixed, err[-3000:]
+    assert "error" not in err, err[-3000:]
+    assert advisory(pg) == 0
+
+
+@pytest.mark.parametrize("mode", ["shared", "exclusive"], ids=["shared", "control-exclusive"])
+def test_shared_holder_is_a_shared_advisory_lock(bg, worker_progs, pg, tmp_path, mode):
+    """A shared holder's lock is pg_advisory_lock_shared on the key's id:
+    another session's shared try succeeds, an exclusive try fails, and
+    pg_locks says ShareLock. Control: an exclusive holder refuses both."""
+    setting = 'mode = "shared";' if mode == "shared" else ""
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                    'wait_ms = 30000; %s } );\n' % setting)
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    kid = "hashtextextended('lockshim:blk', 0)"
+    assert pg.psql("SELECT pg_try_advisory_lock(%s)" % kid) == "f"
+    assert pg.psql("SELECT pg_try_advisory_lock_shared(%s)" % kid) == \
+        ("t" if mode == "shared" else "f")
+    assert pg.psql("SELECT mode FROM pg_locks WHERE locktype = 'advisory' AND granted") == \
+        ("ShareLock" if mode == "shared" else "ExclusiveLock")
+    holder.send()
+    holder.expect("call rc=42")
+
+
+@pytest.mark.timing
+def test_writer_not_starved_by_readers(sets_prog, pg, tmp_path):
+    """Readers (4 processes x 2 threads, 100 ms calls) keep the key held
+    without a gap between the marks x and y (the control: a writer waiting
+    for a free key would wait for the whole stream); a writer arriving
+    meanwhile enters within a few calls' time (the server queues a new
+    shared request behind a waiting exclusive one: its lock queue's
+    waitMask), alone, and the readers go on after."""
+    log = str(tmp_path / "log")
+    writer_behind_readers(sets_prog, pg_config(tmp_path, pg, RW_PG), log,
+                          str(tmp_path / "stop"), 1000)
+    assert replay(log)[1:] == (1, False)
+
+
+def test_fair_waiters_enter_in_arrival_order(bg, worker_progs, pg, tmp_path):
+    """fair = true: three waiters queued one after the other (each seen
+    waiting in pg_locks before the next starts) behind a holder enter in
+    that order, one at a time: the server hands the lock over at the
+    release to its first waiter, and a try never passes a queued one. (No
+    control shows them out of order: the server has no other order; a
+    grant to another would leave the expected one waiting, and its expect
+    would time out.)"""
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                    'wait_ms = 30000; fair = true; } );\n')
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    waiters = []
+    for i in range(3):
+        waiters.append(bg([worker_progs["block"]], cfg))
+        wait_for(lambda: advisory(pg, granted=False) == i + 1, what="waiter %d queued" % i)
+    holder.send()
+    holder.expect("call rc=42")
+    for i, w in enumerate(waiters):
+        w.expect("enter")
+        assert advisory(pg, granted=False) == 2 - i
+        w.send()
+        w.expect("call rc=42")
