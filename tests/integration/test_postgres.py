@@ -778,3 +778,31 @@ def test_fair_waiters_enter_in_arrival_order(bg, worker_progs, pg, tmp_path):
         assert advisory(pg, granted=False) == 2 - i
         w.send()
         w.expect("call rc=42")
+
+
+def test_shared_try_does_not_pass_a_waiting_exclusive(bg, worker_progs, pg, tmp_path):
+    """A shared holder inside: a shared caller (wait_ms 500) enters beside
+    it (the control); once an exclusive caller waits behind the holder, a
+    new shared caller's first try is refused and it times out instead of
+    entering ahead of the waiter; the waiter enters after the holder."""
+    lock = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
+            'on_timeout = "skip"; %s } );\n')
+    for d in "stx":
+        (tmp_path / d).mkdir()
+    shared = pg_config(tmp_path / "s", pg, lock % (30000, 'mode = "shared";'))
+    shared_short = pg_config(tmp_path / "t", pg, lock % (500, 'mode = "shared";'))
+    holder = bg([worker_progs["block"]], shared)
+    holder.expect("enter")
+    r = run([worker_progs["block"]], shared_short)
+    assert "call rc=42" in r.stdout, (r.stdout, r.stderr)  # control: beside the holder
+    waiter = bg([worker_progs["block"]], pg_config(tmp_path / "x", pg, lock % (30000, "")))
+    wait_for(lambda: advisory(pg, granted=False) == 1, what="the exclusive waiter queued")
+    t0 = time.monotonic()
+    r = run([worker_progs["block"]], shared_short)
+    assert r.stdout.startswith("call rc=-1"), (r.stdout, r.stderr)
+    assert time.monotonic() - t0 >= 0.45
+    holder.send()
+    holder.expect("call rc=42")
+    waiter.expect("enter")
+    waiter.send()
+    waiter.expect("call rc=42")
