@@ -6,8 +6,8 @@
  * advisory lock's lease is its session's idle_session_timeout, kept by the
  * renewal thread's pings (lease_ms, on_lost). Refused when the file sets
  * them, in a lock or in `defaults`: retry_max_ms, break_dead_holders,
- * handoff_ms, on_overrun; by value: limit > 1, linger_ms > 0 and
- * max_hold_ms (fair and mode "shared" are honoured: postgres.c). linger_ms's built-in value is 0 here
+ * handoff_ms, on_overrun; by value: linger_ms > 0 and max_hold_ms
+ * (fair, limit and mode "shared" are honoured: postgres.c). linger_ms's built-in value is 0 here
  * (pg_lock_defaults). The password file is read with conf_read_password_file
  * (in secure-execution mode only a trusted one, as redis.password_file); the module reads
  * LOCKSHIM_POSTGRES_PASSWORD itself (secure_getenv). This file is in the
@@ -58,7 +58,6 @@ static const struct conf_refusal unavailable[] = {
 
 /* The values not built yet for this backend, refused when a lock asks. */
 static const struct conf_refusal unbuilt[] = {
-	{ "limit", "limit > 1 (a semaphore)" },
 	{ "linger_ms", "linger_ms > 0 (its default is 0 with this backend)" },
 	{ "max_hold_ms", "max_hold_ms" },
 	{ NULL, NULL }

@@ -36,55 +36,14 @@
 #include "backend.h"
 #include "backend_module.h"
 #include "backend_postgres_conf.h"
+#include "postgres_sql.h"
 
 #define PG_TOKEN 32            /* the token prefix of a lock value (owner.h) */
 #define PG_WAIT_MAX_MS 3600000 /* one blocking wait at most (then asked again) */
 #define PG_KEYTEXT_MAX (2 * KEY_BUF_SIZE + 3)
 #define PG_PENDING_MAX 8       /* async releases in flight on a connection */
-
-/* What the server runs; $1 the key's text; $2 (try, unlock) or $3 (wait)
- * the session's idle_session_timeout from then on (the lease: the
- * shortest of the locks it holds, "0" when none); a wait's $2 its
- * lock_timeout. A try that fails sets nothing (the nested CASE); a wait
- * that times out sets nothing either (its transaction is rolled back).
- * LK is the lock function: pg_advisory_lock or, for mode "shared",
- * pg_advisory_lock_shared on the same id (shared holders run together,
- * never beside an exclusive one). */
-#define PG_TRY(LK, F) "SELECT CASE WHEN pg_try_" LK "(hashtextextended($1, 0)) THEN CASE " \
-	"WHEN set_config('idle_session_timeout', $2, false) IS NOT NULL THEN " F " END " \
-	"ELSE -1 END"
-#define PG_WAIT(LK, F) "SELECT set_config('lock_timeout', $2, false), " \
-	"pg_" LK "(hashtextextended($1, 0)), " F ", " \
-	"set_config('idle_session_timeout', $3, false)"
-#define PG_UNLOCK(LK) "SELECT pg_" LK "(hashtextextended($1, 0)), " \
-	"set_config('idle_session_timeout', $2, false)"
-#define PG_FENCE "nextval('lockshim_fence')"
-static const char sql_try_fenced[] = PG_TRY("advisory_lock", PG_FENCE);
-static const char sql_try[] = PG_TRY("advisory_lock", "0");
-static const char sql_wait_fenced[] = PG_WAIT("advisory_lock", PG_FENCE);
-static const char sql_wait[] = PG_WAIT("advisory_lock", "0");
-static const char sql_unlock[] = PG_UNLOCK("advisory_unlock");
-static const char sql_try_fenced_s[] = PG_TRY("advisory_lock_shared", PG_FENCE);
-static const char sql_try_s[] = PG_TRY("advisory_lock_shared", "0");
-static const char sql_wait_fenced_s[] = PG_WAIT("advisory_lock_shared", PG_FENCE);
-static const char sql_wait_s[] = PG_WAIT("advisory_lock_shared", "0");
-static const char sql_unlock_s[] = PG_UNLOCK("advisory_unlock_shared");
-
-/* The statements a session prepares (prepare_statements: the fenced
- * variants when the sequence is usable, else the others, under the same
- * names), and their parameters' types. */
-static const struct pg_stmt {
-	const char *name, *types, *sql, *sql_fenced;
-} pg_stmts[] = {
-	{ "lockshim_try", "text, text", sql_try, sql_try_fenced },
-	{ "lockshim_wait", "text, text, text", sql_wait, sql_wait_fenced },
-	{ "lockshim_unlock", "text, text", sql_unlock, sql_unlock },
-	{ "lockshim_try_s", "text, text", sql_try_s, sql_try_fenced_s },
-	{ "lockshim_wait_s", "text, text, text", sql_wait_s, sql_wait_fenced_s },
-	{ "lockshim_unlock_s", "text, text", sql_unlock_s, sql_unlock_s },
-};
-#define PG_NSTMTS (sizeof(pg_stmts) / sizeof(pg_stmts[0]))
-enum { PG_S_TRY, PG_S_WAIT, PG_S_UNLOCK, PG_S_KINDS }; /* + PG_S_KINDS: shared */
+#define PG_PERMIT_WAIT_MS 200  /* a permit's waiter blocks on one permit this
+				* long at most, then tries them all again */
 
 /* The renewal's ping of a holder's session: it is not idle for long. */
 static const char sql_ping[] = "SELECT 1";
@@ -111,6 +70,7 @@ struct backend_config {
 /* A lock this session holds: its token and lease. */
 struct pg_hold {
 	long long lease_ms;
+	int slot;         /* the permit held (1..limit), 0 exclusive or shared */
 	size_t tlen;
 	char tok[PG_TOKEN];
 };
@@ -127,6 +87,9 @@ struct backend_conn {
 				  * session was not idle then (pg_renew) */
 	int fenced;              /* the sequence is usable */
 	int prepared;            /* the statements are prepared (stmt_name) */
+	int try_next;            /* a shared wait was refused (permit holders, or
+				  * a race): the next acquire tries again */
+	unsigned turn;           /* the permit a permit waiter blocks on next */
 	int piped;               /* libpq pipeline mode: a query may be sent before
 				  * the replies of earlier ones are read */
 	int pending;             /* async releases whose replies are unread (at
@@ -390,7 +353,8 @@ static const char *stmt_name(const struct backend_conn *c, const char *sql)
 static const char *stmt_sql(const struct backend_conn *c, int kind,
 			    const struct backend_item *it)
 {
-	const struct pg_stmt *s = &pg_stmts[kind + (it->shared ? PG_S_KINDS : 0)];
+	const struct pg_stmt *s = &pg_stmts[kind + (it->limit > 1 ? 2 * PG_S_KINDS :
+						      it->shared ? PG_S_KINDS : 0)];
 
 	return c->fenced ? s->sql_fenced : s->sql;
 }
@@ -502,7 +466,7 @@ static long hold_index(const struct backend_conn *c, const struct backend_item *
 
 /* Records it as held by c's session (under conns.mu: the registry).
  * Returns 0, or -1 out of memory. */
-static int hold_add(struct backend_conn *c, const struct backend_item *it)
+static int hold_add(struct backend_conn *c, const struct backend_item *it, int slot)
 {
 	int rc = 0;
 
@@ -519,6 +483,7 @@ static int hold_add(struct backend_conn *c, const struct backend_item *it)
 		c->capholds = cap;
 	}
 	c->holds[c->nholds].lease_ms = it->lease_ms;
+	c->holds[c->nholds].slot = slot;
 	c->holds[c->nholds].tlen = token_len(it);
 	memcpy(c->holds[c->nholds].tok, it->val, token_len(it));
 	c->nholds++;
@@ -551,11 +516,12 @@ static const char *idle_text(const struct backend_conn *c, long long lease_ms, c
 	return buf;
 }
 
-/* Records a grant of it; on no room the session is dropped (the lock is
- * freed with it). Returns BACKEND_OK or BACKEND_ERR. */
-static int granted(struct backend_conn *c, const struct backend_item *it)
+/* Records a grant of it (slot: its permit, 0 none); on no room the
+ * session is dropped (the lock is freed with it). Returns BACKEND_OK or
+ * BACKEND_ERR. */
+static int granted(struct backend_conn *c, const struct backend_item *it, int slot)
 {
-	if (hold_add(c, it) == 0)
+	if (hold_add(c, it, slot) == 0)
 		return BACKEND_OK;
 	return fail(c, "acquire", "out of memory for the session's holds");
 }
@@ -691,17 +657,22 @@ static int fence_setup(struct backend_conn *c)
  */
 static int prepare_statements(struct backend_conn *c)
 {
-	char sql[4096];
-	size_t n = 0;
+	size_t n = 0, size = 1;
+	char *sql;
 	PGresult *r;
+	int sent;
 
-	for (size_t i = 0; i < PG_NSTMTS && n < sizeof(sql); i++)
-		n += (size_t)snprintf(sql + n, sizeof(sql) - n, "%sPREPARE %s(%s) AS %s",
+	for (size_t i = 0; i < PG_NSTMTS; i++)
+		size += 64 + strlen(pg_stmts[i].sql_fenced) + strlen(pg_stmts[i].sql);
+	if (!(sql = malloc(size)))
+		return fail(c, "connect (PREPARE)", "out of memory");
+	for (size_t i = 0; i < PG_NSTMTS; i++)
+		n += (size_t)snprintf(sql + n, size - n, "%sPREPARE %s(%s) AS %s",
 				      i ? "; " : "", pg_stmts[i].name, pg_stmts[i].types,
 				      c->fenced ? pg_stmts[i].sql_fenced : pg_stmts[i].sql);
-	if (n >= sizeof(sql))
-		return fail(c, "connect (PREPARE)", "statements too long");
-	if (!PQsendQuery(c->pg, sql))
+	sent = PQsendQuery(c->pg, sql);
+	free(sql);
+	if (!sent)
 		return fail(c, "connect (PREPARE)", PQerrorMessage(c->pg));
 	if (!(r = result_read(c, now_ms() + c->bc->spec->command_timeout_ms,
 			      "connect (PREPARE)")))
@@ -849,49 +820,65 @@ static void pg_close(struct backend_conn *c)
 
 /* ---- locking ------------------------------------------------------------ */
 
+/* Says a mismatch: the statement's code r (-10 - the holders' limit).
+ * Returns BACKEND_MISMATCH. */
+static int mismatch(struct backend_conn *c, const struct backend_item *it, long long r)
+{
+	snprintf(c->err, sizeof(c->err), "limit %d here, %lld for the key's holders",
+		 it->limit > 1 ? it->limit : 1, -10 - r);
+	return BACKEND_MISMATCH;
+}
+
 /*
- * The first try: pg_try_advisory_lock, and the fence when granted. A
- * waiter does not try here (its wait blocks in the server): BACKEND_NO
- * with a wait as long as it likes. Its token held already: taken.
+ * The first try (postgres_sql.h): the key's lock, exclusive or shared, or
+ * the first free permit, and the fence when granted. A waiter does not
+ * try here (its wait blocks in the server): BACKEND_NO with a wait as
+ * long as it likes; a permit's waiter does (it waits on one permit only),
+ * and so does a shared one whose wait was refused. Its token held
+ * already: taken. BACKEND_MISMATCH: holders of another limit (c->err).
  */
 static int pg_acquire_locked(struct backend_conn *c, const struct backend_item *it,
 			     long long *wait_ms, long long *fence)
 {
-	char idle[24];
-	const char *v[2];
+	char idle[24], lim[16];
+	const char *v[3];
 	PGresult *r;
-	long long f;
+	long long code, f;
+	int permit = it->limit > 1;
 
 	*fence = 0;
-	if (it->limit > 1) {
-		snprintf(c->err, sizeof(c->err), "the postgres backend has no semaphores yet");
-		return BACKEND_ERR;
-	}
 	if (hold_index(c, it) >= 0)
 		return BACKEND_OK;
-	if (it->waiting) {
+	if (it->waiting && !permit && !c->try_next) {
 		*wait_ms = LLONG_MAX / 4;
 		return BACKEND_NO;
 	}
+	c->try_next = 0;
 	if (session_up(c) != BACKEND_OK)
 		return BACKEND_ERR;
+	snprintf(lim, sizeof(lim), "%d", it->limit);
 	v[0] = key_text(c, it);
 	v[1] = idle_text(c, it->lease_ms, idle);
-	if (!(r = run(c, stmt_sql(c, PG_S_TRY, it), 2, v,
+	v[2] = lim;
+	if (!(r = run(c, stmt_sql(c, PG_S_TRY, it), permit ? 3 : 2, v,
 		      c->bc->spec->command_timeout_ms, "acquire")))
 		return BACKEND_ERR;
 	if (!rows_ok(c, r, "acquire")) {
 		PQclear(r);
 		return BACKEND_ERR;
 	}
-	f = atoll(PQgetvalue(r, 0, 0));
+	code = atoll(PQgetvalue(r, 0, 0));
+	f = permit ? atoll(PQgetvalue(r, 0, 1)) : code;
 	PQclear(r);
-	if (f < 0) {
-		*wait_ms = BACKEND_NOT_QUEUED;
+	if (code <= -10)
+		return mismatch(c, it, code);
+	if (code < 0 || (permit && code == 0)) {
+		/* a permit's waiter blocks on one permit (pg_wait) */
+		*wait_ms = permit ? LLONG_MAX / 4 : BACKEND_NOT_QUEUED;
 		return BACKEND_NO;
 	}
 	*fence = f;
-	return granted(c, it);
+	return granted(c, it, permit ? (int)code : 0);
 }
 
 static int pg_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
@@ -913,22 +900,27 @@ static int pg_acquire(struct backend_conn *c, const struct backend_item *it, lon
 static int pg_release_locked(struct backend_conn *c, const struct backend_item *it, int async)
 {
 	long i = hold_index(c, it);
-	char idle[24];
-	const char *v[2];
+	char idle[24], slot[16], lim[16];
+	const char *v[4];
+	int n = it->limit > 1 ? 4 : 2;
 	PGresult *r;
 	int ok;
 
 	if (i < 0)
 		return BACKEND_NO;
+	snprintf(slot, sizeof(slot), "%d", c->holds[i].slot);
+	snprintf(lim, sizeof(lim), "%d", it->limit);
 	hold_remove(c, (size_t)i);
 	v[0] = key_text(c, it);
 	v[1] = idle_text(c, 0, idle);
+	v[2] = slot;
+	v[3] = lim;
 	if (async) {
 		int k;
 
 		if (c->pending == PG_PENDING_MAX && drain(c) != BACKEND_OK)
 			return BACKEND_ERR;
-		if (send_query(c, stmt_sql(c, PG_S_UNLOCK, it), 2, v, "release") != BACKEND_OK)
+		if (send_query(c, stmt_sql(c, PG_S_UNLOCK, it), n, v, "release") != BACKEND_OK)
 			return BACKEND_ERR;
 		k = (c->phead + c->pending++) % PG_PENDING_MAX;
 		c->pkeys[k].klen = it->klen < KEY_BUF_SIZE ? it->klen : KEY_BUF_SIZE;
@@ -938,7 +930,7 @@ static int pg_release_locked(struct backend_conn *c, const struct backend_item *
 			return fail(c, "release", PQerrorMessage(c->pg));
 		return BACKEND_OK;
 	}
-	if (!(r = run(c, stmt_sql(c, PG_S_UNLOCK, it), 2, v, c->bc->spec->command_timeout_ms,
+	if (!(r = run(c, stmt_sql(c, PG_S_UNLOCK, it), n, v, c->bc->spec->command_timeout_ms,
 		      "release")))
 		return BACKEND_ERR;
 	ok = rows_ok(c, r, "release") && PQgetvalue(r, 0, 0)[0] == 't';
@@ -959,37 +951,52 @@ static int pg_release(struct backend_conn *c, const struct backend_item *it, int
 
 /*
  * Blocks in the server on the lock of it's key for at most timeout_ms
- * (lock_timeout, set in the same statement): GRANTED with the fence when
- * the release (or the holder's death) hands it over, NO at the timeout.
+ * (lock_timeout, set in the same statement), a permit's waiter on one
+ * permit (in turn) for at most PG_PERMIT_WAIT_MS: GRANTED with the fence
+ * when the release (or the holder's death) hands it over, NO at the
+ * timeout, or when the checks after it refused (postgres_sql.h: given
+ * back; the next acquire tries and says why).
  */
 static int pg_wait_locked(struct backend_conn *c, const struct backend_item *it,
 			  long long timeout_ms, long long *fence)
 {
-	char lt[24], idle[24];
-	const char *v[3];
+	char lt[24], idle[24], lim[16], slot[16];
+	const char *v[5];
+	int permit = it->limit > 1;
 	PGresult *r;
 	const char *state;
+	long long code;
 
 	*fence = 0;
 	if (hold_index(c, it) >= 0)
 		return BACKEND_GRANTED;
 	if (timeout_ms <= 0)
 		return BACKEND_NO;
-	if (timeout_ms > PG_WAIT_MAX_MS)
-		timeout_ms = PG_WAIT_MAX_MS;
+	if (timeout_ms > (permit ? PG_PERMIT_WAIT_MS : PG_WAIT_MAX_MS))
+		timeout_ms = permit ? PG_PERMIT_WAIT_MS : PG_WAIT_MAX_MS;
 	if (session_up(c) != BACKEND_OK)
 		return BACKEND_ERR;
 	snprintf(lt, sizeof(lt), "%lld", timeout_ms);
+	snprintf(lim, sizeof(lim), "%d", it->limit);
+	snprintf(slot, sizeof(slot), "%u", permit ? 1 + c->turn++ % (unsigned)it->limit : 0);
 	v[0] = key_text(c, it);
 	v[1] = lt;
 	v[2] = idle_text(c, it->lease_ms, idle);
-	if (!(r = run(c, stmt_sql(c, PG_S_WAIT, it), 3, v,
+	v[3] = lim;
+	v[4] = slot;
+	if (!(r = run(c, stmt_sql(c, PG_S_WAIT, it), permit ? 5 : 3, v,
 		      timeout_ms + c->bc->spec->command_timeout_ms, "wait")))
 		return BACKEND_ERR;
 	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
-		*fence = atoll(PQgetvalue(r, 0, 2));
+		code = atoll(PQgetvalue(r, 0, permit ? 0 : 2));
+		*fence = permit ? atoll(PQgetvalue(r, 0, 1)) : code;
 		PQclear(r);
-		return granted(c, it) == BACKEND_OK ? BACKEND_GRANTED : BACKEND_ERR;
+		if (code < 0 || (permit && code <= 0)) {
+			c->try_next = 1;
+			return BACKEND_NO;
+		}
+		return granted(c, it, permit ? (int)code : 0) == BACKEND_OK ? BACKEND_GRANTED :
+			BACKEND_ERR;
 	}
 	state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
 	if (state && strcmp(state, "55P03") == 0) { /* lock_not_available */

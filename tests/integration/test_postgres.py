@@ -485,7 +485,7 @@ def test_frozen_server_bounds_every_call(worker_progs, own_pg, tmp_path):
 # ---- refusals -------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting", [
-    "linger_ms = 10", "limit = 2", "max_hold_ms = 100", "retry_max_ms = 50",
+    "linger_ms = 10", "max_hold_ms = 100", "retry_max_ms = 50",
     "break_dead_holders = false", "handoff_ms = 5",
 ])
 @pytest.mark.parametrize("where", ["lock", "defaults"])
@@ -692,7 +692,7 @@ RW_PG = "locks = ( %s, %s );\n" % (set_lock("set_read", 'mode = "shared";'),
 @pytest.mark.parametrize("setting", ['mode = "shared"', "fair = true"])
 def test_shared_and_fair_are_accepted(pg, tmp_path, where, setting):
     """mode = "shared" and fair = true are honoured (no longer refused;
-    limit = 2 still is: test_refused_settings)."""
+    the control: what still is, test_refused_settings)."""
     body = ('defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
             if where == "defaults" else
             'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting)
@@ -725,7 +725,9 @@ def test_shared_readers_overlap_writers_alone(sets_prog, pg, tmp_path, guarded):
 def test_shared_holder_is_a_shared_advisory_lock(bg, worker_progs, pg, tmp_path, mode):
     """A shared holder's lock is pg_advisory_lock_shared on the key's id:
     another session's shared try succeeds, an exclusive try fails, and
-    pg_locks says ShareLock. Control: an exclusive holder refuses both."""
+    pg_locks says ShareLock (on the key's id; a shared holder also holds
+    (hashtext(key), 1) shared, postgres_sql.h). Control: an exclusive
+    holder refuses both."""
     setting = 'mode = "shared";' if mode == "shared" else ""
     cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "block_call"; key = "blk"; '
                     'wait_ms = 30000; %s } );\n' % setting)
@@ -735,7 +737,8 @@ def test_shared_holder_is_a_shared_advisory_lock(bg, worker_progs, pg, tmp_path,
     assert pg.psql("SELECT pg_try_advisory_lock(%s)" % kid) == "f"
     assert pg.psql("SELECT pg_try_advisory_lock_shared(%s)" % kid) == \
         ("t" if mode == "shared" else "f")
-    assert pg.psql("SELECT mode FROM pg_locks WHERE locktype = 'advisory' AND granted") == \
+    assert pg.psql("SELECT mode FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                   "AND objsubid = 1") == \
         ("ShareLock" if mode == "shared" else "ExclusiveLock")
     holder.send()
     holder.expect("call rc=42")
@@ -806,3 +809,106 @@ def test_shared_try_does_not_pass_a_waiting_exclusive(bg, worker_progs, pg, tmp_
     waiter.expect("enter")
     waiter.send()
     waiter.expect("call rc=42")
+
+
+# ---- limit = N (issue 23, step 3) --------------------------------------------------
+
+@pytest.mark.timing
+@pytest.mark.parametrize("limit,most", [(3, 3), (None, 1), ("control", None)],
+                         ids=["limit3", "default", "control-unguarded"])
+def test_limit_bounds_the_holders(sets_prog, pg, tmp_path, limit, most):
+    """8 processes x 2 threads: limit 3 (permits hashtextextended(key, 1..3))
+    lets never more than 3 in, and 3 are reached; no limit, one at a time.
+    Control: unguarded, more than 3. Nothing is left held."""
+    log = str(tmp_path / "log")
+    extra = "limit = %d;" % limit if limit != "control" and limit else ""
+    cfg = None if limit == "control" else pg_config(
+        tmp_path, pg, "locks = ( %s );\n" % set_lock("set_read", extra))
+    total, err = run_all([(sets_prog, "r", cfg, log, 2, 4, 30)] * 8)
+    assert total == 8 * 2 * 4
+    if limit == "control":
+        assert replay(log)[0] > 3
+        return
+    assert replay(log)[0] == most, err[-3000:]
+    assert "error" not in err, err[-3000:]
+    assert advisory(pg) == 0
+
+
+def mismatch_cfg(tmp_path, pg, name, setting):
+    d = tmp_path / name
+    d.mkdir()
+    return pg_config(d, pg, 'locks = ( { symbol = "hold_call"; key = "k"; wait_ms = 20000; '
+                     '%s } );\n' % setting)
+
+
+def assert_mismatch(progs, cfg, here, theirs):
+    """A caller of cfg gets one error line naming both limits and on_error
+    at once (skip: rc -1, EBUSY), well before its wait_ms."""
+    t0 = time.monotonic()
+    r = run([progs["driver"], "call:0"], cfg)
+    assert time.monotonic() - t0 < 5 * MULT
+    assert r.stdout.strip().splitlines()[-1] == "call rc=-1 errno=16", r.stderr
+    lines = [l for l in r.stderr.splitlines() if ": error: " in l]
+    assert len(lines) == 1, r.stderr
+    assert "limit %d here, %d for the key's holders" % (here, theirs) in lines[0], lines
+    assert "lockshim:k" in lines[0], lines
+
+
+def test_limit_mismatch_is_an_error_at_once(progs, procs, pg, tmp_path):
+    """Two holders took the key with limit = 3 (permits 1 and 2): callers
+    with limit 2 (no permit free of theirs), with no limit (exclusive) and
+    shared get the mismatch at once. Control: limit 3 enters beside them
+    (permit 3). Nothing is left held by the refused callers."""
+    cfg3 = mismatch_cfg(tmp_path, pg, "3", "limit = 3;")
+    holders = [procs([progs["driver"], "call:60000"], cfg3) for _ in range(2)]
+    for h in holders:
+        h.expect("enter")
+    before = advisory(pg)
+    for i, (limit, setting) in enumerate([(2, "limit = 2;"), (1, ""),
+                                          (1, 'mode = "shared";')]):
+        assert_mismatch(progs, mismatch_cfg(tmp_path, pg, "c%d" % i, setting), limit, 3)
+        assert advisory(pg) == before
+    r = run([progs["driver"], "call:0"], cfg3)
+    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+
+
+@pytest.mark.parametrize("mode", ["exclusive", "shared"])
+def test_limit_one_holder_mismatches_a_semaphore(progs, procs, pg, tmp_path, mode):
+    """An exclusive (or shared) holder: a limit = 3 caller gets the mismatch
+    at once (limit 1 for the holders); a shared caller waits for the
+    exclusive holder (or enters beside the shared one). Control: the
+    exclusive holder's own kind of caller waits and enters after it."""
+    setting = 'mode = "shared";' if mode == "shared" else ""
+    holder = procs([progs["driver"], "call:3000"], mismatch_cfg(tmp_path, pg, "h", setting))
+    holder.expect("enter")
+    assert_mismatch(progs, mismatch_cfg(tmp_path, pg, "p", "limit = 3;"), 3, 1)
+    t0 = time.monotonic()
+    r = run([progs["driver"], "call:0"], mismatch_cfg(tmp_path, pg, "s", 'mode = "shared";'))
+    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+    if mode == "exclusive":
+        assert time.monotonic() - t0 > 0.3  # waited for the holder (3 s from its start)
+    else:
+        assert time.monotonic() - t0 < 2.5
+    assert holder.finish()[0] == 0
+
+
+def test_semaphore_holders_refuse_an_exclusive_waiter_then_admit_it(progs, procs, pg,
+                                                                   tmp_path):
+    """A permit waiter (limit 1 permit full) blocks and enters when the
+    permit is given back; an exclusive caller after the permits are gone
+    enters (nothing of the set is left: the mark, the family and id0 are
+    released with the permit)."""
+    cfg1 = mismatch_cfg(tmp_path, pg, "a", "limit = 2;")
+    holders = [procs([progs["driver"], "call:1500"], cfg1) for _ in range(2)]
+    for h in holders:
+        h.expect("enter")
+    t0 = time.monotonic()
+    r = run([progs["driver"], "call:0"], cfg1)
+    took = time.monotonic() - t0
+    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+    assert 0.3 < took < 1.5 + 2 * MULT, took  # waited for a permit
+    for h in holders:
+        assert h.finish()[0] == 0
+    assert advisory(pg) == 0
+    r = run([progs["driver"], "call:0"], mismatch_cfg(tmp_path, pg, "x", ""))
+    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
