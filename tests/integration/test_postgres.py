@@ -912,3 +912,27 @@ def test_semaphore_holders_refuse_an_exclusive_waiter_then_admit_it(progs, procs
     assert advisory(pg) == 0
     r = run([progs["driver"], "call:0"], mismatch_cfg(tmp_path, pg, "x", ""))
     assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+
+
+def test_limit_mismatch_seen_only_without_a_free_permit(progs, procs, pg, tmp_path):
+    """What is not detected (lockshim.cfg(5) POSTGRES): one holder of limit
+    3 (permit 1), a caller of limit 2 finds its permit 2 free and enters
+    (at most 3, the larger limit, are inside); the mismatch is told once
+    no permit of the caller's is free (test_limit_mismatch_is_an_error_at_once)."""
+    holder = procs([progs["driver"], "call:60000"], mismatch_cfg(tmp_path, pg, "3", "limit = 3;"))
+    holder.expect("enter")
+    r = run([progs["driver"], "call:0"], mismatch_cfg(tmp_path, pg, "2", "limit = 2;"))
+    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+
+
+@pytest.mark.parametrize("where", ["lock", "defaults"])
+def test_fair_with_limit_is_refused(pg, tmp_path, where):
+    """fair = true with limit > 1: a permit's waiters poll, their order is
+    not kept: one line naming the setting, exit 78 (control: each alone is
+    accepted, test_shared_and_fair_are_accepted and the limit tests)."""
+    body = ('defaults = { fair = true; };\nlocks = ( { symbol = "rename"; key = "k"; '
+            'limit = 2; } );\n' if where == "defaults" else
+            'locks = ( { symbol = "rename"; key = "k"; limit = 2; fair = true; } );\n')
+    r = run([CLI, "check", "-c", pg_config(tmp_path, pg, body)])
+    assert r.returncode == 78, (r.stdout, r.stderr)
+    assert "fair = true with limit > 1 is not built yet" in r.stderr, r.stderr
