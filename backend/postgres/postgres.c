@@ -820,13 +820,30 @@ static void pg_close(struct backend_conn *c)
 
 /* ---- locking ------------------------------------------------------------ */
 
-/* Says a mismatch: the statement's code r (-10 - the holders' limit).
- * Returns BACKEND_MISMATCH. */
-static int mismatch(struct backend_conn *c, const struct backend_item *it, long long r)
+/* Asks why a try was refused by a check (postgres_sql.h's why statement:
+ * pg_locks). Returns BACKEND_MISMATCH (c->err names both limits) when the
+ * key's holders have another limit, BACKEND_NO when none is there (busy),
+ * BACKEND_ERR. */
+static int refused_why(struct backend_conn *c, const struct backend_item *it)
 {
-	snprintf(c->err, sizeof(c->err), "limit %d here, %lld for the key's holders",
-		 it->limit > 1 ? it->limit : 1, -10 - r);
-	return BACKEND_MISMATCH;
+	char lim[16];
+	const char *v[2] = { key_text(c, it), lim };
+	PGresult *r;
+	int rc = BACKEND_NO;
+
+	snprintf(lim, sizeof(lim), "%d", it->limit);
+	if (!(r = run(c, stmt_sql(c, PG_S_WHY, it), it->limit > 1 ? 2 : 1, v,
+		      c->bc->spec->command_timeout_ms, "acquire")))
+		return BACKEND_ERR;
+	if (!rows_ok(c, r, "acquire"))
+		rc = BACKEND_ERR;
+	else if (!PQgetisnull(r, 0, 0)) {
+		snprintf(c->err, sizeof(c->err), "limit %d here, %s for the key's holders",
+			 it->limit > 1 ? it->limit : 1, PQgetvalue(r, 0, 0));
+		rc = BACKEND_MISMATCH;
+	}
+	PQclear(r);
+	return rc;
 }
 
 /*
@@ -835,7 +852,9 @@ static int mismatch(struct backend_conn *c, const struct backend_item *it, long 
  * try here (its wait blocks in the server): BACKEND_NO with a wait as
  * long as it likes; a permit's waiter does (it waits on one permit only),
  * and so does a shared one whose wait was refused. Its token held
- * already: taken. BACKEND_MISMATCH: holders of another limit (c->err).
+ * already: taken. BACKEND_MISMATCH: holders of another limit (c->err;
+ * asked in a second statement after a refusal by a check, or the first
+ * refusal of a call with no permit free).
  */
 static int pg_acquire_locked(struct backend_conn *c, const struct backend_item *it,
 			     long long *wait_ms, long long *fence)
@@ -844,7 +863,7 @@ static int pg_acquire_locked(struct backend_conn *c, const struct backend_item *
 	const char *v[3];
 	PGresult *r;
 	long long code, f;
-	int permit = it->limit > 1;
+	int permit = it->limit > 1, rc;
 
 	*fence = 0;
 	if (hold_index(c, it) >= 0)
@@ -870,8 +889,10 @@ static int pg_acquire_locked(struct backend_conn *c, const struct backend_item *
 	code = atoll(PQgetvalue(r, 0, 0));
 	f = permit ? atoll(PQgetvalue(r, 0, 1)) : code;
 	PQclear(r);
-	if (code <= -10)
-		return mismatch(c, it, code);
+	/* another kind's holders, or no permit free at a call's first try */
+	if ((code == -2 || (code == -3 && !it->waiting)) &&
+	    (rc = refused_why(c, it)) != BACKEND_NO)
+		return rc;
 	if (code < 0 || (permit && code == 0)) {
 		/* a permit's waiter blocks on one permit (pg_wait) */
 		*wait_ms = permit ? LLONG_MAX / 4 : BACKEND_NOT_QUEUED;
