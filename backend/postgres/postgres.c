@@ -1,21 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * postgres.c - the postgres backend, a module (liblockshim-postgres.so,
- * backend_module.h) on libpq5: session advisory locks on the id
- * hashtextextended(key, 0) (psql finds them), one session per thread; the
- * server frees a session's locks when it ends. mode "shared" uses the
- * _shared functions on the same id; fair needs nothing (the server queues
- * waiters in order, and a try never passes one). Try: pg_try_advisory_lock
- * and nextval('lockshim_fence') in one statement; wait: one blocking
- * pg_advisory_lock under lock_timeout; release: pg_advisory_unlock, async,
- * in pipeline mode. The lease is the session's idle_session_timeout, set
- * by those statements (the shortest lease held; 0: none), so the server
- * ends a frozen holder's session; pg_renew pings each holder's session
- * (the holds registry, conns) under its connection's mutex. Commands are
- * bounded by poll; one late closes the session (the next try or wait
- * reopens it). Parameters are bound, never spliced. A fork child's sockets
- * become /dev/null. One export (postgres.map); of the core, only bind's
- * warning callback is used.
+ * backend_module.h) on libpq5: session advisory locks on hashtextextended(key,
+ * 0), one session per thread, freed by the server when it ends; shared:
+ * the _shared functions; limit N: permits hashtextextended(key, 1..N)
+ * (postgres_sql.h: the statements, and their checks against holders of
+ * another limit). A try takes the lock and nextval('lockshim_fence') in one
+ * statement; a wait blocks in the server under lock_timeout (a permit's, on
+ * one permit at a time); a release is async, in pipeline mode. The lease
+ * is the session's idle_session_timeout, set by those statements; pg_renew
+ * pings each holder's session (the holds registry, conns). Commands are
+ * bounded by poll; one late closes the session (reopened by the next try).
+ * Parameters are bound, never spliced. A fork child's sockets become
+ * /dev/null. One export (postgres.map); of the core, only bind's warn.
  */
 #include <errno.h>
 #include <limits.h>

@@ -892,12 +892,11 @@ def test_limit_one_holder_mismatches_a_semaphore(progs, procs, pg, tmp_path, mod
     assert holder.finish()[0] == 0
 
 
-def test_semaphore_holders_refuse_an_exclusive_waiter_then_admit_it(progs, procs, pg,
-                                                                   tmp_path):
-    """A permit waiter (limit 1 permit full) blocks and enters when the
-    permit is given back; an exclusive caller after the permits are gone
-    enters (nothing of the set is left: the mark, the family and id0 are
-    released with the permit)."""
+def test_permit_waiter_enters_when_a_permit_is_given_back(progs, procs, pg, tmp_path):
+    """Both permits of limit 2 held (1.5 s calls): a third caller blocks
+    and enters when one is given back; an exclusive caller after the
+    permits are gone enters (nothing of the set is left: the mark, the
+    family and id0 are given back with the permit)."""
     cfg1 = mismatch_cfg(tmp_path, pg, "a", "limit = 2;")
     holders = [procs([progs["driver"], "call:1500"], cfg1) for _ in range(2)]
     for h in holders:
