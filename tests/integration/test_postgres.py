@@ -31,6 +31,7 @@ from support.process import cpu_ticks
 from support.secure import NOBODY, NOGROUP, Layout
 from support.scenarios import refused_setting
 from support.sets import replay, run_all, writer_behind_readers
+from support.sets import start as start_sets
 from support.server import serving
 from support.util import CLI, MULT, SHIM, TSAN, cc, run, shim_env, wait_for, write_config
 from support.workers import killed_holder_frees
@@ -935,3 +936,37 @@ def test_fair_with_limit_is_refused(pg, tmp_path, where):
     r = run([CLI, "check", "-c", pg_config(tmp_path, pg, body)])
     assert r.returncode == 78, (r.stdout, r.stderr)
     assert "fair = true with limit > 1 is not built yet" in r.stderr, r.stderr
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("guarded", [True, False], ids=["mixed-kinds", "control-unguarded"])
+def test_shared_and_permit_callers_never_inside_together(sets_prog, pg, tmp_path, guarded):
+    """Rounds of a shared reader and a limit = 2 writer started together
+    (one 50 ms call each, the order alternating): a reader and a writer are
+    never inside at once (each kind's momentary check of the other's family
+    lock); the one that comes second gets the mismatch line (on_error
+    skip), and each kind wins some rounds. Control: unguarded, they
+    overlap."""
+    log = str(tmp_path / "log")
+    cfg = pg_config(tmp_path, pg, "locks = ( %s, %s );\n" % (
+        set_lock("set_read", 'mode = "shared"; on_error = "skip";'),
+        set_lock("set_write", 'limit = 2; on_error = "skip";'))) if guarded else None
+    err, won = "", {"r": 0, "w": 0}
+    for i in range(24):
+        before = open(log).read() if os.path.exists(log) else ""
+        ps = [start_sets(sets_prog, k, cfg, log, 1, 1, 50) for k in ("rw" if i % 2 else "wr")]
+        err += "".join(p.communicate(timeout=60)[1] for p in ps)
+        for k in won:
+            won[k] += (k + "+") in open(log).read()[len(before):]
+    inside, mixed = {"r": 0, "w": 0}, False
+    with open(log) as f:
+        for line in f:
+            inside[line[0]] += 1 if line[1] == "+" else -1
+            mixed |= inside["r"] > 0 and inside["w"] > 0
+    if not guarded:
+        assert mixed
+        return
+    assert not mixed, err[-3000:]
+    assert won["r"] and won["w"], (won, err[-3000:])
+    assert "for the key's holders" in err, err[-3000:]
+    assert advisory(pg) == 0
