@@ -6,8 +6,9 @@
  * advisory lock's lease is its session's idle_session_timeout, kept by the
  * renewal thread's pings (lease_ms, on_lost). Refused when the file sets
  * them, in a lock or in `defaults`: retry_max_ms, break_dead_holders,
- * handoff_ms, on_overrun; by value: fair, limit > 1, mode "shared",
- * linger_ms > 0 and max_hold_ms. linger_ms's built-in value is 0 here
+ * handoff_ms, on_overrun; by value: linger_ms > 0, max_hold_ms, and
+ * fair with limit > 1 (fair, limit and mode "shared" are honoured:
+ * postgres.c). linger_ms's built-in value is 0 here
  * (pg_lock_defaults). The password file is read with conf_read_password_file
  * (in secure-execution mode only a trusted one, as redis.password_file); the module reads
  * LOCKSHIM_POSTGRES_PASSWORD itself (secure_getenv). This file is in the
@@ -58,10 +59,6 @@ static const struct conf_refusal unavailable[] = {
 
 /* The values not built yet for this backend, refused when a lock asks. */
 static const struct conf_refusal unbuilt[] = {
-	{ "fair", "fair = true (the server's waiters are already FIFO, but a first try may "
-	  "barge)" },
-	{ "limit", "limit > 1 (a semaphore)" },
-	{ "mode", "mode = \"shared\"" },
 	{ "linger_ms", "linger_ms > 0 (its default is 0 with this backend)" },
 	{ "max_hold_ms", "max_hold_ms" },
 	{ NULL, NULL }
@@ -72,9 +69,18 @@ static const struct conf_refusal unbuilt[] = {
 static int pg_check_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
 			 const struct lock_spec *l, const struct conf *cfg, const void *data)
 {
+	char what[64];
+
 	(void)cfg;
 	(void)data;
-	return conf_refuse_lock(e, lg, where, l, "postgres", unavailable, unbuilt);
+	if (conf_refuse_lock(e, lg, where, l, "postgres", unavailable, unbuilt))
+		return -1;
+	if (!l->fair || l->limit <= 1)
+		return 0;
+	snprintf(what, sizeof(what), "%s.fair", where);
+	return conf_fail(e, lg ? config_setting_get_member(lg, "fair") : NULL, what,
+			 "fair = true with limit > 1 is not built yet for backend \"postgres\" (a "
+			 "permit's waiters poll: their order is not kept)");
 }
 
 /* No lock is kept between calls (a parked lock would be released by the

@@ -1,19 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * postgres.c - the postgres backend, a module (liblockshim-postgres.so,
- * backend_module.h) on libpq5: session advisory locks on the id
- * hashtextextended(key, 0) (psql finds them), one session per thread; the
- * server frees a session's locks when it ends. Try: pg_try_advisory_lock
- * and nextval('lockshim_fence') in one statement; wait: one blocking
- * pg_advisory_lock under lock_timeout; release: pg_advisory_unlock, async,
- * in pipeline mode. The lease is the session's idle_session_timeout, set
- * by those statements (the shortest lease held; 0: none), so the server
- * ends a frozen holder's session; pg_renew pings each holder's session
- * (the holds registry, conns) under its connection's mutex. Commands are
- * bounded by poll; one late closes the session (the next try or wait
- * reopens it). Parameters are bound, never spliced. A fork child's sockets
- * become /dev/null. One export (postgres.map); of the core, only bind's
- * warning callback is used.
+ * backend_module.h) on libpq5: session advisory locks on hashtextextended(key,
+ * 0), one session per thread, freed by the server when it ends; shared:
+ * the _shared functions; limit N: permits hashtextextended(key, 1..N)
+ * (postgres_sql.h: the statements, and their checks against holders of
+ * another limit). A try takes the lock and nextval('lockshim_fence') in one
+ * statement; a wait blocks in the server under lock_timeout (a permit's, on
+ * one permit at a time); a release is async, in pipeline mode. The lease
+ * is the session's idle_session_timeout, set by those statements; pg_renew
+ * pings each holder's session (the holds registry, conns). Commands are
+ * bounded by poll; one late closes the session (reopened by the next try).
+ * Parameters are bound, never spliced. A fork child's sockets become
+ * /dev/null. One export (postgres.map); of the core, only bind's warn.
  */
 #include <errno.h>
 #include <limits.h>
@@ -34,34 +33,15 @@
 #include "backend.h"
 #include "backend_module.h"
 #include "backend_postgres_conf.h"
+#include "postgres_sql.h"
 
 #define PG_TOKEN 32            /* the token prefix of a lock value (owner.h) */
 #define PG_WAIT_MAX_MS 3600000 /* one blocking wait at most (then asked again) */
 #define PG_KEYTEXT_MAX (2 * KEY_BUF_SIZE + 3)
 #define PG_PENDING_MAX 8       /* async releases in flight on a connection */
+#define PG_PERMIT_WAIT_MS 200  /* a permit's waiter blocks on one permit this
+				* long at most, then tries them all again */
 
-/* What the server runs; $1 the key's text; $2 (try, unlock) or $3 (wait)
- * the session's idle_session_timeout from then on (the lease: the
- * shortest of the locks it holds, "0" when none); a wait's $2 its
- * lock_timeout. A try that fails sets nothing (the nested CASE); a wait
- * that times out sets nothing either (its transaction is rolled back). */
-static const char sql_try_fenced[] =
-	"SELECT CASE WHEN pg_try_advisory_lock(hashtextextended($1, 0)) THEN CASE WHEN "
-	"set_config('idle_session_timeout', $2, false) IS NOT NULL THEN "
-	"nextval('lockshim_fence') END ELSE -1 END";
-static const char sql_try[] =
-	"SELECT CASE WHEN pg_try_advisory_lock(hashtextextended($1, 0)) THEN CASE WHEN "
-	"set_config('idle_session_timeout', $2, false) IS NOT NULL THEN 0 END ELSE -1 END";
-static const char sql_wait_fenced[] =
-	"SELECT set_config('lock_timeout', $2, false), "
-	"pg_advisory_lock(hashtextextended($1, 0)), nextval('lockshim_fence'), "
-	"set_config('idle_session_timeout', $3, false)";
-static const char sql_wait[] =
-	"SELECT set_config('lock_timeout', $2, false), "
-	"pg_advisory_lock(hashtextextended($1, 0)), 0, "
-	"set_config('idle_session_timeout', $3, false)";
-static const char sql_unlock[] = "SELECT pg_advisory_unlock(hashtextextended($1, 0)), "
-	"set_config('idle_session_timeout', $2, false)";
 /* The renewal's ping of a holder's session: it is not idle for long. */
 static const char sql_ping[] = "SELECT 1";
 /* At connect, one round trip: the server's TCP keepalive on this session
@@ -87,6 +67,7 @@ struct backend_config {
 /* A lock this session holds: its token and lease. */
 struct pg_hold {
 	long long lease_ms;
+	int slot;         /* the permit held (1..limit), 0 exclusive or shared */
 	size_t tlen;
 	char tok[PG_TOKEN];
 };
@@ -103,6 +84,9 @@ struct backend_conn {
 				  * session was not idle then (pg_renew) */
 	int fenced;              /* the sequence is usable */
 	int prepared;            /* the statements are prepared (stmt_name) */
+	int try_next;            /* a shared wait was refused (permit holders, or
+				  * a race): the next acquire tries again */
+	unsigned turn;           /* the permit a permit waiter blocks on next */
 	int piped;               /* libpq pipeline mode: a query may be sent before
 				  * the replies of earlier ones are read */
 	int pending;             /* async releases whose replies are unread (at
@@ -355,11 +339,21 @@ static const char *stmt_name(const struct backend_conn *c, const char *sql)
 {
 	if (!c->prepared)
 		return NULL;
-	if (sql == sql_try_fenced || sql == sql_try)
-		return "lockshim_try";
-	if (sql == sql_wait_fenced || sql == sql_wait)
-		return "lockshim_wait";
-	return sql == sql_unlock ? "lockshim_unlock" : NULL;
+	for (size_t i = 0; i < PG_NSTMTS; i++)
+		if (sql == pg_stmts[i].sql || sql == pg_stmts[i].sql_fenced)
+			return pg_stmts[i].name;
+	return NULL;
+}
+
+/* Returns the text of statement kind (PG_S_TRY...) for it's mode on c
+ * (the fenced variant when c's sequence is usable); static. */
+static const char *stmt_sql(const struct backend_conn *c, int kind,
+			    const struct backend_item *it)
+{
+	const struct pg_stmt *s = &pg_stmts[kind + (it->limit > 1 ? 2 * PG_S_KINDS :
+						      it->shared ? PG_S_KINDS : 0)];
+
+	return c->fenced ? s->sql_fenced : s->sql;
 }
 
 /* Sends sql with params (text) on c: piped, behind the unread replies of
@@ -469,7 +463,7 @@ static long hold_index(const struct backend_conn *c, const struct backend_item *
 
 /* Records it as held by c's session (under conns.mu: the registry).
  * Returns 0, or -1 out of memory. */
-static int hold_add(struct backend_conn *c, const struct backend_item *it)
+static int hold_add(struct backend_conn *c, const struct backend_item *it, int slot)
 {
 	int rc = 0;
 
@@ -486,6 +480,7 @@ static int hold_add(struct backend_conn *c, const struct backend_item *it)
 		c->capholds = cap;
 	}
 	c->holds[c->nholds].lease_ms = it->lease_ms;
+	c->holds[c->nholds].slot = slot;
 	c->holds[c->nholds].tlen = token_len(it);
 	memcpy(c->holds[c->nholds].tok, it->val, token_len(it));
 	c->nholds++;
@@ -518,11 +513,12 @@ static const char *idle_text(const struct backend_conn *c, long long lease_ms, c
 	return buf;
 }
 
-/* Records a grant of it; on no room the session is dropped (the lock is
- * freed with it). Returns BACKEND_OK or BACKEND_ERR. */
-static int granted(struct backend_conn *c, const struct backend_item *it)
+/* Records a grant of it (slot: its permit, 0 none); on no room the
+ * session is dropped (the lock is freed with it). Returns BACKEND_OK or
+ * BACKEND_ERR. */
+static int granted(struct backend_conn *c, const struct backend_item *it, int slot)
 {
-	if (hold_add(c, it) == 0)
+	if (hold_add(c, it, slot) == 0)
 		return BACKEND_OK;
 	return fail(c, "acquire", "out of memory for the session's holds");
 }
@@ -650,22 +646,30 @@ static int fence_setup(struct backend_conn *c)
 }
 
 /*
- * Prepares the session's three statements (the fenced variants when the
- * sequence is usable) in one round trip, so that each call's statement is
+ * Prepares the session's statements, exclusive and shared (pg_stmts: the
+ * fenced variants when the sequence is usable), in one round trip, so that each call's statement is
  * not parsed and planned again. Sets c->prepared; a failure only leaves
  * the statements unprepared. Returns BACKEND_OK, or BACKEND_ERR (the
  * session dropped).
  */
 static int prepare_statements(struct backend_conn *c)
 {
-	char sql[1024];
+	size_t n = 0, size = 1;
+	char *sql;
 	PGresult *r;
+	int sent;
 
-	snprintf(sql, sizeof(sql), "PREPARE lockshim_try(text, text) AS %s; PREPARE "
-		 "lockshim_wait(text, text, text) AS %s; PREPARE lockshim_unlock(text, text) AS %s",
-		 c->fenced ? sql_try_fenced : sql_try, c->fenced ? sql_wait_fenced : sql_wait,
-		 sql_unlock);
-	if (!PQsendQuery(c->pg, sql))
+	for (size_t i = 0; i < PG_NSTMTS; i++)
+		size += 64 + strlen(pg_stmts[i].sql_fenced) + strlen(pg_stmts[i].sql);
+	if (!(sql = malloc(size)))
+		return fail(c, "connect (PREPARE)", "out of memory");
+	for (size_t i = 0; i < PG_NSTMTS; i++)
+		n += (size_t)snprintf(sql + n, size - n, "%sPREPARE %s(%s) AS %s",
+				      i ? "; " : "", pg_stmts[i].name, pg_stmts[i].types,
+				      c->fenced ? pg_stmts[i].sql_fenced : pg_stmts[i].sql);
+	sent = PQsendQuery(c->pg, sql);
+	free(sql);
+	if (!sent)
 		return fail(c, "connect (PREPARE)", PQerrorMessage(c->pg));
 	if (!(r = result_read(c, now_ms() + c->bc->spec->command_timeout_ms,
 			      "connect (PREPARE)")))
@@ -813,50 +817,86 @@ static void pg_close(struct backend_conn *c)
 
 /* ---- locking ------------------------------------------------------------ */
 
+/* Asks why a try was refused by a check (postgres_sql.h's why statement:
+ * pg_locks). Returns BACKEND_MISMATCH (c->err names both limits) when the
+ * key's holders have another limit, BACKEND_NO when none is there (busy),
+ * BACKEND_ERR. */
+static int refused_why(struct backend_conn *c, const struct backend_item *it)
+{
+	char lim[16];
+	const char *v[2] = { key_text(c, it), lim };
+	PGresult *r;
+	int rc = BACKEND_NO;
+
+	snprintf(lim, sizeof(lim), "%d", it->limit);
+	if (!(r = run(c, stmt_sql(c, PG_S_WHY, it), it->limit > 1 ? 2 : 1, v,
+		      c->bc->spec->command_timeout_ms, "acquire")))
+		return BACKEND_ERR;
+	if (!rows_ok(c, r, "acquire"))
+		rc = BACKEND_ERR;
+	else if (!PQgetisnull(r, 0, 0)) {
+		snprintf(c->err, sizeof(c->err), "limit %d here, %s for the key's holders",
+			 it->limit > 1 ? it->limit : 1, PQgetvalue(r, 0, 0));
+		rc = BACKEND_MISMATCH;
+	}
+	PQclear(r);
+	return rc;
+}
+
 /*
- * The first try: pg_try_advisory_lock, and the fence when granted. A
- * waiter does not try here (its wait blocks in the server): BACKEND_NO
- * with a wait as long as it likes. Its token held already: taken.
+ * The first try (postgres_sql.h): the key's lock, exclusive or shared, or
+ * the first free permit, and the fence when granted. A waiter does not
+ * try here (its wait blocks in the server): BACKEND_NO with a wait as
+ * long as it likes; a permit's waiter does (it waits on one permit only),
+ * and so does a shared one whose wait was refused. Its token held
+ * already: taken. BACKEND_MISMATCH: holders of another limit (c->err;
+ * asked in a second statement after a refusal by a check, or the first
+ * refusal of a call with no permit free).
  */
 static int pg_acquire_locked(struct backend_conn *c, const struct backend_item *it,
 			     long long *wait_ms, long long *fence)
 {
-	char idle[24];
-	const char *v[2];
+	char idle[24], lim[16];
+	const char *v[3];
 	PGresult *r;
-	long long f;
+	long long code, f;
+	int permit = it->limit > 1, rc;
 
 	*fence = 0;
-	if (backend_item_set(it)) {
-		snprintf(c->err, sizeof(c->err), "the postgres backend has no semaphores or "
-			 "shared locks yet");
-		return BACKEND_ERR;
-	}
 	if (hold_index(c, it) >= 0)
 		return BACKEND_OK;
-	if (it->waiting) {
+	if (it->waiting && !permit && !c->try_next) {
 		*wait_ms = LLONG_MAX / 4;
 		return BACKEND_NO;
 	}
+	c->try_next = 0;
 	if (session_up(c) != BACKEND_OK)
 		return BACKEND_ERR;
+	snprintf(lim, sizeof(lim), "%d", it->limit);
 	v[0] = key_text(c, it);
 	v[1] = idle_text(c, it->lease_ms, idle);
-	if (!(r = run(c, c->fenced ? sql_try_fenced : sql_try, 2, v,
+	v[2] = lim;
+	if (!(r = run(c, stmt_sql(c, PG_S_TRY, it), permit ? 3 : 2, v,
 		      c->bc->spec->command_timeout_ms, "acquire")))
 		return BACKEND_ERR;
 	if (!rows_ok(c, r, "acquire")) {
 		PQclear(r);
 		return BACKEND_ERR;
 	}
-	f = atoll(PQgetvalue(r, 0, 0));
+	code = atoll(PQgetvalue(r, 0, 0));
+	f = permit ? atoll(PQgetvalue(r, 0, 1)) : code;
 	PQclear(r);
-	if (f < 0) {
-		*wait_ms = BACKEND_NOT_QUEUED;
+	/* another kind's holders, or no permit free at a call's first try */
+	if ((code == -2 || (code == -3 && !it->waiting)) &&
+	    (rc = refused_why(c, it)) != BACKEND_NO)
+		return rc;
+	if (code < 0 || (permit && code == 0)) {
+		/* a permit's waiter blocks on one permit (pg_wait) */
+		*wait_ms = permit ? LLONG_MAX / 4 : BACKEND_NOT_QUEUED;
 		return BACKEND_NO;
 	}
 	*fence = f;
-	return granted(c, it);
+	return granted(c, it, permit ? (int)code : 0);
 }
 
 static int pg_acquire(struct backend_conn *c, const struct backend_item *it, long long *wait_ms,
@@ -878,22 +918,27 @@ static int pg_acquire(struct backend_conn *c, const struct backend_item *it, lon
 static int pg_release_locked(struct backend_conn *c, const struct backend_item *it, int async)
 {
 	long i = hold_index(c, it);
-	char idle[24];
-	const char *v[2];
+	char idle[24], slot[16], lim[16];
+	const char *v[4];
+	int n = it->limit > 1 ? 4 : 2;
 	PGresult *r;
 	int ok;
 
 	if (i < 0)
 		return BACKEND_NO;
+	snprintf(slot, sizeof(slot), "%d", c->holds[i].slot);
+	snprintf(lim, sizeof(lim), "%d", it->limit);
 	hold_remove(c, (size_t)i);
 	v[0] = key_text(c, it);
 	v[1] = idle_text(c, 0, idle);
+	v[2] = slot;
+	v[3] = lim;
 	if (async) {
 		int k;
 
 		if (c->pending == PG_PENDING_MAX && drain(c) != BACKEND_OK)
 			return BACKEND_ERR;
-		if (send_query(c, sql_unlock, 2, v, "release") != BACKEND_OK)
+		if (send_query(c, stmt_sql(c, PG_S_UNLOCK, it), n, v, "release") != BACKEND_OK)
 			return BACKEND_ERR;
 		k = (c->phead + c->pending++) % PG_PENDING_MAX;
 		c->pkeys[k].klen = it->klen < KEY_BUF_SIZE ? it->klen : KEY_BUF_SIZE;
@@ -903,7 +948,8 @@ static int pg_release_locked(struct backend_conn *c, const struct backend_item *
 			return fail(c, "release", PQerrorMessage(c->pg));
 		return BACKEND_OK;
 	}
-	if (!(r = run(c, sql_unlock, 2, v, c->bc->spec->command_timeout_ms, "release")))
+	if (!(r = run(c, stmt_sql(c, PG_S_UNLOCK, it), n, v, c->bc->spec->command_timeout_ms,
+		      "release")))
 		return BACKEND_ERR;
 	ok = rows_ok(c, r, "release") && PQgetvalue(r, 0, 0)[0] == 't';
 	PQclear(r);
@@ -923,37 +969,52 @@ static int pg_release(struct backend_conn *c, const struct backend_item *it, int
 
 /*
  * Blocks in the server on the lock of it's key for at most timeout_ms
- * (lock_timeout, set in the same statement): GRANTED with the fence when
- * the release (or the holder's death) hands it over, NO at the timeout.
+ * (lock_timeout, set in the same statement), a permit's waiter on one
+ * permit (in turn) for at most PG_PERMIT_WAIT_MS: GRANTED with the fence
+ * when the release (or the holder's death) hands it over, NO at the
+ * timeout, or when the checks after it refused (postgres_sql.h: given
+ * back; the next acquire tries and says why).
  */
 static int pg_wait_locked(struct backend_conn *c, const struct backend_item *it,
 			  long long timeout_ms, long long *fence)
 {
-	char lt[24], idle[24];
-	const char *v[3];
+	char lt[24], idle[24], lim[16], slot[16];
+	const char *v[5];
+	int permit = it->limit > 1;
 	PGresult *r;
 	const char *state;
+	long long code;
 
 	*fence = 0;
 	if (hold_index(c, it) >= 0)
 		return BACKEND_GRANTED;
 	if (timeout_ms <= 0)
 		return BACKEND_NO;
-	if (timeout_ms > PG_WAIT_MAX_MS)
-		timeout_ms = PG_WAIT_MAX_MS;
+	if (timeout_ms > (permit ? PG_PERMIT_WAIT_MS : PG_WAIT_MAX_MS))
+		timeout_ms = permit ? PG_PERMIT_WAIT_MS : PG_WAIT_MAX_MS;
 	if (session_up(c) != BACKEND_OK)
 		return BACKEND_ERR;
 	snprintf(lt, sizeof(lt), "%lld", timeout_ms);
+	snprintf(lim, sizeof(lim), "%d", it->limit);
+	snprintf(slot, sizeof(slot), "%u", permit ? 1 + c->turn++ % (unsigned)it->limit : 0);
 	v[0] = key_text(c, it);
 	v[1] = lt;
 	v[2] = idle_text(c, it->lease_ms, idle);
-	if (!(r = run(c, c->fenced ? sql_wait_fenced : sql_wait, 3, v,
+	v[3] = lim;
+	v[4] = slot;
+	if (!(r = run(c, stmt_sql(c, PG_S_WAIT, it), permit ? 5 : 3, v,
 		      timeout_ms + c->bc->spec->command_timeout_ms, "wait")))
 		return BACKEND_ERR;
 	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
-		*fence = atoll(PQgetvalue(r, 0, 2));
+		code = atoll(PQgetvalue(r, 0, permit ? 0 : 2));
+		*fence = permit ? atoll(PQgetvalue(r, 0, 1)) : code;
 		PQclear(r);
-		return granted(c, it) == BACKEND_OK ? BACKEND_GRANTED : BACKEND_ERR;
+		if (code < 0 || (permit && code <= 0)) {
+			c->try_next = 1;
+			return BACKEND_NO;
+		}
+		return granted(c, it, permit ? (int)code : 0) == BACKEND_OK ? BACKEND_GRANTED :
+			BACKEND_ERR;
 	}
 	state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
 	if (state && strcmp(state, "55P03") == 0) { /* lock_not_available */

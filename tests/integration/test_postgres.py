@@ -30,6 +30,8 @@ from support.postgres import PostgresServer, skip_reason
 from support.process import cpu_ticks
 from support.secure import NOBODY, NOGROUP, Layout
 from support.scenarios import refused_setting
+from support.sets import replay, run_all, writer_behind_readers
+from support.sets import start as start_sets
 from support.server import serving
 from support.util import (CLI, MULT, SHIM, TSAN, cc, lib_program, run, shim_env, wait_for,
                           write_config)
@@ -475,9 +477,8 @@ def test_frozen_server_bounds_every_call(worker_progs, own_pg, tmp_path):
 # ---- refusals -------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting", [
-    "linger_ms = 10", "limit = 2",
-    "mode = \"shared\"", "max_hold_ms = 100", "retry_max_ms = 50",
-    "break_dead_holders = false", "fair = true", "handoff_ms = 5",
+    "linger_ms = 10", "max_hold_ms = 100", "retry_max_ms = 50",
+    "break_dead_holders = false", "handoff_ms = 5",
 ])
 @pytest.mark.parametrize("where", ["lock", "defaults"])
 def test_refused_settings(pg, tmp_path, setting, where):
@@ -663,3 +664,300 @@ def test_setuid_program_refuses_the_users_libpq_variables(pg):
         assert len(lines) == 1 and "PGSSLROOTCERT is set in a set-ID program" in lines[0], err
     finally:
         lay.cleanup()
+
+
+# ---- mode = "shared" and fair (issue 23, step 3) -----------------------------------
+#
+# The observed program of test_sets.py (support/sets.py): each guarded call
+# appends "r+"/"w+" to a log when it starts and "r-"/"w-" when it ends;
+# replaying the log counts who was inside at once.
+
+def set_lock(symbol, settings):
+    return '{ symbol = "%s"; key = "k"; wait_ms = 30000; %s }' % (symbol, settings)
+
+
+RW_PG = "locks = ( %s, %s );\n" % (set_lock("set_read", 'mode = "shared";'),
+                                   set_lock("set_write", ""))
+
+
+@pytest.mark.parametrize("where", ["lock", "defaults"])
+@pytest.mark.parametrize("setting", ['mode = "shared"', "fair = true"])
+def test_shared_and_fair_are_accepted(pg, tmp_path, where, setting):
+    """mode = "shared" and fair = true are honoured (no longer refused;
+    the control: what still is, test_refused_settings)."""
+    body = ('defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
+            if where == "defaults" else
+            'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting)
+    r = run([CLI, "check", "-c", pg_config(tmp_path, pg, body)])
+    assert r.returncode == 0 and "postgres: ok" in r.stdout, (r.stdout, r.stderr)
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("guarded", [True, False], ids=["shared", "control-unguarded"])
+def test_shared_readers_overlap_writers_alone(sets_prog, pg, tmp_path, guarded):
+    """Shared readers (pg_advisory_lock_shared) are inside together, a
+    writer (pg_advisory_lock on the same id) is always alone, every call
+    entered, no error. Control: unguarded, a writer is inside beside
+    others."""
+    log = str(tmp_path / "log")
+    cfg = pg_config(tmp_path, pg, RW_PG) if guarded else None
+    runs = [(sets_prog, "r", cfg, log, 2, 6, 40)] * 4 + [(sets_prog, "w", cfg, log, 1, 6, 20)] * 2
+    total, err = run_all(runs)
+    readers, writers, mixed = replay(log)
+    if not guarded:
+        assert mixed
+        return
+    assert total == 4 * 2 * 6 + 2 * 6 and readers > 1, err[-3000:]
+    assert writers == 1 and not mixed, err[-3000:]
+    assert "error" not in err, err[-3000:]
+    assert advisory(pg) == 0
+
+
+@pytest.mark.parametrize("mode", ["shared", "exclusive"], ids=["shared", "control-exclusive"])
+def test_shared_holder_is_a_shared_advisory_lock(bg, worker_progs, pg, tmp_path, mode):
+    """A shared holder's lock is pg_advisory_lock_shared on the key's id:
+    another session's shared try succeeds, an exclusive try fails, and
+    pg_locks says ShareLock (on the key's id; a shared holder also holds
+    (hashtext(key), 1) shared, postgres_sql.h). Control: an exclusive
+    holder refuses both."""
+    setting = 'mode = "shared";' if mode == "shared" else ""
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                    'wait_ms = 30000; %s } );\n' % setting)
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    kid = "hashtextextended('lockshim:blk', 0)"
+    assert pg.psql("SELECT pg_try_advisory_lock(%s)" % kid) == "f"
+    assert pg.psql("SELECT pg_try_advisory_lock_shared(%s)" % kid) == \
+        ("t" if mode == "shared" else "f")
+    assert pg.psql("SELECT mode FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                   "AND objsubid = 1") == \
+        ("ShareLock" if mode == "shared" else "ExclusiveLock")
+    holder.send()
+    holder.expect("call rc=42")
+
+
+@pytest.mark.timing
+def test_writer_not_starved_by_readers(sets_prog, pg, tmp_path):
+    """Readers (4 processes x 2 threads, 100 ms calls) keep the key held
+    without a gap between the marks x and y (the control: a writer waiting
+    for a free key would wait for the whole stream); a writer arriving
+    meanwhile enters within a few calls' time (the server queues a new
+    shared request behind a waiting exclusive one: its lock queue's
+    waitMask), alone, and the readers go on after."""
+    log = str(tmp_path / "log")
+    writer_behind_readers(sets_prog, pg_config(tmp_path, pg, RW_PG), log,
+                          str(tmp_path / "stop"), 1000)
+    assert replay(log)[1:] == (1, False)
+
+
+def test_fair_waiters_enter_in_arrival_order(bg, worker_progs, pg, tmp_path):
+    """fair = true: three waiters queued one after the other (each seen
+    waiting in pg_locks before the next starts) behind a holder enter in
+    that order, one at a time: the server hands the lock over at the
+    release to its first waiter, and a try never passes a queued one. (No
+    control shows them out of order: the server has no other order; a
+    grant to another would leave the expected one waiting, and its expect
+    would time out.)"""
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                    'wait_ms = 30000; fair = true; } );\n')
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    waiters = []
+    for i in range(3):
+        waiters.append(bg([worker_progs["block"]], cfg))
+        wait_for(lambda: advisory(pg, granted=False) == i + 1, what="waiter %d queued" % i)
+    holder.send()
+    holder.expect("call rc=42")
+    for i, w in enumerate(waiters):
+        w.expect("enter")
+        assert advisory(pg, granted=False) == 2 - i
+        w.send()
+        w.expect("call rc=42")
+
+
+def test_shared_try_does_not_pass_a_waiting_exclusive(bg, worker_progs, pg, tmp_path):
+    """A shared holder inside: a shared caller (wait_ms 500) enters beside
+    it (the control); once an exclusive caller waits behind the holder, a
+    new shared caller's first try is refused and it times out instead of
+    entering ahead of the waiter; the waiter enters after the holder."""
+    lock = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
+            'on_timeout = "skip"; %s } );\n')
+    for d in "stx":
+        (tmp_path / d).mkdir()
+    shared = pg_config(tmp_path / "s", pg, lock % (30000, 'mode = "shared";'))
+    shared_short = pg_config(tmp_path / "t", pg, lock % (500, 'mode = "shared";'))
+    holder = bg([worker_progs["block"]], shared)
+    holder.expect("enter")
+    r = run([worker_progs["block"]], shared_short)
+    assert "call rc=42" in r.stdout, (r.stdout, r.stderr)  # control: beside the holder
+    waiter = bg([worker_progs["block"]], pg_config(tmp_path / "x", pg, lock % (30000, "")))
+    wait_for(lambda: advisory(pg, granted=False) == 1, what="the exclusive waiter queued")
+    t0 = time.monotonic()
+    r = run([worker_progs["block"]], shared_short)
+    assert r.stdout.startswith("call rc=-1"), (r.stdout, r.stderr)
+    assert time.monotonic() - t0 >= 0.45
+    holder.send()
+    holder.expect("call rc=42")
+    waiter.expect("enter")
+    waiter.send()
+    waiter.expect("call rc=42")
+
+
+# ---- limit = N (issue 23, step 3) --------------------------------------------------
+
+@pytest.mark.timing
+@pytest.mark.parametrize("limit,most", [(3, 3), (None, 1), ("control", None)],
+                         ids=["limit3", "default", "control-unguarded"])
+def test_limit_bounds_the_holders(sets_prog, pg, tmp_path, limit, most):
+    """8 processes x 2 threads: limit 3 (permits hashtextextended(key, 1..3))
+    lets never more than 3 in, and 3 are reached; no limit, one at a time.
+    Control: unguarded, more than 3. Nothing is left held."""
+    log = str(tmp_path / "log")
+    extra = "limit = %d;" % limit if limit != "control" and limit else ""
+    cfg = None if limit == "control" else pg_config(
+        tmp_path, pg, "locks = ( %s );\n" % set_lock("set_read", extra))
+    total, err = run_all([(sets_prog, "r", cfg, log, 2, 4, 30)] * 8)
+    assert total == 8 * 2 * 4
+    if limit == "control":
+        assert replay(log)[0] > 3
+        return
+    assert replay(log)[0] == most, err[-3000:]
+    assert "error" not in err, err[-3000:]
+    assert advisory(pg) == 0
+
+
+def mismatch_cfg(tmp_path, pg, name, setting):
+    d = tmp_path / name
+    d.mkdir()
+    return pg_config(d, pg, 'locks = ( { symbol = "hold_call"; key = "k"; wait_ms = 20000; '
+                     '%s } );\n' % setting)
+
+
+def assert_mismatch(progs, cfg, here, theirs):
+    """A caller of cfg gets one error line naming both limits and on_error
+    at once (skip: rc -1, EBUSY), well before its wait_ms."""
+    t0 = time.monotonic()
+    r = run([progs["driver"], "call:0"], cfg)
+    assert time.monotonic() - t0 < 5 * MULT
+    assert r.stdout.strip().splitlines()[-1] == "call rc=-1 errno=16", r.stderr
+    lines = [l for l in r.stderr.splitlines() if ": error: " in l]
+    assert len(lines) == 1, r.stderr
+    assert "limit %d here, %d for the key's holders" % (here, theirs) in lines[0], lines
+    assert "lockshim:k" in lines[0], lines
+
+
+def test_limit_mismatch_is_an_error_at_once(progs, procs, pg, tmp_path):
+    """Two holders took the key with limit = 3 (permits 1 and 2): callers
+    with limit 2 (no permit free of theirs), with no limit (exclusive) and
+    shared get the mismatch at once. Control: limit 3 enters beside them
+    (permit 3). Nothing is left held by the refused callers."""
+    cfg3 = mismatch_cfg(tmp_path, pg, "3", "limit = 3;")
+    holders = [procs([progs["driver"], "call:60000"], cfg3) for _ in range(2)]
+    for h in holders:
+        h.expect("enter")
+    before = advisory(pg)
+    for i, (limit, setting) in enumerate([(2, "limit = 2;"), (1, ""),
+                                          (1, 'mode = "shared";')]):
+        assert_mismatch(progs, mismatch_cfg(tmp_path, pg, "c%d" % i, setting), limit, 3)
+        assert advisory(pg) == before
+    r = run([progs["driver"], "call:0"], cfg3)
+    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+
+
+@pytest.mark.parametrize("mode", ["exclusive", "shared"])
+def test_limit_one_holder_mismatches_a_semaphore(progs, procs, pg, tmp_path, mode):
+    """An exclusive (or shared) holder: a limit = 3 caller gets the mismatch
+    at once (limit 1 for the holders); a shared caller waits for the
+    exclusive holder (or enters beside the shared one). Control: the
+    exclusive holder's own kind of caller waits and enters after it."""
+    setting = 'mode = "shared";' if mode == "shared" else ""
+    holder = procs([progs["driver"], "call:3000"], mismatch_cfg(tmp_path, pg, "h", setting))
+    holder.expect("enter")
+    assert_mismatch(progs, mismatch_cfg(tmp_path, pg, "p", "limit = 3;"), 3, 1)
+    t0 = time.monotonic()
+    r = run([progs["driver"], "call:0"], mismatch_cfg(tmp_path, pg, "s", 'mode = "shared";'))
+    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+    if mode == "exclusive":
+        assert time.monotonic() - t0 > 0.3  # waited for the holder (3 s from its start)
+    else:
+        assert time.monotonic() - t0 < 2.5
+    assert holder.finish()[0] == 0
+
+
+def test_permit_waiter_enters_when_a_permit_is_given_back(progs, procs, pg, tmp_path):
+    """Both permits of limit 2 held (1.5 s calls): a third caller blocks
+    and enters when one is given back; an exclusive caller after the
+    permits are gone enters (nothing of the set is left: the mark, the
+    family and id0 are given back with the permit)."""
+    cfg1 = mismatch_cfg(tmp_path, pg, "a", "limit = 2;")
+    holders = [procs([progs["driver"], "call:1500"], cfg1) for _ in range(2)]
+    for h in holders:
+        h.expect("enter")
+    t0 = time.monotonic()
+    r = run([progs["driver"], "call:0"], cfg1)
+    took = time.monotonic() - t0
+    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+    assert 0.3 < took < 1.5 + 2 * MULT, took  # waited for a permit
+    for h in holders:
+        assert h.finish()[0] == 0
+    assert advisory(pg) == 0
+    r = run([progs["driver"], "call:0"], mismatch_cfg(tmp_path, pg, "x", ""))
+    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+
+
+def test_limit_mismatch_seen_only_without_a_free_permit(progs, procs, pg, tmp_path):
+    """What is not detected (lockshim.cfg(5) POSTGRES): one holder of limit
+    3 (permit 1), a caller of limit 2 finds its permit 2 free and enters
+    (at most 3, the larger limit, are inside); the mismatch is told once
+    no permit of the caller's is free (test_limit_mismatch_is_an_error_at_once)."""
+    holder = procs([progs["driver"], "call:60000"], mismatch_cfg(tmp_path, pg, "3", "limit = 3;"))
+    holder.expect("enter")
+    r = run([progs["driver"], "call:0"], mismatch_cfg(tmp_path, pg, "2", "limit = 2;"))
+    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+
+
+@pytest.mark.parametrize("where", ["lock", "defaults"])
+def test_fair_with_limit_is_refused(pg, tmp_path, where):
+    """fair = true with limit > 1: a permit's waiters poll, their order is
+    not kept: one line naming the setting, exit 78 (control: each alone is
+    accepted, test_shared_and_fair_are_accepted and the limit tests)."""
+    body = ('defaults = { fair = true; };\nlocks = ( { symbol = "rename"; key = "k"; '
+            'limit = 2; } );\n' if where == "defaults" else
+            'locks = ( { symbol = "rename"; key = "k"; limit = 2; fair = true; } );\n')
+    r = run([CLI, "check", "-c", pg_config(tmp_path, pg, body)])
+    assert r.returncode == 78, (r.stdout, r.stderr)
+    assert "fair = true with limit > 1 is not built yet" in r.stderr, r.stderr
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("guarded", [True, False], ids=["mixed-kinds", "control-unguarded"])
+def test_shared_and_permit_callers_never_inside_together(sets_prog, pg, tmp_path, guarded):
+    """Rounds of a shared reader and a limit = 2 writer started together
+    (one 50 ms call each, the order alternating): a reader and a writer are
+    never inside at once (each kind's momentary check of the other's family
+    lock); the one that comes second gets the mismatch line (on_error
+    skip), and each kind wins some rounds. Control: unguarded, they
+    overlap."""
+    log = str(tmp_path / "log")
+    cfg = pg_config(tmp_path, pg, "locks = ( %s, %s );\n" % (
+        set_lock("set_read", 'mode = "shared"; on_error = "skip";'),
+        set_lock("set_write", 'limit = 2; on_error = "skip";'))) if guarded else None
+    err, won = "", {"r": 0, "w": 0}
+    for i in range(24):
+        before = open(log).read() if os.path.exists(log) else ""
+        ps = [start_sets(sets_prog, k, cfg, log, 1, 1, 50) for k in ("rw" if i % 2 else "wr")]
+        err += "".join(p.communicate(timeout=60)[1] for p in ps)
+        for k in won:
+            won[k] += (k + "+") in open(log).read()[len(before):]
+    inside, mixed = {"r": 0, "w": 0}, False
+    with open(log) as f:
+        for line in f:
+            inside[line[0]] += 1 if line[1] == "+" else -1
+            mixed |= inside["r"] > 0 and inside["w"] > 0
+    if not guarded:
+        assert mixed
+        return
+    assert not mixed, err[-3000:]
+    assert won["r"] and won["w"], (won, err[-3000:])
+    assert "for the key's holders" in err, err[-3000:]
+    assert advisory(pg) == 0

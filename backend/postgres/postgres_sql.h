@@ -1,0 +1,161 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * postgres_sql.h - the statements of the postgres backend (postgres.c
+ * prepares them per session), for its three kinds of lock on a key k:
+ * exclusive (limit 1), shared (mode "shared") and a permit of a semaphore
+ * (limit N > 1). Ids: k's lock hashtextextended(k, 0), "id0"; permit i
+ * (1..N) hashtextextended(k, i); and in the two-int space (pg_locks'
+ * objsubid 2) under hashtext(k): (h, 0) held shared by every permit
+ * holder, (h, 1) by every shared holder, (h, N) by a permit holder of
+ * limit N (its limit, read from pg_locks). A permit holder also holds id0
+ * shared, so exclusive callers wait for or refuse it. Callers that differ
+ * in limit (shared counts as 1) see each other by a momentary exclusive
+ * try of the other kind's (h, 0|1): a refused try returns -1 (busy), -2
+ * (the other kind is there, or was trying at that instant) or -3 (no
+ * permit free); then the why statement, which reads pg_locks, tells the
+ * holders' limit (postgres.c asks it after -2, and after the first -3 of
+ * a call).
+ * Included by postgres.c only.
+ */
+#ifndef LOCKSHIM_POSTGRES_SQL_H
+#define LOCKSHIM_POSTGRES_SQL_H
+
+#define PG_ID0 "hashtextextended($1, 0)"
+#define PG_H "hashtext($1)"
+#define PG_FENCE "nextval('lockshim_fence')"
+
+/* The limit of the key's other holders that match cond (granted, another
+ * session's, this database), or NULL when none. */
+#define PG_HOLDERS_LIMIT(cond) \
+	"(SELECT CASE WHEN objsubid = 1 OR objid = 1 THEN 1 ELSE objid::text::int END " \
+	"FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid() " \
+	"AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) " \
+	"AND (" cond ") LIMIT 1)"
+/* Permit holders (their limit marks), for an exclusive or shared caller. */
+#define PG_PERMITS "objsubid = 2 AND classid = " PG_H "::oid AND objid NOT IN (0, 1) AND " \
+	"mode = 'ShareLock'"
+/* Holders of another limit than $L's, for a permit caller: permits of
+ * another limit, shared holders, an exclusive holder. */
+#define PG_OTHERS(L) \
+	"(objsubid = 2 AND classid = " PG_H "::oid AND objid <> 0 AND objid <> " L "::int::oid " \
+	"AND mode = 'ShareLock') " \
+	"OR (objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = " PG_ID0 " AND " \
+	"mode = 'ExclusiveLock')"
+
+/* Exclusive. A try that fails sets nothing; when (h, 0) is held (permit
+ * holders), it names their limit. $2 (try, unlock) or $3 (wait): the
+ * session's idle_session_timeout from then on; a wait's $2 its
+ * lock_timeout (a wait that times out sets nothing: rolled back). */
+#define PG_TRY_X(F) "SELECT CASE WHEN pg_try_advisory_lock(" PG_ID0 ") THEN CASE " \
+	"WHEN set_config('idle_session_timeout', $2, false) IS NOT NULL THEN " F " END " \
+	"WHEN pg_try_advisory_lock(" PG_H ", 0) THEN CASE WHEN pg_advisory_unlock(" PG_H \
+	", 0) THEN -1 END ELSE -2 END"
+#define PG_WAIT_X(F) "SELECT set_config('lock_timeout', $2, false), " \
+	"pg_advisory_lock(" PG_ID0 "), " F ", set_config('idle_session_timeout', $3, false)"
+#define PG_UNLOCK_X "SELECT pg_advisory_unlock(" PG_ID0 "), " \
+	"set_config('idle_session_timeout', $2, false)"
+
+/* Shared: id0 shared, (h, 1) shared, then (h, 0) free (no permit
+ * holders), else both given back. IDLE: the idle timeout's parameter. */
+#define PG_SHARED_REST(F, IDLE) \
+	"WHEN NOT pg_try_advisory_lock_shared(" PG_H ", 1) THEN CASE WHEN " \
+	"pg_advisory_unlock_shared(" PG_ID0 ") THEN -1 END " \
+	"WHEN NOT pg_try_advisory_lock(" PG_H ", 0) THEN CASE WHEN pg_advisory_unlock_shared(" \
+	PG_ID0 ") AND pg_advisory_unlock_shared(" PG_H ", 1) THEN -2 END " \
+	"WHEN NOT pg_advisory_unlock(" PG_H ", 0) THEN -1 " \
+	"WHEN set_config('idle_session_timeout', " IDLE ", false) IS NOT NULL THEN " F " END"
+#define PG_TRY_S(F) "SELECT CASE WHEN NOT pg_try_advisory_lock_shared(" PG_ID0 ") THEN -1 " \
+	PG_SHARED_REST(F, "$2")
+#define PG_WAIT_S(F) "SELECT set_config('lock_timeout', $2, false), " \
+	"pg_advisory_lock_shared(" PG_ID0 "), CASE " PG_SHARED_REST(F, "$3")
+#define PG_UNLOCK_S "SELECT pg_advisory_unlock_shared(" PG_ID0 "), " \
+	"pg_advisory_unlock_shared(" PG_H ", 1), set_config('idle_session_timeout', $2, false)"
+
+/* A permit, after its slot's lock is held or while looking for one:
+ * (h, 0) shared, id0 shared, (h, 1) free (no shared holders), else what
+ * was taken is given back. FREE: what gives the permit back on a refusal
+ * ("" while looking for one). */
+#define PG_PERMIT_CHECKS(FREE) \
+	"WHEN NOT pg_try_advisory_lock_shared(" PG_H ", 0) THEN CASE WHEN true " FREE \
+	" THEN -1 END " \
+	"WHEN NOT pg_try_advisory_lock_shared(" PG_ID0 ") THEN CASE WHEN " \
+	"pg_advisory_unlock_shared(" PG_H ", 0) " FREE " THEN -2 END " \
+	"WHEN NOT pg_try_advisory_lock(" PG_H ", 1) THEN CASE WHEN pg_advisory_unlock_shared(" \
+	PG_H ", 0) AND pg_advisory_unlock_shared(" PG_ID0 ") " FREE " THEN -2 END " \
+	"WHEN NOT pg_advisory_unlock(" PG_H ", 1) THEN -1 "
+/* Try: the checks, then the first free permit of 1..$3 (a row r: the
+ * permit, or -1, -2, -3) and its fence; its limit mark (h, $3) taken. */
+#define PG_TRY_P(F) "SELECT r, CASE WHEN r > 0 THEN " F " ELSE 0 END FROM (SELECT CASE " \
+	PG_PERMIT_CHECKS("") \
+	"ELSE (SELECT CASE WHEN s.i IS NULL THEN CASE WHEN pg_advisory_unlock_shared(" PG_H \
+	", 0) AND pg_advisory_unlock_shared(" PG_ID0 ") THEN -3 END " \
+	"WHEN pg_try_advisory_lock_shared(" PG_H ", $3::int) AND " \
+	"set_config('idle_session_timeout', $2, false) IS NOT NULL THEN s.i END FROM (SELECT " \
+	"(SELECT i FROM generate_series(1, $3::int) i WHERE pg_try_advisory_lock(" \
+	"hashtextextended($1, i)) LIMIT 1) AS i) s) END AS r OFFSET 0) q"
+/* Wait: blocks on permit $5 (under lock_timeout $2), then the checks;
+ * $3 the idle timeout, $4 the limit. */
+#define PG_P_FREE " AND pg_advisory_unlock(hashtextextended($1, $5::int))"
+#define PG_WAIT_P(F) "SELECT r, CASE WHEN r > 0 THEN " F " ELSE 0 END FROM (SELECT CASE " \
+	"WHEN set_config('lock_timeout', $2, false) IS NULL THEN -1 " \
+	"WHEN pg_advisory_lock(hashtextextended($1, $5::int))::text IS NULL THEN -1 " \
+	PG_PERMIT_CHECKS(PG_P_FREE) \
+	"WHEN pg_try_advisory_lock_shared(" PG_H ", $4::int) AND " \
+	"set_config('idle_session_timeout', $3, false) IS NOT NULL THEN $5::int END AS r " \
+	"OFFSET 0) q"
+/* Release: $3 the permit, $4 the limit. */
+#define PG_UNLOCK_P "SELECT pg_advisory_unlock(hashtextextended($1, $3::int)), " \
+	"pg_advisory_unlock_shared(" PG_H ", $4::int), pg_advisory_unlock_shared(" PG_H \
+	", 0), pg_advisory_unlock_shared(" PG_ID0 "), " \
+	"set_config('idle_session_timeout', $2, false)"
+
+/* Why a try or wait was refused (-2, or -3: no permit free), a second
+ * statement, as pg_locks costs every statement that names it (its
+ * executor's set-up, about 20 us, taken or not): the limit of the key's
+ * holders of another kind, NULL when none (busy). $1 the key; $2 a
+ * permit's limit. */
+#define PG_WHY_X "SELECT " PG_HOLDERS_LIMIT(PG_PERMITS)
+#define PG_WHY_P "SELECT " PG_HOLDERS_LIMIT(PG_OTHERS("$2"))
+
+static const char sql_try_fenced[] = PG_TRY_X(PG_FENCE);
+static const char sql_try[] = PG_TRY_X("0");
+static const char sql_wait_fenced[] = PG_WAIT_X(PG_FENCE);
+static const char sql_wait[] = PG_WAIT_X("0");
+static const char sql_unlock[] = PG_UNLOCK_X;
+static const char sql_try_fenced_s[] = PG_TRY_S(PG_FENCE);
+static const char sql_try_s[] = PG_TRY_S("0");
+static const char sql_wait_fenced_s[] = PG_WAIT_S(PG_FENCE);
+static const char sql_wait_s[] = PG_WAIT_S("0");
+static const char sql_unlock_s[] = PG_UNLOCK_S;
+static const char sql_try_fenced_p[] = PG_TRY_P(PG_FENCE);
+static const char sql_try_p[] = PG_TRY_P("0");
+static const char sql_wait_fenced_p[] = PG_WAIT_P(PG_FENCE);
+static const char sql_wait_p[] = PG_WAIT_P("0");
+static const char sql_unlock_p[] = PG_UNLOCK_P;
+static const char sql_why_x[] = PG_WHY_X;
+static const char sql_why_p[] = PG_WHY_P;
+
+/* The statements a session prepares (prepare_statements: the fenced
+ * variants when the sequence is usable, else the others, under the same
+ * names), and their parameters' types: exclusive, shared, permit. */
+static const struct pg_stmt {
+	const char *name, *types, *sql, *sql_fenced;
+} pg_stmts[] = {
+	{ "lockshim_try", "text, text", sql_try, sql_try_fenced },
+	{ "lockshim_wait", "text, text, text", sql_wait, sql_wait_fenced },
+	{ "lockshim_unlock", "text, text", sql_unlock, sql_unlock },
+	{ "lockshim_why", "text", sql_why_x, sql_why_x },
+	{ "lockshim_try_s", "text, text", sql_try_s, sql_try_fenced_s },
+	{ "lockshim_wait_s", "text, text, text", sql_wait_s, sql_wait_fenced_s },
+	{ "lockshim_unlock_s", "text, text", sql_unlock_s, sql_unlock_s },
+	{ "lockshim_why_s", "text", sql_why_x, sql_why_x },
+	{ "lockshim_try_p", "text, text, text", sql_try_p, sql_try_fenced_p },
+	{ "lockshim_wait_p", "text, text, text, text, text", sql_wait_p, sql_wait_fenced_p },
+	{ "lockshim_unlock_p", "text, text, text, text", sql_unlock_p, sql_unlock_p },
+	{ "lockshim_why_p", "text, text", sql_why_p, sql_why_p },
+};
+#define PG_NSTMTS (sizeof(pg_stmts) / sizeof(pg_stmts[0]))
+/* A statement's index: its kind, + PG_S_KINDS shared, + 2 x PG_S_KINDS a permit. */
+enum { PG_S_TRY, PG_S_WAIT, PG_S_UNLOCK, PG_S_WHY, PG_S_KINDS };
+
+#endif
