@@ -910,6 +910,7 @@ def test_fork_child_does_not_keep_a_writer_intent(bg, sets_prog, tmp_path):
                        capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0 and time.monotonic() - t0 < 1.5 * MULT, r.stderr
     reader.send()
+    fw.p.stdin.close()  # the child's stdin: it exits (it outlived the test before)
 
 
 # ---- max_hold_ms, on_overrun and linger_ms: the renewal thread's jobs -----------
