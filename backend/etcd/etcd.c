@@ -13,7 +13,9 @@
  * per lock (TTL 0: lost). Keys are escaped (% and /). A request whose member
  * went away goes to the next endpoint. With a password each connection
  * authenticates; etcd.tls is https. etcd_holders reads the locks for
- * `lockshim status`. One export (etcd.map).
+ * `lockshim status`. Replies are parsed by json-c as they stream in (a
+ * watch's, one object per message, split anywhere): one not the JSON
+ * expected is the request's error. One export (etcd.map).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -554,6 +556,15 @@ static int headers_set(struct backend_conn *c, const char *token, size_t toklen)
 	return 0;
 }
 
+/* Whether s[0..n) may go into a header line: no control character. */
+static int header_safe(const char *s, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+			return 0;
+	return 1;
+}
+
 /*
  * Authenticates c as etcd.username (/v3/auth/authenticate, bounded by
  * timeout_ms): the token answered becomes the Authorization header of c's
@@ -582,6 +593,8 @@ static int authenticate(struct backend_conn *c, long long timeout_ms)
 		; /* c->err says it */
 	else if (!reply_str(c->doc, "token", &tok, &toklen))
 		fail(c, "authenticate", "no token in the reply");
+	else if (!header_safe(tok, toklen))
+		fail(c, "authenticate", "unexpected reply");
 	else if (headers_set(c, tok, toklen))
 		fail(c, "authenticate", "token too long, or out of memory");
 	else
@@ -1214,6 +1227,9 @@ static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 		return BACKEND_OK;
 	if (pkl >= sizeof(n.key))
 		return fail(c, "wait", "predecessor key too long");
+	for (size_t i = 0; i < pkl; i++) /* it goes into the watch's JSON as is */
+		if (b64_value(pk[i]) < 0 && pk[i] != '=')
+			return fail(c, "predecessor", "unexpected reply");
 	memcpy(n.key, pk, pkl); /* out of c->doc, which the watch frees */
 	return watch_delete(c, n.key, pkl, NULL, rev + 1, timeout_ms);
 }
