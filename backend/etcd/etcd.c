@@ -293,8 +293,9 @@ static int reply_int(json_object *obj, const char *name, long long dflt, long lo
 	s = json_object_get_string(m);
 	errno = 0;
 	*v = strtoll(s, &end, 10);
-	return errno || end == s || *end || (size_t)(end - s) != (size_t)json_object_get_string_len(m) ?
-	       -1 : 0;
+	if (errno || end == s || *end || (size_t)(end - s) != (size_t)json_object_get_string_len(m))
+		return -1; /* (a NUL inside: not the whole string) */
+	return 0;
 }
 
 /* Points *v at obj's string member name (its length in *n; owned by obj).
@@ -336,9 +337,10 @@ static json_object *reply_nth(json_object *obj, const char *name, size_t i)
  * int64). */
 static long long reply_revision(json_object *obj)
 {
+	json_object *h = reply_member(obj, "header", json_type_object);
 	long long rev;
 
-	if (reply_int(reply_member(obj, "header", json_type_object), "revision", 0, &rev) || rev < 0)
+	if (reply_int(h, "revision", 0, &rev) || rev < 0)
 		return 0;
 	return rev;
 }
@@ -466,7 +468,7 @@ static CURLcode post_capped(struct backend_conn *c, const char *body, const char
 		snprintf(c->err, sizeof(c->err), "%s: HTTP status %ld", what, status);
 		return CURLE_HTTP_RETURNED_ERROR;
 	}
-	if (c->cut || c->bad) {
+	if ((c->cut || c->bad) && (rc == CURLE_OK || rc == CURLE_WRITE_ERROR)) {
 		snprintf(c->err, sizeof(c->err), "%s: reply %s", what,
 			 c->cut ? "too long" : "not a JSON object");
 		return CURLE_WEIRD_SERVER_REPLY;
@@ -501,8 +503,9 @@ static CURLcode post_capped(struct backend_conn *c, const char *body, const char
 static CURLcode post_body(struct backend_conn *c, const char *body, const char *path,
 			  long long timeout_ms, const char *what)
 {
-	return post_capped(c, body, path, timeout_ms,
-			   c->watching ? ETCD_EVENT_MAX : ETCD_RESP_MAX + c->counting * ETCD_KV_MAX, what);
+	size_t cap = c->watching ? ETCD_EVENT_MAX : ETCD_RESP_MAX + c->counting * ETCD_KV_MAX;
+
+	return post_capped(c, body, path, timeout_ms, cap, what);
 }
 
 /* post_body() of c->body. */
@@ -1396,7 +1399,8 @@ static int listing_read(struct backend_conn *c, struct etcd_listing *ls)
 			return fail(c, "status", "unexpected reply");
 		for (size_t i = 0; (kv = reply_nth(c->doc, "kvs", i)); i++)
 			if ((rc = listing_add(ls, kv, plen, last, &lastlen)) != 0)
-				return fail(c, "status", rc == -1 ? "out of memory" : "unexpected reply");
+				return fail(c, "status",
+					    rc == -1 ? "out of memory" : "unexpected reply");
 		last[lastlen] = 0; /* the next page starts just after the last key */
 		b64_encode(last, lastlen + 1, from);
 	}
