@@ -91,7 +91,7 @@ MOD_CFLAGS_postgres := -I$(shell pg_config --includedir 2>/dev/null || echo /usr
 MOD_LIBS_zookeeper := -lzookeeper_mt
 MOD_CFLAGS_zookeeper := -I/usr/include/zookeeper -DTHREADED
 MOD_COMMON_zookeeper := common/sha1.c common/keyname.c
-MOD_LIBS_etcd := -lcurl
+MOD_LIBS_etcd := -lcurl -ljson-c
 MOD_SO := $(MODULES:%=$(BUILD)/liblockshim-%.so)
 
 all: $(BUILD)/liblockshim.so $(BUILD)/lockshim $(MOD_SO) $(MAN)

@@ -40,8 +40,8 @@ install -m 0755 "$build/lockshim" "$root/usr/bin/lockshim"
 install -m 0644 "$build/liblockshim.so" "$root$libdir/liblockshim.so"
 # The backend modules, beside the shim (it opens them from its own
 # directory). Not given to dpkg-shlibdeps: their client libraries (libpq5,
-# libzookeeper-mt2, libcurl4) are Suggests, needed only by a config that
-# selects that backend.
+# libzookeeper-mt2, libcurl4 and libjson-c5) are Suggests, needed only by a
+# config that selects that backend.
 for mod in "$build"/liblockshim-*.so; do
 	[ -e "$mod" ] || continue
 	install -m 0644 "$mod" "$root$libdir/${mod##*/}"

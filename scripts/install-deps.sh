@@ -12,7 +12,7 @@
 # say what is missing there.
 set -eu
 
-BUILD_PKGS="gcc make libc6-dev libhiredis-dev libconfig-dev libcapstone-dev libmbedtls-dev libpq-dev libzookeeper-mt-dev libcurl4-openssl-dev scdoc"
+BUILD_PKGS="gcc make libc6-dev libhiredis-dev libconfig-dev libcapstone-dev libmbedtls-dev libpq-dev libzookeeper-mt-dev libcurl4-openssl-dev libjson-c-dev scdoc"
 TEST_PKGS="g++ redis-server python3 python3-pytest python3-prometheus-client sqlite3 curl openssl groff-base golang-go dpkg-dev lintian podman runc iproute2 debootstrap postgresql zookeeper etcd-server etcd-client"
 BENCH_PKGS="python3-redis util-linux"
 

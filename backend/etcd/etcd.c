@@ -13,8 +13,11 @@
  * per lock (TTL 0: lost). Keys are escaped (% and /). A request whose member
  * went away goes to the next endpoint. With a password each connection
  * authenticates; etcd.tls is https. etcd_holders reads the locks for
- * `lockshim status`. One export (etcd.map).
+ * `lockshim status`. Replies are parsed by json-c as they stream in (a
+ * watch's, one object per message, split anywhere): one not the JSON
+ * expected is the request's error. One export (etcd.map).
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -26,6 +29,7 @@
 #include <time.h>
 
 #include <curl/curl.h>
+#include <json-c/json.h>
 
 #include "backend.h"
 #include "backend_etcd_conf.h"
@@ -35,7 +39,9 @@
 #define ETCD_KEY_MAX (1024 + 3 * KEY_BUF_SIZE + 32) /* prefix, escaped key, /p<limit>.<lease> */
 #define ETCD_B64(n) (((n) + 2) / 3 * 4 + 1)
 #define ETCD_BODY_MAX (10 * ETCD_B64(ETCD_KEY_MAX) + ETCD_B64(BACKEND_VAL_MAX) + 1024)
-#define ETCD_RESP_MAX 16384
+#define ETCD_RESP_MAX 16384         /* a reply's bytes at most ... */
+#define ETCD_KV_MAX (ETCD_B64(ETCD_KEY_MAX) + 256) /* ... and of count_before's, per key */
+#define ETCD_EVENT_MAX (1 << 20)    /* one message of a watch at most */
 
 struct backend_config {
 	const struct etcd_spec *spec;
@@ -56,14 +62,15 @@ struct backend_conn {
 	long long last_lease;    /* the lease of the last refused acquire ... */
 	long long last_rev;      /* ... and its key's create revision (for wait) */
 	int watching;            /* the write callback looks for a DELETE event */
-	int counting;            /* ... counts the kvs of a range (count_before) */
-	long long counted;
-	size_t clen;             /* ... the reply's last bytes, where a name may */
-	char carry[32];          /* begin (up to 31) */
-	int cut;                 /* the last reply did not fit in resp */
 	int woken;               /* ... and saw one (or the watch's end) */
-	size_t rlen;
-	char resp[ETCD_RESP_MAX];
+	size_t counting;         /* count_before's keys at most (a longer reply) */
+	json_tokener *tok;       /* parses the reply as it streams in */
+	json_object *doc;        /* the last reply (a watch: its error), freed by
+				  * the next request */
+	size_t fed, cap;         /* the bytes of the reply (a watch: of its
+				  * message) so far, and at most */
+	int cut;                 /* the last reply was longer than cap */
+	int bad;                 /* ... was not one JSON object */
 	char body[ETCD_BODY_MAX];
 	char err[CURL_ERROR_SIZE + 192];
 	char curl_err[CURL_ERROR_SIZE]; /* libcurl's detail of a failure (the
@@ -247,42 +254,95 @@ static struct etcd_mode mode_of(const char *k, size_t n)
 	return m;
 }
 
-/* ---- JSON replies (the gateway's, trusted to be well formed) ------------- */
+/* ---- JSON replies (json-c; anything unexpected is the request's error) --- */
 
-/* Returns the position just after `"name":` in s (from start), or NULL. */
-static const char *json_find(const char *s, const char *name)
+/* Returns obj's member name when it is of type t, else NULL (absent, of
+ * another type, or obj not an object). */
+static json_object *reply_member(json_object *obj, const char *name, json_type t)
 {
-	char pat[48];
+	json_object *m;
 
-	snprintf(pat, sizeof(pat), "\"%s\":", name);
-	s = strstr(s, pat);
-	return s ? s + strlen(pat) : NULL;
+	if (!json_object_is_type(obj, json_type_object) ||
+	    !json_object_object_get_ex(obj, name, &m) || !json_object_is_type(m, t))
+		return NULL;
+	return m;
 }
 
-/* Returns the integer of `"name":"N"` (int64 fields are strings) or
- * `"name":N` in s, or dflt when absent. */
-static long long json_int(const char *s, const char *name, long long dflt)
+/* Reads obj's integer member name (the gateway writes int64 fields as
+ * decimal strings, others as numbers) into *v: dflt when absent (proto3
+ * JSON leaves out zeros). Returns 0, or -1 when it is of another type,
+ * not a whole decimal or out of int64's range. */
+static int reply_int(json_object *obj, const char *name, long long dflt, long long *v)
 {
-	const char *p = s ? json_find(s, name) : NULL;
+	json_object *m;
+	const char *s;
+	char *end;
 
-	if (!p)
-		return dflt;
-	if (*p == '"')
-		p++;
-	return strtoll(p, NULL, 10);
-}
-
-/* Points *v at the string of `"name":"..."` in s (its length in *n).
- * Returns 1, or 0 when absent. */
-static int json_str(const char *s, const char *name, const char **v, size_t *n)
-{
-	const char *p = s ? json_find(s, name) : NULL, *q;
-
-	if (!p || *p != '"' || !(q = strchr(p + 1, '"')))
+	*v = dflt;
+	if (!json_object_is_type(obj, json_type_object))
+		return -1;
+	if (!json_object_object_get_ex(obj, name, &m))
 		return 0;
-	*v = p + 1;
-	*n = (size_t)(q - p - 1);
+	if (json_object_is_type(m, json_type_int)) {
+		errno = 0;
+		*v = json_object_get_int64(m);
+		return errno || *v == INT64_MAX ? -1 : 0; /* (a uint64 beyond int64 saturates) */
+	}
+	if (!json_object_is_type(m, json_type_string))
+		return -1;
+	s = json_object_get_string(m);
+	errno = 0;
+	*v = strtoll(s, &end, 10);
+	if (errno || end == s || *end || (size_t)(end - s) != (size_t)json_object_get_string_len(m))
+		return -1; /* (a NUL inside: not the whole string) */
+	return 0;
+}
+
+/* Points *v at obj's string member name (its length in *n; owned by obj).
+ * Returns 1, or 0 when absent or not a string. */
+static int reply_str(json_object *obj, const char *name, const char **v, size_t *n)
+{
+	json_object *m = reply_member(obj, name, json_type_string);
+
+	if (!m)
+		return 0;
+	*v = json_object_get_string(m);
+	*n = (size_t)json_object_get_string_len(m);
 	return 1;
+}
+
+/* Returns obj's boolean member name (absent: 0), or -1 of another type. */
+static int reply_bool(json_object *obj, const char *name)
+{
+	json_object *m;
+
+	if (!json_object_object_get_ex(obj, name, &m))
+		return 0;
+	return json_object_is_type(m, json_type_boolean) ? json_object_get_boolean(m) : -1;
+}
+
+/* Returns element i of obj's array member name when it is an object, else
+ * NULL. */
+static json_object *reply_nth(json_object *obj, const char *name, size_t i)
+{
+	json_object *a = reply_member(obj, name, json_type_array), *e;
+
+	if (!a || i >= json_object_array_length(a))
+		return NULL;
+	e = json_object_array_get_idx(a, i);
+	return json_object_is_type(e, json_type_object) ? e : NULL;
+}
+
+/* Returns the revision of reply obj's header (0: none or not a positive
+ * int64). */
+static long long reply_revision(json_object *obj)
+{
+	json_object *h = reply_member(obj, "header", json_type_object);
+	long long rev;
+
+	if (reply_int(h, "revision", 0, &rev) || rev < 0)
+		return 0;
+	return rev;
 }
 
 /* ---- requests ----------------------------------------------------------- */
@@ -294,81 +354,107 @@ static int fail(struct backend_conn *c, const char *what, const char *msg)
 	return BACKEND_ERR;
 }
 
-/* libcurl's write callback: keeps what fits in c->resp; a watch stops
- * (returns 0: curl aborts the transfer) at a DELETE event or its end. */
-/* Adds to c->counted the kvs (their "create_revision" names) in
- * data[0..len), with the bytes before it that may begin one (c->carry). */
-static void count_kvs(struct backend_conn *c, const char *data, size_t len)
+/* Examines message o of a watch's stream (one JSON object each): 1 when
+ * the watch ends (a DELETE event, the watch canceled: c->woken; anything
+ * but a result: c->doc keeps it, its error), else 0 (o freed). */
+static int watch_message(struct backend_conn *c, json_object *o)
 {
-	static const char pat[] = "\"create_revision\":";
-	const size_t pl = sizeof(pat) - 1;
-	char edge[2 * sizeof(c->carry)];
-	size_t head = len < pl - 1 ? len : pl - 1, el;
+	json_object *r = reply_member(o, "result", json_type_object), *ev;
+	const char *t;
+	size_t tl;
 
-	memcpy(edge, c->carry, c->clen); /* a name across the two */
-	memcpy(edge + c->clen, data, head);
-	el = c->clen + head;
-	for (const char *p = edge; (p = memmem(p, el - (size_t)(p - edge), pat, pl)); p++)
-		c->counted++;
-	for (const char *p = data; (p = memmem(p, len - (size_t)(p - data), pat, pl)); p++)
-		c->counted++; /* (data[0..head) is too short to hold one) */
-	if (len >= pl - 1) {
-		c->clen = pl - 1;
-		memcpy(c->carry, data + len - c->clen, c->clen);
-	} else { /* keep the last pl - 1 bytes of carry and data */
-		size_t keep = el < pl - 1 ? el : pl - 1;
-
-		memmove(c->carry, edge + el - keep, keep);
-		c->clen = keep;
+	if (!r) {
+		c->doc = o;
+		return 1;
 	}
+	c->woken = reply_bool(r, "canceled") == 1;
+	for (size_t i = 0; !c->woken && (ev = reply_nth(r, "events", i)); i++)
+		c->woken = reply_str(ev, "type", &t, &tl) && tl == 6 && !memcmp(t, "DELETE", 6);
+	json_object_put(o);
+	return c->woken;
 }
 
+/* libcurl's write callback: feeds the reply to c->tok as it comes. A reply
+ * is one object (c->doc), a watch's a stream of them (watch_message());
+ * past c->cap bytes (c->cut) or not JSON (c->bad) the rest is drained, a
+ * watch stopped (returns 0: curl aborts the transfer). */
 static size_t on_data(char *data, size_t size, size_t n, void *arg)
 {
 	struct backend_conn *c = arg;
-	size_t len = size * n, room = sizeof(c->resp) - 1 - c->rlen;
+	size_t len = size * n, at = 0;
 
-	if (c->counting)
-		count_kvs(c, data, len);
+	while (at < len && !c->cut && !c->bad) {
+		size_t part = len - at, used;
+		json_object *o;
 
-	if (c->watching && c->rlen + len >= sizeof(c->resp)) /* keep the tail only */
-		c->rlen = 0, room = sizeof(c->resp) - 1;
-	if (len > room) {
-		len = room;
-		c->cut = 1;
+		if (part > c->cap - c->fed) {
+			c->cut = 1;
+			break;
+		}
+		o = json_tokener_parse_ex(c->tok, data + at, (int)part);
+		if (!o) {
+			c->bad = json_tokener_get_error(c->tok) != json_tokener_continue;
+			c->fed += part;
+			break;
+		}
+		used = json_tokener_get_parse_end(c->tok);
+		json_tokener_reset(c->tok);
+		at += used;
+		if (c->watching) {
+			c->fed = 0;
+			if (watch_message(c, o))
+				return 0;
+		} else if (c->doc) { /* a second object */
+			json_object_put(o);
+			c->bad = 1;
+		} else {
+			c->doc = o;
+			c->fed += used;
+		}
 	}
-	memcpy(c->resp + c->rlen, data, len);
-	c->rlen += len;
-	c->resp[c->rlen] = 0;
-	if (c->watching && (strstr(c->resp, "\"DELETE\"") || strstr(c->resp, "\"canceled\":true"))) {
-		c->woken = 1;
-		return 0;
-	}
-	return size * n;
+	return c->watching && (c->cut || c->bad) ? 0 : size * n;
+}
+
+/* Records c's reply's error in c->err, "what: etcd's message" (its
+ * "error" member, a string or an object with a "message"), else "what:
+ * HTTP status N". */
+static void reply_error(struct backend_conn *c, const char *what, long status)
+{
+	json_object *e = reply_member(c->doc, "error", json_type_object);
+	const char *m;
+	size_t ml;
+
+	if (reply_str(e ? e : c->doc, "message", &m, &ml) || reply_str(c->doc, "error", &m, &ml))
+		snprintf(c->err, sizeof(c->err), "%s: %.*s", what, (int)ml, m);
+	else
+		snprintf(c->err, sizeof(c->err), "%s: HTTP status %ld", what, status);
 }
 
 /*
  * POSTs body to path, bounded by timeout_ms (and the connect by
- * connect_timeout_ms). Returns CURLE_OK with the reply in c->resp when it
- * carries no error; else the failure's code with c->err set ("what:
- * etcd's message" when etcd answered one, else libcurl's).
+ * connect_timeout_ms), its reply at most cap bytes (a watch: each
+ * message). Returns CURLE_OK with the reply in c->doc (a JSON object, owned
+ * by c) when it carries no error; else the failure's code with c->err set
+ * ("what: etcd's message" when etcd answered one, "what: reply ..." when
+ * the reply was not one JSON object or too long (c->cut), else
+ * libcurl's).
  */
-static CURLcode post_body(struct backend_conn *c, const char *body, const char *path,
-			  long long timeout_ms, const char *what)
+static CURLcode post_capped(struct backend_conn *c, const char *body, const char *path,
+			    long long timeout_ms, size_t cap, const char *what)
 {
 	char url[sizeof(c->base) + 32];
-	const char *m;
-	size_t ml;
 	CURLcode rc;
 	long status = 0;
 
 	snprintf(url, sizeof(url), "%s%s", c->base, path);
-	c->rlen = 0;
-	c->resp[0] = 0;
+	json_object_put(c->doc);
+	c->doc = NULL;
+	json_tokener_reset(c->tok);
+	c->fed = 0;
+	c->cap = cap;
 	c->woken = 0;
 	c->cut = 0;
-	c->counted = 0;
-	c->clen = 0;
+	c->bad = 0;
 	c->curl_err[0] = 0;
 	curl_easy_setopt(c->curl, CURLOPT_URL, url);
 	curl_easy_setopt(c->curl, CURLOPT_POSTFIELDS, body);
@@ -376,20 +462,50 @@ static CURLcode post_body(struct backend_conn *c, const char *body, const char *
 	rc = curl_easy_perform(c->curl);
 	if (rc == CURLE_WRITE_ERROR && c->watching && c->woken)
 		return CURLE_OK;
+	if (rc == CURLE_OK)
+		curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
+	if ((c->cut || c->bad) && rc == CURLE_OK && status != 200) {
+		snprintf(c->err, sizeof(c->err), "%s: HTTP status %ld", what, status);
+		return CURLE_HTTP_RETURNED_ERROR;
+	}
+	if ((c->cut || c->bad) && (rc == CURLE_OK || rc == CURLE_WRITE_ERROR)) {
+		snprintf(c->err, sizeof(c->err), "%s: reply %s", what,
+			 c->cut ? "too long" : "not a JSON object");
+		return CURLE_WEIRD_SERVER_REPLY;
+	}
+	if (rc == CURLE_WRITE_ERROR && c->watching && c->doc)
+		rc = CURLE_OK; /* the stream's error: said below */
 	if (rc != CURLE_OK) {
 		snprintf(c->err, sizeof(c->err), "%s: %s%s%s%s", what, curl_easy_strerror(rc),
 			 c->curl_err[0] ? " (" : "", c->curl_err, c->curl_err[0] ? ")" : "");
 		return rc;
 	}
-	curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
-	if (status != 200 || json_find(c->resp, "error")) {
-		if (json_str(c->resp, "message", &m, &ml) || json_str(c->resp, "error", &m, &ml))
-			snprintf(c->err, sizeof(c->err), "%s: %.*s", what, (int)ml, m);
-		else
+	if (c->watching && !c->doc)
+		return CURLE_OK; /* the stream ended */
+	if (!status)
+		curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
+	if (!json_object_is_type(c->doc, json_type_object)) {
+		if (status != 200 && !c->doc)
 			snprintf(c->err, sizeof(c->err), "%s: HTTP status %ld", what, status);
+		else
+			snprintf(c->err, sizeof(c->err), "%s: reply not a JSON object", what);
+		return status != 200 ? CURLE_HTTP_RETURNED_ERROR : CURLE_WEIRD_SERVER_REPLY;
+	}
+	if (status != 200 || json_object_object_get_ex(c->doc, "error", NULL) || c->watching) {
+		reply_error(c, what, status);
 		return CURLE_HTTP_RETURNED_ERROR;
 	}
 	return CURLE_OK;
+}
+
+/* post_capped() of a reply of ETCD_RESP_MAX bytes at most (a watch's
+ * messages: ETCD_EVENT_MAX; count_before's: ETCD_KV_MAX more per key). */
+static CURLcode post_body(struct backend_conn *c, const char *body, const char *path,
+			  long long timeout_ms, const char *what)
+{
+	size_t cap = c->watching ? ETCD_EVENT_MAX : ETCD_RESP_MAX + c->counting * ETCD_KV_MAX;
+
+	return post_capped(c, body, path, timeout_ms, cap, what);
 }
 
 /* post_body() of c->body. */
@@ -443,6 +559,15 @@ static int headers_set(struct backend_conn *c, const char *token, size_t toklen)
 	return 0;
 }
 
+/* Whether s[0..n) may go into a header line: no control character. */
+static int header_safe(const char *s, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+			return 0;
+	return 1;
+}
+
 /*
  * Authenticates c as etcd.username (/v3/auth/authenticate, bounded by
  * timeout_ms): the token answered becomes the Authorization header of c's
@@ -469,8 +594,10 @@ static int authenticate(struct backend_conn *c, long long timeout_ms)
 	else if (memcpy(body + n, "\"}", 3),
 		 post_body(c, body, "/v3/auth/authenticate", timeout_ms, "authenticate") != CURLE_OK)
 		; /* c->err says it */
-	else if (!json_str(c->resp, "token", &tok, &toklen))
+	else if (!reply_str(c->doc, "token", &tok, &toklen))
 		fail(c, "authenticate", "no token in the reply");
+	else if (!header_safe(tok, toklen))
+		fail(c, "authenticate", "unexpected reply");
 	else if (headers_set(c, tok, toklen))
 		fail(c, "authenticate", "token too long, or out of memory");
 	else
@@ -699,6 +826,9 @@ static void etcd_close(struct backend_conn *c)
 	if (c->curl)
 		curl_easy_cleanup(c->curl);
 	curl_slist_free_all(c->headers);
+	json_object_put(c->doc);
+	if (c->tok)
+		json_tokener_free(c->tok);
 	free(c);
 }
 
@@ -711,9 +841,9 @@ static struct backend_conn *etcd_open(const struct backend_config *bc, char *err
 	struct backend_conn *c = calloc(1, sizeof(*c));
 	int authfail = 0;
 
-	if (!c || !(c->curl = curl_easy_init())) {
+	if (!c || !(c->curl = curl_easy_init()) || !(c->tok = json_tokener_new())) {
 		snprintf(err, errlen, "out of memory");
-		free(c);
+		etcd_close(c);
 		return NULL;
 	}
 	c->bc = bc;
@@ -768,26 +898,42 @@ static long long ttl_s(long long lease_ms)
 	return s < 2 ? 2 : s;
 }
 
+/* Reads the TTL of c's keepalive reply ({"result":{"header":...,
+ * "TTL":...}}, TTL 0 left out) into *ttl. Returns BACKEND_OK, or
+ * BACKEND_ERR ("keepalive: unexpected reply") when it is not one. */
+static int keepalive_ttl(struct backend_conn *c, long long *ttl)
+{
+	json_object *r = reply_member(c->doc, "result", json_type_object);
+
+	if (!r || !reply_revision(r) || reply_int(r, "TTL", 0, ttl))
+		return fail(c, "keepalive", "unexpected reply");
+	return BACKEND_OK;
+}
+
 /* Makes sure lease n->lease lives: a waiter's may exist already (a
  * keepalive renews it), a first attempt grants it. Returns BACKEND_OK or
  * BACKEND_ERR. */
 static int lease_ensure(struct backend_conn *c, const struct backend_item *it,
 			const struct etcd_names *n)
 {
+	long long ttl;
 
 	if (it->waiting) {
 		snprintf(c->body, sizeof(c->body), "{\"ID\":\"%lld\"}", n->lease);
-		if (command(c, "/v3/lease/keepalive", "keepalive") != BACKEND_OK)
+		if (command(c, "/v3/lease/keepalive", "keepalive") != BACKEND_OK ||
+		    keepalive_ttl(c, &ttl) != BACKEND_OK)
 			return BACKEND_ERR;
-		if (json_int(c->resp, "TTL", 0) > 0)
+		if (ttl > 0)
 			return BACKEND_OK;
 	}
 	snprintf(c->body, sizeof(c->body), "{\"ID\":\"%lld\",\"TTL\":\"%lld\"}", n->lease,
 		 ttl_s(it->lease_ms));
-	if (command(c, "/v3/lease/grant", "lease grant") == BACKEND_OK ||
-	    strstr(c->err, "lease already exists"))
-		return BACKEND_OK;
-	return BACKEND_ERR;
+	if (command(c, "/v3/lease/grant", "lease grant") != BACKEND_OK)
+		return strstr(c->err, "lease already exists") ? BACKEND_OK : BACKEND_ERR;
+	if (reply_int(c->doc, "ID", 0, &ttl) || ttl != n->lease ||
+	    reply_int(c->doc, "TTL", 0, &ttl) || ttl <= 0)
+		return fail(c, "lease grant", "unexpected reply");
+	return BACKEND_OK;
 }
 
 /* Revokes lease n->lease (its key goes with it). Returns BACKEND_OK,
@@ -815,13 +961,37 @@ struct etcd_seen {
 	struct etcd_mode om; /* the first key's mode */
 };
 
-/* Returns the position after the i-th (from 0) "response_range" of s, or
- * NULL. */
-static const char *nth_range(const char *s, int i)
+/* Returns the i-th (from 0) "response_range" of transaction reply doc's
+ * responses, or NULL. */
+static json_object *nth_range(json_object *doc, int i)
 {
-	for (s = json_find(s, "response_range"); s && i > 0; i--)
-		s = json_find(s, "response_range");
-	return s;
+	json_object *r, *rr;
+
+	for (size_t k = 0; (r = reply_nth(doc, "responses", k)); k++)
+		if ((rr = reply_member(r, "response_range", json_type_object)) && i-- == 0)
+			return rr;
+	return NULL;
+}
+
+/* Reads range reply r's first kv (its create revision, key and value) and
+ * count into w, the value into holder (holder_len not NULL). Returns 0, or
+ * -1 when a field is of the wrong type. */
+static int first_read(json_object *r, struct etcd_seen *w, char *holder, size_t *holder_len)
+{
+	json_object *kv = reply_nth(r, "kvs", 0);
+	char first[ETCD_KEY_MAX];
+	const char *v;
+	size_t vl;
+
+	if ((kv && reply_int(kv, "create_revision", 0, &w->owner)) ||
+	    (r && reply_int(r, "count", 0, &w->count)))
+		return -1;
+	w->om = (struct etcd_mode){ 1, 0 };
+	if (reply_str(kv, "key", &v, &vl))
+		w->om = mode_of(first, b64_decode(v, vl, first, sizeof(first)));
+	if (holder_len && reply_str(kv, "value", &v, &vl))
+		*holder_len = b64_decode(v, vl, holder, BACKEND_VAL_MAX);
+	return 0;
 }
 
 /*
@@ -835,9 +1005,7 @@ static int join(struct backend_conn *c, const struct backend_item *it,
 {
 	char val[ETCD_B64(BACKEND_VAL_MAX)], range[2 * sizeof(n->from) + 160];
 	char writers[2 * sizeof(n->from) + 96] = "";
-	char first[ETCD_KEY_MAX];
-	const char *resp, *r, *v;
-	size_t vl;
+	json_object *r;
 
 	b64_encode((const unsigned char *)it->val, it->vlen, val);
 	snprintf(range, sizeof(range), "{\"request_range\":{\"key\":\"%s\",\"range_end\":\"%s\","
@@ -854,28 +1022,25 @@ static int join(struct backend_conn *c, const struct backend_item *it,
 		 n->key, n->key, val, n->lease, range, writers, n->key, range);
 	if (command(c, "/v3/kv/txn", "transaction") != BACKEND_OK)
 		return BACKEND_ERR;
-	resp = c->resp;
 	memset(w, 0, sizeof(*w));
-	w->rev = json_int(resp, "revision", 0);
-	w->put = strstr(resp, "\"succeeded\":true") != NULL;
+	if (holder_len)
+		*holder_len = 0;
+	w->rev = reply_revision(c->doc);
+	if ((w->put = reply_bool(c->doc, "succeeded")) < 0)
+		return fail(c, "transaction", "unexpected reply");
 	if (w->put) {
 		w->mine = w->rev;
-		r = nth_range(resp, 0);
-		w->writers = json_int(nth_range(resp, 1), "count", 0);
+		r = nth_range(c->doc, 0);
+		if (it->shared && reply_int(nth_range(c->doc, 1), "count", 0, &w->writers))
+			return fail(c, "transaction", "unexpected reply");
 	} else {
-		w->mine = json_int(nth_range(resp, 0), "create_revision", 0);
-		r = nth_range(resp, 1);
+		if (reply_int(reply_nth(nth_range(c->doc, 0), "kvs", 0), "create_revision", 0,
+			     &w->mine))
+			w->mine = 0;
+		r = nth_range(c->doc, 1);
 	}
-	w->owner = json_int(r, "create_revision", 0);
-	w->count = json_int(r, "count", 0);
-	w->om = (struct etcd_mode){ 1, 0 };
-	if (json_str(r, "key", &v, &vl))
-		w->om = mode_of(first, b64_decode(v, vl, first, sizeof(first)));
-	if (holder_len) {
-		*holder_len = 0;
-		if (json_str(r, "value", &v, &vl))
-			*holder_len = b64_decode(v, vl, holder, BACKEND_VAL_MAX);
-	}
+	if (first_read(r, w, holder, holder_len))
+		return fail(c, "transaction", "unexpected reply");
 	if (w->mine <= 0 || w->owner <= 0)
 		return fail(c, "transaction", "no create revision in the reply (our lease "
 			    "expired?)");
@@ -886,24 +1051,28 @@ static int join(struct backend_conn *c, const struct backend_item *it,
  * Counts the keys of [n->from, end) created before revision mine, up to
  * most, into *count (*rev: the read's revision). etcd's own count ignores
  * the create revision's bound, so the keys read (keys only, at most most)
- * are counted as they stream in: no reply buffer limits most. Returns
+ * are counted: the reply may be ETCD_KV_MAX bytes per key. Returns
  * BACKEND_OK or BACKEND_ERR.
  */
 static int count_before(struct backend_conn *c, const struct etcd_names *n, const char *end,
 			long long mine, int most, long long *count, long long *rev)
 {
+	json_object *kvs;
 	int rc;
 
 	snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"range_end\":\"%s\",\"keys_only\":"
 		 "true,\"sort_order\":\"ASCEND\",\"sort_target\":\"CREATE\",\"limit\":\"%d\","
 		 "\"max_create_revision\":\"%lld\"}", n->from, end, most, mine - 1);
-	c->counting = 1;
+	c->counting = (size_t)most;
 	rc = command(c, "/v3/kv/range", "count");
 	c->counting = 0;
 	if (rc != BACKEND_OK)
 		return BACKEND_ERR;
-	*count = c->counted;
-	*rev = json_int(c->resp, "revision", 0);
+	kvs = reply_member(c->doc, "kvs", json_type_array);
+	*count = kvs ? (long long)json_object_array_length(kvs) : 0;
+	*rev = reply_revision(c->doc);
+	if (*rev <= 0 || (!kvs && json_object_object_get_ex(c->doc, "kvs", NULL)))
+		return fail(c, "count", "unexpected reply");
 	return BACKEND_OK;
 }
 
@@ -1055,12 +1224,16 @@ static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 		 "\"max_create_revision\":\"%lld\"}", n.from, it->shared ? n.wto : n.to, mine - 1);
 	if (command(c, "/v3/kv/range", "predecessor") != BACKEND_OK)
 		return BACKEND_ERR;
-	rev = json_int(c->resp, "revision", 0);
-	if (!json_str(json_find(c->resp, "kvs"), "key", &pk, &pkl))
+	if ((rev = reply_revision(c->doc)) <= 0)
+		return fail(c, "predecessor", "unexpected reply");
+	if (!reply_str(reply_nth(c->doc, "kvs", 0), "key", &pk, &pkl))
 		return BACKEND_OK;
 	if (pkl >= sizeof(n.key))
 		return fail(c, "wait", "predecessor key too long");
-	memcpy(n.key, pk, pkl); /* out of c->resp, which the watch reuses */
+	for (size_t i = 0; i < pkl; i++) /* it goes into the watch's JSON as is */
+		if (b64_value(pk[i]) < 0 && pk[i] != '=')
+			return fail(c, "predecessor", "unexpected reply");
+	memcpy(n.key, pk, pkl); /* out of c->doc, which the watch frees */
 	return watch_delete(c, n.key, pkl, NULL, rev + 1, timeout_ms);
 }
 
@@ -1093,9 +1266,12 @@ static int etcd_renew(struct backend_conn *c, int n, const struct backend_item *
 	for (int i = 0; i < n; i++) {
 
 		snprintf(c->body, sizeof(c->body), "{\"ID\":\"%lld\"}", lease_id(&items[i]));
-		if (command(c, "/v3/lease/keepalive", "keepalive") != BACKEND_OK)
+		long long ttl;
+
+		if (command(c, "/v3/lease/keepalive", "keepalive") != BACKEND_OK ||
+		    keepalive_ttl(c, &ttl) != BACKEND_OK)
 			return BACKEND_ERR;
-		results[i] = json_int(c->resp, "TTL", 0) > 0 ? BACKEND_OK : BACKEND_NO;
+		results[i] = ttl > 0 ? BACKEND_OK : BACKEND_NO;
 	}
 	return BACKEND_OK;
 }
@@ -1141,18 +1317,22 @@ static void listing_free(struct etcd_listing *ls)
 	free(ls->e);
 }
 
-/* Adds the key of the gateway's kv object obj (NUL-terminated) to ls when
- * it is <prefix><name>/<lease hex>; *last (ETCD_KEY_MAX + 1 bytes) gets its
- * raw key, *lastlen its length. Returns 0, or -1 out of memory. */
-static int listing_add(struct etcd_listing *ls, const char *obj, size_t plen,
+/* Adds the key of the gateway's kv object obj to ls when it is
+ * <prefix><name>/<lease hex>; *last (ETCD_KEY_MAX + 1 bytes) gets its raw
+ * key, *lastlen its length. Returns 0, -1 out of memory, or -2 when a
+ * field is of the wrong type. */
+static int listing_add(struct etcd_listing *ls, json_object *obj, size_t plen,
 		       unsigned char *last, size_t *lastlen)
 {
 	struct etcd_entry *e;
 	const char *k, *v, *slash;
 	size_t kl, vl;
+	long long rev, lease;
 
-	if (!json_str(obj, "key", &k, &kl))
+	if (!reply_str(obj, "key", &k, &kl))
 		return 0;
+	if (reply_int(obj, "create_revision", 0, &rev) || reply_int(obj, "lease", 0, &lease))
+		return -2;
 	*lastlen = b64_decode(k, kl, (char *)last, ETCD_KEY_MAX);
 	last[*lastlen] = 0;
 	slash = memrchr(last, '/', *lastlen);
@@ -1170,15 +1350,15 @@ static int listing_add(struct etcd_listing *ls, const char *obj, size_t plen,
 	e = &ls->e[ls->n];
 	memset(e, 0, sizeof(*e));
 	e->nlen = (size_t)(slash - (char *)last) - plen;
-	if (!json_str(obj, "value", &v, &vl))
+	if (!reply_str(obj, "value", &v, &vl))
 		vl = 0;
 	if (!(e->name = strndup((char *)last + plen, e->nlen)) || !(e->val = malloc(vl / 4 * 3 + 3))) {
 		free(e->name);
 		return -1;
 	}
 	e->vlen = vl ? b64_decode(v, vl, e->val, vl / 4 * 3 + 3) : 0;
-	e->rev = json_int(obj, "create_revision", 0);
-	e->lease = json_int(obj, "lease", 0);
+	e->rev = rev;
+	e->lease = lease;
 	e->mode = mode_of((char *)last, *lastlen);
 	ls->n++;
 	return 0;
@@ -1201,30 +1381,26 @@ static int listing_read(struct backend_conn *c, struct etcd_listing *ls)
 	b64_encode(end, plen, to);
 	b64_encode(last, lastlen, from);
 	while (more) {
-		char *p;
+		json_object *kv;
+		int rc;
 
 		snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"range_end\":\"%s\","
 			 "\"sort_order\":\"ASCEND\",\"sort_target\":\"KEY\",\"limit\":\"%d\"}",
 			 from, to, limit);
-		if (command(c, "/v3/kv/range", "status") != BACKEND_OK)
-			return BACKEND_ERR;
-		if (c->cut) {
+		if (command(c, "/v3/kv/range", "status") != BACKEND_OK) {
+			if (!c->cut)
+				return BACKEND_ERR;
 			if (limit == 1)
 				return fail(c, "status", "a key and its value too long to read");
 			limit /= 2;
 			continue;
 		}
-		more = strstr(c->resp, "\"more\":true") != NULL;
-		for (p = strstr(c->resp, "\"kvs\":"); p && (p = strchr(p, '{'));) {
-			char *q = strchr(p, '}');
-
-			if (!q)
-				break;
-			*q = 0; /* one kv object: base64 and numbers, no brace inside */
-			if (listing_add(ls, p, plen, last, &lastlen) != 0)
-				return fail(c, "status", "out of memory");
-			p = q + 1;
-		}
+		if ((more = reply_bool(c->doc, "more")) < 0)
+			return fail(c, "status", "unexpected reply");
+		for (size_t i = 0; (kv = reply_nth(c->doc, "kvs", i)); i++)
+			if ((rc = listing_add(ls, kv, plen, last, &lastlen)) != 0)
+				return fail(c, "status",
+					    rc == -1 ? "out of memory" : "unexpected reply");
 		last[lastlen] = 0; /* the next page starts just after the last key */
 		b64_encode(last, lastlen + 1, from);
 	}
@@ -1240,7 +1416,8 @@ static int entry_ttl(struct backend_conn *c, struct etcd_entry *e)
 	snprintf(c->body, sizeof(c->body), "{\"ID\":\"%lld\"}", e->lease);
 	if (command(c, "/v3/lease/timetolive", "status") != BACKEND_OK)
 		return BACKEND_ERR;
-	ttl = json_int(c->resp, "TTL", -1);
+	if (reply_int(c->doc, "TTL", -1, &ttl))
+		return fail(c, "status", "unexpected reply");
 	e->ttl_ms = ttl < 0 ? -1 : ttl * 1000;
 	return BACKEND_OK;
 }

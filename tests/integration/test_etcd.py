@@ -501,7 +501,7 @@ def holders_prog(tmp_path_factory):
         "backend", "backend/etcd", "common", "arch", "arch/" + platform.machine())]
     san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"] if ASAN else []
     return cc(str(tmp_path_factory.mktemp("eh") / "etcd_holders"), ["etcd_holders.c"], "-O2",
-              "-D_GNU_SOURCE", *inc, *san, "-lcurl")
+              "-D_GNU_SOURCE", *inc, *san, "-lcurl", "-ljson-c")
 
 
 def holders(prog, etcd):
@@ -1230,3 +1230,100 @@ def test_longest_prefix_and_key_fit_every_mode(etcd, tmp_path, opts):
             LD_PRELOAD="")
     assert r.returncode == 0 and "in=" in r.stdout, (r.stdout, r.stderr)
     assert etcd.keys(prefix) == []
+
+
+# ---- a hostile gateway ----------------------------------------------------------
+
+HUGE = "9" * 40
+HOSTILE = {  # what the gateway answers, by the reply's flaw
+    "malformed": b'{"header":{"revision":"7"},"ID":"1","TTL":"5",',
+    "array": b'[{"header":{"revision":"7"}},{"succeeded":true}]',
+    "wrong-types": b'{"header":{"revision":{}},"ID":[],"TTL":"five","succeeded":"yes",'
+                   b'"responses":{"response_range":7},"kvs":"none","count":true}',
+    "huge-number": ('{"header":{"revision":"%s"},"ID":"%s","TTL":%s,"succeeded":true,'
+                    '"responses":[{"response_put":{}},{"response_range":{"count":%s,"kvs":'
+                    '[{"key":"a2V5","create_revision":%s}]}}]}'
+                    % ((HUGE,) * 5)).encode(),
+    "too-long": b'{"header":{"revision":"7"},"pad":"' + b"x" * 100000 + b'"}',
+    # the control: a reply of each request that grants ("x/1": an exclusive key)
+    "control-well-formed": b'{"header":{"revision":"7"},"ID":"%(ID)s","TTL":"5",'
+                           b'"succeeded":true,"responses":[{"response_put":{}},'
+                           b'{"response_range":{"count":"1","kvs":[{"key":"eC8x",'
+                           b'"create_revision":"7"}]}}]}',
+}
+
+
+class HostileGateway:
+    """An HTTP server on a free loopback port answering /v3/maintenance/status
+    well (with grant_ok lease grant and revoke too) and every other /v3/*
+    path with body (%(ID)s: the lease asked for), HTTP 200."""
+
+    def __init__(self, body, grant_ok):
+        import http.server
+        import threading
+
+        gateway = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                asked = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                good = self.path == "/v3/maintenance/status" or \
+                    (grant_ok and self.path in ("/v3/lease/grant", "/v3/lease/revoke"))
+                gateway.paths.add(self.path)
+                out = b'{"header":{"revision":"7"},"ID":"%(ID)s","TTL":"5"}' if good else body
+                if b"%(ID)s" in out:  # the lease asked for
+                    out = out.replace(b"%(ID)s", str(asked.get("ID", "1")).encode())
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args):
+                pass
+
+        self.paths = set()
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def endpoint(self):
+        return "127.0.0.1:%d" % self.server.server_address[1]
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+@pytest.mark.parametrize("grant_ok", [True, False], ids=["txn", "grant"])
+@pytest.mark.parametrize("flaw", sorted(HOSTILE))
+def test_hostile_gateway_is_an_error_of_each_request(worker_progs, tmp_path, flaw, grant_ok):
+    """Replies that are not JSON, an array, fields of the wrong type, numbers
+    beyond int64, a reply too long: each is an error of its request (never a
+    crash or a misread grant): the guarded call applies on_error within
+    wait_ms and the program exits normally (ASan clean under
+    LOCKSHIM_TEST_ASAN); the flawed request did reach the server. Control:
+    the same server answering each request well grants the call."""
+    gw = HostileGateway(HOSTILE[flaw], grant_ok)
+    try:
+        cfg = etcd_config(tmp_path, gw, 'locks = ( { symbol = "block_call"; key = "blk"; '
+                          'wait_ms = 1000; on_error = "skip"; on_timeout = "skip"; } );\n',
+                          "connect_timeout_ms = 300; command_timeout_ms = 300;")
+        t0 = time.monotonic()
+        r = run([worker_progs["block"]], cfg, timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        gw.stop()
+    assert "ERROR: AddressSanitizer" not in r.stderr
+    if flaw.startswith("control"):
+        assert r.returncode == 0 and "call rc=42" in r.stdout, (r.stdout, r.stderr)
+        return
+    assert r.returncode == 0 and r.stdout.startswith("call rc=-1"), (r.returncode, r.stdout,
+                                                                     r.stderr)
+    assert "etcd unavailable for 1000 ms" in r.stderr, r.stderr
+    assert took < 1.0 + 3 * MULT, took
+    assert ("/v3/kv/txn" if grant_ok else "/v3/lease/grant") in gw.paths, gw.paths
