@@ -56,9 +56,10 @@ static const struct backend_ops backend_zookeeper_stub = {
 	.module = &zookeeper_module,
 };
 
-/* The etcd backend is a module (backend/etcd/, libcurl: etcd's JSON gateway). */
+/* The etcd backend is a module (backend/etcd/: libcurl to etcd's JSON
+ * gateway, json-c for its replies). */
 static const struct backend_module_file etcd_module = {
-	"liblockshim-etcd.so", "lockshim_backend_etcd", "libcurl4"
+	"liblockshim-etcd.so", "lockshim_backend_etcd", "libcurl4 libjson-c5"
 };
 static const struct backend_ops backend_etcd_stub = {
 	.name = "etcd",

@@ -27,7 +27,7 @@ struct backend_ops;
 struct backend_module_file {
 	const char *file;    /* "liblockshim-postgres.so" */
 	const char *symbol;  /* "lockshim_backend_postgres" */
-	const char *package; /* the Debian package whose absence is the usual cause */
+	const char *package; /* the Debian packages whose absence is the usual cause */
 };
 
 /* What the core lends a module: one log line at level warn (the text

@@ -137,9 +137,9 @@ BACKENDS = [
     Backend("zookeeper", zk_support, zk_support.ZookeeperServer, "libzookeeper",
             "libzookeeper_mt.so", "libzookeeper-mt2", (), zk_config, zk_held, keys=zk_keys,
             lacks=("unlock", "metrics")),
-    Backend("etcd", etcd_support, etcd_support.EtcdServer, "libcurl", "libcurl.so", "libcurl4",
-            ("libnghttp2", "libssl", "libcrypto", "libssh2", "libldap", "libgssapi", "libpsl",
-             "libidn2", "librtmp"),
+    Backend("etcd", etcd_support, etcd_support.EtcdServer, "libcurl", "libcurl.so",
+            "libcurl4 libjson-c5", ("libjson-c", "libnghttp2", "libssl", "libcrypto", "libssh2",
+                                    "libldap", "libgssapi", "libpsl", "libidn2", "librtmp"),
             etcd_config, etcd_held, fences_seen=etcd_fences_seen, clear=etcd_clear,
             lacks=("metrics",)),
 ]
