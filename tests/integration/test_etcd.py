@@ -33,7 +33,8 @@ import pytest
 from support.etcd import Cluster, EtcdServer, skip_reason
 from support.etcd_secure import ROOT_PASSWORD, SecureEtcd, make_certs
 from support.process import cpu_ticks
-from support.scenarios import refused_setting
+from support.scenarios import (limit_bounds_the_holders, limit_mismatch_refused,
+                                refused_setting)
 from support.secure import NOBODY, NOGROUP, Layout
 from support.server import call_failed, serving
 from support.sets import replay, run_all, start as sets_start, writer_behind_readers
@@ -374,8 +375,8 @@ def test_leader_killed_mid_run(sets_prog, cluster, tmp_path, wait_ms):
     leader once 20 calls entered, the run stopped once 20 more entered after
     the kill. Never two inside at once; every call entered or applied its
     on_error/on_timeout ("skip", one error line each); every process ends
-    within wait_ms + 5 s of the stop; no line reports the dead member; no key is left and a try-lock (wait_ms = 0)
-    gets the lock at once. The election takes about 2 s: wait_ms = 8000
+    within wait_ms + 5 s of the stop; no line reports the dead member; no
+    key is left and a try-lock (wait_ms = 0) gets the lock at once. The election takes about 2 s: wait_ms = 8000
     rides over it, 1000 gives up during it (some calls skipped)."""
     leader = cluster.leader()
     head = 'backend = "etcd";\netcd = { endpoints = ( %s ); connect_timeout_ms = 500; ' \
@@ -1002,17 +1003,10 @@ def test_limit_bounds_the_holders(sets_prog, etcd, tmp_path, limit, most):
     """8 processes x 2 threads (30 ms calls): limit 3 lets never more than 3
     in, and 3 are reached; no limit, one at a time. Control: unguarded,
     more than 3."""
-    log = str(tmp_path / "log")
     extra = "limit = %d;" % limit if limit != "control" and limit else ""
     cfg = None if limit == "control" else etcd_config(
         tmp_path, etcd, "locks = ( %s );\n" % set_lock("set_read", extra))
-    total, err = run_all([(sets_prog, "r", cfg, log, 2, 4, 30)] * 8)
-    assert total == 8 * 2 * 4
-    if limit == "control":
-        assert replay(log)[0] > 3
-        return
-    assert replay(log)[0] == most, err[-3000:]
-    assert "error" not in err, err[-3000:]
+    limit_bounds_the_holders(sets_prog, cfg, str(tmp_path / "log"), most)
 
 
 def test_limit_mismatch_is_an_error_at_once(progs, procs, etcd, tmp_path):
@@ -1020,24 +1014,12 @@ def test_limit_mismatch_is_an_error_at_once(progs, procs, etcd, tmp_path):
     limit (1) and shared (1) get one error line naming both numbers and
     on_error at once (well before wait_ms), and leave no key behind.
     Control: limit 3 enters beside the holder."""
-    cfg3 = etcd_config_in(tmp_path, "3", etcd, MODE_LOCK % "limit = 3;")
-    holder = procs([progs["driver"], "call:8000"], cfg3)
-    holder.expect("enter")
-    for i, (limit, setting) in enumerate([(2, "limit = 2;"), (1, ""),
-                                          (1, 'mode = "shared";')]):
-        cfg = etcd_config_in(tmp_path, "c%d" % i, etcd, MODE_LOCK % setting)
-        t0 = time.monotonic()
-        r = run([progs["driver"], "call:0"], cfg)
-        assert time.monotonic() - t0 < 5 * MULT
-        assert r.stdout.strip().splitlines()[-1] == "call rc=-1 errno=16", r.stderr
-        lines = [l for l in r.stderr.splitlines() if ": error: " in l]
-        assert len(lines) == 1, r.stderr
-        assert "limit %d here, 3 for the key's holders" % limit in lines[0], lines
-        assert "lockshim:k" in lines[0], lines
+    def one_key():
         assert len(etcd.keys()) == 1, etcd.keys()
-    r = run([progs["driver"], "call:0"], cfg3)
-    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
-    assert holder.finish()[0] == 0
+
+    holder = limit_mismatch_refused(progs, procs, lambda setting, name: etcd_config_in(
+        tmp_path, name, etcd, MODE_LOCK % setting), one_key, hold_ms=8000)
+    assert holder.finish()[0] == 0  # its release: no key left
 
 
 def test_exclusive_holder_mismatches_a_semaphore_and_waits_shared(progs, procs, etcd,

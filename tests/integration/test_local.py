@@ -31,6 +31,7 @@ import time
 
 import pytest
 
+from support.scenarios import limit_bounds_the_holders, limit_mismatch_refused
 from support.sets import replay, run_all, writer_behind_readers
 from support.util import CLI, MULT, TIMEOUT, cc, run, shim_env, wait_for, write_config
 from support.workers import RACE_ITER, RACE_PROCS, killed_holder_frees, race
@@ -569,41 +570,21 @@ def test_shared_readers_overlap_writers_alone(sets_prog, tmp_path, guarded):
 def test_limit_bounds_the_holders(sets_prog, tmp_path, limit, most):
     """8 processes x 2 threads: limit 3 lets never more than 3 in, and 3
     are reached; no limit, one at a time. Control: unguarded, more than 3."""
-    log = str(tmp_path / "log")
     extra = "limit = %d;" % limit if limit != "control" and limit else ""
     cfg = None if limit == "control" else local_config(
         tmp_path, "locks = ( %s );\n" % set_lock("set_read", extra))
-    total, err = run_all([(sets_prog, "r", cfg, log, 2, 4, 30)] * 8)
-    assert total == 8 * 2 * 4
-    if limit == "control":
-        assert replay(log)[0] > 3
-        return
-    assert replay(log)[0] == most, err[-3000:]
-    assert "error" not in err, err[-3000:]
+    limit_bounds_the_holders(sets_prog, cfg, str(tmp_path / "log"), most)
 
 
 def test_limit_mismatch_is_an_error_at_once(progs, procs, tmp_path):
-    """A holder took the key with limit = 3; callers with limit 2 and with
-    no limit (1) get one error line naming both numbers and on_error at
-    once (skip), well before wait_ms; a shared caller (limit 1) too.
-    Control: limit 3 enters beside the holder."""
+    """A holder took the key with limit = 3; callers with limit 2, with no
+    limit (1) and shared (1) get one error line naming both numbers and
+    on_error at once (skip), well before wait_ms. Control: limit 3 enters
+    beside the holder."""
     lock = 'locks = ( { symbol = "hold_call"; key = "k"; wait_ms = 20000; %s } );\n'
-    cfg3 = local_config(tmp_path, lock % "limit = 3;", name="3")
-    holder = procs([progs["driver"], "call:60000"], cfg3)
-    holder.expect("enter")
-    for i, (limit, setting) in enumerate([(2, "limit = 2;"), (1, ""),
-                                          (1, 'mode = "shared";')]):
-        cfg = local_config(tmp_path, lock % setting, name="c%d" % i)
-        t0 = time.monotonic()
-        r = run([progs["driver"], "call:0"], cfg)
-        assert time.monotonic() - t0 < 5 * MULT
-        assert r.stdout.strip().splitlines()[-1] == "call rc=-1 errno=16", r.stderr
-        lines = [l for l in r.stderr.splitlines() if ": error: " in l]
-        assert len(lines) == 1, r.stderr
-        assert "limit %d here, 3 for the key's holders" % limit in lines[0], lines
-        assert "lockshim:k" in lines[0], lines
-    r = run([progs["driver"], "call:0"], cfg3)
-    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+    limit_mismatch_refused(progs, procs,
+                           lambda setting, name: local_config(tmp_path, lock % setting,
+                                                              name=name))
 
 
 def test_exclusive_holder_mismatches_a_semaphore_and_waits_shared(progs, procs, tmp_path):

@@ -29,7 +29,7 @@ import pytest
 from support.postgres import PostgresServer, skip_reason
 from support.process import cpu_ticks
 from support.secure import NOBODY, NOGROUP, Layout
-from support.scenarios import refused_setting
+from support.scenarios import limit_bounds_the_holders, refused_setting
 from support.sets import replay, run_all, writer_behind_readers
 from support.sets import start as start_sets
 from support.server import serving
@@ -812,17 +812,10 @@ def test_limit_bounds_the_holders(sets_prog, pg, tmp_path, limit, most):
     """8 processes x 2 threads: limit 3 (permits hashtextextended(key, 1..3))
     lets never more than 3 in, and 3 are reached; no limit, one at a time.
     Control: unguarded, more than 3. Nothing is left held."""
-    log = str(tmp_path / "log")
     extra = "limit = %d;" % limit if limit != "control" and limit else ""
     cfg = None if limit == "control" else pg_config(
         tmp_path, pg, "locks = ( %s );\n" % set_lock("set_read", extra))
-    total, err = run_all([(sets_prog, "r", cfg, log, 2, 4, 30)] * 8)
-    assert total == 8 * 2 * 4
-    if limit == "control":
-        assert replay(log)[0] > 3
-        return
-    assert replay(log)[0] == most, err[-3000:]
-    assert "error" not in err, err[-3000:]
+    limit_bounds_the_holders(sets_prog, cfg, str(tmp_path / "log"), most)
     assert advisory(pg) == 0
 
 

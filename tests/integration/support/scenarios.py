@@ -12,11 +12,16 @@ own server or build of a program.
 - refused_setting: a lock setting a backend cannot honour, in a lock or in
   defaults, is refused by `lockshim check` (78) naming the setting and the
   backend (test_postgres.py, test_zookeeper.py, test_etcd.py).
+- limit_bounds_the_holders and limit_mismatch_refused: a semaphore of a
+  backend other than Redis lets exactly its limit in, and a caller of
+  another limit gets the mismatch error at once (test_local.py,
+  test_postgres.py, test_etcd.py).
 """
 import os
 import time
 
 from support.server import lock_keys
+from support.sets import replay, run_all
 from support.util import CLI, MULT, TIMEOUT, cc, run, wait_for
 
 
@@ -137,3 +142,47 @@ def refused_setting(write, setting, where, backend):
     assert r.returncode == 78, (r.stdout, r.stderr)
     what = "locks[0].%s" % name if where == "lock" else "defaults.%s" % name
     assert what in r.stderr and "backend \"%s\"" % backend in r.stderr, r.stderr
+
+
+# ---- a backend's semaphores ------------------------------------------------------
+
+def limit_bounds_the_holders(sets_prog, cfg, log, most):
+    """8 processes x 2 threads of sets_prog's 30 ms guarded reads under cfg
+    (None: unguarded, the control, where more than 3 are inside at once):
+    every call entered, never more than most inside and most reached, no
+    error line."""
+    total, err = run_all([(sets_prog, "r", cfg, log, 2, 4, 30)] * 8)
+    assert total == 8 * 2 * 4
+    if cfg is None:
+        assert replay(log)[0] > 3
+        return
+    assert replay(log)[0] == most, err[-3000:]
+    assert "error" not in err, err[-3000:]
+
+
+def limit_mismatch_refused(progs, procs, config, check=lambda: None, hold_ms=60000):
+    """A holder takes key "k" with limit = 3 for hold_ms (config(setting,
+    name): the path of a config whose lock hold_call on "k" has setting,
+    made in its own directory name); callers with limit 2, no limit (1) and
+    shared (1) each get one error line naming both numbers and on_error
+    (skip) at once, well before their wait_ms; check() runs after each
+    (nothing left behind). Control: limit 3 enters beside the holder.
+    Returns the holder (procs's)."""
+    cfg3 = config("limit = 3;", "3")
+    holder = procs([progs["driver"], "call:%d" % hold_ms], cfg3)
+    holder.expect("enter")
+    for i, (limit, setting) in enumerate([(2, "limit = 2;"), (1, ""),
+                                          (1, 'mode = "shared";')]):
+        cfg = config(setting, "c%d" % i)
+        t0 = time.monotonic()
+        r = run([progs["driver"], "call:0"], cfg)
+        assert time.monotonic() - t0 < 5 * MULT
+        assert r.stdout.strip().splitlines()[-1] == "call rc=-1 errno=16", r.stderr
+        lines = [l for l in r.stderr.splitlines() if ": error: " in l]
+        assert len(lines) == 1, r.stderr
+        assert "limit %d here, 3 for the key's holders" % limit in lines[0], lines
+        assert "lockshim:k" in lines[0], lines
+        check()
+    r = run([progs["driver"], "call:0"], cfg3)
+    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+    return holder
