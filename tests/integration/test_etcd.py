@@ -38,8 +38,8 @@ from support.scenarios import (limit_bounds_the_holders, limit_mismatch_refused,
 from support.secure import NOBODY, NOGROUP, Layout
 from support.server import call_failed, serving
 from support.sets import replay, run_all, start as sets_start, writer_behind_readers
-from support.util import (ASAN, CLI, MULT, ROOT, cc, run, shim_env, status_by_key, wait_for,
-                          write_config)
+from support.util import (ASAN, CLI, MULT, ROOT, TSAN, cc, run, shim_env, status_by_key,
+                          wait_for, write_config)
 from support.workers import race
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
@@ -376,8 +376,9 @@ def test_leader_killed_mid_run(sets_prog, cluster, tmp_path, wait_ms):
     the kill. Never two inside at once; every call entered or applied its
     on_error/on_timeout ("skip", one error line each); every process ends
     within wait_ms + 5 s of the stop; no line reports the dead member; no
-    key is left and a try-lock (wait_ms = 0) gets the lock at once. The election takes about 2 s: wait_ms = 8000
-    rides over it, 1000 gives up during it (some calls skipped)."""
+    key is left and a try-lock (wait_ms = 0) gets the lock at once. The
+    election takes about 2 s: wait_ms = 8000 rides over it, 1000 gives up
+    during it (some calls skipped)."""
     leader = cluster.leader()
     head = 'backend = "etcd";\netcd = { endpoints = ( %s ); connect_timeout_ms = 500; ' \
            'command_timeout_ms = 1000; };\n' % ", ".join(
@@ -889,9 +890,10 @@ def test_setuid_program_refuses_sslkeylogfile(tls_etcd, certs, tmp_path):
     keylog = os.path.join(lay.base, "user", "keylog")
     try:
         out, err, inside = setuid_run(lay, cfg_text)
-        assert "enter threads=2 euid=0" in out and inside == 1 and err == "", (out, err)
+        assert "enter threads=%d euid=0" % (2 + TSAN) in out and inside == 1 and err == "", \
+            (out, err)
         out, err, inside = setuid_run(lay, cfg_text, SSLKEYLOGFILE=keylog)
-        assert "enter threads=1 euid=0" in out and inside == 0, (out, err)
+        assert "enter threads=%d euid=0" % (1 + TSAN) in out and inside == 0, (out, err)
         lines = [l for l in err.splitlines() if l.strip()]
         assert len(lines) == 1 and "SSLKEYLOGFILE is set in a set-ID program" in lines[0], err
         assert not os.path.exists(keylog)
@@ -901,7 +903,8 @@ def test_setuid_program_refuses_sslkeylogfile(tls_etcd, certs, tmp_path):
         mine = str(tmp_path / "keylog")
         r = subprocess.run([lay.plain], env=shim_env(cfg, SSLKEYLOGFILE=mine), input="go\n",
                            capture_output=True, text=True, timeout=30)
-        assert r.returncode == 0 and "enter threads=2" in r.stdout, (r.stdout, r.stderr)
+        assert r.returncode == 0 and "enter threads=%d" % (2 + TSAN) in r.stdout, \
+            (r.stdout, r.stderr)
         with open(mine) as f:
             assert re.search(r"^(CLIENT_RANDOM|CLIENT_HANDSHAKE_TRAFFIC_SECRET) ", f.read(),
                              re.M)
@@ -923,7 +926,8 @@ def test_setuid_program_ignores_the_users_password_variable(auth_etcd, tmp_path)
                     'locks = ( { symbol = "secure_work"; key = "secure"; wait_ms = 500; '
                     'on_error = "skip"; } );\n' % auth_etcd.endpoint())
         out, err, inside = setuid_run(lay, cfg_text, LOCKSHIM_ETCD_PASSWORD=WRONG_PASSWORD)
-        assert "enter threads=2 euid=0" in out and inside == 1 and err == "", (out, err)
+        assert "enter threads=%d euid=0" % (2 + TSAN) in out and inside == 1 and err == "", \
+            (out, err)
         cfg = str(tmp_path / "plain.cfg")
         with open(cfg, "w") as f:
             f.write(cfg_text.replace("/etc/lockshim/etcd.pass", password_file(tmp_path)))
@@ -1092,6 +1096,8 @@ def test_set_waiter_is_woken_by_the_release(bg, worker_progs, etcd, tmp_path, ho
     w.expect("call rc=42")
     for h in held[:-1]:
         h.send()
+    for h in held:  # each released its key (the fixture kills what still runs)
+        assert h.wait() == 0
 
 
 def test_status_shows_shared_and_permit_holders(bg, etcd, tmp_path):
