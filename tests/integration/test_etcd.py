@@ -893,7 +893,8 @@ def test_setuid_program_refuses_sslkeylogfile(tls_etcd, certs, tmp_path):
         assert "enter threads=%d euid=0" % (2 + TSAN) in out and inside == 1 and err == "", \
             (out, err)
         out, err, inside = setuid_run(lay, cfg_text, SSLKEYLOGFILE=keylog)
-        assert "enter threads=1 euid=0" in out and inside == 0  # refused: no session, no TSan thread, (out, err)
+        # refused: no session, and no TSan runtime thread either
+        assert "enter threads=1 euid=0" in out and inside == 0, (out, err)
         lines = [l for l in err.splitlines() if l.strip()]
         assert len(lines) == 1 and "SSLKEYLOGFILE is set in a set-ID program" in lines[0], err
         assert not os.path.exists(keylog)
