@@ -29,7 +29,7 @@ import pytest
 from support.postgres import PostgresServer, skip_reason
 from support.process import cpu_ticks
 from support.secure import NOBODY, NOGROUP, Layout
-from support.scenarios import limit_bounds_the_holders, refused_setting
+from support.scenarios import assert_mismatch, limit_bounds_the_holders, refused_setting
 from support.sets import replay, run_all, writer_behind_readers
 from support.sets import start as start_sets
 from support.server import serving
@@ -824,19 +824,6 @@ def mismatch_cfg(tmp_path, pg, name, setting):
     d.mkdir()
     return pg_config(d, pg, 'locks = ( { symbol = "hold_call"; key = "k"; wait_ms = 20000; '
                      '%s } );\n' % setting)
-
-
-def assert_mismatch(progs, cfg, here, theirs):
-    """A caller of cfg gets one error line naming both limits and on_error
-    at once (skip: rc -1, EBUSY), well before its wait_ms."""
-    t0 = time.monotonic()
-    r = run([progs["driver"], "call:0"], cfg)
-    assert time.monotonic() - t0 < 5 * MULT
-    assert r.stdout.strip().splitlines()[-1] == "call rc=-1 errno=16", r.stderr
-    lines = [l for l in r.stderr.splitlines() if ": error: " in l]
-    assert len(lines) == 1, r.stderr
-    assert "limit %d here, %d for the key's holders" % (here, theirs) in lines[0], lines
-    assert "lockshim:k" in lines[0], lines
 
 
 def test_limit_mismatch_is_an_error_at_once(progs, procs, pg, tmp_path):

@@ -160,6 +160,20 @@ def limit_bounds_the_holders(sets_prog, cfg, log, most):
     assert "error" not in err, err[-3000:]
 
 
+def assert_mismatch(progs, cfg, here, theirs):
+    """A caller of cfg (lock hold_call on key "k") gets one error line naming
+    both limits and on_error at once (skip: rc -1, EBUSY), well before its
+    wait_ms."""
+    t0 = time.monotonic()
+    r = run([progs["driver"], "call:0"], cfg)
+    assert time.monotonic() - t0 < 5 * MULT
+    assert r.stdout.strip().splitlines()[-1] == "call rc=-1 errno=16", r.stderr
+    lines = [l for l in r.stderr.splitlines() if ": error: " in l]
+    assert len(lines) == 1, r.stderr
+    assert "limit %d here, %d for the key's holders" % (here, theirs) in lines[0], lines
+    assert "lockshim:k" in lines[0], lines
+
+
 def limit_mismatch_refused(progs, procs, config, check=lambda: None, hold_ms=60000):
     """A holder takes key "k" with limit = 3 for hold_ms (config(setting,
     name): the path of a config whose lock hold_call on "k" has setting,
@@ -173,15 +187,7 @@ def limit_mismatch_refused(progs, procs, config, check=lambda: None, hold_ms=600
     holder.expect("enter")
     for i, (limit, setting) in enumerate([(2, "limit = 2;"), (1, ""),
                                           (1, 'mode = "shared";')]):
-        cfg = config(setting, "c%d" % i)
-        t0 = time.monotonic()
-        r = run([progs["driver"], "call:0"], cfg)
-        assert time.monotonic() - t0 < 5 * MULT
-        assert r.stdout.strip().splitlines()[-1] == "call rc=-1 errno=16", r.stderr
-        lines = [l for l in r.stderr.splitlines() if ": error: " in l]
-        assert len(lines) == 1, r.stderr
-        assert "limit %d here, 3 for the key's holders" % limit in lines[0], lines
-        assert "lockshim:k" in lines[0], lines
+        assert_mismatch(progs, config(setting, "c%d" % i), limit, 3)
         check()
     r = run([progs["driver"], "call:0"], cfg3)
     assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
