@@ -32,7 +32,8 @@
  *      .flush, .unconfirmed, .renew, .errstr, .ping }` (.describe,
  *      .count, .node_count and .node_open optional; .renew too when
  *      .leaseless; without .count `lockshim metrics` says it is not
- *      built for it; .holders lists the locks for `lockshim status`,
+ *      built for it, and a backend other than Redis's has .count_read
+ *      for it; .holders lists the locks for `lockshim status`,
  *      and .status_why/.unlock_why say why those verbs are not there).
  *      serves and config_new get its struct NAME_spec.
  *   4. backend/backend.c: `&backend_NAME,` in backends[], and its name on
@@ -300,6 +301,18 @@ struct backend_ops {
 	 */
 	int (*count)(struct backend_conn *c, const char *key, size_t klen, int n,
 		     const char *const *fields, const size_t *flens, const long long *deltas);
+	/*
+	 * Optional, with .count, for `lockshim metrics` of a backend that is
+	 * not Redis's (metrics.c scans Redis itself): calls fn once per value
+	 * the store keeps under a metrics hash of namespace ns (every host's
+	 * "<ns>:metrics:{<host>}"), key and field as .count was given them,
+	 * value the sum of its deltas. Read-only. Returns BACKEND_OK, or
+	 * BACKEND_ERR with the reason in errstr.
+	 */
+	int (*count_read)(struct backend_conn *c, const char *ns,
+			  void (*fn)(void *arg, const char *key, size_t klen, const char *field,
+				     size_t flen, long long value),
+			  void *arg);
 	/* Returns the last error text of c (never NULL). */
 	const char *(*errstr)(const struct backend_conn *c);
 	/* Sends PING; returns BACKEND_OK or BACKEND_ERR. Used by `lockshim check`. */

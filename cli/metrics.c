@@ -11,8 +11,10 @@
  * (ZCARD: waiters); types tell the lock key "q" from a queue. A key on
  * several masters counts once; its lock name is the symbol of the first
  * lock whose key template, as a glob, matches, else the key without the
- * namespace. --listen serves GET /metrics (HTTP/1.0, a fresh scrape per
- * request) until SIGTERM or SIGINT. Exit: 0, 64, 69 unreachable, 78.
+ * namespace. Another backend is read through its table: .count_read (the
+ * same hashes, kept its own way) and .holders (held and waiting), named by
+ * the same rule. --listen serves GET /metrics (HTTP/1.0, a fresh scrape
+ * per request) until SIGTERM or SIGINT. Exit: 0, 64, 69 unreachable, 78.
  */
 #include <errno.h>
 #include <fnmatch.h>
@@ -199,6 +201,39 @@ static redisReply *command(struct backend_conn *c, struct scrape *s, const char 
 	return NULL;
 }
 
+/* Returns whether key (len bytes) is a host's counts, "<ns>:metrics:{<host>}",
+ * with the host written into host (cap bytes). */
+static int host_of(const char *ns, const char *key, size_t len, char *host, size_t cap)
+{
+	char mprefix[KEY_MAX_NAMESPACE + 16];
+	size_t mlen = (size_t)snprintf(mprefix, sizeof(mprefix), "%s:metrics:{", ns);
+
+	if (len <= mlen || memcmp(key, mprefix, mlen) != 0 || key[len - 1] != '}' ||
+	    memchr(key + mlen, '}', len - mlen - 1) || len - mlen > cap)
+		return 0;
+	snprintf(host, cap, "%.*s", (int)(len - mlen - 1), key + mlen);
+	return 1;
+}
+
+/* Adds value to the row of field (flen bytes) of host; a field of no known
+ * value is skipped. Returns 0 or -1 (out of memory, in s->err). */
+static int row_add(struct scrape *s, const char *host, const char *field, size_t flen,
+		   unsigned long long value)
+{
+	struct metrics_row *row;
+	size_t llen;
+	int idx = metrics_parse_field(field, flen, &llen);
+
+	if (idx < 0)
+		return 0;
+	if (!(row = row_get(s, field, llen, host))) {
+		snprintf(s->err, sizeof(s->err), "out of memory");
+		return -1;
+	}
+	row->v[idx] += value;
+	return 0;
+}
+
 /* Adds the counts of hash key (of host) on c to s. Returns 0 or -1. */
 static int read_hash(struct backend_conn *c, struct scrape *s, const char *node,
 		     const char *key, const char *host)
@@ -210,19 +245,13 @@ static int read_hash(struct backend_conn *c, struct scrape *s, const char *node,
 		return -1;
 	for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i + 1 < r->elements; i += 2) {
 		const redisReply *f = r->element[i], *v = r->element[i + 1];
-		struct metrics_row *row;
-		size_t llen;
-		int idx;
 
-		if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING ||
-		    (idx = metrics_parse_field(f->str, f->len, &llen)) < 0)
+		if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
 			continue;
-		if (!(row = row_get(s, f->str, llen, host))) {
+		if (row_add(s, host, f->str, f->len, strtoull(v->str, NULL, 10)) != 0) {
 			freeReplyObject(r);
-			snprintf(s->err, sizeof(s->err), "out of memory");
 			return -1;
 		}
-		row->v[idx] += strtoull(v->str, NULL, 10);
 	}
 	freeReplyObject(r);
 	return 0;
@@ -243,17 +272,13 @@ static int aux_of_lock(const char *key, size_t len, size_t nslen, const char *su
 static int one_key(struct backend_conn *c, struct scrape *s, const char *node,
 		   const char *ns, const char *type, const char *key, size_t len)
 {
-	char mprefix[KEY_MAX_NAMESPACE + 16];
 	size_t nslen = strlen(ns);
-	size_t mlen = (size_t)snprintf(mprefix, sizeof(mprefix), "%s:metrics:{", ns);
 
 	if (type[0] == 'h') { /* a host's counts; a fence hash is not a host's */
 		char host[256];
 
-		if (len <= mlen || memcmp(key, mprefix, mlen) != 0 || key[len - 1] != '}' ||
-		    memchr(key + mlen, '}', len - mlen - 1) || len - mlen > sizeof(host))
+		if (!host_of(ns, key, len, host, sizeof(host)))
 			return 0;
-		snprintf(host, sizeof(host), "%.*s", (int)(len - mlen - 1), key + mlen);
 		return read_hash(c, s, node, key, host);
 	}
 	if (type[0] == 'z') { /* a lock's queue of waiters, or a holder set */
@@ -325,6 +350,64 @@ static int read_node(struct backend_conn *c, struct scrape *s, const char *node,
 		if (scan_type(c, s, node, ns, types[i]) != 0)
 			return -1;
 	return 0;
+}
+
+/* ---- a backend that is not Redis's: its .count_read and .holders ------- */
+
+/* What the store callbacks fill: the scrape, the namespace, a failure. */
+struct store_read {
+	struct scrape *s;
+	const char *ns;
+	int failed;
+};
+
+static void store_value(void *arg, const char *key, size_t klen, const char *field,
+			size_t flen, long long value)
+{
+	struct store_read *r = arg;
+	char host[256];
+
+	if (!r->failed && value > 0 && host_of(r->ns, key, klen, host, sizeof(host)) &&
+	    row_add(r->s, host, field, flen, (unsigned long long)value) != 0)
+		r->failed = 1;
+}
+
+/* One key per holder, in key order: a set's holders add up on its entry. */
+static void store_holder(void *arg, const struct backend_holder *h)
+{
+	struct store_read *r = arg;
+	struct keyent *last = r->s->nkeys ? &r->s->keys[r->s->nkeys - 1] : NULL;
+
+	if (r->failed)
+		return;
+	if (last && strlen(last->key) == h->klen && !memcmp(last->key, h->key, h->klen)) {
+		last->held++;
+		last->waiting = h->nwaiters > last->waiting ? h->nwaiters : last->waiting;
+	} else if (key_add(r->s, h->key, h->klen, 1, h->nwaiters) != 0) {
+		snprintf(r->s->err, sizeof(r->s->err), "out of memory");
+		r->failed = 1;
+	}
+}
+
+/* Reads b's store into s: the hosts' counts (.count_read), and the locks
+ * held and waited for (.holders, where the backend lists them). Returns 0
+ * or -1 (s->err). */
+static int read_store(const struct backend *b, const struct conf *cfg, struct scrape *s)
+{
+	struct backend_conn *c = backend_open(b, s->err, sizeof(s->err));
+	struct store_read r = { s, cfg->ns, 0 };
+
+	if (!c)
+		return -1;
+	if (b->ops->count_read(c, cfg->ns, store_value, &r) != BACKEND_OK ||
+	    (!r.failed && b->ops->holders &&
+	     b->ops->holders(c, store_holder, &r) != BACKEND_OK)) {
+		if (!r.failed)
+			snprintf(s->err, sizeof(s->err), "%s", b->ops->errstr(c));
+		r.failed = 1;
+	}
+	b->ops->close(c);
+	return r.failed ? -1 : 0;
 }
 
 /*
@@ -447,7 +530,7 @@ static int scrape_write(const struct backend *b, const struct conf *cfg, FILE *f
 	struct metrics_gauge *g;
 	size_t ng;
 
-	if (read_all(b, cfg, &s) != 0) {
+	if ((b->ops->count_read ? read_store(b, cfg, &s) : read_all(b, cfg, &s)) != 0) {
 		snprintf(err, errlen, "%s", s.err);
 		scrape_free(&s);
 		return -1;
