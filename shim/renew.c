@@ -178,6 +178,27 @@ void renew_conn_failed(struct backend_conn **c, char *err, size_t errlen)
 	*c = NULL;
 }
 
+/*
+ * A leaseless backend's process may have no renewal thread to ship its
+ * counts: they go at a release SHIP_PERIOD_US after the process's first
+ * (or its last shipment), on the releasing thread's connection, besides
+ * exit and exec. One clock read per release; the shipment about once a
+ * second at most.
+ */
+static void ship_counts(struct backend_conn **c, const char *when, int level);
+
+static void ship_at_release(struct backend_conn **c)
+{
+	static int64_t due_us; /* 0: this process has not released yet */
+	int64_t now = util_now_us(), due = __atomic_load_n(&due_us, __ATOMIC_RELAXED);
+
+	if ((due && now < due) ||
+	    !__atomic_compare_exchange_n(&due_us, &due, now + SHIP_PERIOD_US, 0,
+					 __ATOMIC_RELAXED, __ATOMIC_RELAXED) || !due)
+		return;
+	ship_counts(c, "metrics", LOG_DEBUG);
+}
+
 int renew_release(struct backend_conn **c, const struct lease *l, int idle, int more,
 		  const char *when)
 {
@@ -189,6 +210,8 @@ int renew_release(struct backend_conn **c, const struct lease *l, int idle, int 
 	    backend->ops->release(*c, &it, more ? BACKEND_ASYNC_MORE : 1) != BACKEND_ERR) {
 		LOGK(LOG_DEBUG, l->spec->symbol, l->key, l->klen, "%s: released %.*s", when,
 		     (int)l->klen, l->key);
+		if (backend->ops->leaseless && count_blocks && backend->ops->count)
+			ship_at_release(c);
 		return 0;
 	}
 	renew_conn_failed(c, err, sizeof(err));
