@@ -1162,4 +1162,5 @@ const struct backend_ops backend_local = {
 	.holders = local_holders,
 	.count = local_count,
 	.count_read = local_count_values,
+	.count_inline = 1,
 };
