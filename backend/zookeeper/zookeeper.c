@@ -263,6 +263,15 @@ static int fired_for(unsigned long seen, const char *watched)
 	return 0;
 }
 
+/* Whether a completion's rc leaves its request's outcome unknown: the
+ * library failed it with its connection (lost, timed out, or closed on a
+ * reply out of order: ZRUNTIMEINCONSISTENCY), not the server answering.
+ * Every system error (ZSYSTEMERROR down to ZAPIERROR) comes so. */
+static int outcome_unknown(int rc)
+{
+	return rc < ZOK && rc > ZAPIERROR;
+}
+
 /* The library's log lines go nowhere (they would be the program's stderr). */
 static void log_none(const char *msg)
 {
@@ -502,7 +511,7 @@ static void done_release(int rc, const void *data)
 	struct zk_hold *h = (struct zk_hold *)data;
 	int gone;
 
-	if (h && (rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT)) {
+	if (h && outcome_unknown(rc)) {
 		pthread_mutex_lock(&sess.mu);
 		h->retried = 1;
 		pthread_mutex_unlock(&sess.mu);
@@ -537,7 +546,7 @@ static void done_swept(int rc, const void *data)
 {
 	struct zk_sweep *w = (struct zk_sweep *)data;
 
-	if ((rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT) &&
+	if (outcome_unknown(rc) &&
 	    zoo_aget_children(w->zh, w->dir, 0, sweep_listed, w) == ZOK)
 		w = NULL;
 	free(w);
@@ -558,7 +567,7 @@ static void sweep_listed(int rc, const struct String_vector *v, const void *data
 	struct zk_sweep *w = (struct zk_sweep *)data;
 	char path[ZK_PATH_MAX + 64];
 
-	if ((rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT) &&
+	if (outcome_unknown(rc) &&
 	    zoo_aget_children(w->zh, w->dir, 0, sweep_listed, w) == ZOK)
 		return;
 	for (int i = 0; rc == ZOK && v && i < v->count; i++) {
@@ -622,7 +631,7 @@ static void done_create(int rc, const char *path, const struct Stat *st, const v
 			pthread_mutex_unlock(&sess.mu);
 			if (zoo_adelete(zh, path, -1, done_release, NULL) != ZOK)
 				done_release(ZOK, NULL);
-		} else if (rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT) {
+		} else if (outcome_unknown(rc)) {
 			sweep_start(zh, k->dir, k->mark);
 		}
 		if (last)
@@ -822,7 +831,7 @@ static int create_and_list(struct backend_conn *c, zhandle_t *zh, struct zk_call
 	rc = call_wait(c, k, ZOK, deadline_of(c), "create");
 	if (rc == ZOPERATIONTIMEOUT)
 		return rc;
-	if (k->crc == ZCONNECTIONLOSS || k->crc == ZOPERATIONTIMEOUT)
+	if (outcome_unknown(k->crc))
 		sweep_start(zh, k->dir, k->mark);
 	if (k->crc != ZOK)
 		snprintf(c->err, sizeof(c->err), "create: %s", zerror(k->crc));
@@ -982,7 +991,7 @@ static int zk_delete(struct backend_conn *c, struct zk_hold *h, int async)
 			return BACKEND_ERR;
 		rc = call_wait(c, k, zoo_adelete(zh, h->path, -1, done_void, k), deadline_of(c),
 			       "delete");
-		if (rc != ZCONNECTIONLOSS && rc != ZOPERATIONTIMEOUT) {
+		if (!outcome_unknown(rc)) {
 			hold_drop(h);
 			return rc == ZOK ? BACKEND_OK : rc == ZNONODE ? BACKEND_NO : BACKEND_ERR;
 		}

@@ -95,12 +95,13 @@ def zk_config(tmp_path, zk, body, root=None):
 
 
 def zk_keys(zk, root=None):
-    return zk.children("/" + (root or "lockshim"))
+    """The key znodes under root (".metrics", the hosts' counts, is none)."""
+    return [k for k in zk.children("/" + (root or "lockshim")) if not k.startswith(".")]
 
 
 def zk_held(zk, root=None):
     top = "/" + (root or "lockshim")
-    return [k + "/" + z for k in zk.children(top) for z in zk.children(top + "/" + k)]
+    return [k + "/" + z for k in zk_keys(zk, root) for z in zk.children(top + "/" + k)]
 
 
 # ---- etcd: a key per acquisition under /lockshim/<key>/; fences create revisions ---
@@ -137,7 +138,7 @@ BACKENDS = [
             fences_seen=lambda pg, fences: fences[-1] == pg_fence(pg)),
     Backend("zookeeper", zk_support, zk_support.ZookeeperServer, "libzookeeper",
             "libzookeeper_mt.so", "libzookeeper-mt2", (), zk_config, zk_held, keys=zk_keys,
-            lacks=("unlock", "metrics")),
+            lacks=("unlock",)),
     Backend("etcd", etcd_support, etcd_support.EtcdServer, "libcurl", "libcurl.so",
             "libcurl4 libjson-c5", ("libjson-c", "libnghttp2", "libssl", "libcrypto", "libssh2",
                                     "libldap", "libgssapi", "libpsl", "libidn2", "librtmp"),

@@ -236,7 +236,8 @@ def metrics_counts_and_gauges(progs, procs, config, waiters=True):
     host (LOCKSHIM_TEST_HOST), kept by the backend; lockshim_held and
     lockshim_waiting (waiters: whether the backend lists waiters) while a
     holder and a waiter exist; the waiter, let in by the holder's death,
-    counted as waited; the gauges back at 0."""
+    counted as waited; the gauges back at 0; a process still running
+    ships its counts within about a second, and not twice at its exit."""
     def driver(host, *steps):
         r = run([progs["driver"]] + list(steps), config, LOCKSHIM_TEST_HOST=host)
         assert r.returncode == 0, r.stderr
@@ -267,3 +268,12 @@ def metrics_counts_and_gauges(progs, procs, config, waiters=True):
     wait_for(lambda: val(scrape(config), "lockshim_held", "hold_call") == 0,
              what="nothing held")  # a release may be asynchronous
     assert val(scrape(config), "lockshim_waiting", "hold_call") == 0
+    # a process that goes on running ships within about a second, once
+    live = procs([progs["driver"], "call:0", "call:1100", "stdin"], config,
+                 LOCKSHIM_TEST_HOST="live")
+    assert live.expect("call") == live.expect("call") == "call rc=42 errno=0"
+    wait_for(lambda: val(scrape(config), "lockshim_calls_total", "hold_call", "live") == 2,
+             what="a running process's counts")
+    live.send()
+    assert live.finish()[0] == 0
+    assert val(scrape(config), "lockshim_calls_total", "hold_call", "live") == 2
