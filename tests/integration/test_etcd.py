@@ -12,10 +12,12 @@ apart, refusals (78), and the command's check, lock, status and unlock.
 Step 2: a 3-member cluster whose leader is SIGKILLed mid-run
 (support/etcd.py's Cluster), and etcd_holders, the reader of status
 (progs/etcd_holders.c). Step 4: limit (a semaphore) and mode = "shared"
-(the mode in the key's name), and linger_ms. What every module backend shares (exclusion and
-its control, fences increasing (create revisions here), the module
-missing, what a Redis-guarded program maps, locks on send/write/poll,
-metrics exiting 1) is in test_modules.py.
+(the mode in the key's name), and linger_ms. Step 6: the hosts' counts
+(one key per host, no lease), exact under concurrent shipments, out of
+status's and unlock's way, and past etcd's request limit. What every
+module backend shares (exclusion and its control, fences increasing
+(create revisions here), the module missing, what a Redis-guarded program
+maps, locks on send/write/poll, `lockshim metrics`) is in test_modules.py.
 """
 import base64
 import errno
@@ -1458,3 +1460,37 @@ def test_status_and_unlock_leave_the_count_keys_alone(bg, worker_progs, holders_
         [1, 2000]
     h.send()
     h.expect("call rc=42")
+
+
+def test_counts_past_etcds_request_limit_stay_in_the_process(progs, etcd, tmp_path):
+    """A host whose count key is nearly etcd's request limit (1.5 MiB by
+    default): its process's shipment is refused by etcd ("request is too
+    large"), said in its log, and the key is left as it was; metrics still
+    reads it (one reply of about 2 MiB). Control: another host's shipment
+    of the same calls goes through."""
+    log = str(tmp_path / "shim.log")
+    cfg = etcd_config(tmp_path, etcd, 'log_file = "%s"; log_level = "debug";\n%s'
+                      % (log, COUNT_LOCK))
+    full = metrics_key("e6-full")
+    counts = {b"f%06d\x1fpad\x1f" % i: 1 for i in range(87360)}  # 18 bytes each, not
+    counts[b"big\x1flockshim_calls_total\x1f"] = 7                  # series metrics shows
+    value = counts_value(counts)
+    assert 1572864 - 400 < len(value) < 1572864 - 250, len(value)
+    k = base64.b64encode(full.encode()).decode()
+    etcd.call("/v3/kv/put", {"key": k, "value": base64.b64encode(value).decode()})
+    try:
+        before = count_key_read(etcd, full)
+        r = run([progs["driver"], "other:1", "other:1"], cfg, LOCKSHIM_TEST_HOST="e6-full")
+        said = open(log).read()
+        assert r.returncode == 0 and "counts not sent" in said and \
+            "request is too large" in said, said
+        assert count_key_read(etcd, full) == before
+        r = run([progs["driver"], "other:1", "other:1"], cfg, LOCKSHIM_TEST_HOST="e6-ok")
+        said = open(log).read()
+        assert r.returncode == 0 and said.count("counts not sent") == 1, said
+        m = scrape(cfg)
+        assert val(m, "lockshim_calls_total", "other_call", "e6-ok") == 2
+        assert val(m, "lockshim_calls_total", "other_call", "e6-full") == 0
+        assert val(m, "lockshim_calls_total", "big", "e6-full") == 7
+    finally:
+        etcd.call("/v3/kv/deleterange", {"key": k})
