@@ -672,7 +672,7 @@ static void endpoint_next(struct backend_conn *c)
  * sent again within that time to the next endpoint (each other endpoint
  * once), which becomes the one a new connection tries first. Any request
  * of this module may be sent twice (a grant finds its lease, the
- * transaction its key; see lease_revoke). An error etcd answered is not
+ * transaction its key; see lease_revoke; a count's counts twice). An error etcd answered is not
  * sent again here (lock.c retries until wait_ms), except once after
  * authenticating again when the token was refused. Sets c->resent when an
  * attempt may have been applied unanswered. Returns BACKEND_OK, or
@@ -1567,9 +1567,10 @@ static int group_end(const struct etcd_listing *ls, int i)
  * (the key of the lowest create revision under <prefix><key>/, or the
  * keys its mode lets in beside it: group_holders) and its waiters (the
  * rest, in create revision order, given with its first holder). Reads
- * the prefix in pages of at most ETCD_PAGE_MAX keys (fewer while a page
- * overflows the reply buffer), then one lease TTL per holder; keys not of
- * the form <prefix><escaped key>/<mode and lease hex> are skipped. */
+ * the prefix, around the hosts' counts (listing_read), in pages of at
+ * most ETCD_PAGE_MAX keys (fewer while a page overflows the reply
+ * buffer), then one lease TTL per holder; keys not of the form
+ * <prefix><escaped key>/<mode and lease hex> are skipped. */
 static int etcd_holders(struct backend_conn *c,
 			void (*fn)(void *arg, const struct backend_holder *l), void *arg)
 {
