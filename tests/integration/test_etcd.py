@@ -1494,3 +1494,16 @@ def test_counts_past_etcds_request_limit_stay_in_the_process(progs, etcd, tmp_pa
         assert val(m, "lockshim_calls_total", "big", "e6-full") == 7
     finally:
         etcd.call("/v3/kv/deleterange", {"key": k})
+
+
+def test_count_key_of_a_host_with_slash_and_percent(progs, etcd, tmp_path):
+    """A host named "e6/x%y": its count key escapes both (one key, no / after
+    <prefix>%metrics/), metrics reads its counts back under that name, and
+    status lists no lock."""
+    cfg = etcd_config(tmp_path, etcd, COUNT_LOCK)
+    r = run([progs["driver"], "other:1", "other:1"], cfg, LOCKSHIM_TEST_HOST="e6/x%y")
+    assert r.returncode == 0, r.stderr
+    assert metrics_key("e6/x%y") == "/lockshim/%metrics/lockshim:metrics:{e6%2Fx%25y}"
+    assert metrics_key("e6/x%y") in [k[0] for k in etcd.keys(metrics=True)]
+    assert val(scrape(cfg), "lockshim_calls_total", "other_call", "e6/x%y") == 2
+    assert status_by_key(cfg) == {}
