@@ -143,7 +143,7 @@ BACKENDS = [
             "libcurl4 libjson-c5", ("libjson-c", "libnghttp2", "libssl", "libcrypto", "libssh2",
                                     "libldap", "libgssapi", "libpsl", "libidn2", "librtmp"),
             etcd_config, etcd_held, fences_seen=etcd_fences_seen, clear=etcd_clear,
-            lacks=("metrics",)),
+            lacks=()),
 ]
 
 
