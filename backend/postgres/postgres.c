@@ -11,6 +11,9 @@
  * is the session's idle_session_timeout, set by those statements; pg_renew
  * pings each holder's session (the holds registry, conns). Commands are
  * bounded by poll; one late closes the session (reopened by the next try).
+ * Counts (metrics): rows (key, field, value) of the table lockshim_metrics,
+ * one upsert per shipment; the set-up at connect makes the sequence and
+ * the tables when absent (postgres_sql.h).
  * Parameters are bound, never spliced. A fork child's sockets become
  * /dev/null. One export (postgres.map); of the core, only bind's warn.
  */
@@ -44,18 +47,6 @@
 
 /* The renewal's ping of a holder's session: it is not idle for long. */
 static const char sql_ping[] = "SELECT 1";
-/* At connect, one round trip: the server's TCP keepalive on this session
- * (a holder's host that died or was cut off is noticed in about
- * 10 + 4 x 5 s, not the system's 2 h, and its locks freed), and the
- * state of the fence sequence. */
-static const char sql_fence_state[] =
-	"SELECT CASE WHEN to_regclass('lockshim_fence') IS NULL THEN 0 "
-	"WHEN has_sequence_privilege('lockshim_fence', 'USAGE') THEN 1 ELSE 2 END, "
-	"set_config('tcp_keepalives_idle', '10', false), "
-	"set_config('tcp_keepalives_interval', '5', false), "
-	"set_config('tcp_keepalives_count', '4', false), "
-	"set_config('idle_session_timeout', '0', false)";
-static const char sql_fence_create[] = "CREATE SEQUENCE IF NOT EXISTS lockshim_fence";
 
 struct backend_config {
 	const struct postgres_spec *spec;
@@ -83,6 +74,7 @@ struct backend_conn {
 	long long active_ms;     /* when the server last answered (now_ms): the
 				  * session was not idle then (pg_renew) */
 	int fenced;              /* the sequence is usable */
+	int named;               /* the names tables are usable (status) */
 	int prepared;            /* the statements are prepared (stmt_name) */
 	int try_next;            /* a shared wait was refused (permit holders, or
 				  * a race): the next acquire tries again */
@@ -104,7 +96,7 @@ struct backend_conn {
 };
 
 static const struct backend_module_host *host;
-static atomic_int fence_warned;
+static atomic_int fence_warned, names_warned;
 
 /* Every open connection of the process, for the fork child (pg_atfork_child),
  * and the registry of which session holds which lock (each one's holds:
@@ -604,7 +596,7 @@ static void pg_config_free(struct backend_config *bc)
 /* Warns once per process that fencing tokens are 0. */
 static void fence_warn(const char *why)
 {
-	char msg[400];
+	char msg[600];
 
 	if (atomic_exchange(&fence_warned, 1) || !host || !host->warn)
 		return;
@@ -613,35 +605,75 @@ static void fence_warn(const char *why)
 	host->warn(msg);
 }
 
-/* Makes the sequence lockshim_fence usable if it can: sets c->fenced.
- * Returns BACKEND_OK, or BACKEND_ERR (the session dropped). */
-static int fence_setup(struct backend_conn *c)
+/* Warns once per process that status cannot name this process's locks. */
+static void names_warn(const char *why)
+{
+	char msg[600];
+
+	if (atomic_exchange(&names_warned, 1) || !host || !host->warn)
+		return;
+	snprintf(msg, sizeof(msg), "postgres: lockshim status cannot list this program's locks: "
+		 "the tables lockshim_keys and lockshim_sessions cannot be used (%s); create them, "
+		 "or grant INSERT on lockshim_keys and SELECT, INSERT, UPDATE on lockshim_sessions",
+		 why);
+	host->warn(msg);
+}
+
+/* Reads the state of each object (sql_setup_state) into state[]. Returns
+ * BACKEND_OK, or BACKEND_ERR (the session dropped). */
+static int setup_state(struct backend_conn *c, int *state)
+{
+	PGresult *r = run(c, sql_setup_state, 0, NULL, c->bc->spec->command_timeout_ms,
+			  "connect (the lockshim tables)");
+	int ok;
+
+	if (!r)
+		return BACKEND_ERR;
+	ok = rows_ok(c, r, "connect");
+	for (int i = 0; i < PG_NOBJS; i++)
+		state[i] = ok ? atoi(PQgetvalue(r, 0, i)) : 2;
+	PQclear(r);
+	return BACKEND_OK;
+}
+
+/*
+ * Makes the sequence lockshim_fence and the tables usable if it can (each
+ * absent one created, then the states read again: a concurrent creator
+ * may have won): sets c->fenced and c->named; warns once when either
+ * cannot be. The counts table's errors are .count's. Returns BACKEND_OK,
+ * or BACKEND_ERR (the session dropped).
+ */
+static int objects_setup(struct backend_conn *c)
 {
 	long long t = c->bc->spec->command_timeout_ms;
+	char why[PG_NOBJS][sizeof(c->err)] = { { 0 } };
+	int state[PG_NOBJS], absent = 0;
 	PGresult *r;
-	int state;
 
-	for (int tries = 0; tries < 2; tries++) {
-		if (!(r = run(c, sql_fence_state, 0, NULL, t, "connect (the fence sequence)")))
-			return BACKEND_ERR;
-		state = rows_ok(c, r, "fence") ? atoi(PQgetvalue(r, 0, 0)) : 2;
-		PQclear(r);
-		if (state == 1) {
-			c->fenced = 1;
-			return BACKEND_OK;
+	if (setup_state(c, state) != BACKEND_OK)
+		return BACKEND_ERR;
+	for (int i = 0; i < PG_NOBJS; i++) {
+		for (int j = 0; j < 2 && state[i] == 0 && sql_setup_create[i][j]; j++) {
+			absent = 1;
+			if (!(r = run(c, sql_setup_create[i][j], 0, NULL, t, "connect (CREATE)")))
+				return BACKEND_ERR;
+			if (PQresultStatus(r) != PGRES_COMMAND_OK && !why[i][0]) {
+				snprintf(why[i], sizeof(why[i]), "%s", PQresultErrorMessage(r));
+				why[i][strcspn(why[i], "\n")] = 0;
+			}
+			PQclear(r);
 		}
-		if (state == 2)
-			break;
-		if (!(r = run(c, sql_fence_create, 0, NULL, t, "connect (CREATE SEQUENCE)")))
-			return BACKEND_ERR;
-		if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-			snprintf(c->err, sizeof(c->err), "%s", PQresultErrorMessage(r));
-			c->err[strcspn(c->err, "\n")] = 0;
-		}
-		PQclear(r);
 	}
-	fence_warn(state == 2 && !c->err[0] ? "no USAGE privilege on it" : c->err);
-	c->err[0] = 0;
+	if (absent && setup_state(c, state) != BACKEND_OK)
+		return BACKEND_ERR;
+	c->fenced = state[PG_OBJ_FENCE] == 1;
+	c->named = state[PG_OBJ_NAMES] == 1;
+	if (!c->fenced)
+		fence_warn(state[PG_OBJ_FENCE] == 2 && !why[PG_OBJ_FENCE][0] ?
+			   "no USAGE privilege on it" : why[PG_OBJ_FENCE]);
+	if (!c->named)
+		names_warn(state[PG_OBJ_NAMES] == 2 && !why[PG_OBJ_NAMES][0] ?
+			   "no privilege on them" : why[PG_OBJ_NAMES]);
 	return BACKEND_OK;
 }
 
@@ -732,7 +764,7 @@ static int session_connect(struct backend_conn *c, char *err, size_t errlen)
 		goto out;
 	}
 	PQsetNoticeProcessor(c->pg, notice_none, NULL);
-	if (PQsetnonblocking(c->pg, 1) != 0 || fence_setup(c) != BACKEND_OK ||
+	if (PQsetnonblocking(c->pg, 1) != 0 || objects_setup(c) != BACKEND_OK ||
 	    prepare_statements(c) != BACKEND_OK) {
 		snprintf(err, errlen, "%s", c->err[0] ? c->err : "connect: set-up failed");
 		goto out;
@@ -1159,6 +1191,146 @@ static int pg_renew(struct backend_conn *c, int n, const struct backend_item *it
 	return BACKEND_OK;
 }
 
+/* ---- counts (metrics) -------------------------------------------------- */
+
+/* Writes the n bytes of p as hex at out (2n bytes, no NUL). Returns out + 2n. */
+static char *hex_put(char *out, const char *p, size_t n)
+{
+	static const char hex[] = "0123456789abcdef";
+
+	for (size_t i = 0; i < n; i++) {
+		*out++ = hex[(unsigned char)p[i] >> 4];
+		*out++ = hex[(unsigned char)p[i] & 15];
+	}
+	return out;
+}
+
+/* Decodes the hex text s into out (strlen(s) / 2 bytes). Returns their
+ * number. */
+static size_t hex_get(const char *s, char *out)
+{
+	size_t n = 0;
+
+	for (; s[0] && s[1]; s += 2) {
+		int hi = s[0] <= '9' ? s[0] - '0' : (s[0] | 0x20) - 'a' + 10;
+		int lo = s[1] <= '9' ? s[1] - '0' : (s[1] | 0x20) - 'a' + 10;
+
+		out[n++] = (char)(hi << 4 | lo);
+	}
+	return n;
+}
+
+/*
+ * .count: adds deltas[i] to the row (key, fields[i]) of lockshim_metrics
+ * (made at 0), all n in one statement (sql_count: one transaction, so two
+ * processes' shipments into one key lose nothing). A statement the server
+ * ran whose answer was lost is sent again by the shim: it then counts
+ * twice. Returns BACKEND_OK, or BACKEND_ERR with c->err.
+ */
+static int pg_count(struct backend_conn *c, const char *key, size_t klen, int n,
+		    const char *const *fields, const size_t *flens, const long long *deltas)
+{
+	size_t flen = 3, dlen = 3 + 22 * (size_t)n;
+	char *k, *f, *d, *p;
+	const char *v[3];
+	PGresult *r = NULL;
+	int rc = BACKEND_ERR;
+
+	for (int i = 0; i < n; i++)
+		flen += 2 * flens[i] + 1;
+	k = malloc(2 * klen + 1);
+	f = malloc(flen);
+	d = malloc(dlen);
+	pthread_mutex_lock(&c->mu);
+	if (!k || !f || !d) {
+		snprintf(c->err, sizeof(c->err), "count: out of memory");
+		goto out;
+	}
+	*hex_put(k, key, klen) = 0;
+	p = f;
+	*p++ = '{';
+	for (int i = 0; i < n; i++) {
+		if (i)
+			*p++ = ',';
+		p = hex_put(p, fields[i], flens[i]);
+	}
+	strcpy(p, "}");
+	p = d;
+	*p++ = '{';
+	for (int i = 0; i < n; i++)
+		p += snprintf(p, 22, "%s%lld", i ? "," : "", deltas[i]);
+	strcpy(p, "}");
+	v[0] = k;
+	v[1] = n ? f : "{}";
+	v[2] = n ? d : "{}";
+	if (session_up(c) != BACKEND_OK ||
+	    !(r = run(c, sql_count, 3, v, c->bc->spec->command_timeout_ms, "count")))
+		goto out;
+	if (PQresultStatus(r) == PGRES_COMMAND_OK) {
+		rc = BACKEND_OK;
+	} else {
+		snprintf(c->err, sizeof(c->err), "count: %s", PQresultErrorMessage(r));
+		c->err[strcspn(c->err, "\n")] = 0;
+	}
+out:
+	PQclear(r);
+	pthread_mutex_unlock(&c->mu);
+	free(k);
+	free(f);
+	free(d);
+	return rc;
+}
+
+/* .count_read: every row of lockshim_metrics whose key is a metrics key
+ * of namespace ns ("<ns>:metrics:{<host>}"), to fn. Read-only. Returns
+ * BACKEND_OK, or BACKEND_ERR with c->err. */
+static int pg_count_read(struct backend_conn *c, const char *ns,
+			 void (*fn)(void *arg, const char *key, size_t klen, const char *field,
+				    size_t flen, long long value),
+			 void *arg)
+{
+	char prefix[2 * (KEY_BUF_SIZE + 16) + 1], *buf = NULL;
+	size_t plen = strlen(ns) + sizeof(":metrics:{") - 1, cap = 0;
+	const char *v[1] = { prefix };
+	PGresult *r = NULL;
+	int rc = BACKEND_ERR;
+
+	pthread_mutex_lock(&c->mu);
+	if (plen > KEY_BUF_SIZE) {
+		snprintf(c->err, sizeof(c->err), "metrics: namespace too long");
+		goto out;
+	}
+	*hex_put(hex_put(prefix, ns, strlen(ns)), ":metrics:{", plen - strlen(ns)) = 0;
+	if (session_up(c) != BACKEND_OK ||
+	    !(r = run(c, sql_count_read, 1, v, c->bc->spec->command_timeout_ms, "metrics")))
+		goto out;
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		snprintf(c->err, sizeof(c->err), "metrics: %s", PQresultErrorMessage(r));
+		c->err[strcspn(c->err, "\n")] = 0;
+		goto out;
+	}
+	for (int i = 0; i < PQntuples(r); i++)
+		if ((size_t)PQgetlength(r, i, 0) + PQgetlength(r, i, 1) > cap)
+			cap = (size_t)PQgetlength(r, i, 0) + PQgetlength(r, i, 1);
+	if (!(buf = malloc(cap / 2 + 1))) {
+		snprintf(c->err, sizeof(c->err), "metrics: out of memory");
+		goto out;
+	}
+	for (int i = 0; i < PQntuples(r); i++) {
+		size_t kn = hex_get(PQgetvalue(r, i, 0), buf);
+		size_t fn_len = hex_get(PQgetvalue(r, i, 1), buf + kn);
+
+		if (kn > plen && buf[kn - 1] == '}')
+			fn(arg, buf, kn, buf + kn, fn_len, atoll(PQgetvalue(r, i, 2)));
+	}
+	rc = BACKEND_OK;
+out:
+	PQclear(r);
+	pthread_mutex_unlock(&c->mu);
+	free(buf);
+	return rc;
+}
+
 static const struct backend_ops pg_ops = {
 	.name = "postgres",
 	/* a waiter's one blocking pg_advisory_lock ends at the release: it is
@@ -1187,6 +1359,8 @@ static const struct backend_ops pg_ops = {
 	.flush = pg_flush,
 	.unconfirmed = pg_unconfirmed,
 	.renew = pg_renew,
+	.count = pg_count,
+	.count_read = pg_count_read,
 	.errstr = pg_errstr,
 	.ping = pg_ping,
 };

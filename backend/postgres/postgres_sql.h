@@ -135,6 +135,58 @@ static const char sql_unlock_p[] = PG_UNLOCK_P;
 static const char sql_why_x[] = PG_WHY_X;
 static const char sql_why_p[] = PG_WHY_P;
 
+/* ---- the tables: counts (metrics) and names (status) ------------------ */
+
+/* At connect, one round trip: the state of each object (0 absent, 1
+ * usable, 2 present but not usable: no privilege): the fence sequence,
+ * the counts table, the two names tables; and the session's settings
+ * (TCP keepalive: a holder's host that died or was cut off is noticed in
+ * about 10 + 4 x 5 s, not the system's 2 h, and its locks freed; no idle
+ * timeout while it holds nothing). */
+static const char sql_setup_state[] =
+	"SELECT CASE WHEN to_regclass('lockshim_fence') IS NULL THEN 0 "
+	"WHEN has_sequence_privilege('lockshim_fence', 'USAGE') THEN 1 ELSE 2 END, "
+	"CASE WHEN to_regclass('lockshim_metrics') IS NULL THEN 0 ELSE 1 END, "
+	"CASE WHEN to_regclass('lockshim_keys') IS NULL OR to_regclass('lockshim_sessions') IS NULL "
+	"THEN 0 WHEN has_table_privilege('lockshim_keys', 'INSERT') AND "
+	"has_table_privilege('lockshim_sessions', 'INSERT') AND "
+	"has_table_privilege('lockshim_sessions', 'UPDATE') AND "
+	"has_table_privilege('lockshim_sessions', 'SELECT') THEN 1 ELSE 2 END, "
+	"set_config('tcp_keepalives_idle', '10', false), "
+	"set_config('tcp_keepalives_interval', '5', false), "
+	"set_config('tcp_keepalives_count', '4', false), "
+	"set_config('idle_session_timeout', '0', false)";
+/* Made when absent (the state is read first: IF NOT EXISTS alone needs
+ * CREATE on the schema even when the object exists). The counts are
+ * logged (a restart keeps them); the names are UNLOGGED (no WAL, no
+ * flush at commit: a crash empties them, and ends every session, whose
+ * successors write them again). */
+static const char *const sql_setup_create[][2] = {
+	{ "CREATE SEQUENCE IF NOT EXISTS lockshim_fence", NULL },
+	{ "CREATE TABLE IF NOT EXISTS lockshim_metrics (key bytea NOT NULL, field bytea NOT NULL, "
+	  "value bigint NOT NULL, PRIMARY KEY (key, field))", NULL },
+	{ "CREATE UNLOGGED TABLE IF NOT EXISTS lockshim_keys (id bigint PRIMARY KEY, "
+	  "key text NOT NULL)",
+	  "CREATE UNLOGGED TABLE IF NOT EXISTS lockshim_sessions (pid int PRIMARY KEY, "
+	  "started timestamptz NOT NULL, owner text NOT NULL)" },
+};
+enum { PG_OBJ_FENCE, PG_OBJ_METRICS, PG_OBJ_NAMES, PG_NOBJS };
+
+/* A shipment of counts, one statement (one transaction: two processes'
+ * shipments into one key serialise on its rows, and none is lost): $1 the
+ * key, $2 the fields (text[] of hex), $3 their deltas (bigint[]); a field
+ * given twice adds up; rows taken in field order (two shipments never
+ * wait for each other crosswise). */
+static const char sql_count[] =
+	"INSERT INTO lockshim_metrics (key, field, value) SELECT decode($1, 'hex'), "
+	"decode(f, 'hex'), sum(d) FROM unnest($2::text[], $3::bigint[]) AS u(f, d) "
+	"GROUP BY f ORDER BY f ON CONFLICT (key, field) DO UPDATE SET value = "
+	"lockshim_metrics.value + excluded.value";
+/* Every count of the keys that begin with $1 (hex: "<ns>:metrics:{"). */
+static const char sql_count_read[] =
+	"SELECT encode(key, 'hex'), encode(field, 'hex'), value FROM lockshim_metrics "
+	"WHERE substr(key, 1, length(decode($1, 'hex'))) = decode($1, 'hex') ORDER BY key, field";
+
 /* The statements a session prepares (prepare_statements: the fenced
  * variants when the sequence is usable, else the others, under the same
  * names), and their parameters' types: exclusive, shared, permit. */

@@ -29,7 +29,8 @@ import pytest
 from support.postgres import PostgresServer, skip_reason
 from support.process import cpu_ticks
 from support.secure import NOBODY, NOGROUP, Layout
-from support.scenarios import assert_mismatch, limit_bounds_the_holders, refused_setting
+from support.scenarios import (METRICS_LOCK, assert_mismatch, limit_bounds_the_holders,
+                                refused_setting, scrape, val)
 from support.sets import replay, run_all, writer_behind_readers
 from support.sets import start as start_sets
 from support.server import serving
@@ -941,3 +942,37 @@ def test_shared_and_permit_callers_never_inside_together(sets_prog, pg, tmp_path
     assert won["r"] and won["w"], (won, err[-3000:])
     assert "for the key's holders" in err, err[-3000:]
     assert advisory(pg) == 0
+
+
+# ---- metrics: the counts table lockshim_metrics -------------------------------------
+
+def test_counts_of_one_host_add_up_and_survive_a_restart(procs, progs, own_pg, tmp_path):
+    """Two processes of one host (LOCKSHIM_TEST_HOST) ship their counts into
+    one key while both run (the renewal thread ships about once a second):
+    `lockshim metrics` shows their sum; the server restarted between
+    shipments, their later calls add to it and nothing is lost; the table
+    keeps one row per field of a host (its primary key: not one per
+    process or shipment). Control: another host's counts are kept apart."""
+    cfg = pg_config(tmp_path, own_pg, METRICS_LOCK)
+    ps = [procs([progs["driver"]] + ["call:0"] * 3 + ["stdin"] + ["call:0"] * 2, cfg,
+                LOCKSHIM_TEST_HOST="h") for _ in range(2)]
+    for p in ps:
+        for _ in range(3):
+            assert p.expect("call").startswith("call rc=42")
+    wait_for(lambda: val(scrape(cfg), "lockshim_calls_total", "hold_call", "h") == 6,
+             what="both processes' shipments")
+    fields = int(own_pg.psql("SELECT count(DISTINCT field) FROM lockshim_metrics"))
+    own_pg.restart()
+    for p in ps:
+        p.send()
+    for p in ps:
+        assert p.finish()[0] == 0
+    r = run([progs["driver"], "call:0"], cfg, LOCKSHIM_TEST_HOST="other")
+    assert r.returncode == 0, r.stderr
+    m = scrape(cfg)
+    assert val(m, "lockshim_calls_total", "hold_call", "h") == 10, m
+    assert val(m, "lockshim_calls_total", "hold_call", "other") == 1, m
+    assert int(own_pg.psql("SELECT count(*) FROM lockshim_metrics WHERE key = "
+                           "'lockshim:metrics:{h}'::bytea")) >= fields
+    assert own_pg.psql("SELECT count(*) FROM (SELECT key, field FROM lockshim_metrics "
+                       "GROUP BY key, field HAVING count(*) > 1) d") == "0"
