@@ -13,7 +13,10 @@
  * bounded by poll; one late closes the session (reopened by the next try).
  * Counts (metrics): rows (key, field, value) of the table lockshim_metrics,
  * one upsert per shipment; the set-up at connect makes the sequence and
- * the tables when absent (postgres_sql.h).
+ * the tables when absent (postgres_sql.h). Status: pg_locks joined with
+ * lockshim_keys (a key's id and text, written once per session and key,
+ * async ahead of its try) and lockshim_sessions (each session's owner
+ * record, with its first name).
  * Parameters are bound, never spliced. A fork child's sockets become
  * /dev/null. One export (postgres.map); of the core, only bind's warn.
  */
@@ -88,6 +91,11 @@ struct backend_conn {
 		size_t klen;     /* ... and their keys, for the line if one was lost */
 		char key[KEY_BUF_SIZE];
 	} pkeys[PG_PENDING_MAX];
+	uint64_t *seen;          /* the keys this session has named (name_send):
+				  * key_hash values, open addressing, 0 free;
+				  * emptied at each connect */
+	size_t nseen, capseen;   /* capseen: 0 or a power of 2 */
+	int owner_sent;          /* this session's owner record is sent */
 	struct pg_hold *holds;   /* grows by doubling, never shrinks; changed
 				  * under conns.mu too (pg_renew reads it) */
 	size_t nholds, capholds;
@@ -382,6 +390,25 @@ static PGresult *run(struct backend_conn *c, const char *sql, int n, const char 
 	return result_read(c, now_ms() + timeout_ms, what);
 }
 
+/* Sends sql with params on c without reading its reply (read with the
+ * next command, or by drain: a release's that found its lock gone is one
+ * warn line naming it's key). Returns BACKEND_OK, or BACKEND_ERR with the
+ * session dropped. */
+static int send_async(struct backend_conn *c, const char *sql, int n, const char *const *v,
+		      const struct backend_item *it, const char *what)
+{
+	int k;
+
+	if (c->pending == PG_PENDING_MAX && drain(c) != BACKEND_OK)
+		return BACKEND_ERR;
+	if (send_query(c, sql, n, v, what) != BACKEND_OK)
+		return BACKEND_ERR;
+	k = (c->phead + c->pending++) % PG_PENDING_MAX;
+	c->pkeys[k].klen = it->klen < KEY_BUF_SIZE ? it->klen : KEY_BUF_SIZE;
+	memcpy(c->pkeys[k].key, it->key, c->pkeys[k].klen);
+	return BACKEND_OK;
+}
+
 /* Returns 1 when r is a row result, else sets c->err from it (0). */
 static int rows_ok(struct backend_conn *c, PGresult *r, const char *what)
 {
@@ -433,6 +460,84 @@ static const char *key_text(struct backend_conn *c, const struct backend_item *i
 		c->keytext[o] = 0;
 	}
 	return c->keytext;
+}
+
+/* ---- names, for status --------------------------------------------------- */
+
+/* Returns the FNV-1a hash of the n bytes of k: its entry in a seen set
+ * (never 0, which marks a free slot). */
+static uint64_t key_hash(const char *k, size_t n)
+{
+	uint64_t h = 1469598103934665603ULL;
+
+	for (size_t i = 0; i < n; i++) {
+		h ^= (unsigned char)k[i];
+		h *= 1099511628211ULL;
+	}
+	return h ? h : 1;
+}
+
+/* Puts h in the free slot its probe finds in v (cap slots, a power of 2). */
+static void seen_put(uint64_t *v, size_t cap, uint64_t h)
+{
+	size_t i = h & (cap - 1);
+
+	while (v[i])
+		i = (i + 1) & (cap - 1);
+	v[i] = h;
+}
+
+/* Returns 1 when h is in c's seen set (no allocation: the hot path);
+ * else adds it (the set doubled when half full) and returns 0, or 1 when
+ * out of memory (the key stays unnamed). */
+static int seen_add(struct backend_conn *c, uint64_t h)
+{
+	for (size_t i = c->capseen ? h & (c->capseen - 1) : 0; c->capseen && c->seen[i];
+	     i = (i + 1) & (c->capseen - 1))
+		if (c->seen[i] == h)
+			return 1;
+	if (2 * (c->nseen + 1) > c->capseen) {
+		size_t cap = c->capseen ? 2 * c->capseen : 64;
+		uint64_t *v = calloc(cap, sizeof(*v));
+
+		if (!v)
+			return 1;
+		for (size_t i = 0; i < c->capseen; i++)
+			if (c->seen[i])
+				seen_put(v, cap, c->seen[i]);
+		free(c->seen);
+		c->seen = v;
+		c->capseen = cap;
+	}
+	seen_put(c->seen, c->capseen, h);
+	c->nseen++;
+	return 0;
+}
+
+/*
+ * Names it's key for status, once per session (c->seen): the row of its
+ * id and text (sql_name_key) and, with the session's first, the
+ * session's owner record (it's value: sql_name_session); async, ahead of
+ * the statement that follows (no round trip of their own: their replies
+ * are read before its). Nothing when the tables cannot be used. Holds
+ * c->mu. Returns BACKEND_OK, or BACKEND_ERR (the session dropped).
+ */
+static int name_send(struct backend_conn *c, const struct backend_item *it)
+{
+	char owner[BACKEND_VAL_MAX + 1];
+	const char *v[1] = { owner };
+
+	if (!c->named || seen_add(c, key_hash(it->key, it->klen)))
+		return BACKEND_OK;
+	if (!c->owner_sent && it->vlen <= BACKEND_VAL_MAX && !memchr(it->val, 0, it->vlen)) {
+		memcpy(owner, it->val, it->vlen);
+		owner[it->vlen] = 0;
+		if (send_async(c, sql_name_session, 1, v, it, "acquire") != BACKEND_OK)
+			return BACKEND_ERR;
+		c->owner_sent = 1;
+	}
+	v[0] = key_text(c, it);
+	return send_async(c, sql_name_key, 1, v, it, "acquire");
 }
 
 /* ---- the holds of a session --------------------------------------------- */
@@ -733,7 +838,10 @@ static int session_connect(struct backend_conn *c, char *err, size_t errlen)
 	PostgresPollingStatusType st = PGRES_POLLING_WRITING;
 	int k = 2;
 
-	c->fenced = c->prepared = c->piped = c->pending = c->phead = 0;
+	c->fenced = c->prepared = c->piped = c->pending = c->phead = c->owner_sent = 0;
+	c->nseen = 0;
+	if (c->seen)
+		memset(c->seen, 0, c->capseen * sizeof(*c->seen));
 	c->err[0] = 0;
 	if (bc->password) {
 		keys[k] = "password";
@@ -844,6 +952,7 @@ static void pg_close(struct backend_conn *c)
 	pthread_mutex_destroy(&c->mu);
 	session_drop(c);
 	free(c->holds);
+	free(c->seen);
 	free(c);
 }
 
@@ -902,7 +1011,7 @@ static int pg_acquire_locked(struct backend_conn *c, const struct backend_item *
 		return BACKEND_NO;
 	}
 	c->try_next = 0;
-	if (session_up(c) != BACKEND_OK)
+	if (session_up(c) != BACKEND_OK || name_send(c, it) != BACKEND_OK)
 		return BACKEND_ERR;
 	snprintf(lim, sizeof(lim), "%d", it->limit);
 	v[0] = key_text(c, it);
@@ -966,15 +1075,8 @@ static int pg_release_locked(struct backend_conn *c, const struct backend_item *
 	v[2] = slot;
 	v[3] = lim;
 	if (async) {
-		int k;
-
-		if (c->pending == PG_PENDING_MAX && drain(c) != BACKEND_OK)
+		if (send_async(c, stmt_sql(c, PG_S_UNLOCK, it), n, v, it, "release") != BACKEND_OK)
 			return BACKEND_ERR;
-		if (send_query(c, stmt_sql(c, PG_S_UNLOCK, it), n, v, "release") != BACKEND_OK)
-			return BACKEND_ERR;
-		k = (c->phead + c->pending++) % PG_PENDING_MAX;
-		c->pkeys[k].klen = it->klen < KEY_BUF_SIZE ? it->klen : KEY_BUF_SIZE;
-		memcpy(c->pkeys[k].key, it->key, c->pkeys[k].klen);
 		/* the query goes out now (else with the next command) */
 		if (PQflush(c->pg) < 0)
 			return fail(c, "release", PQerrorMessage(c->pg));
@@ -1024,7 +1126,7 @@ static int pg_wait_locked(struct backend_conn *c, const struct backend_item *it,
 		return BACKEND_NO;
 	if (timeout_ms > (permit ? PG_PERMIT_WAIT_MS : PG_WAIT_MAX_MS))
 		timeout_ms = permit ? PG_PERMIT_WAIT_MS : PG_WAIT_MAX_MS;
-	if (session_up(c) != BACKEND_OK)
+	if (session_up(c) != BACKEND_OK || name_send(c, it) != BACKEND_OK)
 		return BACKEND_ERR;
 	snprintf(lt, sizeof(lt), "%lld", timeout_ms);
 	snprintf(lim, sizeof(lim), "%d", it->limit);
@@ -1331,6 +1433,116 @@ out:
 	return rc;
 }
 
+/* ---- holders, for `lockshim status` -------------------------------------- */
+
+#define PG_OWNER_MAX (BACKEND_VAL_MAX + 24)
+
+/* Writes into out (PG_OWNER_MAX bytes) row i's owner record with its
+ * since_ms (the second field from the end) made the row's since when it
+ * has one. Returns its length: 0 when the row has none. */
+static size_t owner_of(const PGresult *r, int i, char *out)
+{
+	const char *rec = PQgetvalue(r, i, PG_H_OWNER), *prog, *since;
+	size_t n = (size_t)PQgetlength(r, i, PG_H_OWNER);
+
+	if (PQgetisnull(r, i, PG_H_OWNER) || n > BACKEND_VAL_MAX)
+		return 0;
+	prog = memrchr(rec, ':', n);
+	since = prog && prog > rec ? memrchr(rec, ':', (size_t)(prog - rec)) : NULL;
+	if (!since || PQgetisnull(r, i, PG_H_SINCE)) {
+		memcpy(out, rec, n);
+		return n;
+	}
+	return (size_t)snprintf(out, PG_OWNER_MAX, "%.*s:%s%.*s", (int)(since - rec), rec,
+				PQgetvalue(r, i, PG_H_SINCE), (int)(n - (size_t)(prog - rec)), prog);
+}
+
+/* Reports the holders of rows [i, j) of r (one key) to fn: each granted
+ * row, the first with the waiters (the other rows, their records in
+ * vals[i..j), wval, wlen). */
+static void key_report(const PGresult *r, int i, int j, char *vals, const char **wval,
+		       size_t *wlen, void (*fn)(void *arg, const struct backend_holder *h),
+		       void *arg)
+{
+	struct backend_holder h = { .key = PQgetvalue(r, i, PG_H_KEY), .fence = -1,
+				    .lease_left_ms = -1, .wval = wval, .wlen = wlen };
+	int nw = 0, first = 1;
+
+	h.klen = (size_t)PQgetlength(r, i, PG_H_KEY);
+	for (int k = i; k < j; k++)
+		if (PQgetvalue(r, k, PG_H_GRANTED)[0] != 't') {
+			wval[nw] = vals + (size_t)k * PG_OWNER_MAX;
+			wlen[nw++] = owner_of(r, k, vals + (size_t)k * PG_OWNER_MAX);
+		}
+	for (int k = i; k < j; k++) {
+		int lim = atoi(PQgetvalue(r, k, PG_H_LIMIT)), excl;
+
+		if (PQgetvalue(r, k, PG_H_GRANTED)[0] != 't')
+			continue;
+		excl = strcmp(PQgetvalue(r, k, PG_H_MODE), "ExclusiveLock") == 0;
+		h.val = vals + (size_t)k * PG_OWNER_MAX;
+		h.vlen = owner_of(r, k, vals + (size_t)k * PG_OWNER_MAX);
+		h.since_ms = PQgetisnull(r, k, PG_H_SINCE) ? 0 : atoll(PQgetvalue(r, k, PG_H_SINCE));
+		h.limit = lim > 1 ? lim : 1;
+		h.shared = !excl && lim < 2;
+		h.in_set = !excl;
+		h.nwaiters = first ? nw : 0;
+		first = 0;
+		fn(arg, &h);
+	}
+}
+
+/*
+ * .holders: the advisory locks of this database whose ids are named keys
+ * (sql_holders: lockshim_keys joined with pg_locks), each holder in key
+ * order with the key's waiters given with its first (a permit's waiters
+ * are not listed); the value is the session's owner record with since
+ * (empty when the session wrote none: status skips it, metrics counts
+ * it); no fence and no lease known (-1). Read-only. Returns BACKEND_OK,
+ * or BACKEND_ERR with c->err.
+ */
+static int pg_holders(struct backend_conn *c,
+		      void (*fn)(void *arg, const struct backend_holder *h), void *arg)
+{
+	PGresult *r = NULL;
+	char *vals = NULL;
+	const char **wval = NULL;
+	size_t *wlen = NULL;
+	int rc = BACKEND_ERR, n;
+
+	pthread_mutex_lock(&c->mu);
+	if (session_up(c) != BACKEND_OK ||
+	    !(r = run(c, sql_holders, 0, NULL, c->bc->spec->command_timeout_ms, "status")))
+		goto out;
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		snprintf(c->err, sizeof(c->err), "status: %s", PQresultErrorMessage(r));
+		c->err[strcspn(c->err, "\n")] = 0;
+		goto out;
+	}
+	n = PQntuples(r);
+	vals = malloc((size_t)n * PG_OWNER_MAX + 1);
+	wval = calloc((size_t)n + 1, sizeof(*wval));
+	wlen = calloc((size_t)n + 1, sizeof(*wlen));
+	if (!vals || !wval || !wlen) {
+		snprintf(c->err, sizeof(c->err), "status: out of memory");
+		goto out;
+	}
+	for (int i = 0, j; i < n; i = j) {
+		for (j = i + 1; j < n && !strcmp(PQgetvalue(r, j, PG_H_KEY),
+						 PQgetvalue(r, i, PG_H_KEY)); j++)
+			;
+		key_report(r, i, j, vals, wval, wlen, fn, arg);
+	}
+	rc = BACKEND_OK;
+out:
+	PQclear(r);
+	pthread_mutex_unlock(&c->mu);
+	free(vals);
+	free(wval);
+	free(wlen);
+	return rc;
+}
+
 static const struct backend_ops pg_ops = {
 	.name = "postgres",
 	/* a waiter's one blocking pg_advisory_lock ends at the release: it is
@@ -1338,10 +1550,6 @@ static const struct backend_ops pg_ops = {
 	 * server's queue); a caller refused once leaves nothing queued */
 	.watched = 1,
 	.store = "PostgreSQL",
-	.status_why = "status is not built yet for backend \"postgres\"; its holders: SELECT "
-		      "l.pid, a.application_name, (l.classid::bigint << 32) | l.objid::bigint AS "
-		      "id FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.locktype = "
-		      "'advisory' AND l.granted",
 	.unlock_why = "unlock: not with backend \"postgres\": an advisory lock is its holder's "
 		      "session's; end that session (pg_terminate_backend(pid), the pid from "
 		      "pg_locks) or stop its holder",
@@ -1363,6 +1571,7 @@ static const struct backend_ops pg_ops = {
 	.count_read = pg_count_read,
 	.errstr = pg_errstr,
 	.ping = pg_ping,
+	.holders = pg_holders,
 };
 
 __attribute__((visibility("default")))

@@ -187,6 +187,43 @@ static const char sql_count_read[] =
 	"SELECT encode(key, 'hex'), encode(field, 'hex'), value FROM lockshim_metrics "
 	"WHERE substr(key, 1, length(decode($1, 'hex'))) = decode($1, 'hex') ORDER BY key, field";
 
+/* Names, for status (advisory lock ids are hashes): a key's id and text,
+ * sent (async, ahead of its try) the first time a session locks or waits
+ * for the key; the session's owner record (its first lock's value: every
+ * field but the token and since_ms is the session's thread's), sent with
+ * its first name. $1 the key text (key_text), or the owner record. */
+static const char sql_name_key[] =
+	"INSERT INTO lockshim_keys (id, key) VALUES (hashtextextended($1, 0), $1) "
+	"ON CONFLICT (id) DO NOTHING";
+static const char sql_name_session[] =
+	"INSERT INTO lockshim_sessions (pid, started, owner) SELECT pg_backend_pid(), "
+	"backend_start, $1 FROM pg_stat_get_activity(pg_backend_pid()) ON CONFLICT (pid) "
+	"DO UPDATE SET started = excluded.started, owner = excluded.owner";
+/*
+ * status: every advisory lock of this database whose id (objsubid 1) is a
+ * named key's id0, granted (a holder) or not (a waiter: exclusive or
+ * shared; a permit's waiter waits on a permit id, not named, so not
+ * listed), with: its mode; its session's owner record (NULL: none written,
+ * or the pid's row is an earlier session's); since, in ms: a waiter's
+ * waitstart, a holder's session's last statement's start unless that was
+ * a renewal ping (NULL); the session's largest limit mark (h, N) of the
+ * key (a permit holder; 0 or NULL: none). pg_locks is read once (it copies
+ * the lock table). In key order, holders first, waiters in wait order.
+ */
+static const char sql_holders[] =
+	"WITH l AS MATERIALIZED (SELECT pid, granted, mode, objsubid, classid, objid, waitstart "
+	"FROM pg_locks WHERE locktype = 'advisory' AND database = "
+	"(SELECT oid FROM pg_database WHERE datname = current_database())) "
+	"SELECT k.key, l.granted, l.mode, s.owner, (extract(epoch FROM CASE WHEN NOT l.granted "
+	"THEN l.waitstart WHEN a.query <> 'SELECT 1' THEN a.query_start END) * 1000)::bigint, "
+	"(SELECT max(m.objid::bigint) FROM l m WHERE m.pid = l.pid AND m.objsubid = 2 AND "
+	"m.granted AND m.classid = hashtext(k.key)::oid AND m.objid <> 1) "
+	"FROM l JOIN lockshim_keys k ON k.id = (l.classid::bigint << 32) | l.objid::bigint "
+	"LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+	"LEFT JOIN lockshim_sessions s ON s.pid = l.pid AND s.started = a.backend_start "
+	"WHERE l.objsubid = 1 ORDER BY k.key, l.granted DESC, l.waitstart, l.pid";
+enum { PG_H_KEY, PG_H_GRANTED, PG_H_MODE, PG_H_OWNER, PG_H_SINCE, PG_H_LIMIT };
+
 /* The statements a session prepares (prepare_statements: the fenced
  * variants when the sequence is usable, else the others, under the same
  * names), and their parameters' types: exclusive, shared, permit. */

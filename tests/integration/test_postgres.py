@@ -12,11 +12,14 @@ session ended by the server after lease_ms, on_lost when it runs again, no
 double release; control: a long lease keeps it; a live holder kept over 3
 leases by renewal; a terminated session is on_lost), the command without
 its module (one line, 78), every refusal (78), and the command's check and
-lock. What every module backend shares (exclusion and its control, fences
+lock, the counts of `lockshim metrics` (two processes of one host add up, a
+restart between shipments loses nothing) and `lockshim status` (holders and
+waiters named through the names tables). What every module backend shares (exclusion and its control, fences
 increasing, the module or its library missing, what a Redis-guarded
-program maps, locks on send/write/poll, status/unlock/metrics exiting 1)
-is in test_modules.py.
+program maps, locks on send/write/poll, the verbs not built exiting 1,
+metrics' shared scenario) is in test_modules.py.
 """
+import json
 import os
 import re
 import shutil
@@ -976,3 +979,64 @@ def test_counts_of_one_host_add_up_and_survive_a_restart(procs, progs, own_pg, t
                            "'lockshim:metrics:{h}'::bytea")) >= fields
     assert own_pg.psql("SELECT count(*) FROM (SELECT key, field FROM lockshim_metrics "
                        "GROUP BY key, field HAVING count(*) > 1) d") == "0"
+
+
+# ---- status: pg_locks joined with the names tables -------------------------------------
+
+def status_objects(cfg, *args):
+    """`lockshim status --json` of cfg (args: more of its arguments): its
+    objects, in its order."""
+    r = run([CLI, "status", "-c", cfg, "--json"] + list(args))
+    assert r.returncode == 0, r.stderr
+    return [json.loads(l) for l in r.stdout.splitlines()]
+
+
+def test_status_lists_holders_and_waiters_by_key(bg, worker_progs, pg, tmp_path):
+    """`lockshim status` names the advisory locks by key (lockshim_keys,
+    written once per session and key) and their holders and waiters by
+    owner record (lockshim_sessions): "blk" its holder and its waiter (JSON
+    and text), "sh" two shared holders, "pm" a permit holder of limit 3; a
+    pattern selects; nothing once all are released. Control: the key table
+    emptied, the same locks held are not listed."""
+    lock = ('locks = ( { symbol = "block_call"; key = "%s"; lease_ms = 60000; '
+            'wait_ms = 60000; %s } );\n')
+    cfgs = {}
+    for key, extra in (("blk", ""), ("sh", 'mode = "shared";'), ("pm", "limit = 3;")):
+        (tmp_path / key).mkdir()
+        cfgs[key] = pg_config(tmp_path / key, pg, lock % (key, extra))
+    cfg = cfgs["blk"]
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: advisory(pg, granted=False) == 1, what="the waiter queued")
+    readers = [bg([worker_progs["block"]], cfgs["sh"]) for _ in range(2)]
+    permit = bg([worker_progs["block"]], cfgs["pm"])
+    for p in readers + [permit]:
+        p.expect("enter")
+    got = status_objects(cfg)
+    assert [o["key"] for o in got] == ["blk", "pm", "sh", "sh"], got
+    blk, pm, sh = got[0], got[1], got[2:]
+    assert (blk["pid"], blk["program"], blk["mode"], blk["limit"]) == (
+        holder.p.pid, "block", "exclusive", 1), blk
+    assert blk["held_ms"] is not None and blk["fence"] is None, blk
+    assert [w["pid"] for w in blk["waiters"]] == [waiter.p.pid], blk
+    assert blk["waiters"][0]["waited_ms"] is not None, blk
+    assert (pm["pid"], pm["limit"], pm["waiters"]) == (permit.p.pid, 3, []), pm
+    assert sorted(o["pid"] for o in sh) == sorted(p.p.pid for p in readers), sh
+    assert all(o["mode"] == "shared" and o["limit"] == 1 for o in sh), sh
+    r = run([CLI, "status", "-c", cfg])
+    assert r.returncode == 0, r.stderr
+    line = [l for l in r.stdout.splitlines() if l.startswith("blk  held by")]
+    assert len(line) == 1 and "pid %d " % holder.p.pid in line[0], r.stdout
+    assert "1 waiting" in line[0] and "pid %d " % waiter.p.pid in line[0], r.stdout
+    assert [o["key"] for o in status_objects(cfg, "b*")] == ["blk"]
+    # control: without the key's name, a lock held is not listed
+    pg.psql("TRUNCATE lockshim_keys")
+    assert status_objects(cfg) == [] and advisory(pg, granted=True) > 0
+    for p in [holder, waiter] + readers + [permit]:
+        if p is waiter:
+            p.expect("enter")
+        p.send()
+        p.expect("call rc=42")
+    wait_for(lambda: advisory(pg) == 0, what="every lock released")
+    assert status_objects(cfg) == []
