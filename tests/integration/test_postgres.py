@@ -12,9 +12,10 @@ session ended by the server after lease_ms, on_lost when it runs again, no
 double release; control: a long lease keeps it; a live holder kept over 3
 leases by renewal; a terminated session is on_lost), the command without
 its module (one line, 78), every refusal (78), and the command's check and
-lock, the counts of `lockshim metrics` (two processes of one host add up, a
-restart between shipments loses nothing) and `lockshim status` (holders and
-waiters named through the names tables). What every module backend shares (exclusion and its control, fences
+lock, the counts of `lockshim metrics` (two processes of one host add up,
+a restart between shipments loses nothing) and `lockshim status` (holders
+and waiters named through the names tables, written once per session and
+key). What every module backend shares (exclusion and its control, fences
 increasing, the module or its library missing, what a Redis-guarded
 program maps, locks on send/write/poll, the verbs not built exiting 1,
 metrics' shared scenario) is in test_modules.py.
@@ -1040,3 +1041,23 @@ def test_status_lists_holders_and_waiters_by_key(bg, worker_progs, pg, tmp_path)
         p.expect("call rc=42")
     wait_for(lambda: advisory(pg) == 0, what="every lock released")
     assert status_objects(cfg) == []
+
+
+def test_names_are_written_once_per_session_and_key(progs, own_pg, tmp_path):
+    """The server's statement log (log_statement = all) of one process's
+    six calls of two keys (one session): each key's name and the session's
+    owner record written once, by the first call of each key; control: the
+    try, one statement per call, is there six times."""
+    own_pg.psql("ALTER SYSTEM SET log_statement = 'all'")
+    own_pg.psql("SELECT pg_reload_conf()")
+    cfg = pg_config(tmp_path, own_pg, 'locks = ( { symbol = "hold_call"; key = "a"; }, '
+                    '{ symbol = "other_call"; key = "b"; } );\n')
+    with open(own_pg.log) as f:
+        start = len(f.read())
+    r = run([progs["driver"]] + ["call:0", "other:1"] * 3, cfg)
+    assert r.returncode == 0, r.stderr
+    with open(own_pg.log) as f:
+        log = f.read()[start:]
+    assert log.count("INSERT INTO lockshim_keys") == 2, log[-3000:]
+    assert log.count("INSERT INTO lockshim_sessions") == 1, log[-3000:]
+    assert log.count("execute lockshim_try:") == 6, log[-3000:]
