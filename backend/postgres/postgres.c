@@ -1495,8 +1495,8 @@ static void key_report(const PGresult *r, int i, int j, char *vals, const char *
 /*
  * .holders: the advisory locks of this database whose ids are named keys
  * (sql_holders: lockshim_keys joined with pg_locks), each holder in key
- * order with the key's waiters given with its first (a permit's waiters
- * are not listed); the value is the session's owner record with since
+ * order with the key's waiters given with its first (a permit's waiter
+ * while it blocks on a permit); the value is the session's owner record with since
  * (empty when the session wrote none: status skips it, metrics counts
  * it); no fence and no lease known (-1). Read-only. Returns BACKEND_OK,
  * or BACKEND_ERR with c->err.

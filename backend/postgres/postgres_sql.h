@@ -201,27 +201,35 @@ static const char sql_name_session[] =
 	"DO UPDATE SET started = excluded.started, owner = excluded.owner";
 /*
  * status: every advisory lock of this database whose id (objsubid 1) is a
- * named key's id0, granted (a holder) or not (a waiter: exclusive or
- * shared; a permit's waiter waits on a permit id, not named, so not
- * listed), with: its mode; its session's owner record (NULL: none written,
+ * named key's id0, granted (a holder) or not (a waiter, exclusive or
+ * shared), with: its mode; its session's owner record (NULL: none written,
  * or the pid's row is an earlier session's); since, in ms: a waiter's
  * waitstart, a holder's session's last statement's start unless that was
  * a renewal ping (NULL); the session's largest limit mark (h, N) of the
- * key (a permit holder; 0 or NULL: none). pg_locks is read once (it copies
- * the lock table). In key order, holders first, waiters in wait order.
+ * key (a permit holder; 0 or NULL: none). Then the waiters on a permit id
+ * (hashtextextended(key, 1..N)) of a key whose holders have limit N. pg_locks
+ * is read once (it copies the lock table). In key order, holders first,
+ * waiters in wait order.
  */
+#define PG_H_SESSION(L) \
+	"LEFT JOIN pg_stat_activity a ON a.pid = " L ".pid LEFT JOIN lockshim_sessions s ON " \
+	"s.pid = " L ".pid AND s.started = a.backend_start "
 static const char sql_holders[] =
-	"WITH l AS MATERIALIZED (SELECT pid, granted, mode, objsubid, classid, objid, waitstart "
-	"FROM pg_locks WHERE locktype = 'advisory' AND database = "
-	"(SELECT oid FROM pg_database WHERE datname = current_database())) "
-	"SELECT k.key, l.granted, l.mode, s.owner, (extract(epoch FROM CASE WHEN NOT l.granted "
-	"THEN l.waitstart WHEN a.query <> 'SELECT 1' THEN a.query_start END) * 1000)::bigint, "
-	"(SELECT max(m.objid::bigint) FROM l m WHERE m.pid = l.pid AND m.objsubid = 2 AND "
-	"m.granted AND m.classid = hashtext(k.key)::oid AND m.objid <> 1) "
-	"FROM l JOIN lockshim_keys k ON k.id = (l.classid::bigint << 32) | l.objid::bigint "
-	"LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
-	"LEFT JOIN lockshim_sessions s ON s.pid = l.pid AND s.started = a.backend_start "
-	"WHERE l.objsubid = 1 ORDER BY k.key, l.granted DESC, l.waitstart, l.pid";
+	"WITH l AS MATERIALIZED (SELECT pid, granted, mode, objsubid, classid, objid, waitstart, "
+	"(classid::bigint << 32) | objid::bigint AS id FROM pg_locks WHERE locktype = 'advisory' "
+	"AND database = (SELECT oid FROM pg_database WHERE datname = current_database())), "
+	"h AS (SELECT k.key, l.granted, l.mode, s.owner, (extract(epoch FROM CASE WHEN NOT "
+	"l.granted THEN l.waitstart WHEN a.query <> 'SELECT 1' THEN a.query_start END) * "
+	"1000)::bigint AS since, (SELECT max(m.objid::bigint) FROM l m WHERE m.pid = l.pid AND "
+	"m.objsubid = 2 AND m.granted AND m.classid = hashtext(k.key)::oid AND m.objid <> 1) "
+	"AS lim, l.waitstart, l.pid FROM l JOIN lockshim_keys k ON k.id = l.id "
+	PG_H_SESSION("l") "WHERE l.objsubid = 1), "
+	"p AS (SELECT DISTINCT key, lim FROM h WHERE granted AND lim > 1) "
+	"SELECT key, granted, mode, owner, since, lim, waitstart, pid FROM h UNION ALL "
+	"SELECT p.key, false, w.mode, s.owner, (extract(epoch FROM w.waitstart) * 1000)::bigint, "
+	"NULL, w.waitstart, w.pid FROM p CROSS JOIN LATERAL generate_series(1, p.lim::int) i "
+	"JOIN l w ON NOT w.granted AND w.objsubid = 1 AND w.id = hashtextextended(p.key, i) "
+	PG_H_SESSION("w") "ORDER BY 1, 2 DESC, 7, 8";
 enum { PG_H_KEY, PG_H_GRANTED, PG_H_MODE, PG_H_OWNER, PG_H_SINCE, PG_H_LIMIT };
 
 /* The statements a session prepares (prepare_statements: the fenced

@@ -1061,3 +1061,33 @@ def test_names_are_written_once_per_session_and_key(progs, own_pg, tmp_path):
     assert log.count("INSERT INTO lockshim_keys") == 2, log[-3000:]
     assert log.count("INSERT INTO lockshim_sessions") == 1, log[-3000:]
     assert log.count("execute lockshim_try:") == 6, log[-3000:]
+
+
+def test_status_lists_a_permits_waiter(bg, worker_progs, own_pg, tmp_path):
+    """limit = 2, both permits held and a third caller waiting (it blocks on
+    one permit at a time, 200 ms each, then tries all again): status lists
+    the two holders, limit 2, and the waiter with the first (listed while
+    it blocks on a permit: most of its time); metrics' lockshim_waiting
+    counts it (a server of its own: the shared one keeps other tests'
+    counts). Nothing once all are released."""
+    cfg = pg_config(tmp_path, own_pg, 'locks = ( { symbol = "block_call"; key = "pm2"; '
+                    'limit = 2; wait_ms = 60000; } );\n')
+    holders = [bg([worker_progs["block"]], cfg) for _ in range(2)]
+    for p in holders:
+        p.expect("enter")
+    waiter = bg([worker_progs["block"]], cfg)
+    got = wait_for(lambda: [o for o in status_objects(cfg) if o["waiters"]] and
+                   status_objects(cfg), what="the permit waiter listed")
+    assert sorted(o["pid"] for o in got) == sorted(p.p.pid for p in holders), got
+    assert all(o["limit"] == 2 and o["key"] == "pm2" for o in got), got
+    assert [w["pid"] for o in got for w in o["waiters"]] == [waiter.p.pid], got
+    wait_for(lambda: val(scrape(cfg), "lockshim_waiting", "block_call") == 1,
+             what="the waiter counted")
+    holders[0].send()
+    holders[0].expect("call rc=42")
+    waiter.expect("enter")
+    for p in (holders[1], waiter):
+        p.send()
+        p.expect("call rc=42")
+    wait_for(lambda: advisory(own_pg) == 0, what="every lock released")
+    assert status_objects(cfg) == []
