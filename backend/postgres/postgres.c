@@ -48,7 +48,8 @@
 #define PG_PERMIT_WAIT_MS 200  /* a permit's waiter blocks on one permit this
 				* long at most, then tries them all again */
 
-/* The renewal's ping of a holder's session: it is not idle for long. */
+/* lockshim check's ping, and the renewal's outside pipeline mode
+ * (keepalive_locked). */
 static const char sql_ping[] = "SELECT 1";
 
 struct backend_config {
@@ -256,8 +257,8 @@ static int sock_wait(struct backend_conn *c, short events, long long deadline)
 
 /*
  * Reads the result of the oldest query sent on c whose result is unread
- * (piped: up to its sync point), within deadline. Returns its last result
- * (the caller PQclears it), or NULL with the session dropped and c->err
+ * (piped: up to its sync point; a bare sync's result is its own), within
+ * deadline. Returns its last result (the caller PQclears it), or NULL with the session dropped and c->err
  * set (timeout, connection lost).
  */
 static PGresult *result_read(struct backend_conn *c, long long deadline, const char *what)
@@ -285,6 +286,10 @@ static PGresult *result_read(struct backend_conn *c, long long deadline, const c
 		if (!r) /* piped: the end of the query's results; its sync follows */
 			continue;
 		if (PQresultStatus(r) == PGRES_PIPELINE_SYNC) {
+			if (!last) { /* a bare sync (keepalive_locked): its own result */
+				last = r;
+				break;
+			}
 			PQclear(r);
 			break;
 		}
@@ -1218,6 +1223,33 @@ static int ping_locked(struct backend_conn *c)
 	return ok ? BACKEND_OK : BACKEND_ERR;
 }
 
+/*
+ * The renewal's ping of a holder's session c: in pipeline mode a bare Sync
+ * message, which the server answers with ReadyForQuery (no statement: its
+ * idle_session_timeout starts again, and pg_stat_activity's query_start,
+ * status's held time, stays the lock statement's); else SELECT 1.
+ * Returns BACKEND_OK, or BACKEND_ERR (the session dropped). Holds c->mu.
+ */
+static int keepalive_locked(struct backend_conn *c)
+{
+	PGresult *r;
+	int ok;
+
+	if (!c->pg || !c->piped)
+		return ping_locked(c);
+	if (drain(c) != BACKEND_OK)
+		return BACKEND_ERR;
+	if (!PQpipelineSync(c->pg))
+		return fail(c, "ping", PQerrorMessage(c->pg));
+	if (!(r = result_read(c, now_ms() + c->bc->spec->command_timeout_ms, "ping")))
+		return BACKEND_ERR;
+	ok = PQresultStatus(r) == PGRES_PIPELINE_SYNC;
+	PQclear(r);
+	if (!ok)
+		return fail(c, "ping", "not the answer to a sync");
+	return BACKEND_OK;
+}
+
 static int pg_ping(struct backend_conn *c)
 {
 	int rc;
@@ -1258,7 +1290,7 @@ static struct backend_conn *holder_session(const struct backend_item *it, int *b
  * The lease of a session advisory lock is its session's
  * idle_session_timeout (set by the statements that take and release
  * locks): renewing is keeping the holder's session from being idle, one
- * SELECT 1 on it under its mutex; none when the server answered on that
+ * ping on it under its mutex (keepalive_locked: a bare Sync); none when the server answered on that
  * session less than a sixth of the item's lease ago (another lock's
  * renewal, the owner's own command). Each lock is due every third of its
  * lease (renew.c), so a session holding one lock is pinged three times a
@@ -1283,7 +1315,7 @@ static int pg_renew(struct backend_conn *c, int n, const struct backend_item *it
 		if (now_ms() - h->active_ms < items[i].lease_ms / 6)
 			results[i] = BACKEND_OK;
 		else
-			results[i] = ping_locked(h) == BACKEND_OK ? BACKEND_OK : BACKEND_NO;
+			results[i] = keepalive_locked(h) == BACKEND_OK ? BACKEND_OK : BACKEND_NO;
 		/* the ping found the session gone: its locks are lost (the
 		 * server freed them), and the next command reconnects */
 		if (results[i] == BACKEND_OK && hold_index(h, &items[i]) < 0)

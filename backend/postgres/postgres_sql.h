@@ -204,8 +204,8 @@ static const char sql_name_session[] =
  * named key's id0, granted (a holder) or not (a waiter, exclusive or
  * shared), with: its mode; its session's owner record (NULL: none written,
  * or the pid's row is an earlier session's); since, in ms: a waiter's
- * waitstart, a holder's session's last statement's start unless that was
- * a renewal ping (NULL); the session's largest limit mark (h, N) of the
+ * waitstart, a holder's session's last statement's start (the renewal's
+ * ping is a bare Sync, no statement), NULL after a SELECT 1 ping; the session's largest limit mark (h, N) of the
  * key (a permit holder; 0 or NULL: none). Then the waiters on a permit id
  * (hashtextextended(key, 1..N)) of a key whose holders have limit N. pg_locks
  * is read once (it copies the lock table). In key order, holders first,

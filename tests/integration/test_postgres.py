@@ -1091,3 +1091,23 @@ def test_status_lists_a_permits_waiter(bg, worker_progs, own_pg, tmp_path):
         p.expect("call rc=42")
     wait_for(lambda: advisory(own_pg) == 0, what="every lock released")
     assert status_objects(cfg) == []
+
+
+@pytest.mark.timing
+def test_status_held_time_survives_the_renewal_pings(bg, worker_progs, pg, tmp_path):
+    """A holder of lease_ms = 600 held 2 s, its session pinged by the
+    renewal every lease/3 (a bare Sync message: no statement): its session
+    kept (the lock still held past three leases), and status's held_ms
+    still counts from the lock statement (pg_stat_activity's query_start,
+    which a SELECT 1 ping would move: held time unknown)."""
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "block_call"; key = "lz"; '
+                    'lease_ms = 600; } );\n')
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    time.sleep(2)  # the hold being measured, over three leases
+    got = status_objects(cfg)
+    assert advisory(pg, granted=True) == 1
+    assert len(got) == 1 and got[0]["pid"] == holder.p.pid, got
+    assert got[0]["held_ms"] is not None and got[0]["held_ms"] >= 1800, got
+    holder.send()
+    holder.expect("call rc=42")
