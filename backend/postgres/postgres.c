@@ -59,6 +59,12 @@ struct backend_config {
 	char app[64];     /* application_name: "lockshim:<program>" */
 };
 
+/* A key a session has named (name_send): its hash and when (now_ms). */
+struct pg_seen {
+	uint64_t h;
+	long long at_ms;
+};
+
 /* A lock this session holds: its token and lease. */
 struct pg_hold {
 	long long lease_ms;
@@ -92,8 +98,8 @@ struct backend_conn {
 		size_t klen;     /* ... and their keys, for the line if one was lost */
 		char key[KEY_BUF_SIZE];
 	} pkeys[PG_PENDING_MAX];
-	uint64_t *seen;          /* the keys this session has named (name_send):
-				  * key_hash values, open addressing, 0 free;
+	struct pg_seen *seen;    /* the keys this session has named (name_send):
+				  * open addressing on key_hash, 0 free;
 				  * emptied at each connect */
 	size_t nseen, capseen;   /* capseen: 0 or a power of 2 */
 	int owner_sent;          /* this session's owner record is sent */
@@ -482,46 +488,55 @@ static uint64_t key_hash(const char *k, size_t n)
 	return h ? h : 1;
 }
 
-/* Puts h in the free slot its probe finds in v (cap slots, a power of 2). */
-static void seen_put(uint64_t *v, size_t cap, uint64_t h)
+/* Puts e in the free slot its probe finds in v (cap slots, a power of 2). */
+static void seen_put(struct pg_seen *v, size_t cap, struct pg_seen e)
 {
-	size_t i = h & (cap - 1);
+	size_t i = e.h & (cap - 1);
 
-	while (v[i])
+	while (v[i].h)
 		i = (i + 1) & (cap - 1);
-	v[i] = h;
+	v[i] = e;
 }
 
-/* Returns 1 when h is in c's seen set (no allocation: the hot path);
- * else adds it (the set doubled when half full) and returns 0, or 1 when
- * out of memory (the key stays unnamed). */
+/* Returns 1 when h is in c's seen set, named less than PG_NAME_AGAIN_MS
+ * ago (no allocation: the hot path); else records it as named now (the
+ * set doubled when half full) and returns 0, or 1 when out of memory (the
+ * key stays unnamed). */
 static int seen_add(struct backend_conn *c, uint64_t h)
 {
-	for (size_t i = c->capseen ? h & (c->capseen - 1) : 0; c->capseen && c->seen[i];
-	     i = (i + 1) & (c->capseen - 1))
-		if (c->seen[i] == h)
+	long long now = now_ms();
+
+	for (size_t i = c->capseen ? h & (c->capseen - 1) : 0; c->capseen && c->seen[i].h;
+	     i = (i + 1) & (c->capseen - 1)) {
+		if (c->seen[i].h != h)
+			continue;
+		if (now - c->seen[i].at_ms < PG_NAME_AGAIN_MS)
 			return 1;
+		c->seen[i].at_ms = now;
+		return 0;
+	}
 	if (2 * (c->nseen + 1) > c->capseen) {
 		size_t cap = c->capseen ? 2 * c->capseen : 64;
-		uint64_t *v = calloc(cap, sizeof(*v));
+		struct pg_seen *v = calloc(cap, sizeof(*v));
 
 		if (!v)
 			return 1;
 		for (size_t i = 0; i < c->capseen; i++)
-			if (c->seen[i])
+			if (c->seen[i].h)
 				seen_put(v, cap, c->seen[i]);
 		free(c->seen);
 		c->seen = v;
 		c->capseen = cap;
 	}
-	seen_put(c->seen, c->capseen, h);
+	seen_put(c->seen, c->capseen, (struct pg_seen){ h, now });
 	c->nseen++;
 	return 0;
 }
 
 /*
- * Names it's key for status, once per session (c->seen): the row of its
- * id and text (sql_name_key) and, with the session's first, the
+ * Names it's key for status, once per session and PG_NAME_AGAIN_MS
+ * (c->seen): the row of its id and text (sql_name_key, which also
+ * deletes stale rows) and, with the session's first, the
  * session's owner record (it's value: sql_name_session); async, ahead of
  * the statement that follows (no round trip of their own: their replies
  * are read before its). Nothing when the tables cannot be used. Holds
@@ -724,7 +739,8 @@ static void names_warn(const char *why)
 		return;
 	snprintf(msg, sizeof(msg), "postgres: lockshim status cannot list this program's locks: "
 		 "the tables lockshim_keys and lockshim_sessions cannot be used (%s); create them, "
-		 "or grant INSERT on lockshim_keys and SELECT, INSERT, UPDATE on lockshim_sessions",
+		 "or grant SELECT, INSERT, UPDATE, DELETE on lockshim_keys and SELECT, INSERT, "
+		 "UPDATE on lockshim_sessions",
 		 why);
 	host->warn(msg);
 }
@@ -763,7 +779,7 @@ static int objects_setup(struct backend_conn *c)
 	if (setup_state(c, state) != BACKEND_OK)
 		return BACKEND_ERR;
 	for (int i = 0; i < PG_NOBJS; i++) {
-		for (int j = 0; j < 2 && state[i] == 0 && sql_setup_create[i][j]; j++) {
+		for (int j = 0; j < PG_CREATES_MAX && state[i] == 0 && sql_setup_create[i][j]; j++) {
 			absent = 1;
 			if (!(r = run(c, sql_setup_create[i][j], 0, NULL, t, "connect (CREATE)")))
 				return BACKEND_ERR;

@@ -143,15 +143,16 @@ static const char sql_why_p[] = PG_WHY_P;
  * (TCP keepalive: a holder's host that died or was cut off is noticed in
  * about 10 + 4 x 5 s, not the system's 2 h, and its locks freed; no idle
  * timeout while it holds nothing). */
+#define PG_PRIV(t, p) "has_table_privilege('lockshim_" t "', '" p "')"
 static const char sql_setup_state[] =
 	"SELECT CASE WHEN to_regclass('lockshim_fence') IS NULL THEN 0 "
 	"WHEN has_sequence_privilege('lockshim_fence', 'USAGE') THEN 1 ELSE 2 END, "
 	"CASE WHEN to_regclass('lockshim_metrics') IS NULL THEN 0 ELSE 1 END, "
 	"CASE WHEN to_regclass('lockshim_keys') IS NULL OR to_regclass('lockshim_sessions') IS NULL "
-	"THEN 0 WHEN has_table_privilege('lockshim_keys', 'INSERT') AND "
-	"has_table_privilege('lockshim_sessions', 'INSERT') AND "
-	"has_table_privilege('lockshim_sessions', 'UPDATE') AND "
-	"has_table_privilege('lockshim_sessions', 'SELECT') THEN 1 ELSE 2 END, "
+	"OR to_regclass('lockshim_keys_seen') IS NULL THEN 0 WHEN "
+	PG_PRIV("keys", "SELECT") " AND " PG_PRIV("keys", "INSERT") " AND " PG_PRIV("keys", "UPDATE")
+	" AND " PG_PRIV("keys", "DELETE") " AND " PG_PRIV("sessions", "SELECT") " AND "
+	PG_PRIV("sessions", "INSERT") " AND " PG_PRIV("sessions", "UPDATE") " THEN 1 ELSE 2 END, "
 	"set_config('tcp_keepalives_idle', '10', false), "
 	"set_config('tcp_keepalives_interval', '5', false), "
 	"set_config('tcp_keepalives_count', '4', false), "
@@ -161,12 +162,14 @@ static const char sql_setup_state[] =
  * logged (a restart keeps them); the names are UNLOGGED (no WAL, no
  * flush at commit: a crash empties them, and ends every session, whose
  * successors write them again). */
-static const char *const sql_setup_create[][2] = {
-	{ "CREATE SEQUENCE IF NOT EXISTS lockshim_fence", NULL },
+#define PG_CREATES_MAX 3
+static const char *const sql_setup_create[][PG_CREATES_MAX] = {
+	{ "CREATE SEQUENCE IF NOT EXISTS lockshim_fence", NULL, NULL },
 	{ "CREATE TABLE IF NOT EXISTS lockshim_metrics (key bytea NOT NULL, field bytea NOT NULL, "
-	  "value bigint NOT NULL, PRIMARY KEY (key, field))", NULL },
+	  "value bigint NOT NULL, PRIMARY KEY (key, field))", NULL, NULL },
 	{ "CREATE UNLOGGED TABLE IF NOT EXISTS lockshim_keys (id bigint PRIMARY KEY, "
-	  "key text NOT NULL)",
+	  "key text NOT NULL, seen timestamptz NOT NULL)",
+	  "CREATE INDEX IF NOT EXISTS lockshim_keys_seen ON lockshim_keys (seen)",
 	  "CREATE UNLOGGED TABLE IF NOT EXISTS lockshim_sessions (pid int PRIMARY KEY, "
 	  "started timestamptz NOT NULL, owner text NOT NULL)" },
 };
@@ -187,14 +190,25 @@ static const char sql_count_read[] =
 	"SELECT encode(key, 'hex'), encode(field, 'hex'), value FROM lockshim_metrics "
 	"WHERE substr(key, 1, length(decode($1, 'hex'))) = decode($1, 'hex') ORDER BY key, field";
 
-/* Names, for status (advisory lock ids are hashes): a key's id and text,
- * sent (async, ahead of its try) the first time a session locks or waits
- * for the key; the session's owner record (its first lock's value: every
- * field but the token and since_ms is the session's thread's), sent with
- * its first name. $1 the key text (key_text), or the owner record. */
+/* Names, for status (advisory lock ids are hashes): a key's id, text and
+ * when it was last named, sent (async, ahead of its try) the first time a
+ * session locks or waits for the key, and again after PG_NAME_AGAIN_MS of
+ * use; with it, the rows not named for PG_NAME_KEEP (twice that) are
+ * deleted, unless their key is locked or waited for now (a session names
+ * a key again before its row can go, and a lock it holds keeps its row;
+ * every prune and upsert takes the rows in seen order: no deadlock; the
+ * row being named is not pruned by its own statement); and the session's
+ * owner record (its first lock's value: every field but the token and
+ * since_ms is the session's thread's), sent with its first name. $1 the
+ * key text (key_text), or the owner record. */
+#define PG_NAME_AGAIN_MS 3600000
+#define PG_NAME_KEEP "interval '2 hours'"
 static const char sql_name_key[] =
-	"INSERT INTO lockshim_keys (id, key) VALUES (hashtextextended($1, 0), $1) "
-	"ON CONFLICT (id) DO NOTHING";
+	"WITH d AS (DELETE FROM lockshim_keys WHERE seen < now() - " PG_NAME_KEEP " AND "
+	"id <> hashtextextended($1, 0) AND id NOT IN (SELECT (classid::bigint << 32) | "
+	"objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1)) "
+	"INSERT INTO lockshim_keys (id, key, seen) VALUES (hashtextextended($1, 0), $1, now()) "
+	"ON CONFLICT (id) DO UPDATE SET seen = excluded.seen";
 static const char sql_name_session[] =
 	"INSERT INTO lockshim_sessions (pid, started, owner) SELECT pg_backend_pid(), "
 	"backend_start, $1 FROM pg_stat_get_activity(pg_backend_pid()) ON CONFLICT (pid) "
@@ -203,7 +217,8 @@ static const char sql_name_session[] =
  * status: every advisory lock of this database whose id (objsubid 1) is a
  * named key's id0, granted (a holder) or not (a waiter, exclusive or
  * shared), with: its mode; its session's owner record (NULL: none written,
- * or the pid's row is an earlier session's); since, in ms: a waiter's
+ * or the pid's row is an earlier session's; another role's session, whose
+ * backend_start and query_start this role may not see, gets its pid's row); since, in ms: a waiter's
  * waitstart, a holder's session's last statement's start (the renewal's
  * ping is a bare Sync, no statement), NULL after a SELECT 1 ping; the session's largest limit mark (h, N) of the
  * key (a permit holder; 0 or NULL: none). Then the waiters on a permit id
@@ -213,7 +228,7 @@ static const char sql_name_session[] =
  */
 #define PG_H_SESSION(L) \
 	"LEFT JOIN pg_stat_activity a ON a.pid = " L ".pid LEFT JOIN lockshim_sessions s ON " \
-	"s.pid = " L ".pid AND s.started = a.backend_start "
+	"s.pid = " L ".pid AND (s.started = a.backend_start OR a.backend_start IS NULL) "
 static const char sql_holders[] =
 	"WITH l AS MATERIALIZED (SELECT pid, granted, mode, objsubid, classid, objid, waitstart, "
 	"(classid::bigint << 32) | objid::bigint AS id FROM pg_locks WHERE locktype = 'advisory' "

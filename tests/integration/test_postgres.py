@@ -1111,3 +1111,49 @@ def test_status_held_time_survives_the_renewal_pings(bg, worker_progs, pg, tmp_p
     assert got[0]["held_ms"] is not None and got[0]["held_ms"] >= 1800, got
     holder.send()
     holder.expect("call rc=42")
+
+
+def test_stale_names_are_pruned_unless_locked(bg, worker_progs, own_pg, tmp_path):
+    """A name not written for 2 h (a session names a key again after 1 h of
+    use) is deleted by the next name written, unless its key is locked now:
+    of two rows made 3 h old, the one of a key nobody holds goes, the one of
+    a held key stays (and status still lists its holder); the new name is
+    there."""
+    cfg = pg_config(tmp_path, own_pg, 'locks = ( { symbol = "block_call"; key = "kept"; '
+                    'wait_ms = 60000; } );\n')
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    own_pg.psql("INSERT INTO lockshim_keys VALUES (hashtextextended('lockshim:gone', 0), "
+                "'lockshim:gone', now() - interval '3 hours'); UPDATE lockshim_keys SET "
+                "seen = now() - interval '3 hours'")
+    assert own_pg.psql("SELECT key FROM lockshim_keys ORDER BY 1").split() == [
+        "lockshim:gone", "lockshim:kept"]
+    r = run([CLI, "lock", "-c", cfg, "fresh", "--", "true"])
+    assert r.returncode == 0, r.stderr
+    assert own_pg.psql("SELECT key FROM lockshim_keys ORDER BY 1").split() == [
+        "lockshim:fresh", "lockshim:kept"]
+    assert [o["pid"] for o in status_objects(cfg)] == [holder.p.pid]
+    holder.send()
+    holder.expect("call rc=42")
+
+
+def test_status_of_a_role_that_cannot_see_other_sessions(bg, worker_progs, own_pg, tmp_path):
+    """A role without pg_read_all_stats (SELECT on the names tables only)
+    runs status: the holder of another role (postgres) is listed, its held
+    time unknown (pg_stat_activity hides its times from that role);
+    control: the holder's own role sees the held time."""
+    cfg = pg_config(tmp_path, own_pg, 'locks = ( { symbol = "block_call"; key = "v"; } );\n')
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    own_pg.psql("CREATE ROLE viewer LOGIN; GRANT SELECT ON lockshim_keys, lockshim_sessions "
+                "TO viewer")
+    (tmp_path / "viewer").mkdir()
+    cfg_viewer = write_config(tmp_path / "viewer", None, 'backend = "postgres";\npostgres = { '
+                              'conninfo = "host=127.0.0.1 port=%d user=viewer dbname=postgres"; '
+                              '};\n' % own_pg.port)
+    got = status_objects(cfg_viewer)
+    assert [(o["key"], o["pid"], o["held_ms"]) for o in got] == [("v", holder.p.pid, None)], got
+    got = status_objects(cfg)
+    assert got[0]["held_ms"] is not None, got
+    holder.send()
+    holder.expect("call rc=42")
