@@ -1157,3 +1157,27 @@ def test_status_of_a_role_that_cannot_see_other_sessions(bg, worker_progs, own_p
     assert got[0]["held_ms"] is not None, got
     holder.send()
     holder.expect("call rc=42")
+
+
+def test_counts_of_processes_exiting_together_add_up(procs, progs, own_pg, tmp_path):
+    """Eight processes of one host, five calls each, let go at once: their
+    shipments at exit (one upsert each into the same rows, all at the same
+    moment) add up to 40 exactly, and none fails (no deadlock: rows are
+    taken in field order). It can fail: with the update reading the value
+    in the statement's snapshot (SET value = (SELECT ...) + excluded.value)
+    5 runs of 5 counted 15 or 35 (checked out of the tree)."""
+    cfg = pg_config(tmp_path, own_pg, METRICS_LOCK)
+    ps = [procs([progs["driver"]] + ["call:0"] * 5 + ["stdin"], cfg, LOCKSHIM_TEST_HOST="h")
+          for _ in range(8)]
+    for p in ps:
+        for _ in range(5):
+            assert p.expect("call").startswith("call rc=42")
+    for p in ps:
+        p.send()
+    for p in ps:
+        rc, _, err = p.finish()
+        assert rc == 0 and "counts not sent" not in err, err
+    m = scrape(cfg)
+    assert val(m, "lockshim_calls_total", "hold_call", "h") == 40, m
+    assert sum(val(m, "lockshim_acquired_total", "hold_call", "h", how=how)
+               for how in ("fast", "waited")) == 40, m
