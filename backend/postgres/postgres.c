@@ -1,22 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * postgres.c - the postgres backend, a module (liblockshim-postgres.so,
- * backend_module.h) on libpq5: session advisory locks on hashtextextended(key,
- * 0), one session per thread, freed by the server when it ends; shared:
- * the _shared functions; limit N: permits hashtextextended(key, 1..N)
- * (postgres_sql.h: the statements, and their checks against holders of
- * another limit). A try takes the lock and nextval('lockshim_fence') in one
- * statement; a wait blocks in the server under lock_timeout (a permit's, on
- * one permit at a time); a release is async, in pipeline mode. The lease
- * is the session's idle_session_timeout, set by those statements; pg_renew
- * pings each holder's session (the holds registry, conns). Commands are
- * bounded by poll; one late closes the session (reopened by the next try).
- * Counts (metrics): rows (key, field, value) of the table lockshim_metrics,
- * one upsert per shipment; the set-up at connect makes the sequence and
- * the tables when absent (postgres_sql.h). Status: pg_locks joined with
- * lockshim_keys (a key's id and text, written once per session and key,
- * async ahead of its try) and lockshim_sessions (each session's owner
- * record, with its first name).
+ * postgres.c - the postgres backend, a module (liblockshim-postgres.so) on
+ * libpq5: session advisory locks on hashtextextended(key, 0), one session
+ * per thread, freed by the server when it ends; shared: the _shared
+ * functions; limit N: permits hashtextextended(key, 1..N). Every statement
+ * is in postgres_sql.h. A try takes the lock and nextval('lockshim_fence')
+ * in one statement; a wait blocks in the server under lock_timeout; a
+ * release is async, in pipeline mode. The lease is the session's
+ * idle_session_timeout; pg_renew pings each holder's session (a bare Sync).
+ * Counts: one upsert per shipment into lockshim_metrics. Status: pg_locks
+ * joined with lockshim_keys and lockshim_sessions, names a session writes
+ * async ahead of its first try of a key (name_send). Commands are bounded
+ * by poll; one late closes the session (reopened by the next try).
  * Parameters are bound, never spliced. A fork child's sockets become
  * /dev/null. One export (postgres.map); of the core, only bind's warn.
  */

@@ -14,8 +14,8 @@
  * (the other kind is there, or was trying at that instant) or -3 (no
  * permit free); then the why statement, which reads pg_locks, tells the
  * holders' limit (postgres.c asks it after -2, and after the first -3 of
- * a call).
- * Included by postgres.c only.
+ * a call). Then the tables' (the set-up at connect, the counts, the
+ * names and status' read of them). Included by postgres.c only.
  */
 #ifndef LOCKSHIM_POSTGRES_SQL_H
 #define LOCKSHIM_POSTGRES_SQL_H
