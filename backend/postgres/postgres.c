@@ -1,16 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * postgres.c - the postgres backend, a module (liblockshim-postgres.so,
- * backend_module.h) on libpq5: session advisory locks on hashtextextended(key,
- * 0), one session per thread, freed by the server when it ends; shared:
- * the _shared functions; limit N: permits hashtextextended(key, 1..N)
- * (postgres_sql.h: the statements, and their checks against holders of
- * another limit). A try takes the lock and nextval('lockshim_fence') in one
- * statement; a wait blocks in the server under lock_timeout (a permit's, on
- * one permit at a time); a release is async, in pipeline mode. The lease
- * is the session's idle_session_timeout, set by those statements; pg_renew
- * pings each holder's session (the holds registry, conns). Commands are
- * bounded by poll; one late closes the session (reopened by the next try).
+ * postgres.c - the postgres backend, a module (liblockshim-postgres.so) on
+ * libpq5: session advisory locks on hashtextextended(key, 0), one session
+ * per thread, freed by the server when it ends; shared: the _shared
+ * functions; limit N: permits hashtextextended(key, 1..N). Every statement
+ * is in postgres_sql.h. A try takes the lock and nextval('lockshim_fence')
+ * in one statement; a wait blocks in the server under lock_timeout; a
+ * release is async, in pipeline mode. The lease is the session's
+ * idle_session_timeout; pg_renew pings each holder's session (a bare Sync).
+ * Counts: one upsert per shipment into lockshim_metrics. Status: pg_locks
+ * joined with lockshim_keys and lockshim_sessions, names a session writes
+ * async ahead of its first try of a key (name_send). Commands are bounded
+ * by poll; one late closes the session (reopened by the next try).
  * Parameters are bound, never spliced. A fork child's sockets become
  * /dev/null. One export (postgres.map); of the core, only bind's warn.
  */
@@ -42,26 +43,21 @@
 #define PG_PERMIT_WAIT_MS 200  /* a permit's waiter blocks on one permit this
 				* long at most, then tries them all again */
 
-/* The renewal's ping of a holder's session: it is not idle for long. */
+/* lockshim check's ping, and the renewal's outside pipeline mode
+ * (keepalive_locked). */
 static const char sql_ping[] = "SELECT 1";
-/* At connect, one round trip: the server's TCP keepalive on this session
- * (a holder's host that died or was cut off is noticed in about
- * 10 + 4 x 5 s, not the system's 2 h, and its locks freed), and the
- * state of the fence sequence. */
-static const char sql_fence_state[] =
-	"SELECT CASE WHEN to_regclass('lockshim_fence') IS NULL THEN 0 "
-	"WHEN has_sequence_privilege('lockshim_fence', 'USAGE') THEN 1 ELSE 2 END, "
-	"set_config('tcp_keepalives_idle', '10', false), "
-	"set_config('tcp_keepalives_interval', '5', false), "
-	"set_config('tcp_keepalives_count', '4', false), "
-	"set_config('idle_session_timeout', '0', false)";
-static const char sql_fence_create[] = "CREATE SEQUENCE IF NOT EXISTS lockshim_fence";
 
 struct backend_config {
 	const struct postgres_spec *spec;
 	char *password;   /* LOCKSHIM_POSTGRES_PASSWORD, else the spec's (not owned) */
 	int env_password; /* password is a copy of the variable's (owned) */
 	char app[64];     /* application_name: "lockshim:<program>" */
+};
+
+/* A key a session has named (name_send): its hash and when (now_ms). */
+struct pg_seen {
+	uint64_t h;
+	long long at_ms;
 };
 
 /* A lock this session holds: its token and lease. */
@@ -83,6 +79,7 @@ struct backend_conn {
 	long long active_ms;     /* when the server last answered (now_ms): the
 				  * session was not idle then (pg_renew) */
 	int fenced;              /* the sequence is usable */
+	int named;               /* the names tables are usable (status) */
 	int prepared;            /* the statements are prepared (stmt_name) */
 	int try_next;            /* a shared wait was refused (permit holders, or
 				  * a race): the next acquire tries again */
@@ -96,6 +93,11 @@ struct backend_conn {
 		size_t klen;     /* ... and their keys, for the line if one was lost */
 		char key[KEY_BUF_SIZE];
 	} pkeys[PG_PENDING_MAX];
+	struct pg_seen *seen;    /* the keys this session has named (name_send):
+				  * open addressing on key_hash, 0 free;
+				  * emptied at each connect */
+	size_t nseen, capseen;   /* capseen: 0 or a power of 2 */
+	int owner_sent;          /* this session's owner record is sent */
 	struct pg_hold *holds;   /* grows by doubling, never shrinks; changed
 				  * under conns.mu too (pg_renew reads it) */
 	size_t nholds, capholds;
@@ -104,7 +106,7 @@ struct backend_conn {
 };
 
 static const struct backend_module_host *host;
-static atomic_int fence_warned;
+static atomic_int fence_warned, names_warned;
 
 /* Every open connection of the process, for the fork child (pg_atfork_child),
  * and the registry of which session holds which lock (each one's holds:
@@ -256,8 +258,8 @@ static int sock_wait(struct backend_conn *c, short events, long long deadline)
 
 /*
  * Reads the result of the oldest query sent on c whose result is unread
- * (piped: up to its sync point), within deadline. Returns its last result
- * (the caller PQclears it), or NULL with the session dropped and c->err
+ * (piped: up to its sync point; a bare sync's result is its own), within
+ * deadline. Returns its last result (the caller PQclears it), or NULL with the session dropped and c->err
  * set (timeout, connection lost).
  */
 static PGresult *result_read(struct backend_conn *c, long long deadline, const char *what)
@@ -285,6 +287,10 @@ static PGresult *result_read(struct backend_conn *c, long long deadline, const c
 		if (!r) /* piped: the end of the query's results; its sync follows */
 			continue;
 		if (PQresultStatus(r) == PGRES_PIPELINE_SYNC) {
+			if (!last) { /* a bare sync (keepalive_locked): its own result */
+				last = r;
+				break;
+			}
 			PQclear(r);
 			break;
 		}
@@ -390,6 +396,25 @@ static PGresult *run(struct backend_conn *c, const char *sql, int n, const char 
 	return result_read(c, now_ms() + timeout_ms, what);
 }
 
+/* Sends sql with params on c without reading its reply (read with the
+ * next command, or by drain: a release's that found its lock gone is one
+ * warn line naming it's key). Returns BACKEND_OK, or BACKEND_ERR with the
+ * session dropped. */
+static int send_async(struct backend_conn *c, const char *sql, int n, const char *const *v,
+		      const struct backend_item *it, const char *what)
+{
+	int k;
+
+	if (c->pending == PG_PENDING_MAX && drain(c) != BACKEND_OK)
+		return BACKEND_ERR;
+	if (send_query(c, sql, n, v, what) != BACKEND_OK)
+		return BACKEND_ERR;
+	k = (c->phead + c->pending++) % PG_PENDING_MAX;
+	c->pkeys[k].klen = it->klen < KEY_BUF_SIZE ? it->klen : KEY_BUF_SIZE;
+	memcpy(c->pkeys[k].key, it->key, c->pkeys[k].klen);
+	return BACKEND_OK;
+}
+
 /* Returns 1 when r is a row result, else sets c->err from it (0). */
 static int rows_ok(struct backend_conn *c, PGresult *r, const char *what)
 {
@@ -441,6 +466,93 @@ static const char *key_text(struct backend_conn *c, const struct backend_item *i
 		c->keytext[o] = 0;
 	}
 	return c->keytext;
+}
+
+/* ---- names, for status --------------------------------------------------- */
+
+/* Returns the FNV-1a hash of the n bytes of k: its entry in a seen set
+ * (never 0, which marks a free slot). */
+static uint64_t key_hash(const char *k, size_t n)
+{
+	uint64_t h = 1469598103934665603ULL;
+
+	for (size_t i = 0; i < n; i++) {
+		h ^= (unsigned char)k[i];
+		h *= 1099511628211ULL;
+	}
+	return h ? h : 1;
+}
+
+/* Puts e in the free slot its probe finds in v (cap slots, a power of 2). */
+static void seen_put(struct pg_seen *v, size_t cap, struct pg_seen e)
+{
+	size_t i = e.h & (cap - 1);
+
+	while (v[i].h)
+		i = (i + 1) & (cap - 1);
+	v[i] = e;
+}
+
+/* Returns 1 when h is in c's seen set, named less than PG_NAME_AGAIN_MS
+ * ago (no allocation: the hot path); else records it as named now (the
+ * set doubled when half full) and returns 0, or 1 when out of memory (the
+ * key stays unnamed). */
+static int seen_add(struct backend_conn *c, uint64_t h)
+{
+	long long now = now_ms();
+
+	for (size_t i = c->capseen ? h & (c->capseen - 1) : 0; c->capseen && c->seen[i].h;
+	     i = (i + 1) & (c->capseen - 1)) {
+		if (c->seen[i].h != h)
+			continue;
+		if (now - c->seen[i].at_ms < PG_NAME_AGAIN_MS)
+			return 1;
+		c->seen[i].at_ms = now;
+		return 0;
+	}
+	if (2 * (c->nseen + 1) > c->capseen) {
+		size_t cap = c->capseen ? 2 * c->capseen : 64;
+		struct pg_seen *v = calloc(cap, sizeof(*v));
+
+		if (!v)
+			return 1;
+		for (size_t i = 0; i < c->capseen; i++)
+			if (c->seen[i].h)
+				seen_put(v, cap, c->seen[i]);
+		free(c->seen);
+		c->seen = v;
+		c->capseen = cap;
+	}
+	seen_put(c->seen, c->capseen, (struct pg_seen){ h, now });
+	c->nseen++;
+	return 0;
+}
+
+/*
+ * Names it's key for status, once per session and PG_NAME_AGAIN_MS
+ * (c->seen): the row of its id and text (sql_name_key, which also
+ * deletes stale rows) and, with the session's first, the
+ * session's owner record (it's value: sql_name_session); async, ahead of
+ * the statement that follows (no round trip of their own: their replies
+ * are read before its). Nothing when the tables cannot be used. Holds
+ * c->mu. Returns BACKEND_OK, or BACKEND_ERR (the session dropped).
+ */
+static int name_send(struct backend_conn *c, const struct backend_item *it)
+{
+	char owner[BACKEND_VAL_MAX + 1];
+	const char *v[1] = { owner };
+
+	if (!c->named || seen_add(c, key_hash(it->key, it->klen)))
+		return BACKEND_OK;
+	if (!c->owner_sent && it->vlen <= BACKEND_VAL_MAX && !memchr(it->val, 0, it->vlen)) {
+		memcpy(owner, it->val, it->vlen);
+		owner[it->vlen] = 0;
+		if (send_async(c, sql_name_session, 1, v, it, "acquire") != BACKEND_OK)
+			return BACKEND_ERR;
+		c->owner_sent = 1;
+	}
+	v[0] = key_text(c, it);
+	return send_async(c, sql_name_key, 1, v, it, "acquire");
 }
 
 /* ---- the holds of a session --------------------------------------------- */
@@ -604,7 +716,7 @@ static void pg_config_free(struct backend_config *bc)
 /* Warns once per process that fencing tokens are 0. */
 static void fence_warn(const char *why)
 {
-	char msg[400];
+	char msg[600];
 
 	if (atomic_exchange(&fence_warned, 1) || !host || !host->warn)
 		return;
@@ -613,35 +725,76 @@ static void fence_warn(const char *why)
 	host->warn(msg);
 }
 
-/* Makes the sequence lockshim_fence usable if it can: sets c->fenced.
- * Returns BACKEND_OK, or BACKEND_ERR (the session dropped). */
-static int fence_setup(struct backend_conn *c)
+/* Warns once per process that status cannot name this process's locks. */
+static void names_warn(const char *why)
+{
+	char msg[600];
+
+	if (atomic_exchange(&names_warned, 1) || !host || !host->warn)
+		return;
+	snprintf(msg, sizeof(msg), "postgres: lockshim status cannot list this program's locks: "
+		 "the tables lockshim_keys and lockshim_sessions cannot be used (%s); create them, "
+		 "or grant SELECT, INSERT, UPDATE, DELETE on lockshim_keys and SELECT, INSERT, "
+		 "UPDATE on lockshim_sessions",
+		 why);
+	host->warn(msg);
+}
+
+/* Reads the state of each object (sql_setup_state) into state[]. Returns
+ * BACKEND_OK, or BACKEND_ERR (the session dropped). */
+static int setup_state(struct backend_conn *c, int *state)
+{
+	PGresult *r = run(c, sql_setup_state, 0, NULL, c->bc->spec->command_timeout_ms,
+			  "connect (the lockshim tables)");
+	int ok;
+
+	if (!r)
+		return BACKEND_ERR;
+	ok = rows_ok(c, r, "connect");
+	for (int i = 0; i < PG_NOBJS; i++)
+		state[i] = ok ? atoi(PQgetvalue(r, 0, i)) : 2;
+	PQclear(r);
+	return BACKEND_OK;
+}
+
+/*
+ * Makes the sequence lockshim_fence and the tables usable if it can (each
+ * absent one created, then the states read again: a concurrent creator
+ * may have won): sets c->fenced and c->named; warns once when either
+ * cannot be. The counts table's errors are .count's. Returns BACKEND_OK,
+ * or BACKEND_ERR (the session dropped).
+ */
+static int objects_setup(struct backend_conn *c)
 {
 	long long t = c->bc->spec->command_timeout_ms;
+	char why[PG_NOBJS][sizeof(c->err)] = { { 0 } };
+	int state[PG_NOBJS], absent = 0;
 	PGresult *r;
-	int state;
 
-	for (int tries = 0; tries < 2; tries++) {
-		if (!(r = run(c, sql_fence_state, 0, NULL, t, "connect (the fence sequence)")))
-			return BACKEND_ERR;
-		state = rows_ok(c, r, "fence") ? atoi(PQgetvalue(r, 0, 0)) : 2;
-		PQclear(r);
-		if (state == 1) {
-			c->fenced = 1;
-			return BACKEND_OK;
+	if (setup_state(c, state) != BACKEND_OK)
+		return BACKEND_ERR;
+	for (int i = 0; i < PG_NOBJS; i++) {
+		for (int j = 0; j < PG_CREATES_MAX && state[i] == 0 && sql_setup_create[i][j]; j++) {
+			absent = 1;
+			if (!(r = run(c, sql_setup_create[i][j], 0, NULL, t, "connect (CREATE)")))
+				return BACKEND_ERR;
+			if (PQresultStatus(r) != PGRES_COMMAND_OK && !why[i][0]) {
+				snprintf(why[i], sizeof(why[i]), "%s", PQresultErrorMessage(r));
+				why[i][strcspn(why[i], "\n")] = 0;
+			}
+			PQclear(r);
 		}
-		if (state == 2)
-			break;
-		if (!(r = run(c, sql_fence_create, 0, NULL, t, "connect (CREATE SEQUENCE)")))
-			return BACKEND_ERR;
-		if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-			snprintf(c->err, sizeof(c->err), "%s", PQresultErrorMessage(r));
-			c->err[strcspn(c->err, "\n")] = 0;
-		}
-		PQclear(r);
 	}
-	fence_warn(state == 2 && !c->err[0] ? "no USAGE privilege on it" : c->err);
-	c->err[0] = 0;
+	if (absent && setup_state(c, state) != BACKEND_OK)
+		return BACKEND_ERR;
+	c->fenced = state[PG_OBJ_FENCE] == 1;
+	c->named = state[PG_OBJ_NAMES] == 1;
+	if (!c->fenced)
+		fence_warn(state[PG_OBJ_FENCE] == 2 && !why[PG_OBJ_FENCE][0] ?
+			   "no USAGE privilege on it" : why[PG_OBJ_FENCE]);
+	if (!c->named)
+		names_warn(state[PG_OBJ_NAMES] == 2 && !why[PG_OBJ_NAMES][0] ?
+			   "no privilege on them" : why[PG_OBJ_NAMES]);
 	return BACKEND_OK;
 }
 
@@ -701,7 +854,10 @@ static int session_connect(struct backend_conn *c, char *err, size_t errlen)
 	PostgresPollingStatusType st = PGRES_POLLING_WRITING;
 	int k = 2;
 
-	c->fenced = c->prepared = c->piped = c->pending = c->phead = 0;
+	c->fenced = c->prepared = c->piped = c->pending = c->phead = c->owner_sent = 0;
+	c->nseen = 0;
+	if (c->seen)
+		memset(c->seen, 0, c->capseen * sizeof(*c->seen));
 	c->err[0] = 0;
 	if (bc->password) {
 		keys[k] = "password";
@@ -732,7 +888,7 @@ static int session_connect(struct backend_conn *c, char *err, size_t errlen)
 		goto out;
 	}
 	PQsetNoticeProcessor(c->pg, notice_none, NULL);
-	if (PQsetnonblocking(c->pg, 1) != 0 || fence_setup(c) != BACKEND_OK ||
+	if (PQsetnonblocking(c->pg, 1) != 0 || objects_setup(c) != BACKEND_OK ||
 	    prepare_statements(c) != BACKEND_OK) {
 		snprintf(err, errlen, "%s", c->err[0] ? c->err : "connect: set-up failed");
 		goto out;
@@ -812,6 +968,7 @@ static void pg_close(struct backend_conn *c)
 	pthread_mutex_destroy(&c->mu);
 	session_drop(c);
 	free(c->holds);
+	free(c->seen);
 	free(c);
 }
 
@@ -870,7 +1027,7 @@ static int pg_acquire_locked(struct backend_conn *c, const struct backend_item *
 		return BACKEND_NO;
 	}
 	c->try_next = 0;
-	if (session_up(c) != BACKEND_OK)
+	if (session_up(c) != BACKEND_OK || name_send(c, it) != BACKEND_OK)
 		return BACKEND_ERR;
 	snprintf(lim, sizeof(lim), "%d", it->limit);
 	v[0] = key_text(c, it);
@@ -934,15 +1091,8 @@ static int pg_release_locked(struct backend_conn *c, const struct backend_item *
 	v[2] = slot;
 	v[3] = lim;
 	if (async) {
-		int k;
-
-		if (c->pending == PG_PENDING_MAX && drain(c) != BACKEND_OK)
+		if (send_async(c, stmt_sql(c, PG_S_UNLOCK, it), n, v, it, "release") != BACKEND_OK)
 			return BACKEND_ERR;
-		if (send_query(c, stmt_sql(c, PG_S_UNLOCK, it), n, v, "release") != BACKEND_OK)
-			return BACKEND_ERR;
-		k = (c->phead + c->pending++) % PG_PENDING_MAX;
-		c->pkeys[k].klen = it->klen < KEY_BUF_SIZE ? it->klen : KEY_BUF_SIZE;
-		memcpy(c->pkeys[k].key, it->key, c->pkeys[k].klen);
 		/* the query goes out now (else with the next command) */
 		if (PQflush(c->pg) < 0)
 			return fail(c, "release", PQerrorMessage(c->pg));
@@ -992,7 +1142,7 @@ static int pg_wait_locked(struct backend_conn *c, const struct backend_item *it,
 		return BACKEND_NO;
 	if (timeout_ms > (permit ? PG_PERMIT_WAIT_MS : PG_WAIT_MAX_MS))
 		timeout_ms = permit ? PG_PERMIT_WAIT_MS : PG_WAIT_MAX_MS;
-	if (session_up(c) != BACKEND_OK)
+	if (session_up(c) != BACKEND_OK || name_send(c, it) != BACKEND_OK)
 		return BACKEND_ERR;
 	snprintf(lt, sizeof(lt), "%lld", timeout_ms);
 	snprintf(lim, sizeof(lim), "%d", it->limit);
@@ -1084,6 +1234,33 @@ static int ping_locked(struct backend_conn *c)
 	return ok ? BACKEND_OK : BACKEND_ERR;
 }
 
+/*
+ * The renewal's ping of a holder's session c: in pipeline mode a bare Sync
+ * message, which the server answers with ReadyForQuery (no statement: its
+ * idle_session_timeout starts again, and pg_stat_activity's query_start,
+ * status's held time, stays the lock statement's); else SELECT 1.
+ * Returns BACKEND_OK, or BACKEND_ERR (the session dropped). Holds c->mu.
+ */
+static int keepalive_locked(struct backend_conn *c)
+{
+	PGresult *r;
+	int ok;
+
+	if (!c->pg || !c->piped)
+		return ping_locked(c);
+	if (drain(c) != BACKEND_OK)
+		return BACKEND_ERR;
+	if (!PQpipelineSync(c->pg))
+		return fail(c, "ping", PQerrorMessage(c->pg));
+	if (!(r = result_read(c, now_ms() + c->bc->spec->command_timeout_ms, "ping")))
+		return BACKEND_ERR;
+	ok = PQresultStatus(r) == PGRES_PIPELINE_SYNC;
+	PQclear(r);
+	if (!ok)
+		return fail(c, "ping", "not the answer to a sync");
+	return BACKEND_OK;
+}
+
 static int pg_ping(struct backend_conn *c)
 {
 	int rc;
@@ -1124,7 +1301,7 @@ static struct backend_conn *holder_session(const struct backend_item *it, int *b
  * The lease of a session advisory lock is its session's
  * idle_session_timeout (set by the statements that take and release
  * locks): renewing is keeping the holder's session from being idle, one
- * SELECT 1 on it under its mutex; none when the server answered on that
+ * ping on it under its mutex (keepalive_locked: a bare Sync); none when the server answered on that
  * session less than a sixth of the item's lease ago (another lock's
  * renewal, the owner's own command). Each lock is due every third of its
  * lease (renew.c), so a session holding one lock is pinged three times a
@@ -1149,7 +1326,7 @@ static int pg_renew(struct backend_conn *c, int n, const struct backend_item *it
 		if (now_ms() - h->active_ms < items[i].lease_ms / 6)
 			results[i] = BACKEND_OK;
 		else
-			results[i] = ping_locked(h) == BACKEND_OK ? BACKEND_OK : BACKEND_NO;
+			results[i] = keepalive_locked(h) == BACKEND_OK ? BACKEND_OK : BACKEND_NO;
 		/* the ping found the session gone: its locks are lost (the
 		 * server freed them), and the next command reconnects */
 		if (results[i] == BACKEND_OK && hold_index(h, &items[i]) < 0)
@@ -1159,6 +1336,256 @@ static int pg_renew(struct backend_conn *c, int n, const struct backend_item *it
 	return BACKEND_OK;
 }
 
+/* ---- counts (metrics) -------------------------------------------------- */
+
+/* Writes the n bytes of p as hex at out (2n bytes, no NUL). Returns out + 2n. */
+static char *hex_put(char *out, const char *p, size_t n)
+{
+	static const char hex[] = "0123456789abcdef";
+
+	for (size_t i = 0; i < n; i++) {
+		*out++ = hex[(unsigned char)p[i] >> 4];
+		*out++ = hex[(unsigned char)p[i] & 15];
+	}
+	return out;
+}
+
+/* Decodes the hex text s into out (strlen(s) / 2 bytes). Returns their
+ * number. */
+static size_t hex_get(const char *s, char *out)
+{
+	size_t n = 0;
+
+	for (; s[0] && s[1]; s += 2) {
+		int hi = s[0] <= '9' ? s[0] - '0' : (s[0] | 0x20) - 'a' + 10;
+		int lo = s[1] <= '9' ? s[1] - '0' : (s[1] | 0x20) - 'a' + 10;
+
+		out[n++] = (char)(hi << 4 | lo);
+	}
+	return n;
+}
+
+/*
+ * .count: adds deltas[i] to the row (key, fields[i]) of lockshim_metrics
+ * (made at 0), all n in one statement (sql_count: one transaction, so two
+ * processes' shipments into one key lose nothing). A statement the server
+ * ran whose answer was lost is sent again by the shim: it then counts
+ * twice. Returns BACKEND_OK, or BACKEND_ERR with c->err.
+ */
+static int pg_count(struct backend_conn *c, const char *key, size_t klen, int n,
+		    const char *const *fields, const size_t *flens, const long long *deltas)
+{
+	size_t flen = 3, dlen = 3 + 22 * (size_t)n;
+	char *k, *f, *d, *p;
+	const char *v[3];
+	PGresult *r = NULL;
+	int rc = BACKEND_ERR;
+
+	for (int i = 0; i < n; i++)
+		flen += 2 * flens[i] + 1;
+	k = malloc(2 * klen + 1);
+	f = malloc(flen);
+	d = malloc(dlen);
+	pthread_mutex_lock(&c->mu);
+	if (!k || !f || !d) {
+		snprintf(c->err, sizeof(c->err), "count: out of memory");
+		goto out;
+	}
+	*hex_put(k, key, klen) = 0;
+	p = f;
+	*p++ = '{';
+	for (int i = 0; i < n; i++) {
+		if (i)
+			*p++ = ',';
+		p = hex_put(p, fields[i], flens[i]);
+	}
+	strcpy(p, "}");
+	p = d;
+	*p++ = '{';
+	for (int i = 0; i < n; i++)
+		p += snprintf(p, 22, "%s%lld", i ? "," : "", deltas[i]);
+	strcpy(p, "}");
+	v[0] = k;
+	v[1] = n ? f : "{}";
+	v[2] = n ? d : "{}";
+	if (session_up(c) != BACKEND_OK ||
+	    !(r = run(c, sql_count, 3, v, c->bc->spec->command_timeout_ms, "count")))
+		goto out;
+	if (PQresultStatus(r) == PGRES_COMMAND_OK) {
+		rc = BACKEND_OK;
+	} else {
+		snprintf(c->err, sizeof(c->err), "count: %s", PQresultErrorMessage(r));
+		c->err[strcspn(c->err, "\n")] = 0;
+	}
+out:
+	PQclear(r);
+	pthread_mutex_unlock(&c->mu);
+	free(k);
+	free(f);
+	free(d);
+	return rc;
+}
+
+/* .count_read: every row of lockshim_metrics whose key is a metrics key
+ * of namespace ns ("<ns>:metrics:{<host>}"), to fn. Read-only. Returns
+ * BACKEND_OK, or BACKEND_ERR with c->err. */
+static int pg_count_read(struct backend_conn *c, const char *ns,
+			 void (*fn)(void *arg, const char *key, size_t klen, const char *field,
+				    size_t flen, long long value),
+			 void *arg)
+{
+	char prefix[2 * (KEY_BUF_SIZE + 16) + 1], *buf = NULL;
+	size_t plen = strlen(ns) + sizeof(":metrics:{") - 1, cap = 0;
+	const char *v[1] = { prefix };
+	PGresult *r = NULL;
+	int rc = BACKEND_ERR;
+
+	pthread_mutex_lock(&c->mu);
+	if (plen > KEY_BUF_SIZE) {
+		snprintf(c->err, sizeof(c->err), "metrics: namespace too long");
+		goto out;
+	}
+	*hex_put(hex_put(prefix, ns, strlen(ns)), ":metrics:{", plen - strlen(ns)) = 0;
+	if (session_up(c) != BACKEND_OK ||
+	    !(r = run(c, sql_count_read, 1, v, c->bc->spec->command_timeout_ms, "metrics")))
+		goto out;
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		snprintf(c->err, sizeof(c->err), "metrics: %s", PQresultErrorMessage(r));
+		c->err[strcspn(c->err, "\n")] = 0;
+		goto out;
+	}
+	for (int i = 0; i < PQntuples(r); i++)
+		if ((size_t)PQgetlength(r, i, 0) + PQgetlength(r, i, 1) > cap)
+			cap = (size_t)PQgetlength(r, i, 0) + PQgetlength(r, i, 1);
+	if (!(buf = malloc(cap / 2 + 1))) {
+		snprintf(c->err, sizeof(c->err), "metrics: out of memory");
+		goto out;
+	}
+	for (int i = 0; i < PQntuples(r); i++) {
+		size_t kn = hex_get(PQgetvalue(r, i, 0), buf);
+		size_t fn_len = hex_get(PQgetvalue(r, i, 1), buf + kn);
+
+		if (kn > plen && buf[kn - 1] == '}')
+			fn(arg, buf, kn, buf + kn, fn_len, atoll(PQgetvalue(r, i, 2)));
+	}
+	rc = BACKEND_OK;
+out:
+	PQclear(r);
+	pthread_mutex_unlock(&c->mu);
+	free(buf);
+	return rc;
+}
+
+/* ---- holders, for `lockshim status` -------------------------------------- */
+
+#define PG_OWNER_MAX (BACKEND_VAL_MAX + 24)
+
+/* Writes into out (PG_OWNER_MAX bytes) row i's owner record with its
+ * since_ms (the second field from the end) made the row's since when it
+ * has one. Returns its length: 0 when the row has none. */
+static size_t owner_of(const PGresult *r, int i, char *out)
+{
+	const char *rec = PQgetvalue(r, i, PG_H_OWNER), *prog, *since;
+	size_t n = (size_t)PQgetlength(r, i, PG_H_OWNER);
+
+	if (PQgetisnull(r, i, PG_H_OWNER) || n > BACKEND_VAL_MAX)
+		return 0;
+	prog = memrchr(rec, ':', n);
+	since = prog && prog > rec ? memrchr(rec, ':', (size_t)(prog - rec)) : NULL;
+	if (!since || PQgetisnull(r, i, PG_H_SINCE)) {
+		memcpy(out, rec, n);
+		return n;
+	}
+	return (size_t)snprintf(out, PG_OWNER_MAX, "%.*s:%s%.*s", (int)(since - rec), rec,
+				PQgetvalue(r, i, PG_H_SINCE), (int)(n - (size_t)(prog - rec)), prog);
+}
+
+/* Reports the holders of rows [i, j) of r (one key) to fn: each granted
+ * row, the first with the waiters (the other rows, their records in
+ * vals[i..j), wval, wlen). */
+static void key_report(const PGresult *r, int i, int j, char *vals, const char **wval,
+		       size_t *wlen, void (*fn)(void *arg, const struct backend_holder *h),
+		       void *arg)
+{
+	struct backend_holder h = { .key = PQgetvalue(r, i, PG_H_KEY), .fence = -1,
+				    .lease_left_ms = -1, .wval = wval, .wlen = wlen };
+	int nw = 0, first = 1;
+
+	h.klen = (size_t)PQgetlength(r, i, PG_H_KEY);
+	for (int k = i; k < j; k++)
+		if (PQgetvalue(r, k, PG_H_GRANTED)[0] != 't') {
+			wval[nw] = vals + (size_t)k * PG_OWNER_MAX;
+			wlen[nw++] = owner_of(r, k, vals + (size_t)k * PG_OWNER_MAX);
+		}
+	for (int k = i; k < j; k++) {
+		int lim = atoi(PQgetvalue(r, k, PG_H_LIMIT)), excl;
+
+		if (PQgetvalue(r, k, PG_H_GRANTED)[0] != 't')
+			continue;
+		excl = strcmp(PQgetvalue(r, k, PG_H_MODE), "ExclusiveLock") == 0;
+		h.val = vals + (size_t)k * PG_OWNER_MAX;
+		h.vlen = owner_of(r, k, vals + (size_t)k * PG_OWNER_MAX);
+		h.since_ms = PQgetisnull(r, k, PG_H_SINCE) ? 0 : atoll(PQgetvalue(r, k, PG_H_SINCE));
+		h.limit = lim > 1 ? lim : 1;
+		h.shared = !excl && lim < 2;
+		h.in_set = !excl;
+		h.nwaiters = first ? nw : 0;
+		first = 0;
+		fn(arg, &h);
+	}
+}
+
+/*
+ * .holders: the advisory locks of this database whose ids are named keys
+ * (sql_holders: lockshim_keys joined with pg_locks), each holder in key
+ * order with the key's waiters given with its first (a permit's waiter
+ * while it blocks on a permit); the value is the session's owner record with since
+ * (empty when the session wrote none: status skips it, metrics counts
+ * it); no fence and no lease known (-1). Read-only. Returns BACKEND_OK,
+ * or BACKEND_ERR with c->err.
+ */
+static int pg_holders(struct backend_conn *c,
+		      void (*fn)(void *arg, const struct backend_holder *h), void *arg)
+{
+	PGresult *r = NULL;
+	char *vals = NULL;
+	const char **wval = NULL;
+	size_t *wlen = NULL;
+	int rc = BACKEND_ERR, n;
+
+	pthread_mutex_lock(&c->mu);
+	if (session_up(c) != BACKEND_OK ||
+	    !(r = run(c, sql_holders, 0, NULL, c->bc->spec->command_timeout_ms, "status")))
+		goto out;
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		snprintf(c->err, sizeof(c->err), "status: %s", PQresultErrorMessage(r));
+		c->err[strcspn(c->err, "\n")] = 0;
+		goto out;
+	}
+	n = PQntuples(r);
+	vals = malloc((size_t)n * PG_OWNER_MAX + 1);
+	wval = calloc((size_t)n + 1, sizeof(*wval));
+	wlen = calloc((size_t)n + 1, sizeof(*wlen));
+	if (!vals || !wval || !wlen) {
+		snprintf(c->err, sizeof(c->err), "status: out of memory");
+		goto out;
+	}
+	for (int i = 0, j; i < n; i = j) {
+		for (j = i + 1; j < n && !strcmp(PQgetvalue(r, j, PG_H_KEY),
+						 PQgetvalue(r, i, PG_H_KEY)); j++)
+			;
+		key_report(r, i, j, vals, wval, wlen, fn, arg);
+	}
+	rc = BACKEND_OK;
+out:
+	PQclear(r);
+	pthread_mutex_unlock(&c->mu);
+	free(vals);
+	free(wval);
+	free(wlen);
+	return rc;
+}
+
 static const struct backend_ops pg_ops = {
 	.name = "postgres",
 	/* a waiter's one blocking pg_advisory_lock ends at the release: it is
@@ -1166,10 +1593,6 @@ static const struct backend_ops pg_ops = {
 	 * server's queue); a caller refused once leaves nothing queued */
 	.watched = 1,
 	.store = "PostgreSQL",
-	.status_why = "status is not built yet for backend \"postgres\"; its holders: SELECT "
-		      "l.pid, a.application_name, (l.classid::bigint << 32) | l.objid::bigint AS "
-		      "id FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.locktype = "
-		      "'advisory' AND l.granted",
 	.unlock_why = "unlock: not with backend \"postgres\": an advisory lock is its holder's "
 		      "session's; end that session (pg_terminate_backend(pid), the pid from "
 		      "pg_locks) or stop its holder",
@@ -1187,8 +1610,11 @@ static const struct backend_ops pg_ops = {
 	.flush = pg_flush,
 	.unconfirmed = pg_unconfirmed,
 	.renew = pg_renew,
+	.count = pg_count,
+	.count_read = pg_count_read,
 	.errstr = pg_errstr,
 	.ping = pg_ping,
+	.holders = pg_holders,
 };
 
 __attribute__((visibility("default")))

@@ -14,8 +14,8 @@
  * (the other kind is there, or was trying at that instant) or -3 (no
  * permit free); then the why statement, which reads pg_locks, tells the
  * holders' limit (postgres.c asks it after -2, and after the first -3 of
- * a call).
- * Included by postgres.c only.
+ * a call). Then the tables' (the set-up at connect, the counts, the
+ * names and status' read of them). Included by postgres.c only.
  */
 #ifndef LOCKSHIM_POSTGRES_SQL_H
 #define LOCKSHIM_POSTGRES_SQL_H
@@ -134,6 +134,118 @@ static const char sql_wait_p[] = PG_WAIT_P("0");
 static const char sql_unlock_p[] = PG_UNLOCK_P;
 static const char sql_why_x[] = PG_WHY_X;
 static const char sql_why_p[] = PG_WHY_P;
+
+/* ---- the tables: counts (metrics) and names (status) ------------------ */
+
+/* At connect, one round trip: the state of each object (0 absent, 1
+ * usable, 2 present but not usable: no privilege): the fence sequence,
+ * the counts table, the two names tables; and the session's settings
+ * (TCP keepalive: a holder's host that died or was cut off is noticed in
+ * about 10 + 4 x 5 s, not the system's 2 h, and its locks freed; no idle
+ * timeout while it holds nothing). */
+#define PG_PRIV(t, p) "has_table_privilege('lockshim_" t "', '" p "')"
+static const char sql_setup_state[] =
+	"SELECT CASE WHEN to_regclass('lockshim_fence') IS NULL THEN 0 "
+	"WHEN has_sequence_privilege('lockshim_fence', 'USAGE') THEN 1 ELSE 2 END, "
+	"CASE WHEN to_regclass('lockshim_metrics') IS NULL THEN 0 ELSE 1 END, "
+	"CASE WHEN to_regclass('lockshim_keys') IS NULL OR to_regclass('lockshim_sessions') IS NULL "
+	"OR to_regclass('lockshim_keys_seen') IS NULL THEN 0 WHEN "
+	PG_PRIV("keys", "SELECT") " AND " PG_PRIV("keys", "INSERT") " AND " PG_PRIV("keys", "UPDATE")
+	" AND " PG_PRIV("keys", "DELETE") " AND " PG_PRIV("sessions", "SELECT") " AND "
+	PG_PRIV("sessions", "INSERT") " AND " PG_PRIV("sessions", "UPDATE") " THEN 1 ELSE 2 END, "
+	"set_config('tcp_keepalives_idle', '10', false), "
+	"set_config('tcp_keepalives_interval', '5', false), "
+	"set_config('tcp_keepalives_count', '4', false), "
+	"set_config('idle_session_timeout', '0', false)";
+/* Made when absent (the state is read first: IF NOT EXISTS alone needs
+ * CREATE on the schema even when the object exists). The counts are
+ * logged (a restart keeps them); the names are UNLOGGED (no WAL, no
+ * flush at commit: a crash empties them, and ends every session, whose
+ * successors write them again). */
+#define PG_CREATES_MAX 3
+static const char *const sql_setup_create[][PG_CREATES_MAX] = {
+	{ "CREATE SEQUENCE IF NOT EXISTS lockshim_fence", NULL, NULL },
+	{ "CREATE TABLE IF NOT EXISTS lockshim_metrics (key bytea NOT NULL, field bytea NOT NULL, "
+	  "value bigint NOT NULL, PRIMARY KEY (key, field))", NULL, NULL },
+	{ "CREATE UNLOGGED TABLE IF NOT EXISTS lockshim_keys (id bigint PRIMARY KEY, "
+	  "key text NOT NULL, seen timestamptz NOT NULL)",
+	  "CREATE INDEX IF NOT EXISTS lockshim_keys_seen ON lockshim_keys (seen)",
+	  "CREATE UNLOGGED TABLE IF NOT EXISTS lockshim_sessions (pid int PRIMARY KEY, "
+	  "started timestamptz NOT NULL, owner text NOT NULL)" },
+};
+enum { PG_OBJ_FENCE, PG_OBJ_METRICS, PG_OBJ_NAMES, PG_NOBJS };
+
+/* A shipment of counts, one statement (one transaction: two processes'
+ * shipments into one key serialise on its rows, and none is lost): $1 the
+ * key, $2 the fields (text[] of hex), $3 their deltas (bigint[]); a field
+ * given twice adds up; rows taken in field order (two shipments never
+ * wait for each other crosswise). */
+static const char sql_count[] =
+	"INSERT INTO lockshim_metrics (key, field, value) SELECT decode($1, 'hex'), "
+	"decode(f, 'hex'), sum(d) FROM unnest($2::text[], $3::bigint[]) AS u(f, d) "
+	"GROUP BY f ORDER BY f ON CONFLICT (key, field) DO UPDATE SET value = "
+	"lockshim_metrics.value + excluded.value";
+/* Every count of the keys that begin with $1 (hex: "<ns>:metrics:{"). */
+static const char sql_count_read[] =
+	"SELECT encode(key, 'hex'), encode(field, 'hex'), value FROM lockshim_metrics "
+	"WHERE substr(key, 1, length(decode($1, 'hex'))) = decode($1, 'hex') ORDER BY key, field";
+
+/* Names, for status (advisory lock ids are hashes): a key's id, text and
+ * when it was last named, sent (async, ahead of its try) the first time a
+ * session locks or waits for the key, and again after PG_NAME_AGAIN_MS of
+ * use; with it, the rows not named for PG_NAME_KEEP (twice that) are
+ * deleted, unless their key is locked or waited for now (a session names
+ * a key again before its row can go, and a lock it holds keeps its row;
+ * every prune and upsert takes the rows in seen order: no deadlock; the
+ * row being named is not pruned by its own statement); and the session's
+ * owner record (its first lock's value: every field but the token and
+ * since_ms is the session's thread's), sent with its first name. $1 the
+ * key text (key_text), or the owner record. */
+#define PG_NAME_AGAIN_MS 3600000
+#define PG_NAME_KEEP "interval '2 hours'"
+static const char sql_name_key[] =
+	"WITH d AS (DELETE FROM lockshim_keys WHERE seen < now() - " PG_NAME_KEEP " AND "
+	"id <> hashtextextended($1, 0) AND id NOT IN (SELECT (classid::bigint << 32) | "
+	"objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1)) "
+	"INSERT INTO lockshim_keys (id, key, seen) VALUES (hashtextextended($1, 0), $1, now()) "
+	"ON CONFLICT (id) DO UPDATE SET seen = excluded.seen";
+static const char sql_name_session[] =
+	"INSERT INTO lockshim_sessions (pid, started, owner) SELECT pg_backend_pid(), "
+	"backend_start, $1 FROM pg_stat_get_activity(pg_backend_pid()) ON CONFLICT (pid) "
+	"DO UPDATE SET started = excluded.started, owner = excluded.owner";
+/*
+ * status: every advisory lock of this database whose id (objsubid 1) is a
+ * named key's id0, granted (a holder) or not (a waiter, exclusive or
+ * shared), with: its mode; its session's owner record (NULL: none written,
+ * or the pid's row is an earlier session's; another role's session, whose
+ * backend_start and query_start this role may not see, gets its pid's row); since, in ms: a waiter's
+ * waitstart, a holder's session's last statement's start (the renewal's
+ * ping is a bare Sync, no statement), NULL after a SELECT 1 ping; the session's largest limit mark (h, N) of the
+ * key (a permit holder; 0 or NULL: none). Then the waiters on a permit id
+ * (hashtextextended(key, 1..N)) of a key whose holders have limit N. pg_locks
+ * is read once (it copies the lock table). In key order, holders first,
+ * waiters in wait order.
+ */
+#define PG_H_SESSION(L) \
+	"LEFT JOIN pg_stat_activity a ON a.pid = " L ".pid LEFT JOIN lockshim_sessions s ON " \
+	"s.pid = " L ".pid AND (s.started = a.backend_start OR a.backend_start IS NULL) "
+static const char sql_holders[] =
+	"WITH l AS MATERIALIZED (SELECT pid, granted, mode, objsubid, classid, objid, waitstart, "
+	"(classid::bigint << 32) | objid::bigint AS id FROM pg_locks WHERE locktype = 'advisory' "
+	"AND database = (SELECT oid FROM pg_database WHERE datname = current_database())), "
+	"h AS (SELECT k.key, l.granted, l.mode, s.owner, (extract(epoch FROM CASE WHEN NOT "
+	"l.granted THEN l.waitstart WHEN a.query <> 'SELECT 1' THEN a.query_start END) * "
+	"1000)::bigint AS since, (SELECT max(m.objid::bigint) FROM l m WHERE m.pid = l.pid AND "
+	"m.objsubid = 2 AND m.granted AND m.classid = hashtext(k.key)::oid AND m.objid <> 1) "
+	"AS lim, l.waitstart, l.pid FROM l JOIN lockshim_keys k ON k.id = l.id "
+	PG_H_SESSION("l") "WHERE l.objsubid = 1), "
+	"p AS (SELECT DISTINCT key, lim FROM h WHERE granted AND lim > 1) "
+	"SELECT key, granted, mode, owner, since, lim, waitstart, pid FROM h UNION ALL "
+	"SELECT p.key, false, w.mode, s.owner, (extract(epoch FROM w.waitstart) * 1000)::bigint, "
+	"NULL, w.waitstart, w.pid FROM p CROSS JOIN LATERAL generate_series(1, p.lim::int) i "
+	"JOIN l w ON NOT w.granted AND w.objsubid = 1 AND w.id = hashtextextended(p.key, i) "
+	PG_H_SESSION("w") "ORDER BY 1, 2 DESC, 7, 8";
+enum { PG_H_KEY, PG_H_GRANTED, PG_H_MODE, PG_H_OWNER, PG_H_SINCE, PG_H_LIMIT };
 
 /* The statements a session prepares (prepare_statements: the fenced
  * variants when the sequence is usable, else the others, under the same

@@ -12,11 +12,15 @@ session ended by the server after lease_ms, on_lost when it runs again, no
 double release; control: a long lease keeps it; a live holder kept over 3
 leases by renewal; a terminated session is on_lost), the command without
 its module (one line, 78), every refusal (78), and the command's check and
-lock. What every module backend shares (exclusion and its control, fences
+lock, the counts of `lockshim metrics` (two processes of one host add up,
+a restart between shipments loses nothing) and `lockshim status` (holders
+and waiters named through the names tables, written once per session and
+key). What every module backend shares (exclusion and its control, fences
 increasing, the module or its library missing, what a Redis-guarded
-program maps, locks on send/write/poll, status/unlock/metrics exiting 1)
-is in test_modules.py.
+program maps, locks on send/write/poll, the verbs not built exiting 1,
+metrics' shared scenario) is in test_modules.py.
 """
+import json
 import os
 import re
 import shutil
@@ -29,7 +33,8 @@ import pytest
 from support.postgres import PostgresServer, skip_reason
 from support.process import cpu_ticks
 from support.secure import NOBODY, NOGROUP, Layout
-from support.scenarios import assert_mismatch, limit_bounds_the_holders, refused_setting
+from support.scenarios import (METRICS_LOCK, assert_mismatch, limit_bounds_the_holders,
+                                refused_setting, scrape, val)
 from support.sets import replay, run_all, writer_behind_readers
 from support.sets import start as start_sets
 from support.server import serving
@@ -941,3 +946,238 @@ def test_shared_and_permit_callers_never_inside_together(sets_prog, pg, tmp_path
     assert won["r"] and won["w"], (won, err[-3000:])
     assert "for the key's holders" in err, err[-3000:]
     assert advisory(pg) == 0
+
+
+# ---- metrics: the counts table lockshim_metrics -------------------------------------
+
+def test_counts_of_one_host_add_up_and_survive_a_restart(procs, progs, own_pg, tmp_path):
+    """Two processes of one host (LOCKSHIM_TEST_HOST) ship their counts into
+    one key while both run (the renewal thread ships about once a second):
+    `lockshim metrics` shows their sum; the server restarted between
+    shipments, their later calls add to it and nothing is lost; the table
+    keeps one row per field of a host (its primary key: not one per
+    process or shipment). Control: another host's counts are kept apart."""
+    cfg = pg_config(tmp_path, own_pg, METRICS_LOCK)
+    ps = [procs([progs["driver"]] + ["call:0"] * 3 + ["stdin"] + ["call:0"] * 2, cfg,
+                LOCKSHIM_TEST_HOST="h") for _ in range(2)]
+    for p in ps:
+        for _ in range(3):
+            assert p.expect("call").startswith("call rc=42")
+    wait_for(lambda: val(scrape(cfg), "lockshim_calls_total", "hold_call", "h") == 6,
+             what="both processes' shipments")
+    fields = int(own_pg.psql("SELECT count(DISTINCT field) FROM lockshim_metrics"))
+    own_pg.restart()
+    for p in ps:
+        p.send()
+    for p in ps:
+        assert p.finish()[0] == 0
+    r = run([progs["driver"], "call:0"], cfg, LOCKSHIM_TEST_HOST="other")
+    assert r.returncode == 0, r.stderr
+    m = scrape(cfg)
+    assert val(m, "lockshim_calls_total", "hold_call", "h") == 10, m
+    assert val(m, "lockshim_calls_total", "hold_call", "other") == 1, m
+    assert int(own_pg.psql("SELECT count(*) FROM lockshim_metrics WHERE key = "
+                           "'lockshim:metrics:{h}'::bytea")) >= fields
+    assert own_pg.psql("SELECT count(*) FROM (SELECT key, field FROM lockshim_metrics "
+                       "GROUP BY key, field HAVING count(*) > 1) d") == "0"
+
+
+# ---- status: pg_locks joined with the names tables -------------------------------------
+
+def status_objects(cfg, *args):
+    """`lockshim status --json` of cfg (args: more of its arguments): its
+    objects, in its order."""
+    r = run([CLI, "status", "-c", cfg, "--json"] + list(args))
+    assert r.returncode == 0, r.stderr
+    return [json.loads(l) for l in r.stdout.splitlines()]
+
+
+def test_status_lists_holders_and_waiters_by_key(bg, worker_progs, pg, tmp_path):
+    """`lockshim status` names the advisory locks by key (lockshim_keys,
+    written once per session and key) and their holders and waiters by
+    owner record (lockshim_sessions): "blk" its holder and its waiter (JSON
+    and text), "sh" two shared holders, "pm" a permit holder of limit 3; a
+    pattern selects; nothing once all are released. Control: the key table
+    emptied, the same locks held are not listed."""
+    lock = ('locks = ( { symbol = "block_call"; key = "%s"; lease_ms = 60000; '
+            'wait_ms = 60000; %s } );\n')
+    cfgs = {}
+    for key, extra in (("blk", ""), ("sh", 'mode = "shared";'), ("pm", "limit = 3;")):
+        (tmp_path / key).mkdir()
+        cfgs[key] = pg_config(tmp_path / key, pg, lock % (key, extra))
+    cfg = cfgs["blk"]
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    waiter = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: advisory(pg, granted=False) == 1, what="the waiter queued")
+    readers = [bg([worker_progs["block"]], cfgs["sh"]) for _ in range(2)]
+    permit = bg([worker_progs["block"]], cfgs["pm"])
+    for p in readers + [permit]:
+        p.expect("enter")
+    got = status_objects(cfg)
+    assert [o["key"] for o in got] == ["blk", "pm", "sh", "sh"], got
+    blk, pm, sh = got[0], got[1], got[2:]
+    assert (blk["pid"], blk["program"], blk["mode"], blk["limit"]) == (
+        holder.p.pid, "block", "exclusive", 1), blk
+    assert blk["held_ms"] is not None and blk["fence"] is None, blk
+    assert [w["pid"] for w in blk["waiters"]] == [waiter.p.pid], blk
+    assert blk["waiters"][0]["waited_ms"] is not None, blk
+    assert (pm["pid"], pm["limit"], pm["waiters"]) == (permit.p.pid, 3, []), pm
+    assert sorted(o["pid"] for o in sh) == sorted(p.p.pid for p in readers), sh
+    assert all(o["mode"] == "shared" and o["limit"] == 1 for o in sh), sh
+    r = run([CLI, "status", "-c", cfg])
+    assert r.returncode == 0, r.stderr
+    line = [l for l in r.stdout.splitlines() if l.startswith("blk  held by")]
+    assert len(line) == 1 and "pid %d " % holder.p.pid in line[0], r.stdout
+    assert "1 waiting" in line[0] and "pid %d " % waiter.p.pid in line[0], r.stdout
+    assert [o["key"] for o in status_objects(cfg, "b*")] == ["blk"]
+    # control: without the key's name, a lock held is not listed
+    pg.psql("TRUNCATE lockshim_keys")
+    assert status_objects(cfg) == [] and advisory(pg, granted=True) > 0
+    for p in [holder, waiter] + readers + [permit]:
+        if p is waiter:
+            p.expect("enter")
+        p.send()
+        p.expect("call rc=42")
+    wait_for(lambda: advisory(pg) == 0, what="every lock released")
+    assert status_objects(cfg) == []
+
+
+def test_names_are_written_once_per_session_and_key(progs, own_pg, tmp_path):
+    """The server's statement log (log_statement = all) of one process's
+    six calls of two keys (one session): each key's name and the session's
+    owner record written once, by the first call of each key; control: the
+    try, one statement per call, is there six times."""
+    own_pg.psql("ALTER SYSTEM SET log_statement = 'all'")
+    own_pg.psql("SELECT pg_reload_conf()")
+    cfg = pg_config(tmp_path, own_pg, 'locks = ( { symbol = "hold_call"; key = "a"; }, '
+                    '{ symbol = "other_call"; key = "b"; } );\n')
+    with open(own_pg.log) as f:
+        start = len(f.read())
+    r = run([progs["driver"]] + ["call:0", "other:1"] * 3, cfg)
+    assert r.returncode == 0, r.stderr
+    with open(own_pg.log) as f:
+        log = f.read()[start:]
+    assert log.count("INSERT INTO lockshim_keys") == 2, log[-3000:]
+    assert log.count("INSERT INTO lockshim_sessions") == 1, log[-3000:]
+    assert log.count("execute lockshim_try:") == 6, log[-3000:]
+
+
+def test_status_lists_a_permits_waiter(bg, worker_progs, own_pg, tmp_path):
+    """limit = 2, both permits held and a third caller waiting (it blocks on
+    one permit at a time, 200 ms each, then tries all again): status lists
+    the two holders, limit 2, and the waiter with the first (listed while
+    it blocks on a permit: most of its time); metrics' lockshim_waiting
+    counts it (a server of its own: the shared one keeps other tests'
+    counts). Nothing once all are released."""
+    cfg = pg_config(tmp_path, own_pg, 'locks = ( { symbol = "block_call"; key = "pm2"; '
+                    'limit = 2; wait_ms = 60000; } );\n')
+    holders = [bg([worker_progs["block"]], cfg) for _ in range(2)]
+    for p in holders:
+        p.expect("enter")
+    waiter = bg([worker_progs["block"]], cfg)
+    got = wait_for(lambda: [o for o in status_objects(cfg) if o["waiters"]] and
+                   status_objects(cfg), what="the permit waiter listed")
+    assert sorted(o["pid"] for o in got) == sorted(p.p.pid for p in holders), got
+    assert all(o["limit"] == 2 and o["key"] == "pm2" for o in got), got
+    assert [w["pid"] for o in got for w in o["waiters"]] == [waiter.p.pid], got
+    wait_for(lambda: val(scrape(cfg), "lockshim_waiting", "block_call") == 1,
+             what="the waiter counted")
+    holders[0].send()
+    holders[0].expect("call rc=42")
+    waiter.expect("enter")
+    for p in (holders[1], waiter):
+        p.send()
+        p.expect("call rc=42")
+    wait_for(lambda: advisory(own_pg) == 0, what="every lock released")
+    assert status_objects(cfg) == []
+
+
+@pytest.mark.timing
+def test_status_held_time_survives_the_renewal_pings(bg, worker_progs, pg, tmp_path):
+    """A holder of lease_ms = 600 held 2 s, its session pinged by the
+    renewal every lease/3 (a bare Sync message: no statement): its session
+    kept (the lock still held past three leases), and status's held_ms
+    still counts from the lock statement (pg_stat_activity's query_start,
+    which a SELECT 1 ping would move: held time unknown)."""
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "block_call"; key = "lz"; '
+                    'lease_ms = 600; } );\n')
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    time.sleep(2)  # the hold being measured, over three leases
+    got = status_objects(cfg)
+    assert advisory(pg, granted=True) == 1
+    assert len(got) == 1 and got[0]["pid"] == holder.p.pid, got
+    assert got[0]["held_ms"] is not None and got[0]["held_ms"] >= 1800, got
+    holder.send()
+    holder.expect("call rc=42")
+
+
+def test_stale_names_are_pruned_unless_locked(bg, worker_progs, own_pg, tmp_path):
+    """A name not written for 2 h (a session names a key again after 1 h of
+    use) is deleted by the next name written, unless its key is locked now:
+    of two rows made 3 h old, the one of a key nobody holds goes, the one of
+    a held key stays (and status still lists its holder); the new name is
+    there."""
+    cfg = pg_config(tmp_path, own_pg, 'locks = ( { symbol = "block_call"; key = "kept"; '
+                    'wait_ms = 60000; } );\n')
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    own_pg.psql("INSERT INTO lockshim_keys VALUES (hashtextextended('lockshim:gone', 0), "
+                "'lockshim:gone', now() - interval '3 hours'); UPDATE lockshim_keys SET "
+                "seen = now() - interval '3 hours'")
+    assert own_pg.psql("SELECT key FROM lockshim_keys ORDER BY 1").split() == [
+        "lockshim:gone", "lockshim:kept"]
+    r = run([CLI, "lock", "-c", cfg, "fresh", "--", "true"])
+    assert r.returncode == 0, r.stderr
+    assert own_pg.psql("SELECT key FROM lockshim_keys ORDER BY 1").split() == [
+        "lockshim:fresh", "lockshim:kept"]
+    assert [o["pid"] for o in status_objects(cfg)] == [holder.p.pid]
+    holder.send()
+    holder.expect("call rc=42")
+
+
+def test_status_of_a_role_that_cannot_see_other_sessions(bg, worker_progs, own_pg, tmp_path):
+    """A role without pg_read_all_stats (SELECT on the names tables only)
+    runs status: the holder of another role (postgres) is listed, its held
+    time unknown (pg_stat_activity hides its times from that role);
+    control: the holder's own role sees the held time."""
+    cfg = pg_config(tmp_path, own_pg, 'locks = ( { symbol = "block_call"; key = "v"; } );\n')
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    own_pg.psql("CREATE ROLE viewer LOGIN; GRANT SELECT ON lockshim_keys, lockshim_sessions "
+                "TO viewer")
+    (tmp_path / "viewer").mkdir()
+    cfg_viewer = write_config(tmp_path / "viewer", None, 'backend = "postgres";\npostgres = { '
+                              'conninfo = "host=127.0.0.1 port=%d user=viewer dbname=postgres"; '
+                              '};\n' % own_pg.port)
+    got = status_objects(cfg_viewer)
+    assert [(o["key"], o["pid"], o["held_ms"]) for o in got] == [("v", holder.p.pid, None)], got
+    got = status_objects(cfg)
+    assert got[0]["held_ms"] is not None, got
+    holder.send()
+    holder.expect("call rc=42")
+
+
+def test_counts_of_processes_exiting_together_add_up(procs, progs, own_pg, tmp_path):
+    """Eight processes of one host, five calls each, let go at once: their
+    shipments at exit (one upsert each into the same rows, all at the same
+    moment) add up to 40 exactly, and none fails (no deadlock: rows are
+    taken in field order). It can fail: with the update reading the value
+    in the statement's snapshot (SET value = (SELECT ...) + excluded.value)
+    5 runs of 5 counted 15 or 35 (checked out of the tree)."""
+    cfg = pg_config(tmp_path, own_pg, METRICS_LOCK)
+    ps = [procs([progs["driver"]] + ["call:0"] * 5 + ["stdin"], cfg, LOCKSHIM_TEST_HOST="h")
+          for _ in range(8)]
+    for p in ps:
+        for _ in range(5):
+            assert p.expect("call").startswith("call rc=42")
+    for p in ps:
+        p.send()
+    for p in ps:
+        rc, _, err = p.finish()
+        assert rc == 0 and "counts not sent" not in err, err
+    m = scrape(cfg)
+    assert val(m, "lockshim_calls_total", "hold_call", "h") == 40, m
+    assert sum(val(m, "lockshim_acquired_total", "hold_call", "h", how=how)
+               for how in ("fast", "waited")) == 40, m
