@@ -148,16 +148,39 @@ size_t metrics_key(char *buf, size_t cap, const char *ns, const char *host)
 	return n < 0 || (size_t)n >= cap ? 0 : (size_t)n;
 }
 
-/* Writes s as a label value: backslash, double quote and newline escaped. */
+/* Returns the length of the valid UTF-8 sequence at s (1 to 4), or 0 when
+ * s[0] does not start one (overlong forms and surrogates included). */
+static int utf8_len(const unsigned char *s)
+{
+	int n = s[0] < 0x80 ? 1 : s[0] >= 0xc2 && s[0] <= 0xdf ? 2 :
+		s[0] >= 0xe0 && s[0] <= 0xef ? 3 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : 0;
+
+	for (int i = 1; i < n; i++)
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+	if ((n == 3 && ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0))) ||
+	    (n == 4 && ((s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))))
+		return 0;
+	return n;
+}
+
+/* Writes s as a label value (UTF-8, as the format wants): backslash,
+ * double quote and newline escaped; a byte that is not UTF-8 (a key
+ * from `lockshim lock` may be any bytes) as the text \xNN. */
 static void put_label(FILE *f, const char *s)
 {
-	for (; *s; s++) {
+	while (*s) {
+		int n = utf8_len((const unsigned char *)s);
+
 		if (*s == '\\' || *s == '"')
 			fprintf(f, "\\%c", *s);
 		else if (*s == '\n')
 			fputs("\\n", f);
+		else if (n == 0)
+			fprintf(f, "\\\\x%02X", (unsigned char)*s);
 		else
-			fputc(*s, f);
+			fwrite(s, 1, (size_t)n, f);
+		s += n ? n : 1;
 	}
 }
 

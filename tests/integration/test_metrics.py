@@ -312,3 +312,15 @@ def test_holders_of_a_set_are_each_held(progs, redis, tmp_path, procs):
     p = procs([progs["driver"], "call:60000"], plain)
     assert p.expect("enter") == "enter 60000"
     assert val(scrape(plain), "lockshim_held", "hold_call") == 1
+
+
+def test_a_lock_name_that_is_not_utf8_is_escaped(redis, tmp_path):
+    """`lockshim lock` counts under its key, which may be any bytes: the
+    label stays UTF-8 (the format's rule; the real parser refuses other
+    bytes), a byte that is not written as the text \\xNN, UTF-8 kept."""
+    c = cfg(tmp_path, redis)
+    r = subprocess.run([CLI.encode(), b"lock", b"-c", c.encode(), b"job\xff\xc3\xa9", b"--",
+                        b"true"], capture_output=True, timeout=TIMEOUT,
+                       env=dict(os.environ, LOCKSHIM_TEST_HOST="bytes"))
+    assert r.returncode == 0, r.stderr
+    assert val(scrape(c), "lockshim_calls_total", "job\\xFF\u00e9", "bytes") == 1
