@@ -112,6 +112,7 @@ static struct {
 	unsigned long wake;
 	char fired[ZK_FIRED][ZK_PATH_MAX + ZK_NAME_MAX];
 	int expired;
+	int losing;               /* lost_all running for the ended session */
 	int pending;              /* asynchronous deletes not answered yet */
 	struct zk_hold *holds;    /* the process's znodes: a thread's connection */
 	struct zk_hold *spare;    /* ... can be closed (an error) while they live */
@@ -179,6 +180,7 @@ static void sess_child(void)
 	cond_init_mono(&sess.cv);
 	sess.zh = NULL;
 	sess.pending = 0;
+	sess.losing = 0;
 	sess.gen++;
 	while (*pp) { /* the parent's deletes in flight: not the child's to answer */
 		struct zk_hold *h = *pp;
@@ -202,11 +204,11 @@ static void sess_setup(void)
 /*
  * Reports every lock of the process lost (host->lost_all: on_lost), with
  * every signal blocked in this thread: on_lost "kill" signals the process,
- * and a handler run here, under sess.mu, could call a guarded function.
- * Holds sess.mu, so no new session (nor a lock in it) exists before every
- * lock of the ended one is marked; renew.c calls no backend under its own
- * mutex (this module refuses max_hold_ms and linger_ms), so the order
- * sess.mu, then renew.c's, is the only one.
+ * and a handler run here could call a guarded function. Called without
+ * sess.mu but with sess.losing set: sess_get makes no new session (nor a
+ * lock in it) before every lock of the ended one is marked. Not under
+ * sess.mu, because renew.c's thread calls zk_release under its own mutex
+ * (max_hold_ms's overrun, on_overrun "log"), which takes sess.mu.
  */
 static void sess_lost(void)
 {
@@ -220,6 +222,17 @@ static void sess_lost(void)
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
+/* Reports the ended session's locks lost (sess_lost), then lets sess_get
+ * make a new session (sess.losing cleared). */
+static void sess_lost_all(void)
+{
+	sess_lost();
+	pthread_mutex_lock(&sess.mu);
+	sess.losing = 0;
+	pthread_cond_broadcast(&sess.cv);
+	pthread_mutex_unlock(&sess.mu);
+}
+
 /* The session's watcher and every path watch: wakes every waiter; an
  * expiry is said once, and its locks reported lost (sess_lost). Runs in
  * the library's completion thread. */
@@ -231,17 +244,19 @@ static void sess_watch(zhandle_t *zh, int type, int state, const char *path, voi
 	pthread_mutex_lock(&sess.mu);
 	if (zh == sess.zh && state == ZOO_EXPIRED_SESSION_STATE && !sess.expired) {
 		sess.expired = 1;
+		sess.losing = 1;
 		said = 1;
-		sess_lost();
 	}
 	sess.wake++;
 	snprintf(sess.fired[sess.wake % ZK_FIRED], sizeof(sess.fired[0]), "%s",
 		 type == ZOO_SESSION_EVENT || !path ? "" : path);
 	pthread_cond_broadcast(&sess.cv);
 	pthread_mutex_unlock(&sess.mu);
-	if (said)
+	if (said) {
+		sess_lost_all();
 		warn("ZooKeeper session expired: every lock of this process is lost "
 		     "(a new session is made at the next call)");
+	}
 }
 
 /* Returns 1 when a watch event after seen (up to sess.wake) may concern
@@ -285,6 +300,8 @@ static zhandle_t *sess_get(struct backend_conn *c, unsigned *gen)
 		pthread_mutex_unlock(&sess.mu);
 		return zh;
 	}
+	while (sess.losing && sess.pid == getpid())
+		pthread_cond_wait(&sess.cv, &sess.mu);
 	if (sess.zh && sess.pid == getpid())
 		old = sess.zh;
 	sess.zh = NULL;
@@ -945,30 +962,67 @@ static void hold_abandon(struct zk_hold *h)
 		delete_send(h);
 }
 
-/* Deletes h's znode (any version) and forgets h; async: the reply is
- * only logged when the znode was gone, and a delete lost with its
- * connection is sent again (done_release). Synchronous: a delete lost so
- * is handed to that asynchronous path (BACKEND_OK: it is the process's
- * to finish). Returns BACKEND_OK, BACKEND_NO (gone: lost) or BACKEND_ERR. */
+static int delete_live(struct backend_conn *c, struct zk_hold *h, zhandle_t *zh, int async);
+
+/* Forgets h, made in a session that ended (its znode went with it): said
+ * here only when the core could not report it at the expiry. Returns
+ * BACKEND_NO. */
+static int hold_gone(struct zk_hold *h)
+{
+	hold_drop(h);
+	if (!host || !host->lost_all)
+		warn("lock znode %.400s was gone at its release: its session "
+		     "expired while it was held (lost)", h->path);
+	return BACKEND_NO;
+}
+
+/* Deletes h's znode (any version) and forgets h (delete_live), in the
+ * process's session (made again if it ended). Returns BACKEND_OK,
+ * BACKEND_NO (gone: lost) or BACKEND_ERR. */
 static int zk_delete(struct backend_conn *c, struct zk_hold *h, int async)
 {
 	unsigned gen;
 	zhandle_t *zh;
+
+	zh = sess_get(c, &gen);
+	if (!zh) {
+		hold_drop(h);
+		return BACKEND_ERR;
+	}
+	if (h->gen != gen)
+		return hold_gone(h);
+	return delete_live(c, h, zh, async);
+}
+
+/*
+ * Releases h without making a session (renew.c's thread calls it under
+ * its own mutex, at max_hold_ms's overrun: sess_get could wait there for
+ * a session's end to be reported, which takes that mutex): deleted when
+ * its session is the live one, else forgotten (hold_gone). Returns as
+ * zk_delete.
+ */
+static int hold_release(struct backend_conn *c, struct zk_hold *h, int async)
+{
+	zhandle_t *zh;
+
+	pthread_mutex_lock(&sess.mu);
+	zh = h->zh == sess.zh && h->gen == sess.gen && !sess.expired &&
+	     sess.pid == getpid() ? h->zh : NULL;
+	pthread_mutex_unlock(&sess.mu);
+	return zh ? delete_live(c, h, zh, async) : hold_gone(h);
+}
+
+/* Deletes h's znode (any version) in live session zh and forgets h;
+ * async: the reply is only logged when the znode was gone, and a delete
+ * lost with its connection is sent again (done_release). Synchronous: a
+ * delete lost so is handed to that asynchronous path (BACKEND_OK: it is
+ * the process's to finish). Returns BACKEND_OK, BACKEND_NO (gone: lost)
+ * or BACKEND_ERR. */
+static int delete_live(struct backend_conn *c, struct zk_hold *h, zhandle_t *zh, int async)
+{
 	struct zk_call *k;
 	int rc;
 
-	zh = sess_get(c, &gen);
-	if (!zh || h->gen != gen) {
-		hold_drop(h);
-		if (!zh)
-			return BACKEND_ERR;
-		/* made in a session that ended: its znode went with it; said
-		 * here only when the core could not report it at the expiry */
-		if (!host || !host->lost_all)
-			warn("lock znode %.400s was gone at its release: its session "
-			     "expired while it was held (lost)", h->path);
-		return BACKEND_NO;
-	}
 	if (!async) {
 		if (!(k = call_begin(c)))
 			return BACKEND_ERR;
@@ -1012,8 +1066,22 @@ static void zk_config_free(struct backend_config *bc)
 	free(bc);
 }
 
-/* A connection is this thread's call slot and holds; the session is the
- * process's, made here the first time. */
+/* Whether the process has a session (live or ended; an acquire makes
+ * an ended one again). */
+static int sess_made(void)
+{
+	int made;
+
+	pthread_once(&sess_once, sess_setup);
+	pthread_mutex_lock(&sess.mu);
+	made = sess.zh && sess.pid == getpid();
+	pthread_mutex_unlock(&sess.mu);
+	return made;
+}
+
+/* A connection is this thread's call slot; the session is the
+ * process's, made here the first time (not again after its end: renew.c's
+ * thread opens its connection under its own mutex, see hold_release). */
 static struct backend_conn *zk_open(const struct backend_config *bc, char *err, size_t errlen)
 {
 	struct backend_conn *c = calloc(1, sizeof(*c));
@@ -1024,7 +1092,7 @@ static struct backend_conn *zk_open(const struct backend_config *bc, char *err, 
 		return NULL;
 	}
 	c->bc = bc;
-	if (!sess_get(c, &gen)) {
+	if (!sess_made() && !sess_get(c, &gen)) {
 		snprintf(err, errlen, "%s", c->err);
 		free(c);
 		return NULL;
@@ -1124,7 +1192,7 @@ static int zk_release(struct backend_conn *c, const struct backend_item *it, int
 {
 	struct zk_hold *h = hold_find(c, it);
 
-	return h ? zk_delete(c, h, async) : BACKEND_NO;
+	return h ? hold_release(c, h, async) : BACKEND_NO;
 }
 
 /*

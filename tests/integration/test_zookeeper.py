@@ -189,8 +189,8 @@ def test_long_key_is_shortened_with_its_sha1(zk, tmp_path):
 # ---- refusals -------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting", [
-    "lease_ms = 5000", "linger_ms = 10", "limit = 2",
-    "mode = \"shared\"", "max_hold_ms = 100", "retry_max_ms = 50",
+    "lease_ms = 5000", "limit = 2",
+    "mode = \"shared\"", "retry_max_ms = 50",
     "break_dead_holders = false", "handoff_ms = 5",
 ])
 @pytest.mark.parametrize("where", ["lock", "defaults"])
@@ -841,3 +841,124 @@ def test_lock_command_whose_session_expires_stops_its_command_and_exits_75(bg, w
         waiter.send()
         assert waiter.expect("call").startswith("call rc=42")
         assert waiter.wait() == 0
+
+
+# ---- limit and shared (Z5) ------------------------------------------------------
+# Step 5 (b23-zk5): linger_ms, max_hold_ms with on_overrun (the shim's renewal
+# thread keeps and releases a leaseless lock, as for the local backend), then
+# mode = "shared" and limit = N.
+
+HOLD_ZK = 'locks = ( { symbol = "hold_call"; key = "%s"; wait_ms = 30000; %s } );\n'
+OVERRUN_SAID = "hold_call: lease on lockshim:%s exceeded max_hold_ms; renewal stopped; applying "
+
+
+def hold_dir(key):
+    return "/lockshim/lockshim%3A" + key
+
+
+def cversion(zk, path):
+    """path's cversion: how many times its children changed (each create
+    and each delete of a lock znode counts one)."""
+    m = re.search(r"cversion = (\d+)", zk.cli("stat", path))
+    assert m, path
+    return int(m.group(1))
+
+
+def driver_enters(bg, progs, cfg, holder, after):
+    """Starts a second driver of cfg's lock once holder printed `after`;
+    returns the waiter and the seconds from then until it entered."""
+    holder.expect(after)
+    t0 = time.monotonic()
+    waiter = bg([progs["driver"], "call:0"], cfg)
+    waiter.expect("enter", timeout=30 * MULT)
+    return waiter, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("setting", [
+    "linger_ms = 10", "max_hold_ms = 100", 'max_hold_ms = 100; on_overrun = "log"',
+    'max_hold_ms = 100; on_overrun = "kill"', 'max_hold_ms = 100; on_overrun = "abort"'])
+def test_linger_max_hold_and_on_overrun_are_accepted(zk, tmp_path, setting):
+    cfg = zk_config(tmp_path, zk, HOLD_ZK % ("acc", setting))
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("linger", [3000, 0], ids=["linger", "control-no-linger"])
+def test_linger_keeps_the_znode_until_linger_ms_after_the_last_call(bg, progs, zk, tmp_path,
+                                                                   linger):
+    """The holder's only call returns and its program lives on: its znode
+    stays (kept), and a waiter in another process enters linger_ms (3 s)
+    later, when the holder's renewal thread deletes it. Control linger_ms =
+    0: the znode is gone when the call returns; the waiter enters at once."""
+    key = "linger%d" % linger
+    cfg = zk_config(tmp_path, zk, HOLD_ZK % (key, "linger_ms = %d;" % linger))
+    holder = bg([progs["driver"], "call:0", "stdin"], cfg)
+    holder.expect("call rc=42")
+    t0 = time.monotonic()
+    assert len(zk.children(hold_dir(key))) == (1 if linger else 0)
+    waiter = bg([progs["driver"], "call:0"], cfg)
+    waiter.expect("enter", timeout=30 * MULT)
+    entered = time.monotonic() - t0
+    if linger:
+        assert 2.5 <= entered < 3.0 + 3.0 * MULT, entered
+    else:
+        assert entered < 3.0 * MULT, entered  # the listing (a JVM) takes about 1 s
+    assert holder.p.poll() is None and waiter.wait() == 0
+    holder.send()
+    assert holder.wait() == 0
+
+
+@pytest.mark.parametrize("linger,changes", [(60000, 2), (0, 2 * 40)],
+                         ids=["linger", "control-no-linger"])
+def test_linger_takes_the_znode_once_for_many_calls(progs, zk, tmp_path, linger, changes):
+    """40 calls in a row with linger_ms: one create and one delete (at
+    exit) under the key (its cversion); control linger_ms = 0: a create and
+    a delete per call."""
+    key = "many%d" % linger
+    cfg = zk_config(tmp_path, zk, HOLD_ZK % (key, "linger_ms = %d;" % linger))
+    r = run([progs["driver"]] + ["call:0"] * 40, cfg)
+    assert r.returncode == 0 and r.stdout.count("call rc=42") == 40, r.stderr
+    assert cversion(zk, hold_dir(key)) == changes
+    assert zk.children(hold_dir(key)) == []
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("max_hold", [300, None], ids=["max_hold", "control-none"])
+def test_overrun_log_deletes_the_znode_at_the_deadline(bg, progs, zk, tmp_path, max_hold):
+    """on_overrun "log" (what a Redis lock does when its renewal stops and
+    it expires): at max_hold_ms the holder's renewal thread deletes its
+    znode, so a waiter enters while the 4 s call runs on; the call's own
+    release then finds nothing and says nothing of a lost lock. Control
+    without max_hold_ms: the waiter enters when the call returns."""
+    key = "over%s" % max_hold
+    cfg = zk_config(tmp_path, zk, HOLD_ZK % (key, "max_hold_ms = %d;" % max_hold
+                                             if max_hold else ""))
+    holder = bg([progs["driver"], "call:4000"], cfg)
+    waiter, entered = driver_enters(bg, progs, cfg, holder, "enter")
+    if max_hold:
+        assert entered < 3.0 and holder.p.poll() is None, entered  # the call runs on
+    else:
+        assert entered >= 2.0, entered
+    holder.expect("call rc=42")
+    assert holder.wait() == 0 and waiter.wait() == 0
+    err = holder.stderr()
+    assert (OVERRUN_SAID % key + "log" in err) == bool(max_hold), err
+    assert "lost" not in err and "gone" not in err, err
+    assert zk.children(hold_dir(key)) == []
+
+
+@pytest.mark.timing
+def test_overrun_kill_kills_and_the_znode_goes_with_the_session(bg, progs, zk, tmp_path):
+    """on_overrun "kill" at max_hold_ms (300): the holder dies by SIGTERM
+    inside its 20 s call; its znode stays until its session expires (a
+    kill keeps the lock until death, and ZooKeeper frees it at the session
+    timeout), then the waiter enters. (The control is the "log" case
+    above: there the waiter enters at the deadline, the holder alive.)"""
+    cfg = zk_config(tmp_path, zk, HOLD_ZK % ("kill", 'max_hold_ms = 300; on_overrun = "kill";'))
+    holder = bg([progs["driver"], "call:20000"], cfg)
+    waiter, entered = driver_enters(bg, progs, cfg, holder, "enter")
+    assert holder.wait() == -signal.SIGTERM
+    assert OVERRUN_SAID % "kill" + "kill" in holder.stderr(), holder.stderr()
+    assert entered < SESSION_MS / 1000 + 10 * MULT, entered
+    assert waiter.wait() == 0
