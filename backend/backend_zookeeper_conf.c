@@ -10,8 +10,8 @@
  * on_lost is accepted (a session's expiry loses every lock of the
  * process, each reported through on_lost), and so are linger_ms,
  * max_hold_ms and on_overrun (the shim's renewal thread keeps and
- * releases a leaseless lock, as for the local backend); limit > 1 and
- * mode "shared" are refused by value (not built in this step). fair is
+ * releases a leaseless lock, as for the local backend), and so are
+ * limit and mode (holder sets, in the module). fair is
  * honoured: the recipe is FIFO by creation. method = "entry" is refused
  * where it may patch a C library function (zk_check_lock). linger_ms's
  * built-in value is 0 here. This file is in the core: backend.c
@@ -69,10 +69,9 @@ static const struct conf_refusal unavailable[] = {
 	{ NULL, NULL }
 };
 
-/* The values not built yet for this backend, refused when a lock asks. */
+/* The values not built yet for this backend, refused when a lock asks:
+ * none since step 5 (limit and mode). */
 static const struct conf_refusal unbuilt[] = {
-	{ "limit", "limit > 1 (a semaphore)" },
-	{ "mode", "mode = \"shared\"" },
 	{ NULL, NULL }
 };
 

@@ -5,7 +5,11 @@
  * herd. A lock is an EPHEMERAL|SEQUENCE znode <root>/<key's name>/
  * lock-<mark>-N (keyname.h; the mark is its create's own, so a create
  * whose reply was lost can be found and deleted) holding the lock value;
- * the lowest holds; a waiter watches only its predecessor: FIFO. The fence
+ * the lowest holds; a waiter watches only its predecessor: FIFO. Holder
+ * sets (set_look): the mark ends with the mode ("r" shared, "p<limit>"),
+ * a shared holder waits only for the exclusive znodes below its own, a
+ * permit for fewer than limit below it (watching the key's children);
+ * a limit unlike the first holder's is a mismatch. The fence
  * is the znode's czxid (zk_create). One session per process, shared by its
  * threads, is the lease (the library heartbeats); its expiry loses every
  * lock of the process: reported at once, from the watcher, through the
@@ -40,8 +44,9 @@
 #define ZK_TOKEN 32          /* the token prefix of a lock value (owner.h) */
 #define ZK_PATH_MAX 800      /* root (512), "/", KEYNAME_SIZE, "/", ZK_NAME_MAX */
 #define ZK_PREFIX "lock-"
-/* a lock znode's name: "lock-", its mark (token "x" attempt), "-", 10 digits */
-#define ZK_MARK_MAX (ZK_TOKEN + 1 + 8)
+/* a lock znode's name: "lock-", its mark (token "x" attempt, then "r" for a
+ * shared holder or "p<limit>" for a permit: set_mark), "-", 10 digits */
+#define ZK_MARK_MAX (ZK_TOKEN + 1 + 8 + 6)
 #define ZK_NAME_MAX (sizeof(ZK_PREFIX) + ZK_MARK_MAX + 1 + 10 + 1)
 
 struct backend_config {
@@ -66,6 +71,11 @@ struct zk_call {
 	long long seq;            /* children: ours (in) ... */
 	int mine, lower;          /* ... present; how many sequences are below it */
 	char pred[ZK_NAME_MAX];   /* ... and the highest of them (the predecessor) */
+	char first[ZK_NAME_MAX];  /* ... the lowest of them (the key's first holder) */
+	long long firstseq;       /* ... its sequence (-1: none below ours) */
+	int set;                  /* a holder set's listing: set_tally counts too */
+	int lowerx;               /* ... the exclusive znodes below ours (not shared) */
+	char predx[ZK_NAME_MAX];  /* ... and the highest of them */
 };
 
 /* A znode this process made: queued, or holding when lowest; in
@@ -379,6 +389,10 @@ static struct zk_call *call_begin_n(struct backend_conn *c, int want)
 	k->mine = 0;
 	k->lower = 0;
 	k->pred[0] = 0;
+	k->firstseq = -1;
+	k->set = 0;
+	k->lowerx = 0;
+	k->predx[0] = 0;
 	return k;
 }
 
@@ -648,6 +662,49 @@ static void done_create(int rc, const char *path, const struct Stat *st, const v
 	call_done(k, rc);
 }
 
+/* The mode of a lock znode's name (its mark's end, set_mark): *limit (1
+ * for an exclusive or a shared holder) and *shared. */
+static void name_mode(const char *name, int *limit, int *shared)
+{
+	const char *d = strrchr(name, '-'), *p = d;
+
+	*limit = 1;
+	*shared = 0;
+	if (!d || d == name)
+		return;
+	while (p > name && isdigit((unsigned char)p[-1]))
+		p--;
+	if (p < d && p > name && p[-1] == 'p') {
+		*limit = 0;
+		for (; p < d && *limit < 100000; p++)
+			*limit = *limit * 10 + (*p - '0');
+		*limit = *limit < 1 ? 1 : *limit;
+	} else if (d[-1] == 'r') {
+		*shared = 1;
+	}
+}
+
+/* Counts child name (sequence s, below ours) into k: the lowest (the
+ * key's first holder, for the limit's check), and for a holder set's
+ * listing the exclusive ones and the highest of them (what a shared
+ * caller waits for). In the completion thread, k->mu held. */
+static void set_tally(struct zk_call *k, const char *name, long long s)
+{
+	int limit, shared;
+
+	if (k->firstseq < 0 || s < k->firstseq) {
+		k->firstseq = s;
+		snprintf(k->first, sizeof(k->first), "%s", name);
+	}
+	if (!k->set)
+		return;
+	name_mode(name, &limit, &shared);
+	if (shared)
+		return;
+	if (k->lowerx++ == 0 || s > child_seq(k->predx))
+		snprintf(k->predx, sizeof(k->predx), "%s", name);
+}
+
 /* The children of a lock's parent: is ours there, how many are ahead of
  * it, and which is right ahead. */
 static void done_children(int rc, const struct String_vector *v, const void *data)
@@ -664,6 +721,7 @@ static void done_children(int rc, const struct String_vector *v, const void *dat
 			k->mine = 1;
 		else if (s >= 0 && s < k->seq) {
 			k->lower++;
+			set_tally(k, v->data[i], s);
 			if (s > best) {
 				best = s;
 				snprintf(k->pred, sizeof(k->pred), "%s", v->data[i]);
@@ -791,6 +849,18 @@ static int make_parents(struct backend_conn *c, zhandle_t *zh)
 	return ZOK;
 }
 
+/* Appends it's mode to a mark: "r" shared, "p<limit>" a permit; nothing
+ * for an exclusive lock of limit 1 (its names are those of step 1). */
+static void set_mark(char *mark, const struct backend_item *it)
+{
+	size_t n = strlen(mark);
+
+	if (it->shared)
+		snprintf(mark + n, ZK_MARK_MAX + 1 - n, "r");
+	else if (it->limit > 1)
+		snprintf(mark + n, ZK_MARK_MAX + 1 - n, "p%d", it->limit);
+}
+
 /*
  * Sends the create of <dir>/lock-<mark>-NNNNNNNNNN (EPHEMERAL|SEQUENCE,
  * data: the lock value) and the listing of dir together, on k (2 replies):
@@ -813,6 +883,8 @@ static int create_and_list(struct backend_conn *c, zhandle_t *zh, struct zk_call
 	for (size_t i = 0; i < tl; i++)
 		k->mark[i] = isxdigit((unsigned char)it->val[i]) ? it->val[i] : 'x';
 	snprintf(k->mark + tl, sizeof(k->mark) - tl, "x%08x", atomic_fetch_add(&attempts, 1));
+	set_mark(k->mark, it);
+	k->set = backend_item_set(it);
 	snprintf(k->dir, sizeof(k->dir), "%s", c->dir);
 	snprintf(path, sizeof(path), "%s/" ZK_PREFIX "%s-", c->dir, k->mark);
 	k->zh = zh;
@@ -923,6 +995,109 @@ static int zk_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int
 		if (rc != ZNONODE || ++tries == 100) /* gone meanwhile: look again */
 			return -1;
 	}
+}
+
+/* ---- holder sets: permits (limit > 1) and shared holders ---------------- */
+
+static int hold_release(struct backend_conn *c, struct zk_hold *h, int async);
+
+/* Lists h's siblings into c->call as a holder set's listing (set_tally),
+ * with a watch on the key's children when watch is set (a permit's
+ * wait: any create or delete under the key fires it). Returns the
+ * listing's result. */
+static int set_siblings(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int watch)
+{
+	struct zk_call *k = call_begin(c);
+	char dir[ZK_PATH_MAX];
+	int issued;
+
+	if (!k)
+		return ZSYSTEMERROR;
+	snprintf(dir, sizeof(dir), "%.*s", (int)(strrchr(h->path, '/') - h->path), h->path);
+	k->seq = h->seq;
+	k->set = 1;
+	issued = watch ? zoo_awget_children(zh, dir, sess_watch, NULL, done_children, k) :
+			 zoo_aget_children(zh, dir, 0, done_children, k);
+	return call_wait(c, k, issued, deadline_of(c), "children");
+}
+
+/*
+ * One look at the place of h, a holder set's znode (listed: its siblings
+ * are in c->call already, from zk_create). A shared holder holds when no
+ * exclusive znode is below its own (a reader never passes an earlier
+ * writer), and otherwise watches the highest of them; a permit of limit
+ * N holds when fewer than N znodes are below its own, and otherwise
+ * watches the key's children: its permit may come from any of those N
+ * holders' deletes, in any order (watching one of them, the N-th before
+ * it, would miss the others'). Returns as zk_look.
+ */
+static int set_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int listed,
+		    const struct backend_item *it)
+{
+	int limit = it->limit > 1 ? it->limit : 1, watch = 0, rc;
+
+	for (int tries = 0;; listed = 0) {
+		if (listed && c->call->rc != ZOK) {
+			snprintf(c->err, sizeof(c->err), "children: %s", zerror(c->call->rc));
+			return -1;
+		}
+		if (!listed && set_siblings(c, zh, h, watch) != ZOK)
+			return -1;
+		if (!c->call->mine) {
+			snprintf(c->err, sizeof(c->err), "the lock's znode %.160s is gone (its "
+				 "session ended)", h->path);
+			return -1;
+		}
+		if (it->shared ? c->call->lowerx == 0 : c->call->lower < limit)
+			return 1;
+		if (!it->shared) { /* the key's children watched by this listing */
+			if (!watch) {
+				watch = 1;
+				continue;
+			}
+			snprintf(c->watched, sizeof(c->watched), "%.*s",
+				 (int)(strrchr(h->path, '/') - h->path), h->path);
+			return 0;
+		}
+		snprintf(c->watched, sizeof(c->watched), "%.*s/%s",
+			 (int)(strrchr(h->path, '/') - h->path), h->path, c->call->predx);
+		if (!call_begin(c))
+			return -1;
+		rc = call_wait(c, c->call, zoo_awexists(zh, c->watched, sess_watch, NULL,
+							done_stat, c->call),
+			       deadline_of(c), "watch");
+		if (rc == ZOK)
+			return 0;
+		if (rc != ZNONODE || ++tries == 100) /* gone meanwhile: look again */
+			return -1;
+	}
+}
+
+/* One look at h's place (zk_look, or set_look for a holder set). */
+static int look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int listed,
+		const struct backend_item *it)
+{
+	return backend_item_set(it) ? set_look(c, zh, h, listed, it) : zk_look(c, zh, h, listed);
+}
+
+/*
+ * Whether it's limit differs from the key's first holder's (the lowest
+ * znode in the listing zk_create made, c->call; a shared or exclusive
+ * holder counts as limit 1): BACKEND_MISMATCH with c->err naming both,
+ * h's znode deleted (nothing changed); else BACKEND_OK.
+ */
+static int set_mismatch(struct backend_conn *c, struct zk_hold *h, const struct backend_item *it)
+{
+	int limit = it->shared || it->limit < 1 ? 1 : it->limit, theirs, shared;
+
+	if (c->call->rc != ZOK || c->call->firstseq < 0)
+		return BACKEND_OK;
+	name_mode(c->call->first, &theirs, &shared);
+	if (theirs == limit)
+		return BACKEND_OK;
+	hold_release(c, h, 1);
+	snprintf(c->err, sizeof(c->err), "limit %d here, %d for the key's holders", limit, theirs);
+	return BACKEND_MISMATCH;
 }
 
 /* Sends h's delete (any version), answered by done_release, which
@@ -1151,11 +1326,6 @@ static int zk_acquire(struct backend_conn *c, const struct backend_item *it, lon
 	*fence = 0;
 	*holder_len = 0;
 	(void)holder;
-	if (backend_item_set(it)) {
-		snprintf(c->err, sizeof(c->err), "the zookeeper backend has no semaphores or "
-			 "shared locks yet");
-		return BACKEND_ERR;
-	}
 	if (!(zh = sess_get(c, &gen)))
 		return BACKEND_ERR;
 	if ((h = hold_find(c, it)) && h->gen != gen) {
@@ -1166,8 +1336,10 @@ static int zk_acquire(struct backend_conn *c, const struct backend_item *it, lon
 		if (!(h = zk_create(c, zh, gen, it)))
 			return BACKEND_ERR;
 		listed = 1;
+		if ((r = set_mismatch(c, h, it)) != BACKEND_OK)
+			return r;
 	}
-	if ((r = zk_look(c, zh, h, listed)) < 0) {
+	if ((r = look(c, zh, h, listed, it)) < 0) {
 		if (!it->waiting || wait_over(h))
 			hold_abandon(h);
 		return BACKEND_ERR;
@@ -1226,7 +1398,7 @@ static int zk_wait(struct backend_conn *c, const struct backend_item *it,
 		pthread_mutex_lock(&sess.mu);
 		seen = sess.wake;
 		pthread_mutex_unlock(&sess.mu);
-		if ((r = zk_look(c, zh, h, 0)) < 0)
+		if ((r = look(c, zh, h, 0, it)) < 0)
 			return BACKEND_ERR;
 		if (r == 1) {
 			*fence = h->czxid;
@@ -1312,6 +1484,7 @@ static int zk_ping(struct backend_conn *c)
 /* One lock znode of a key, as zk_holders reads it. */
 struct zk_entry {
 	long long seq, czxid;
+	int limit, shared;        /* its name's mode (name_mode) */
 	int vlen;
 	char val[BACKEND_VAL_MAX];
 };
@@ -1326,6 +1499,48 @@ static int by_seq(const void *a, const void *b)
 	const struct zk_entry *x = a, *y = b;
 
 	return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/* How many of e[0..n) (sorted by sequence) hold: the first and the shared
+ * ones right after a shared first, or the first `limit` of a permit's
+ * set (the rule of set_look). */
+static int entries_holding(const struct zk_entry *e, int n)
+{
+	int nh = 1;
+
+	if (e->shared)
+		while (nh < n && e[nh].shared)
+			nh++;
+	else
+		nh = e->limit < n ? e->limit : n;
+	return nh;
+}
+
+/* Reports each holder of e[0..n) (sorted) to fn through h (its key
+ * set): the rest are the waiters (in wval, wlen: room for n), given with
+ * the first. */
+static void entries_report(const struct zk_entry *e, int n, struct backend_holder *h,
+			   const char **wval, size_t *wlen,
+			   void (*fn)(void *arg, const struct backend_holder *h), void *arg)
+{
+	int nh = entries_holding(e, n);
+
+	h->wval = wval;
+	h->wlen = wlen;
+	for (int i = nh; i < n; i++) {
+		wval[i - nh] = e[i].val;
+		wlen[i - nh] = (size_t)e[i].vlen;
+	}
+	for (int i = 0; i < nh; i++) {
+		h->val = e[i].val;
+		h->vlen = (size_t)e[i].vlen;
+		h->fence = e[i].czxid;
+		h->limit = e[i].limit;
+		h->shared = e[i].shared;
+		h->in_set = e[i].shared || e[i].limit > 1;
+		h->nwaiters = i ? 0 : n - nh;
+		fn(arg, h);
+	}
 }
 
 /* Reports the lock of the key znode dir (its name: the key's) to fn: its
@@ -1368,6 +1583,7 @@ static int key_holders(struct backend_conn *c, zhandle_t *zh, const char *dir, c
 		if (rc != ZOK)
 			goto fail;
 		e[n].czxid = st.czxid;
+		name_mode(kids.data[i], &e[n].limit, &e[n].shared);
 		e[n].vlen = e[n].vlen < 0 ? 0 : e[n].vlen;
 		n++;
 	}
@@ -1375,19 +1591,9 @@ static int key_holders(struct backend_conn *c, zhandle_t *zh, const char *dir, c
 	if (!n)
 		goto out;
 	qsort(e, (size_t)n, sizeof(*e), by_seq);
-	for (int i = 1; i < n; i++) {
-		wval[i - 1] = e[i].val;
-		wlen[i - 1] = (size_t)e[i].vlen;
-	}
 	h.key = key;
 	h.klen = keyname_decode(name, strlen(name), key);
-	h.val = e[0].val;
-	h.vlen = (size_t)e[0].vlen;
-	h.fence = e[0].czxid;
-	h.nwaiters = n - 1;
-	h.wval = wval;
-	h.wlen = wlen;
-	fn(arg, &h);
+	entries_report(e, n, &h, wval, wlen, fn, arg);
 	goto out;
 fail:
 	snprintf(c->err, sizeof(c->err), "status: %.200s: %s", dir, zerror(rc));

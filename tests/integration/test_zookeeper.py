@@ -25,6 +25,7 @@ proxy) reports its lock lost at once, while its call runs (on_lost
 "log", "kill"), and its release sends nothing (control: held past the
 session timeout without expiry, nothing is lost).
 """
+import json
 import os
 import re
 import signal
@@ -36,7 +37,7 @@ import pytest
 from support.process import cpu_ticks
 from support.proxy import BLACK_HOLE, DROP_REPLIES, PASS, Proxy
 from support import sets
-from support.scenarios import refused_setting
+from support.scenarios import limit_bounds_the_holders, limit_mismatch_refused, refused_setting
 from support.server import serving
 from support.util import CLI, MULT, lib_program, run, status_by_key, wait_for, write_config
 from support.zookeeper import Ensemble, ZookeeperServer, skip_reason
@@ -189,8 +190,7 @@ def test_long_key_is_shortened_with_its_sha1(zk, tmp_path):
 # ---- refusals -------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting", [
-    "lease_ms = 5000", "limit = 2",
-    "mode = \"shared\"", "retry_max_ms = 50",
+    "lease_ms = 5000", "retry_max_ms = 50",
     "break_dead_holders = false", "handoff_ms = 5",
 ])
 @pytest.mark.parametrize("where", ["lock", "defaults"])
@@ -280,8 +280,6 @@ def test_lock_command_holds_and_fences(zk, tmp_path):
 
 @pytest.mark.parametrize("opts,says", [
     (["-l", "5000"], "-l: not available with backend \"zookeeper\""),
-    (["--limit", "2"], "lock.limit"),
-    (["--shared"], "lock.mode"),
 ])
 def test_lock_command_refuses_what_the_backend_cannot_honour(zk, tmp_path, opts, says):
     cfg = zk_config(tmp_path, zk, "")
@@ -962,3 +960,136 @@ def test_overrun_kill_kills_and_the_znode_goes_with_the_session(bg, progs, zk, t
     assert OVERRUN_SAID % "kill" + "kill" in holder.stderr(), holder.stderr()
     assert entered < SESSION_MS / 1000 + 10 * MULT, entered
     assert waiter.wait() == 0
+
+
+# Holder sets (mode = "shared", limit = N): the holder's mode is in its
+# znode's name (its mark ends "r" shared, "p<limit>" a permit). The observed
+# program is support/sets.py's (each guarded call appends "r+"/"w+" when it
+# starts, "r-"/"w-" when it ends; replay counts who was inside at once).
+# Each test has a root of its own (the sets' key is "k").
+
+def set_lock(symbol, settings):
+    return '{ symbol = "%s"; key = "k"; wait_ms = 30000; %s }' % (symbol, settings)
+
+
+RW_ZK = "locks = ( %s, %s );\n" % (set_lock("set_read", 'mode = "shared";'),
+                                   set_lock("set_write", ""))
+MODE_ZK = 'locks = ( { symbol = "hold_call"; key = "k"; wait_ms = 20000; %s } );\n'
+
+
+def zk_set_config(tmp_path, zk, name, root, body):
+    """zk_config in tmp_path's subdirectory name, under root."""
+    d = tmp_path / name
+    d.mkdir(exist_ok=True)
+    return zk_config(d, zk, body, 'root = "%s";' % root)
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("guarded", [True, False], ids=["shared", "control-unguarded"])
+def test_shared_readers_overlap_writers_alone(sets_prog, zk, tmp_path, guarded):
+    """4 reader processes x 2 threads (40 ms calls), 2 writers (20 ms): the
+    readers are inside together (more than one at once), a writer always
+    alone, every call entered, no error. Control: unguarded, a writer is
+    inside beside others."""
+    log = str(tmp_path / "log")
+    cfg = zk_set_config(tmp_path, zk, "c", "/rw", RW_ZK) if guarded else None
+    runs = [(sets_prog, "r", cfg, log, 2, 6, 40)] * 4 + [(sets_prog, "w", cfg, log, 1, 6, 20)] * 2
+    total, err = sets.run_all(runs)
+    readers, writers, mixed = sets.replay(log)
+    if not guarded:
+        assert mixed
+        return
+    assert total == 4 * 2 * 6 + 2 * 6 and readers > 1, err[-3000:]
+    assert writers == 1 and not mixed, err[-3000:]
+    assert "error" not in err, err[-3000:]
+
+
+@pytest.mark.timing
+def test_reader_never_passes_an_earlier_writer(sets_prog, zk, tmp_path):
+    """Readers (4 processes x 2 threads, 100 ms calls) keep the key held
+    without a gap between the marks x and y (the control: a writer waiting
+    for a free key would wait for the whole stream); a writer arriving
+    meanwhile enters within 2 s (a reader whose znode comes after the
+    writer's waits for it), alone, and the readers go on after."""
+    log = str(tmp_path / "log")
+    cfg = zk_set_config(tmp_path, zk, "c", "/starve", RW_ZK)
+    sets.writer_behind_readers(sets_prog, cfg, log, str(tmp_path / "stop"), 2000)
+    assert sets.replay(log)[1:] == (1, False)
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("limit,most", [(3, 3), (None, 1), ("control", None)],
+                         ids=["limit3", "default", "control-unguarded"])
+def test_limit_bounds_the_holders(sets_prog, zk, tmp_path, limit, most):
+    """8 processes x 2 threads (30 ms calls): limit 3 lets never more than 3
+    in, and 3 are reached; no limit, one at a time. Control: unguarded,
+    more than 3."""
+    extra = "limit = %d;" % limit if limit != "control" and limit else ""
+    cfg = None if limit == "control" else zk_set_config(
+        tmp_path, zk, "c", "/lim%s" % limit, "locks = ( %s );\n" % set_lock("set_read", extra))
+    limit_bounds_the_holders(sets_prog, cfg, str(tmp_path / "log"), most)
+
+
+def test_limit_mismatch_is_an_error_at_once(progs, procs, zk, tmp_path):
+    """A holder took the key with limit = 3; callers with limit 2, with no
+    limit (1) and shared (1) get one error line naming both numbers and
+    on_error at once (well before wait_ms), and leave no znode behind.
+    Control: limit 3 enters beside the holder."""
+    def one_znode():
+        assert len(zk.children("/mism/lockshim%3Ak")) == 1
+
+    holder = limit_mismatch_refused(progs, procs, lambda setting, name: zk_set_config(
+        tmp_path, zk, name, "/mism", MODE_ZK % setting), one_znode, hold_ms=15000)
+    assert holder.finish()[0] == 0
+    assert zk.children("/mism/lockshim%3Ak") == []
+
+
+def test_exclusive_holder_mismatches_a_semaphore_and_waits_shared(progs, procs, zk, tmp_path):
+    """A plain lock (limit 1) held for 3 s: a limit = 3 caller gets the
+    mismatch at once; a shared caller waits instead (its znode queued
+    behind the holder's), and enters once the holder is gone."""
+    holder = procs([progs["driver"], "call:3000"],
+                   zk_set_config(tmp_path, zk, "x", "/xs", MODE_ZK % ""))
+    holder.expect("enter")
+    t0 = time.monotonic()
+    r = run([progs["driver"], "call:0"], zk_set_config(tmp_path, zk, "p", "/xs",
+                                                       MODE_ZK % "limit = 3;"))
+    assert r.stdout.strip().splitlines()[-1] == "call rc=-1 errno=16", r.stderr
+    assert "limit 3 here, 1 for the key's holders" in r.stderr, r.stderr
+    r = run([progs["driver"], "call:0"], zk_set_config(tmp_path, zk, "s", "/xs",
+                                                       MODE_ZK % 'mode = "shared";'))
+    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+    assert time.monotonic() - t0 > 2.5  # waited for the exclusive holder (3 s from its start)
+    assert holder.finish()[0] == 0
+
+
+def test_status_shows_shared_and_permit_holders(bg, zk, tmp_path):
+    """Two shared holders of "r" and a waiting exclusive caller: two lines,
+    mode shared, each its own fence (its znode's czxid), the writer as the
+    first's waiter; a permit holder of limit 3: limit 3, exclusive.
+    Control: once they return, nothing is listed."""
+    cfg = zk_set_config(tmp_path, zk, "c", "/st", "")
+
+    def status():
+        r = run([CLI, "status", "-c", cfg, "--json"])
+        assert r.returncode == 0, r.stderr
+        return [json.loads(l) for l in r.stdout.splitlines()]
+
+    def hold(*opts):
+        return bg([CLI, "lock", "-c", cfg] + list(opts) + ["--", "sh", "-c", "echo in; read x"],
+                  None)
+    held = [hold("--shared", "r") for _ in range(2)] + [hold("--limit", "3", "p")]
+    for h in held:
+        h.expect("in")
+    writer = hold("-w", "30000", "r")
+    wait_for(lambda: len(zk.children("/st/lockshim%3Ar")) == 3, what="the writer's znode")
+    objs = status()
+    assert sorted((o["key"], o["mode"], o["limit"]) for o in objs) == [
+        ("p", "exclusive", 3), ("r", "shared", 1), ("r", "shared", 1)], objs
+    assert len({o["fence"] for o in objs}) == 3, objs
+    assert sum(len(o["waiters"]) for o in objs if o["key"] == "r") == 1, objs
+    for h in held:
+        h.send()
+    writer.expect("in")
+    writer.send()
+    wait_for(lambda: status() == [], what="the holders gone from status")
