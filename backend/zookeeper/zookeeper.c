@@ -1426,6 +1426,27 @@ static int zk_leave(struct backend_conn *c, const struct backend_item *it, int a
 }
 
 /*
+ * Closes the handle of a session that ended (its expiry reported), which
+ * sess_get would close only when it makes the next session: a release no
+ * longer makes one (hold_release), so without this the ended session's
+ * threads would outlive it until the next acquire, or the exit. Not under
+ * renew.c's mutex: lock.c and renew.c flush outside it.
+ */
+static void sess_close_ended(void)
+{
+	zhandle_t *old = NULL;
+
+	pthread_mutex_lock(&sess.mu);
+	if (sess.zh && sess.expired && !sess.losing && sess.pid == getpid()) {
+		old = sess.zh;
+		sess.zh = NULL;
+	}
+	pthread_mutex_unlock(&sess.mu);
+	if (old)
+		zookeeper_close(old);
+}
+
+/*
  * Waits (at most command_timeout_ms) until every asynchronous delete of
  * the process is answered: lock.c flushes at a thread's exit, the
  * process's and an exec, where a delete still queued in the library would
@@ -1437,6 +1458,7 @@ static int zk_flush(struct backend_conn *c)
 	long long deadline = deadline_of(c);
 	int left;
 
+	sess_close_ended();
 	pthread_mutex_lock(&sess.mu);
 	while (sess.pending > 0 && cond_wait_until(&sess.cv, &sess.mu, deadline) != ETIMEDOUT)
 		;

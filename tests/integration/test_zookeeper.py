@@ -862,6 +862,14 @@ def cversion(zk, path):
     return int(m.group(1))
 
 
+def plain_config(tmp_path, zk, key):
+    """A config of lock hold_call on key without max_hold_ms or linger_ms
+    (a waiter's, in its own directory)."""
+    d = tmp_path / "plain"
+    d.mkdir(exist_ok=True)
+    return zk_config(d, zk, HOLD_ZK % (key, ""))
+
+
 def driver_enters(bg, progs, cfg, holder, after):
     """Starts a second driver of cfg's lock once holder printed `after`;
     returns the waiter and the seconds from then until it entered."""
@@ -933,7 +941,7 @@ def test_overrun_log_deletes_the_znode_at_the_deadline(bg, progs, zk, tmp_path, 
     cfg = zk_config(tmp_path, zk, HOLD_ZK % (key, "max_hold_ms = %d;" % max_hold
                                              if max_hold else ""))
     holder = bg([progs["driver"], "call:4000"], cfg)
-    waiter, entered = driver_enters(bg, progs, cfg, holder, "enter")
+    waiter, entered = driver_enters(bg, progs, plain_config(tmp_path, zk, key), holder, "enter")
     if max_hold:
         assert entered < 3.0 and holder.p.poll() is None, entered  # the call runs on
     else:
@@ -955,7 +963,8 @@ def test_overrun_kill_kills_and_the_znode_goes_with_the_session(bg, progs, zk, t
     above: there the waiter enters at the deadline, the holder alive.)"""
     cfg = zk_config(tmp_path, zk, HOLD_ZK % ("kill", 'max_hold_ms = 300; on_overrun = "kill";'))
     holder = bg([progs["driver"], "call:20000"], cfg)
-    waiter, entered = driver_enters(bg, progs, cfg, holder, "enter")
+    waiter, entered = driver_enters(bg, progs, plain_config(tmp_path, zk, "kill"), holder,
+                                    "enter")
     assert holder.wait() == -signal.SIGTERM
     assert OVERRUN_SAID % "kill" + "kill" in holder.stderr(), holder.stderr()
     assert entered < SESSION_MS / 1000 + 10 * MULT, entered
