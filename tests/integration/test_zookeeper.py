@@ -1102,3 +1102,49 @@ def test_status_shows_shared_and_permit_holders(bg, zk, tmp_path):
     writer.expect("in")
     writer.send()
     wait_for(lambda: status() == [], what="the holders gone from status")
+
+
+def lock_cli(bg, cfg, *opts):
+    """`lockshim lock` of key k with opts, holding it until sent a line."""
+    h = bg([CLI, "lock", "-c", cfg] + list(opts) + ["k", "--", "sh", "-c",
+                                                     "echo in; read x"], None)
+    h.expect("in")
+    return h
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("holder_opts,waiter,release", [
+    ([], 'mode = "shared";', 0), (["--limit", "2"], "limit = 2;", 1),
+    (["--limit", "2"], "limit = 2;", 0),
+], ids=["shared-behind-writer", "permit-later-holder-leaves", "permit-first-holder-leaves"])
+def test_set_waiter_is_woken_by_the_release(bg, worker_progs, zk, tmp_path, holder_opts,
+                                            waiter, release):
+    """A shared caller behind an exclusive holder, and a third permit of
+    limit 2 behind two holders, wait by a watch: over 2 s the waiter spends
+    (nearly) no CPU and does not enter (the control: the holders are
+    there); once one holder leaves (for the permit, either of the two: they
+    leave in any order, and watching only the first would miss the
+    second's) it enters within 1 s."""
+    root = "/wake%d%s" % (release, "s" if not holder_opts else "p")
+    cfg = zk_set_config(tmp_path, zk, "c", root, 'locks = ( { symbol = "block_call"; '
+                        'key = "k"; wait_ms = 60000; %s } );\n' % waiter)
+    held = [lock_cli(bg, cfg, *holder_opts) for _ in range(2 if holder_opts else 1)]
+    w = bg([worker_progs["block"]], cfg)
+    path = root + "/lockshim%3Ak"
+    wait_for(lambda: len(zk.children(path)) == len(held) + 1, timeout=30,
+             what="the waiter's znode")
+    before = cpu_ticks(w.p.pid)
+    time.sleep(2)  # the span measured, not a synchronisation
+    assert cpu_ticks(w.p.pid) - before <= 3
+    assert len(zk.children(path)) == len(held) + 1
+    held[release].send()
+    t0 = time.monotonic()
+    w.expect("enter", timeout=10)
+    assert time.monotonic() - t0 < 1.0 * MULT
+    w.send()
+    w.expect("call rc=42")
+    for h in held:
+        if h is not held[release]:
+            h.send()
+    for h in held:
+        assert h.wait() == 0
