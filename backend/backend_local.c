@@ -610,6 +610,28 @@ static int any_holder(int fd, const char *rec, char *holder, size_t *hlen, int *
 	return set_holder(fd, set_slots(theirs, *shared), holder, hlen) ? theirs : 0;
 }
 
+/* Writes the record "<fence>\n<val>\n" into rec (LOCAL_RECORD_MAX bytes;
+ * val cut at BACKEND_VAL_MAX) without printf (2-4 % of the uncontended
+ * call, spent inside the lock). Returns its length. */
+static int record_format(char *rec, long long fence, const char *val, size_t vlen)
+{
+	char digits[24], *d = digits + sizeof(digits);
+	unsigned long long f = fence < 0 ? 0 : (unsigned long long)fence;
+	size_t n;
+
+	do
+		*--d = (char)('0' + f % 10);
+	while ((f /= 10) != 0);
+	n = (size_t)(digits + sizeof(digits) - d);
+	memcpy(rec, d, n);
+	rec[n++] = '\n';
+	vlen = vlen < BACKEND_VAL_MAX ? vlen : BACKEND_VAL_MAX;
+	memcpy(rec + n, val, vlen);
+	n += vlen;
+	rec[n++] = '\n';
+	return (int)n;
+}
+
 /*
  * After the lock on fd was taken for it: writes the owner record with the
  * next fence (into *fence). Returns BACKEND_OK or BACKEND_ERR.
@@ -622,7 +644,7 @@ static int record_write(struct backend_conn *c, int fd, const struct backend_ite
 	int n;
 
 	*fence = record_fence(rec) + 1;
-	n = snprintf(rec, sizeof(rec), "%lld\n%.*s\n", *fence, (int)it->vlen, it->val);
+	n = record_format(rec, *fence, it->val, it->vlen);
 	if (pwrite(fd, rec, (size_t)n, 0) != n)
 		return fail(c, "write of the owner record");
 	if ((old < 0 || old > n) && ftruncate(fd, n) != 0)
