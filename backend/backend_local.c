@@ -10,9 +10,10 @@
  * per thread) is an inotify descriptor and one open, unlocked file: the key
  * being waited for (kept across tries: its close would wake the others) or
  * the last released (the next call opens nothing). A waiter watches the
- * file, then tries, then poll()s; a release (F_UNLCK, then futimens or
- * close) or a holder's death wakes it after the unlock. fair: each waiter
- * holds a ticket byte, and only the earliest tries (LOCAL_TICKETS).
+ * file, read-locks the watch byte, then tries, then poll()s; a release
+ * (F_UNLCK, then futimens when the watch byte is held, or close) or a
+ * holder's death wakes it after the unlock (LOCAL_WATCH). fair: each
+ * waiter holds a ticket byte, and only the earliest tries (LOCAL_TICKETS).
  */
 #include "backend.h"
 
@@ -67,6 +68,15 @@
  * does. The kernel frees a dead waiter's ticket with it.
  */
 #define LOCAL_TICKETS ((off_t)1 << 32)
+/*
+ * A waiter read-locks LOCAL_WATCH on its pending descriptor once it
+ * watches (inotify), before its first waiting try, until it enters or
+ * leaves; a release wakes the watchers (futimens) only when F_OFD_GETLK
+ * finds one: the uncontended call makes no wake-up. No wake is lost: the
+ * lock operations of one file are ordered, so a waiter that locks the byte
+ * after the releaser's test tries after its unlock.
+ */
+#define LOCAL_WATCH (LOCAL_TICKETS - 1)
 
 struct backend_config {
 	const struct local_spec *spec;
@@ -84,6 +94,7 @@ struct backend_conn {
 	int pid;   /* the process that opened it */
 	int intent; /* pend holds LOCAL_INTENT (an exclusive waiter behind shared holders) */
 	off_t ticket; /* pend holds this ticket byte (a fair waiter); 0: none */
+	int watching; /* pend holds LOCAL_WATCH (a waiter that watches) */
 	size_t pklen, wklen;
 	char pkey[KEY_BUF_SIZE];
 	char wkey[KEY_BUF_SIZE];
@@ -364,6 +375,7 @@ static void pend_drop(struct backend_conn *c)
 		close(c->pend);
 	c->pend = -1;
 	c->pklen = 0;
+	c->watching = 0;
 }
 
 /* Opens the lock file path (or, when missing, creates it with the mode
@@ -729,6 +741,9 @@ static int busy(const struct backend_conn *c, const struct backend_item *it, lon
 static int hold(struct backend_conn *c, const struct backend_item *it, long long fence)
 {
 	intent_forget(c); /* the intent stays locked until the release: a hold's now */
+	if (c->watching && backend_item_set(it)) /* other holders release meanwhile */
+		byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, LOCAL_WATCH, 1);
+	c->watching = 0; /* else freed by the release's unlock */
 	if (holds_add(it, c->pend, fence) != 0) {
 		snprintf(c->err, sizeof(c->err), "out of memory for the table of holds");
 		pend_drop(c);
@@ -776,11 +791,11 @@ static int excl_acquire(struct backend_conn *c, const struct backend_item *it,
 }
 
 /* Frees the locks of the pending descriptor (its byte 0, slot, intent),
- * but not its ticket: a fair waiter keeps its place. */
+ * but not its watch byte or ticket: a waiter keeps its watch and place. */
 static void pend_unlock(struct backend_conn *c)
 {
 	intent_forget(c);
-	byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, 0, LOCAL_TICKETS);
+	byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, 0, LOCAL_WATCH);
 }
 
 /* Takes LOCAL_FENCE on fd, which others hold for microseconds: tries
@@ -954,12 +969,20 @@ static int local_acquire(struct backend_conn *c, const struct backend_item *it,
 	*holder_len = 0;
 	if (it->waiting && holds_find(it, fence)) { /* ours already (the plain try: never) */
 		ticket_forget(c, c->pend);
+		if (c->watching)
+			byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, LOCAL_WATCH, 1);
+		c->watching = 0;
 		return BACKEND_OK;
 	}
 	if (pend_open(c, it) != BACKEND_OK)
 		return BACKEND_ERR;
 	if (it->waiting && watch(c, it) != BACKEND_OK)
 		unwatched(c);
+	else if (it->waiting && !c->watching) { /* before the try: see LOCAL_WATCH */
+		if (byte_lock(c->pend, F_OFD_SETLK, F_RDLCK, LOCAL_WATCH, 1) != 0)
+			return fail(c, "fcntl F_OFD_SETLK of the watch byte");
+		c->watching = 1;
+	}
 	if (it->fair && (rc = fair_turn(c, it, wait_ms, holder, holder_len)) != BACKEND_OK)
 		return rc;
 	fd = c->pend;
@@ -972,16 +995,28 @@ static int local_acquire(struct backend_conn *c, const struct backend_item *it,
 	return rc;
 }
 
+/* Returns 1 when another open file description holds LOCAL_WATCH (a
+ * waiter watches the file), or the test failed; else 0. */
+static int watched(int fd)
+{
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = LOCAL_WATCH,
+			    .l_len = 1 };
+
+	return fcntl(fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK;
+}
+
 /*
  * Unlocks the held descriptor fd of it's key. Then, when c has no pending
  * descriptor, fd stays open as c's (the thread's next call of the key
- * opens nothing) and futimens wakes the waiters (IN_ATTRIB); else it is
- * closed (IN_CLOSE_WRITE). Either event comes after the unlock.
+ * opens nothing) and, when a waiter watches, futimens wakes the waiters
+ * (IN_ATTRIB); else it is closed (IN_CLOSE_WRITE). Either event comes
+ * after the unlock.
  */
 static void unlock_fd(struct backend_conn *c, const struct backend_item *it, int fd)
 {
-	byte_lock(fd, F_OFD_SETLK, F_UNLCK, 0, 0); /* byte 0, a slot, an intent */
-	if (c->pend >= 0 || it->klen > sizeof(c->pkey) || futimens(fd, NULL) != 0) {
+	byte_lock(fd, F_OFD_SETLK, F_UNLCK, 0, 0); /* byte 0, a slot, an intent, a watch */
+	if (c->pend >= 0 || it->klen > sizeof(c->pkey) ||
+	    (watched(fd) && futimens(fd, NULL) != 0)) {
 		close(fd);
 		return;
 	}
