@@ -74,7 +74,9 @@
  * leaves; a release wakes the watchers (futimens) only when F_OFD_GETLK
  * finds one: the uncontended call makes no wake-up. No wake is lost: the
  * lock operations of one file are ordered, so a waiter that locks the byte
- * after the releaser's test tries after its unlock.
+ * after the releaser's test tries after its unlock. (A fork child that
+ * keeps a waiter's descriptor keeps its byte: releases then wake for
+ * nothing, a cost only.)
  */
 #define LOCAL_WATCH (LOCAL_TICKETS - 1)
 
