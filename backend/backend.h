@@ -205,6 +205,11 @@ struct backend_ops {
 	 * host->lost_all: zookeeper's session expiry), so renew.c lists its
 	 * leaseless locks (never renewing them) to report them. */
 	int reports_lost;
+	/* 1: .count only touches this machine (local's files): a leaseless
+	 * process ships its counts at a release, about once a second, rather
+	 * than start a thread for them (which a leaseless backend without it
+	 * does, as for linger_ms). */
+	int count_inline;
 	/* What log lines call the lock store (backend_store: "Redis" when NULL). */
 	const char *store;
 	/* When `lockshim status` or `lockshim unlock` cannot serve this

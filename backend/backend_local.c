@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "backend_local_conf.h"
+#include "backend_local_count.h"
 #include "log.h"
 #include "keyname.h"
 
@@ -1180,6 +1181,23 @@ static int local_holders(struct backend_conn *c,
 	return BACKEND_OK;
 }
 
+/* .count and .count_read: backend_local_count.c's files of the dir. */
+static int local_count(struct backend_conn *c, const char *key, size_t klen, int n,
+		       const char *const *fields, const size_t *flens, const long long *deltas)
+{
+	return local_count_add(c->bc->spec->dir, c->bc->mode, key, klen, n, fields, flens, deltas,
+			       c->err, sizeof(c->err)) == 0 ? BACKEND_OK : BACKEND_ERR;
+}
+
+static int local_count_values(struct backend_conn *c, const char *ns,
+			      void (*fn)(void *arg, const char *key, size_t klen,
+					 const char *field, size_t flen, long long value),
+			      void *arg)
+{
+	return local_count_read(c->bc->spec->dir, ns, fn, arg, c->err, sizeof(c->err)) == 0 ?
+	       BACKEND_OK : BACKEND_ERR;
+}
+
 const struct backend_ops backend_local = {
 	.name = "local",
 	.settings = &backend_local_settings,
@@ -1201,4 +1219,7 @@ const struct backend_ops backend_local = {
 	.errstr = local_errstr,
 	.ping = local_ping,
 	.holders = local_holders,
+	.count = local_count,
+	.count_read = local_count_values,
+	.count_inline = 1,
 };

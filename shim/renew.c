@@ -31,8 +31,9 @@
  * leases are listed only for the thread's other jobs, max_hold_ms and
  * linger_ms (leaseless_listed), or when its module reports lost leases
  * (zookeeper: a session's expiry loses them all, renew_lost_all), never
- * renewed, and the thread starts only for max_hold_ms and linger_ms, or
- * for on_lost "kill"'s SIGKILL after kill_grace_ms. Its overrun
+ * renewed, and the thread starts only for max_hold_ms and linger_ms, for
+ * on_lost "kill"'s SIGKILL after kill_grace_ms, or to ship counts (unless
+ * .count_inline: then a release ships them, ship_at_release). Its overrun
  * (overrun_leaseless) under on_overrun "log" releases the lock at the
  * deadline, as a Redis lock whose renewal stops expires; under "kill" and
  * "abort" the process's death frees it.
@@ -178,6 +179,27 @@ void renew_conn_failed(struct backend_conn **c, char *err, size_t errlen)
 	*c = NULL;
 }
 
+/*
+ * A leaseless backend whose .count is inline (local's files) starts no
+ * thread for its counts: they go at a release SHIP_PERIOD_US after the
+ * process's first (or its last shipment), on the releasing thread's
+ * connection, besides exit and exec. One clock read per release; the
+ * shipment about once a second at most.
+ */
+static void ship_counts(struct backend_conn **c, const char *when, int level);
+
+static void ship_at_release(struct backend_conn **c)
+{
+	static int64_t due_us; /* 0: this process has not released yet */
+	int64_t now = util_now_us(), due = __atomic_load_n(&due_us, __ATOMIC_RELAXED);
+
+	if ((due && now < due) ||
+	    !__atomic_compare_exchange_n(&due_us, &due, now + SHIP_PERIOD_US, 0,
+					 __ATOMIC_RELAXED, __ATOMIC_RELAXED) || !due)
+		return;
+	ship_counts(c, "metrics", LOG_DEBUG);
+}
+
 int renew_release(struct backend_conn **c, const struct lease *l, int idle, int more,
 		  const char *when)
 {
@@ -189,6 +211,8 @@ int renew_release(struct backend_conn **c, const struct lease *l, int idle, int 
 	    backend->ops->release(*c, &it, more ? BACKEND_ASYNC_MORE : 1) != BACKEND_ERR) {
 		LOGK(LOG_DEBUG, l->spec->symbol, l->key, l->klen, "%s: released %.*s", when,
 		     (int)l->klen, l->key);
+		if (backend->ops->leaseless && backend->ops->count_inline && count_blocks)
+			ship_at_release(c);
 		return 0;
 	}
 	renew_conn_failed(c, err, sizeof(err));
@@ -220,11 +244,13 @@ static int64_t period_us(const struct lease *l)
 	return renew_after_us(l->spec->lease_ms);
 }
 
-/* Whether leaseless l has a job for the thread: a deadline (max_hold_ms)
- * or a keep between calls (linger_ms, lock.c parks it). */
+/* Whether leaseless l has a job for the thread: a deadline (max_hold_ms),
+ * a keep between calls (linger_ms, lock.c parks it), or the process's
+ * counts to ship (a backend whose .count is not inline). */
 static int leaseless_thread(const struct lease *l)
 {
-	return l->spec->max_hold_ms > 0 || l->spec->linger_ms > 0;
+	return l->spec->max_hold_ms > 0 || l->spec->linger_ms > 0 ||
+	       (count_blocks && backend->ops->count && !backend->ops->count_inline);
 }
 
 /* Whether leaseless l is listed: for the thread's jobs, or for its module

@@ -1,21 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * etcd.c - the etcd backend, a module (liblockshim-etcd.so) speaking etcd
- * 3.4's v3 JSON gateway through libcurl: one kept-alive easy handle per
- * thread. The lock is concurrency.Mutex: a lease (its ID derived from key
- * and value, so any connection finds it again), the key <prefix><key>/
- * <mode><lease hex> put with it when absent, in one transaction that also
- * reads the oldest key under <prefix><key>/ (the holder; ours is the fence).
- * The mode ("r" shared, "p<limit>." a permit) is recipes/rwmutex and a
- * semaphore: a permit holds while fewer than limit keys are older, a reader
- * while no older key is a writer. A waiter watches what keeps it out until
- * it is deleted. Release: revoking the lease; renewal: one LeaseKeepAlive
- * per lock (TTL 0: lost). Keys are escaped (% and /). A request whose member
- * went away goes to the next endpoint. With a password each connection
- * authenticates; etcd.tls is https. etcd_holders reads the locks for
- * `lockshim status`. Replies are parsed by json-c as they stream in (a
- * watch's, one object per message, split anywhere): one not the JSON
- * expected is the request's error. One export (etcd.map).
+ * 3.4's v3 JSON gateway through libcurl (a kept-alive handle per thread;
+ * replies parsed by json-c as they stream in). A lock is concurrency.Mutex:
+ * the key <prefix><key>/<mode><lease hex> (key escaped: % and /; mode "r"
+ * shared, "p<limit>." a permit: recipes/rwmutex, a semaphore) put with a
+ * lease derived from key and value; the lowest create revisions hold, a
+ * waiter watches what keeps it out, release revokes the lease, renewal is
+ * a LeaseKeepAlive. A host's counts: the key <prefix>%metrics/<escaped
+ * "<ns>:metrics:{<host>}">, no lease (no lock key starts "%m", % being
+ * escaped), valued "<flen>:<field>=<value>\n" per field in byte order,
+ * rewritten by a txn comparing its mod_revision. etcd_holders lists the
+ * locks for status. One export (etcd.map).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -42,6 +38,7 @@
 #define ETCD_RESP_MAX 16384         /* a reply's bytes at most ... */
 #define ETCD_KV_MAX (ETCD_B64(ETCD_KEY_MAX) + 256) /* ... and of count_before's, per key */
 #define ETCD_EVENT_MAX (1 << 20)    /* one message of a watch at most */
+#define ETCD_METRICS "%metrics/"    /* under the prefix: the hosts' counts (etcd_count) */
 
 struct backend_config {
 	const struct etcd_spec *spec;
@@ -71,6 +68,11 @@ struct backend_conn {
 				  * message) so far, and at most */
 	int cut;                 /* the last reply was longer than cap */
 	int bad;                 /* ... was not one JSON object */
+	char *mkey;              /* the count key c shipped to last (etcd_count) ... */
+	size_t mklen;
+	char *mval;              /* ... its value as c last saw it (malloc'd) ... */
+	size_t mlen;
+	long long mrev;          /* ... at this mod revision (0: absent) */
 	char body[ETCD_BODY_MAX];
 	char err[CURL_ERROR_SIZE + 192];
 	char curl_err[CURL_ERROR_SIZE]; /* libcurl's detail of a failure (the
@@ -189,30 +191,39 @@ static long long lease_id(const struct backend_item *it)
 	return h ? (long long)h : 1;
 }
 
+/* Writes key[0..klen) escaped (% and / as %25 and %2F: no escaped key
+ * holds a / or a % but "%2") at out (3 * klen bytes). Returns its length. */
+static size_t key_escape(const char *key, size_t klen, unsigned char *out)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	size_t len = 0;
+
+	for (size_t i = 0; i < klen; i++) {
+		unsigned char ch = (unsigned char)key[i];
+
+		if (ch == '/' || ch == '%') {
+			out[len++] = '%';
+			out[len++] = (unsigned char)hex[ch >> 4];
+			out[len++] = (unsigned char)hex[ch & 15];
+		} else {
+			out[len++] = ch;
+		}
+	}
+	return len;
+}
+
 /* Fills n with it's names (base64), under prefix: its key's last part
  * says its mode (struct etcd_mode). Returns 0, or -1 when too long. */
 static int names_make(const struct backend_config *bc, const struct backend_item *it,
 		      struct etcd_names *n)
 {
-	static const char hex[] = "0123456789ABCDEF";
 	unsigned char k[ETCD_KEY_MAX];
 	size_t plen = strlen(bc->spec->prefix), len = 0, head;
 
 	if (plen + 3 * it->klen + 32 > sizeof(k))
 		return -1;
 	memcpy(k, bc->spec->prefix, plen);
-	len = plen;
-	for (size_t i = 0; i < it->klen; i++) {
-		unsigned char ch = (unsigned char)it->key[i];
-
-		if (ch == '/' || ch == '%') {
-			k[len++] = '%';
-			k[len++] = (unsigned char)hex[ch >> 4];
-			k[len++] = (unsigned char)hex[ch & 15];
-		} else {
-			k[len++] = ch;
-		}
-	}
+	len = plen + key_escape(it->key, it->klen, k + plen);
 	k[len++] = '/';
 	head = len;
 	b64_encode(k, head, n->from);
@@ -656,18 +667,20 @@ static void endpoint_next(struct backend_conn *c)
 }
 
 /*
- * post() bounded by command_timeout_ms in all; when the member went away,
+ * POSTs body to path (its reply cap bytes at most: post_capped()),
+ * bounded by command_timeout_ms in all; when the member went away,
  * sent again within that time to the next endpoint (each other endpoint
  * once), which becomes the one a new connection tries first. Any request
  * of this module may be sent twice (a grant finds its lease, the
- * transaction its key; see lease_revoke). An error etcd answered is not
+ * transaction its key; see lease_revoke; a count's counts twice). An error etcd answered is not
  * sent again here (lock.c retries until wait_ms), except once after
  * authenticating again when the token was refused. Sets c->resent when an
  * attempt may have been applied unanswered. Returns BACKEND_OK, or
  * BACKEND_ERR with c->err set (etcd's message when it answered one, else
  * libcurl's).
  */
-static int command(struct backend_conn *c, const char *path, const char *what)
+static int command_body(struct backend_conn *c, const char *body, size_t cap,
+			const char *path, const char *what)
 {
 	long long deadline = now_ms() + c->bc->spec->command_timeout_ms;
 	long long left = c->bc->spec->command_timeout_ms;
@@ -675,7 +688,7 @@ static int command(struct backend_conn *c, const char *path, const char *what)
 	CURLcode rc;
 
 	c->resent = 0;
-	while ((rc = post(c, path, left, what)) != CURLE_OK) {
+	while ((rc = post_capped(c, body, path, left, cap, what)) != CURLE_OK) {
 		left = deadline - now_ms();
 		if (rc == CURLE_HTTP_RETURNED_ERROR && token_refused(c) && !reauth++ && left >= 1) {
 			if (authenticate(c, left) != BACKEND_OK)
@@ -693,6 +706,13 @@ static int command(struct backend_conn *c, const char *path, const char *what)
 	if (moves)
 		atomic_store(&endpoint_good, c->ep);
 	return BACKEND_OK;
+}
+
+/* command_body() of c->body, its reply ETCD_RESP_MAX bytes at most
+ * (count_before's: ETCD_KV_MAX more per key). */
+static int command(struct backend_conn *c, const char *path, const char *what)
+{
+	return command_body(c, c->body, ETCD_RESP_MAX + c->counting * ETCD_KV_MAX, path, what);
 }
 
 /* ---- set-up ------------------------------------------------------------- */
@@ -829,6 +849,8 @@ static void etcd_close(struct backend_conn *c)
 	json_object_put(c->doc);
 	if (c->tok)
 		json_tokener_free(c->tok);
+	free(c->mkey);
+	free(c->mval);
 	free(c);
 }
 
@@ -1364,21 +1386,20 @@ static int listing_add(struct etcd_listing *ls, json_object *obj, size_t plen,
 	return 0;
 }
 
-/* Reads every key under c's prefix into ls, in key order: range reads of
- * ETCD_PAGE_MAX keys, halved while a reply overflows c->resp. Returns
+/* Reads the keys of [lo, hi) (raw bytes) into ls, in key order: range
+ * reads of ETCD_PAGE_MAX keys, halved while a reply overflows. Returns
  * BACKEND_OK or BACKEND_ERR (c->err set). */
-static int listing_read(struct backend_conn *c, struct etcd_listing *ls)
+static int listing_range(struct backend_conn *c, struct etcd_listing *ls,
+			 const unsigned char *lo, size_t lolen, const unsigned char *hi,
+			 size_t hilen)
 {
-	const char *prefix = c->bc->spec->prefix;
-	size_t plen = strlen(prefix), lastlen = plen;
-	unsigned char last[ETCD_KEY_MAX + 1], end[ETCD_KEY_MAX];
+	size_t plen = strlen(c->bc->spec->prefix), lastlen = lolen;
+	unsigned char last[ETCD_KEY_MAX + 1];
 	char from[ETCD_B64(ETCD_KEY_MAX + 1)], to[ETCD_B64(ETCD_KEY_MAX)];
 	int limit = ETCD_PAGE_MAX, more = 1;
 
-	memcpy(last, prefix, plen);
-	memcpy(end, prefix, plen);
-	end[plen - 1]++;
-	b64_encode(end, plen, to);
+	memcpy(last, lo, lolen);
+	b64_encode(hi, hilen, to);
 	b64_encode(last, lastlen, from);
 	while (more) {
 		json_object *kv;
@@ -1405,6 +1426,25 @@ static int listing_read(struct backend_conn *c, struct etcd_listing *ls)
 		b64_encode(last, lastlen + 1, from);
 	}
 	return BACKEND_OK;
+}
+
+/* Reads every key under c's prefix but the hosts' counts into ls, in key
+ * order: [<prefix>, <prefix>%metrics/), then [<prefix>%metrics0, the
+ * prefix's end). Returns BACKEND_OK or BACKEND_ERR (c->err set). */
+static int listing_read(struct backend_conn *c, struct etcd_listing *ls)
+{
+	const char *prefix = c->bc->spec->prefix;
+	size_t plen = strlen(prefix), mlen = strlen(ETCD_METRICS);
+	unsigned char p[ETCD_KEY_MAX], m[ETCD_KEY_MAX];
+
+	memcpy(p, prefix, plen);
+	memcpy(m, prefix, plen);
+	memcpy(m + plen, ETCD_METRICS, mlen);
+	if (listing_range(c, ls, p, plen, m, plen + mlen) != BACKEND_OK)
+		return BACKEND_ERR;
+	m[plen + mlen - 1]++;
+	p[plen - 1]++;
+	return listing_range(c, ls, m, plen + mlen, p, plen);
 }
 
 /* Fills e->ttl_ms with its lease's TTL left (-1: gone). Returns BACKEND_OK
@@ -1527,9 +1567,10 @@ static int group_end(const struct etcd_listing *ls, int i)
  * (the key of the lowest create revision under <prefix><key>/, or the
  * keys its mode lets in beside it: group_holders) and its waiters (the
  * rest, in create revision order, given with its first holder). Reads
- * the prefix in pages of at most ETCD_PAGE_MAX keys (fewer while a page
- * overflows the reply buffer), then one lease TTL per holder; keys not of
- * the form <prefix><escaped key>/<mode and lease hex> are skipped. */
+ * the prefix, around the hosts' counts (listing_read), in pages of at
+ * most ETCD_PAGE_MAX keys (fewer while a page overflows the reply
+ * buffer), then one lease TTL per holder; keys not of the form
+ * <prefix><escaped key>/<mode and lease hex> are skipped. */
 static int etcd_holders(struct backend_conn *c,
 			void (*fn)(void *arg, const struct backend_holder *l), void *arg)
 {
@@ -1559,6 +1600,380 @@ static int etcd_holders(struct backend_conn *c,
 	return rc;
 }
 
+/* ---- metrics ------------------------------------------------------------ */
+
+#define ETCD_COUNT_TRIES 16            /* transactions of one shipment at most */
+#define ETCD_COUNT_VALUE_MAX (3 << 20) /* a host's value at most (etcd refuses a
+					* request past --max-request-bytes first:
+					* 1.5 MiB by default) */
+#define ETCD_COUNT_REPLY_MAX (ETCD_B64(ETCD_COUNT_VALUE_MAX) + ETCD_RESP_MAX)
+#define ETCD_METRICS_READ_MAX (64 << 20) /* count_read's one reply at most */
+
+/* One field of a host's value, pointing into it (or into .count's
+ * arguments). */
+struct etcd_count {
+	const char *field;
+	size_t flen;
+	long long value;
+};
+
+/* Orders fields a[0..al) and b[0..bl) bytewise (a prefix first). */
+static int field_cmp(const char *a, size_t al, const char *b, size_t bl)
+{
+	int r = memcmp(a, b, al < bl ? al : bl);
+
+	return r ? r : (al > bl) - (al < bl);
+}
+
+static int count_cmp(const void *x, const void *y)
+{
+	const struct etcd_count *a = x, *b = y;
+
+	return field_cmp(a->field, a->flen, b->field, b->flen);
+}
+
+/* Reads the decimal at v[*at..n) (a '-' first when neg) ending at byte
+ * end into *out; *at moves past end. Returns 0, or -1. */
+static int count_number(const char *v, size_t n, size_t *at, int neg, char end, long long *out)
+{
+	size_t i = *at, first;
+	int minus = neg && i < n && v[i] == '-';
+	long long x = 0;
+
+	i += (size_t)minus;
+	for (first = i; i < n && v[i] >= '0' && v[i] <= '9'; i++)
+		if (__builtin_mul_overflow(x, 10, &x) ||
+		    __builtin_add_overflow(x, minus ? -(v[i] - '0') : v[i] - '0', &x))
+			return -1;
+	if (i == first || i >= n || v[i] != end)
+		return -1;
+	*at = i + 1;
+	*out = x;
+	return 0;
+}
+
+/*
+ * Parses a host's value v[0..n): "<flen>:<field>=<value>\n" per field,
+ * fields in strictly increasing byte order. Fills *out (malloc'd, the
+ * caller frees it; fields point into v) and *nout. Returns 0, -1 when v is
+ * not of that form, or -2 out of memory.
+ */
+static int counts_parse(const char *v, size_t n, struct etcd_count **out, size_t *nout)
+{
+	struct etcd_count *e = malloc((n / 6 + 1) * sizeof(*e));
+	size_t k = 0, at = 0;
+	long long flen;
+
+	if (!e)
+		return -2;
+	while (at < n) {
+		if (count_number(v, n, &at, 0, ':', &flen) || flen < 1 || (size_t)flen > n - at)
+			break;
+		e[k].field = v + at;
+		e[k].flen = (size_t)flen;
+		at += (size_t)flen;
+		if (at >= n || v[at++] != '=' || count_number(v, n, &at, 1, '\n', &e[k].value) ||
+		    (k && count_cmp(&e[k - 1], &e[k]) >= 0))
+			break;
+		k++;
+	}
+	if (at < n) {
+		free(e);
+		return -1;
+	}
+	*out = e;
+	*nout = k;
+	return 0;
+}
+
+/*
+ * Writes the value of old[0..no) plus add[0..na) (both in field order,
+ * add's fields each once): each field's value plus its delta (a new field
+ * from 0), into *out (malloc'd; the caller frees it), its length in *olen.
+ * Returns 0, or -1 out of memory or when a value would overflow.
+ */
+static int counts_merge(const struct etcd_count *old, size_t no, const struct etcd_count *add,
+			size_t na, char **out, size_t *olen)
+{
+	size_t cap = 1, len = 0, i = 0, j = 0;
+	char *buf;
+
+	for (size_t k = 0; k < no; k++)
+		cap += old[k].flen + 44;
+	for (size_t k = 0; k < na; k++)
+		cap += add[k].flen + 44;
+	if (!(buf = malloc(cap)))
+		return -1;
+	while (i < no || j < na) {
+		int r = i == no ? 1 : j == na ? -1 : count_cmp(&old[i], &add[j]);
+		const struct etcd_count *e = r <= 0 ? &old[i] : &add[j];
+		long long v = e->value;
+
+		if (r == 0 && __builtin_add_overflow(v, add[j].value, &v)) {
+			free(buf);
+			return -1;
+		}
+		len += (size_t)snprintf(buf + len, cap - len, "%zu:", e->flen);
+		memcpy(buf + len, e->field, e->flen);
+		len += e->flen;
+		len += (size_t)snprintf(buf + len, cap - len, "=%lld\n", v);
+		i += r <= 0;
+		j += r >= 0;
+	}
+	*out = buf;
+	*olen = len;
+	return 0;
+}
+
+/* Returns the raw name of count key key[0..klen) under bc's prefix,
+ * <prefix>%metrics/<escaped key> (malloc'd, the caller frees it; NULL out
+ * of memory), its length in *len. */
+static unsigned char *metrics_name(const struct backend_config *bc, const char *key,
+				   size_t klen, size_t *len)
+{
+	size_t plen = strlen(bc->spec->prefix), mlen = strlen(ETCD_METRICS);
+	unsigned char *k = malloc(plen + mlen + 3 * klen + 1);
+
+	if (!k)
+		return NULL;
+	memcpy(k, bc->spec->prefix, plen);
+	memcpy(k + plen, ETCD_METRICS, mlen);
+	*len = plen + mlen + key_escape(key, klen, k + plen + mlen);
+	return k;
+}
+
+/* Remembers v[0..n) (NULL: none) as c's count key's value at mod revision
+ * rev. Returns 0, or -1 out of memory (then nothing is remembered). */
+static int count_seen(struct backend_conn *c, const char *v, size_t n, long long rev)
+{
+	char *copy = n ? malloc(n) : NULL;
+
+	if (n && !copy) {
+		c->mrev = c->mlen = 0;
+		return -1;
+	}
+	if (n)
+		memcpy(copy, v, n);
+	free(c->mval);
+	c->mval = copy;
+	c->mlen = n;
+	c->mrev = rev;
+	return 0;
+}
+
+/*
+ * Reads the failed count transaction's range (the key's value and mod
+ * revision now; none: absent) into what c remembers. Returns BACKEND_OK
+ * or BACKEND_ERR.
+ */
+static int count_reread(struct backend_conn *c)
+{
+	json_object *r = nth_range(c->doc, 0), *kv = reply_nth(r, "kvs", 0);
+	const char *v = "";
+	size_t vl = 0;
+	char *raw;
+	long long rev = 0;
+	int rc;
+
+	if (!r || (kv && (reply_int(kv, "mod_revision", 0, &rev) || rev <= 0)))
+		return fail(c, "metrics", "unexpected reply");
+	if (kv)
+		reply_str(kv, "value", &v, &vl);
+	if (!(raw = malloc(vl / 4 * 3 + 3)))
+		return fail(c, "metrics", "out of memory");
+	rc = count_seen(c, raw, b64_decode(v, vl, raw, vl / 4 * 3 + 3), rev);
+	free(raw);
+	return rc ? fail(c, "metrics", "out of memory") : BACKEND_OK;
+}
+
+/*
+ * One attempt at the count key (base64 k): the value c remembers plus
+ * add[0..na), put if the key's mod revision is still the one remembered;
+ * else the key's value now read (for the next attempt). Returns 1 done, 0
+ * lost the compare, or BACKEND_ERR.
+ */
+static int count_try(struct backend_conn *c, const char *k, const struct etcd_count *add,
+		     size_t na)
+{
+	struct etcd_count *old = NULL;
+	size_t no = 0, nlen = 0, blen;
+	char *next = NULL, *b64 = NULL, *body = NULL;
+	int rc = BACKEND_ERR, p = counts_parse(c->mval, c->mlen, &old, &no);
+
+	if (p == -1)
+		fail(c, "metrics", "the host's key holds a value not of lockshim's format");
+	else if (p || counts_merge(old, no, add, na, &next, &nlen))
+		fail(c, "metrics", p ? "out of memory" : "out of memory, or a count overflows");
+	else if (nlen > ETCD_COUNT_VALUE_MAX)
+		fail(c, "metrics", "the host's counts take more than 3 MiB");
+	else if (!(b64 = malloc(ETCD_B64(nlen))) ||
+		 !(body = malloc(blen = 3 * strlen(k) + ETCD_B64(nlen) + 256)))
+		fail(c, "metrics", "out of memory");
+	else {
+		b64_encode((const unsigned char *)next, nlen, b64);
+		snprintf(body, blen, "{\"compare\":[{\"target\":\"MOD\",\"key\":\"%s\","
+			 "\"mod_revision\":\"%lld\",\"result\":\"EQUAL\"}],\"success\":[{"
+			 "\"request_put\":{\"key\":\"%s\",\"value\":\"%s\"}}],\"failure\":[{"
+			 "\"request_range\":{\"key\":\"%s\"}}]}", k, c->mrev, k, b64, k);
+		if (command_body(c, body, ETCD_COUNT_REPLY_MAX, "/v3/kv/txn", "metrics") ==
+		    BACKEND_OK) {
+			int put = reply_bool(c->doc, "succeeded");
+			long long rev = reply_revision(c->doc);
+
+			if (put < 0 || (put && rev <= 0))
+				fail(c, "metrics", "unexpected reply");
+			else if (put)
+				rc = count_seen(c, next, nlen, rev) ? fail(c, "metrics", "out of "
+									   "memory") : 1;
+			else
+				rc = count_reread(c) == BACKEND_OK ? 0 : BACKEND_ERR;
+		}
+	}
+	free(old);
+	free(next);
+	free(b64);
+	free(body);
+	return rc;
+}
+
+/*
+ * .count: adds deltas[i] to fields[i] of the host's count key
+ * <prefix>%metrics/<escaped key>, in one transaction that puts the value
+ * c last saw plus the deltas if the key's mod revision is still the one
+ * it saw; lost (another process of the host wrote), the transaction's
+ * failure branch reads the value anew, and it is tried again
+ * (ETCD_COUNT_TRIES at most): no increment is lost, and a shipment is
+ * one round trip while c's view is current. Past etcd's request limit
+ * (--max-request-bytes, 1.5 MiB by default) etcd refuses the put
+ * ("request is too large"): every shipment of that host fails from then
+ * on, its counts staying in its processes. A transaction applied whose
+ * answer was lost (sent again by command(), or shipped again by the
+ * shim) counts twice. Returns BACKEND_OK or BACKEND_ERR.
+ */
+static int etcd_count(struct backend_conn *c, const char *key, size_t klen, int n,
+		      const char *const *fields, const size_t *flens, const long long *deltas)
+{
+	struct etcd_count *add = malloc((size_t)(n > 0 ? n : 1) * sizeof(*add));
+	size_t len = 0, na = 0;
+	unsigned char *name = metrics_name(c->bc, key, klen, &len);
+	char *k = name ? malloc(ETCD_B64(len)) : NULL;
+	int rc = 0;
+
+	if (!add || !k) {
+		rc = fail(c, "metrics", "out of memory");
+		goto out;
+	}
+	for (int i = 0; i < n; i++)
+		add[i] = (struct etcd_count){ fields[i], flens[i], deltas[i] };
+	qsort(add, (size_t)n, sizeof(*add), count_cmp);
+	for (int i = 0; i < n; i++) /* one entry per field: the deltas summed */
+		if (na && !count_cmp(&add[na - 1], &add[i]))
+			add[na - 1].value += add[i].value;
+		else
+			add[na++] = add[i];
+	if (!c->mkey || c->mklen != klen || memcmp(c->mkey, key, klen)) {
+		free(c->mkey);
+		c->mklen = 0;
+		if (!(c->mkey = malloc(klen + 1)) || count_seen(c, NULL, 0, 0)) {
+			rc = fail(c, "metrics", "out of memory");
+			goto out;
+		}
+		memcpy(c->mkey, key, klen);
+		c->mklen = klen;
+	}
+	b64_encode(name, len, k);
+	for (int i = 0; rc == 0 && i < ETCD_COUNT_TRIES; i++)
+		rc = count_try(c, k, add, na);
+	if (rc == 0)
+		rc = fail(c, "metrics", "the host's key changed under every attempt");
+out:
+	free(add);
+	free(name);
+	free(k);
+	return rc == 1 ? BACKEND_OK : BACKEND_ERR;
+}
+
+/*
+ * Calls fn for each field of kv (a count key of the gateway's reply, under
+ * the metrics name m[0..mlen)): its key unescaped, its value parsed.
+ * Returns BACKEND_OK or BACKEND_ERR.
+ */
+static int count_report(struct backend_conn *c, json_object *kv, size_t mlen,
+			void (*fn)(void *arg, const char *key, size_t klen, const char *field,
+				   size_t flen, long long value),
+			void *arg)
+{
+	const char *k, *v = "";
+	size_t kl, vl = 0, rawlen, vlen, ne = 0;
+	char *raw = NULL, *val = NULL;
+	struct etcd_count *e = NULL;
+	int rc = BACKEND_ERR, p;
+
+	if (!reply_str(kv, "key", &k, &kl))
+		return fail(c, "metrics", "unexpected reply");
+	reply_str(kv, "value", &v, &vl);
+	if (!(raw = malloc(kl / 4 * 3 + 3)) || !(val = malloc(vl / 4 * 3 + 3))) {
+		fail(c, "metrics", "out of memory");
+		goto out;
+	}
+	rawlen = b64_decode(k, kl, raw, kl / 4 * 3 + 3);
+	vlen = b64_decode(v, vl, val, vl / 4 * 3 + 3);
+	if (rawlen < mlen || (p = counts_parse(val, vlen, &e, &ne)) == -1) {
+		fail(c, "metrics", "a host's key holds a value not of lockshim's format");
+		goto out;
+	}
+	if (p) {
+		fail(c, "metrics", "out of memory");
+		goto out;
+	}
+	rawlen = name_unescape(raw + mlen, rawlen - mlen, raw);
+	for (size_t i = 0; i < ne; i++)
+		fn(arg, raw, rawlen, e[i].field, e[i].flen, e[i].value);
+	rc = BACKEND_OK;
+out:
+	free(raw);
+	free(val);
+	free(e);
+	return rc;
+}
+
+/*
+ * .count_read: every host's count key of namespace ns, in one range read
+ * of [<prefix>%metrics/<escaped ns>:metrics:{, ...|) (its reply at most
+ * ETCD_METRICS_READ_MAX bytes, "metrics: reply too long" past it), each
+ * field to fn. Returns BACKEND_OK or BACKEND_ERR.
+ */
+static int etcd_count_read(struct backend_conn *c, const char *ns,
+			   void (*fn)(void *arg, const char *key, size_t klen, const char *field,
+				      size_t flen, long long value),
+			   void *arg)
+{
+	char head[KEY_MAX_NAMESPACE + 16];
+	size_t hlen = (size_t)snprintf(head, sizeof(head), "%s:metrics:{", ns), len, mlen;
+	unsigned char *name = hlen < sizeof(head) ? metrics_name(c->bc, head, hlen, &len) : NULL;
+	char from[ETCD_B64(ETCD_KEY_MAX)], to[ETCD_B64(ETCD_KEY_MAX)];
+	json_object *kv;
+	int rc = BACKEND_OK;
+
+	if (!name)
+		return fail(c, "metrics", hlen < sizeof(head) ? "out of memory" :
+			    "namespace too long");
+	mlen = strlen(c->bc->spec->prefix) + strlen(ETCD_METRICS);
+	b64_encode(name, len, from);
+	name[len - 1]++;
+	b64_encode(name, len, to);
+	free(name);
+	snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"range_end\":\"%s\"}", from, to);
+	if (command_body(c, c->body, ETCD_METRICS_READ_MAX, "/v3/kv/range", "metrics") !=
+	    BACKEND_OK)
+		return BACKEND_ERR;
+	if (reply_revision(c->doc) <= 0)
+		return fail(c, "metrics", "unexpected reply");
+	for (size_t i = 0; rc == BACKEND_OK && (kv = reply_nth(c->doc, "kvs", i)); i++)
+		rc = count_report(c, kv, mlen, fn, arg);
+	return rc;
+}
+
 static const struct backend_ops etcd_ops = {
 	.name = "etcd",
 	.watched = 1,
@@ -1580,6 +1995,8 @@ static const struct backend_ops etcd_ops = {
 	.errstr = etcd_errstr,
 	.ping = etcd_ping,
 	.holders = etcd_holders,
+	.count = etcd_count,
+	.count_read = etcd_count_read,
 };
 
 __attribute__((visibility("default")))

@@ -6,15 +6,16 @@
  * lock-<mark>-N (keyname.h; the mark is its create's own, so a create
  * whose reply was lost can be found and deleted) holding the lock value;
  * the lowest holds; a waiter watches only its predecessor: FIFO. The fence
- * is the znode's czxid (zk_create). One session per process, shared by its
- * threads, is the lease (the library heartbeats); its expiry loses every
- * lock of the process: reported at once, from the watcher, through the
- * core's lost-lease path (host->lost_all: on_lost), and their releases
- * send nothing. Requests use the library's
- * asynchronous form, each waited for at most command_timeout_ms on the
- * connection's call slot. The process's znodes (holds) outlive a thread's
- * connection, and a delete lost with the connection (a leader's death) is
- * sent again. A fork child makes its own session. One export.
+ * is the znode's czxid. One session per process, shared by its threads, is
+ * the lease (the library heartbeats); its expiry loses every lock of the
+ * process, reported at once (host->lost_all). Requests are asynchronous,
+ * each waited for at most command_timeout_ms on the connection's call
+ * slot; the process's znodes (holds) outlive a thread's connection, and a
+ * delete lost with its connection is sent again. Metrics: one persistent
+ * znode per host, <root>/.metrics/<its key's name> (no key's name starts
+ * with "."), data "lockshim-metrics 1\n<klen>\n<key>\n" then
+ * "<flen> <value>\n<field>\n" per field, added to by read and write at
+ * the version read (again when another wrote meanwhile); at most 1 MB.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -66,6 +67,8 @@ struct zk_call {
 	long long seq;            /* children: ours (in) ... */
 	int mine, lower;          /* ... present; how many sequences are below it */
 	char pred[ZK_NAME_MAX];   /* ... and the highest of them (the predecessor) */
+	char *data;               /* get: the znode's data (malloc'd, the slot's) ... */
+	int dlen, version;        /* ... its length and the znode's version */
 };
 
 /* A znode this process made: queued, or holding when lowest; in
@@ -260,6 +263,15 @@ static int fired_for(unsigned long seen, const char *watched)
 	return 0;
 }
 
+/* Whether a completion's rc leaves its request's outcome unknown: the
+ * library failed it with its connection (lost, timed out, or closed on a
+ * reply out of order: ZRUNTIMEINCONSISTENCY), not the server answering.
+ * Every system error (ZSYSTEMERROR down to ZAPIERROR) comes so. */
+static int outcome_unknown(int rc)
+{
+	return rc < ZOK && rc > ZAPIERROR;
+}
+
 /* The library's log lines go nowhere (they would be the program's stderr). */
 static void log_none(const char *msg)
 {
@@ -340,6 +352,7 @@ static struct zk_call *call_new(void)
 
 static void call_free(struct zk_call *k)
 {
+	free(k->data);
 	pthread_mutex_destroy(&k->mu);
 	pthread_cond_destroy(&k->cv);
 	free(k);
@@ -362,6 +375,10 @@ static struct zk_call *call_begin_n(struct backend_conn *c, int want)
 	k->mine = 0;
 	k->lower = 0;
 	k->pred[0] = 0;
+	free(k->data);
+	k->data = NULL;
+	k->dlen = 0;
+	k->version = -1;
 	return k;
 }
 
@@ -494,7 +511,7 @@ static void done_release(int rc, const void *data)
 	struct zk_hold *h = (struct zk_hold *)data;
 	int gone;
 
-	if (h && (rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT)) {
+	if (h && outcome_unknown(rc)) {
 		pthread_mutex_lock(&sess.mu);
 		h->retried = 1;
 		pthread_mutex_unlock(&sess.mu);
@@ -529,7 +546,7 @@ static void done_swept(int rc, const void *data)
 {
 	struct zk_sweep *w = (struct zk_sweep *)data;
 
-	if ((rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT) &&
+	if (outcome_unknown(rc) &&
 	    zoo_aget_children(w->zh, w->dir, 0, sweep_listed, w) == ZOK)
 		w = NULL;
 	free(w);
@@ -550,7 +567,7 @@ static void sweep_listed(int rc, const struct String_vector *v, const void *data
 	struct zk_sweep *w = (struct zk_sweep *)data;
 	char path[ZK_PATH_MAX + 64];
 
-	if ((rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT) &&
+	if (outcome_unknown(rc) &&
 	    zoo_aget_children(w->zh, w->dir, 0, sweep_listed, w) == ZOK)
 		return;
 	for (int i = 0; rc == ZOK && v && i < v->count; i++) {
@@ -614,7 +631,7 @@ static void done_create(int rc, const char *path, const struct Stat *st, const v
 			pthread_mutex_unlock(&sess.mu);
 			if (zoo_adelete(zh, path, -1, done_release, NULL) != ZOK)
 				done_release(ZOK, NULL);
-		} else if (rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT) {
+		} else if (outcome_unknown(rc)) {
 			sweep_start(zh, k->dir, k->mark);
 		}
 		if (last)
@@ -814,7 +831,7 @@ static int create_and_list(struct backend_conn *c, zhandle_t *zh, struct zk_call
 	rc = call_wait(c, k, ZOK, deadline_of(c), "create");
 	if (rc == ZOPERATIONTIMEOUT)
 		return rc;
-	if (k->crc == ZCONNECTIONLOSS || k->crc == ZOPERATIONTIMEOUT)
+	if (outcome_unknown(k->crc))
 		sweep_start(zh, k->dir, k->mark);
 	if (k->crc != ZOK)
 		snprintf(c->err, sizeof(c->err), "create: %s", zerror(k->crc));
@@ -974,7 +991,7 @@ static int zk_delete(struct backend_conn *c, struct zk_hold *h, int async)
 			return BACKEND_ERR;
 		rc = call_wait(c, k, zoo_adelete(zh, h->path, -1, done_void, k), deadline_of(c),
 			       "delete");
-		if (rc != ZCONNECTIONLOSS && rc != ZOPERATIONTIMEOUT) {
+		if (!outcome_unknown(rc)) {
 			hold_drop(h);
 			return rc == ZOK ? BACKEND_OK : rc == ZNONODE ? BACKEND_NO : BACKEND_ERR;
 		}
@@ -1356,12 +1373,343 @@ static int zk_holders(struct backend_conn *c,
 	if (keys.count > 1)
 		qsort(keys.data, (size_t)keys.count, sizeof(*keys.data), by_name);
 	for (int i = 0; rc == ZOK && i < keys.count; i++) {
-		if (strlen(keys.data[i]) >= KEYNAME_SIZE)
-			continue; /* not a key's name */
+		if (strlen(keys.data[i]) >= KEYNAME_SIZE || keys.data[i][0] == '.')
+			continue; /* not a key's name (".metrics": the counts) */
 		snprintf(dir, sizeof(dir), "%s/%s", root, keys.data[i]);
 		rc = key_holders(c, zh, dir, keys.data[i], fn, arg);
 	}
 	deallocate_String_vector(&keys);
+	return rc == ZOK ? BACKEND_OK : BACKEND_ERR;
+}
+
+/* ---- metrics: one persistent znode per host, <root>/.metrics/<name> -------- */
+
+#define ZK_METRICS "/.metrics"        /* no key's name starts with "." (keyname.h) */
+#define ZK_METRICS_MAGIC "lockshim-metrics 1\n"
+/* The most a metrics znode holds: ZooKeeper drops the connection of a
+ * request past its jute.maxbuffer (1 MB less a byte by default), so a
+ * shipment that would grow the data past this is refused here, with the
+ * room left for the request's path and header. */
+#define ZK_METRICS_MAX 1000000
+
+/* One field of a metrics znode and its value; name points into the
+ * znode's data or into .count's fields. */
+struct zk_field {
+	const char *name;
+	size_t len;
+	long long value;
+};
+
+/* A metrics znode's data, parsed: its key and its fields (f malloc'd). */
+struct zk_counts {
+	const char *key;
+	size_t klen;
+	struct zk_field *f;
+	int n, cap;
+};
+
+/* Appends a field; returns 0, or -1 out of memory. */
+static int counts_add(struct zk_counts *m, const char *name, size_t len, long long value)
+{
+	if (m->n == m->cap) {
+		int cap = m->cap ? m->cap * 2 : 32;
+		struct zk_field *f = realloc(m->f, (size_t)cap * sizeof(*f));
+
+		if (!f)
+			return -1;
+		m->f = f;
+		m->cap = cap;
+	}
+	m->f[m->n++] = (struct zk_field){ name, len, value };
+	return 0;
+}
+
+/* Reads a decimal number (a '-' first allowed when sign) ended by stop at
+ * *p, below end, moving *p past stop. Returns 0, or -1 when malformed. */
+static int read_num(const char **p, const char *end, int sign, char stop, long long *v)
+{
+	const char *s = *p;
+	int neg = sign && s < end && *s == '-';
+	unsigned long long u = 0;
+
+	s += neg;
+	if (s == end || !isdigit((unsigned char)*s))
+		return -1;
+	while (s < end && isdigit((unsigned char)*s)) {
+		if (u > (unsigned long long)LLONG_MAX / 10)
+			return -1;
+		u = u * 10 + (unsigned long long)(*s++ - '0');
+	}
+	if (s == end || *s != stop || u > (unsigned long long)LLONG_MAX)
+		return -1;
+	*v = neg ? -(long long)u : (long long)u;
+	*p = s + 1;
+	return 0;
+}
+
+/*
+ * Parses a metrics znode's data d[0..n) into m (its strings point into
+ * d; m->f is the caller's to free, also on failure). The format:
+ * "lockshim-metrics 1\n", the key as "<klen>\n<key>\n", then one
+ * "<flen> <value>\n<field>\n" per field. Returns 0, or -1 when d is not
+ * that (or out of memory).
+ */
+static int counts_parse(const char *d, size_t n, struct zk_counts *m)
+{
+	const char *p = d, *end = d + n;
+	long long len, v;
+
+	if (n < sizeof(ZK_METRICS_MAGIC) - 1 ||
+	    memcmp(d, ZK_METRICS_MAGIC, sizeof(ZK_METRICS_MAGIC) - 1) != 0)
+		return -1;
+	p += sizeof(ZK_METRICS_MAGIC) - 1;
+	if (read_num(&p, end, 0, '\n', &len) || len >= end - p || p[len] != '\n')
+		return -1;
+	m->key = p;
+	m->klen = (size_t)len;
+	p += len + 1;
+	while (p < end) {
+		if (read_num(&p, end, 0, ' ', &len) || read_num(&p, end, 1, '\n', &v) ||
+		    len >= end - p || p[len] != '\n' || counts_add(m, p, (size_t)len, v))
+			return -1;
+		p += len + 1;
+	}
+	return 0;
+}
+
+/* Adds deltas[i] to fields[i] of m (a field not there yet is added at
+ * 0). Returns 0, or -1 out of memory. */
+static int counts_merge(struct zk_counts *m, int n, const char *const *fields,
+			const size_t *flens, const long long *deltas)
+{
+	for (int i = 0; i < n; i++) {
+		int j = 0;
+
+		while (j < m->n && !(m->f[j].len == flens[i] &&
+				     memcmp(m->f[j].name, fields[i], flens[i]) == 0))
+			j++;
+		if (j < m->n)
+			m->f[j].value += deltas[i];
+		else if (counts_add(m, fields[i], flens[i], deltas[i]))
+			return -1;
+	}
+	return 0;
+}
+
+/* Writes m in counts_parse's format into a malloc'd *out (the caller
+ * frees it). Returns its length, or 0 out of memory. */
+static size_t counts_write(const struct zk_counts *m, char **out)
+{
+	size_t cap = sizeof(ZK_METRICS_MAGIC) + 24 + m->klen, off;
+
+	for (int i = 0; i < m->n; i++)
+		cap += m->f[i].len + 48;
+	if (!(*out = malloc(cap)))
+		return 0;
+	off = (size_t)snprintf(*out, cap, ZK_METRICS_MAGIC "%zu\n", m->klen);
+	memcpy(*out + off, m->key, m->klen);
+	off += m->klen;
+	(*out)[off++] = '\n';
+	for (int i = 0; i < m->n; i++) {
+		off += (size_t)snprintf(*out + off, cap - off, "%zu %lld\n", m->f[i].len,
+					m->f[i].value);
+		memcpy(*out + off, m->f[i].name, m->f[i].len);
+		off += m->f[i].len;
+		(*out)[off++] = '\n';
+	}
+	return off;
+}
+
+/* A get's reply: the data copied into the slot (k->data, freed with it
+ * or at its next request) and the znode's version. */
+static void done_data(int rc, const char *value, int vlen, const struct Stat *st,
+		      const void *data)
+{
+	struct zk_call *k = (struct zk_call *)data;
+
+	if (!call_take(k))
+		return;
+	if (rc == ZOK) {
+		k->version = st ? st->version : -1;
+		if (vlen > 0 && value && !(k->data = malloc((size_t)vlen)))
+			rc = ZSYSTEMERROR;
+		else if (vlen > 0 && value) {
+			memcpy(k->data, value, (size_t)vlen);
+			k->dlen = vlen;
+		}
+	}
+	call_done(k, rc);
+}
+
+/* Gets path's data into c->call (data, dlen, version). Returns the
+ * ZooKeeper result (ZNONODE: no such znode), c->err said on failure. */
+static int get_data(struct backend_conn *c, zhandle_t *zh, const char *path)
+{
+	struct zk_call *k = call_begin(c);
+
+	if (!k)
+		return ZSYSTEMERROR;
+	return call_wait(c, k, zoo_aget(zh, path, 0, done_data, k), deadline_of(c), "get");
+}
+
+/* Writes <root>/.metrics into c->dir and <root>/.metrics/<key's name>
+ * into path (ZK_PATH_MAX bytes). */
+static void metrics_path(struct backend_conn *c, const char *key, size_t klen, char *path)
+{
+	size_t n = (size_t)snprintf(c->dir, sizeof(c->dir), "%s" ZK_METRICS,
+				    c->bc->spec->root);
+
+	memcpy(path, c->dir, n);
+	path[n++] = '/';
+	keyname_encode(key, klen, path + n);
+}
+
+/*
+ * One read-modify-write of the metrics znode path: read (with its
+ * version), the deltas added, written back at that version (or created
+ * when missing). Returns ZOK; ZBADVERSION when another process wrote it
+ * meanwhile (or made or deleted it: read again); ZNONODE when its parent
+ * is missing; else the failure, said in c->err (ZBADARGUMENTS: data that
+ * is not lockshim's counts, or a znode past ZK_METRICS_MAX: left as is).
+ */
+static int count_once(struct backend_conn *c, zhandle_t *zh, const char *path, const char *key,
+		      size_t klen, int n, const char *const *fields, const size_t *flens,
+		      const long long *deltas)
+{
+	struct zk_counts m = { .key = key, .klen = klen };
+	struct zk_call *k;
+	char *out = NULL;
+	size_t len = 0;
+	int rc = get_data(c, zh, path), version;
+
+	if (rc != ZOK && rc != ZNONODE)
+		return rc;
+	/* m's strings point into the get's data, freed by the next request
+	 * on the slot: out is written before it */
+	version = c->call->version;
+	if (rc == ZOK && (counts_parse(c->call->data, (size_t)c->call->dlen, &m) ||
+			  m.klen != klen || memcmp(m.key, key, klen) != 0)) {
+		snprintf(c->err, sizeof(c->err), "metrics znode %.120s holds no counts of "
+			 "lockshim's (left as it is)", path);
+		rc = ZBADARGUMENTS;
+	} else if (counts_merge(&m, n, fields, flens, deltas) || !(len = counts_write(&m, &out))) {
+		snprintf(c->err, sizeof(c->err), "out of memory");
+		rc = ZSYSTEMERROR;
+	} else if (len > ZK_METRICS_MAX) {
+		snprintf(c->err, sizeof(c->err), "metrics znode %.100s would hold %zu bytes, past "
+			 "the %d a znode may hold (jute.maxbuffer): counts not kept", path, len,
+			 ZK_METRICS_MAX);
+		rc = ZBADARGUMENTS;
+	} else if (!(k = call_begin(c))) {
+		rc = ZSYSTEMERROR;
+	} else if (rc == ZNONODE) {
+		rc = call_wait(c, k, zoo_acreate2(zh, path, out, (int)len, &ZOO_OPEN_ACL_UNSAFE,
+						  ZOO_PERSISTENT, done_parent, k),
+			       deadline_of(c), "create metrics");
+		rc = rc == ZNODEEXISTS ? ZBADVERSION : rc;
+	} else {
+		rc = call_wait(c, k, zoo_aset(zh, path, out, (int)len, version, done_stat, k),
+			       deadline_of(c), "set metrics");
+		rc = rc == ZNONODE ? ZBADVERSION : rc;
+	}
+	free(m.f);
+	free(out);
+	return rc;
+}
+
+/*
+ * .count: adds the deltas to the host's metrics znode (key's), read and
+ * written back at the version read, again while another process of the
+ * host (same key) wrote it meanwhile, for at most command_timeout_ms:
+ * no increment is lost. The parents are made when missing. Returns
+ * BACKEND_OK, or BACKEND_ERR with c->err (a write whose reply was lost
+ * may have been made: the shim's next shipment then counts it twice).
+ */
+static int zk_count(struct backend_conn *c, const char *key, size_t klen, int n,
+		    const char *const *fields, const size_t *flens, const long long *deltas)
+{
+	long long deadline = deadline_of(c);
+	char path[ZK_PATH_MAX];
+	zhandle_t *zh;
+	unsigned gen;
+	int rc, made = 0;
+
+	if (!(zh = sess_get(c, &gen)))
+		return BACKEND_ERR;
+	metrics_path(c, key, klen, path);
+	for (;;) {
+		rc = count_once(c, zh, path, key, klen, n, fields, flens, deltas);
+		if (rc == ZOK)
+			return BACKEND_OK;
+		if (rc == ZNONODE && !made++) {
+			if ((rc = make_parents(c, zh)) != ZOK)
+				return BACKEND_ERR;
+			continue;
+		}
+		if (rc != ZBADVERSION)
+			return BACKEND_ERR;
+		if (now_ms() >= deadline) {
+			snprintf(c->err, sizeof(c->err), "metrics znode %.120s: still written by "
+				 "others after %d ms (zookeeper.command_timeout_ms)", path,
+				 c->bc->spec->command_timeout_ms);
+			return BACKEND_ERR;
+		}
+	}
+}
+
+/* Whether key (klen bytes) is "<ns>:metrics:{<host>}". */
+static int metrics_key_of(const char *ns, const char *key, size_t klen)
+{
+	static const char mid[] = ":metrics:{";
+	size_t nl = strlen(ns);
+
+	return klen > nl + sizeof(mid) && memcmp(key, ns, nl) == 0 &&
+	       memcmp(key + nl, mid, sizeof(mid) - 1) == 0 && key[klen - 1] == '}';
+}
+
+/* .count_read: every metrics znode under <root>/.metrics (in name order),
+ * each field of those of namespace ns to fn. The listing is the library's
+ * synchronous call (bounded by the session's own timeout), each znode's
+ * data a get. Read-only. */
+static int zk_count_read(struct backend_conn *c, const char *ns,
+			 void (*fn)(void *arg, const char *key, size_t klen, const char *field,
+				    size_t flen, long long value),
+			 void *arg)
+{
+	struct String_vector kids = { 0, NULL };
+	char path[ZK_PATH_MAX + KEYNAME_SIZE];
+	unsigned gen;
+	zhandle_t *zh = sess_get(c, &gen);
+	int rc;
+
+	if (!zh)
+		return BACKEND_ERR;
+	snprintf(c->dir, sizeof(c->dir), "%s" ZK_METRICS, c->bc->spec->root);
+	rc = zoo_get_children(zh, c->dir, 0, &kids);
+	if (rc == ZNONODE)
+		return BACKEND_OK;
+	if (rc != ZOK)
+		snprintf(c->err, sizeof(c->err), "metrics: %.120s: %s", c->dir, zerror(rc));
+	if (kids.count > 1)
+		qsort(kids.data, (size_t)kids.count, sizeof(*kids.data), by_name);
+	for (int i = 0; rc == ZOK && i < kids.count; i++) {
+		struct zk_counts m = { 0 };
+
+		snprintf(path, sizeof(path), "%s/%s", c->dir, kids.data[i]);
+		if ((rc = get_data(c, zh, path)) == ZNONODE) {
+			rc = ZOK; /* deleted meanwhile */
+			continue;
+		}
+		if (rc == ZOK && counts_parse(c->call->data, (size_t)c->call->dlen, &m)) {
+			snprintf(c->err, sizeof(c->err), "metrics znode %.120s holds no counts of "
+				 "lockshim's", path);
+			rc = ZBADARGUMENTS;
+		}
+		for (int j = 0; rc == ZOK && j < m.n && metrics_key_of(ns, m.key, m.klen); j++)
+			fn(arg, m.key, m.klen, m.f[j].name, m.f[j].len, m.f[j].value);
+		free(m.f);
+	}
+	deallocate_String_vector(&kids);
 	return rc == ZOK ? BACKEND_OK : BACKEND_ERR;
 }
 
@@ -1389,6 +1737,8 @@ static const struct backend_ops zk_ops = {
 	.errstr = zk_errstr,
 	.ping = zk_ping,
 	.holders = zk_holders,
+	.count = zk_count,
+	.count_read = zk_count_read,
 };
 
 __attribute__((visibility("default")))

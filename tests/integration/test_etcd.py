@@ -12,10 +12,12 @@ apart, refusals (78), and the command's check, lock, status and unlock.
 Step 2: a 3-member cluster whose leader is SIGKILLed mid-run
 (support/etcd.py's Cluster), and etcd_holders, the reader of status
 (progs/etcd_holders.c). Step 4: limit (a semaphore) and mode = "shared"
-(the mode in the key's name), and linger_ms. What every module backend shares (exclusion and
-its control, fences increasing (create revisions here), the module
-missing, what a Redis-guarded program maps, locks on send/write/poll,
-metrics exiting 1) is in test_modules.py.
+(the mode in the key's name), and linger_ms. Step 6: the hosts' counts
+(one key per host, no lease), exact under concurrent shipments, out of
+status's and unlock's way, and past etcd's request limit. What every
+module backend shares (exclusion and its control, fences increasing
+(create revisions here), the module missing, what a Redis-guarded program
+maps, locks on send/write/poll, `lockshim metrics`) is in test_modules.py.
 """
 import base64
 import errno
@@ -26,6 +28,7 @@ import random
 import re
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -34,7 +37,7 @@ from support.etcd import Cluster, EtcdServer, skip_reason
 from support.etcd_secure import ROOT_PASSWORD, SecureEtcd, make_certs
 from support.process import cpu_ticks
 from support.scenarios import (limit_bounds_the_holders, limit_mismatch_refused,
-                                refused_setting)
+                                refused_setting, scrape, val)
 from support.secure import NOBODY, NOGROUP, Layout
 from support.server import call_failed, serving
 from support.sets import replay, run_all, start as sets_start, writer_behind_readers
@@ -1316,3 +1319,191 @@ def test_hostile_gateway_is_an_error_of_each_request(worker_progs, tmp_path, fla
     assert "etcd unavailable for 1000 ms" in r.stderr, r.stderr
     assert took < 1.0 + 3 * MULT, took
     assert ("/v3/kv/txn" if grant_ok else "/v3/lease/grant") in gw.paths, gw.paths
+
+
+# ---- step 6: metrics, one count key per host (<prefix>%metrics/<escaped key>) ---------
+
+COUNT_LOCK = 'locks = ( { symbol = "other_call"; key = "m{arg0}"; wait_ms = 30000; } );\n'
+HAMMER_FIELD = b"hammer\x1fcalls\x1f"
+
+
+def metrics_key(host, prefix="/lockshim/", ns="lockshim"):
+    """The count key of host: its "<ns>:metrics:{<host>}" escaped (% and /)."""
+    key = "%s:metrics:{%s}" % (ns, host)
+    return prefix + "%metrics/" + key.replace("%", "%25").replace("/", "%2F")
+
+
+def counts_of(value):
+    """{field: value} of a count key's value, as etcd.c's header defines it:
+    "<flen>:<field>=<value>\\n" per field, fields in increasing byte order."""
+    out, at, last = {}, 0, None
+    while at < len(value):
+        colon = value.index(b":", at)
+        end = colon + 1 + int(value[at:colon])
+        field = value[colon + 1:end]
+        assert value[end:end + 1] == b"=" and (last is None or field > last), value
+        nl = value.index(b"\n", end)
+        out[field], last, at = int(value[end + 1:nl]), field, nl + 1
+    return out
+
+
+def counts_value(counts):
+    return b"".join(b"%d:%s=%d\n" % (len(f), f, v) for f, v in sorted(counts.items()))
+
+
+def count_key_read(etcd, key):
+    """(value bytes, mod_revision) of key (b"", 0 when absent)."""
+    kvs = etcd.call("/v3/kv/range", {"key": base64.b64encode(key.encode()).decode()}).get(
+        "kvs", [])
+    if not kvs:
+        return b"", 0
+    return base64.b64decode(kvs[0].get("value", "")), int(kvs[0]["mod_revision"])
+
+
+def hammer(etcd, key, stop, compare, done):
+    """Adds 1 to HAMMER_FIELD of key until stop, a read and a put 5 ms apart
+    (the window another writer's put falls into): the put conditional on
+    the key's mod_revision when compare (as etcd.c's), else blind (the
+    control: a put that overwrites what came in between). Appends the
+    number of its puts that went through to done."""
+    k = base64.b64encode(key.encode()).decode()
+    n = 0
+    while not stop.is_set():
+        value, rev = count_key_read(etcd, key)
+        counts = counts_of(value)
+        counts[HAMMER_FIELD] = counts.get(HAMMER_FIELD, 0) + 1
+        time.sleep(0.005)
+        put = [{"request_put": {"key": k, "value": base64.b64encode(
+            counts_value(counts)).decode()}}]
+        cmp = [{"target": "MOD", "key": k, "mod_revision": str(rev), "result": "EQUAL"}]
+        r = etcd.call("/v3/kv/txn", {"compare": cmp if compare else [], "success": put})
+        n += bool(r.get("succeeded"))
+    done.append(n)
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("compare", [True, False], ids=["txn", "control-blind-writer"])
+def test_counts_of_one_host_add_up_under_concurrent_shipments(progs, etcd, tmp_path, compare):
+    """4 processes x 400 guarded calls of one host (each ships about once a
+    second and at exit) while a writer of the test's own adds 1 to a field
+    of that host's key every few ms, read and put apart: every process's
+    compare is lost again and again, and yet `lockshim metrics` counts
+    4 x 400 calls exactly, and the writer's field counts its puts. Control:
+    the same writer putting blindly (no compare) loses the processes'
+    counts, which is what the compare on mod_revision prevents."""
+    host, n = "e6-%s" % ("txn" if compare else "blind"), 400
+    cfg = etcd_config(tmp_path, etcd, COUNT_LOCK)
+    key = metrics_key(host)
+    stop, done = threading.Event(), []
+    t = threading.Thread(target=hammer, args=(etcd, key, stop, compare, done))
+    t.start()
+    try:
+        wait_for(lambda: count_key_read(etcd, key)[1] > 0, what="the writer's first put")
+        ps = [subprocess.Popen([progs["driver"]] + ["other:%d" % i] * n, env=shim_env(
+            cfg, LOCKSHIM_TEST_HOST=host), stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE) for i in range(4)]
+        errs = [p.communicate(timeout=120 * MULT)[1] for p in ps]
+    finally:
+        stop.set()
+        t.join()
+    assert [p.returncode for p in ps] == [0] * 4, errs
+    m = scrape(cfg)
+    calls = val(m, "lockshim_calls_total", "other_call", host)
+    if not compare:
+        assert calls < 4 * n, "the blind writer lost nothing: the test shows no race"
+        return
+    assert not any(errs), errs  # no shipment failed (16 tries each)
+    assert calls == 4 * n and \
+        val(m, "lockshim_acquired_total", "other_call", host, how="fast") == 4 * n
+    assert counts_of(count_key_read(etcd, key)[0])[HAMMER_FIELD] == done[0]
+    assert [k[0] for k in etcd.keys(metrics=True) if host in k[0]] == [key]
+    assert [k[3] for k in etcd.keys(metrics=True)] == [0] * len(etcd.keys(metrics=True))
+
+
+def test_status_and_unlock_leave_the_count_keys_alone(bg, worker_progs, holders_prog, etcd,
+                                                      tmp_path):
+    """A host's count key of about 75 KB (a status reply holds 16 KiB) and a
+    holder's own shipment under the prefix status reads: status, and the
+    module's reader of it, list the holder only (the listing reads around
+    <prefix>%metrics/); unlock --force revokes the holder's lease, and
+    unlock of the count key's name finds nothing held; neither changes a
+    count key (value and mod_revision); metrics reads the big key's 2000
+    fields. Control: the count keys are there, with no lease."""
+    cfg = etcd_config(tmp_path, etcd, BLOCK_LOCK % (30000, ""))
+    big = metrics_key("e6-big")
+    value = counts_value({b"blk%04d\x1flockshim_calls_total\x1f" % i: i + 1
+                          for i in range(2000)})
+    assert len(value) > 65536
+    etcd.call("/v3/kv/put", {"key": base64.b64encode(big.encode()).decode(),
+                             "value": base64.b64encode(value).decode()})
+    h = bg([worker_progs["block"]], cfg, LOCKSHIM_TEST_HOST="e6-holder")
+    h.expect("enter")
+    wait_for(lambda: count_key_read(etcd, metrics_key("e6-holder"))[1] > 0,
+             what="the holder's shipment")
+    counted = {k[0]: k[3] for k in etcd.keys(metrics=True)}
+    assert counted.get(big) == 0 and counted.get(metrics_key("e6-holder")) == 0, counted
+    before = count_key_read(etcd, big)
+    assert list(status_by_key(cfg)) == ["blk"]
+    text = run([CLI, "status", "-c", cfg])
+    assert text.returncode == 0 and text.stdout.startswith("blk  held by ") and \
+        len(text.stdout.splitlines()) == 1, (text.stdout, text.stderr)
+    assert list(holders(holders_prog, etcd)) == ["lockshim:blk"]
+    r = run([CLI, "unlock", "-c", cfg, "--force", "metrics:{e6-big}"])
+    assert r.returncode == 1 and "is not held" in r.stderr, r.stderr
+    r = run([CLI, "unlock", "-c", cfg, "--force", "blk"])
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: "was lost" in h.stderr(), timeout=10 * MULT,
+             what="the former holder's on_lost")
+    assert status_by_key(cfg) == {} and count_key_read(etcd, big) == before
+    m = scrape(cfg)
+    assert [val(m, "lockshim_calls_total", "blk%04d" % i, "e6-big") for i in (0, 1999)] == \
+        [1, 2000]
+    h.send()
+    h.expect("call rc=42")
+
+
+def test_counts_past_etcds_request_limit_stay_in_the_process(progs, etcd, tmp_path):
+    """A host whose count key is nearly etcd's request limit (1.5 MiB by
+    default): its process's shipment is refused by etcd ("request is too
+    large"), said in its log, and the key is left as it was; metrics still
+    reads it (one reply of about 2 MiB). Control: another host's shipment
+    of the same calls goes through."""
+    log = str(tmp_path / "shim.log")
+    cfg = etcd_config(tmp_path, etcd, 'log_file = "%s"; log_level = "debug";\n%s'
+                      % (log, COUNT_LOCK))
+    full = metrics_key("e6-full")
+    counts = {b"f%06d\x1fpad\x1f" % i: 1 for i in range(87360)}  # 18 bytes each, not
+    counts[b"big\x1flockshim_calls_total\x1f"] = 7                  # series metrics shows
+    value = counts_value(counts)
+    assert 1572864 - 400 < len(value) < 1572864 - 250, len(value)
+    k = base64.b64encode(full.encode()).decode()
+    etcd.call("/v3/kv/put", {"key": k, "value": base64.b64encode(value).decode()})
+    try:
+        before = count_key_read(etcd, full)
+        r = run([progs["driver"], "other:1", "other:1"], cfg, LOCKSHIM_TEST_HOST="e6-full")
+        said = open(log).read()
+        assert r.returncode == 0 and "counts not sent" in said and \
+            "request is too large" in said, said
+        assert count_key_read(etcd, full) == before
+        r = run([progs["driver"], "other:1", "other:1"], cfg, LOCKSHIM_TEST_HOST="e6-ok")
+        said = open(log).read()
+        assert r.returncode == 0 and said.count("counts not sent") == 1, said
+        m = scrape(cfg)
+        assert val(m, "lockshim_calls_total", "other_call", "e6-ok") == 2
+        assert val(m, "lockshim_calls_total", "other_call", "e6-full") == 0
+        assert val(m, "lockshim_calls_total", "big", "e6-full") == 7
+    finally:
+        etcd.call("/v3/kv/deleterange", {"key": k})
+
+
+def test_count_key_of_a_host_with_slash_and_percent(progs, etcd, tmp_path):
+    """A host named "e6/x%y": its count key escapes both (one key, no / after
+    <prefix>%metrics/), metrics reads its counts back under that name, and
+    status lists no lock."""
+    cfg = etcd_config(tmp_path, etcd, COUNT_LOCK)
+    r = run([progs["driver"], "other:1", "other:1"], cfg, LOCKSHIM_TEST_HOST="e6/x%y")
+    assert r.returncode == 0, r.stderr
+    assert metrics_key("e6/x%y") == "/lockshim/%metrics/lockshim:metrics:{e6%2Fx%25y}"
+    assert metrics_key("e6/x%y") in [k[0] for k in etcd.keys(metrics=True)]
+    assert val(scrape(cfg), "lockshim_calls_total", "other_call", "e6/x%y") == 2
+    assert status_by_key(cfg) == {}

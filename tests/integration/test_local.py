@@ -31,7 +31,8 @@ import time
 
 import pytest
 
-from support.scenarios import limit_bounds_the_holders, limit_mismatch_refused
+from support.scenarios import METRICS_LOCK, limit_bounds_the_holders, limit_mismatch_refused, \
+    metrics_counts_and_gauges, scrape, val
 from support.sets import replay, run_all, writer_behind_readers
 from support.util import CLI, MULT, TIMEOUT, cc, run, shim_env, wait_for, write_config
 from support.workers import RACE_ITER, RACE_PROCS, killed_holder_frees, race
@@ -80,7 +81,8 @@ def local_config(tmp_path, body, head="", name=None):
 
 
 def lock_files(tmp_path):
-    return sorted(os.listdir(str(tmp_path / "locks")))
+    """The lock files of tmp_path's dir (not the hosts' ".counts")."""
+    return sorted(f for f in os.listdir(str(tmp_path / "locks")) if f.endswith(".lock"))
 
 
 def record(path):
@@ -324,7 +326,6 @@ def test_check_probes_the_directory(tmp_path):
 
 @pytest.mark.parametrize("verb,says", [
     (["unlock", "job"], "a kernel lock cannot be taken from another process"),
-    (["metrics"], "metrics is not built yet for backend \"local\""),
 ])
 def test_verbs_not_built_yet_say_so(tmp_path, verb, says):
     cfg = local_config(tmp_path, "")
@@ -695,7 +696,7 @@ def test_file_mode_lets_another_user_lock(tmp_path, mode, nobody_ok):
         finally:
             os.umask(old)
         assert r.returncode == 0, r.stderr
-        [name] = os.listdir(os.path.join(top, "locks"))
+        [name] = [f for f in os.listdir(os.path.join(top, "locks")) if f.endswith(".lock")]
         st = os.stat(os.path.join(top, "locks", name))
         assert st.st_mode & 0o777 == (0o666 if mode else 0o644)
         r = subprocess.run(["runuser", "-u", "nobody", "--", CLI, "lock", "-c", cfg, "-w",
@@ -1214,6 +1215,42 @@ def stopped(pid):
     """Whether pid is stopped (a SIGSTOP has taken effect: /proc state T)."""
     with open("/proc/%d/stat" % pid) as f:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+# ---- metrics ----------------------------------------------------------------------
+
+@pytest.mark.timing
+def test_metrics_counts_per_host_and_the_gauges(progs, procs, tmp_path):
+    """`lockshim metrics` of local (support/scenarios.py), the counts kept in
+    "<key>.counts" files of the dir, which status does not list; a waiter
+    is not listed (it waits on inotify), so only held is checked."""
+    cfg = local_config(tmp_path, METRICS_LOCK)
+    metrics_counts_and_gauges(progs, procs, cfg, waiters=False)
+    assert sorted(os.listdir(str(tmp_path / "locks"))) == [
+        "lockshim%3Af.lock"] + ["lockshim%%3Ametrics%%3A%%7B%s%%7D.%d.counts" % (h, os.geteuid())
+                                for h in ("h1", "h2", "live", "waiter")]  # not the killed holder
+    r = run([CLI, "status", "-c", cfg])
+    assert r.returncode == 0 and "metrics" not in r.stdout, (r.stdout, r.stderr)
+
+
+@pytest.mark.timing
+def test_metrics_shipped_by_a_release_add_up(progs, procs, tmp_path):
+    """No renewal thread (no linger_ms or max_hold_ms): a running process's
+    counts are shipped by a release a second after its first, on its own
+    thread; concurrent shipments of 4 processes of one host add up exactly."""
+    cfg = local_config(tmp_path, METRICS_LOCK)
+    p = procs([progs["driver"], "call:0", "call:1100", "stdin"], cfg, LOCKSHIM_TEST_HOST="live")
+    assert p.expect("call") == p.expect("call") == "call rc=42 errno=0"
+    wait_for(lambda: val(scrape(cfg), "lockshim_calls_total", "hold_call", "live") == 2,
+             what="the shipment of a release")
+    assert len(os.listdir("/proc/%d/task" % p.p.pid)) == 1
+    steps = ["call:0"] * 300
+    ps = [procs([progs["driver"]] + steps, cfg, LOCKSHIM_TEST_HOST="many") for _ in range(4)]
+    for q in ps:
+        assert q.finish()[0] == 0
+    m = scrape(cfg)
+    assert val(m, "lockshim_calls_total", "hold_call", "many") == 1200
+    assert val(m, "lockshim_hold_seconds_count", "hold_call", "many") == 1200
 
 
 # ---- step 5: a release wakes the waiters only when one watches ------------------

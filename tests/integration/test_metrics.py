@@ -31,8 +31,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from support.scenarios import parse, scrape, val
 from support.server import started
 from support.topology import Cluster, Topology
 from support.util import CLI, TIMEOUT, run, wait_for, write_config
@@ -46,30 +46,6 @@ def cfg(tmp_path, redis, settings="", name="lockshim.cfg"):
     d = os.path.join(str(tmp_path), name[:-4])
     os.makedirs(d, exist_ok=True)
     return write_config(d, redis, LOCKS % settings)
-
-
-def scrape(config):
-    """Runs `lockshim metrics`; returns {(name, labels as a sorted tuple): value}."""
-    r = subprocess.run([CLI, "metrics", "-c", config], capture_output=True, text=True,
-                       timeout=TIMEOUT)
-    assert r.returncode == 0, r.stderr
-    return parse(r.stdout)
-
-
-def parse(text):
-    samples = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return samples
-
-
-def val(samples, name, lock, host=None, **labels):
-    """The value of one sample (0 when absent)."""
-    lab = dict(labels, lock=lock)
-    if host is not None:
-        lab["host"] = host
-    return samples.get((name, tuple(sorted(lab.items()))), 0)
 
 
 def driver(progs, config, *steps, host="h1", **env):

@@ -14,8 +14,8 @@ Exclusion of processes x threads and of two keys (one control: the same
 workload loses updates without the shim), fences increasing, a
 Redis-guarded program mapping neither the client library nor the module,
 locks on send/write/poll not looping back through the library, the module
-or its library missing (one line, 78), and the verbs a backend lacks
-exiting 1.
+or its library missing (one line, 78), the verbs a backend lacks exiting
+1, and `lockshim metrics` of the counts each backend keeps its own way.
 What differs in substance stays in test_postgres.py, test_zookeeper.py
 and test_etcd.py.
 """
@@ -27,6 +27,7 @@ import pytest
 
 from support import etcd as etcd_support, postgres as pg_support, zookeeper as zk_support
 from support.process import maps
+from support.scenarios import METRICS_LOCK, metrics_counts_and_gauges
 from support.server import serving
 from support.util import CLI, MULT, SHIM, cc, preload_only, run, shim_env, wait_for, \
     write_config
@@ -94,12 +95,13 @@ def zk_config(tmp_path, zk, body, root=None):
 
 
 def zk_keys(zk, root=None):
-    return zk.children("/" + (root or "lockshim"))
+    """The key znodes under root (".metrics", the hosts' counts, is none)."""
+    return [k for k in zk.children("/" + (root or "lockshim")) if not k.startswith(".")]
 
 
 def zk_held(zk, root=None):
     top = "/" + (root or "lockshim")
-    return [k + "/" + z for k in zk.children(top) for z in zk.children(top + "/" + k)]
+    return [k + "/" + z for k in zk_keys(zk, root) for z in zk.children(top + "/" + k)]
 
 
 # ---- etcd: a key per acquisition under /lockshim/<key>/; fences create revisions ---
@@ -136,7 +138,7 @@ BACKENDS = [
             fences_seen=lambda pg, fences: fences[-1] == pg_fence(pg)),
     Backend("zookeeper", zk_support, zk_support.ZookeeperServer, "libzookeeper",
             "libzookeeper_mt.so", "libzookeeper-mt2", (), zk_config, zk_held, keys=zk_keys,
-            lacks=("unlock", "metrics")),
+            lacks=("unlock",)),
     Backend("etcd", etcd_support, etcd_support.EtcdServer, "libcurl", "libcurl.so",
             "libcurl4 libjson-c5", ("libjson-c", "libnghttp2", "libssl", "libcrypto", "libssh2",
                                     "libldap", "libgssapi", "libpsl", "libidn2", "librtmp"),
@@ -341,3 +343,15 @@ def test_verbs_not_built_exit_1(backend, tmp_path, verb):
         pytest.skip("%s is built for %s (its own test file tests it)" % (verb[0], b.name))
     r = run([CLI] + verb[:1] + ["-c", b.config(tmp_path, s, RENAME)] + verb[1:])
     assert r.returncode == 1 and b.name in r.stderr, (r.stdout, r.stderr)
+
+
+@pytest.mark.timing
+def test_metrics_counts_per_host_and_the_gauges(progs, procs, backend, tmp_path):
+    """`lockshim metrics` through the backend's .count_read and .holders
+    (support/scenarios.py): counts of exited processes per host, held and
+    waiting, a waiter let in by a killed holder counted as waited."""
+    b, s = backend
+    if "metrics" in b.lacks:
+        pytest.skip("metrics is not built for %s" % b.name)
+    metrics_counts_and_gauges(progs, procs, b.config(tmp_path, s, METRICS_LOCK, root="m"),
+                              waiters="status" not in b.lacks)

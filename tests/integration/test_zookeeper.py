@@ -36,9 +36,9 @@ import pytest
 from support.process import cpu_ticks
 from support.proxy import BLACK_HOLE, DROP_REPLIES, PASS, Proxy
 from support import sets
-from support.scenarios import refused_setting
+from support.scenarios import refused_setting, scrape, val
 from support.server import serving
-from support.util import CLI, MULT, lib_program, run, status_by_key, wait_for, write_config
+from support.util import CLI, MULT, cc, lib_program, run, status_by_key, wait_for, write_config
 from support.zookeeper import Ensemble, ZookeeperServer, skip_reason
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
@@ -180,7 +180,7 @@ def test_long_key_is_shortened_with_its_sha1(zk, tmp_path):
     for last in "ab":
         r = run([CLI, "lock", "-c", cfg, "k" * 300 + last, "--", "true"], LD_PRELOAD="")
         assert r.returncode == 0, r.stderr
-    names = zk.children("/long")
+    names = [n for n in zk.children("/long") if n != ".metrics"]  # the command's counts
     assert len(names) == 2, names
     for n in names:
         assert re.fullmatch(r"lockshim%3Ak{139}~[0-9a-f]{40}", n), n
@@ -841,3 +841,143 @@ def test_lock_command_whose_session_expires_stops_its_command_and_exits_75(bg, w
         waiter.send()
         assert waiter.expect("call").startswith("call rc=42")
         assert waiter.wait() == 0
+
+
+# ---- metrics: one persistent znode per host under <root>/.metrics ----------------
+
+METRICS_LOCK = 'locks = ( { symbol = "hold_call"; key = "f"; wait_ms = 60000; } );\n'
+METRICS_DIR = "/ship/.metrics"  # the test's root alone: other tests' hosts ship too
+SHIP_PROCS, SHIP_CALLS, SHIP_ROUNDS = 4, 20, 3
+SHIP_DELAY = 0.2  # s, each reply of the server to the shipping processes
+
+
+def test_concurrent_shipments_of_one_host_add_up_exactly(progs, procs, zk, tmp_path):
+    """SHIP_ROUNDS x SHIP_PROCS processes of one host (LOCKSHIM_TEST_HOST),
+    through a proxy, make SHIP_CALLS guarded calls each, then exit together
+    (let go through their stdin) once the proxy holds each reply SHIP_DELAY:
+    their shipments at exit (a read, then a write at the version read) all
+    read the same version before any writes, so all but one are refused
+    and read again, every round. The counts add up exactly (checked to
+    fail with the write at any version: the plan file); one znode for the
+    host; `lockshim status` lists the lock alone, never the metrics znode."""
+    with Proxy(zk.port) as px:
+        cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
+                           '"127.0.0.1:%d"; session_timeout_ms = %d; root = "/ship"; '
+                           'command_timeout_ms = 30000; };\n%s'
+                           % (px.port, SESSION_MS, METRICS_LOCK))
+        for _ in range(SHIP_ROUNDS):
+            px.reply_delay = 0.0
+            ps = [procs([progs["driver"]] + ["call:0"] * SHIP_CALLS + ["stdin"], cfg,
+                        LOCKSHIM_TEST_HOST="same") for _ in range(SHIP_PROCS)]
+            for p in ps:
+                for _ in range(SHIP_CALLS):
+                    assert p.expect("call") == "call rc=42 errno=0"
+            px.reply_delay = SHIP_DELAY
+            for p in ps:
+                p.send()
+            for p in ps:
+                rc, _, err = p.finish()
+                assert rc == 0 and "counts not sent" not in err, err
+        px.reply_delay = 0.0
+        m = scrape(cfg)
+    total = SHIP_ROUNDS * SHIP_PROCS * SHIP_CALLS
+    assert val(m, "lockshim_calls_total", "hold_call", "same") == total
+    assert sum(v for (name, labels), v in m.items() if name == "lockshim_acquired_total" and
+               ("host", "same") in labels) == total  # fast or waited: they contend
+    assert val(m, "lockshim_hold_seconds_count", "hold_call", "same") == total
+    assert zk.children(METRICS_DIR) == ["lockshim%3Ametrics%3A%7Bsame%7D"]
+    (tmp_path / "direct").mkdir()
+    cfg = zk_config(tmp_path / "direct", zk, METRICS_LOCK, 'root = "/ship";')
+    assert status_by_key(cfg) == {}
+    holder = procs([progs["driver"], "call:60000"], cfg, LOCKSHIM_TEST_HOST="same")
+    assert holder.expect("enter") == "enter 60000"
+    assert list(status_by_key(cfg)) == ["f"]
+    r = run([CLI, "status", "-c", cfg])
+    assert r.returncode == 0 and "metrics" not in r.stdout, (r.stdout, r.stderr)
+
+
+# writes a metrics znode in the module's format (backend/zookeeper/zookeeper.c's
+# header) whose one field is argv[4] bytes long: a host's counts near the 1 MB limit
+BIG_NODE_C = r'''
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zookeeper.h>
+
+static void watch(zhandle_t *zh, int type, int state, const char *path, void *ctx)
+{
+	(void)zh; (void)type; (void)state; (void)path; (void)ctx;
+}
+
+int main(int argc, char **argv)
+{
+	const char *key = argv[3];
+	size_t flen = (size_t)atol(argv[4]), cap = flen + strlen(key) + 100, n;
+	char *d = malloc(cap);
+	zhandle_t *zh;
+
+	zoo_set_debug_level(ZOO_LOG_LEVEL_ERROR);
+	zh = zookeeper_init(argv[1], watch, 10000, NULL, NULL, 0);
+	for (int i = 0; i < 100 && zoo_state(zh) != ZOO_CONNECTED_STATE; i++)
+		usleep(100000);
+	n = (size_t)snprintf(d, cap, "lockshim-metrics 1\n%zu\n%s\n%zu 1\n", strlen(key), key,
+			     flen);
+	memset(d + n, 'x', flen);
+	d[n + flen] = '\n';
+	printf("%s\n", zerror(zoo_set(zh, argv[2], d, (int)(n + flen + 1), -1)));
+	zookeeper_close(zh);
+	return 0;
+}
+'''
+
+
+def metrics_stat(zk, path):
+    """(dataVersion, dataLength) of the znode path."""
+    st = zk.cli("stat", path)
+    return (re.search(r"dataVersion = (\d+)", st).group(1),
+            re.search(r"dataLength = (\d+)", st).group(1))
+
+
+def test_metrics_znode_past_its_limit_or_not_ours_is_left_as_it_is(progs, zk, tmp_path):
+    """A host's znode grown near 1 MB (ZooKeeper drops the connection of a
+    request past jute.maxbuffer, 1 MB less a byte): the shipment that would
+    pass 1000000 bytes is refused with its reason and the znode is left as
+    it was (same version, same length); data that is not lockshim's counts
+    is left as it is too, and `lockshim metrics` names it. Control: the
+    same host's first shipment, before the znode grew, is kept."""
+    src = tmp_path / "big.c"
+    src.write_text(BIG_NODE_C)
+    big = cc(str(tmp_path / "big"), [str(src)], "-O2", "-I/usr/include/zookeeper",
+             "-lzookeeper_mt")
+    cfg = zk_config(tmp_path, zk, 'log_level = "info";\n' + METRICS_LOCK, 'root = "/big";')
+    node = "/big/.metrics/lockshim%3Ametrics%3A%7Bbig%7D"
+    r = run([progs["driver"], "call:0"], cfg, LOCKSHIM_TEST_HOST="big")
+    assert r.returncode == 0 and "counts not sent" not in r.stderr, r.stderr
+    assert val(scrape(cfg), "lockshim_calls_total", "hold_call", "big") == 1
+    out = subprocess.run([big, zk.hosts(), node, "lockshim:metrics:{big}", "999900"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", (out.stdout, out.stderr)
+    before = metrics_stat(zk, node)
+    assert int(before[1]) > 999900, before
+    r = run([progs["driver"], "call:0"], cfg, LOCKSHIM_TEST_HOST="big")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"exit: counts not sent \(kept for the next shipment\): metrics znode "
+                     r"\S+ would hold 1\d{6} bytes, past the 1000000 a znode may hold", r.stderr), \
+        r.stderr
+    assert metrics_stat(zk, node) == before
+    (tmp_path / "junk").mkdir()
+    cfg = zk_config(tmp_path / "junk", zk, 'log_level = "info";\n' + METRICS_LOCK,
+                    'root = "/junk";')
+    node = "/junk/.metrics/lockshim%3Ametrics%3A%7Bj%7D"
+    for path in ("/junk", "/junk/.metrics"):
+        zk.cli("create", path)
+    zk.cli("create", node, "hello")
+    r = run([progs["driver"], "call:0"], cfg, LOCKSHIM_TEST_HOST="j")
+    assert r.returncode == 0, r.stderr
+    assert "metrics znode %s holds no counts of lockshim's (left as it is)" % node in r.stderr, \
+        r.stderr
+    assert "hello" in zk.cli("get", node).splitlines()
+    r = run([CLI, "metrics", "-c", cfg])
+    assert r.returncode != 0 and "holds no counts of lockshim's" in r.stderr, (r.returncode,
+                                                                               r.stderr)

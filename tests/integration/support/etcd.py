@@ -99,15 +99,18 @@ class EtcdServer(ServerProcess):
         with _OPENER.open(req, timeout=timeout) as r:
             return json.loads(r.read())
 
-    def keys(self, prefix="/lockshim/"):
-        """[(key, value, create_revision, lease id)] under prefix, oldest first."""
+    def keys(self, prefix="/lockshim/", metrics=False):
+        """[(key, value, create_revision, lease id)] under prefix, oldest
+        first: the lock keys, or (metrics) the hosts' count keys
+        <prefix>%metrics/..., which the shims leave (they have no lease)."""
         end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
         r = self.call("/v3/kv/range", {"key": _b64(prefix), "range_end": _b64(end),
                                        "sort_order": "ASCEND", "sort_target": "CREATE"})
-        return [(base64.b64decode(kv["key"]).decode(errors="replace"),
-                 base64.b64decode(kv.get("value", "")).decode(errors="replace"),
-                 int(kv["create_revision"]), int(kv.get("lease", 0)))
-                for kv in r.get("kvs", [])]
+        kvs = [(base64.b64decode(kv["key"]).decode(errors="replace"),
+                base64.b64decode(kv.get("value", "")).decode(errors="replace"),
+                int(kv["create_revision"]), int(kv.get("lease", 0)))
+               for kv in r.get("kvs", [])]
+        return [kv for kv in kvs if kv[0].startswith(prefix + "%metrics/") == metrics]
 
     def lease_ttl(self, lease):
         """(granted TTL, remaining TTL) of lease, in seconds (-1: gone)."""

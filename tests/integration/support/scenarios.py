@@ -16,9 +16,16 @@ own server or build of a program.
   backend other than Redis lets exactly its limit in, and a caller of
   another limit gets the mismatch error at once (test_local.py,
   test_postgres.py, test_etcd.py).
+- scrape, parse and val read `lockshim metrics` (test_metrics.py);
+  metrics_counts_and_gauges runs it over a backend that keeps the counts
+  its own way (test_modules.py for each module, test_local.py).
 """
 import os
+import signal
+import subprocess
 import time
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from support.server import lock_keys
 from support.sets import replay, run_all
@@ -192,3 +199,81 @@ def limit_mismatch_refused(progs, procs, config, check=lambda: None, hold_ms=600
     r = run([progs["driver"], "call:0"], cfg3)
     assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
     return holder
+
+
+# ---- `lockshim metrics` ---------------------------------------------------------
+
+def scrape(config):
+    """Runs `lockshim metrics`; returns {(name, labels as a sorted tuple): value}."""
+    r = subprocess.run([CLI, "metrics", "-c", config], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    return parse(r.stdout)
+
+
+def parse(text):
+    samples = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def val(samples, name, lock, host=None, **labels):
+    """The value of one sample (0 when absent)."""
+    lab = dict(labels, lock=lock)
+    if host is not None:
+        lab["host"] = host
+    return samples.get((name, tuple(sorted(lab.items()))), 0)
+
+
+METRICS_LOCK = 'locks = ( { symbol = "hold_call"; key = "f"; wait_ms = 60000; } );\n'
+
+
+def metrics_counts_and_gauges(progs, procs, config, waiters=True):
+    """`lockshim metrics` of a backend other than Redis (config: the path of
+    a config of it with METRICS_LOCK): the counts of exited processes, per
+    host (LOCKSHIM_TEST_HOST), kept by the backend; lockshim_held and
+    lockshim_waiting (waiters: whether the backend lists waiters) while a
+    holder and a waiter exist; the waiter, let in by the holder's death,
+    counted as waited; the gauges back at 0; a process still running
+    ships its counts within about a second, and not twice at its exit."""
+    def driver(host, *steps):
+        r = run([progs["driver"]] + list(steps), config, LOCKSHIM_TEST_HOST=host)
+        assert r.returncode == 0, r.stderr
+
+    driver("h1", "call:0", "call:0")
+    driver("h2", "call:0")
+    m = scrape(config)
+    assert val(m, "lockshim_calls_total", "hold_call", "h1") == 2
+    assert val(m, "lockshim_acquired_total", "hold_call", "h1", how="fast") == 2
+    assert val(m, "lockshim_hold_seconds_count", "hold_call", "h1") == 2
+    assert val(m, "lockshim_wait_seconds_count", "hold_call", "h1") == 2
+    assert val(m, "lockshim_calls_total", "hold_call", "h2") == 1
+    assert val(m, "lockshim_timeouts_total", "hold_call", "h1") == 0
+    assert val(m, "lockshim_held", "hold_call") == 0
+    holder = procs([progs["driver"], "call:60000"], config, LOCKSHIM_TEST_HOST="holder")
+    assert holder.expect("enter") == "enter 60000"
+    waiter = procs([progs["driver"], "call:0"], config, LOCKSHIM_TEST_HOST="waiter")
+    if waiters:
+        wait_for(lambda: val(scrape(config), "lockshim_waiting", "hold_call") == 1,
+                 what="the waiter counted")
+    assert val(scrape(config), "lockshim_held", "hold_call") == 1
+    holder.p.send_signal(signal.SIGKILL)
+    holder.p.wait()
+    assert waiter.finish()[0] == 0
+    m = scrape(config)
+    assert val(m, "lockshim_acquired_total", "hold_call", "waiter", how="waited") == 1
+    assert val(m, "lockshim_calls_total", "hold_call", "holder") == 0  # killed: not shipped
+    wait_for(lambda: val(scrape(config), "lockshim_held", "hold_call") == 0,
+             what="nothing held")  # a release may be asynchronous
+    assert val(scrape(config), "lockshim_waiting", "hold_call") == 0
+    # a process that goes on running ships within about a second, once
+    live = procs([progs["driver"], "call:0", "call:1100", "stdin"], config,
+                 LOCKSHIM_TEST_HOST="live")
+    assert live.expect("call") == live.expect("call") == "call rc=42 errno=0"
+    wait_for(lambda: val(scrape(config), "lockshim_calls_total", "hold_call", "live") == 2,
+             what="a running process's counts")
+    live.send()
+    assert live.finish()[0] == 0
+    assert val(scrape(config), "lockshim_calls_total", "hold_call", "live") == 2
