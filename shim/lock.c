@@ -30,7 +30,7 @@
  * with max_hold_ms or linger_ms (a kept lock lasts linger_ms from its
  * taking at most: reuse_us), a waiter waits for its wake-up as long as
  * wait_ms allows (wait_cap), and a refusal is not checked for a dead holder
- * (breaks_dead: the kernel frees a dead holder's lock).
+ * (breaks_dead: the store frees a dead holder's lock itself).
  */
 #include "lock.h"
 
@@ -301,11 +301,11 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
 }
 
 /* Whether a refusal is checked for a holder gone (break_dead): not with a
- * leaseless backend, whose lock is the kernel's (backend_local.c), freed
- * when its holder dies; the record a refusal names may be a dead holder's
- * only for the instant before a new holder writes its own, and no release
- * can break it: the liveness check (kill, then /proc) at every refusal is
- * skipped. */
+ * leaseless backend (local, zookeeper), whose store frees a dead holder's
+ * lock itself (the kernel at once, the server when the session ends) and
+ * whose release takes only the process's own holds, so that break_dead
+ * could never break one: its liveness check (kill, then /proc) at every
+ * refusal is skipped. */
 static int breaks_dead(const struct lock_spec *s)
 {
 	return s->break_dead && !backend->ops->leaseless;
