@@ -279,6 +279,37 @@ static void unwatch(struct backend_conn *c)
 	c->wd = -1;
 }
 
+/* Sets (cmd F_OFD_SETLK or F_OFD_SETLKW, type F_RDLCK or F_WRLCK) or
+ * clears (F_UNLCK) fd's lock on bytes start..start+len-1 (len 0: to the
+ * end). Returns 0, or -1 with errno set (EAGAIN: another holds it). */
+static int byte_lock(int fd, int cmd, short type, off_t start, off_t len)
+{
+	struct flock fl = { .l_type = type, .l_whence = SEEK_SET, .l_start = start, .l_len = len };
+
+	return fcntl(fd, cmd, &fl);
+}
+
+/* A waiter that watches read-locks LOCAL_WATCH on c's pending descriptor,
+ * once per wait, before its first try. Returns BACKEND_OK or BACKEND_ERR. */
+static int watch_byte(struct backend_conn *c)
+{
+	if (c->watching)
+		return BACKEND_OK;
+	if (byte_lock(c->pend, F_OFD_SETLK, F_RDLCK, LOCAL_WATCH, 1) != 0)
+		return fail(c, "fcntl F_OFD_SETLK of the watch byte");
+	c->watching = 1;
+	return BACKEND_OK;
+}
+
+/* c's pending descriptor no longer shows a watching waiter: unlocked when
+ * unlock (it stays open), else left to the unlock or close that follows. */
+static void watch_byte_drop(struct backend_conn *c, int unlock)
+{
+	if (c->watching && unlock)
+		byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, LOCAL_WATCH, 1);
+	c->watching = 0;
+}
+
 /* Takes LOCAL_INTENT on c's pending descriptor, registered in intents.
  * Returns 1 when taken, else 0 (another waiter has it, or the list is full). */
 static int intent_take(struct backend_conn *c)
@@ -378,7 +409,7 @@ static void pend_drop(struct backend_conn *c)
 		close(c->pend);
 	c->pend = -1;
 	c->pklen = 0;
-	c->watching = 0;
+	watch_byte_drop(c, 0); /* freed by the close */
 }
 
 /* Opens the lock file path (or, when missing, creates it with the mode
@@ -531,16 +562,6 @@ static void record_holder(const char *rec, char *holder, size_t *hlen)
 		return;
 	*hlen = (size_t)(end - v);
 	memcpy(holder, v, *hlen);
-}
-
-/* Sets (cmd F_OFD_SETLK or F_OFD_SETLKW, type F_RDLCK or F_WRLCK) or
- * clears (F_UNLCK) fd's lock on bytes start..start+len-1 (len 0: to the
- * end). Returns 0, or -1 with errno set (EAGAIN: another holds it). */
-static int byte_lock(int fd, int cmd, short type, off_t start, off_t len)
-{
-	struct flock fl = { .l_type = type, .l_whence = SEEK_SET, .l_start = start, .l_len = len };
-
-	return fcntl(fd, cmd, &fl);
 }
 
 /* Returns 1 when another open file description holds a lock on one of the
@@ -744,9 +765,9 @@ static int busy(const struct backend_conn *c, const struct backend_item *it, lon
 static int hold(struct backend_conn *c, const struct backend_item *it, long long fence)
 {
 	intent_forget(c); /* the intent stays locked until the release: a hold's now */
-	if (c->watching && backend_item_set(it)) /* other holders release meanwhile */
-		byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, LOCAL_WATCH, 1);
-	c->watching = 0; /* else freed by the release's unlock */
+	/* a set's other holders release meanwhile; an exclusive hold's byte
+	 * goes with its release's unlock */
+	watch_byte_drop(c, backend_item_set(it));
 	if (holds_add(it, c->pend, fence) != 0) {
 		snprintf(c->err, sizeof(c->err), "out of memory for the table of holds");
 		pend_drop(c);
@@ -972,20 +993,15 @@ static int local_acquire(struct backend_conn *c, const struct backend_item *it,
 	*holder_len = 0;
 	if (it->waiting && holds_find(it, fence)) { /* ours already (the plain try: never) */
 		ticket_forget(c, c->pend);
-		if (c->watching)
-			byte_lock(c->pend, F_OFD_SETLK, F_UNLCK, LOCAL_WATCH, 1);
-		c->watching = 0;
+		watch_byte_drop(c, 1);
 		return BACKEND_OK;
 	}
 	if (pend_open(c, it) != BACKEND_OK)
 		return BACKEND_ERR;
 	if (it->waiting && watch(c, it) != BACKEND_OK)
 		unwatched(c);
-	else if (it->waiting && !c->watching) { /* before the try: see LOCAL_WATCH */
-		if (byte_lock(c->pend, F_OFD_SETLK, F_RDLCK, LOCAL_WATCH, 1) != 0)
-			return fail(c, "fcntl F_OFD_SETLK of the watch byte");
-		c->watching = 1;
-	}
+	else if (it->waiting && watch_byte(c) != BACKEND_OK)
+		return BACKEND_ERR;
 	if (it->fair && (rc = fair_turn(c, it, wait_ms, holder, holder_len)) != BACKEND_OK)
 		return rc;
 	fd = c->pend;
