@@ -121,6 +121,11 @@ static struct {
 	char fired[ZK_FIRED][ZK_PATH_MAX + ZK_NAME_MAX];
 	int expired;
 	int losing;               /* lost_all running for the ended session */
+	int up;                   /* connected (ZOO_CONNECTED_STATE seen) */
+	int cut;                  /* disconnected after being up: cut_timer runs ... */
+	long long cut_until;      /* ... until this moment (monotonic ms) ... */
+	int cut_ms;               /* ... the negotiated timeout it counts */
+	int timer;                /* cut_timer's thread is alive */
 	int pending;              /* asynchronous deletes not answered yet */
 	struct zk_hold *holds;    /* the process's znodes: a thread's connection */
 	struct zk_hold *spare;    /* ... can be closed (an error) while they live */
@@ -189,6 +194,7 @@ static void sess_child(void)
 	sess.zh = NULL;
 	sess.pending = 0;
 	sess.losing = 0;
+	sess.up = sess.cut = sess.timer = 0; /* the parent's timer is not here */
 	sess.gen++;
 	while (*pp) { /* the parent's deletes in flight: not the child's to answer */
 		struct zk_hold *h = *pp;
@@ -209,6 +215,10 @@ static void sess_setup(void)
 	pthread_atfork(NULL, NULL, sess_child);
 }
 
+/* The lost-lease line's reason, the same for an expiry the server told
+ * and one presumed (cut_timer): the warn line before it says which. */
+#define ZK_LOST_WHY "was lost (its ZooKeeper session expired)"
+
 /*
  * Reports every lock of the process lost (host->lost_all: on_lost), with
  * every signal blocked in this thread: on_lost "kill" signals the process,
@@ -226,7 +236,7 @@ static void sess_lost(void)
 		return;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
-	host->lost_all("was lost (its ZooKeeper session expired)");
+	host->lost_all(ZK_LOST_WHY);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
@@ -241,25 +251,121 @@ static void sess_lost_all(void)
 	pthread_mutex_unlock(&sess.mu);
 }
 
+/* Marks the session ended, its loss to be reported (sess_lost_all).
+ * Holds sess.mu. */
+static void sess_end_locked(void)
+{
+	sess.expired = 1;
+	sess.losing = 1;
+	sess.cut = 0;
+}
+
+/*
+ * The thread of a disconnection (started by cut_start, detached): sleeps
+ * until sess.cut_until unless the session reconnects or ends first (a
+ * watch event wakes it); at that moment the ensemble may have expired the
+ * session without a word to us, so it is taken as expired: every lock
+ * reported lost at once, the session ended (a release sends nothing, the
+ * next call makes a new one). It serves whichever session is the
+ * process's (cut is cleared by every new one), and clears sess.timer as
+ * it leaves, under sess.mu, so a later disconnection starts another.
+ */
+static void *cut_timer(void *arg)
+{
+	int fire = 0, ms = 0;
+
+	(void)arg;
+	pthread_mutex_lock(&sess.mu);
+	while (sess.cut && !sess.expired && sess.pid == getpid()) {
+		if (now_ms() >= sess.cut_until) {
+			ms = sess.cut_ms;
+			sess_end_locked();
+			sess.wake++; /* a session event: every waiter looks again */
+			sess.fired[sess.wake % ZK_FIRED][0] = '\0';
+			pthread_cond_broadcast(&sess.cv);
+			fire = 1;
+			break;
+		}
+		cond_wait_until(&sess.cv, &sess.mu, sess.cut_until);
+	}
+	sess.timer = 0;
+	pthread_mutex_unlock(&sess.mu);
+	if (fire) {
+		warn("ZooKeeper session presumed expired: no member answered for %d ms (its "
+		     "negotiated timeout): every lock of this process is lost (a new session is "
+		     "made at the next call)", ms);
+		sess_lost_all();
+	}
+	return NULL;
+}
+
+/*
+ * At a disconnection of the live session zh (ZOO_CONNECTING_STATE after
+ * ZOO_CONNECTED_STATE): arms the deadline of its presumed expiry, its
+ * negotiated timeout T after its last reply. The library pings after T/3
+ * without sending and gives a connection up after 2/3 T without a reply,
+ * so that reply came at most 2/3 T ago: the deadline is now + T - 2/3 T
+ * (the moment the ensemble may expire it, never later; earlier only after
+ * a connection broken by an error rather than by silence). Starts
+ * cut_timer when it is not running, with every signal blocked. Holds
+ * sess.mu. Returns 0, or -1 when no thread could be made.
+ */
+static int cut_start(zhandle_t *zh)
+{
+	int t = zoo_recv_timeout(zh), rc = 0;
+	sigset_t all, old;
+	pthread_attr_t a;
+	pthread_t tid;
+
+	sess.cut = 1;
+	sess.cut_ms = t;
+	sess.cut_until = now_ms() + t - t * 2 / 3;
+	if (sess.timer)
+		return 0; /* still alive: it reads the new deadline */
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&tid, &a, cut_timer, NULL) == 0)
+		sess.timer = 1;
+	else
+		rc = -1;
+	pthread_attr_destroy(&a);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return rc;
+}
+
 /* The session's watcher and every path watch: wakes every waiter; an
- * expiry is said once, and its locks reported lost (sess_lost). Runs in
- * the library's completion thread. */
+ * expiry is said once, and its locks reported lost (sess_lost); a
+ * disconnection of the live session arms its presumed expiry (cut_start),
+ * a reconnection disarms it. Runs in the library's completion thread. */
 static void sess_watch(zhandle_t *zh, int type, int state, const char *path, void *ctx)
 {
-	int said = 0;
+	int said = 0, nothread = 0;
 
 	(void)ctx;
 	pthread_mutex_lock(&sess.mu);
 	if (zh == sess.zh && state == ZOO_EXPIRED_SESSION_STATE && !sess.expired) {
-		sess.expired = 1;
-		sess.losing = 1;
+		sess_end_locked();
 		said = 1;
+	}
+	if (zh == sess.zh && type == ZOO_SESSION_EVENT && !sess.expired) {
+		if (state == ZOO_CONNECTED_STATE) {
+			sess.up = 1;
+			sess.cut = 0;
+		} else if (state == ZOO_CONNECTING_STATE && sess.up) {
+			sess.up = 0;
+			nothread = cut_start(zh) < 0;
+		}
 	}
 	sess.wake++;
 	snprintf(sess.fired[sess.wake % ZK_FIRED], sizeof(sess.fired[0]), "%s",
 		 type == ZOO_SESSION_EVENT || !path ? "" : path);
 	pthread_cond_broadcast(&sess.cv);
 	pthread_mutex_unlock(&sess.mu);
+	if (nothread)
+		warn("ZooKeeper session disconnected, and no thread to time it: its locks are "
+		     "reported lost only if a member says it expired");
 	if (said) {
 		sess_lost_all();
 		warn("ZooKeeper session expired: every lock of this process is lost "
@@ -323,6 +429,7 @@ static zhandle_t *sess_get(struct backend_conn *c, unsigned *gen)
 		old = sess.zh;
 	sess.zh = NULL;
 	sess.expired = 0;
+	sess.up = sess.cut = 0; /* a live cut_timer leaves (it serves the new one) */
 	zh = zookeeper_init2(z->hosts, sess_watch, z->session_timeout_ms, NULL, NULL,
 			     ZOO_NO_LOG_CLIENTENV, log_none);
 	if (!zh) {
