@@ -1293,3 +1293,155 @@ def test_set_waiter_is_woken_by_the_release(bg, worker_progs, zk, tmp_path, hold
             h.send()
     for h in held:
         assert h.wait() == 0
+
+
+# ---- a holder cut off from every member learns of its loss by itself (Z6) --------
+
+PRESUMED = "ZooKeeper session presumed expired: no member answered for %d ms"
+
+
+def cut_holder(bg, worker_progs, zk, tmp_path, px, on_lost, session_ms, wait_ms=60000):
+    """A holder whose only member is reached through px (on_lost, wait_ms as given;
+    connect_timeout_ms 1000, so that its exit's shipment, which makes a new
+    session, gives up soon while cut off) inside its call, and a waiter of a
+    session of its own (direct) queued behind it. Returns (holder, waiter,
+    the waiter's znode name)."""
+    body = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
+            'on_timeout = "skip"; %s } );\n' % (wait_ms, on_lost))
+    d = tmp_path / "direct"
+    d.mkdir()
+    cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
+                       '"127.0.0.1:%d"; session_timeout_ms = %d; connect_timeout_ms = 1000; '
+                       '};\n%s' % (px.port, session_ms, body))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    mine = zk.children(BLK)
+    assert len(mine) == 1, mine
+    waiter = bg([worker_progs["block"]], zk_config(d, zk, body))
+    wait_for(lambda: len(zk.children(BLK)) == 2, timeout=30, what="the waiter's znode")
+    theirs = [n for n in zk.children(BLK) if n not in mine]
+    return holder, waiter, theirs[0]
+
+
+def threads(pid):
+    return len(os.listdir("/proc/%d/task" % pid))
+
+
+@pytest.mark.timing
+def test_holder_cut_off_reports_its_lock_lost_while_still_cut_off(bg, worker_progs, zk,
+                                                                   tmp_path):
+    """The holder's connection black-holed and left so: its client gives the
+    connection up (2/3 of the session timeout without a reply) and, the
+    session timeout after its last reply, presumes the session expired: the
+    holder logs the lost-lease line (on_lost "log") while its call runs and
+    the proxy still drops everything. The waiter (another session, direct)
+    enters once the server has expired the holder's session. The holder's
+    release, still cut off, sends nothing: the waiter's znode is the only
+    one. Without the presumed expiry the line comes only when the proxy
+    passes again (test_session_expiry_reports_each_lock_lost_while_its_call_runs)."""
+    with Proxy(zk.port) as px:
+        holder, waiter, theirs = cut_holder(bg, worker_progs, zk, tmp_path, px, "", SESSION_MS)
+        t0 = time.monotonic()
+        px.set_mode(BLACK_HOLE)
+        wait_for(lambda: LOST_LINE.search(holder.stderr()),
+                 timeout=SESSION_MS / 1000 + 10, what="the holder's lost-lease line")
+        took = time.monotonic() - t0
+        assert SESSION_MS / 1000 * 0.5 <= took < SESSION_MS / 1000 + 3 * MULT, took
+        err = holder.stderr()
+        assert LOST_LINE.search(err).group(1) == "log"
+        assert PRESUMED % SESSION_MS in err, err
+        assert holder.p.poll() is None  # inside its call still
+        waiter.expect("enter", timeout=SESSION_MS / 1000 + 20 * MULT)
+        holder.send()
+        assert holder.expect("call").startswith("call rc=42")
+        assert holder.wait(timeout=30 * MULT) == 0
+        assert px.mode == BLACK_HOLE  # all of it while cut off
+        err = holder.stderr()
+        assert len(LOST_LINE.findall(err)) == 1, err
+        assert err.count(PRESUMED % SESSION_MS) == 1, err
+        assert "ZooKeeper session expired:" not in err, err  # nor the server's word after
+        assert zk.children(BLK) == [theirs]  # no double release
+        px.set_mode(PASS)
+        waiter.send()
+        assert waiter.expect("call").startswith("call rc=42")
+        assert waiter.wait() == 0
+        assert zk.children(BLK) == []
+
+
+@pytest.mark.timing
+def test_holder_cut_off_applies_on_lost_kill_while_still_cut_off(bg, worker_progs, zk,
+                                                                  tmp_path):
+    """The same cut under on_lost = "kill" (kill_signal SIGUSR1): the holder
+    dies by its signal inside its call within about the session timeout,
+    the proxy still dropping everything; the waiter then enters when the
+    server expires the session."""
+    with Proxy(zk.port) as px:
+        holder, waiter, theirs = cut_holder(bg, worker_progs, zk, tmp_path, px,
+                                            'on_lost = "kill"; kill_signal = "SIGUSR1";',
+                                            SESSION_MS)
+        t0 = time.monotonic()
+        px.set_mode(BLACK_HOLE)
+        assert holder.wait(timeout=SESSION_MS / 1000 + 10 * MULT) == -signal.SIGUSR1, \
+            holder.stderr()
+        took = time.monotonic() - t0
+        assert SESSION_MS / 1000 * 0.5 <= took < SESSION_MS / 1000 + 3 * MULT, took
+        assert px.mode == BLACK_HOLE
+        m = LOST_LINE.search(holder.stderr())
+        assert m and m.group(1) == "kill", holder.stderr()
+        waiter.expect("enter", timeout=SESSION_MS / 1000 + 20 * MULT)
+        assert zk.children(BLK) == [theirs]
+        px.set_mode(PASS)
+        waiter.send()
+        assert waiter.expect("call").startswith("call rc=42")
+        assert waiter.wait() == 0
+
+
+def reopen(px):
+    """Lets px pass again and closes every connection it made so far, so
+    that the client's attempt whose bytes were dropped fails at once and
+    its next one goes through."""
+    import socket
+
+    px.set_mode(PASS)
+    with px._lock:
+        socks = list(px._socks)
+    for s in socks:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+@pytest.mark.timing
+def test_control_cut_off_shorter_than_the_session_timeout_is_not_lost(bg, worker_progs, zk,
+                                                                      tmp_path):
+    """Control: the holder cut off until its client gives the connection up
+    (it connects again: the proxy's second accept; a thread, the deadline's,
+    appears), then let through at once, well before its session timeout:
+    the client reconnects with its session, the thread ends, nothing is
+    reported lost (on_lost "kill" never fires) and the holder keeps its
+    lock past the presumed deadline (the waiter times out at wait_ms, twice
+    the session timeout); its release then frees the key."""
+    session_ms = 6000
+    with Proxy(zk.port) as px:
+        holder, waiter, _ = cut_holder(bg, worker_progs, zk, tmp_path, px,
+                                       'on_lost = "kill"; kill_signal = "SIGUSR1";', session_ms,
+                                       wait_ms=session_ms * 2)
+        n = threads(holder.p.pid)
+        accepted = px.accepted
+        px.set_mode(BLACK_HOLE)
+        wait_for(lambda: px.accepted > accepted, timeout=session_ms / 1000 + 10,
+                 what="the holder's client connecting again")
+        wait_for(lambda: threads(holder.p.pid) == n + 1, what="the deadline's thread")
+        reopen(px)
+        wait_for(lambda: threads(holder.p.pid) == n, what="the deadline's thread ended")
+        assert waiter.expect("call", timeout=session_ms * 2 / 1000 + 20 * MULT) \
+            .startswith("call rc=-1"), waiter.stderr()
+        assert waiter.wait() == 0
+        assert holder.p.poll() is None, holder.stderr()
+        assert "lease on" not in holder.stderr(), holder.stderr()
+        holder.send()
+        assert holder.expect("call").startswith("call rc=42")
+        assert holder.wait() == 0
+        assert "lease on" not in holder.stderr() and "ZooKeeper session" not in holder.stderr()
+        assert zk.children(BLK) == []
