@@ -11,8 +11,10 @@
  * limit below it (watching the key's children); a limit unlike the first
  * holder's is a mismatch. The fence is the czxid. One session per process
  * is the lease; its expiry loses every lock, reported at once
- * (host->lost_all). Requests are asynchronous, each bounded by
- * command_timeout_ms; a delete lost with its connection is sent again.
+ * (host->lost_all), and so does a disconnection that outlasts its
+ * timeout (presumed expired: cut_timer, a thread only while cut off).
+ * Requests are asynchronous, each bounded by command_timeout_ms; a
+ * delete lost with its connection is sent again.
  * Metrics: a persistent znode per host under <root>/.metrics, added to
  * by read and write at the version read (count_once).
  */
