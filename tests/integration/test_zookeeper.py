@@ -1420,13 +1420,15 @@ def test_control_cut_off_shorter_than_the_session_timeout_is_not_lost(bg, worker
     appears), then let through at once, well before its session timeout:
     the client reconnects with its session, the thread ends, nothing is
     reported lost (on_lost "kill" never fires) and the holder keeps its
-    lock past the presumed deadline (the waiter times out at wait_ms, twice
-    the session timeout); its release then frees the key."""
-    session_ms = 6000
+    lock past the presumed deadline (the waiter, queued before the cut,
+    times out at wait_ms, 4 s past the session timeout); its release then
+    frees the key. A 9 s session: the client reconnects within a few
+    hundred ms of giving up, 3 s before the deadline."""
+    session_ms = 9000
     with Proxy(zk.port) as px:
         holder, waiter, _ = cut_holder(bg, worker_progs, zk, tmp_path, px,
                                        'on_lost = "kill"; kill_signal = "SIGUSR1";', session_ms,
-                                       wait_ms=session_ms * 2)
+                                       wait_ms=session_ms + 4000)
         n = threads(holder.p.pid)
         accepted = px.accepted
         px.set_mode(BLACK_HOLE)
@@ -1435,7 +1437,7 @@ def test_control_cut_off_shorter_than_the_session_timeout_is_not_lost(bg, worker
         wait_for(lambda: threads(holder.p.pid) == n + 1, what="the deadline's thread")
         reopen(px)
         wait_for(lambda: threads(holder.p.pid) == n, what="the deadline's thread ended")
-        assert waiter.expect("call", timeout=session_ms * 2 / 1000 + 20 * MULT) \
+        assert waiter.expect("call", timeout=(session_ms + 4000) / 1000 + 20 * MULT) \
             .startswith("call rc=-1"), waiter.stderr()
         assert waiter.wait() == 0
         assert holder.p.poll() is None, holder.stderr()
