@@ -6,9 +6,10 @@
  * advisory lock's lease is its session's idle_session_timeout, kept by the
  * renewal thread's pings (lease_ms, on_lost). Refused when the file sets
  * them, in a lock or in `defaults`: retry_max_ms, break_dead_holders,
- * handoff_ms, on_overrun; by value: linger_ms > 0, max_hold_ms, and
- * fair with limit > 1 (fair, limit and mode "shared" are honoured:
- * postgres.c). linger_ms's built-in value is 0 here
+ * handoff_ms; by value: linger_ms > 0, and fair with limit > 1 (fair,
+ * limit, mode "shared", max_hold_ms and on_overrun are honoured:
+ * postgres.c; past max_hold_ms renew.c stops renewing the lease, so the
+ * holder's session is no longer pinged and the server ends it). linger_ms's built-in value is 0 here
  * (pg_lock_defaults). The password file is read with conf_read_password_file
  * (in secure-execution mode only a trusted one, as redis.password_file); the module reads
  * LOCKSHIM_POSTGRES_PASSWORD itself (secure_getenv). This file is in the
@@ -53,14 +54,12 @@ static const struct conf_refusal unavailable[] = {
 	{ "break_dead_holders", "the server frees a dead holder's lock itself, when its "
 	  "connection closes" },
 	{ "handoff_ms", "the server hands the lock to the first waiter at the release" },
-	{ "on_overrun", "max_hold_ms is not built yet for this backend" },
 	{ NULL, NULL }
 };
 
 /* The values not built yet for this backend, refused when a lock asks. */
 static const struct conf_refusal unbuilt[] = {
 	{ "linger_ms", "linger_ms > 0 (its default is 0 with this backend)" },
-	{ "max_hold_ms", "max_hold_ms" },
 	{ NULL, NULL }
 };
 

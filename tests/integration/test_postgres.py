@@ -482,7 +482,7 @@ def test_frozen_server_bounds_every_call(worker_progs, own_pg, tmp_path):
 # ---- refusals -------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting", [
-    "linger_ms = 10", "max_hold_ms = 100", "retry_max_ms = 50",
+    "linger_ms = 10", "retry_max_ms = 50",
     "break_dead_holders = false", "handoff_ms = 5",
 ])
 @pytest.mark.parametrize("where", ["lock", "defaults"])
@@ -1181,3 +1181,123 @@ def test_counts_of_processes_exiting_together_add_up(procs, progs, own_pg, tmp_p
     assert val(m, "lockshim_calls_total", "hold_call", "h") == 40, m
     assert sum(val(m, "lockshim_acquired_total", "hold_call", "h", how=how)
                for how in ("fast", "waited")) == 40, m
+
+
+# ---- max_hold_ms and on_overrun (step 5) ------------------------------------------
+
+OVERRUN_LOCK = ('locks = ( { symbol = "block_call"; key = "blk"; lease_ms = %d; wait_ms = %d; '
+                'on_timeout = "skip"; %s } );\n')
+OVERRUN = "lease on lockshim:blk exceeded max_hold_ms; renewal stopped; applying"
+
+
+@pytest.mark.timing
+def test_overrun_log_frees_the_lock_to_a_waiter(bg, worker_progs, pg, tmp_path):
+    """A holder past max_hold_ms (500 ms) with on_overrun "log": its line,
+    and its session is pinged no more, so the server ends it after
+    lease_ms (1 s): a waiter (blocked in the server) enters about
+    max_hold_ms + lease_ms after the grant. The holder's call runs on and
+    its end releases nothing of the waiter's, and says nothing (without the
+    release's look at the closed session: "reading the replies of releases
+    failed" at exit, checked). Control:
+    test_control_without_max_hold_ms_the_waiter_waits."""
+    cfg = pg_config(tmp_path, pg, OVERRUN_LOCK % (1000, 30000, "max_hold_ms = 500;"))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    t0 = time.monotonic()
+    first = holder_pid(pg)
+    waiter = bg([worker_progs["block"]], cfg)
+    waiter.expect("enter", timeout=20)
+    took = time.monotonic() - t0
+    # past max_hold_ms, idle since the last ping (at most lease/3 before it) for a lease
+    assert 0.5 + 0.6 <= took < 1.5 + 3 * MULT, took
+    assert OVERRUN + " log" in holder.stderr(), holder.stderr()
+    second = holder_pid(pg)
+    assert second != first
+    holder.send()
+    holder.expect("call rc=42")
+    holder.p.wait(timeout=10)
+    # the holder's end released nothing (quietly: its session found
+    # closed, nothing sent): the waiter's lock is intact
+    assert advisory(pg, granted=True) == 1 and holder_pid(pg) == second
+    assert LOST not in holder.stderr() and "failed" not in holder.stderr(), holder.stderr()
+    waiter.send()
+    waiter.expect("call rc=42")
+    wait_for(lambda: advisory(pg) == 0, what="no advisory lock left")
+
+
+@pytest.mark.timing
+def test_control_without_max_hold_ms_the_waiter_waits(bg, worker_progs, pg, tmp_path):
+    """The same holder without max_hold_ms keeps its lock by renewal: a
+    waiter of wait_ms 2.5 s times out, and nothing is said of an overrun."""
+    cfg = pg_config(tmp_path, pg, OVERRUN_LOCK % (1000, 2500, ""))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    r = run([worker_progs["block"]], cfg)
+    assert r.stdout.strip() == "call rc=-1 errno=16", (r.stdout, r.stderr)
+    holder.send()
+    holder.expect("call rc=42")
+    assert "max_hold_ms" not in holder.stderr(), holder.stderr()
+
+
+@pytest.mark.parametrize("settings,status", [
+    ('on_overrun = "kill";', -signal.SIGTERM),
+    ('on_overrun = "kill"; kill_signal = "SIGUSR1";', -signal.SIGUSR1),
+    ('on_overrun = "abort";', -signal.SIGABRT),
+])
+def test_overrun_kill_and_abort_end_the_holder(bg, worker_progs, pg, tmp_path, settings, status):
+    """on_overrun "kill" (its kill_signal) and "abort" end the holder past
+    max_hold_ms (200 ms, with a 60 s lease: the server would keep its
+    session that long): its death ends its session, and a waiter (of no
+    max_hold_ms) enters."""
+    cfg = pg_config(tmp_path, pg, OVERRUN_LOCK % (60000, 30000, "max_hold_ms = 200; " + settings))
+    (tmp_path / "w").mkdir()
+    cfg_waiter = pg_config(tmp_path / "w", pg, OVERRUN_LOCK % (60000, 30000, ""))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    waiter = bg([worker_progs["block"]], cfg_waiter)
+    assert holder.p.wait(timeout=10 * MULT) == status, holder.stderr()
+    assert "exceeded max_hold_ms" in holder.stderr(), holder.stderr()
+    waiter.expect("enter", timeout=10)
+    waiter.send()
+    waiter.expect("call rc=42")
+
+
+@pytest.mark.parametrize("where", ["lock", "defaults"])
+def test_max_hold_ms_and_on_overrun_are_accepted(pg, tmp_path, where):
+    """No longer refused (control: test_refused_settings refuses others)."""
+    setting = 'max_hold_ms = 5000; on_overrun = "kill"'
+    if where == "lock":
+        body = 'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting
+    else:
+        body = 'defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
+    r = run([CLI, "check", "-c", pg_config(tmp_path, pg, body)])
+    assert r.returncode == 0, (r.stdout, r.stderr)
+
+
+@pytest.mark.timing
+def test_overrun_lock_is_not_kept_by_another_lock_of_its_session(procs, progs, pg, tmp_path):
+    """One thread holds "outer" (hold_call, max_hold_ms 500) and, inside
+    it, "inner" (the usleep it calls, no max_hold_ms): one session holds
+    both, and inner's renewals would ping it for the whole 6 s call. The
+    session holding a lock no longer renewed (for a whole lease) is pinged
+    no more: the server ends it, a waiter on "outer" enters long before the
+    call ends, and inner is told lost (on_lost "log"). It fails with the
+    stale rule removed from pg_renew (checked: the waiter entered after the
+    call's 6 s)."""
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "hold_call"; key = "outer"; '
+                    'lease_ms = 1000; max_hold_ms = 500; wait_ms = 30000; },\n'
+                    '  { symbol = "usleep"; key = "inner"; lease_ms = 1000; } );\n')
+    holder = procs([progs["driver"], "call:6000"], cfg)
+    holder.expect("enter")
+    t0 = time.monotonic()
+    waiter = procs([progs["driver"], "call:0"], cfg)
+    waiter.expect("enter")
+    took = time.monotonic() - t0
+    assert took < 4.5, took
+    assert waiter.expect("call") == "call rc=42 errno=0"
+    assert waiter.finish()[0] == 0
+    rc, out, err = holder.finish()
+    assert rc == 0 and "call rc=42" in out, (out, err)
+    assert "lease on lockshim:outer exceeded max_hold_ms" in err, err
+    assert "lease on lockshim:inner was lost" in err, err
+    wait_for(lambda: advisory(pg) == 0, what="no advisory lock left")
