@@ -5,9 +5,10 @@
  * check, and the lock settings the postgres backend refuses. A session
  * advisory lock's lease is its session's idle_session_timeout, kept by the
  * renewal thread's pings (lease_ms, on_lost). Refused when the file sets
- * them, in a lock or in `defaults`: retry_max_ms, break_dead_holders,
- * handoff_ms; by value: linger_ms > 0, and fair with limit > 1 (fair,
- * limit, mode "shared", max_hold_ms and on_overrun are honoured:
+ * them, in a lock or in `defaults`: retry_max_ms, break_dead_holders;
+ * by value: fair with limit > 1 (fair, limit, mode "shared",
+ * max_hold_ms, on_overrun and linger_ms are honoured, and handoff_ms
+ * only caps linger_ms: the server hands a released lock over itself:
  * postgres.c; past max_hold_ms renew.c stops renewing the lease, so the
  * holder's session is no longer pinged and the server ends it). linger_ms's built-in value is 0 here
  * (pg_lock_defaults). The password file is read with conf_read_password_file
@@ -53,13 +54,12 @@ static const struct conf_refusal unavailable[] = {
 	{ "retry_max_ms", "a waiter blocks in the server, which wakes it at the release" },
 	{ "break_dead_holders", "the server frees a dead holder's lock itself, when its "
 	  "connection closes" },
-	{ "handoff_ms", "the server hands the lock to the first waiter at the release" },
 	{ NULL, NULL }
 };
 
-/* The values not built yet for this backend, refused when a lock asks. */
+/* The values not built yet for this backend, refused when a lock asks
+ * (none now; fair with limit > 1 is refused by pg_check_lock). */
 static const struct conf_refusal unbuilt[] = {
-	{ "linger_ms", "linger_ms > 0 (its default is 0 with this backend)" },
 	{ NULL, NULL }
 };
 
@@ -82,8 +82,10 @@ static int pg_check_lock(struct conf_err *e, const config_setting_t *lg, const c
 			 "permit's waiters poll: their order is not kept)");
 }
 
-/* No lock is kept between calls (a parked lock would be released by the
- * renewal thread, whose session does not hold it). */
+/* No lock is kept between calls unless linger_ms says so: a kept lock's
+ * release at linger_ms's end is the renewal thread's, on the holder
+ * thread's session (postgres.c: release_foreign), which starts a thread
+ * and a session that a plain call does not need. */
 static void pg_lock_defaults(struct lock_spec *d)
 {
 	d->linger_ms = 0;

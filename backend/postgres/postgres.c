@@ -3,15 +3,14 @@
  * postgres.c - the postgres backend, a module (liblockshim-postgres.so) on
  * libpq5: session advisory locks on hashtextextended(key, 0), one session
  * per thread, freed by the server when it ends; shared: the _shared
- * functions; limit N: permits hashtextextended(key, 1..N). Every statement
- * is in postgres_sql.h. A try takes the lock and nextval('lockshim_fence')
- * in one statement; a wait blocks in the server under lock_timeout; a
- * release is async, in pipeline mode. The lease is the session's
- * idle_session_timeout; pg_renew pings each holder's session (a bare Sync).
- * Counts: one upsert per shipment into lockshim_metrics. Status: pg_locks
- * joined with lockshim_keys and lockshim_sessions, names a session writes
- * async ahead of its first try of a key (name_send). Commands are bounded
- * by poll; one late closes the session (reopened by the next try).
+ * functions; limit N: permits (key, 1..N). Statements: postgres_sql.h. A
+ * try takes the lock and the fence in one statement; a wait blocks in the
+ * server; a release is async, pipelined. The lease is the session's
+ * idle_session_timeout: pg_renew pings holders' sessions, none holding a
+ * lock past max_hold_ms (hold_stale). A kept lock (linger_ms) is released
+ * on its own session by another thread (release_foreign). Counts: an
+ * upsert into lockshim_metrics; status: pg_locks with the names tables
+ * (name_send). Commands are bounded by poll; one late closes the session.
  * Parameters are bound, never spliced. A fork child's sockets become
  * /dev/null. One export (postgres.map); of the core, only bind's warn.
  */
@@ -70,6 +69,14 @@ struct pg_hold {
 	char tok[PG_TOKEN];
 };
 
+/* A release of this session's lock that another thread asked for while
+ * the owner was using the session (release_foreign): the owner sends it
+ * at its next command (due_send). */
+struct pg_due {
+	struct pg_due *next;
+	struct backend_copy c;
+};
+
 struct backend_conn {
 	struct backend_conn *prev, *next; /* every open connection (conns) */
 	/* Taken by every operation of the owning thread, and by the
@@ -100,6 +107,8 @@ struct backend_conn {
 				  * emptied at each connect */
 	size_t nseen, capseen;   /* capseen: 0 or a power of 2 */
 	int owner_sent;          /* this session's owner record is sent */
+	struct pg_due *due;      /* releases for the owner to send (under conns.mu) ... */
+	int ndue;                /* ... whether any (read atomically, no lock) */
 	struct pg_hold *holds;   /* grows by doubling, never shrinks; changed
 				  * under conns.mu too (pg_renew reads it) */
 	size_t nholds, capholds;
@@ -999,12 +1008,20 @@ static void pg_close(struct backend_conn *c)
 	pthread_mutex_unlock(&c->mu);
 	pthread_mutex_destroy(&c->mu);
 	session_drop(c);
+	while (c->due) {
+		struct pg_due *d = c->due;
+
+		c->due = d->next;
+		free(d);
+	}
 	free(c->holds);
 	free(c->seen);
 	free(c);
 }
 
 /* ---- locking ------------------------------------------------------------ */
+
+static void due_send(struct backend_conn *c);
 
 /* Asks why a try was refused by a check (postgres_sql.h's why statement:
  * pg_locks). Returns BACKEND_MISMATCH (c->err names both limits) when the
@@ -1096,6 +1113,7 @@ static int pg_acquire(struct backend_conn *c, const struct backend_item *it, lon
 	(void)holder;
 	*holder_len = 0;
 	pthread_mutex_lock(&c->mu);
+	due_send(c);
 	rc = pg_acquire_locked(c, it, wait_ms, fence);
 	pthread_mutex_unlock(&c->mu);
 	return rc;
@@ -1145,15 +1163,85 @@ static int pg_release_locked(struct backend_conn *c, const struct backend_item *
 	return ok ? BACKEND_OK : BACKEND_NO;
 }
 
-/* Waits for a renewal's ping in flight on c (pg_renew), then releases. */
+/* Sends the releases other threads left for c's owner (release_foreign),
+ * async; a failure drops the session (its locks freed with it). Holds
+ * c->mu; one atomic load when there are none. */
+static void due_send(struct backend_conn *c)
+{
+	struct pg_due *d;
+
+	if (!__atomic_load_n(&c->ndue, __ATOMIC_RELAXED))
+		return;
+	pthread_mutex_lock(&conns.mu);
+	d = c->due;
+	c->due = NULL;
+	__atomic_store_n(&c->ndue, 0, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&conns.mu);
+	while (d) {
+		struct pg_due *next = d->next;
+		struct backend_item it = backend_copy_item(&d->c);
+
+		if (c->pg)
+			pg_release_locked(c, &it, 1);
+		free(d);
+		d = next;
+	}
+}
+
+/*
+ * Releases it where it is held, on another thread's session (a session
+ * lock can be given back only by its session): renew.c's release of a
+ * kept lock at linger_ms's end, on the renewal thread, or exit's. Sent
+ * async at once when that session's owner is not using it; else left for
+ * the owner's next command (due_send: the end of its wait, say). Returns
+ * BACKEND_OK (sent, left, or the session dropped on a failure: its locks
+ * freed), BACKEND_NO when no session holds it, BACKEND_ERR out of memory.
+ */
+static int release_foreign(const struct backend_item *it)
+{
+	struct backend_conn *found = NULL;
+	struct pg_due *d;
+	int busy = 0;
+
+	pthread_mutex_lock(&conns.mu);
+	for (struct backend_conn *c = conns.head; c && !found; c = c->next)
+		if (hold_index(c, it) >= 0)
+			found = c;
+	/* trylock: the owner takes its mu then conns.mu */
+	if (found && pthread_mutex_trylock(&found->mu) != 0) {
+		busy = -1;
+		if ((d = malloc(sizeof(*d))) && backend_copy_set(&d->c, it) == 0) {
+			d->next = found->due;
+			found->due = d;
+			__atomic_store_n(&found->ndue, 1, __ATOMIC_RELAXED);
+			busy = 1;
+		} else {
+			free(d);
+		}
+	}
+	pthread_mutex_unlock(&conns.mu);
+	if (!found)
+		return BACKEND_NO;
+	if (busy)
+		return busy > 0 ? BACKEND_OK : BACKEND_ERR;
+	pg_release_locked(found, it, 1);
+	pthread_mutex_unlock(&found->mu);
+	return BACKEND_OK;
+}
+
+/* Waits for a renewal's ping in flight on c (pg_renew), then releases;
+ * a lock c's session does not hold, where another session holds it
+ * (release_foreign). */
 static int pg_release(struct backend_conn *c, const struct backend_item *it, int async)
 {
-	int rc;
+	int rc, own;
 
 	pthread_mutex_lock(&c->mu);
-	rc = pg_release_locked(c, it, async);
+	due_send(c);
+	own = hold_index(c, it) >= 0;
+	rc = own ? pg_release_locked(c, it, async) : BACKEND_NO;
 	pthread_mutex_unlock(&c->mu);
-	return rc;
+	return own ? rc : release_foreign(it);
 }
 
 /*
@@ -1222,7 +1310,9 @@ static int pg_wait(struct backend_conn *c, const struct backend_item *it,
 	int rc;
 
 	pthread_mutex_lock(&c->mu);
+	due_send(c);
 	rc = pg_wait_locked(c, it, timeout_ms, fence);
+	due_send(c); /* left while it blocked */
 	pthread_mutex_unlock(&c->mu);
 	return rc;
 }
@@ -1238,6 +1328,7 @@ static int pg_flush(struct backend_conn *c)
 	int rc;
 
 	pthread_mutex_lock(&c->mu);
+	due_send(c);
 	rc = drain(c);
 	pthread_mutex_unlock(&c->mu);
 	return rc;

@@ -482,8 +482,7 @@ def test_frozen_server_bounds_every_call(worker_progs, own_pg, tmp_path):
 # ---- refusals -------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting", [
-    "linger_ms = 10", "retry_max_ms = 50",
-    "break_dead_holders = false", "handoff_ms = 5",
+    "retry_max_ms = 50", "break_dead_holders = false",
 ])
 @pytest.mark.parametrize("where", ["lock", "defaults"])
 def test_refused_settings(pg, tmp_path, setting, where):
@@ -1301,3 +1300,141 @@ def test_overrun_lock_is_not_kept_by_another_lock_of_its_session(procs, progs, p
     assert "lease on lockshim:outer exceeded max_hold_ms" in err, err
     assert "lease on lockshim:inner was lost" in err, err
     wait_for(lambda: advisory(pg) == 0, what="no advisory lock left")
+
+
+# ---- linger_ms (step 5) ---------------------------------------------------------
+
+def linger_config(tmp_path, pg, settings):
+    return pg_config(tmp_path, pg, 'locks = ( { symbol = "hold_call"; key = "f"; %s } );\n'
+                     % settings)
+
+
+def tries_logged(pg, argv, cfg):
+    """Runs argv under cfg; returns how many lock statements the server's
+    statement log shows (log_statement = all) and the run."""
+    pg.psql("ALTER SYSTEM SET log_statement = 'all'")
+    pg.psql("SELECT pg_reload_conf()")
+    with open(pg.log) as f:
+        start = len(f.read())
+    r = run(argv, cfg)
+    with open(pg.log) as f:
+        log = f.read()[start:]
+    return log.count("execute lockshim_try:"), r
+
+
+def test_linger_a_burst_of_calls_takes_the_lock_once(progs, own_pg, tmp_path):
+    """Five quick calls with linger_ms = 30000 (and handoff_ms, which caps
+    it, as long): one lock statement (the kept lock taken back without a
+    round trip), released at exit. Control: linger_ms = 0 (the default)
+    sends one per call."""
+    calls = [progs["driver"]] + ["call:0"] * 5
+    n, r = tries_logged(own_pg, calls, linger_config(tmp_path, own_pg,
+                                                     "handoff_ms = 30000; linger_ms = 30000;"))
+    assert r.stdout.split().count("rc=42") == 5, r.stderr
+    assert n == 1, n
+    wait_for(lambda: advisory(own_pg) == 0, what="released at exit")
+    (tmp_path / "c").mkdir()
+    n, r = tries_logged(own_pg, calls, linger_config(tmp_path / "c", own_pg, ""))
+    assert r.stdout.split().count("rc=42") == 5, r.stderr
+    assert n == 5, n
+
+
+@pytest.mark.timing
+def test_linger_kept_lock_goes_to_a_waiter_while_its_holder_idles(procs, progs, pg, tmp_path):
+    """A kept lock (linger_ms 300, lease 60 s) whose thread does not call
+    again is released by the renewal thread on that thread's session
+    (the only one that can): a waiter of another process enters about
+    linger_ms after the last call, while the holder still runs (blocked on
+    stdin). Without it (the release sent on the renewal thread's own
+    session, which holds nothing: checked) the waiter timed out."""
+    cfg = linger_config(tmp_path, pg, "lease_ms = 60000; wait_ms = 5000; linger_ms = 300;")
+    holder = procs([progs["driver"], "call:0", "stdin"], cfg)
+    assert holder.expect("call") == "call rc=42 errno=0"
+    t0 = time.monotonic()
+    r = run([progs["driver"], "call:0"], cfg)
+    took = time.monotonic() - t0
+    assert "call rc=42 errno=0" in r.stdout, r.stderr
+    assert took < 0.3 + 2 * MULT, took
+    assert holder.p.poll() is None
+    assert advisory(pg) == 0
+    holder.send()
+    rc, _, err = holder.finish()
+    assert rc == 0 and "lost" not in err and "failed" not in err, err
+
+
+@pytest.mark.timing
+def test_linger_kept_lock_of_a_busy_thread_goes_after_its_wait(procs, progs, pg, tmp_path):
+    """A thread keeps "a" (linger_ms 300) and then waits, in the server, for
+    "b" (held by a psql session): its session runs that wait, so the
+    renewal thread cannot release "a" on it at linger's end; it leaves the
+    release to the thread, which sends it when its wait returns. A waiter
+    for "a" is still waiting past linger_ms, and enters once "b" is freed,
+    while the holder still runs. Without that hand-over (the release of a
+    busy session's lock dropped: checked) the waiter timed out."""
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "hold_call"; key = "a"; lease_ms = 60000; '
+                    'linger_ms = 300; wait_ms = 8000; },\n'
+                    '  { symbol = "other_call"; key = "b"; wait_ms = 20000; } );\n')
+    b_id = "hashtextextended('lockshim:b', 0)"
+    psql = subprocess.Popen(["psql", "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres",
+                             "-Atq"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        psql.stdin.write("SELECT pg_advisory_lock(%s);\n" % b_id)
+        psql.stdin.flush()
+        wait_for(lambda: advisory(pg, granted=True) == 1, what="psql holding b")
+        holder = procs([progs["driver"], "call:0", "other:1", "stdin"], cfg)
+        assert holder.expect("call") == "call rc=42 errno=0"
+        t0 = time.monotonic()
+        wait_for(lambda: advisory(pg, granted=False) == 1, what="the holder waiting for b")
+        waiter = procs([progs["driver"], "call:0"], cfg)
+        wait_for(lambda: advisory(pg, granted=False) == 2, what="the waiter waiting for a")
+        time.sleep(max(0, 1.0 - (time.monotonic() - t0)))  # linger_ms passed, with margin
+        assert advisory(pg, granted=False) == 2  # "a" still kept: its session is busy
+        psql.stdin.write("SELECT pg_advisory_unlock(%s);\n" % b_id)
+        psql.stdin.flush()
+        assert waiter.expect("enter").startswith("enter")
+        assert waiter.finish()[0] == 0
+        assert holder.expect("other").startswith("other rc=")
+        assert holder.p.poll() is None
+    finally:
+        psql.stdin.close()
+        psql.wait(timeout=10)
+    holder.send()
+    rc, _, err = holder.finish()
+    assert rc == 0 and "lost" not in err and "failed" not in err, err
+
+
+def test_linger_kept_lock_is_released_before_exec(procs, progs, pg, tmp_path):
+    """A kept lock (linger_ms and handoff_ms 30 s) is gone once its program execs a
+    program that waits (nobody exits, linger_ms is long); control: before
+    the exec, after its call, the lock is still kept (granted in
+    pg_locks)."""
+    cfg = linger_config(tmp_path, pg, "lease_ms = 60000; handoff_ms = 30000; linger_ms = 30000;")
+    p = procs([progs["driver"], "call:0", "stdin", "exec:stdin"], cfg)
+    assert p.expect("call") == "call rc=42 errno=0"
+    assert advisory(pg, granted=True) == 1
+    p.send()
+    wait_for(lambda: open("/proc/%d/cmdline" % p.p.pid).read().split("\0")[1:2] == ["stdin"],
+             what="exec")
+    wait_for(lambda: advisory(pg) == 0, what="the kept lock released")
+    p.send()
+    assert p.finish()[0] == 0
+
+
+@pytest.mark.timing
+def test_linger_is_capped_by_handoff_ms(procs, progs, pg, tmp_path):
+    """handoff_ms (accepted now: it only caps linger_ms) 300 with linger_ms
+    30 s: the idle holder's kept lock goes to a waiter about 300 ms after
+    it was taken. Control: test_linger_kept_lock_is_released_before_exec
+    (handoff_ms 30 s: still kept after the call)."""
+    cfg = linger_config(tmp_path, pg, "lease_ms = 60000; wait_ms = 5000; handoff_ms = 300; "
+                        "linger_ms = 30000;")
+    holder = procs([progs["driver"], "call:0", "stdin"], cfg)
+    t0 = time.monotonic()
+    assert holder.expect("call") == "call rc=42 errno=0"
+    r = run([progs["driver"], "call:0"], cfg)
+    took = time.monotonic() - t0
+    assert "call rc=42 errno=0" in r.stdout, r.stderr
+    assert took < 0.3 + 2 * MULT, took
+    assert holder.p.poll() is None
+    holder.send()
+    assert holder.finish()[0] == 0
