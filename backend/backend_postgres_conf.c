@@ -64,8 +64,8 @@ static const struct conf_refusal unbuilt[] = {
 	{ NULL, NULL }
 };
 
-/* Refuses what the postgres backend cannot honour or does not have yet
- * (conf_refuse_lock). Returns 0, or -1 said with conf_fail. */
+/* Refuses fair with a limit: a permit's waiters poll. Returns 0, or -1
+ * said with conf_fail. */
 static int pg_check_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
 			 const struct lock_spec *l, const struct conf *cfg, const void *data)
 {
@@ -73,21 +73,12 @@ static int pg_check_lock(struct conf_err *e, const config_setting_t *lg, const c
 
 	(void)cfg;
 	(void)data;
-	if (conf_refuse_lock(e, lg, where, l, "postgres", unavailable, unbuilt))
-		return -1;
 	if (!l->fair || l->limit <= 1)
 		return 0;
 	snprintf(what, sizeof(what), "%s.fair", where);
 	return conf_fail(e, lg ? config_setting_get_member(lg, "fair") : NULL, what,
 			 "fair = true with limit > 1 is not built yet for backend \"postgres\" (a "
 			 "permit's waiters poll: their order is not kept)");
-}
-
-/* No lock is kept between calls (a parked lock would be released by the
- * renewal thread, whose session does not hold it). */
-static void pg_lock_defaults(struct lock_spec *d)
-{
-	d->linger_ms = 0;
 }
 
 /* The longest request: a command (a wait adds its own time). */
@@ -103,6 +94,8 @@ const struct conf_group backend_postgres_settings = {
 	.check = pg_check,
 	.check_lock = pg_check_lock,
 	.check_defaults = pg_check_lock,
-	.lock_defaults = pg_lock_defaults,
+	.unavailable = unavailable,
+	.unbuilt = unbuilt,
+	.lock_defaults = conf_no_linger,
 	.request_ms = pg_request_ms,
 };
