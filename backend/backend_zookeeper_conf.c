@@ -5,11 +5,13 @@
  * check, and the lock settings the zookeeper backend refuses. The lease
  * of a ZooKeeper lock is its process's session (heartbeats by the client
  * library, session_timeout_ms), not a per-lock lease: the settings that
- * tune a lease (lease_ms, retry_max_ms, break_dead_holders, handoff_ms,
- * on_overrun) are refused when the file sets them, in a lock or in
- * `defaults`; on_lost is accepted (a session's expiry loses every lock
- * of the process, each reported through on_lost); limit > 1, mode "shared", linger_ms > 0 and
- * max_hold_ms are refused by value (not built in this step). fair is
+ * tune a lease (lease_ms, retry_max_ms, break_dead_holders, handoff_ms)
+ * are refused when the file sets them, in a lock or in `defaults`;
+ * on_lost is accepted (a session's expiry loses every lock of the
+ * process, each reported through on_lost), and so are linger_ms,
+ * max_hold_ms and on_overrun (the shim's renewal thread keeps and
+ * releases a leaseless lock, as for the local backend), and so are
+ * limit and mode (holder sets, in the module). fair is
  * honoured: the recipe is FIFO by creation. method = "entry" is refused
  * where it may patch a C library function (zk_check_lock). linger_ms's
  * built-in value is 0 here. This file is in the core: backend.c
@@ -64,16 +66,12 @@ static const struct conf_refusal unavailable[] = {
 	{ "retry_max_ms", "a waiter is woken by the watch on its predecessor's znode" },
 	{ "break_dead_holders", "a dead holder's znode vanishes with its session" },
 	{ "handoff_ms", "the lowest znode holds: nothing is handed over" },
-	{ "on_overrun", "max_hold_ms is not built yet for this backend" },
 	{ NULL, NULL }
 };
 
-/* The values not built yet for this backend, refused when a lock asks. */
+/* The values not built yet for this backend, refused when a lock asks:
+ * none since step 5 (limit and mode). */
 static const struct conf_refusal unbuilt[] = {
-	{ "limit", "limit > 1 (a semaphore)" },
-	{ "mode", "mode = \"shared\"" },
-	{ "linger_ms", "linger_ms > 0 (its default is 0 with this backend)" },
-	{ "max_hold_ms", "max_hold_ms" },
 	{ NULL, NULL }
 };
 
@@ -89,9 +87,8 @@ static int object_is_libc(const char *object)
 }
 
 /*
- * Refuses what the zookeeper backend cannot honour or does not have yet
- * (conf_refuse_lock), and `method = "entry"` on a function that may be
- * libc's (no object, or libc named): an entry patch catches every caller,
+ * Refuses `method = "entry"` on a function that may be libc's (no object,
+ * or libc named): an entry patch catches every caller,
  * libzookeeper's own I/O and completion threads included, which run
  * outside the shim's guard: their poll or send would wait for a lock only
  * they can take. Returns 0, or -1 said with conf_fail.
@@ -113,13 +110,7 @@ static int zk_check_lock(struct conf_err *e, const config_setting_t *lg, const c
 				 "function's object (\"main\" or its library) or use \"reloc\"",
 				 l->object ? "on a C library function" : "without object");
 	}
-	return conf_refuse_lock(e, lg, where, l, "zookeeper", unavailable, unbuilt);
-}
-
-/* No lock is kept between calls (linger needs the renewal thread). */
-static void zk_lock_defaults(struct lock_spec *d)
-{
-	d->linger_ms = 0;
+	return 0;
 }
 
 /* The longest request: a command (a wait adds its own time). */
@@ -135,6 +126,8 @@ const struct conf_group backend_zookeeper_settings = {
 	.check = zk_check,
 	.check_lock = zk_check_lock,
 	.check_defaults = zk_check_lock,
-	.lock_defaults = zk_lock_defaults,
+	.unavailable = unavailable,
+	.unbuilt = unbuilt,
+	.lock_defaults = conf_no_linger,
 	.request_ms = zk_request_ms,
 };

@@ -28,8 +28,9 @@
  * With a leaseless backend (backend_local.c: kernel file locks) the same
  * path runs: nothing is renewed, the renewal thread runs only for locks
  * with max_hold_ms or linger_ms (a kept lock lasts linger_ms from its
- * taking at most: reuse_us), and a waiter waits for its wake-up as long as
- * wait_ms allows (wait_cap).
+ * taking at most: reuse_us), a waiter waits for its wake-up as long as
+ * wait_ms allows (wait_cap), and a refusal is not checked for a dead holder
+ * (breaks_dead: the store frees a dead holder's lock itself).
  */
 #include "lock.h"
 
@@ -299,6 +300,17 @@ static int break_dead(struct lock_thread *t, const struct backend_item *it,
 	return 1;
 }
 
+/* Whether a refusal is checked for a holder gone (break_dead): not with a
+ * leaseless backend (local, zookeeper), whose store frees a dead holder's
+ * lock itself (the kernel at once, the server when the session ends) and
+ * whose release takes only the process's own holds, so that break_dead
+ * could never break one: its liveness check (kill, then /proc) at every
+ * refusal is skipped. */
+static int breaks_dead(const struct lock_spec *s)
+{
+	return s->break_dead && !backend->ops->leaseless;
+}
+
 const char *lock_store_name(void)
 {
 	return backend_store(backend->ops);
@@ -379,7 +391,7 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 
 			memcpy(seen, holder, hlen);
 			seen_len = hlen;
-			if (s->break_dead) {
+			if (breaks_dead(s)) {
 				if (break_dead(t, it, holder, hlen, again || now >= deadline,
 					       err, sizeof(err))) {
 					count_add(s, MC_DEAD_BROKEN);

@@ -5,17 +5,16 @@
  * herd. A lock is an EPHEMERAL|SEQUENCE znode <root>/<key's name>/
  * lock-<mark>-N (keyname.h; the mark is its create's own, so a create
  * whose reply was lost can be found and deleted) holding the lock value;
- * the lowest holds; a waiter watches only its predecessor: FIFO. The fence
- * is the znode's czxid. One session per process, shared by its threads, is
- * the lease (the library heartbeats); its expiry loses every lock of the
- * process, reported at once (host->lost_all). Requests are asynchronous,
- * each waited for at most command_timeout_ms on the connection's call
- * slot; the process's znodes (holds) outlive a thread's connection, and a
- * delete lost with its connection is sent again. Metrics: one persistent
- * znode per host, <root>/.metrics/<its key's name> (no key's name starts
- * with "."), data "lockshim-metrics 1\n<klen>\n<key>\n" then
- * "<flen> <value>\n<field>\n" per field, added to by read and write at
- * the version read (again when another wrote meanwhile); at most 1 MB.
+ * the lowest holds; a waiter watches only its predecessor: FIFO. Holder
+ * sets (set_look): the mark ends with the mode ("r" shared, "p<limit>");
+ * a reader waits only for the writers below it, a permit for fewer than
+ * limit below it (watching the key's children); a limit unlike the first
+ * holder's is a mismatch. The fence is the czxid. One session per process
+ * is the lease; its expiry loses every lock, reported at once
+ * (host->lost_all). Requests are asynchronous, each bounded by
+ * command_timeout_ms; a delete lost with its connection is sent again.
+ * Metrics: a persistent znode per host under <root>/.metrics, added to
+ * by read and write at the version read (count_once).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -41,8 +40,9 @@
 #define ZK_TOKEN 32          /* the token prefix of a lock value (owner.h) */
 #define ZK_PATH_MAX 800      /* root (512), "/", KEYNAME_SIZE, "/", ZK_NAME_MAX */
 #define ZK_PREFIX "lock-"
-/* a lock znode's name: "lock-", its mark (token "x" attempt), "-", 10 digits */
-#define ZK_MARK_MAX (ZK_TOKEN + 1 + 8)
+/* a lock znode's name: "lock-", its mark (token "x" attempt, then "r" for a
+ * shared holder or "p<limit>" for a permit: set_mark), "-", 10 digits */
+#define ZK_MARK_MAX (ZK_TOKEN + 1 + 8 + 6)
 #define ZK_NAME_MAX (sizeof(ZK_PREFIX) + ZK_MARK_MAX + 1 + 10 + 1)
 
 struct backend_config {
@@ -69,6 +69,11 @@ struct zk_call {
 	char pred[ZK_NAME_MAX];   /* ... and the highest of them (the predecessor) */
 	char *data;               /* get: the znode's data (malloc'd, the slot's) ... */
 	int dlen, version;        /* ... its length and the znode's version */
+	char first[ZK_NAME_MAX];  /* ... the lowest of them (the key's first holder) */
+	long long firstseq;       /* ... its sequence (-1: none below ours) */
+	int set;                  /* a holder set's listing: set_tally counts too */
+	int lowerx;               /* ... the exclusive znodes below ours (not shared) */
+	char predx[ZK_NAME_MAX];  /* ... and the highest of them */
 };
 
 /* A znode this process made: queued, or holding when lowest; in
@@ -115,6 +120,7 @@ static struct {
 	unsigned long wake;
 	char fired[ZK_FIRED][ZK_PATH_MAX + ZK_NAME_MAX];
 	int expired;
+	int losing;               /* lost_all running for the ended session */
 	int pending;              /* asynchronous deletes not answered yet */
 	struct zk_hold *holds;    /* the process's znodes: a thread's connection */
 	struct zk_hold *spare;    /* ... can be closed (an error) while they live */
@@ -182,6 +188,7 @@ static void sess_child(void)
 	cond_init_mono(&sess.cv);
 	sess.zh = NULL;
 	sess.pending = 0;
+	sess.losing = 0;
 	sess.gen++;
 	while (*pp) { /* the parent's deletes in flight: not the child's to answer */
 		struct zk_hold *h = *pp;
@@ -205,11 +212,11 @@ static void sess_setup(void)
 /*
  * Reports every lock of the process lost (host->lost_all: on_lost), with
  * every signal blocked in this thread: on_lost "kill" signals the process,
- * and a handler run here, under sess.mu, could call a guarded function.
- * Holds sess.mu, so no new session (nor a lock in it) exists before every
- * lock of the ended one is marked; renew.c calls no backend under its own
- * mutex (this module refuses max_hold_ms and linger_ms), so the order
- * sess.mu, then renew.c's, is the only one.
+ * and a handler run here could call a guarded function. Called without
+ * sess.mu but with sess.losing set: sess_get makes no new session (nor a
+ * lock in it) before every lock of the ended one is marked. Not under
+ * sess.mu, because renew.c's thread calls zk_release under its own mutex
+ * (max_hold_ms's overrun, on_overrun "log"), which takes sess.mu.
  */
 static void sess_lost(void)
 {
@@ -223,6 +230,17 @@ static void sess_lost(void)
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
+/* Reports the ended session's locks lost (sess_lost), then lets sess_get
+ * make a new session (sess.losing cleared). */
+static void sess_lost_all(void)
+{
+	sess_lost();
+	pthread_mutex_lock(&sess.mu);
+	sess.losing = 0;
+	pthread_cond_broadcast(&sess.cv);
+	pthread_mutex_unlock(&sess.mu);
+}
+
 /* The session's watcher and every path watch: wakes every waiter; an
  * expiry is said once, and its locks reported lost (sess_lost). Runs in
  * the library's completion thread. */
@@ -234,17 +252,19 @@ static void sess_watch(zhandle_t *zh, int type, int state, const char *path, voi
 	pthread_mutex_lock(&sess.mu);
 	if (zh == sess.zh && state == ZOO_EXPIRED_SESSION_STATE && !sess.expired) {
 		sess.expired = 1;
+		sess.losing = 1;
 		said = 1;
-		sess_lost();
 	}
 	sess.wake++;
 	snprintf(sess.fired[sess.wake % ZK_FIRED], sizeof(sess.fired[0]), "%s",
 		 type == ZOO_SESSION_EVENT || !path ? "" : path);
 	pthread_cond_broadcast(&sess.cv);
 	pthread_mutex_unlock(&sess.mu);
-	if (said)
+	if (said) {
+		sess_lost_all();
 		warn("ZooKeeper session expired: every lock of this process is lost "
 		     "(a new session is made at the next call)");
+	}
 }
 
 /* Returns 1 when a watch event after seen (up to sess.wake) may concern
@@ -297,6 +317,8 @@ static zhandle_t *sess_get(struct backend_conn *c, unsigned *gen)
 		pthread_mutex_unlock(&sess.mu);
 		return zh;
 	}
+	while (sess.losing && sess.pid == getpid())
+		pthread_cond_wait(&sess.cv, &sess.mu);
 	if (sess.zh && sess.pid == getpid())
 		old = sess.zh;
 	sess.zh = NULL;
@@ -379,6 +401,10 @@ static struct zk_call *call_begin_n(struct backend_conn *c, int want)
 	k->data = NULL;
 	k->dlen = 0;
 	k->version = -1;
+	k->firstseq = -1;
+	k->set = 0;
+	k->lowerx = 0;
+	k->predx[0] = 0;
 	return k;
 }
 
@@ -648,6 +674,49 @@ static void done_create(int rc, const char *path, const struct Stat *st, const v
 	call_done(k, rc);
 }
 
+/* The mode of a lock znode's name (its mark's end, set_mark): *limit (1
+ * for an exclusive or a shared holder) and *shared. */
+static void name_mode(const char *name, int *limit, int *shared)
+{
+	const char *d = strrchr(name, '-'), *p = d;
+
+	*limit = 1;
+	*shared = 0;
+	if (!d || d == name)
+		return;
+	while (p > name && isdigit((unsigned char)p[-1]))
+		p--;
+	if (p < d && p > name && p[-1] == 'p') {
+		*limit = 0;
+		for (; p < d && *limit < 100000; p++)
+			*limit = *limit * 10 + (*p - '0');
+		*limit = *limit < 1 ? 1 : *limit;
+	} else if (d[-1] == 'r') {
+		*shared = 1;
+	}
+}
+
+/* Counts child name (sequence s, below ours) into k: the lowest (the
+ * key's first holder, for the limit's check), and for a holder set's
+ * listing the exclusive ones and the highest of them (what a shared
+ * caller waits for). In the completion thread, k->mu held. */
+static void set_tally(struct zk_call *k, const char *name, long long s)
+{
+	int limit, shared;
+
+	if (k->firstseq < 0 || s < k->firstseq) {
+		k->firstseq = s;
+		snprintf(k->first, sizeof(k->first), "%s", name);
+	}
+	if (!k->set)
+		return;
+	name_mode(name, &limit, &shared);
+	if (shared)
+		return;
+	if (k->lowerx++ == 0 || s > child_seq(k->predx))
+		snprintf(k->predx, sizeof(k->predx), "%s", name);
+}
+
 /* The children of a lock's parent: is ours there, how many are ahead of
  * it, and which is right ahead. */
 static void done_children(int rc, const struct String_vector *v, const void *data)
@@ -664,6 +733,7 @@ static void done_children(int rc, const struct String_vector *v, const void *dat
 			k->mine = 1;
 		else if (s >= 0 && s < k->seq) {
 			k->lower++;
+			set_tally(k, v->data[i], s);
 			if (s > best) {
 				best = s;
 				snprintf(k->pred, sizeof(k->pred), "%s", v->data[i]);
@@ -791,6 +861,18 @@ static int make_parents(struct backend_conn *c, zhandle_t *zh)
 	return ZOK;
 }
 
+/* Appends it's mode to a mark: "r" shared, "p<limit>" a permit; nothing
+ * for an exclusive lock of limit 1 (its names are those of step 1). */
+static void set_mark(char *mark, const struct backend_item *it)
+{
+	size_t n = strlen(mark);
+
+	if (it->shared)
+		snprintf(mark + n, ZK_MARK_MAX + 1 - n, "r");
+	else if (it->limit > 1)
+		snprintf(mark + n, ZK_MARK_MAX + 1 - n, "p%d", it->limit);
+}
+
 /*
  * Sends the create of <dir>/lock-<mark>-NNNNNNNNNN (EPHEMERAL|SEQUENCE,
  * data: the lock value) and the listing of dir together, on k (2 replies):
@@ -813,6 +895,8 @@ static int create_and_list(struct backend_conn *c, zhandle_t *zh, struct zk_call
 	for (size_t i = 0; i < tl; i++)
 		k->mark[i] = isxdigit((unsigned char)it->val[i]) ? it->val[i] : 'x';
 	snprintf(k->mark + tl, sizeof(k->mark) - tl, "x%08x", atomic_fetch_add(&attempts, 1));
+	set_mark(k->mark, it);
+	k->set = backend_item_set(it);
 	snprintf(k->dir, sizeof(k->dir), "%s", c->dir);
 	snprintf(path, sizeof(path), "%s/" ZK_PREFIX "%s-", c->dir, k->mark);
 	k->zh = zh;
@@ -925,6 +1009,109 @@ static int zk_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int
 	}
 }
 
+/* ---- holder sets: permits (limit > 1) and shared holders ---------------- */
+
+static int hold_release(struct backend_conn *c, struct zk_hold *h, int async);
+
+/* Lists h's siblings into c->call as a holder set's listing (set_tally),
+ * with a watch on the key's children when watch is set (a permit's
+ * wait: any create or delete under the key fires it). Returns the
+ * listing's result. */
+static int set_siblings(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int watch)
+{
+	struct zk_call *k = call_begin(c);
+	char dir[ZK_PATH_MAX];
+	int issued;
+
+	if (!k)
+		return ZSYSTEMERROR;
+	snprintf(dir, sizeof(dir), "%.*s", (int)(strrchr(h->path, '/') - h->path), h->path);
+	k->seq = h->seq;
+	k->set = 1;
+	issued = watch ? zoo_awget_children(zh, dir, sess_watch, NULL, done_children, k) :
+			 zoo_aget_children(zh, dir, 0, done_children, k);
+	return call_wait(c, k, issued, deadline_of(c), "children");
+}
+
+/*
+ * One look at the place of h, a holder set's znode (listed: its siblings
+ * are in c->call already, from zk_create). A shared holder holds when no
+ * exclusive znode is below its own (a reader never passes an earlier
+ * writer), and otherwise watches the highest of them; a permit of limit
+ * N holds when fewer than N znodes are below its own, and otherwise
+ * watches the key's children: its permit may come from any of those N
+ * holders' deletes, in any order (watching one of them, the N-th before
+ * it, would miss the others'). Returns as zk_look.
+ */
+static int set_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int listed,
+		    const struct backend_item *it)
+{
+	int limit = it->limit > 1 ? it->limit : 1, watch = 0, rc;
+
+	for (int tries = 0;; listed = 0) {
+		if (listed && c->call->rc != ZOK) {
+			snprintf(c->err, sizeof(c->err), "children: %s", zerror(c->call->rc));
+			return -1;
+		}
+		if (!listed && set_siblings(c, zh, h, watch) != ZOK)
+			return -1;
+		if (!c->call->mine) {
+			snprintf(c->err, sizeof(c->err), "the lock's znode %.160s is gone (its "
+				 "session ended)", h->path);
+			return -1;
+		}
+		if (it->shared ? c->call->lowerx == 0 : c->call->lower < limit)
+			return 1;
+		if (!it->shared) { /* the key's children watched by this listing */
+			if (!watch) {
+				watch = 1;
+				continue;
+			}
+			snprintf(c->watched, sizeof(c->watched), "%.*s",
+				 (int)(strrchr(h->path, '/') - h->path), h->path);
+			return 0;
+		}
+		snprintf(c->watched, sizeof(c->watched), "%.*s/%s",
+			 (int)(strrchr(h->path, '/') - h->path), h->path, c->call->predx);
+		if (!call_begin(c))
+			return -1;
+		rc = call_wait(c, c->call, zoo_awexists(zh, c->watched, sess_watch, NULL,
+							done_stat, c->call),
+			       deadline_of(c), "watch");
+		if (rc == ZOK)
+			return 0;
+		if (rc != ZNONODE || ++tries == 100) /* gone meanwhile: look again */
+			return -1;
+	}
+}
+
+/* One look at h's place (zk_look, or set_look for a holder set). */
+static int look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int listed,
+		const struct backend_item *it)
+{
+	return backend_item_set(it) ? set_look(c, zh, h, listed, it) : zk_look(c, zh, h, listed);
+}
+
+/*
+ * Whether it's limit differs from the key's first holder's (the lowest
+ * znode in the listing zk_create made, c->call; a shared or exclusive
+ * holder counts as limit 1): BACKEND_MISMATCH with c->err naming both,
+ * h's znode deleted (nothing changed); else BACKEND_OK.
+ */
+static int set_mismatch(struct backend_conn *c, struct zk_hold *h, const struct backend_item *it)
+{
+	int limit = it->shared || it->limit < 1 ? 1 : it->limit, theirs, shared;
+
+	if (c->call->rc != ZOK || c->call->firstseq < 0)
+		return BACKEND_OK;
+	name_mode(c->call->first, &theirs, &shared);
+	if (theirs == limit)
+		return BACKEND_OK;
+	hold_release(c, h, 1);
+	snprintf(c->err, sizeof(c->err), "limit %d here, %d for the key's holders", limit, theirs);
+	return BACKEND_MISMATCH;
+}
+
 /* Sends h's delete (any version), answered by done_release, which
  * forgets h. Returns the library's result. */
 static int delete_send(struct zk_hold *h)
@@ -962,30 +1149,67 @@ static void hold_abandon(struct zk_hold *h)
 		delete_send(h);
 }
 
-/* Deletes h's znode (any version) and forgets h; async: the reply is
- * only logged when the znode was gone, and a delete lost with its
- * connection is sent again (done_release). Synchronous: a delete lost so
- * is handed to that asynchronous path (BACKEND_OK: it is the process's
- * to finish). Returns BACKEND_OK, BACKEND_NO (gone: lost) or BACKEND_ERR. */
+static int delete_live(struct backend_conn *c, struct zk_hold *h, zhandle_t *zh, int async);
+
+/* Forgets h, made in a session that ended (its znode went with it): said
+ * here only when the core could not report it at the expiry. Returns
+ * BACKEND_NO. */
+static int hold_gone(struct zk_hold *h)
+{
+	hold_drop(h);
+	if (!host || !host->lost_all)
+		warn("lock znode %.400s was gone at its release: its session "
+		     "expired while it was held (lost)", h->path);
+	return BACKEND_NO;
+}
+
+/* Deletes h's znode (any version) and forgets h (delete_live), in the
+ * process's session (made again if it ended). Returns BACKEND_OK,
+ * BACKEND_NO (gone: lost) or BACKEND_ERR. */
 static int zk_delete(struct backend_conn *c, struct zk_hold *h, int async)
 {
 	unsigned gen;
 	zhandle_t *zh;
+
+	zh = sess_get(c, &gen);
+	if (!zh) {
+		hold_drop(h);
+		return BACKEND_ERR;
+	}
+	if (h->gen != gen)
+		return hold_gone(h);
+	return delete_live(c, h, zh, async);
+}
+
+/*
+ * Releases h without making a session (renew.c's thread calls it under
+ * its own mutex, at max_hold_ms's overrun: sess_get could wait there for
+ * a session's end to be reported, which takes that mutex): deleted when
+ * its session is the live one, else forgotten (hold_gone). Returns as
+ * zk_delete.
+ */
+static int hold_release(struct backend_conn *c, struct zk_hold *h, int async)
+{
+	zhandle_t *zh;
+
+	pthread_mutex_lock(&sess.mu);
+	zh = h->zh == sess.zh && h->gen == sess.gen && !sess.expired &&
+	     sess.pid == getpid() ? h->zh : NULL;
+	pthread_mutex_unlock(&sess.mu);
+	return zh ? delete_live(c, h, zh, async) : hold_gone(h);
+}
+
+/* Deletes h's znode (any version) in live session zh and forgets h;
+ * async: the reply is only logged when the znode was gone, and a delete
+ * lost with its connection is sent again (done_release). Synchronous: a
+ * delete lost so is handed to that asynchronous path (BACKEND_OK: it is
+ * the process's to finish). Returns BACKEND_OK, BACKEND_NO (gone: lost)
+ * or BACKEND_ERR. */
+static int delete_live(struct backend_conn *c, struct zk_hold *h, zhandle_t *zh, int async)
+{
 	struct zk_call *k;
 	int rc;
 
-	zh = sess_get(c, &gen);
-	if (!zh || h->gen != gen) {
-		hold_drop(h);
-		if (!zh)
-			return BACKEND_ERR;
-		/* made in a session that ended: its znode went with it; said
-		 * here only when the core could not report it at the expiry */
-		if (!host || !host->lost_all)
-			warn("lock znode %.400s was gone at its release: its session "
-			     "expired while it was held (lost)", h->path);
-		return BACKEND_NO;
-	}
 	if (!async) {
 		if (!(k = call_begin(c)))
 			return BACKEND_ERR;
@@ -1029,8 +1253,22 @@ static void zk_config_free(struct backend_config *bc)
 	free(bc);
 }
 
-/* A connection is this thread's call slot and holds; the session is the
- * process's, made here the first time. */
+/* Whether the process has a session (live or ended; an acquire makes
+ * an ended one again). */
+static int sess_made(void)
+{
+	int made;
+
+	pthread_once(&sess_once, sess_setup);
+	pthread_mutex_lock(&sess.mu);
+	made = sess.zh && sess.pid == getpid();
+	pthread_mutex_unlock(&sess.mu);
+	return made;
+}
+
+/* A connection is this thread's call slot; the session is the
+ * process's, made here the first time (not again after its end: renew.c's
+ * thread opens its connection under its own mutex, see hold_release). */
 static struct backend_conn *zk_open(const struct backend_config *bc, char *err, size_t errlen)
 {
 	struct backend_conn *c = calloc(1, sizeof(*c));
@@ -1041,7 +1279,7 @@ static struct backend_conn *zk_open(const struct backend_config *bc, char *err, 
 		return NULL;
 	}
 	c->bc = bc;
-	if (!sess_get(c, &gen)) {
+	if (!sess_made() && !sess_get(c, &gen)) {
 		snprintf(err, errlen, "%s", c->err);
 		free(c);
 		return NULL;
@@ -1100,11 +1338,6 @@ static int zk_acquire(struct backend_conn *c, const struct backend_item *it, lon
 	*fence = 0;
 	*holder_len = 0;
 	(void)holder;
-	if (backend_item_set(it)) {
-		snprintf(c->err, sizeof(c->err), "the zookeeper backend has no semaphores or "
-			 "shared locks yet");
-		return BACKEND_ERR;
-	}
 	if (!(zh = sess_get(c, &gen)))
 		return BACKEND_ERR;
 	if ((h = hold_find(c, it)) && h->gen != gen) {
@@ -1115,8 +1348,10 @@ static int zk_acquire(struct backend_conn *c, const struct backend_item *it, lon
 		if (!(h = zk_create(c, zh, gen, it)))
 			return BACKEND_ERR;
 		listed = 1;
+		if ((r = set_mismatch(c, h, it)) != BACKEND_OK)
+			return r;
 	}
-	if ((r = zk_look(c, zh, h, listed)) < 0) {
+	if ((r = look(c, zh, h, listed, it)) < 0) {
 		if (!it->waiting || wait_over(h))
 			hold_abandon(h);
 		return BACKEND_ERR;
@@ -1141,7 +1376,7 @@ static int zk_release(struct backend_conn *c, const struct backend_item *it, int
 {
 	struct zk_hold *h = hold_find(c, it);
 
-	return h ? zk_delete(c, h, async) : BACKEND_NO;
+	return h ? hold_release(c, h, async) : BACKEND_NO;
 }
 
 /*
@@ -1175,7 +1410,7 @@ static int zk_wait(struct backend_conn *c, const struct backend_item *it,
 		pthread_mutex_lock(&sess.mu);
 		seen = sess.wake;
 		pthread_mutex_unlock(&sess.mu);
-		if ((r = zk_look(c, zh, h, 0)) < 0)
+		if ((r = look(c, zh, h, 0, it)) < 0)
 			return BACKEND_ERR;
 		if (r == 1) {
 			*fence = h->czxid;
@@ -1203,6 +1438,27 @@ static int zk_leave(struct backend_conn *c, const struct backend_item *it, int a
 }
 
 /*
+ * Closes the handle of a session that ended (its expiry reported), which
+ * sess_get would close only when it makes the next session: a release no
+ * longer makes one (hold_release), so without this the ended session's
+ * threads would outlive it until the next acquire, or the exit. Not under
+ * renew.c's mutex: lock.c and renew.c flush outside it.
+ */
+static void sess_close_ended(void)
+{
+	zhandle_t *old = NULL;
+
+	pthread_mutex_lock(&sess.mu);
+	if (sess.zh && sess.expired && !sess.losing && sess.pid == getpid()) {
+		old = sess.zh;
+		sess.zh = NULL;
+	}
+	pthread_mutex_unlock(&sess.mu);
+	if (old)
+		zookeeper_close(old);
+}
+
+/*
  * Waits (at most command_timeout_ms) until every asynchronous delete of
  * the process is answered: lock.c flushes at a thread's exit, the
  * process's and an exec, where a delete still queued in the library would
@@ -1214,6 +1470,7 @@ static int zk_flush(struct backend_conn *c)
 	long long deadline = deadline_of(c);
 	int left;
 
+	sess_close_ended();
 	pthread_mutex_lock(&sess.mu);
 	while (sess.pending > 0 && cond_wait_until(&sess.cv, &sess.mu, deadline) != ETIMEDOUT)
 		;
@@ -1261,6 +1518,7 @@ static int zk_ping(struct backend_conn *c)
 /* One lock znode of a key, as zk_holders reads it. */
 struct zk_entry {
 	long long seq, czxid;
+	int limit, shared;        /* its name's mode (name_mode) */
 	int vlen;
 	char val[BACKEND_VAL_MAX];
 };
@@ -1275,6 +1533,48 @@ static int by_seq(const void *a, const void *b)
 	const struct zk_entry *x = a, *y = b;
 
 	return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/* How many of e[0..n) (sorted by sequence) hold: the first and the shared
+ * ones right after a shared first, or the first `limit` of a permit's
+ * set (the rule of set_look). */
+static int entries_holding(const struct zk_entry *e, int n)
+{
+	int nh = 1;
+
+	if (e->shared)
+		while (nh < n && e[nh].shared)
+			nh++;
+	else
+		nh = e->limit < n ? e->limit : n;
+	return nh;
+}
+
+/* Reports each holder of e[0..n) (sorted) to fn through h (its key
+ * set): the rest are the waiters (in wval, wlen: room for n), given with
+ * the first. */
+static void entries_report(const struct zk_entry *e, int n, struct backend_holder *h,
+			   const char **wval, size_t *wlen,
+			   void (*fn)(void *arg, const struct backend_holder *h), void *arg)
+{
+	int nh = entries_holding(e, n);
+
+	h->wval = wval;
+	h->wlen = wlen;
+	for (int i = nh; i < n; i++) {
+		wval[i - nh] = e[i].val;
+		wlen[i - nh] = (size_t)e[i].vlen;
+	}
+	for (int i = 0; i < nh; i++) {
+		h->val = e[i].val;
+		h->vlen = (size_t)e[i].vlen;
+		h->fence = e[i].czxid;
+		h->limit = e[i].limit;
+		h->shared = e[i].shared;
+		h->in_set = e[i].shared || e[i].limit > 1;
+		h->nwaiters = i ? 0 : n - nh;
+		fn(arg, h);
+	}
 }
 
 /* Reports the lock of the key znode dir (its name: the key's) to fn: its
@@ -1317,6 +1617,7 @@ static int key_holders(struct backend_conn *c, zhandle_t *zh, const char *dir, c
 		if (rc != ZOK)
 			goto fail;
 		e[n].czxid = st.czxid;
+		name_mode(kids.data[i], &e[n].limit, &e[n].shared);
 		e[n].vlen = e[n].vlen < 0 ? 0 : e[n].vlen;
 		n++;
 	}
@@ -1324,19 +1625,9 @@ static int key_holders(struct backend_conn *c, zhandle_t *zh, const char *dir, c
 	if (!n)
 		goto out;
 	qsort(e, (size_t)n, sizeof(*e), by_seq);
-	for (int i = 1; i < n; i++) {
-		wval[i - 1] = e[i].val;
-		wlen[i - 1] = (size_t)e[i].vlen;
-	}
 	h.key = key;
 	h.klen = keyname_decode(name, strlen(name), key);
-	h.val = e[0].val;
-	h.vlen = (size_t)e[0].vlen;
-	h.fence = e[0].czxid;
-	h.nwaiters = n - 1;
-	h.wval = wval;
-	h.wlen = wlen;
-	fn(arg, &h);
+	entries_report(e, n, &h, wval, wlen, fn, arg);
 	goto out;
 fail:
 	snprintf(c->err, sizeof(c->err), "status: %.200s: %s", dir, zerror(rc));

@@ -1251,3 +1251,62 @@ def test_metrics_shipped_by_a_release_add_up(progs, procs, tmp_path):
     m = scrape(cfg)
     assert val(m, "lockshim_calls_total", "hold_call", "many") == 1200
     assert val(m, "lockshim_hold_seconds_count", "hold_call", "many") == 1200
+
+
+# ---- step 5: a release wakes the waiters only when one watches ------------------
+
+IN_MODIFY, IN_ATTRIB = 0x2, 0x4
+LOCAL_WATCH = (1 << 32) - 1  # backend_local.c: a watching waiter's read-locked byte
+
+
+def attrib_events(path, fn):
+    """Runs fn() while an inotify watch is on path; returns how many
+    IN_ATTRIB events (a release's futimens) it made. IN_MODIFY (the record's
+    write) is watched too, so that successive IN_ATTRIBs are not merged."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ino = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert ino >= 0, ctypes.get_errno()
+    try:
+        assert libc.inotify_add_watch(ino, path.encode(), IN_MODIFY | IN_ATTRIB) >= 0
+        fn()
+        n = 0
+        while True:
+            try:
+                buf = os.read(ino, 65536)
+            except BlockingIOError:
+                return n
+            off = 0
+            while off < len(buf):
+                _, mask, _, namelen = struct.unpack_from("iIII", buf, off)
+                n += bool(mask & IN_ATTRIB)
+                off += 16 + namelen
+    finally:
+        os.close(ino)
+
+
+@pytest.mark.parametrize("watcher,wakes", [(False, 0), (True, LINGER_CALLS)],
+                         ids=["unwatched", "control-watched"])
+def test_release_wakes_only_when_a_waiter_watches(progs, tmp_path, watcher, wakes):
+    """200 uncontended calls make no wake-up (IN_ATTRIB): no waiter holds
+    the watch byte, so no release calls futimens. Control: a read lock on
+    that byte (taken here as a waiter takes it before its first try) makes
+    each of the 200 releases wake."""
+    cfg = local_config(tmp_path, HOLD_LOCAL % "linger_ms = 0;")
+    r = run([progs["driver"], "call:0"], cfg)  # makes the lock file
+    assert r.returncode == 0, r.stderr
+    path = str(tmp_path / "locks" / lock_files(tmp_path)[0])
+
+    def calls():
+        r = run([progs["driver"]] + ["call:0"] * LINGER_CALLS, cfg)
+        assert r.returncode == 0 and r.stdout.count("call rc=42") == LINGER_CALLS, r.stderr
+
+    fd = os.open(path, os.O_RDWR)
+    try:
+        if watcher:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK,
+                        struct.pack("hhqqi4x", fcntl.F_RDLCK, 0, LOCAL_WATCH, 1, 0))
+        assert attrib_events(path, calls) == wakes
+    finally:
+        os.close(fd)

@@ -6,7 +6,7 @@ liblockshim-zookeeper.so.
 
 What every module backend shares (exclusion and its control, fences
 increasing, the module's library missing, what a Redis-guarded program
-maps, locks on send/write/poll, status/unlock/metrics exiting 1) is in
+maps, locks on send/write/poll, unlock exiting 1, metrics) is in
 test_modules.py. Here: a SIGKILLed holder freed when its session expires
 (session_timeout_ms; control: a live holder makes the waiter time out at
 wait_ms, on_timeout applied), the waiter woken by the release and not by
@@ -23,8 +23,13 @@ member; and a waiter that gives up after a connection loss leaves no
 znode. A session's expiry (the holder's connection black-holed by a
 proxy) reports its lock lost at once, while its call runs (on_lost
 "log", "kill"), and its release sends nothing (control: held past the
-session timeout without expiry, nothing is lost).
+session timeout without expiry, nothing is lost). Metrics: concurrent
+shipments of one host add up, the 1 MB limit, a znode not lockshim's.
+Step 5: linger_ms, max_hold_ms with on_overrun, mode = "shared" and limit
+(readers together, writers alone, a reader never passing an earlier
+writer, the limit bounding the holders, mismatches, status of sets).
 """
+import json
 import os
 import re
 import signal
@@ -36,7 +41,8 @@ import pytest
 from support.process import cpu_ticks
 from support.proxy import BLACK_HOLE, DROP_REPLIES, PASS, Proxy
 from support import sets
-from support.scenarios import refused_setting, scrape, val
+from support.scenarios import limit_bounds_the_holders, limit_mismatch_refused, \
+    refused_setting, scrape, val
 from support.server import serving
 from support.util import CLI, MULT, cc, lib_program, run, status_by_key, wait_for, write_config
 from support.zookeeper import Ensemble, ZookeeperServer, skip_reason
@@ -189,8 +195,7 @@ def test_long_key_is_shortened_with_its_sha1(zk, tmp_path):
 # ---- refusals -------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting", [
-    "lease_ms = 5000", "linger_ms = 10", "limit = 2",
-    "mode = \"shared\"", "max_hold_ms = 100", "retry_max_ms = 50",
+    "lease_ms = 5000", "retry_max_ms = 50",
     "break_dead_holders = false", "handoff_ms = 5",
 ])
 @pytest.mark.parametrize("where", ["lock", "defaults"])
@@ -280,8 +285,6 @@ def test_lock_command_holds_and_fences(zk, tmp_path):
 
 @pytest.mark.parametrize("opts,says", [
     (["-l", "5000"], "-l: not available with backend \"zookeeper\""),
-    (["--limit", "2"], "lock.limit"),
-    (["--shared"], "lock.mode"),
 ])
 def test_lock_command_refuses_what_the_backend_cannot_honour(zk, tmp_path, opts, says):
     cfg = zk_config(tmp_path, zk, "")
@@ -981,3 +984,312 @@ def test_metrics_znode_past_its_limit_or_not_ours_is_left_as_it_is(progs, zk, tm
     r = run([CLI, "metrics", "-c", cfg])
     assert r.returncode != 0 and "holds no counts of lockshim's" in r.stderr, (r.returncode,
                                                                                r.stderr)
+
+
+# ---- limit and shared (Z5) ------------------------------------------------------
+# Step 5 (b23-zk5): linger_ms, max_hold_ms with on_overrun (the shim's renewal
+# thread keeps and releases a leaseless lock, as for the local backend), then
+# mode = "shared" and limit = N.
+
+HOLD_ZK = 'locks = ( { symbol = "hold_call"; key = "%s"; wait_ms = 30000; %s } );\n'
+OVERRUN_SAID = "hold_call: lease on lockshim:%s exceeded max_hold_ms; renewal stopped; applying "
+
+
+def hold_dir(key):
+    return "/lockshim/lockshim%3A" + key
+
+
+def cversion(zk, path):
+    """path's cversion: how many times its children changed (each create
+    and each delete of a lock znode counts one)."""
+    m = re.search(r"cversion = (\d+)", zk.cli("stat", path))
+    assert m, path
+    return int(m.group(1))
+
+
+def plain_config(tmp_path, zk, key):
+    """A config of lock hold_call on key without max_hold_ms or linger_ms
+    (a waiter's, in its own directory)."""
+    d = tmp_path / "plain"
+    d.mkdir(exist_ok=True)
+    return zk_config(d, zk, HOLD_ZK % (key, ""))
+
+
+def driver_enters(bg, progs, cfg, holder, after):
+    """Starts a second driver of cfg's lock once holder printed `after`;
+    returns the waiter and the seconds from then until it entered."""
+    holder.expect(after)
+    t0 = time.monotonic()
+    waiter = bg([progs["driver"], "call:0"], cfg)
+    waiter.expect("enter", timeout=30 * MULT)
+    return waiter, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("setting", [
+    "linger_ms = 10", "max_hold_ms = 100", 'max_hold_ms = 100; on_overrun = "log"',
+    'max_hold_ms = 100; on_overrun = "kill"', 'max_hold_ms = 100; on_overrun = "abort"'])
+def test_linger_max_hold_and_on_overrun_are_accepted(zk, tmp_path, setting):
+    cfg = zk_config(tmp_path, zk, HOLD_ZK % ("acc", setting))
+    r = run([CLI, "check", "-c", cfg])
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("linger", [3000, 0], ids=["linger", "control-no-linger"])
+def test_linger_keeps_the_znode_until_linger_ms_after_the_last_call(bg, progs, zk, tmp_path,
+                                                                   linger):
+    """The holder's only call returns and its program lives on: its znode
+    stays (kept), and a waiter in another process enters linger_ms (3 s)
+    later, when the holder's renewal thread deletes it. Control linger_ms =
+    0: the znode is gone when the call returns; the waiter enters at once."""
+    key = "linger%d" % linger
+    cfg = zk_config(tmp_path, zk, HOLD_ZK % (key, "linger_ms = %d;" % linger))
+    holder = bg([progs["driver"], "call:0", "stdin"], cfg)
+    holder.expect("call rc=42")
+    t0 = time.monotonic()
+    assert len(zk.children(hold_dir(key))) == (1 if linger else 0)
+    waiter = bg([progs["driver"], "call:0"], cfg)
+    waiter.expect("enter", timeout=30 * MULT)
+    entered = time.monotonic() - t0
+    if linger:
+        assert 2.5 <= entered < 3.0 + 3.0 * MULT, entered
+    else:
+        assert entered < 3.0 * MULT, entered  # the listing (a JVM) takes about 1 s
+    assert holder.p.poll() is None and waiter.wait() == 0
+    holder.send()
+    assert holder.wait() == 0
+
+
+@pytest.mark.parametrize("linger,changes", [(60000, 2), (0, 2 * 40)],
+                         ids=["linger", "control-no-linger"])
+def test_linger_takes_the_znode_once_for_many_calls(progs, zk, tmp_path, linger, changes):
+    """40 calls in a row with linger_ms: one create and one delete (at
+    exit) under the key (its cversion); control linger_ms = 0: a create and
+    a delete per call."""
+    key = "many%d" % linger
+    cfg = zk_config(tmp_path, zk, HOLD_ZK % (key, "linger_ms = %d;" % linger))
+    r = run([progs["driver"]] + ["call:0"] * 40, cfg)
+    assert r.returncode == 0 and r.stdout.count("call rc=42") == 40, r.stderr
+    assert cversion(zk, hold_dir(key)) == changes
+    assert zk.children(hold_dir(key)) == []
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("max_hold", [300, None], ids=["max_hold", "control-none"])
+def test_overrun_log_deletes_the_znode_at_the_deadline(bg, progs, zk, tmp_path, max_hold):
+    """on_overrun "log" (what a Redis lock does when its renewal stops and
+    it expires): at max_hold_ms the holder's renewal thread deletes its
+    znode, so a waiter enters while the 4 s call runs on; the call's own
+    release then finds nothing and says nothing of a lost lock. Control
+    without max_hold_ms: the waiter enters when the call returns."""
+    key = "over%s" % max_hold
+    cfg = zk_config(tmp_path, zk, HOLD_ZK % (key, "max_hold_ms = %d;" % max_hold
+                                             if max_hold else ""))
+    holder = bg([progs["driver"], "call:4000"], cfg)
+    waiter, entered = driver_enters(bg, progs, plain_config(tmp_path, zk, key), holder, "enter")
+    if max_hold:
+        assert entered < 3.0 and holder.p.poll() is None, entered  # the call runs on
+    else:
+        assert entered >= 2.0, entered
+    holder.expect("call rc=42")
+    assert holder.wait() == 0 and waiter.wait() == 0
+    err = holder.stderr()
+    assert (OVERRUN_SAID % key + "log" in err) == bool(max_hold), err
+    assert "lost" not in err and "gone" not in err, err
+    assert zk.children(hold_dir(key)) == []
+
+
+@pytest.mark.timing
+def test_overrun_kill_kills_and_the_znode_goes_with_the_session(bg, progs, zk, tmp_path):
+    """on_overrun "kill" at max_hold_ms (300): the holder dies by SIGTERM
+    inside its 20 s call; its znode stays until its session expires (a
+    kill keeps the lock until death, and ZooKeeper frees it at the session
+    timeout), then the waiter enters. (The control is the "log" case
+    above: there the waiter enters at the deadline, the holder alive.)"""
+    cfg = zk_config(tmp_path, zk, HOLD_ZK % ("kill", 'max_hold_ms = 300; on_overrun = "kill";'))
+    holder = bg([progs["driver"], "call:20000"], cfg)
+    waiter, entered = driver_enters(bg, progs, plain_config(tmp_path, zk, "kill"), holder,
+                                    "enter")
+    assert holder.wait() == -signal.SIGTERM
+    assert OVERRUN_SAID % "kill" + "kill" in holder.stderr(), holder.stderr()
+    assert entered < SESSION_MS / 1000 + 10 * MULT, entered
+    assert waiter.wait() == 0
+
+
+# Holder sets (mode = "shared", limit = N): the holder's mode is in its
+# znode's name (its mark ends "r" shared, "p<limit>" a permit). The observed
+# program is support/sets.py's (each guarded call appends "r+"/"w+" when it
+# starts, "r-"/"w-" when it ends; replay counts who was inside at once).
+# Each test has a root of its own (the sets' key is "k").
+
+def set_lock(symbol, settings):
+    return '{ symbol = "%s"; key = "k"; wait_ms = 30000; %s }' % (symbol, settings)
+
+
+RW_ZK = "locks = ( %s, %s );\n" % (set_lock("set_read", 'mode = "shared";'),
+                                   set_lock("set_write", ""))
+MODE_ZK = 'locks = ( { symbol = "hold_call"; key = "k"; wait_ms = 20000; %s } );\n'
+
+
+def zk_set_config(tmp_path, zk, name, root, body):
+    """zk_config in tmp_path's subdirectory name, under root."""
+    d = tmp_path / name
+    d.mkdir(exist_ok=True)
+    return zk_config(d, zk, body, 'root = "%s";' % root)
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("guarded", [True, False], ids=["shared", "control-unguarded"])
+def test_shared_readers_overlap_writers_alone(sets_prog, zk, tmp_path, guarded):
+    """4 reader processes x 2 threads (40 ms calls), 2 writers (20 ms): the
+    readers are inside together (more than one at once), a writer always
+    alone, every call entered, no error. Control: unguarded, a writer is
+    inside beside others."""
+    log = str(tmp_path / "log")
+    cfg = zk_set_config(tmp_path, zk, "c", "/rw", RW_ZK) if guarded else None
+    runs = [(sets_prog, "r", cfg, log, 2, 6, 40)] * 4 + [(sets_prog, "w", cfg, log, 1, 6, 20)] * 2
+    total, err = sets.run_all(runs)
+    readers, writers, mixed = sets.replay(log)
+    if not guarded:
+        assert mixed
+        return
+    assert total == 4 * 2 * 6 + 2 * 6 and readers > 1, err[-3000:]
+    assert writers == 1 and not mixed, err[-3000:]
+    assert "error" not in err, err[-3000:]
+
+
+@pytest.mark.timing
+def test_reader_never_passes_an_earlier_writer(sets_prog, zk, tmp_path):
+    """Readers (4 processes x 2 threads, 100 ms calls) keep the key held
+    without a gap between the marks x and y (the control: a writer waiting
+    for a free key would wait for the whole stream); a writer arriving
+    meanwhile enters within 2 s (a reader whose znode comes after the
+    writer's waits for it), alone, and the readers go on after."""
+    log = str(tmp_path / "log")
+    cfg = zk_set_config(tmp_path, zk, "c", "/starve", RW_ZK)
+    sets.writer_behind_readers(sets_prog, cfg, log, str(tmp_path / "stop"), 2000)
+    assert sets.replay(log)[1:] == (1, False)
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("limit,most", [(3, 3), (None, 1), ("control", None)],
+                         ids=["limit3", "default", "control-unguarded"])
+def test_limit_bounds_the_holders(sets_prog, zk, tmp_path, limit, most):
+    """8 processes x 2 threads (30 ms calls): limit 3 lets never more than 3
+    in, and 3 are reached; no limit, one at a time. Control: unguarded,
+    more than 3."""
+    extra = "limit = %d;" % limit if limit != "control" and limit else ""
+    cfg = None if limit == "control" else zk_set_config(
+        tmp_path, zk, "c", "/lim%s" % limit, "locks = ( %s );\n" % set_lock("set_read", extra))
+    limit_bounds_the_holders(sets_prog, cfg, str(tmp_path / "log"), most)
+
+
+def test_limit_mismatch_is_an_error_at_once(progs, procs, zk, tmp_path):
+    """A holder took the key with limit = 3; callers with limit 2, with no
+    limit (1) and shared (1) get one error line naming both numbers and
+    on_error at once (well before wait_ms), and leave no znode behind.
+    Control: limit 3 enters beside the holder."""
+    def one_znode():
+        assert len(zk.children("/mism/lockshim%3Ak")) == 1
+
+    holder = limit_mismatch_refused(progs, procs, lambda setting, name: zk_set_config(
+        tmp_path, zk, name, "/mism", MODE_ZK % setting), one_znode, hold_ms=15000)
+    assert holder.finish()[0] == 0
+    assert zk.children("/mism/lockshim%3Ak") == []
+
+
+def test_exclusive_holder_mismatches_a_semaphore_and_waits_shared(progs, procs, zk, tmp_path):
+    """A plain lock (limit 1) held for 3 s: a limit = 3 caller gets the
+    mismatch at once; a shared caller waits instead (its znode queued
+    behind the holder's), and enters once the holder is gone."""
+    holder = procs([progs["driver"], "call:3000"],
+                   zk_set_config(tmp_path, zk, "x", "/xs", MODE_ZK % ""))
+    holder.expect("enter")
+    t0 = time.monotonic()
+    r = run([progs["driver"], "call:0"], zk_set_config(tmp_path, zk, "p", "/xs",
+                                                       MODE_ZK % "limit = 3;"))
+    assert r.stdout.strip().splitlines()[-1] == "call rc=-1 errno=16", r.stderr
+    assert "limit 3 here, 1 for the key's holders" in r.stderr, r.stderr
+    r = run([progs["driver"], "call:0"], zk_set_config(tmp_path, zk, "s", "/xs",
+                                                       MODE_ZK % 'mode = "shared";'))
+    assert r.stdout.strip().splitlines()[-1] == "call rc=42 errno=0", r.stderr
+    assert time.monotonic() - t0 > 2.5  # waited for the exclusive holder (3 s from its start)
+    assert holder.finish()[0] == 0
+
+
+def test_status_shows_shared_and_permit_holders(bg, zk, tmp_path):
+    """Two shared holders of "r" and a waiting exclusive caller: two lines,
+    mode shared, each its own fence (its znode's czxid), the writer as the
+    first's waiter; a permit holder of limit 3: limit 3, exclusive.
+    Control: once they return, nothing is listed."""
+    cfg = zk_set_config(tmp_path, zk, "c", "/st", "")
+
+    def status():
+        r = run([CLI, "status", "-c", cfg, "--json"])
+        assert r.returncode == 0, r.stderr
+        return [json.loads(l) for l in r.stdout.splitlines()]
+
+    def hold(*opts):
+        return bg([CLI, "lock", "-c", cfg] + list(opts) + ["--", "sh", "-c", "echo in; read x"],
+                  None)
+    held = [hold("--shared", "r") for _ in range(2)] + [hold("--limit", "3", "p")]
+    for h in held:
+        h.expect("in")
+    writer = hold("-w", "30000", "r")
+    wait_for(lambda: len(zk.children("/st/lockshim%3Ar")) == 3, what="the writer's znode")
+    objs = status()
+    assert sorted((o["key"], o["mode"], o["limit"]) for o in objs) == [
+        ("p", "exclusive", 3), ("r", "shared", 1), ("r", "shared", 1)], objs
+    assert len({o["fence"] for o in objs}) == 3, objs
+    assert sum(len(o["waiters"]) for o in objs if o["key"] == "r") == 1, objs
+    for h in held:
+        h.send()
+    writer.expect("in")
+    writer.send()
+    wait_for(lambda: status() == [], what="the holders gone from status")
+
+
+def lock_cli(bg, cfg, *opts):
+    """`lockshim lock` of key k with opts, holding it until sent a line."""
+    h = bg([CLI, "lock", "-c", cfg] + list(opts) + ["k", "--", "sh", "-c",
+                                                     "echo in; read x"], None)
+    h.expect("in")
+    return h
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("holder_opts,waiter,release", [
+    ([], 'mode = "shared";', 0), (["--limit", "2"], "limit = 2;", 1),
+    (["--limit", "2"], "limit = 2;", 0),
+], ids=["shared-behind-writer", "permit-later-holder-leaves", "permit-first-holder-leaves"])
+def test_set_waiter_is_woken_by_the_release(bg, worker_progs, zk, tmp_path, holder_opts,
+                                            waiter, release):
+    """A shared caller behind an exclusive holder, and a third permit of
+    limit 2 behind two holders, wait by a watch: over 2 s the waiter spends
+    (nearly) no CPU and does not enter (the control: the holders are
+    there); once one holder leaves (for the permit, either of the two: they
+    leave in any order, and watching only the first would miss the
+    second's) it enters within 1 s."""
+    root = "/wake%d%s" % (release, "s" if not holder_opts else "p")
+    cfg = zk_set_config(tmp_path, zk, "c", root, 'locks = ( { symbol = "block_call"; '
+                        'key = "k"; wait_ms = 60000; %s } );\n' % waiter)
+    held = [lock_cli(bg, cfg, *holder_opts) for _ in range(2 if holder_opts else 1)]
+    w = bg([worker_progs["block"]], cfg)
+    path = root + "/lockshim%3Ak"
+    wait_for(lambda: len(zk.children(path)) == len(held) + 1, timeout=30,
+             what="the waiter's znode")
+    before = cpu_ticks(w.p.pid)
+    time.sleep(2)  # the span measured, not a synchronisation
+    assert cpu_ticks(w.p.pid) - before <= 3
+    assert len(zk.children(path)) == len(held) + 1
+    held[release].send()
+    t0 = time.monotonic()
+    w.expect("enter", timeout=10)
+    assert time.monotonic() - t0 < 1.0 * MULT
+    w.send()
+    w.expect("call rc=42")
+    for h in held:
+        if h is not held[release]:
+            h.send()
+    for h in held:
+        assert h.wait() == 0
