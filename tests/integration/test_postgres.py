@@ -1364,7 +1364,8 @@ def test_linger_kept_lock_goes_to_a_waiter_while_its_holder_idles(procs, progs, 
 
 @pytest.mark.timing
 def test_linger_kept_lock_of_a_busy_thread_goes_after_its_wait(procs, progs, pg, tmp_path):
-    """A thread keeps "a" (linger_ms 300) and then waits, in the server, for
+    """A thread keeps "a" (linger_ms 1.5 s: long enough for the thread to be
+    in its next wait by then, also under TSan) and then waits, in the server, for
     "b" (held by a psql session): its session runs that wait, so the
     renewal thread cannot release "a" on it at linger's end; it leaves the
     release to the thread, which sends it when its wait returns. A waiter
@@ -1372,7 +1373,7 @@ def test_linger_kept_lock_of_a_busy_thread_goes_after_its_wait(procs, progs, pg,
     while the holder still runs. Without that hand-over (the release of a
     busy session's lock dropped: checked) the waiter timed out."""
     cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "hold_call"; key = "a"; lease_ms = 60000; '
-                    'linger_ms = 300; wait_ms = 8000; },\n'
+                    'linger_ms = 1500; handoff_ms = 30000; wait_ms = 8000; },\n'
                     '  { symbol = "other_call"; key = "b"; wait_ms = 20000; } );\n')
     b_id = "hashtextextended('lockshim:b', 0)"
     psql = subprocess.Popen(["psql", "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres",
@@ -1387,7 +1388,7 @@ def test_linger_kept_lock_of_a_busy_thread_goes_after_its_wait(procs, progs, pg,
         wait_for(lambda: advisory(pg, granted=False) == 1, what="the holder waiting for b")
         waiter = procs([progs["driver"], "call:0"], cfg)
         wait_for(lambda: advisory(pg, granted=False) == 2, what="the waiter waiting for a")
-        time.sleep(max(0, 1.0 - (time.monotonic() - t0)))  # linger_ms passed, with margin
+        time.sleep(max(0, 2.5 - (time.monotonic() - t0)))  # linger_ms passed, with margin
         assert advisory(pg, granted=False) == 2  # "a" still kept: its session is busy
         psql.stdin.write("SELECT pg_advisory_unlock(%s);\n" % b_id)
         psql.stdin.flush()
