@@ -52,6 +52,7 @@ struct backend_conn {
 	const struct backend_config *bc;
 	CURL *curl;
 	struct curl_slist *headers;  /* with the token's Authorization once authenticated */
+	unsigned long tgen;      /* ... that token's generation (token.gen when taken) */
 	char base[320];          /* "http(s)://host:port" of the endpoint reached */
 	int ep;                  /* ... its index in the endpoints */
 	int resent;              /* the last command was sent again after a
@@ -102,14 +103,56 @@ static atomic_int endpoint_good; /* the endpoint that answered last: tried first
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc;
 
+/*
+ * The process's token (etcd.username's), shared by the connections of one
+ * config (owner; another config's connections authenticate alone): a
+ * simple token is valid on every member and connection, and each
+ * authentication costs etcd a bcrypt (about 54 ms). mu guards every field
+ * and is held only to copy them, never across a request; the connection
+ * that authenticates for all sets busy, the others wait on cv. A fork child
+ * keeps the token (token_atfork_*: mu is held across fork, so it is whole).
+ */
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;                  /* busy went back to 0 */
+	const struct backend_config *owner; /* the config it is shared by */
+	char *tok;                          /* malloc'd, or NULL */
+	size_t len;
+	unsigned long gen;                  /* 0: none yet; + 1 per authentication */
+	int busy;                           /* a connection authenticates for all */
+} token = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0, 0 };
+
 static void etcd_bind(const struct backend_module_host *h)
 {
 	host = h;
 }
 
+static void token_atfork_prepare(void)
+{
+	pthread_mutex_lock(&token.mu);
+}
+
+static void token_atfork_parent(void)
+{
+	pthread_mutex_unlock(&token.mu);
+}
+
+/* Fork child: the token kept (whole: mu was held); no authentication is
+ * under way here (its thread is the parent's), so waiters would wait for
+ * nothing: busy 0, mu and cv new. */
+static void token_atfork_child(void)
+{
+	token.busy = 0;
+	pthread_mutex_init(&token.mu, NULL);
+	pthread_cond_init(&token.cv, NULL);
+}
+
 static void curl_global(void)
 {
 	curl_init_rc = curl_global_init(CURL_GLOBAL_NOTHING);
+	if (curl_init_rc == CURLE_OK &&
+	    pthread_atfork(token_atfork_prepare, token_atfork_parent, token_atfork_child))
+		curl_init_rc = CURLE_FAILED_INIT;
 }
 
 /* ---- encoding ----------------------------------------------------------- */
@@ -570,6 +613,14 @@ static int headers_set(struct backend_conn *c, const char *token, size_t toklen)
 	return 0;
 }
 
+static long long now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 /* Whether s[0..n) may go into a header line: no control character. */
 static int header_safe(const char *s, size_t n)
 {
@@ -582,17 +633,17 @@ static int header_safe(const char *s, size_t n)
 /*
  * Authenticates c as etcd.username (/v3/auth/authenticate, bounded by
  * timeout_ms): the token answered becomes the Authorization header of c's
- * requests. The password is only in this request's body (malloc'd,
+ * requests, and *tok (into c->doc: valid until c's next request, not to be
+ * freed) its text. The password is only in this request's body (malloc'd,
  * wiped and freed here). Returns BACKEND_OK, or BACKEND_ERR with c->err
  * ("authenticate: " etcd's or libcurl's message: never the password).
  */
-static int authenticate(struct backend_conn *c, long long timeout_ms)
+static int authenticate(struct backend_conn *c, long long timeout_ms, const char **tok,
+			size_t *toklen)
 {
 	const struct etcd_spec *sp = c->bc->spec;
 	size_t cap = 6 * (strlen(sp->username) + strlen(sp->password)) + 32, n = 0;
 	char *body = malloc(cap);
-	const char *tok;
-	size_t toklen;
 	int rc = BACKEND_ERR;
 
 	if (!body || headers_set(c, NULL, 0))
@@ -605,16 +656,73 @@ static int authenticate(struct backend_conn *c, long long timeout_ms)
 	else if (memcpy(body + n, "\"}", 3),
 		 post_body(c, body, "/v3/auth/authenticate", timeout_ms, "authenticate") != CURLE_OK)
 		; /* c->err says it */
-	else if (!reply_str(c->doc, "token", &tok, &toklen))
+	else if (!reply_str(c->doc, "token", tok, toklen))
 		fail(c, "authenticate", "no token in the reply");
-	else if (!header_safe(tok, toklen))
+	else if (!header_safe(*tok, *toklen))
 		fail(c, "authenticate", "unexpected reply");
-	else if (headers_set(c, tok, toklen))
+	else if (headers_set(c, *tok, *toklen))
 		fail(c, "authenticate", "token too long, or out of memory");
 	else
 		rc = BACKEND_OK;
 	explicit_bzero(body, cap);
 	free(body);
+	return rc;
+}
+
+/*
+ * Gives c the process's token (token, above) when it is newer than the
+ * one c saw refused (c->tgen; 0: c has none): taken from another
+ * connection when one authenticated since, else made by c itself, once
+ * for all (the others wait for it). A connection of another config than
+ * token.owner authenticates alone. Waits until deadline (CLOCK_MONOTONIC,
+ * ms) at most. Returns BACKEND_OK (c's headers carry it), or BACKEND_ERR
+ * with c->err.
+ */
+static int token_take(struct backend_conn *c, long long deadline)
+{
+	struct timespec until = { deadline / 1000, deadline % 1000 * 1000000 };
+	const char *tok;
+	size_t len;
+	int rc = BACKEND_OK;
+
+	pthread_mutex_lock(&token.mu);
+	if (token.owner != c->bc) {
+		pthread_mutex_unlock(&token.mu);
+		return authenticate(c, deadline - now_ms(), &tok, &len);
+	}
+	while (token.busy && token.gen <= c->tgen &&
+	       pthread_cond_clockwait(&token.cv, &token.mu, CLOCK_MONOTONIC, &until) == 0)
+		;
+	if (token.gen > c->tgen && token.tok) {
+		if (headers_set(c, token.tok, token.len))
+			rc = fail(c, "authenticate", "out of memory");
+		c->tgen = token.gen;
+		pthread_mutex_unlock(&token.mu);
+		return rc;
+	}
+	if (token.busy) {
+		pthread_mutex_unlock(&token.mu);
+		return fail(c, "authenticate", "timed out waiting for another connection's");
+	}
+	token.busy = 1;
+	pthread_mutex_unlock(&token.mu);
+	rc = authenticate(c, deadline - now_ms(), &tok, &len);
+	pthread_mutex_lock(&token.mu);
+	token.busy = 0;
+	if (rc == BACKEND_OK) {
+		char *copy = malloc(len + 1);
+
+		if (copy) {
+			memcpy(copy, tok, len);
+			copy[len] = 0;
+			free(token.tok);
+			token.tok = copy;
+			token.len = len;
+			c->tgen = ++token.gen;
+		}
+	}
+	pthread_cond_broadcast(&token.cv);
+	pthread_mutex_unlock(&token.mu);
 	return rc;
 }
 
@@ -625,14 +733,6 @@ static int token_refused(const struct backend_conn *c)
 	return c->bc->spec->password && (strstr(c->err, "invalid auth token") ||
 					 strstr(c->err, "auth store is old") ||
 					 strstr(c->err, "user name is empty"));
-}
-
-static long long now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* Whether rc says the member went away: no connection, or the connection
@@ -673,8 +773,9 @@ static void endpoint_next(struct backend_conn *c)
  * once), which becomes the one a new connection tries first. Any request
  * of this module may be sent twice (a grant finds its lease, the
  * transaction its key; see lease_revoke; a count's counts twice). An error etcd answered is not
- * sent again here (lock.c retries until wait_ms), except once after
- * authenticating again when the token was refused. Sets c->resent when an
+ * sent again here (lock.c retries until wait_ms), except once with a new
+ * token when the token was refused (token_take: one authentication for
+ * every connection that saw it refused). Sets c->resent when an
  * attempt may have been applied unanswered. Returns BACKEND_OK, or
  * BACKEND_ERR with c->err set (etcd's message when it answered one, else
  * libcurl's).
@@ -691,7 +792,7 @@ static int command_body(struct backend_conn *c, const char *body, size_t cap,
 	while ((rc = post_capped(c, body, path, left, cap, what)) != CURLE_OK) {
 		left = deadline - now_ms();
 		if (rc == CURLE_HTTP_RETURNED_ERROR && token_refused(c) && !reauth++ && left >= 1) {
-			if (authenticate(c, left) != BACKEND_OK)
+			if (token_take(c, deadline) != BACKEND_OK)
 				return BACKEND_ERR;
 			left = deadline - now_ms();
 			if (left >= 1)
@@ -764,6 +865,13 @@ static void etcd_config_free(struct backend_config *bc)
 {
 	if (!bc)
 		return;
+	pthread_mutex_lock(&token.mu);
+	if (token.owner == bc) {
+		token.owner = NULL;
+		free(token.tok);
+		token.tok = NULL;
+	}
+	pthread_mutex_unlock(&token.mu);
 	for (int i = 0; bc->connect_to && i < bc->nendpoints; i++)
 		curl_slist_free_all(bc->connect_to[i]);
 	free(bc->connect_to);
@@ -798,6 +906,10 @@ static struct backend_config *etcd_config_new(const void *settings, char *err, s
 		snprintf(err, errlen, "out of memory");
 		return NULL;
 	}
+	pthread_mutex_lock(&token.mu);
+	if (!token.owner && sp->password)
+		token.owner = bc;
+	pthread_mutex_unlock(&token.mu);
 	return bc;
 }
 
@@ -855,7 +967,8 @@ static void etcd_close(struct backend_conn *c)
 }
 
 /* Returns a connection to the first endpoint that answers a status
- * request (and, with a password, authenticates us), trying them in order
+ * request (and, with a password, carries the process's token: token_take),
+ * trying them in order
  * from the one that answered last, or NULL with the last endpoint's error
  * in err. */
 static struct backend_conn *etcd_open(const struct backend_config *bc, char *err, size_t errlen)
@@ -884,7 +997,7 @@ static struct backend_conn *etcd_open(const struct backend_config *bc, char *err
 			 ep) != CURLE_OK)
 			continue;
 		if (bc->spec->password &&
-		    authenticate(c, bc->spec->command_timeout_ms) != BACKEND_OK) {
+		    token_take(c, now_ms() + bc->spec->command_timeout_ms) != BACKEND_OK) {
 			authfail = 1;
 			continue;
 		}
