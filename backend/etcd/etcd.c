@@ -59,7 +59,8 @@ struct backend_conn {
 				  * failure that may have been applied */
 	long long last_lease;    /* the lease of the last refused acquire ... */
 	long long last_rev;      /* ... and its key's create revision (for wait) */
-	int watching;            /* the write callback looks for a DELETE event */
+	int watching;            /* the write callback looks for a DELETE event
+				  * (2: for any event) */
 	int woken;               /* ... and saw one (or the watch's end) */
 	size_t counting;         /* count_before's keys at most (a longer reply) */
 	json_tokener *tok;       /* parses the reply as it streams in */
@@ -423,7 +424,8 @@ static int watch_message(struct backend_conn *c, json_object *o)
 	}
 	c->woken = reply_bool(r, "canceled") == 1;
 	for (size_t i = 0; !c->woken && (ev = reply_nth(r, "events", i)); i++)
-		c->woken = reply_str(ev, "type", &t, &tl) && tl == 6 && !memcmp(t, "DELETE", 6);
+		c->woken = c->watching == 2 ||
+			   (reply_str(ev, "type", &t, &tl) && tl == 6 && !memcmp(t, "DELETE", 6));
 	json_object_put(o);
 	return c->woken;
 }
@@ -1185,19 +1187,21 @@ static int join(struct backend_conn *c, const struct backend_item *it,
 /*
  * Counts the keys of [n->from, end) created before revision mine, up to
  * most, into *count (*rev: the read's revision). etcd's own count ignores
- * the create revision's bound, so the keys read (keys only, at most most)
- * are counted: the reply may be ETCD_KV_MAX bytes per key. Returns
+ * the create revision's bound, so the keys read (keys only, at most most;
+ * the oldest, or with newest the newest first, in c->doc's "kvs") are
+ * counted: the reply may be ETCD_KV_MAX bytes per key. Returns
  * BACKEND_OK or BACKEND_ERR.
  */
 static int count_before(struct backend_conn *c, const struct etcd_names *n, const char *end,
-			long long mine, int most, long long *count, long long *rev)
+			long long mine, int most, int newest, long long *count, long long *rev)
 {
 	json_object *kvs;
 	int rc;
 
 	snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"range_end\":\"%s\",\"keys_only\":"
-		 "true,\"sort_order\":\"ASCEND\",\"sort_target\":\"CREATE\",\"limit\":\"%d\","
-		 "\"max_create_revision\":\"%lld\"}", n->from, end, most, mine - 1);
+		 "true,\"sort_order\":\"%s\",\"sort_target\":\"CREATE\",\"limit\":\"%d\","
+		 "\"max_create_revision\":\"%lld\"}", n->from, end, newest ? "DESCEND" : "ASCEND",
+		 most, mine - 1);
 	c->counting = (size_t)most;
 	rc = command(c, "/v3/kv/range", "count");
 	c->counting = 0;
@@ -1228,9 +1232,22 @@ static int granted(struct backend_conn *c, const struct backend_item *it,
 	if (w->put)
 		older = it->shared ? w->writers : w->count - 1;
 	else if (count_before(c, n, it->shared ? n->wto : n->to, w->mine,
-			      it->shared ? 1 : it->limit, &older, &rev) != BACKEND_OK)
+			      it->shared ? 1 : it->limit, 0, &older, &rev) != BACKEND_OK)
 		return BACKEND_ERR;
 	return older < (it->shared ? 1 : it->limit);
+}
+
+/*
+ * Puts our permit's key again, its value and lease kept (its create
+ * revision, the fence, too), when it enters after waiting: the permit
+ * waiter behind it watches for that (etcd_wait). A failure only delays
+ * that waiter until it asks again (a third of its lease): not reported.
+ */
+static void permit_touch(struct backend_conn *c, const struct etcd_names *n)
+{
+	snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"ignore_value\":true,"
+		 "\"ignore_lease\":true}", n->key);
+	command(c, "/v3/kv/put", "entry");
 }
 
 /*
@@ -1264,6 +1281,8 @@ static int etcd_acquire(struct backend_conn *c, const struct backend_item *it, l
 	if ((rc = granted(c, it, &n, &w)) == BACKEND_ERR)
 		return BACKEND_ERR;
 	if (rc) {
+		if (!w.put && it->limit > 1 && !it->shared)
+			permit_touch(c, &n);
 		*fence = w.mine;
 		return BACKEND_OK;
 	}
@@ -1286,22 +1305,22 @@ static int etcd_release(struct backend_conn *c, const struct backend_item *it, i
 
 /*
  * Watches from revision from on: key k (the gateway's base64, kl bytes),
- * or with end the range [k, end), until a key there is deleted, or
- * timeout_ms. Returns BACKEND_OK (deleted, or the watch's member went
- * away: try again, through the next endpoint), BACKEND_NO (timed out) or
- * BACKEND_ERR.
+ * until it is deleted (any: or put), or with end the range [k, end) until
+ * a key there is deleted (etcd sends no puts: NOPUT), or timeout_ms.
+ * Returns BACKEND_OK (woken, or the watch's member went away: try again,
+ * through the next endpoint), BACKEND_NO (timed out) or BACKEND_ERR.
  */
 static int watch_delete(struct backend_conn *c, const char *k, size_t kl, const char *end,
-			long long from, long long timeout_ms)
+			long long from, long long timeout_ms, int any)
 {
 	CURLcode rc;
 
 	snprintf(c->body, sizeof(c->body), "{\"create_request\":{\"key\":\"%.*s\",%s%s%s"
 		 "\"start_revision\":\"%lld\"}}", (int)kl, k, end ? "\"range_end\":\"" : "",
-		 end ? end : "", end ? "\"," : "", from);
+		 end ? end : "", end ? "\",\"filters\":[\"NOPUT\"]," : "", from);
 	if (timeout_ms > ETCD_WAIT_MAX_MS)
 		timeout_ms = ETCD_WAIT_MAX_MS;
-	c->watching = 1;
+	c->watching = any ? 2 : 1;
 	rc = post(c, "/v3/watch", timeout_ms < 1 ? 1 : timeout_ms, "watch");
 	c->watching = 0;
 	if (rc == CURLE_OK)
@@ -1318,10 +1337,14 @@ static int watch_delete(struct backend_conn *c, const char *k, size_t kl, const 
  * refused acquire's, else read again), by a watch from the revision of a
  * read on. Exclusive: the deletion of our predecessor (the key of the
  * greatest create revision below ours); shared: of the last writer's key
- * below ours (readers wait for writers only); a permit: of any key of the
- * lock (a herd of that key's permit waiters: whichever older key goes,
- * one of them may enter). BACKEND_OK when it went (or nothing is in the
- * way: try again), BACKEND_NO when timeout_ms passed first.
+ * below ours (readers wait for writers only). A permit of limit L: with
+ * exactly L older keys (all holders: the first waiter), the deletion of
+ * any key of the lock; with more, our predecessor (a waiter) deleted or
+ * put again: permit_touch, at its entry, after which we are the first
+ * waiter. So a release wakes one permit waiter, whose entry wakes the
+ * next, not all. One read gives both the count (L + 1 at most) and the
+ * predecessor. BACKEND_OK when it went (or nothing is in the way: try
+ * again), BACKEND_NO when timeout_ms passed first.
  */
 static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 		     long long timeout_ms, long long *fence)
@@ -1331,7 +1354,7 @@ static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 	long long mine = 0, rev, older;
 	const char *pk;
 	size_t pkl;
-	int rc;
+	int rc, permit = it->limit > 1 && !it->shared;
 
 	*fence = 0;
 	if (names_make(c->bc, it, &n))
@@ -1347,20 +1370,23 @@ static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 		mine = w.mine;
 	}
 	c->last_lease = 0;
-	if (it->limit > 1 && !it->shared) {
-		if (count_before(c, &n, n.to, mine, it->limit, &older, &rev) != BACKEND_OK)
+	if (permit) {
+		if (count_before(c, &n, n.to, mine, it->limit + 1, 1, &older, &rev) != BACKEND_OK)
 			return BACKEND_ERR;
 		if (older < it->limit)
 			return BACKEND_OK;
-		return watch_delete(c, n.from, strlen(n.from), n.to, rev + 1, timeout_ms);
+		if (older == it->limit) /* the first waiter: behind holders only */
+			return watch_delete(c, n.from, strlen(n.from), n.to, rev + 1, timeout_ms, 0);
+	} else {
+		snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"range_end\":\"%s\","
+			 "\"sort_order\":\"DESCEND\",\"sort_target\":\"CREATE\",\"limit\":\"1\","
+			 "\"keys_only\":true,\"max_create_revision\":\"%lld\"}", n.from,
+			 it->shared ? n.wto : n.to, mine - 1);
+		if (command(c, "/v3/kv/range", "predecessor") != BACKEND_OK)
+			return BACKEND_ERR;
+		if ((rev = reply_revision(c->doc)) <= 0)
+			return fail(c, "predecessor", "unexpected reply");
 	}
-	snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"range_end\":\"%s\",\"sort_order\":"
-		 "\"DESCEND\",\"sort_target\":\"CREATE\",\"limit\":\"1\",\"keys_only\":true,"
-		 "\"max_create_revision\":\"%lld\"}", n.from, it->shared ? n.wto : n.to, mine - 1);
-	if (command(c, "/v3/kv/range", "predecessor") != BACKEND_OK)
-		return BACKEND_ERR;
-	if ((rev = reply_revision(c->doc)) <= 0)
-		return fail(c, "predecessor", "unexpected reply");
 	if (!reply_str(reply_nth(c->doc, "kvs", 0), "key", &pk, &pkl))
 		return BACKEND_OK;
 	if (pkl >= sizeof(n.key))
@@ -1369,7 +1395,7 @@ static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 		if (b64_value(pk[i]) < 0 && pk[i] != '=')
 			return fail(c, "predecessor", "unexpected reply");
 	memcpy(n.key, pk, pkl); /* out of c->doc, which the watch frees */
-	return watch_delete(c, n.key, pkl, NULL, rev + 1, timeout_ms);
+	return watch_delete(c, n.key, pkl, NULL, rev + 1, timeout_ms, permit);
 }
 
 /* Leaves the queue (or forgets a grant): the lease and its key go. */

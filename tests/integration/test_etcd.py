@@ -1513,12 +1513,15 @@ def test_count_key_of_a_host_with_slash_and_percent(progs, etcd, tmp_path):
 # ---- step 7: one token per process ---------------------------------------------
 
 ROUNDS_C = r"""
-/* rounds THREADS PATH: THREADS threads each call ledger_update(PATH) once,
- * all let go together; "round1" printed, a line read; then each once more,
- * together again; "round2". */
+/* rounds THREADS PATH [fork]: THREADS threads each call ledger_update(PATH)
+ * once, all let go together; "round1" printed, a line read; then each once
+ * more, together again; "round2". With fork: then a child calls it once
+ * and exits, the parent prints "forked status=S". */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 int ledger_update(const char *path);
 static pthread_barrier_t bar;
@@ -1538,7 +1541,8 @@ static void *work(void *arg)
 
 int main(int argc, char **argv)
 {
-	int n = argc == 3 ? atoi(argv[1]) : 0;
+	int n = argc >= 3 ? atoi(argv[1]) : 0, st = -1;
+	pid_t pid;
 	pthread_t th[64];
 	char line[16];
 
@@ -1559,6 +1563,13 @@ int main(int argc, char **argv)
 	for (int i = 0; i < n; i++)
 		pthread_join(th[i], NULL);
 	printf("round2\n");
+	fflush(stdout);
+	if (argc < 4)
+		return 0;
+	if ((pid = fork()) == 0)
+		_exit(ledger_update(path) < 0);
+	waitpid(pid, &st, 0);
+	printf("forked status=%d\n", st);
 	return 0;
 }
 """
@@ -1611,6 +1622,9 @@ class CountingProxy(Proxy):
         with self._lock:
             self.counts[what] = self.counts.get(what, 0) + 1
             self.last = time.monotonic()
+
+    def endpoint(self):
+        return "127.0.0.1:%d" % self.port
 
     def count(self, what):
         with self._lock:
@@ -1685,3 +1699,76 @@ def test_expired_token_is_replaced_once_for_every_connection(bg, rounds_prog, tm
         assert s.keys() == []
     finally:
         s.cleanup()
+
+
+def test_fork_child_keeps_the_token(bg, rounds_prog, auth_etcd, tmp_path):
+    """A process of 2 threads authenticates once; its fork child's guarded
+    call opens a connection of its own (a status probe more, and its lease
+    grant: the control that it did speak to etcd) with the parent's token:
+    still one /v3/auth/authenticate. The counter is exact (2 + 2 + 1)."""
+    with CountingProxy(auth_etcd.port) as px:
+        cfg = auth_config(tmp_path, "127.0.0.1:%d" % px.port)
+        path = str(tmp_path / "c")
+        p = bg([rounds_prog, "2", path, "fork"], cfg)
+        p.expect("round1")
+        p.send()
+        p.expect("round2")
+        probes, grants = px.count(PROBE), px.count("/v3/lease/grant")
+        assert p.expect("forked") == "forked status=0"
+        assert p.wait() == 0 and ": warn: " not in p.stderr(), p.stderr()
+        assert px.count(PROBE) > probes and px.count("/v3/lease/grant") == grants + 1, \
+            px.counts
+        assert px.count(AUTH) == 1, px.counts
+        assert int(open(path).read()) == 5
+    assert auth_etcd.keys() == []
+
+
+# ---- step 7: permit waiters without a herd ----------------------------------------
+
+def entered(waiters, seen):
+    """Adds to seen the indexes of waiters that printed "enter" by now."""
+    for i, w in enumerate(waiters):
+        while not w.lines.empty():
+            if (w.lines.get_nowait() or "").startswith("enter"):
+                seen.add(i)
+    return seen
+
+
+def quiet(px, s):
+    wait_for(lambda: time.monotonic() - px.last > s, timeout=30 * MULT,
+             what="no request for %s s" % s)
+
+
+@pytest.mark.timing
+def test_permit_release_wakes_one_waiter_not_the_herd(bg, worker_progs, etcd, tmp_path):
+    """limit 2: two holders, then 6 permit waiters (processes), each waiting
+    by a watch (a proxy counts them: 6). One release lets one waiter in;
+    the watches made after it (a waiter woken looks again and watches
+    again) are at most 2: the next waiter, woken by that entry, is the
+    first waiter now. The herd (every waiter watching the whole lock)
+    made 5, one per waiter left. Then all are let go: each enters in
+    turn, none is left behind, no key stays."""
+    with CountingProxy(etcd.port) as px:
+        cfg = etcd_config(tmp_path, px, 'locks = ( { symbol = "block_call"; key = "k"; '
+                          'limit = 2; wait_ms = 60000; lease_ms = 60000; '
+                          'retry_max_ms = 30000; } );\n')
+        held = [lock_cli(bg, cfg, "--limit", "2") for _ in range(2)]
+        waiters = []
+        for i in range(6):  # one at a time: their order is their index
+            waiters.append(bg([worker_progs["block"]], cfg))
+            wait_for(lambda: px.count("/v3/watch") == i + 1, what="waiter %d's watch" % i)
+        quiet(px, 1)
+        watches = px.count("/v3/watch")
+        assert watches == 6 and entered(waiters, set()) == set(), px.counts
+        held[-1].send()
+        assert held[-1].wait() == 0
+        waiters[0].expect("enter")
+        quiet(px, 1)
+        assert px.count("/v3/watch") - watches <= 2, px.counts
+        assert entered(waiters, set()) == set() and len(etcd.keys()) == 7
+        for w in [held[0]] + waiters:
+            w.send()
+        for w in waiters:
+            assert w.expect("call rc=42", timeout=60)
+        for w in held + waiters:
+            assert w.wait(timeout=60) == 0
