@@ -41,7 +41,8 @@ from support.scenarios import (limit_bounds_the_holders, limit_mismatch_refused,
                                 refused_setting, scrape, val)
 from support.secure import NOBODY, NOGROUP, Layout
 from support.server import call_failed, serving
-from support.sets import replay, run_all, start as sets_start, writer_behind_readers
+from support.sets import lock_cli, readers_overlap_writers_alone, replay, set_waiter_woken, \
+    start as sets_start, writer_behind_readers
 from support.util import (ASAN, CLI, MULT, ROOT, TSAN, cc, run, shim_env, status_by_key,
                           wait_for, write_config)
 from support.workers import race
@@ -994,15 +995,7 @@ def test_shared_readers_overlap_writers_alone(sets_prog, etcd, tmp_path, guarded
     revision). Control: unguarded, a writer is inside beside others."""
     log = str(tmp_path / "log")
     cfg = etcd_config(tmp_path, etcd, RW_ETCD) if guarded else None
-    runs = [(sets_prog, "r", cfg, log, 2, 6, 40)] * 4 + [(sets_prog, "w", cfg, log, 1, 6, 20)] * 2
-    total, err = run_all(runs)
-    readers, writers, mixed = replay(log)
-    if not guarded:
-        assert mixed
-        return
-    assert total == 4 * 2 * 6 + 2 * 6 and readers > 1, err[-3000:]
-    assert writers == 1 and not mixed, err[-3000:]
-    assert "error" not in err, err[-3000:]
+    readers_overlap_writers_alone(sets_prog, cfg, log)
 
 
 @pytest.mark.timing
@@ -1065,14 +1058,6 @@ def test_writer_not_starved_by_readers(sets_prog, etcd, tmp_path):
     assert replay(log)[1:] == (1, False)
 
 
-def lock_cli(bg, cfg, *opts):
-    """`lockshim lock` of key k with opts, holding it until sent a line."""
-    h = bg([CLI, "lock", "-c", cfg] + list(opts) + ["k", "--", "sh", "-c",
-                                                     "echo in; read x"], None)
-    h.expect("in")
-    return h
-
-
 @pytest.mark.timing
 @pytest.mark.parametrize("holder_opts, waiter", [
     ([], 'mode = "shared";'), (["--limit", "2"], "limit = 2;"),
@@ -1086,23 +1071,8 @@ def test_set_waiter_is_woken_by_the_release(bg, worker_progs, etcd, tmp_path, ho
     cfg = etcd_config(tmp_path, etcd, 'locks = ( { symbol = "block_call"; key = "k"; '
                       'wait_ms = 60000; lease_ms = 60000; retry_max_ms = 30000; %s } );\n'
                       % waiter)
-    held = [lock_cli(bg, cfg, *holder_opts) for _ in range(2 if holder_opts else 1)]
-    w = bg([worker_progs["block"]], cfg)
-    wait_for(lambda: len(etcd.keys()) == len(held) + 1, what="the waiter's key")
-    before = cpu_ticks(w.p.pid)
-    time.sleep(2)  # the span measured, not a synchronisation
-    assert cpu_ticks(w.p.pid) - before <= 2
-    assert len(etcd.keys()) == len(held) + 1
-    held[-1].send()
-    t0 = time.monotonic()
-    w.expect("enter", timeout=5)
-    assert time.monotonic() - t0 < 0.5 * MULT
-    w.send()
-    w.expect("call rc=42")
-    for h in held[:-1]:
-        h.send()
-    for h in held:  # each released its key (the fixture kills what still runs)
-        assert h.wait() == 0
+    set_waiter_woken(bg, worker_progs["block"], cfg, holder_opts, -1,
+                     lambda: len(etcd.keys()), 2, 0.5)
 
 
 def test_status_shows_shared_and_permit_holders(bg, etcd, tmp_path):
