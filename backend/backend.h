@@ -22,10 +22,12 @@
  *      max, .def = ... or .def_str = ...) per setting, default included;
  *      and backend_NAME_settings = { .name = "NAME" (the group),
  *      .fields, .size = sizeof(struct NAME_spec), and as needed .check
- *      (rules across settings, once the group is read), .check_lock
- *      (refuses each lock setting it cannot honour: return conf_fail(e,
- *      lg, where, "..."), which conf_load reports, exit 78), .request_ms
- *      (the longest request, for waiter_ttl_ms), .hash_tag }.
+ *      (rules across settings, once the group is read), .unavailable
+ *      and .unbuilt (the lock settings it refuses, each with why: exit
+ *      78), .check_lock (other rules of a lock: return conf_fail(e, lg,
+ *      where, "...")), .lock_defaults (conf_no_linger where a lock is not
+ *      kept between calls by default), .request_ms (the longest request,
+ *      for waiter_ttl_ms), .hash_tag }.
  *   3. backend/backend_NAME.c: `const struct backend_ops backend_NAME =
  *      { .name, .settings = &backend_NAME_settings, .serves, .config_new,
  *      .config_free, .open, .close, .acquire, .release, .wait, .leave,

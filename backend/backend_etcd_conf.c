@@ -100,23 +100,6 @@ static const struct conf_refusal unbuilt[] = {
 	{ NULL, NULL }
 };
 
-/* Refuses what the etcd backend cannot honour (conf_refuse_lock).
- * Returns 0, or -1 said with conf_fail. */
-static int etcd_check_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
-			   const struct lock_spec *l, const struct conf *cfg, const void *data)
-{
-	(void)cfg;
-	(void)data;
-	return conf_refuse_lock(e, lg, where, l, "etcd", unavailable, unbuilt);
-}
-
-/* No lock is kept between calls unless linger_ms says so: a kept lock
- * keeps the queue's waiters out. */
-static void etcd_lock_defaults(struct lock_spec *d)
-{
-	d->linger_ms = 0;
-}
-
 /* The longest request: a command (a wait adds its own time). */
 static long long etcd_request_ms(const void *data)
 {
@@ -128,8 +111,8 @@ const struct conf_group backend_etcd_settings = {
 	.fields = etcd_fields,
 	.size = sizeof(struct etcd_spec),
 	.check = etcd_check,
-	.check_lock = etcd_check_lock,
-	.check_defaults = etcd_check_lock,
-	.lock_defaults = etcd_lock_defaults,
+	.unavailable = unavailable,
+	.unbuilt = unbuilt,
+	.lock_defaults = conf_no_linger,
 	.request_ms = etcd_request_ms,
 };

@@ -159,30 +159,12 @@ static const struct conf_refusal unbuilt[] = {
 	{ NULL, NULL }
 };
 
-/* Refuses what the local backend cannot honour or does not have yet
- * (conf_refuse_lock). Returns 0, or -1 said with conf_fail. */
-static int local_check_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
-			    const struct lock_spec *l, const struct conf *cfg, const void *data)
-{
-	(void)cfg;
-	(void)data;
-	return conf_refuse_lock(e, lg, where, l, "local", unavailable, unbuilt);
-}
-
-/* A local lock is not kept between calls by default: keeping it needs the
- * renewal thread (it releases the kept lock), which a program that does
- * not ask for linger_ms or max_hold_ms never starts. */
-static void local_lock_defaults(struct lock_spec *d)
-{
-	d->linger_ms = 0;
-}
-
 const struct conf_group backend_local_settings = {
 	.name = "local",
 	.fields = local_fields,
 	.size = sizeof(struct local_spec),
 	.check = local_check,
-	.check_lock = local_check_lock,
-	.check_defaults = local_check_lock,
-	.lock_defaults = local_lock_defaults,
+	.unavailable = unavailable,
+	.unbuilt = unbuilt,
+	.lock_defaults = conf_no_linger,
 };

@@ -2,15 +2,14 @@
 /*
  * backend_postgres_conf.c - the `postgres` group of the file (conninfo,
  * password, password_file, connect_timeout_ms, command_timeout_ms), its
- * check, and the lock settings the postgres backend refuses. A session
- * advisory lock's lease is its session's idle_session_timeout, kept by the
- * renewal thread's pings (lease_ms, on_lost). Refused when the file sets
- * them, in a lock or in `defaults`: retry_max_ms, break_dead_holders,
- * handoff_ms, on_overrun; by value: linger_ms > 0, max_hold_ms, and
- * fair with limit > 1 (fair, limit and mode "shared" are honoured:
- * postgres.c). linger_ms's built-in value is 0 here
- * (pg_lock_defaults). The password file is read with conf_read_password_file
- * (in secure-execution mode only a trusted one, as redis.password_file); the module reads
+ * check, and the lock settings the postgres backend refuses: when set,
+ * retry_max_ms and break_dead_holders; by value, fair with limit > 1.
+ * Honoured (postgres.c): lease_ms, on_lost (the session's
+ * idle_session_timeout, kept by the renewal's pings), fair, limit, mode,
+ * max_hold_ms, on_overrun, linger_ms (default 0 here: conf_no_linger), and
+ * handoff_ms, which only caps linger_ms (the server hands a released lock
+ * over itself). The password file is read with conf_read_password_file (in
+ * secure-execution mode only a trusted one); the module reads
  * LOCKSHIM_POSTGRES_PASSWORD itself (secure_getenv). This file is in the
  * core: backend.c registers backend_postgres_settings, conf.c never names it.
  */
@@ -52,20 +51,11 @@ static const struct conf_refusal unavailable[] = {
 	{ "retry_max_ms", "a waiter blocks in the server, which wakes it at the release" },
 	{ "break_dead_holders", "the server frees a dead holder's lock itself, when its "
 	  "connection closes" },
-	{ "handoff_ms", "the server hands the lock to the first waiter at the release" },
-	{ "on_overrun", "max_hold_ms is not built yet for this backend" },
 	{ NULL, NULL }
 };
 
-/* The values not built yet for this backend, refused when a lock asks. */
-static const struct conf_refusal unbuilt[] = {
-	{ "linger_ms", "linger_ms > 0 (its default is 0 with this backend)" },
-	{ "max_hold_ms", "max_hold_ms" },
-	{ NULL, NULL }
-};
-
-/* Refuses what the postgres backend cannot honour or does not have yet
- * (conf_refuse_lock). Returns 0, or -1 said with conf_fail. */
+/* Refuses fair with a limit: a permit's waiters poll. Returns 0, or -1
+ * said with conf_fail. */
 static int pg_check_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
 			 const struct lock_spec *l, const struct conf *cfg, const void *data)
 {
@@ -73,21 +63,12 @@ static int pg_check_lock(struct conf_err *e, const config_setting_t *lg, const c
 
 	(void)cfg;
 	(void)data;
-	if (conf_refuse_lock(e, lg, where, l, "postgres", unavailable, unbuilt))
-		return -1;
 	if (!l->fair || l->limit <= 1)
 		return 0;
 	snprintf(what, sizeof(what), "%s.fair", where);
 	return conf_fail(e, lg ? config_setting_get_member(lg, "fair") : NULL, what,
 			 "fair = true with limit > 1 is not built yet for backend \"postgres\" (a "
 			 "permit's waiters poll: their order is not kept)");
-}
-
-/* No lock is kept between calls (a parked lock would be released by the
- * renewal thread, whose session does not hold it). */
-static void pg_lock_defaults(struct lock_spec *d)
-{
-	d->linger_ms = 0;
 }
 
 /* The longest request: a command (a wait adds its own time). */
@@ -103,6 +84,7 @@ const struct conf_group backend_postgres_settings = {
 	.check = pg_check,
 	.check_lock = pg_check_lock,
 	.check_defaults = pg_check_lock,
-	.lock_defaults = pg_lock_defaults,
+	.unavailable = unavailable,
+	.lock_defaults = conf_no_linger,
 	.request_ms = pg_request_ms,
 };

@@ -87,9 +87,8 @@ static int object_is_libc(const char *object)
 }
 
 /*
- * Refuses what the zookeeper backend cannot honour or does not have yet
- * (conf_refuse_lock), and `method = "entry"` on a function that may be
- * libc's (no object, or libc named): an entry patch catches every caller,
+ * Refuses `method = "entry"` on a function that may be libc's (no object,
+ * or libc named): an entry patch catches every caller,
  * libzookeeper's own I/O and completion threads included, which run
  * outside the shim's guard: their poll or send would wait for a lock only
  * they can take. Returns 0, or -1 said with conf_fail.
@@ -111,14 +110,7 @@ static int zk_check_lock(struct conf_err *e, const config_setting_t *lg, const c
 				 "function's object (\"main\" or its library) or use \"reloc\"",
 				 l->object ? "on a C library function" : "without object");
 	}
-	return conf_refuse_lock(e, lg, where, l, "zookeeper", unavailable, unbuilt);
-}
-
-/* No lock is kept between calls unless the file says linger_ms (a kept
- * lock needs the renewal thread, and the znode blocks other processes). */
-static void zk_lock_defaults(struct lock_spec *d)
-{
-	d->linger_ms = 0;
+	return 0;
 }
 
 /* The longest request: a command (a wait adds its own time). */
@@ -134,6 +126,8 @@ const struct conf_group backend_zookeeper_settings = {
 	.check = zk_check,
 	.check_lock = zk_check_lock,
 	.check_defaults = zk_check_lock,
-	.lock_defaults = zk_lock_defaults,
+	.unavailable = unavailable,
+	.unbuilt = unbuilt,
+	.lock_defaults = conf_no_linger,
 	.request_ms = zk_request_ms,
 };

@@ -401,6 +401,9 @@ static int selected_group(const struct conf *cfg)
 	return conf_backend_group(cfg);
 }
 
+static int refuse_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
+		       const struct lock_spec *l, const struct conf_group *grp);
+
 /*
  * Reads the lock g (the idx'th of the file) into cfg->locks[first], and,
  * when it names several symbols, into one more spec per further symbol
@@ -448,8 +451,8 @@ static int parse_lock(struct conf_err *e, const config_setting_t *g, int idx, in
 	if (sel >= 0) {
 		const struct conf_group *grp = cfg->groups[sel];
 
-		if (grp->check_lock &&
-		    grp->check_lock(e, g, where, l, cfg, cfg->group_data[sel]))
+		if (refuse_lock(e, g, where, l, grp) || (grp->check_lock &&
+		    grp->check_lock(e, g, where, l, cfg, cfg->group_data[sel])))
 			return -1;
 		tagged = grp->hash_tag && grp->hash_tag(cfg->group_data[sel]);
 	}
@@ -503,16 +506,20 @@ static int parse_backend(struct conf_err *e, const config_setting_t *root, struc
 }
 
 /* Checks the `defaults` group dg (read into d) against the selected
- * backend's check_defaults. Returns 0, or -1 said with conf_fail. */
+ * backend's refusals and check_defaults. Returns 0, or -1 said with
+ * conf_fail. */
 static int check_defaults(struct conf_err *e, const config_setting_t *dg,
 			  const struct lock_spec *d, const struct conf *cfg)
 {
 	int sel = selected_group(cfg);
 	const struct conf_group *grp = sel >= 0 ? cfg->groups[sel] : NULL;
 
-	if (!grp || !grp->check_defaults)
+	if (!grp)
 		return 0;
-	return grp->check_defaults(e, dg, "defaults", d, cfg, cfg->group_data[sel]);
+	if (refuse_lock(e, dg, "defaults", d, grp))
+		return -1;
+	return grp->check_defaults ?
+	       grp->check_defaults(e, dg, "defaults", d, cfg, cfg->group_data[sel]) : 0;
 }
 
 /* Reads the top level: the backends' groups and conf_top_fields; defaults
@@ -750,7 +757,7 @@ int conf_read_password_file(struct conf_err *e, const config_setting_t *s, const
 }
 
 /* Returns 1 when lock l asks by value for the per-lock setting name that a
- * backend may not have built (conf_refuse_lock's unbuilt), else 0. */
+ * backend may not have built (struct conf_group's unbuilt), else 0. */
 static int lock_asks(const struct lock_spec *l, const char *name)
 {
 	if (!strcmp(name, "fair"))
@@ -773,20 +780,25 @@ static const config_setting_t *member(const config_setting_t *g, const char *nam
 	return g ? config_setting_get_member(g, name) : NULL;
 }
 
-int conf_refuse_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
-		     const struct lock_spec *l, const char *backend,
-		     const struct conf_refusal *unavailable, const struct conf_refusal *unbuilt)
+/* Refuses what lock l (read from the group lg, named where: a lock or
+ * `defaults`; lg NULL for `lockshim lock`'s) sets that grp's backend
+ * refuses (struct conf_group's unavailable and unbuilt). Returns 0, or -1
+ * said with conf_fail. */
+static int refuse_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
+		       const struct lock_spec *l, const struct conf_group *grp)
 {
+	const struct conf_refusal *unavailable = grp->unavailable, *unbuilt = grp->unbuilt;
+	const char *backend = grp->name;
 	const config_setting_t *s;
 	char what[64];
 
-	for (; unavailable->setting; unavailable++)
+	for (; unavailable && unavailable->setting; unavailable++)
 		if ((s = member(lg, unavailable->setting))) {
 			snprintf(what, sizeof(what), "%s.%s", where, unavailable->setting);
 			return conf_fail(e, s, what, "not available with backend \"%s\": %s",
 					 backend, unavailable->why);
 		}
-	for (; unbuilt->setting; unbuilt++)
+	for (; unbuilt && unbuilt->setting; unbuilt++)
 		if (lock_asks(l, unbuilt->setting)) {
 			s = member(lg, unbuilt->setting);
 			snprintf(what, sizeof(what), "%s.%s", where, unbuilt->setting);
@@ -794,6 +806,11 @@ int conf_refuse_lock(struct conf_err *e, const config_setting_t *lg, const char 
 					 unbuilt->why, backend);
 		}
 	return 0;
+}
+
+void conf_no_linger(struct lock_spec *d)
+{
+	d->linger_ms = 0;
 }
 
 int conf_load(struct conf *cfg, const char *path, const struct conf_group *const *groups,

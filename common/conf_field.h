@@ -146,6 +146,11 @@ struct conf_field {
  * may be in the file, and only its check_lock, check_defaults,
  * lock_defaults, hash_tag and request_ms apply. Every function is optional.
  */
+/* A per-lock setting a backend refuses, and why (struct conf_group). */
+struct conf_refusal {
+	const char *setting, *why;
+};
+
 struct conf_group {
 	const char *name;
 	const struct conf_field *fields;
@@ -163,6 +168,13 @@ struct conf_group {
 	 * does a lock's. Returns 0, or -1 said with conf_fail. */
 	int (*check_defaults)(struct conf_err *e, const config_setting_t *dg, const char *where,
 			      const struct lock_spec *d, const struct conf *cfg, const void *data);
+	/* The per-lock settings this backend refuses in every lock and in
+	 * `defaults` (before check_lock), naming the backend and the setting:
+	 * unavailable, those refused when set at all; unbuilt, those refused
+	 * when asked for by value (fair, limit > 1, mode "shared", linger_ms >
+	 * 0, max_hold_ms > 0; why then says what was asked). Each ends with
+	 * { NULL }; the first match in table order is said. NULL: none. */
+	const struct conf_refusal *unavailable, *unbuilt;
 	/* Changes the built-in per-lock values where this backend's differ
 	 * (before `defaults` and the locks are read). */
 	void (*lock_defaults)(struct lock_spec *d);
@@ -192,25 +204,10 @@ int conf_fail(struct conf_err *e, const config_setting_t *s, const char *what,
 int conf_read_password_file(struct conf_err *e, const config_setting_t *s, const char *what,
 			    const char *path, char **password);
 
-/* A per-lock setting a backend refuses, and why (conf_refuse_lock). */
-struct conf_refusal {
-	const char *setting, *why;
-};
-
-/*
- * A backend's check_lock and check_defaults: refuses what lock l (read
- * from the group lg, named where: a lock or `defaults`; lg NULL for
- * `lockshim lock`'s) sets that backend cannot honour or does not have yet,
- * naming the backend and the setting. unavailable: the settings refused
- * when lg sets them at all; unbuilt: those refused when l asks for them by
- * value (fair, limit > 1, mode "shared", linger_ms > 0, max_hold_ms > 0;
- * why then says what was asked). Both end with { NULL }; the first match
- * in table order is said. Returns 0, or -1 said with conf_fail. Defined
- * in conf.c, which knows the lock's settings.
- */
-int conf_refuse_lock(struct conf_err *e, const config_setting_t *lg, const char *where,
-		     const struct lock_spec *l, const char *backend,
-		     const struct conf_refusal *unavailable, const struct conf_refusal *unbuilt);
+/* A backend's lock_defaults when a lock is not kept between calls unless
+ * the file says linger_ms (the built-in 1 ms, Redis's, becomes 0): a kept
+ * lock needs the renewal thread, and it keeps other processes out. */
+void conf_no_linger(struct lock_spec *d);
 
 /* Returns "a group", "an integer", ... for s's type, for messages. */
 const char *conf_type_name(const config_setting_t *s);

@@ -179,6 +179,8 @@ void renew_conn_failed(struct backend_conn **c, char *err, size_t errlen)
 	*c = NULL;
 }
 
+static void ship_counts(struct backend_conn **c, const char *when, int level);
+
 /*
  * A leaseless backend whose .count is inline (local's files) starts no
  * thread for its counts: they go at a release SHIP_PERIOD_US after the
@@ -186,8 +188,6 @@ void renew_conn_failed(struct backend_conn **c, char *err, size_t errlen)
  * connection, besides exit and exec. One clock read per release; the
  * shipment about once a second at most.
  */
-static void ship_counts(struct backend_conn **c, const char *when, int level);
-
 static void ship_at_release(struct backend_conn **c)
 {
 	static int64_t due_us; /* 0: this process has not released yet */

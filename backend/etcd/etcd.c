@@ -52,13 +52,15 @@ struct backend_conn {
 	const struct backend_config *bc;
 	CURL *curl;
 	struct curl_slist *headers;  /* with the token's Authorization once authenticated */
+	unsigned long tgen;      /* ... that token's generation (token.gen when taken) */
 	char base[320];          /* "http(s)://host:port" of the endpoint reached */
 	int ep;                  /* ... its index in the endpoints */
 	int resent;              /* the last command was sent again after a
 				  * failure that may have been applied */
 	long long last_lease;    /* the lease of the last refused acquire ... */
 	long long last_rev;      /* ... and its key's create revision (for wait) */
-	int watching;            /* the write callback looks for a DELETE event */
+	int watching;            /* the write callback looks for a DELETE event
+				  * (2: for any event) */
 	int woken;               /* ... and saw one (or the watch's end) */
 	size_t counting;         /* count_before's keys at most (a longer reply) */
 	json_tokener *tok;       /* parses the reply as it streams in */
@@ -102,14 +104,56 @@ static atomic_int endpoint_good; /* the endpoint that answered last: tried first
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc;
 
+/*
+ * The process's token (etcd.username's), shared by the connections of one
+ * config (owner; another config's connections authenticate alone): a
+ * simple token is valid on every member and connection, and each
+ * authentication costs etcd a bcrypt (about 54 ms). mu guards every field
+ * and is held only to copy them, never across a request; the connection
+ * that authenticates for all sets busy, the others wait on cv. A fork child
+ * keeps the token (token_atfork_*: mu is held across fork, so it is whole).
+ */
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;                  /* busy went back to 0 */
+	const struct backend_config *owner; /* the config it is shared by */
+	char *tok;                          /* malloc'd, or NULL */
+	size_t len;
+	unsigned long gen;                  /* 0: none yet; + 1 per authentication */
+	int busy;                           /* a connection authenticates for all */
+} token = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0, 0 };
+
 static void etcd_bind(const struct backend_module_host *h)
 {
 	host = h;
 }
 
+static void token_atfork_prepare(void)
+{
+	pthread_mutex_lock(&token.mu);
+}
+
+static void token_atfork_parent(void)
+{
+	pthread_mutex_unlock(&token.mu);
+}
+
+/* Fork child: the token kept (whole: mu was held); no authentication is
+ * under way here (its thread is the parent's), so waiters would wait for
+ * nothing: busy 0, mu and cv new. */
+static void token_atfork_child(void)
+{
+	token.busy = 0;
+	pthread_mutex_init(&token.mu, NULL);
+	pthread_cond_init(&token.cv, NULL);
+}
+
 static void curl_global(void)
 {
 	curl_init_rc = curl_global_init(CURL_GLOBAL_NOTHING);
+	if (curl_init_rc == CURLE_OK &&
+	    pthread_atfork(token_atfork_prepare, token_atfork_parent, token_atfork_child))
+		curl_init_rc = CURLE_FAILED_INIT;
 }
 
 /* ---- encoding ----------------------------------------------------------- */
@@ -380,7 +424,8 @@ static int watch_message(struct backend_conn *c, json_object *o)
 	}
 	c->woken = reply_bool(r, "canceled") == 1;
 	for (size_t i = 0; !c->woken && (ev = reply_nth(r, "events", i)); i++)
-		c->woken = reply_str(ev, "type", &t, &tl) && tl == 6 && !memcmp(t, "DELETE", 6);
+		c->woken = c->watching == 2 ||
+			   (reply_str(ev, "type", &t, &tl) && tl == 6 && !memcmp(t, "DELETE", 6));
 	json_object_put(o);
 	return c->woken;
 }
@@ -570,6 +615,14 @@ static int headers_set(struct backend_conn *c, const char *token, size_t toklen)
 	return 0;
 }
 
+static long long now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 /* Whether s[0..n) may go into a header line: no control character. */
 static int header_safe(const char *s, size_t n)
 {
@@ -582,17 +635,17 @@ static int header_safe(const char *s, size_t n)
 /*
  * Authenticates c as etcd.username (/v3/auth/authenticate, bounded by
  * timeout_ms): the token answered becomes the Authorization header of c's
- * requests. The password is only in this request's body (malloc'd,
+ * requests, and *tok (into c->doc: valid until c's next request, not to be
+ * freed) its text. The password is only in this request's body (malloc'd,
  * wiped and freed here). Returns BACKEND_OK, or BACKEND_ERR with c->err
  * ("authenticate: " etcd's or libcurl's message: never the password).
  */
-static int authenticate(struct backend_conn *c, long long timeout_ms)
+static int authenticate(struct backend_conn *c, long long timeout_ms, const char **tok,
+			size_t *toklen)
 {
 	const struct etcd_spec *sp = c->bc->spec;
 	size_t cap = 6 * (strlen(sp->username) + strlen(sp->password)) + 32, n = 0;
 	char *body = malloc(cap);
-	const char *tok;
-	size_t toklen;
 	int rc = BACKEND_ERR;
 
 	if (!body || headers_set(c, NULL, 0))
@@ -605,16 +658,73 @@ static int authenticate(struct backend_conn *c, long long timeout_ms)
 	else if (memcpy(body + n, "\"}", 3),
 		 post_body(c, body, "/v3/auth/authenticate", timeout_ms, "authenticate") != CURLE_OK)
 		; /* c->err says it */
-	else if (!reply_str(c->doc, "token", &tok, &toklen))
+	else if (!reply_str(c->doc, "token", tok, toklen))
 		fail(c, "authenticate", "no token in the reply");
-	else if (!header_safe(tok, toklen))
+	else if (!header_safe(*tok, *toklen))
 		fail(c, "authenticate", "unexpected reply");
-	else if (headers_set(c, tok, toklen))
+	else if (headers_set(c, *tok, *toklen))
 		fail(c, "authenticate", "token too long, or out of memory");
 	else
 		rc = BACKEND_OK;
 	explicit_bzero(body, cap);
 	free(body);
+	return rc;
+}
+
+/*
+ * Gives c the process's token (token, above) when it is newer than the
+ * one c saw refused (c->tgen; 0: c has none): taken from another
+ * connection when one authenticated since, else made by c itself, once
+ * for all (the others wait for it). A connection of another config than
+ * token.owner authenticates alone. Waits until deadline (CLOCK_MONOTONIC,
+ * ms) at most. Returns BACKEND_OK (c's headers carry it), or BACKEND_ERR
+ * with c->err.
+ */
+static int token_take(struct backend_conn *c, long long deadline)
+{
+	struct timespec until = { deadline / 1000, deadline % 1000 * 1000000 };
+	const char *tok;
+	size_t len;
+	int rc = BACKEND_OK;
+
+	pthread_mutex_lock(&token.mu);
+	if (token.owner != c->bc) {
+		pthread_mutex_unlock(&token.mu);
+		return authenticate(c, deadline - now_ms(), &tok, &len);
+	}
+	while (token.busy && token.gen <= c->tgen &&
+	       pthread_cond_clockwait(&token.cv, &token.mu, CLOCK_MONOTONIC, &until) == 0)
+		;
+	if (token.gen > c->tgen && token.tok) {
+		if (headers_set(c, token.tok, token.len))
+			rc = fail(c, "authenticate", "out of memory");
+		c->tgen = token.gen;
+		pthread_mutex_unlock(&token.mu);
+		return rc;
+	}
+	if (token.busy) {
+		pthread_mutex_unlock(&token.mu);
+		return fail(c, "authenticate", "timed out waiting for another connection's");
+	}
+	token.busy = 1;
+	pthread_mutex_unlock(&token.mu);
+	rc = authenticate(c, deadline - now_ms(), &tok, &len);
+	pthread_mutex_lock(&token.mu);
+	token.busy = 0;
+	if (rc == BACKEND_OK) {
+		char *copy = malloc(len + 1);
+
+		if (copy) {
+			memcpy(copy, tok, len);
+			copy[len] = 0;
+			free(token.tok);
+			token.tok = copy;
+			token.len = len;
+			c->tgen = ++token.gen;
+		}
+	}
+	pthread_cond_broadcast(&token.cv);
+	pthread_mutex_unlock(&token.mu);
 	return rc;
 }
 
@@ -625,14 +735,6 @@ static int token_refused(const struct backend_conn *c)
 	return c->bc->spec->password && (strstr(c->err, "invalid auth token") ||
 					 strstr(c->err, "auth store is old") ||
 					 strstr(c->err, "user name is empty"));
-}
-
-static long long now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* Whether rc says the member went away: no connection, or the connection
@@ -673,8 +775,9 @@ static void endpoint_next(struct backend_conn *c)
  * once), which becomes the one a new connection tries first. Any request
  * of this module may be sent twice (a grant finds its lease, the
  * transaction its key; see lease_revoke; a count's counts twice). An error etcd answered is not
- * sent again here (lock.c retries until wait_ms), except once after
- * authenticating again when the token was refused. Sets c->resent when an
+ * sent again here (lock.c retries until wait_ms), except once with a new
+ * token when the token was refused (token_take: one authentication for
+ * every connection that saw it refused). Sets c->resent when an
  * attempt may have been applied unanswered. Returns BACKEND_OK, or
  * BACKEND_ERR with c->err set (etcd's message when it answered one, else
  * libcurl's).
@@ -691,7 +794,7 @@ static int command_body(struct backend_conn *c, const char *body, size_t cap,
 	while ((rc = post_capped(c, body, path, left, cap, what)) != CURLE_OK) {
 		left = deadline - now_ms();
 		if (rc == CURLE_HTTP_RETURNED_ERROR && token_refused(c) && !reauth++ && left >= 1) {
-			if (authenticate(c, left) != BACKEND_OK)
+			if (token_take(c, deadline) != BACKEND_OK)
 				return BACKEND_ERR;
 			left = deadline - now_ms();
 			if (left >= 1)
@@ -764,6 +867,13 @@ static void etcd_config_free(struct backend_config *bc)
 {
 	if (!bc)
 		return;
+	pthread_mutex_lock(&token.mu);
+	if (token.owner == bc) {
+		token.owner = NULL;
+		free(token.tok);
+		token.tok = NULL;
+	}
+	pthread_mutex_unlock(&token.mu);
 	for (int i = 0; bc->connect_to && i < bc->nendpoints; i++)
 		curl_slist_free_all(bc->connect_to[i]);
 	free(bc->connect_to);
@@ -798,6 +908,10 @@ static struct backend_config *etcd_config_new(const void *settings, char *err, s
 		snprintf(err, errlen, "out of memory");
 		return NULL;
 	}
+	pthread_mutex_lock(&token.mu);
+	if (!token.owner && sp->password)
+		token.owner = bc;
+	pthread_mutex_unlock(&token.mu);
 	return bc;
 }
 
@@ -855,7 +969,8 @@ static void etcd_close(struct backend_conn *c)
 }
 
 /* Returns a connection to the first endpoint that answers a status
- * request (and, with a password, authenticates us), trying them in order
+ * request (and, with a password, carries the process's token: token_take),
+ * trying them in order
  * from the one that answered last, or NULL with the last endpoint's error
  * in err. */
 static struct backend_conn *etcd_open(const struct backend_config *bc, char *err, size_t errlen)
@@ -884,7 +999,7 @@ static struct backend_conn *etcd_open(const struct backend_config *bc, char *err
 			 ep) != CURLE_OK)
 			continue;
 		if (bc->spec->password &&
-		    authenticate(c, bc->spec->command_timeout_ms) != BACKEND_OK) {
+		    token_take(c, now_ms() + bc->spec->command_timeout_ms) != BACKEND_OK) {
 			authfail = 1;
 			continue;
 		}
@@ -1072,19 +1187,21 @@ static int join(struct backend_conn *c, const struct backend_item *it,
 /*
  * Counts the keys of [n->from, end) created before revision mine, up to
  * most, into *count (*rev: the read's revision). etcd's own count ignores
- * the create revision's bound, so the keys read (keys only, at most most)
- * are counted: the reply may be ETCD_KV_MAX bytes per key. Returns
+ * the create revision's bound, so the keys read (keys only, at most most;
+ * the oldest, or with newest the newest first, in c->doc's "kvs") are
+ * counted: the reply may be ETCD_KV_MAX bytes per key. Returns
  * BACKEND_OK or BACKEND_ERR.
  */
 static int count_before(struct backend_conn *c, const struct etcd_names *n, const char *end,
-			long long mine, int most, long long *count, long long *rev)
+			long long mine, int most, int newest, long long *count, long long *rev)
 {
 	json_object *kvs;
 	int rc;
 
 	snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"range_end\":\"%s\",\"keys_only\":"
-		 "true,\"sort_order\":\"ASCEND\",\"sort_target\":\"CREATE\",\"limit\":\"%d\","
-		 "\"max_create_revision\":\"%lld\"}", n->from, end, most, mine - 1);
+		 "true,\"sort_order\":\"%s\",\"sort_target\":\"CREATE\",\"limit\":\"%d\","
+		 "\"max_create_revision\":\"%lld\"}", n->from, end, newest ? "DESCEND" : "ASCEND",
+		 most, mine - 1);
 	c->counting = (size_t)most;
 	rc = command(c, "/v3/kv/range", "count");
 	c->counting = 0;
@@ -1115,9 +1232,22 @@ static int granted(struct backend_conn *c, const struct backend_item *it,
 	if (w->put)
 		older = it->shared ? w->writers : w->count - 1;
 	else if (count_before(c, n, it->shared ? n->wto : n->to, w->mine,
-			      it->shared ? 1 : it->limit, &older, &rev) != BACKEND_OK)
+			      it->shared ? 1 : it->limit, 0, &older, &rev) != BACKEND_OK)
 		return BACKEND_ERR;
 	return older < (it->shared ? 1 : it->limit);
+}
+
+/*
+ * Puts our permit's key again, its value and lease kept (its create
+ * revision, the fence, too), when it enters after waiting: the permit
+ * waiter behind it watches for that (etcd_wait). A failure only delays
+ * that waiter until it asks again (a third of its lease): not reported.
+ */
+static void permit_touch(struct backend_conn *c, const struct etcd_names *n)
+{
+	snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"ignore_value\":true,"
+		 "\"ignore_lease\":true}", n->key);
+	command(c, "/v3/kv/put", "entry");
 }
 
 /*
@@ -1151,6 +1281,8 @@ static int etcd_acquire(struct backend_conn *c, const struct backend_item *it, l
 	if ((rc = granted(c, it, &n, &w)) == BACKEND_ERR)
 		return BACKEND_ERR;
 	if (rc) {
+		if (!w.put && it->limit > 1 && !it->shared)
+			permit_touch(c, &n);
 		*fence = w.mine;
 		return BACKEND_OK;
 	}
@@ -1173,22 +1305,22 @@ static int etcd_release(struct backend_conn *c, const struct backend_item *it, i
 
 /*
  * Watches from revision from on: key k (the gateway's base64, kl bytes),
- * or with end the range [k, end), until a key there is deleted, or
- * timeout_ms. Returns BACKEND_OK (deleted, or the watch's member went
- * away: try again, through the next endpoint), BACKEND_NO (timed out) or
- * BACKEND_ERR.
+ * until it is deleted (any: or put), or with end the range [k, end) until
+ * a key there is deleted (etcd sends no puts: NOPUT), or timeout_ms.
+ * Returns BACKEND_OK (woken, or the watch's member went away: try again,
+ * through the next endpoint), BACKEND_NO (timed out) or BACKEND_ERR.
  */
 static int watch_delete(struct backend_conn *c, const char *k, size_t kl, const char *end,
-			long long from, long long timeout_ms)
+			long long from, long long timeout_ms, int any)
 {
 	CURLcode rc;
 
 	snprintf(c->body, sizeof(c->body), "{\"create_request\":{\"key\":\"%.*s\",%s%s%s"
 		 "\"start_revision\":\"%lld\"}}", (int)kl, k, end ? "\"range_end\":\"" : "",
-		 end ? end : "", end ? "\"," : "", from);
+		 end ? end : "", end ? "\",\"filters\":[\"NOPUT\"]," : "", from);
 	if (timeout_ms > ETCD_WAIT_MAX_MS)
 		timeout_ms = ETCD_WAIT_MAX_MS;
-	c->watching = 1;
+	c->watching = any ? 2 : 1;
 	rc = post(c, "/v3/watch", timeout_ms < 1 ? 1 : timeout_ms, "watch");
 	c->watching = 0;
 	if (rc == CURLE_OK)
@@ -1205,10 +1337,14 @@ static int watch_delete(struct backend_conn *c, const char *k, size_t kl, const 
  * refused acquire's, else read again), by a watch from the revision of a
  * read on. Exclusive: the deletion of our predecessor (the key of the
  * greatest create revision below ours); shared: of the last writer's key
- * below ours (readers wait for writers only); a permit: of any key of the
- * lock (a herd of that key's permit waiters: whichever older key goes,
- * one of them may enter). BACKEND_OK when it went (or nothing is in the
- * way: try again), BACKEND_NO when timeout_ms passed first.
+ * below ours (readers wait for writers only). A permit of limit L: with
+ * exactly L older keys (all holders: the first waiter), the deletion of
+ * any key of the lock; with more, our predecessor (a waiter) deleted or
+ * put again: permit_touch, at its entry, after which we are the first
+ * waiter. So a release wakes one permit waiter, whose entry wakes the
+ * next, not all. One read gives both the count (L + 1 at most) and the
+ * predecessor. BACKEND_OK when it went (or nothing is in the way: try
+ * again), BACKEND_NO when timeout_ms passed first.
  */
 static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 		     long long timeout_ms, long long *fence)
@@ -1218,7 +1354,7 @@ static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 	long long mine = 0, rev, older;
 	const char *pk;
 	size_t pkl;
-	int rc;
+	int rc, permit = it->limit > 1 && !it->shared;
 
 	*fence = 0;
 	if (names_make(c->bc, it, &n))
@@ -1234,20 +1370,23 @@ static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 		mine = w.mine;
 	}
 	c->last_lease = 0;
-	if (it->limit > 1 && !it->shared) {
-		if (count_before(c, &n, n.to, mine, it->limit, &older, &rev) != BACKEND_OK)
+	if (permit) {
+		if (count_before(c, &n, n.to, mine, it->limit + 1, 1, &older, &rev) != BACKEND_OK)
 			return BACKEND_ERR;
 		if (older < it->limit)
 			return BACKEND_OK;
-		return watch_delete(c, n.from, strlen(n.from), n.to, rev + 1, timeout_ms);
+		if (older == it->limit) /* the first waiter: behind holders only */
+			return watch_delete(c, n.from, strlen(n.from), n.to, rev + 1, timeout_ms, 0);
+	} else {
+		snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"range_end\":\"%s\","
+			 "\"sort_order\":\"DESCEND\",\"sort_target\":\"CREATE\",\"limit\":\"1\","
+			 "\"keys_only\":true,\"max_create_revision\":\"%lld\"}", n.from,
+			 it->shared ? n.wto : n.to, mine - 1);
+		if (command(c, "/v3/kv/range", "predecessor") != BACKEND_OK)
+			return BACKEND_ERR;
+		if ((rev = reply_revision(c->doc)) <= 0)
+			return fail(c, "predecessor", "unexpected reply");
 	}
-	snprintf(c->body, sizeof(c->body), "{\"key\":\"%s\",\"range_end\":\"%s\",\"sort_order\":"
-		 "\"DESCEND\",\"sort_target\":\"CREATE\",\"limit\":\"1\",\"keys_only\":true,"
-		 "\"max_create_revision\":\"%lld\"}", n.from, it->shared ? n.wto : n.to, mine - 1);
-	if (command(c, "/v3/kv/range", "predecessor") != BACKEND_OK)
-		return BACKEND_ERR;
-	if ((rev = reply_revision(c->doc)) <= 0)
-		return fail(c, "predecessor", "unexpected reply");
 	if (!reply_str(reply_nth(c->doc, "kvs", 0), "key", &pk, &pkl))
 		return BACKEND_OK;
 	if (pkl >= sizeof(n.key))
@@ -1256,7 +1395,7 @@ static int etcd_wait(struct backend_conn *c, const struct backend_item *it,
 		if (b64_value(pk[i]) < 0 && pk[i] != '=')
 			return fail(c, "predecessor", "unexpected reply");
 	memcpy(n.key, pk, pkl); /* out of c->doc, which the watch frees */
-	return watch_delete(c, n.key, pkl, NULL, rev + 1, timeout_ms);
+	return watch_delete(c, n.key, pkl, NULL, rev + 1, timeout_ms, permit);
 }
 
 /* Leaves the queue (or forgets a grant): the lease and its key go. */

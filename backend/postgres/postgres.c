@@ -3,15 +3,14 @@
  * postgres.c - the postgres backend, a module (liblockshim-postgres.so) on
  * libpq5: session advisory locks on hashtextextended(key, 0), one session
  * per thread, freed by the server when it ends; shared: the _shared
- * functions; limit N: permits hashtextextended(key, 1..N). Every statement
- * is in postgres_sql.h. A try takes the lock and nextval('lockshim_fence')
- * in one statement; a wait blocks in the server under lock_timeout; a
- * release is async, in pipeline mode. The lease is the session's
- * idle_session_timeout; pg_renew pings each holder's session (a bare Sync).
- * Counts: one upsert per shipment into lockshim_metrics. Status: pg_locks
- * joined with lockshim_keys and lockshim_sessions, names a session writes
- * async ahead of its first try of a key (name_send). Commands are bounded
- * by poll; one late closes the session (reopened by the next try).
+ * functions; limit N: permits (key, 1..N). Statements: postgres_sql.h. A
+ * try takes the lock and the fence in one statement; a wait blocks in the
+ * server; a release is async, pipelined. The lease is the session's
+ * idle_session_timeout: pg_renew pings holders' sessions, none holding a
+ * lock past max_hold_ms (hold_stale). A kept lock (linger_ms) is released
+ * on its own session by another thread (release_foreign). Counts: an
+ * upsert into lockshim_metrics; status: pg_locks with the names tables
+ * (name_send). Commands are bounded by poll; one late closes the session.
  * Parameters are bound, never spliced. A fork child's sockets become
  * /dev/null. One export (postgres.map); of the core, only bind's warn.
  */
@@ -63,9 +62,19 @@ struct pg_seen {
 /* A lock this session holds: its token and lease. */
 struct pg_hold {
 	long long lease_ms;
+	long long renewed_ms; /* granted or last renewed (now_ms): hold_stale;
+			       * written under conns.mu, read atomically */
 	int slot;         /* the permit held (1..limit), 0 exclusive or shared */
 	size_t tlen;
 	char tok[PG_TOKEN];
+};
+
+/* A release of this session's lock that another thread asked for while
+ * the owner was using the session (release_foreign): the owner sends it
+ * at its next command (due_send). */
+struct pg_due {
+	struct pg_due *next;
+	struct backend_copy c;
 };
 
 struct backend_conn {
@@ -98,6 +107,8 @@ struct backend_conn {
 				  * emptied at each connect */
 	size_t nseen, capseen;   /* capseen: 0 or a power of 2 */
 	int owner_sent;          /* this session's owner record is sent */
+	struct pg_due *due;      /* releases for the owner to send (under conns.mu) ... */
+	int ndue;                /* ... whether any (read atomically, no lock) */
 	struct pg_hold *holds;   /* grows by doubling, never shrinks; changed
 				  * under conns.mu too (pg_renew reads it) */
 	size_t nholds, capholds;
@@ -592,6 +603,7 @@ static int hold_add(struct backend_conn *c, const struct backend_item *it, int s
 		c->capholds = cap;
 	}
 	c->holds[c->nholds].lease_ms = it->lease_ms;
+	c->holds[c->nholds].renewed_ms = now_ms();
 	c->holds[c->nholds].slot = slot;
 	c->holds[c->nholds].tlen = token_len(it);
 	memcpy(c->holds[c->nholds].tok, it->val, token_len(it));
@@ -607,6 +619,35 @@ static void hold_remove(struct backend_conn *c, size_t i)
 	pthread_mutex_lock(&conns.mu);
 	c->holds[i] = c->holds[--c->nholds];
 	pthread_mutex_unlock(&conns.mu);
+}
+
+/*
+ * Whether h was not renewed for a whole lease: renew.c stopped renewing it
+ * (max_hold_ms passed, or it was lost), as a Redis key of that lease would
+ * have expired. A session holding one is pinged no more (pg_renew), so the
+ * server ends it after its idle_session_timeout and frees its locks.
+ */
+static int hold_stale(const struct pg_hold *h, long long now)
+{
+	return now - __atomic_load_n(&h->renewed_ms, __ATOMIC_RELAXED) >= h->lease_ms;
+}
+
+/* Whether one of c's holds is stale (hold_stale). Holds c->mu. */
+static int session_stale(const struct backend_conn *c, long long now)
+{
+	for (size_t i = 0; i < c->nholds; i++)
+		if (hold_stale(&c->holds[i], now))
+			return 1;
+	return 0;
+}
+
+/* Whether the server has closed c's session (its end of the socket shut:
+ * an idle_session_timeout, a termination), without reading or waiting. */
+static int session_closed(const struct backend_conn *c)
+{
+	struct pollfd p = { .fd = PQsocket(c->pg), .events = POLLRDHUP };
+
+	return p.fd >= 0 && poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
 /* Writes into buf (24 bytes) the session's idle_session_timeout once it
@@ -967,12 +1008,20 @@ static void pg_close(struct backend_conn *c)
 	pthread_mutex_unlock(&c->mu);
 	pthread_mutex_destroy(&c->mu);
 	session_drop(c);
+	while (c->due) {
+		struct pg_due *d = c->due;
+
+		c->due = d->next;
+		free(d);
+	}
 	free(c->holds);
 	free(c->seen);
 	free(c);
 }
 
 /* ---- locking ------------------------------------------------------------ */
+
+static void due_send(struct backend_conn *c);
 
 /* Asks why a try was refused by a check (postgres_sql.h's why statement:
  * pg_locks). Returns BACKEND_MISMATCH (c->err names both limits) when the
@@ -1064,6 +1113,7 @@ static int pg_acquire(struct backend_conn *c, const struct backend_item *it, lon
 	(void)holder;
 	*holder_len = 0;
 	pthread_mutex_lock(&c->mu);
+	due_send(c);
 	rc = pg_acquire_locked(c, it, wait_ms, fence);
 	pthread_mutex_unlock(&c->mu);
 	return rc;
@@ -1071,7 +1121,10 @@ static int pg_acquire(struct backend_conn *c, const struct backend_item *it, lon
 
 /* Sends pg_advisory_unlock of it's key (and the session's idle timeout
  * for the locks it still holds); async: its reply is read with the next
- * command (or flush). Holds c->mu. */
+ * command (or flush). BACKEND_NO, nothing sent, when this session does
+ * not hold it, or when the renewal had stopped (max_hold_ms passed) and
+ * the server has closed the session since (the lock was freed then: the
+ * session is dropped, quietly). Holds c->mu. */
 static int pg_release_locked(struct backend_conn *c, const struct backend_item *it, int async)
 {
 	long i = hold_index(c, it);
@@ -1083,6 +1136,10 @@ static int pg_release_locked(struct backend_conn *c, const struct backend_item *
 
 	if (i < 0)
 		return BACKEND_NO;
+	if (hold_stale(&c->holds[i], now_ms()) && session_closed(c)) {
+		session_drop(c);
+		return BACKEND_NO;
+	}
 	snprintf(slot, sizeof(slot), "%d", c->holds[i].slot);
 	snprintf(lim, sizeof(lim), "%d", it->limit);
 	hold_remove(c, (size_t)i);
@@ -1106,15 +1163,85 @@ static int pg_release_locked(struct backend_conn *c, const struct backend_item *
 	return ok ? BACKEND_OK : BACKEND_NO;
 }
 
-/* Waits for a renewal's ping in flight on c (pg_renew), then releases. */
+/* Sends the releases other threads left for c's owner (release_foreign),
+ * async; a failure drops the session (its locks freed with it). Holds
+ * c->mu; one atomic load when there are none. */
+static void due_send(struct backend_conn *c)
+{
+	struct pg_due *d;
+
+	if (!__atomic_load_n(&c->ndue, __ATOMIC_RELAXED))
+		return;
+	pthread_mutex_lock(&conns.mu);
+	d = c->due;
+	c->due = NULL;
+	__atomic_store_n(&c->ndue, 0, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&conns.mu);
+	while (d) {
+		struct pg_due *next = d->next;
+		struct backend_item it = backend_copy_item(&d->c);
+
+		if (c->pg)
+			pg_release_locked(c, &it, 1);
+		free(d);
+		d = next;
+	}
+}
+
+/*
+ * Releases it where it is held, on another thread's session (a session
+ * lock can be given back only by its session): renew.c's release of a
+ * kept lock at linger_ms's end, on the renewal thread, or exit's. Sent
+ * async at once when that session's owner is not using it; else left for
+ * the owner's next command (due_send: the end of its wait, say). Returns
+ * BACKEND_OK (sent, left, or the session dropped on a failure: its locks
+ * freed), BACKEND_NO when no session holds it, BACKEND_ERR out of memory.
+ */
+static int release_foreign(const struct backend_item *it)
+{
+	struct backend_conn *found = NULL;
+	struct pg_due *d;
+	int busy = 0;
+
+	pthread_mutex_lock(&conns.mu);
+	for (struct backend_conn *c = conns.head; c && !found; c = c->next)
+		if (hold_index(c, it) >= 0)
+			found = c;
+	/* trylock: the owner takes its mu then conns.mu */
+	if (found && pthread_mutex_trylock(&found->mu) != 0) {
+		busy = -1;
+		if ((d = malloc(sizeof(*d))) && backend_copy_set(&d->c, it) == 0) {
+			d->next = found->due;
+			found->due = d;
+			__atomic_store_n(&found->ndue, 1, __ATOMIC_RELAXED);
+			busy = 1;
+		} else {
+			free(d);
+		}
+	}
+	pthread_mutex_unlock(&conns.mu);
+	if (!found)
+		return BACKEND_NO;
+	if (busy)
+		return busy > 0 ? BACKEND_OK : BACKEND_ERR;
+	pg_release_locked(found, it, 1);
+	pthread_mutex_unlock(&found->mu);
+	return BACKEND_OK;
+}
+
+/* Waits for a renewal's ping in flight on c (pg_renew), then releases;
+ * a lock c's session does not hold, where another session holds it
+ * (release_foreign). */
 static int pg_release(struct backend_conn *c, const struct backend_item *it, int async)
 {
-	int rc;
+	int rc, own;
 
 	pthread_mutex_lock(&c->mu);
-	rc = pg_release_locked(c, it, async);
+	due_send(c);
+	own = hold_index(c, it) >= 0;
+	rc = own ? pg_release_locked(c, it, async) : BACKEND_NO;
 	pthread_mutex_unlock(&c->mu);
-	return rc;
+	return own ? rc : release_foreign(it);
 }
 
 /*
@@ -1183,7 +1310,9 @@ static int pg_wait(struct backend_conn *c, const struct backend_item *it,
 	int rc;
 
 	pthread_mutex_lock(&c->mu);
+	due_send(c);
 	rc = pg_wait_locked(c, it, timeout_ms, fence);
+	due_send(c); /* left while it blocked */
 	pthread_mutex_unlock(&c->mu);
 	return rc;
 }
@@ -1199,6 +1328,7 @@ static int pg_flush(struct backend_conn *c)
 	int rc;
 
 	pthread_mutex_lock(&c->mu);
+	due_send(c);
 	rc = drain(c);
 	pthread_mutex_unlock(&c->mu);
 	return rc;
@@ -1277,17 +1407,21 @@ static int pg_ping(struct backend_conn *c)
  * Returns the session (in the registry: every connection's holds) that
  * holds it's token, with its mutex taken (the caller unlocks it), or NULL
  * with *busy 1 when that session's owner is using it (a command in
- * flight: the session is not idle), 0 when no session holds it.
+ * flight: the session is not idle), 0 when no session holds it. The hold
+ * is marked renewed now (hold_stale), busy or not.
  */
 static struct backend_conn *holder_session(const struct backend_item *it, int *busy)
 {
 	struct backend_conn *found = NULL;
+	long k;
 
 	*busy = 0;
 	pthread_mutex_lock(&conns.mu);
 	for (struct backend_conn *c = conns.head; c && !found; c = c->next)
-		if (hold_index(c, it) >= 0)
+		if ((k = hold_index(c, it)) >= 0) {
 			found = c;
+			__atomic_store_n(&c->holds[k].renewed_ms, now_ms(), __ATOMIC_RELAXED);
+		}
 	/* trylock: the owner takes c->mu then conns.mu (hold_add) */
 	if (found && pthread_mutex_trylock(&found->mu) != 0) {
 		*busy = 1;
@@ -1298,18 +1432,43 @@ static struct backend_conn *holder_session(const struct backend_item *it, int *b
 }
 
 /*
+ * Keeps h, which holds it (the item renew.c renews), alive: a ping, or
+ * none when the server answered on h less than a sixth of the lease ago
+ * (another lock's renewal, the owner's own command); none either while h
+ * holds a lock renew.c renews no more (session_stale: max_hold_ms
+ * passed), only a look at whether the server has closed h since (then h
+ * is dropped). Returns BACKEND_OK, or BACKEND_NO when h holds it no more
+ * (the session gone: the server freed its locks; the next command
+ * reconnects). Holds h->mu.
+ */
+static int renew_session(struct backend_conn *h, const struct backend_item *it)
+{
+	long long now = now_ms();
+
+	if (session_stale(h, now)) {
+		if (session_closed(h))
+			session_drop(h);
+	} else if (now - h->active_ms >= it->lease_ms / 6 && keepalive_locked(h) != BACKEND_OK) {
+		return BACKEND_NO;
+	}
+	return hold_index(h, it) >= 0 ? BACKEND_OK : BACKEND_NO;
+}
+
+/*
  * The lease of a session advisory lock is its session's
  * idle_session_timeout (set by the statements that take and release
  * locks): renewing is keeping the holder's session from being idle, one
- * ping on it under its mutex (keepalive_locked: a bare Sync); none when the server answered on that
- * session less than a sixth of the item's lease ago (another lock's
- * renewal, the owner's own command). Each lock is due every third of its
- * lease (renew.c), so a session holding one lock is pinged three times a
- * lease, one holding many at most six times, and none is idle for more
- * than half a lease. c (the renewal thread's own connection) is not used.
- * results[i]: BACKEND_OK (pinged, or its owner is using it), BACKEND_NO
- * (no session holds it any more, or the ping failed: the session, and so
- * the lock, is gone). Returns BACKEND_OK.
+ * ping on it under its mutex (renew_session; keepalive_locked: a bare
+ * Sync). Each lock is due every third of its lease (renew.c), so a
+ * session holding one lock is pinged three times a lease, one holding
+ * many at most six times, and none is idle for more than half a lease. A
+ * session holding a lock renew.c renews no more (max_hold_ms passed:
+ * hold_stale) is not pinged: the server ends it within its lease, and the
+ * lock with it; the session's other locks are lost with it, and their
+ * renewals say so. c (the renewal thread's own connection) is not used.
+ * results[i]: BACKEND_OK (kept, or its owner is using it), BACKEND_NO (no
+ * session holds it any more, or the ping failed: the session, and so the
+ * lock, is gone). Returns BACKEND_OK.
  */
 static int pg_renew(struct backend_conn *c, int n, const struct backend_item *items,
 		    int *results)
@@ -1323,14 +1482,7 @@ static int pg_renew(struct backend_conn *c, int n, const struct backend_item *it
 			results[i] = busy ? BACKEND_OK : BACKEND_NO;
 			continue;
 		}
-		if (now_ms() - h->active_ms < items[i].lease_ms / 6)
-			results[i] = BACKEND_OK;
-		else
-			results[i] = keepalive_locked(h) == BACKEND_OK ? BACKEND_OK : BACKEND_NO;
-		/* the ping found the session gone: its locks are lost (the
-		 * server freed them), and the next command reconnects */
-		if (results[i] == BACKEND_OK && hold_index(h, &items[i]) < 0)
-			results[i] = BACKEND_NO;
+		results[i] = renew_session(h, &items[i]);
 		pthread_mutex_unlock(&h->mu);
 	}
 	return BACKEND_OK;

@@ -1080,6 +1080,21 @@ static int zk_siblings(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h)
 			 "children");
 }
 
+/* Sets a watch on h's sibling name (into c->watched). Returns ZOK (it
+ * existed when set), ZNONODE (gone meanwhile: look again), or another
+ * failure, said in c->err. */
+static int watch_sibling(struct backend_conn *c, zhandle_t *zh, const struct zk_hold *h,
+			 const char *name)
+{
+	snprintf(c->watched, sizeof(c->watched), "%.*s/%s",
+		 (int)(strrchr(h->path, '/') - h->path), h->path, name);
+	if (!call_begin(c))
+		return ZSYSTEMERROR;
+	return call_wait(c, c->call, zoo_awexists(zh, c->watched, sess_watch, NULL, done_stat,
+						  c->call),
+			 deadline_of(c), "watch");
+}
+
 /*
  * One look at h's place (listed: its siblings are in c->call already,
  * from zk_create): 1 when it is the lowest (it holds), 0 when a
@@ -1104,16 +1119,9 @@ static int zk_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int
 		}
 		if (c->call->lower == 0)
 			return 1;
-		snprintf(c->watched, sizeof(c->watched), "%.*s/%s",
-			 (int)(strrchr(h->path, '/') - h->path), h->path, c->call->pred);
-		if (!call_begin(c))
-			return -1;
-		rc = call_wait(c, c->call, zoo_awexists(zh, c->watched, sess_watch, NULL,
-							done_stat, c->call),
-			       deadline_of(c), "watch");
-		if (rc == ZOK)
-			return 0;
-		if (rc != ZNONODE || ++tries == 100) /* gone meanwhile: look again */
+		if ((rc = watch_sibling(c, zh, h, c->call->pred)) != ZNONODE)
+			return rc == ZOK ? 0 : -1;
+		if (++tries == 100) /* gone meanwhile: look again */
 			return -1;
 	}
 }
@@ -1180,16 +1188,9 @@ static int set_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, in
 				 (int)(strrchr(h->path, '/') - h->path), h->path);
 			return 0;
 		}
-		snprintf(c->watched, sizeof(c->watched), "%.*s/%s",
-			 (int)(strrchr(h->path, '/') - h->path), h->path, c->call->predx);
-		if (!call_begin(c))
-			return -1;
-		rc = call_wait(c, c->call, zoo_awexists(zh, c->watched, sess_watch, NULL,
-							done_stat, c->call),
-			       deadline_of(c), "watch");
-		if (rc == ZOK)
-			return 0;
-		if (rc != ZNONODE || ++tries == 100) /* gone meanwhile: look again */
+		if ((rc = watch_sibling(c, zh, h, c->call->predx)) != ZNONODE)
+			return rc == ZOK ? 0 : -1;
+		if (++tries == 100) /* gone meanwhile: look again */
 			return -1;
 	}
 }

@@ -36,11 +36,13 @@ import pytest
 from support.etcd import Cluster, EtcdServer, skip_reason
 from support.etcd_secure import ROOT_PASSWORD, SecureEtcd, make_certs
 from support.process import cpu_ticks
+from support.proxy import Proxy
 from support.scenarios import (limit_bounds_the_holders, limit_mismatch_refused,
                                 refused_setting, scrape, val)
 from support.secure import NOBODY, NOGROUP, Layout
 from support.server import call_failed, serving
-from support.sets import replay, run_all, start as sets_start, writer_behind_readers
+from support.sets import lock_cli, readers_overlap_writers_alone, replay, set_waiter_woken, \
+    start as sets_start, writer_behind_readers
 from support.util import (ASAN, CLI, MULT, ROOT, TSAN, cc, run, shim_env, status_by_key,
                           wait_for, write_config)
 from support.workers import race
@@ -993,15 +995,7 @@ def test_shared_readers_overlap_writers_alone(sets_prog, etcd, tmp_path, guarded
     revision). Control: unguarded, a writer is inside beside others."""
     log = str(tmp_path / "log")
     cfg = etcd_config(tmp_path, etcd, RW_ETCD) if guarded else None
-    runs = [(sets_prog, "r", cfg, log, 2, 6, 40)] * 4 + [(sets_prog, "w", cfg, log, 1, 6, 20)] * 2
-    total, err = run_all(runs)
-    readers, writers, mixed = replay(log)
-    if not guarded:
-        assert mixed
-        return
-    assert total == 4 * 2 * 6 + 2 * 6 and readers > 1, err[-3000:]
-    assert writers == 1 and not mixed, err[-3000:]
-    assert "error" not in err, err[-3000:]
+    readers_overlap_writers_alone(sets_prog, cfg, log)
 
 
 @pytest.mark.timing
@@ -1064,14 +1058,6 @@ def test_writer_not_starved_by_readers(sets_prog, etcd, tmp_path):
     assert replay(log)[1:] == (1, False)
 
 
-def lock_cli(bg, cfg, *opts):
-    """`lockshim lock` of key k with opts, holding it until sent a line."""
-    h = bg([CLI, "lock", "-c", cfg] + list(opts) + ["k", "--", "sh", "-c",
-                                                     "echo in; read x"], None)
-    h.expect("in")
-    return h
-
-
 @pytest.mark.timing
 @pytest.mark.parametrize("holder_opts, waiter", [
     ([], 'mode = "shared";'), (["--limit", "2"], "limit = 2;"),
@@ -1085,23 +1071,8 @@ def test_set_waiter_is_woken_by_the_release(bg, worker_progs, etcd, tmp_path, ho
     cfg = etcd_config(tmp_path, etcd, 'locks = ( { symbol = "block_call"; key = "k"; '
                       'wait_ms = 60000; lease_ms = 60000; retry_max_ms = 30000; %s } );\n'
                       % waiter)
-    held = [lock_cli(bg, cfg, *holder_opts) for _ in range(2 if holder_opts else 1)]
-    w = bg([worker_progs["block"]], cfg)
-    wait_for(lambda: len(etcd.keys()) == len(held) + 1, what="the waiter's key")
-    before = cpu_ticks(w.p.pid)
-    time.sleep(2)  # the span measured, not a synchronisation
-    assert cpu_ticks(w.p.pid) - before <= 2
-    assert len(etcd.keys()) == len(held) + 1
-    held[-1].send()
-    t0 = time.monotonic()
-    w.expect("enter", timeout=5)
-    assert time.monotonic() - t0 < 0.5 * MULT
-    w.send()
-    w.expect("call rc=42")
-    for h in held[:-1]:
-        h.send()
-    for h in held:  # each released its key (the fixture kills what still runs)
-        assert h.wait() == 0
+    set_waiter_woken(bg, worker_progs["block"], cfg, holder_opts, -1,
+                     lambda: len(etcd.keys()), 2, 0.5)
 
 
 def test_status_shows_shared_and_permit_holders(bg, etcd, tmp_path):
@@ -1507,3 +1478,267 @@ def test_count_key_of_a_host_with_slash_and_percent(progs, etcd, tmp_path):
     assert metrics_key("e6/x%y") in [k[0] for k in etcd.keys(metrics=True)]
     assert val(scrape(cfg), "lockshim_calls_total", "other_call", "e6/x%y") == 2
     assert status_by_key(cfg) == {}
+
+
+# ---- step 7: one token per process ---------------------------------------------
+
+ROUNDS_C = r"""
+/* rounds THREADS PATH [fork]: THREADS threads each call ledger_update(PATH)
+ * once, all let go together; "round1" printed, a line read; then each once
+ * more, together again; "round2". With fork: then a child calls it once
+ * and exits, the parent prints "forked status=S". */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+int ledger_update(const char *path);
+static pthread_barrier_t bar;
+static const char *path;
+
+static void *work(void *arg)
+{
+	(void)arg;
+	for (int round = 0; round < 2; round++) {
+		pthread_barrier_wait(&bar);
+		if (ledger_update(path) < 0)
+			abort();
+		pthread_barrier_wait(&bar);
+	}
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	int n = argc >= 3 ? atoi(argv[1]) : 0, st = -1;
+	pid_t pid;
+	pthread_t th[64];
+	char line[16];
+
+	if (n < 1 || n > 64)
+		return 2;
+	path = argv[2];
+	pthread_barrier_init(&bar, NULL, (unsigned)n + 1);
+	for (int i = 0; i < n; i++)
+		pthread_create(&th[i], NULL, work, NULL);
+	pthread_barrier_wait(&bar);
+	pthread_barrier_wait(&bar);
+	printf("round1\n");
+	fflush(stdout);
+	if (!fgets(line, sizeof(line), stdin))
+		return 3;
+	pthread_barrier_wait(&bar);
+	pthread_barrier_wait(&bar);
+	for (int i = 0; i < n; i++)
+		pthread_join(th[i], NULL);
+	printf("round2\n");
+	fflush(stdout);
+	if (argc < 4)
+		return 0;
+	if ((pid = fork()) == 0)
+		_exit(ledger_update(path) < 0);
+	waitpid(pid, &st, 0);
+	printf("forked status=%d\n", st);
+	return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def rounds_prog(progs, tmp_path_factory):
+    d = tmp_path_factory.mktemp("rounds")
+    src, out = str(d / "rounds.c"), str(d / "rounds")
+    with open(src, "w") as f:
+        f.write(ROUNDS_C)
+    subprocess.run(["gcc", "-g", "-O2", "-o", out, src, "-L" + progs["dir"],
+                    "-Wl,-rpath," + progs["dir"], "-lledger", "-lpthread"], check=True)
+    return out
+
+
+class _Tap:
+    """A socket's recv() that reports each match of pattern in what it
+    reads (a match cut across two reads counted once)."""
+
+    def __init__(self, sock, pattern, seen):
+        self.sock, self.pattern, self.seen, self.tail = sock, pattern, seen, b""
+
+    def recv(self, n):
+        data = self.sock.recv(n)
+        buf, last = self.tail + data, 0
+        for m in self.pattern.finditer(buf):
+            self.seen(m.group(1).decode())
+            last = m.end()
+        self.tail = buf[max(last, len(buf) - 64):]
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+
+class CountingProxy(Proxy):
+    """support/proxy.py's Proxy (PASS) that counts the HTTP requests by path
+    ("/v3/auth/authenticate": n) and the replies by status ("401": n), and
+    keeps the time of the last bytes the shim sent (last)."""
+    REQUEST = re.compile(rb"POST (/v3/[a-z_/]+) HTTP/1\.1\r\n")
+    REPLY = re.compile(rb"HTTP/1\.1 (\d{3}) ")
+
+    def __init__(self, upstream_port):
+        super().__init__(upstream_port)
+        self.counts = {}
+        self.last = time.monotonic()
+
+    def _seen(self, what):
+        with self._lock:
+            self.counts[what] = self.counts.get(what, 0) + 1
+            self.last = time.monotonic()
+
+    def endpoint(self):
+        return "127.0.0.1:%d" % self.port
+
+    def count(self, what):
+        with self._lock:
+            return self.counts.get(what, 0)
+
+    def _pump(self, src, dst, direction):
+        pattern = self.REQUEST if direction == "request" else self.REPLY
+        super()._pump(_Tap(src, pattern, self._seen), dst, direction)
+
+
+def auth_config(tmp_path, endpoint, extra=""):
+    return write_config(tmp_path, None, 'backend = "etcd";\netcd = { endpoints = ( "%s" ); '
+                        'username = "root"; password_file = "%s"; %s };\n%s'
+                        % (endpoint, password_file(tmp_path), extra, RACE_ETCD))
+
+
+AUTH = "/v3/auth/authenticate"
+PROBE = "/v3/maintenance/status"  # one per connection opened
+
+
+def test_threads_of_a_process_share_one_token(bg, rounds_prog, auth_etcd, tmp_path):
+    """8 threads' first guarded calls (all at once, each on a connection of
+    its own): one /v3/auth/authenticate, counted by a proxy in front of
+    etcd, for at least 8 connections (their status probes: the control,
+    each authenticated before step 7). A second process makes its own
+    (one per process); the counter is exact (16 + 16)."""
+    with CountingProxy(auth_etcd.port) as px:
+        cfg = auth_config(tmp_path, "127.0.0.1:%d" % px.port)
+        path = str(tmp_path / "c")
+        for nth in (1, 2):
+            p = bg([rounds_prog, "8", path], cfg)
+            p.expect("round1")
+            assert px.count(AUTH) == nth, px.counts
+            assert px.count(PROBE) >= 8 * nth, px.counts
+            p.send()
+            p.expect("round2")
+            assert p.wait() == 0 and ": warn: " not in p.stderr() and \
+                ": error: " not in p.stderr(), p.stderr()
+            assert px.count(AUTH) == nth, px.counts
+        assert int(open(path).read()) == 32
+    assert auth_etcd.keys() == []
+
+
+def test_expired_token_is_replaced_once_for_every_connection(bg, rounds_prog, tmp_path):
+    """Tokens live 1 s unused (--auth-token-ttl 1). 8 threads call once (one
+    authentication), then the process is idle until its token has expired
+    (the control: a token of the test's, taken after the first round, is
+    refused by then); the 8 threads call again at once: their requests are
+    refused (401) and one authentication more serves them all; every call
+    is made (the counter exact), no warning."""
+    s = SecureEtcd(extra=["--auth-token-ttl", "1"])
+    try:
+        s.start().enable_auth()
+        with CountingProxy(s.port) as px:
+            cfg = auth_config(tmp_path, "127.0.0.1:%d" % px.port)
+            path = str(tmp_path / "c")
+            p = bg([rounds_prog, "8", path], cfg)
+            p.expect("round1")
+            assert px.count(AUTH) == 1, px.counts
+            stale = s.call(AUTH, {"name": "root", "password": ROOT_PASSWORD})["token"]
+            wait_for(lambda: time.monotonic() - px.last > 3, timeout=30,
+                     what="the process idle for 3 s (its token past its TTL)")
+            assert "invalid auth token" in refused(s, stale)
+            refusals = px.count("401")
+            p.send()
+            p.expect("round2")
+            assert p.wait() == 0, p.stderr()
+            assert px.count("401") > refusals, px.counts
+            assert px.count(AUTH) == 2, px.counts
+            assert ": warn: " not in p.stderr() and ": error: " not in p.stderr(), p.stderr()
+            assert int(open(path).read()) == 16
+        assert s.keys() == []
+    finally:
+        s.cleanup()
+
+
+def test_fork_child_keeps_the_token(bg, rounds_prog, auth_etcd, tmp_path):
+    """A process of 2 threads authenticates once; its fork child's guarded
+    call opens a connection of its own (a status probe more, and its lease
+    grant: the control that it did speak to etcd) with the parent's token:
+    still one /v3/auth/authenticate. The counter is exact (2 + 2 + 1)."""
+    with CountingProxy(auth_etcd.port) as px:
+        cfg = auth_config(tmp_path, "127.0.0.1:%d" % px.port)
+        path = str(tmp_path / "c")
+        p = bg([rounds_prog, "2", path, "fork"], cfg)
+        p.expect("round1")
+        p.send()
+        p.expect("round2")
+        probes, grants = px.count(PROBE), px.count("/v3/lease/grant")
+        assert p.expect("forked") == "forked status=0"
+        assert p.wait() == 0 and ": warn: " not in p.stderr(), p.stderr()
+        assert px.count(PROBE) > probes and px.count("/v3/lease/grant") == grants + 1, \
+            px.counts
+        assert px.count(AUTH) == 1, px.counts
+        assert int(open(path).read()) == 5
+    assert auth_etcd.keys() == []
+
+
+# ---- step 7: permit waiters without a herd ----------------------------------------
+
+def entered(waiters, seen):
+    """Adds to seen the indexes of waiters that printed "enter" by now."""
+    for i, w in enumerate(waiters):
+        while not w.lines.empty():
+            if (w.lines.get_nowait() or "").startswith("enter"):
+                seen.add(i)
+    return seen
+
+
+def quiet(px, s):
+    wait_for(lambda: time.monotonic() - px.last > s, timeout=30 * MULT,
+             what="no request for %s s" % s)
+
+
+@pytest.mark.timing
+def test_permit_release_wakes_one_waiter_not_the_herd(bg, worker_progs, etcd, tmp_path):
+    """limit 2: two holders, then 6 permit waiters (processes), each waiting
+    by a watch (a proxy counts them: 6). One release lets one waiter in;
+    the watches made after it (a waiter woken looks again and watches
+    again) are at most 2: the next waiter, woken by that entry, is the
+    first waiter now. The herd (every waiter watching the whole lock)
+    made 5, one per waiter left. Then all are let go: each enters in
+    turn, none is left behind, no key stays."""
+    with CountingProxy(etcd.port) as px:
+        cfg = etcd_config(tmp_path, px, 'locks = ( { symbol = "block_call"; key = "k"; '
+                          'limit = 2; wait_ms = 60000; lease_ms = 60000; '
+                          'retry_max_ms = 30000; } );\n')
+        held = [lock_cli(bg, cfg, "--limit", "2") for _ in range(2)]
+        waiters = []
+        for i in range(6):  # one at a time: their order is their index
+            waiters.append(bg([worker_progs["block"]], cfg))
+            wait_for(lambda: px.count("/v3/watch") == i + 1, what="waiter %d's watch" % i)
+        quiet(px, 1)
+        watches = px.count("/v3/watch")
+        assert watches == 6 and entered(waiters, set()) == set(), px.counts
+        held[-1].send()
+        assert held[-1].wait() == 0
+        waiters[0].expect("enter")
+        quiet(px, 1)
+        assert px.count("/v3/watch") - watches <= 2, px.counts
+        assert entered(waiters, set()) == set() and len(etcd.keys()) == 7
+        for w in [held[0]] + waiters:
+            w.send()
+        for w in waiters:
+            assert w.expect("call rc=42", timeout=60)
+        for w in held + waiters:
+            assert w.wait(timeout=60) == 0

@@ -35,7 +35,7 @@ from support.process import cpu_ticks
 from support.secure import NOBODY, NOGROUP, Layout
 from support.scenarios import (METRICS_LOCK, assert_mismatch, limit_bounds_the_holders,
                                 refused_setting, scrape, val)
-from support.sets import replay, run_all, writer_behind_readers
+from support.sets import readers_overlap_writers_alone, replay, writer_behind_readers
 from support.sets import start as start_sets
 from support.server import serving
 from support.util import (CLI, MULT, SHIM, TSAN, cc, lib_program, run, shim_env, wait_for,
@@ -482,8 +482,7 @@ def test_frozen_server_bounds_every_call(worker_progs, own_pg, tmp_path):
 # ---- refusals -------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting", [
-    "linger_ms = 10", "max_hold_ms = 100", "retry_max_ms = 50",
-    "break_dead_holders = false", "handoff_ms = 5",
+    "retry_max_ms = 50", "break_dead_holders = false",
 ])
 @pytest.mark.parametrize("where", ["lock", "defaults"])
 def test_refused_settings(pg, tmp_path, setting, where):
@@ -706,16 +705,9 @@ def test_shared_readers_overlap_writers_alone(sets_prog, pg, tmp_path, guarded):
     others."""
     log = str(tmp_path / "log")
     cfg = pg_config(tmp_path, pg, RW_PG) if guarded else None
-    runs = [(sets_prog, "r", cfg, log, 2, 6, 40)] * 4 + [(sets_prog, "w", cfg, log, 1, 6, 20)] * 2
-    total, err = run_all(runs)
-    readers, writers, mixed = replay(log)
-    if not guarded:
-        assert mixed
-        return
-    assert total == 4 * 2 * 6 + 2 * 6 and readers > 1, err[-3000:]
-    assert writers == 1 and not mixed, err[-3000:]
-    assert "error" not in err, err[-3000:]
-    assert advisory(pg) == 0
+    readers_overlap_writers_alone(sets_prog, cfg, log)
+    if guarded:
+        assert advisory(pg) == 0
 
 
 @pytest.mark.parametrize("mode", ["shared", "exclusive"], ids=["shared", "control-exclusive"])
@@ -1181,3 +1173,262 @@ def test_counts_of_processes_exiting_together_add_up(procs, progs, own_pg, tmp_p
     assert val(m, "lockshim_calls_total", "hold_call", "h") == 40, m
     assert sum(val(m, "lockshim_acquired_total", "hold_call", "h", how=how)
                for how in ("fast", "waited")) == 40, m
+
+
+# ---- max_hold_ms and on_overrun (step 5) ------------------------------------------
+
+OVERRUN_LOCK = ('locks = ( { symbol = "block_call"; key = "blk"; lease_ms = %d; wait_ms = %d; '
+                'on_timeout = "skip"; %s } );\n')
+OVERRUN = "lease on lockshim:blk exceeded max_hold_ms; renewal stopped; applying"
+
+
+@pytest.mark.timing
+def test_overrun_log_frees_the_lock_to_a_waiter(bg, worker_progs, pg, tmp_path):
+    """A holder past max_hold_ms (500 ms) with on_overrun "log": its line,
+    and its session is pinged no more, so the server ends it after
+    lease_ms (1 s): a waiter (blocked in the server) enters about
+    max_hold_ms + lease_ms after the grant. The holder's call runs on and
+    its end releases nothing of the waiter's, and says nothing (without the
+    release's look at the closed session: "reading the replies of releases
+    failed" at exit, checked). Control:
+    test_control_without_max_hold_ms_the_waiter_waits."""
+    cfg = pg_config(tmp_path, pg, OVERRUN_LOCK % (1000, 30000, "max_hold_ms = 500;"))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    t0 = time.monotonic()
+    first = holder_pid(pg)
+    waiter = bg([worker_progs["block"]], cfg)
+    waiter.expect("enter", timeout=20)
+    took = time.monotonic() - t0
+    # past max_hold_ms, idle since the last ping (at most lease/3 before it) for a lease
+    assert 0.5 + 0.6 <= took < 1.5 + 3 * MULT, took
+    assert OVERRUN + " log" in holder.stderr(), holder.stderr()
+    second = holder_pid(pg)
+    assert second != first
+    holder.send()
+    holder.expect("call rc=42")
+    holder.p.wait(timeout=10)
+    # the holder's end released nothing (quietly: its session found
+    # closed, nothing sent): the waiter's lock is intact
+    assert advisory(pg, granted=True) == 1 and holder_pid(pg) == second
+    assert LOST not in holder.stderr() and "failed" not in holder.stderr(), holder.stderr()
+    waiter.send()
+    waiter.expect("call rc=42")
+    wait_for(lambda: advisory(pg) == 0, what="no advisory lock left")
+
+
+@pytest.mark.timing
+def test_control_without_max_hold_ms_the_waiter_waits(bg, worker_progs, pg, tmp_path):
+    """The same holder without max_hold_ms keeps its lock by renewal: a
+    waiter of wait_ms 2.5 s times out, and nothing is said of an overrun."""
+    cfg = pg_config(tmp_path, pg, OVERRUN_LOCK % (1000, 2500, ""))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    r = run([worker_progs["block"]], cfg)
+    assert r.stdout.strip() == "call rc=-1 errno=16", (r.stdout, r.stderr)
+    holder.send()
+    holder.expect("call rc=42")
+    assert "max_hold_ms" not in holder.stderr(), holder.stderr()
+
+
+@pytest.mark.parametrize("settings,status", [
+    ('on_overrun = "kill";', -signal.SIGTERM),
+    ('on_overrun = "kill"; kill_signal = "SIGUSR1";', -signal.SIGUSR1),
+    ('on_overrun = "abort";', -signal.SIGABRT),
+])
+def test_overrun_kill_and_abort_end_the_holder(bg, worker_progs, pg, tmp_path, settings, status):
+    """on_overrun "kill" (its kill_signal) and "abort" end the holder past
+    max_hold_ms (200 ms, with a 60 s lease: the server would keep its
+    session that long): its death ends its session, and a waiter (of no
+    max_hold_ms) enters."""
+    cfg = pg_config(tmp_path, pg, OVERRUN_LOCK % (60000, 30000, "max_hold_ms = 200; " + settings))
+    (tmp_path / "w").mkdir()
+    cfg_waiter = pg_config(tmp_path / "w", pg, OVERRUN_LOCK % (60000, 30000, ""))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    waiter = bg([worker_progs["block"]], cfg_waiter)
+    assert holder.p.wait(timeout=10 * MULT) == status, holder.stderr()
+    assert "exceeded max_hold_ms" in holder.stderr(), holder.stderr()
+    waiter.expect("enter", timeout=10)
+    waiter.send()
+    waiter.expect("call rc=42")
+
+
+@pytest.mark.parametrize("where", ["lock", "defaults"])
+def test_max_hold_ms_and_on_overrun_are_accepted(pg, tmp_path, where):
+    """No longer refused (control: test_refused_settings refuses others)."""
+    setting = 'max_hold_ms = 5000; on_overrun = "kill"'
+    if where == "lock":
+        body = 'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting
+    else:
+        body = 'defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
+    r = run([CLI, "check", "-c", pg_config(tmp_path, pg, body)])
+    assert r.returncode == 0, (r.stdout, r.stderr)
+
+
+@pytest.mark.timing
+def test_overrun_lock_is_not_kept_by_another_lock_of_its_session(procs, progs, pg, tmp_path):
+    """One thread holds "outer" (hold_call, max_hold_ms 500) and, inside
+    it, "inner" (the usleep it calls, no max_hold_ms): one session holds
+    both, and inner's renewals would ping it for the whole 6 s call. The
+    session holding a lock no longer renewed (for a whole lease) is pinged
+    no more: the server ends it, a waiter on "outer" enters long before the
+    call ends, and inner is told lost (on_lost "log"). It fails with the
+    stale rule removed from pg_renew (checked: the waiter entered after the
+    call's 6 s)."""
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "hold_call"; key = "outer"; '
+                    'lease_ms = 1000; max_hold_ms = 500; wait_ms = 30000; },\n'
+                    '  { symbol = "usleep"; key = "inner"; lease_ms = 1000; } );\n')
+    holder = procs([progs["driver"], "call:6000"], cfg)
+    holder.expect("enter")
+    t0 = time.monotonic()
+    waiter = procs([progs["driver"], "call:0"], cfg)
+    waiter.expect("enter")
+    took = time.monotonic() - t0
+    assert took < 4.5, took
+    assert waiter.expect("call") == "call rc=42 errno=0"
+    assert waiter.finish()[0] == 0
+    rc, out, err = holder.finish()
+    assert rc == 0 and "call rc=42" in out, (out, err)
+    assert "lease on lockshim:outer exceeded max_hold_ms" in err, err
+    assert "lease on lockshim:inner was lost" in err, err
+    wait_for(lambda: advisory(pg) == 0, what="no advisory lock left")
+
+
+# ---- linger_ms (step 5) ---------------------------------------------------------
+
+def linger_config(tmp_path, pg, settings):
+    return pg_config(tmp_path, pg, 'locks = ( { symbol = "hold_call"; key = "f"; %s } );\n'
+                     % settings)
+
+
+def tries_logged(pg, argv, cfg):
+    """Runs argv under cfg; returns how many lock statements the server's
+    statement log shows (log_statement = all) and the run."""
+    pg.psql("ALTER SYSTEM SET log_statement = 'all'")
+    pg.psql("SELECT pg_reload_conf()")
+    with open(pg.log) as f:
+        start = len(f.read())
+    r = run(argv, cfg)
+    with open(pg.log) as f:
+        log = f.read()[start:]
+    return log.count("execute lockshim_try:"), r
+
+
+def test_linger_a_burst_of_calls_takes_the_lock_once(progs, own_pg, tmp_path):
+    """Five quick calls with linger_ms = 30000 (and handoff_ms, which caps
+    it, as long): one lock statement (the kept lock taken back without a
+    round trip), released at exit. Control: linger_ms = 0 (the default)
+    sends one per call."""
+    calls = [progs["driver"]] + ["call:0"] * 5
+    n, r = tries_logged(own_pg, calls, linger_config(tmp_path, own_pg,
+                                                     "handoff_ms = 30000; linger_ms = 30000;"))
+    assert r.stdout.split().count("rc=42") == 5, r.stderr
+    assert n == 1, n
+    wait_for(lambda: advisory(own_pg) == 0, what="released at exit")
+    (tmp_path / "c").mkdir()
+    n, r = tries_logged(own_pg, calls, linger_config(tmp_path / "c", own_pg, ""))
+    assert r.stdout.split().count("rc=42") == 5, r.stderr
+    assert n == 5, n
+
+
+@pytest.mark.timing
+def test_linger_kept_lock_goes_to_a_waiter_while_its_holder_idles(procs, progs, pg, tmp_path):
+    """A kept lock (linger_ms 300, lease 60 s) whose thread does not call
+    again is released by the renewal thread on that thread's session
+    (the only one that can): a waiter of another process enters about
+    linger_ms after the last call, while the holder still runs (blocked on
+    stdin). Without it (the release sent on the renewal thread's own
+    session, which holds nothing: checked) the waiter timed out."""
+    cfg = linger_config(tmp_path, pg, "lease_ms = 60000; wait_ms = 5000; linger_ms = 300;")
+    holder = procs([progs["driver"], "call:0", "stdin"], cfg)
+    assert holder.expect("call") == "call rc=42 errno=0"
+    t0 = time.monotonic()
+    r = run([progs["driver"], "call:0"], cfg)
+    took = time.monotonic() - t0
+    assert "call rc=42 errno=0" in r.stdout, r.stderr
+    assert took < 0.3 + 2 * MULT, took
+    assert holder.p.poll() is None
+    assert advisory(pg) == 0
+    holder.send()
+    rc, _, err = holder.finish()
+    assert rc == 0 and "lost" not in err and "failed" not in err, err
+
+
+@pytest.mark.timing
+def test_linger_kept_lock_of_a_busy_thread_goes_after_its_wait(procs, progs, pg, tmp_path):
+    """A thread keeps "a" (linger_ms 1.5 s: long enough for the thread to be
+    in its next wait by then, also under TSan) and then waits, in the server, for
+    "b" (held by a psql session): its session runs that wait, so the
+    renewal thread cannot release "a" on it at linger's end; it leaves the
+    release to the thread, which sends it when its wait returns. A waiter
+    for "a" is still waiting past linger_ms, and enters once "b" is freed,
+    while the holder still runs. Without that hand-over (the release of a
+    busy session's lock dropped: checked) the waiter timed out."""
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "hold_call"; key = "a"; lease_ms = 60000; '
+                    'linger_ms = 1500; handoff_ms = 30000; wait_ms = 8000; },\n'
+                    '  { symbol = "other_call"; key = "b"; wait_ms = 20000; } );\n')
+    b_id = "hashtextextended('lockshim:b', 0)"
+    psql = subprocess.Popen(["psql", "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres",
+                             "-Atq"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        psql.stdin.write("SELECT pg_advisory_lock(%s);\n" % b_id)
+        psql.stdin.flush()
+        wait_for(lambda: advisory(pg, granted=True) == 1, what="psql holding b")
+        holder = procs([progs["driver"], "call:0", "other:1", "stdin"], cfg)
+        assert holder.expect("call") == "call rc=42 errno=0"
+        t0 = time.monotonic()
+        wait_for(lambda: advisory(pg, granted=False) == 1, what="the holder waiting for b")
+        waiter = procs([progs["driver"], "call:0"], cfg)
+        wait_for(lambda: advisory(pg, granted=False) == 2, what="the waiter waiting for a")
+        time.sleep(max(0, 2.5 - (time.monotonic() - t0)))  # linger_ms passed, with margin
+        assert advisory(pg, granted=False) == 2  # "a" still kept: its session is busy
+        psql.stdin.write("SELECT pg_advisory_unlock(%s);\n" % b_id)
+        psql.stdin.flush()
+        assert waiter.expect("enter").startswith("enter")
+        assert waiter.finish()[0] == 0
+        assert holder.expect("other").startswith("other rc=")
+        assert holder.p.poll() is None
+    finally:
+        psql.stdin.close()
+        psql.wait(timeout=10)
+    holder.send()
+    rc, _, err = holder.finish()
+    assert rc == 0 and "lost" not in err and "failed" not in err, err
+
+
+def test_linger_kept_lock_is_released_before_exec(procs, progs, pg, tmp_path):
+    """A kept lock (linger_ms and handoff_ms 30 s) is gone once its program execs a
+    program that waits (nobody exits, linger_ms is long); control: before
+    the exec, after its call, the lock is still kept (granted in
+    pg_locks)."""
+    cfg = linger_config(tmp_path, pg, "lease_ms = 60000; handoff_ms = 30000; linger_ms = 30000;")
+    p = procs([progs["driver"], "call:0", "stdin", "exec:stdin"], cfg)
+    assert p.expect("call") == "call rc=42 errno=0"
+    assert advisory(pg, granted=True) == 1
+    p.send()
+    wait_for(lambda: open("/proc/%d/cmdline" % p.p.pid).read().split("\0")[1:2] == ["stdin"],
+             what="exec")
+    wait_for(lambda: advisory(pg) == 0, what="the kept lock released")
+    p.send()
+    assert p.finish()[0] == 0
+
+
+@pytest.mark.timing
+def test_linger_is_capped_by_handoff_ms(procs, progs, pg, tmp_path):
+    """handoff_ms (accepted now: it only caps linger_ms) 300 with linger_ms
+    30 s: the idle holder's kept lock goes to a waiter about 300 ms after
+    it was taken. Control: test_linger_kept_lock_is_released_before_exec
+    (handoff_ms 30 s: still kept after the call)."""
+    cfg = linger_config(tmp_path, pg, "lease_ms = 60000; wait_ms = 5000; handoff_ms = 300; "
+                        "linger_ms = 30000;")
+    holder = procs([progs["driver"], "call:0", "stdin"], cfg)
+    t0 = time.monotonic()
+    assert holder.expect("call") == "call rc=42 errno=0"
+    r = run([progs["driver"], "call:0"], cfg)
+    took = time.monotonic() - t0
+    assert "call rc=42 errno=0" in r.stdout, r.stderr
+    assert took < 0.3 + 2 * MULT, took
+    assert holder.p.poll() is None
+    holder.send()
+    assert holder.finish()[0] == 0

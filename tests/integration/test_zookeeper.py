@@ -1147,15 +1147,7 @@ def test_shared_readers_overlap_writers_alone(sets_prog, zk, tmp_path, guarded):
     inside beside others."""
     log = str(tmp_path / "log")
     cfg = zk_set_config(tmp_path, zk, "c", "/rw", RW_ZK) if guarded else None
-    runs = [(sets_prog, "r", cfg, log, 2, 6, 40)] * 4 + [(sets_prog, "w", cfg, log, 1, 6, 20)] * 2
-    total, err = sets.run_all(runs)
-    readers, writers, mixed = sets.replay(log)
-    if not guarded:
-        assert mixed
-        return
-    assert total == 4 * 2 * 6 + 2 * 6 and readers > 1, err[-3000:]
-    assert writers == 1 and not mixed, err[-3000:]
-    assert "error" not in err, err[-3000:]
+    sets.readers_overlap_writers_alone(sets_prog, cfg, log)
 
 
 @pytest.mark.timing
@@ -1249,14 +1241,6 @@ def test_status_shows_shared_and_permit_holders(bg, zk, tmp_path):
     wait_for(lambda: status() == [], what="the holders gone from status")
 
 
-def lock_cli(bg, cfg, *opts):
-    """`lockshim lock` of key k with opts, holding it until sent a line."""
-    h = bg([CLI, "lock", "-c", cfg] + list(opts) + ["k", "--", "sh", "-c",
-                                                     "echo in; read x"], None)
-    h.expect("in")
-    return h
-
-
 @pytest.mark.timing
 @pytest.mark.parametrize("holder_opts,waiter,release", [
     ([], 'mode = "shared";', 0), (["--limit", "2"], "limit = 2;", 1),
@@ -1273,26 +1257,9 @@ def test_set_waiter_is_woken_by_the_release(bg, worker_progs, zk, tmp_path, hold
     root = "/wake%d%s" % (release, "s" if not holder_opts else "p")
     cfg = zk_set_config(tmp_path, zk, "c", root, 'locks = ( { symbol = "block_call"; '
                         'key = "k"; wait_ms = 60000; %s } );\n' % waiter)
-    held = [lock_cli(bg, cfg, *holder_opts) for _ in range(2 if holder_opts else 1)]
-    w = bg([worker_progs["block"]], cfg)
     path = root + "/lockshim%3Ak"
-    wait_for(lambda: len(zk.children(path)) == len(held) + 1, timeout=30,
-             what="the waiter's znode")
-    before = cpu_ticks(w.p.pid)
-    time.sleep(2)  # the span measured, not a synchronisation
-    assert cpu_ticks(w.p.pid) - before <= 3
-    assert len(zk.children(path)) == len(held) + 1
-    held[release].send()
-    t0 = time.monotonic()
-    w.expect("enter", timeout=10)
-    assert time.monotonic() - t0 < 1.0 * MULT
-    w.send()
-    w.expect("call rc=42")
-    for h in held:
-        if h is not held[release]:
-            h.send()
-    for h in held:
-        assert h.wait() == 0
+    sets.set_waiter_woken(bg, worker_progs["block"], cfg, holder_opts, release,
+                          lambda: len(zk.children(path)), 3, 1.0)
 
 
 # ---- a holder cut off from every member learns of its loss by itself (Z6) --------

@@ -10,12 +10,16 @@ every process and thread) when they start and "r-"/"w-" when they end.
 - replay(): who was inside at once, from the log.
 - writer_behind_readers(): readers keep a key held without a gap, a
   writer arriving meanwhile must still get in (marks "x", "y", "z").
+- readers_overlap_writers_alone(): readers together, writers alone.
+- lock_cli() and set_waiter_woken(): holders by `lockshim lock`, and a
+  waiter behind them woken by a release (the backends that watch).
 """
 import os
 import subprocess
 import time
 
-from support.util import MULT, TIMEOUT, cc, shim_env, wait_for
+from support.process import cpu_ticks
+from support.util import CLI, MULT, TIMEOUT, cc, shim_env, wait_for
 
 
 def build(d):
@@ -116,3 +120,57 @@ def writer_behind_readers(prog, cfg, log, stop, bound_ms):
                 inside += 1 if line[1] == "+" else -1
                 gaps += window and inside == 0
     assert gaps == 0  # control: the readers alone never left the key free
+
+
+def readers_overlap_writers_alone(prog, cfg, log):
+    """Runs 4 reader processes x 2 threads (40 ms calls) and 2 writers (20
+    ms) of cfg, None being the control (unguarded: a writer is then inside
+    beside others, asserted). Guarded, asserts readers inside together, a
+    writer always alone, every call entered and no error line; returns
+    (calls entered, standard error) for the caller's own checks."""
+    runs = [(prog, "r", cfg, log, 2, 6, 40)] * 4 + [(prog, "w", cfg, log, 1, 6, 20)] * 2
+    total, err = run_all(runs)
+    readers, writers, mixed = replay(log)
+    if cfg is None:
+        assert mixed
+        return total, err
+    assert total == 4 * 2 * 6 + 2 * 6 and readers > 1, err[-3000:]
+    assert writers == 1 and not mixed, err[-3000:]
+    assert "error" not in err, err[-3000:]
+    return total, err
+
+
+def lock_cli(bg, cfg, *opts):
+    """`lockshim lock` of key k with opts, holding it until sent a line."""
+    h = bg([CLI, "lock", "-c", cfg] + list(opts) + ["k", "--", "sh", "-c",
+                                                     "echo in; read x"], None)
+    h.expect("in")
+    return h
+
+
+def set_waiter_woken(bg, block_prog, cfg, holder_opts, release, entries, cpu_max, bound_s):
+    """Holders of key k by `lockshim lock` with holder_opts (two with a
+    --limit, else one), then block_prog (a block_call worker of cfg)
+    waiting behind them; entries() counts the store's entries of k (the
+    holders' and the waiter's). Over 2 s the waiter spends at most cpu_max
+    ticks and stays out (the control: the holders are there); once holder
+    number release leaves, it enters within bound_s x MULT. Everything is
+    released at the end, each holder exiting 0."""
+    held = [lock_cli(bg, cfg, *holder_opts) for _ in range(2 if holder_opts else 1)]
+    w = bg([block_prog], cfg)
+    wait_for(lambda: entries() == len(held) + 1, timeout=30, what="the waiter's entry")
+    before = cpu_ticks(w.p.pid)
+    time.sleep(2)  # the span measured, not a synchronisation
+    assert cpu_ticks(w.p.pid) - before <= cpu_max
+    assert entries() == len(held) + 1
+    held[release].send()
+    t0 = time.monotonic()
+    w.expect("enter", timeout=10)
+    assert time.monotonic() - t0 < bound_s * MULT
+    w.send()
+    w.expect("call rc=42")
+    for h in held:
+        if h is not held[release]:
+            h.send()
+    for h in held:
+        assert h.wait() == 0
