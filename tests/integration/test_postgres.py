@@ -490,10 +490,13 @@ def test_refused_settings(pg, tmp_path, setting, where):
 
 
 @pytest.mark.parametrize("where", ["lock", "defaults"])
-def test_lease_ms_and_on_lost_are_accepted(pg, tmp_path, where):
+@pytest.mark.parametrize("setting", ['lease_ms = 5000; on_lost = "kill"',
+                                     'max_hold_ms = 5000; on_overrun = "kill"'],
+                         ids=["lease_ms-on_lost", "max_hold_ms-on_overrun"])
+def test_lease_and_overrun_settings_are_accepted(pg, tmp_path, where, setting):
     """The lease is the holder session's idle_session_timeout: lease_ms and
-    on_lost are honoured (no longer refused: control, test_refused_settings)."""
-    setting = 'lease_ms = 5000; on_lost = "kill"'
+    on_lost are honoured, and so are max_hold_ms and on_overrun (no longer
+    refused: control, test_refused_settings)."""
     if where == "lock":
         body = 'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting
     else:
@@ -1252,18 +1255,6 @@ def test_overrun_kill_and_abort_end_the_holder(bg, worker_progs, pg, tmp_path, s
     waiter.expect("enter", timeout=10)
     waiter.send()
     waiter.expect("call rc=42")
-
-
-@pytest.mark.parametrize("where", ["lock", "defaults"])
-def test_max_hold_ms_and_on_overrun_are_accepted(pg, tmp_path, where):
-    """No longer refused (control: test_refused_settings refuses others)."""
-    setting = 'max_hold_ms = 5000; on_overrun = "kill"'
-    if where == "lock":
-        body = 'locks = ( { symbol = "rename"; key = "k"; %s; } );\n' % setting
-    else:
-        body = 'defaults = { %s; };\nlocks = ( { symbol = "rename"; key = "k"; } );\n' % setting
-    r = run([CLI, "check", "-c", pg_config(tmp_path, pg, body)])
-    assert r.returncode == 0, (r.stdout, r.stderr)
 
 
 @pytest.mark.timing

@@ -699,17 +699,19 @@ def test_waiter_that_gives_up_after_a_connection_loss_leaves_no_znode(bg, worker
 
 # ---- on_lost: a session's expiry loses every lock of the process ------------------
 
-def expiring_holder(bg, worker_progs, zk, tmp_path, px, on_lost):
-    """A holder whose session goes through px (on_lost as given) inside its
-    call, and a waiter of a session of its own (direct) queued behind it.
-    Returns (holder, waiter, the waiter's znode name)."""
-    body = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = 60000; '
-            'on_timeout = "skip"; %s } );\n' % on_lost)
+def expiring_holder(bg, worker_progs, zk, tmp_path, px, on_lost, session_ms=SESSION_MS,
+                    wait_ms=60000, more=""):
+    """A holder whose session goes through px (on_lost, session_timeout_ms,
+    wait_ms and zookeeper settings more as given) inside its call, and a
+    waiter of a session of its own (direct) queued behind it. Returns
+    (holder, waiter, the waiter's znode name)."""
+    body = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
+            'on_timeout = "skip"; %s } );\n' % (wait_ms, on_lost))
     d = tmp_path / "direct"
     d.mkdir()
     cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
-                       '"127.0.0.1:%d"; session_timeout_ms = %d; };\n%s'
-                       % (px.port, SESSION_MS, body))
+                       '"127.0.0.1:%d"; session_timeout_ms = %d; %s };\n%s'
+                       % (px.port, session_ms, more, body))
     holder = bg([worker_progs["block"]], cfg)
     holder.expect("enter")
     mine = zk.children(BLK)
@@ -1268,26 +1270,10 @@ PRESUMED = "ZooKeeper session presumed expired: no member answered for %d ms"
 
 
 def cut_holder(bg, worker_progs, zk, tmp_path, px, on_lost, session_ms, wait_ms=60000):
-    """A holder whose only member is reached through px (on_lost, wait_ms as given;
-    connect_timeout_ms 1000, so that its exit's shipment, which makes a new
-    session, gives up soon while cut off) inside its call, and a waiter of a
-    session of its own (direct) queued behind it. Returns (holder, waiter,
-    the waiter's znode name)."""
-    body = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
-            'on_timeout = "skip"; %s } );\n' % (wait_ms, on_lost))
-    d = tmp_path / "direct"
-    d.mkdir()
-    cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
-                       '"127.0.0.1:%d"; session_timeout_ms = %d; connect_timeout_ms = 1000; '
-                       '};\n%s' % (px.port, session_ms, body))
-    holder = bg([worker_progs["block"]], cfg)
-    holder.expect("enter")
-    mine = zk.children(BLK)
-    assert len(mine) == 1, mine
-    waiter = bg([worker_progs["block"]], zk_config(d, zk, body))
-    wait_for(lambda: len(zk.children(BLK)) == 2, timeout=30, what="the waiter's znode")
-    theirs = [n for n in zk.children(BLK) if n not in mine]
-    return holder, waiter, theirs[0]
+    """expiring_holder with connect_timeout_ms 1000, so that the holder's
+    exit's shipment, which makes a new session, gives up soon while cut off."""
+    return expiring_holder(bg, worker_progs, zk, tmp_path, px, on_lost, session_ms, wait_ms,
+                           "connect_timeout_ms = 1000;")
 
 
 def threads(pid):
