@@ -6,7 +6,7 @@
  * (renewed by the renewal thread), so lease_ms, on_lost, wait_ms and fair
  * (the recipe is FIFO) keep their meaning; handoff_ms (no barging to
  * allow) is refused when set. linger_ms's built-in value is 0 here
- * (etcd_lock_defaults): a kept lock keeps the queue waiting. username and password (password_file,
+ * (conf_no_linger): a kept lock keeps the queue waiting. username and password (password_file,
  * LOCKSHIM_ETCD_PASSWORD: as redis's, not read in secure-execution mode)
  * authenticate; the tls group (redis's table, backend_tls_conf.h) makes
  * every endpoint https. In the core: backend.c registers the group.

@@ -10,7 +10,7 @@
  * byte-range locks, tickets, backend_local.c; the renewal thread,
  * shim/renew.c). file_mode is the
  * mode lock files get. linger_ms's built-in value is 0 here
- * (local_lock_defaults): a lock kept between calls needs the renewal
+ * (conf_no_linger): a lock kept between calls needs the renewal
  * thread, which only a lock that asks for it starts. It is the local
  * backend's struct conf_group, backend_local_settings, which backend.c
  * registers: conf.c never names it.

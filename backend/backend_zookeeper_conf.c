@@ -14,7 +14,7 @@
  * limit and mode (holder sets, in the module). fair is
  * honoured: the recipe is FIFO by creation. method = "entry" is refused
  * where it may patch a C library function (zk_check_lock). linger_ms's
- * built-in value is 0 here. This file is in the core: backend.c
+ * built-in value is 0 here (conf_no_linger). This file is in the core: backend.c
  * registers it.
  */
 #include "backend_zookeeper_conf.h"
