@@ -29,6 +29,7 @@
 
 #include "backend.h"
 #include "backend_redis.h"
+#include "backend_redis_conf.h"
 #include "cli.h"
 #include "conf.h"
 #include "key.h"
@@ -754,7 +755,8 @@ int cmd_metrics(int argc, char **argv)
 		conf_release(&cfg);
 		return CONF_EXIT_CODE;
 	}
-	if (!b.ops->count) {
+	/* counts, and a way to read them: Redis's own scan, else .count_read */
+	if (!b.ops->count || (!b.ops->count_read && b.ops->settings != &backend_redis_settings)) {
 		fprintf(stderr, "lockshim: metrics is not built yet for backend \"%s\"\n",
 			b.ops->name);
 		rc = 1;
