@@ -71,9 +71,11 @@
 #define LOCAL_TICKETS ((off_t)1 << 32)
 /*
  * A waiter read-locks LOCAL_WATCH on its pending descriptor once it
- * watches (inotify), before its first waiting try, until it enters or
+ * watches (inotify), before each waiting try, until it is woken, enters or
  * leaves; a release wakes the watchers (futimens) only when F_OFD_GETLK
- * finds one: the uncontended call makes no wake-up. No wake is lost: the
+ * finds one: the uncontended call makes no wake-up, and releases made
+ * while the woken waiters are still on their way to their next try wake
+ * nobody again (as the kernel's own lock queue does). No wake is lost: the
  * lock operations of one file are ordered, so a waiter that locks the byte
  * after the releaser's test tries after its unlock. (A fork child that
  * keeps a waiter's descriptor keeps its byte: releases then wake for
@@ -1056,7 +1058,8 @@ static int local_release(struct backend_conn *c, const struct backend_item *it, 
 }
 
 /* Waits for an event on the watched file (a release, a holder's death) for
- * at most timeout_ms. */
+ * at most timeout_ms; a woken waiter gives up its watch byte until its next
+ * try. */
 static int local_wait(struct backend_conn *c, const struct backend_item *it,
 		      long long timeout_ms, long long *fence)
 {
@@ -1074,6 +1077,7 @@ static int local_wait(struct backend_conn *c, const struct backend_item *it,
 		return fail(c, "poll");
 	if (n == 0)
 		return BACKEND_NO;
+	watch_byte_drop(c, 1);
 	drain(c);
 	return BACKEND_OK;
 }
