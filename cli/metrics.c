@@ -6,8 +6,9 @@
  *
  * A scrape reads each node (Cluster primaries, Redlock masters, else the
  * server) with SCAN "<namespace>:*" by type (Redis 6.0+; never KEYS):
- * hashes "<namespace>:metrics:{<host>}" (HGETALL, summed per lock and
- * host: rows found through a hash table, sorted once at the end), strings
+ * hashes "<namespace>:metrics:{<host>}" (HLEN, then HGETALL, or HSCAN
+ * pages past 4096 fields; summed per lock and host: rows found through a
+ * hash table, sorted once at the end), strings
  * (lock keys; ":due" skipped) and sorted sets "<key>:q" (ZCARD: waiters);
  * types tell the lock key "q" from a queue. A key on
  * several masters counts once; its lock name is the symbol of the first
@@ -39,6 +40,9 @@
 #include "metrics.h"
 
 #define SCAN_COUNT "1000"
+#define HGETALL_FIELDS_MAX 4096 /* half backend_redis.c's 16384 elements of a reply:
+				 * room for fields added after HLEN */
+#define HSCAN_COUNT "2048"      /* fields a page (a hint: a few more may come) */
 #define REQUEST_MAX 8192
 
 int cmd_metrics(int argc, char **argv);
@@ -331,14 +335,114 @@ static int row_add(struct scrape *s, const char *host, const char *field, size_t
 	return 0;
 }
 
-/* Adds the counts of hash key (of host) on c to s. Returns 0 or -1. */
+/* A field of a hash read by pages: its bytes (owned) and value. */
+struct hfield {
+	char *f;
+	size_t len;
+	unsigned long long v;
+};
+
+static int cmp_hfield(const void *a, const void *b)
+{
+	const struct hfield *x = a, *y = b;
+	int d = memcmp(x->f, y->f, x->len < y->len ? x->len : y->len);
+
+	return d ? d : (x->len > y->len) - (x->len < y->len);
+}
+
+/* Appends the fields of reply r (field, value, ...) to *fs (*n of *cap
+ * used; each f owned). Returns 0, or -1 when out of memory (*n: those
+ * appended). */
+static int hfields_add(struct hfield **fs, size_t *n, size_t *cap, const redisReply *r)
+{
+	for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i + 1 < r->elements; i += 2) {
+		const redisReply *f = r->element[i], *v = r->element[i + 1];
+		struct hfield *h;
+
+		if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
+			continue;
+		if (*n == *cap) {
+			size_t c = *cap ? 2 * *cap : 1024;
+			void *p = realloc(*fs, c * sizeof(**fs));
+
+			if (!p)
+				return -1;
+			*fs = p;
+			*cap = c;
+		}
+		h = &(*fs)[*n];
+		if (!(h->f = malloc(f->len ? f->len : 1)))
+			return -1;
+		memcpy(h->f, f->str, f->len);
+		h->len = f->len;
+		h->v = strtoull(v->str, NULL, 10);
+		(*n)++;
+	}
+	return 0;
+}
+
+/*
+ * Adds the counts of hash key (of host) on c to s by HSCAN pages, a field
+ * HSCAN returns twice (a rehash between pages) counted once: a hash too
+ * large for one HGETALL reply (backend_redis.c takes 16384 elements in an
+ * array). Returns 0 or -1.
+ */
+static int read_hash_paged(struct backend_conn *c, struct scrape *s, const char *node,
+			   const char *key, const char *host)
+{
+	char cursor[32] = "0";
+	struct hfield *fs = NULL;
+	size_t n = 0, cap = 0;
+	int rc = 0;
+
+	do {
+		const char *argv[] = { "HSCAN", key, cursor, "COUNT", HSCAN_COUNT };
+		redisReply *r = command(c, s, node, 5, argv);
+
+		if (!r) {
+			rc = -1;
+			break;
+		}
+		if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+		    r->element[0]->type != REDIS_REPLY_STRING) {
+			snprintf(s->err, sizeof(s->err), "%s: HSCAN: unexpected reply", node);
+			rc = -1;
+		} else {
+			snprintf(cursor, sizeof(cursor), "%s", r->element[0]->str);
+			if (hfields_add(&fs, &n, &cap, r->element[1]) != 0) {
+				snprintf(s->err, sizeof(s->err), "out of memory");
+				rc = -1;
+			}
+		}
+		freeReplyObject(r);
+	} while (rc == 0 && strcmp(cursor, "0") != 0);
+	if (rc == 0)
+		qsort(fs, n, sizeof(*fs), cmp_hfield);
+	for (size_t i = 0; i < n && rc == 0; i++)
+		if (i == 0 || cmp_hfield(&fs[i - 1], &fs[i]) != 0)
+			rc = row_add(s, host, fs[i].f, fs[i].len, fs[i].v);
+	for (size_t i = 0; i < n; i++)
+		free(fs[i].f);
+	free(fs);
+	return rc;
+}
+
+/* Adds the counts of hash key (of host) on c to s: HGETALL, or by pages
+ * when it has more fields than one reply may hold. Returns 0 or -1. */
 static int read_hash(struct backend_conn *c, struct scrape *s, const char *node,
 		     const char *key, const char *host)
 {
-	const char *argv[] = { "HGETALL", key };
-	redisReply *r = command(c, s, node, 2, argv);
+	const char *argv[] = { "HGETALL", key }, *hlen[] = { "HLEN", key };
+	redisReply *r = command(c, s, node, 2, hlen);
+	long long fields;
 
 	if (!r)
+		return -1;
+	fields = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
+	freeReplyObject(r);
+	if (fields > HGETALL_FIELDS_MAX)
+		return read_hash_paged(c, s, node, key, host);
+	if (!(r = command(c, s, node, 2, argv)))
 		return -1;
 	for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i + 1 < r->elements; i += 2) {
 		const redisReply *f = r->element[i], *v = r->element[i + 1];

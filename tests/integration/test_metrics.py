@@ -370,3 +370,35 @@ def test_the_counts_of_thousands_of_locks_are_summed_exactly(redis, tmp_path):
     rows = [tuple(line.split('"')[1:4:2]) for line in r.stdout.splitlines()
             if line.startswith("lockshim_calls_total{")]
     assert len(rows) == len(want) and rows == sorted(rows)
+
+
+def test_a_host_of_more_fields_than_one_reply_holds_is_read_by_pages(redis, tmp_path):
+    """A host whose hash has more than 8192 fields (2500 locks, 4 values
+    each: 50 locks using every value are 2550) does not fit one HGETALL
+    reply (the client takes 16384 elements in an array: the scrape failed,
+    status 69); it is read by HSCAN pages, every field once."""
+    sep, locks = "\x1f", 2500
+    args = []
+    for i in range(locks):
+        for series, label, value in (("lockshim_calls_total", "", i + 2),
+                                     ("lockshim_acquired_total", "fast", i + 1),
+                                     ("lockshim_acquired_total", "waited", 1),
+                                     ("lockshim_hold_seconds", "0.001", i + 2)):
+            args += ["B%d" % i + sep + series + sep + label, str(value)]
+    assert redis.cmd("HSET", "lockshim:metrics:{big}", *args) == 4 * locks
+    assert redis.cmd("HLEN", "lockshim:metrics:{big}") > 8192  # past one reply
+    assert redis.cmd("HSET", "lockshim:metrics:{small}", "B0" + sep + "lockshim_calls_total"
+                     + sep, "5") == 1
+    c = write_config(tmp_path, redis, "")
+    r = subprocess.run([CLI, "metrics", "-c", c], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    m = parse(r.stdout)
+    for i in range(locks):
+        lock = "B%d" % i
+        assert val(m, "lockshim_calls_total", lock, "big") == i + 2, lock
+        assert val(m, "lockshim_acquired_total", lock, "big", how="fast") == i + 1
+        assert val(m, "lockshim_acquired_total", lock, "big", how="waited") == 1
+        assert val(m, "lockshim_hold_seconds_count", lock, "big") == i + 2
+    assert val(m, "lockshim_calls_total", "B0", "small") == 5
+    assert r.stdout.count("lockshim_calls_total{") == locks + 1
