@@ -4,16 +4,18 @@
  * and .count_read): a host's counts "<ns>:metrics:{<host>}" are the files
  * "<keyname of it>.<euid>.counts" of local.dir, one per user (each makes
  * its own; a lock file ends in ".lock": no key names them; the reader
- * adds them up), one line per field: "<value> <field>\n", the field's
- * bytes other than '!'..'~' and '%' written %XX. A shipment takes flock
+ * adds them up): a line "key <key>\n", then one line per field:
+ * "<value> <field>\n", the key's and fields' bytes other than '!'..'~'
+ * and '%' written %XX. The key line is what tells the key when keyname.h
+ * shortened the name (a key over ~200 encoded bytes: a long host name or
+ * namespace); the reader takes it when it encodes to the file's name, else
+ * decodes the name (a file of an older shipper). A shipment takes flock
  * LOCK_EX on the file, tried for LOCAL_COUNT_WAIT_MS at most (a frozen
  * shipper delays others' counts, not their calls), adds its deltas to
  * what it reads, writes "<name>.new" and renames it over the file; a
  * shipper that locked a file renamed meanwhile tries again. Readers take
  * no lock: a rename is atomic. A new file gets local.file_mode. The size
- * is bounded by one host's fields, whatever the processes or shipments;
- * a host name of over ~150 bytes gives a name keyname.h shortens, which
- * is written but not read back.
+ * is bounded by one host's fields, whatever the processes or shipments.
  */
 #include "backend_local_count.h"
 
@@ -31,6 +33,7 @@
 #include "keyname.h"
 
 #define LOCAL_COUNT_SUFFIX ".counts"
+#define LOCAL_COUNT_KEY "key " /* the key line's start: no value, old readers skip it */
 #define LOCAL_COUNT_WAIT_MS 50
 #define LOCAL_COUNT_MAX (4 << 20) /* a counts file larger than this is refused */
 
@@ -41,9 +44,12 @@ struct field {
 	long long value;
 };
 
-/* A counts file read into memory: its text and its fields (into text). */
+/* A counts file read into memory: its text, its key line's encoded key
+ * (into text; NULL when it has none) and its fields (into text). */
 struct counts {
 	char *text;
+	char *key;
+	size_t klen;
 	struct field *f;
 	size_t n, cap;
 };
@@ -96,8 +102,8 @@ static size_t field_encode(const char *f, size_t n, char *out)
 }
 
 /* Reads fd (a counts file) into *cs. Returns 0, or -1 with errno (EFBIG:
- * larger than LOCAL_COUNT_MAX; ENOMEM). A line that is not "<value>
- * <field>" is skipped. */
+ * larger than LOCAL_COUNT_MAX; ENOMEM). A line that is neither the key
+ * line nor "<value> <field>" is skipped. */
 static int counts_read(int fd, struct counts *cs)
 {
 	struct stat st;
@@ -130,6 +136,12 @@ static int counts_read(int fd, struct counts *cs)
 		if (!nl)
 			break;
 		*nl = 0;
+		if (!strncmp(p, LOCAL_COUNT_KEY, sizeof(LOCAL_COUNT_KEY) - 1)) {
+			cs->key = p + sizeof(LOCAL_COUNT_KEY) - 1;
+			cs->klen = (size_t)(nl - cs->key);
+			p = nl + 1;
+			continue;
+		}
 		errno = 0;
 		v = strtoll(p, &num_end, 10);
 		sp = num_end;
@@ -197,12 +209,13 @@ static int open_locked(const char *path, int mode, char *err, size_t errlen)
 	}
 }
 
-/* Writes cs's fields and the n new ones (enc[i], elen[i], with value
- * add[i]; those already in cs were added to it) to path's "<path>.new",
- * made with mode, and renames it over path. Returns 0, or -1 with err. */
-static int counts_replace(const char *path, int mode, const struct counts *cs, int n,
-			  char *const *enc, const size_t *elen, const long long *add, char *err,
-			  size_t errlen)
+/* Writes the key line of ekey (the key encoded), cs's fields and the n
+ * new ones (enc[i], elen[i], with value add[i]; those already in cs were
+ * added to it) to path's "<path>.new", made with mode, and renames it over
+ * path. Returns 0, or -1 with err. */
+static int counts_replace(const char *path, int mode, const char *ekey,
+			  const struct counts *cs, int n, char *const *enc, const size_t *elen,
+			  const long long *add, char *err, size_t errlen)
 {
 	char tmp[PATH_MAX + 8];
 	FILE *f;
@@ -218,6 +231,7 @@ static int counts_replace(const char *path, int mode, const struct counts *cs, i
 		unlink(tmp);
 		return -1;
 	}
+	fprintf(f, "%s%s\n", LOCAL_COUNT_KEY, ekey);
 	for (size_t i = 0; i < cs->n; i++)
 		fprintf(f, "%lld %.*s\n", cs->f[i].value, (int)cs->f[i].len, cs->f[i].enc);
 	for (int i = 0; i < n; i++)
@@ -239,6 +253,7 @@ int local_count_add(const char *dir, int mode, const char *key, size_t klen, int
 	char path[PATH_MAX];
 	char **enc = calloc((size_t)n, sizeof(*enc));
 	size_t *elen = calloc((size_t)n, sizeof(*elen));
+	char *ekey = malloc(3 * klen + 1);
 	struct counts cs;
 	int fd = -1, rc = -1;
 
@@ -246,10 +261,11 @@ int local_count_add(const char *dir, int mode, const char *key, size_t klen, int
 		snprintf(err, errlen, "counts file name too long");
 		goto out;
 	}
-	if (!enc || !elen) {
+	if (!enc || !elen || !ekey) {
 		snprintf(err, errlen, "out of memory");
 		goto out;
 	}
+	field_encode(key, klen, ekey);
 	for (int i = 0; i < n; i++) {
 		if (!(enc[i] = malloc(3 * flens[i] + 1))) {
 			snprintf(err, errlen, "out of memory");
@@ -272,7 +288,7 @@ int local_count_add(const char *dir, int mode, const char *key, size_t klen, int
 				free(enc[i]);
 				enc[i] = NULL;
 			}
-	rc = counts_replace(path, mode, &cs, n, enc, elen, deltas, err, errlen);
+	rc = counts_replace(path, mode, ekey, &cs, n, enc, elen, deltas, err, errlen);
 	counts_free(&cs);
 out:
 	if (fd >= 0)
@@ -281,7 +297,26 @@ out:
 		free(enc[i]);
 	free(enc);
 	free(elen);
+	free(ekey);
 	return rc;
+}
+
+/* Returns the key of the counts file named name (its keyname: n bytes) read
+ * into cs, with its length in *klen: the key line's (decoded in place)
+ * when it encodes to that name, else the name decoded into named
+ * (KEYNAME_SIZE bytes; a shortened name's key stays shortened). */
+static const char *counts_key(struct counts *cs, const char *name, size_t n, char *named,
+			      size_t *klen)
+{
+	if (cs->key) {
+		char again[KEYNAME_SIZE];
+
+		*klen = keyname_decode(cs->key, cs->klen, cs->key);
+		if (keyname_encode(cs->key, *klen, again) == n && !memcmp(again, name, n))
+			return cs->key;
+	}
+	*klen = keyname_decode(name, n, named);
+	return named;
 }
 
 int local_count_read(const char *dir, const char *ns,
@@ -299,20 +334,19 @@ int local_count_read(const char *dir, const char *ns,
 	}
 	while ((e = readdir(d)) != NULL) {
 		size_t n = count_name(e->d_name, strlen(e->d_name)), klen;
-		char key[KEYNAME_SIZE];
+		char named[KEYNAME_SIZE];
+		const char *key;
 		struct counts cs;
 		int fd;
 
 		if (!n)
 			continue;
-		klen = keyname_decode(e->d_name, n, key);
-		if (klen <= nsl || memcmp(key, ns, nsl) != 0 || key[nsl] != ':')
-			continue;
 		fd = openat(dirfd(d), e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK |
 			    O_NOCTTY);
 		if (fd < 0)
 			continue;
-		if (counts_read(fd, &cs) == 0)
+		if (counts_read(fd, &cs) == 0 && (key = counts_key(&cs, e->d_name, n, named, &klen)) &&
+		    klen > nsl && !memcmp(key, ns, nsl) && key[nsl] == ':')
 			for (size_t i = 0; i < cs.n; i++) {
 				/* decoding shortens in place: %XX to one byte */
 				size_t fl = keyname_decode(cs.f[i].enc, cs.f[i].len,

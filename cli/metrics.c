@@ -6,9 +6,11 @@
  *
  * A scrape reads each node (Cluster primaries, Redlock masters, else the
  * server) with SCAN "<namespace>:*" by type (Redis 6.0+; never KEYS):
- * hashes "<namespace>:metrics:{<host>}" (HGETALL, summed per lock and
- * host), strings (lock keys; ":due" skipped) and sorted sets "<key>:q"
- * (ZCARD: waiters); types tell the lock key "q" from a queue. A key on
+ * hashes "<namespace>:metrics:{<host>}" (HLEN, then HGETALL, or HSCAN
+ * pages past 4096 fields; summed per lock and host: rows found through a
+ * hash table, sorted once at the end), strings
+ * (lock keys; ":due" skipped) and sorted sets "<key>:q" (ZCARD: waiters);
+ * types tell the lock key "q" from a queue. A key on
  * several masters counts once; its lock name is the symbol of the first
  * lock whose key template, as a glob, matches, else the key without the
  * namespace. Another backend is read through its table: .count_read (the
@@ -21,6 +23,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,14 +40,34 @@
 #include "metrics.h"
 
 #define SCAN_COUNT "1000"
+#define HGETALL_FIELDS_MAX 4096 /* half backend_redis.c's 16384 elements of a reply:
+				 * room for fields added after HLEN */
+#define HSCAN_COUNT "2048"      /* fields a page (a hint: a few more may come) */
 #define REQUEST_MAX 8192
 
 int cmd_metrics(int argc, char **argv);
+
+/*
+ * An index of an array's entries by their bytes (open addressing, linear
+ * probing, at most half full): a slot holds an entry's hash and its index
+ * + 1 (0: empty). The entries stay in the array; a lookup is O(1) expected
+ * where a walk of the array was O(n) (20 000 locks took seconds).
+ */
+struct index_slot {
+	uint64_t hash;
+	size_t at;
+};
+
+struct index {
+	struct index_slot *slot;
+	size_t cap, n; /* cap: a power of two, or 0 */
+};
 
 /* What one scrape found. Strings are owned (malloc). */
 struct scrape {
 	struct metrics_row *rows;
 	size_t nrows, rcap;
+	struct index rindex; /* rows by (lock, host), until they are sorted */
 	struct keyent *keys;
 	size_t nkeys, kcap;
 	char err[512];
@@ -119,16 +142,92 @@ static char *lock_name(const struct conf *cfg, char *const *globs, const char *k
 	return strdup(k);
 }
 
+#define INDEX_HASH_START 14695981039346656037ULL
+
+/* Returns FNV-1a of p[0..n) continued from h (first: INDEX_HASH_START). */
+static uint64_t index_hash(uint64_t h, const void *p, size_t n)
+{
+	const unsigned char *b = p;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 1099511628211ULL;
+	return h;
+}
+
+/* Returns the slot of ix where hash h's entry is, as told by eq(ctx, its
+ * array index), or the empty slot where it goes; NULL when ix has no room
+ * for one more entry and cannot grow (out of memory). */
+static struct index_slot *index_find(struct index *ix, uint64_t h,
+				     int (*eq)(const void *ctx, size_t at), const void *ctx)
+{
+	size_t i;
+
+	if (2 * (ix->n + 1) > ix->cap) { /* grown before the search: the slot stays good */
+		size_t cap = ix->cap ? 2 * ix->cap : 64;
+		struct index_slot *t = calloc(cap, sizeof(*t));
+
+		if (!t)
+			return NULL;
+		for (size_t j = 0; j < ix->cap; j++) {
+			if (!ix->slot[j].at)
+				continue;
+			for (i = ix->slot[j].hash & (cap - 1); t[i].at; i = (i + 1) & (cap - 1))
+				;
+			t[i] = ix->slot[j];
+		}
+		free(ix->slot);
+		ix->slot = t;
+		ix->cap = cap;
+	}
+	for (i = h & (ix->cap - 1); ix->slot[i].at; i = (i + 1) & (ix->cap - 1))
+		if (ix->slot[i].hash == h && eq(ctx, ix->slot[i].at - 1))
+			break;
+	return &ix->slot[i];
+}
+
+/* Records array index at in the empty slot sl (index_find's) of hash h. */
+static void index_put(struct index *ix, struct index_slot *sl, uint64_t h, size_t at)
+{
+	sl->hash = h;
+	sl->at = at + 1;
+	ix->n++;
+}
+
+static void index_free(struct index *ix)
+{
+	free(ix->slot);
+	memset(ix, 0, sizeof(*ix));
+}
+
+/* The (lock, host) a row is looked up by. */
+struct row_key {
+	const struct scrape *s;
+	const char *lock, *host;
+	size_t llen;
+};
+
+static int row_eq(const void *ctx, size_t at)
+{
+	const struct row_key *k = ctx;
+	const struct metrics_row *r = &k->s->rows[at];
+
+	return strlen(r->lock) == k->llen && !memcmp(r->lock, k->lock, k->llen) &&
+	       !strcmp(r->host, k->host);
+}
+
 /* Returns the row of (lock, host), added when new; NULL when out of memory. */
 static struct metrics_row *row_get(struct scrape *s, const char *lock, size_t llen,
 				   const char *host)
 {
+	struct row_key k = { s, lock, host, llen };
+	uint64_t h = index_hash(index_hash(INDEX_HASH_START, host, strlen(host) + 1), lock, llen);
+	struct index_slot *sl = index_find(&s->rindex, h, row_eq, &k);
 	struct metrics_row *r;
 
-	for (size_t i = 0; i < s->nrows; i++)
-		if (strlen(s->rows[i].lock) == llen && !memcmp(s->rows[i].lock, lock, llen) &&
-		    !strcmp(s->rows[i].host, host))
-			return &s->rows[i];
+	if (!sl)
+		return NULL;
+	if (sl->at)
+		return &s->rows[sl->at - 1];
 	if (s->nrows == s->rcap) {
 		size_t cap = s->rcap ? 2 * s->rcap : 16;
 		void *p = realloc(s->rows, cap * sizeof(*s->rows));
@@ -147,7 +246,7 @@ static struct metrics_row *row_get(struct scrape *s, const char *lock, size_t ll
 		free((char *)r->host);
 		return NULL;
 	}
-	s->nrows++;
+	index_put(&s->rindex, sl, h, s->nrows++);
 	return r;
 }
 
@@ -183,6 +282,7 @@ static void scrape_free(struct scrape *s)
 		free(s->keys[i].key);
 	free(s->rows);
 	free(s->keys);
+	index_free(&s->rindex);
 	memset(s, 0, sizeof(*s));
 }
 
@@ -235,14 +335,114 @@ static int row_add(struct scrape *s, const char *host, const char *field, size_t
 	return 0;
 }
 
-/* Adds the counts of hash key (of host) on c to s. Returns 0 or -1. */
+/* A field of a hash read by pages: its bytes (owned) and value. */
+struct hfield {
+	char *f;
+	size_t len;
+	unsigned long long v;
+};
+
+static int cmp_hfield(const void *a, const void *b)
+{
+	const struct hfield *x = a, *y = b;
+	int d = memcmp(x->f, y->f, x->len < y->len ? x->len : y->len);
+
+	return d ? d : (x->len > y->len) - (x->len < y->len);
+}
+
+/* Appends the fields of reply r (field, value, ...) to *fs (*n of *cap
+ * used; each f owned). Returns 0, or -1 when out of memory (*n: those
+ * appended). */
+static int hfields_add(struct hfield **fs, size_t *n, size_t *cap, const redisReply *r)
+{
+	for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i + 1 < r->elements; i += 2) {
+		const redisReply *f = r->element[i], *v = r->element[i + 1];
+		struct hfield *h;
+
+		if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
+			continue;
+		if (*n == *cap) {
+			size_t c = *cap ? 2 * *cap : 1024;
+			void *p = realloc(*fs, c * sizeof(**fs));
+
+			if (!p)
+				return -1;
+			*fs = p;
+			*cap = c;
+		}
+		h = &(*fs)[*n];
+		if (!(h->f = malloc(f->len ? f->len : 1)))
+			return -1;
+		memcpy(h->f, f->str, f->len);
+		h->len = f->len;
+		h->v = strtoull(v->str, NULL, 10);
+		(*n)++;
+	}
+	return 0;
+}
+
+/*
+ * Adds the counts of hash key (of host) on c to s by HSCAN pages, a field
+ * HSCAN returns twice (a rehash between pages) counted once: a hash too
+ * large for one HGETALL reply (backend_redis.c takes 16384 elements in an
+ * array). Returns 0 or -1.
+ */
+static int read_hash_paged(struct backend_conn *c, struct scrape *s, const char *node,
+			   const char *key, const char *host)
+{
+	char cursor[32] = "0";
+	struct hfield *fs = NULL;
+	size_t n = 0, cap = 0;
+	int rc = 0;
+
+	do {
+		const char *argv[] = { "HSCAN", key, cursor, "COUNT", HSCAN_COUNT };
+		redisReply *r = command(c, s, node, 5, argv);
+
+		if (!r) {
+			rc = -1;
+			break;
+		}
+		if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+		    r->element[0]->type != REDIS_REPLY_STRING) {
+			snprintf(s->err, sizeof(s->err), "%s: HSCAN: unexpected reply", node);
+			rc = -1;
+		} else {
+			snprintf(cursor, sizeof(cursor), "%s", r->element[0]->str);
+			if (hfields_add(&fs, &n, &cap, r->element[1]) != 0) {
+				snprintf(s->err, sizeof(s->err), "out of memory");
+				rc = -1;
+			}
+		}
+		freeReplyObject(r);
+	} while (rc == 0 && strcmp(cursor, "0") != 0);
+	if (rc == 0)
+		qsort(fs, n, sizeof(*fs), cmp_hfield);
+	for (size_t i = 0; i < n && rc == 0; i++)
+		if (i == 0 || cmp_hfield(&fs[i - 1], &fs[i]) != 0)
+			rc = row_add(s, host, fs[i].f, fs[i].len, fs[i].v);
+	for (size_t i = 0; i < n; i++)
+		free(fs[i].f);
+	free(fs);
+	return rc;
+}
+
+/* Adds the counts of hash key (of host) on c to s: HGETALL, or by pages
+ * when it has more fields than one reply may hold. Returns 0 or -1. */
 static int read_hash(struct backend_conn *c, struct scrape *s, const char *node,
 		     const char *key, const char *host)
 {
-	const char *argv[] = { "HGETALL", key };
-	redisReply *r = command(c, s, node, 2, argv);
+	const char *argv[] = { "HGETALL", key }, *hlen[] = { "HLEN", key };
+	redisReply *r = command(c, s, node, 2, hlen);
+	long long fields;
 
 	if (!r)
+		return -1;
+	fields = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
+	freeReplyObject(r);
+	if (fields > HGETALL_FIELDS_MAX)
+		return read_hash_paged(c, s, node, key, host);
+	if (!(r = command(c, s, node, 2, argv)))
 		return -1;
 	for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i + 1 < r->elements; i += 2) {
 		const redisReply *f = r->element[i], *v = r->element[i + 1];
@@ -469,6 +669,19 @@ static int cmp_gauge(const void *a, const void *b)
 		      ((const struct metrics_gauge *)b)->lock);
 }
 
+/* The lock name a gauge is looked up by. */
+struct gauge_key {
+	const struct metrics_gauge *g;
+	const char *name;
+};
+
+static int gauge_eq(const void *ctx, size_t at)
+{
+	const struct gauge_key *k = ctx;
+
+	return !strcmp(k->g[at].lock, k->name);
+}
+
 /*
  * Turns s's keys into gauges per lock name (a key seen on several nodes,
  * Redlock's masters, counted once: the largest). Returns them (the caller
@@ -479,6 +692,7 @@ static struct metrics_gauge *gauges(const struct conf *cfg, struct scrape *s, si
 {
 	char **globs = calloc(((size_t)cfg->nlocks + 1) * CONF_KEYS_MAX, sizeof(*globs));
 	struct metrics_gauge *g = calloc(s->nkeys + 1, sizeof(*g));
+	struct index byname = { 0 }; /* g by lock name */
 	size_t ng = 0;
 
 	*n = 0;
@@ -501,14 +715,22 @@ static struct metrics_gauge *gauges(const struct conf *cfg, struct scrape *s, si
 			waiting = s->keys[j].waiting > waiting ? s->keys[j].waiting : waiting;
 		}
 		if ((name = lock_name(cfg, globs, s->keys[i].key)) != NULL) {
-			size_t k = 0;
+			struct gauge_key gk = { g, name };
+			uint64_t h = index_hash(INDEX_HASH_START, name, strlen(name));
+			struct index_slot *sl = index_find(&byname, h, gauge_eq, &gk);
+			size_t k = sl && sl->at ? sl->at - 1 : ng;
 
-			while (k < ng && strcmp(g[k].lock, name))
-				k++;
-			if (k == ng)
+			if (!sl) {
+				free(name); /* out of memory: left out, as lock_name's NULL */
+				i = j;
+				continue;
+			}
+			if (k == ng) {
+				index_put(&byname, sl, h, ng);
 				g[ng++].lock = name;
-			else
+			} else {
 				free(name);
+			}
 			g[k].held += held;
 			g[k].waiting += waiting;
 		}
@@ -517,6 +739,7 @@ static struct metrics_gauge *gauges(const struct conf *cfg, struct scrape *s, si
 	for (int i = 0; i < cfg->nlocks * CONF_KEYS_MAX; i++)
 		free(globs[i]);
 	free(globs);
+	index_free(&byname);
 	qsort(g, ng, sizeof(*g), cmp_gauge);
 	*n = ng;
 	return g;

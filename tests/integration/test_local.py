@@ -1300,3 +1300,38 @@ def test_release_wakes_only_when_a_waiter_watches(progs, tmp_path, watcher, wake
         assert attrib_events(path, calls) == wakes
     finally:
         os.close(fd)
+
+
+LONG_HOST = "h" * 100 + "." + "x" * 150  # 251 bytes: LOCKSHIM_TEST_HOST takes 255
+
+
+@pytest.mark.parametrize("ns,host", [("lockshim", LONG_HOST), ("n" * 128, "a.b.c." * 10 + "dd")],
+                         ids=["long-host", "long-namespace"])
+def test_metrics_of_a_long_host_name_are_read_back(progs, tmp_path, ns, host):
+    """A key "<ns>:metrics:{<host>}" of over 200 encoded bytes (a long host
+    name, or a 62-byte one with dots under a 128-byte namespace) gets a
+    shortened file name (keyname.h: "~" and a SHA-1): the file's key line
+    tells the key, and the counts are read back. Control: the same file
+    without its key line (as an older shipper wrote it) loses them (the
+    name alone cannot tell the host), while a short name's file without it
+    is still read."""
+    cfg = local_config(tmp_path, 'namespace = "%s";\n%s' % (ns, METRICS_LOCK))
+    for h in (host, "short"):
+        r = run([progs["driver"], "call:0", "call:0"], cfg, LOCKSHIM_TEST_HOST=h)
+        assert r.returncode == 0, r.stderr
+    m = scrape(cfg)
+    assert val(m, "lockshim_calls_total", "hold_call", host) == 2
+    assert val(m, "lockshim_hold_seconds_count", "hold_call", host) == 2
+    assert val(m, "lockshim_calls_total", "hold_call", "short") == 2
+    counts = sorted(glob.glob(str(tmp_path / "locks" / "*.counts")))
+    assert len(counts) == 2 and "~" in os.path.basename(counts[0]), counts
+    assert "~" not in os.path.basename(counts[1])
+    for path in counts:  # the control: no key line
+        with open(path) as f:
+            lines = f.readlines()
+        assert lines[0].startswith("key "), lines[0]
+        with open(path, "w") as f:
+            f.writelines(lines[1:])
+    m = scrape(cfg)
+    assert val(m, "lockshim_calls_total", "hold_call", host) == 0
+    assert val(m, "lockshim_calls_total", "hold_call", "short") == 2

@@ -324,3 +324,81 @@ def test_a_lock_name_that_is_not_utf8_is_escaped(redis, tmp_path):
                        env=dict(os.environ, LOCKSHIM_TEST_HOST="bytes"))
     assert r.returncode == 0, r.stderr
     assert val(scrape(c), "lockshim_calls_total", "job\\xFF\u00e9", "bytes") == 1
+
+
+def test_the_counts_of_thousands_of_locks_are_summed_exactly(redis, tmp_path):
+    """Thousands of (lock, host) rows and held keys, written in the shim's
+    format: every row's values are its own (rows are found through a hash
+    table, not a walk of every row), and the rows come out sorted by lock,
+    then host. Not a timing test: the sums only."""
+    locks, hosts = 2000, ("h0", "h1", "h2")
+    sep = "\x1f"
+    want = {}
+    for k, host in enumerate(hosts):
+        args = []
+        for i in range(locks):
+            if i % 3 == k:  # each lock on two hosts of three
+                continue
+            lock = "L%d" % i
+            fast, kept = i + k + 1, (i * 7 + k) % 5
+            want[(lock, host)] = (fast, kept)
+            for series, label, value in (("lockshim_calls_total", "", fast + kept),
+                                         ("lockshim_acquired_total", "fast", fast),
+                                         ("lockshim_acquired_total", "kept", kept),
+                                         ("lockshim_hold_seconds", "0.001", fast),
+                                         ("lockshim_hold_seconds", "+Inf", kept),
+                                         ("lockshim_hold_seconds", "sum_us", 1000 * i)):
+                if value:
+                    args += [lock + sep + series + sep + label, str(value)]
+        assert redis.cmd("HSET", "lockshim:metrics:{%s}" % host, *args) == len(args) // 2
+    for i in range(0, locks, 4):  # held: a string lock key each
+        assert redis.cmd("SET", "lockshim:L%d" % i, "v") == "OK"
+    c = write_config(tmp_path, redis, "")
+    r = subprocess.run([CLI, "metrics", "-c", c], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    m = parse(r.stdout)
+    for (lock, host), (fast, kept) in want.items():
+        assert val(m, "lockshim_calls_total", lock, host) == fast + kept, (lock, host)
+        assert val(m, "lockshim_acquired_total", lock, host, how="fast") == fast
+        assert val(m, "lockshim_acquired_total", lock, host, how="kept") == kept
+        assert val(m, "lockshim_hold_seconds_count", lock, host) == fast + kept
+        assert val(m, "lockshim_hold_seconds_bucket", lock, host, le="0.001") == fast
+        assert val(m, "lockshim_hold_seconds_sum", lock, host) == int(lock[1:]) / 1000
+    for i in range(locks):
+        assert val(m, "lockshim_held", "L%d" % i) == (1 if i % 4 == 0 else 0)
+    rows = [tuple(line.split('"')[1:4:2]) for line in r.stdout.splitlines()
+            if line.startswith("lockshim_calls_total{")]
+    assert len(rows) == len(want) and rows == sorted(rows)
+
+
+def test_a_host_of_more_fields_than_one_reply_holds_is_read_by_pages(redis, tmp_path):
+    """A host whose hash has more than 8192 fields (2500 locks, 4 values
+    each: 50 locks using every value are 2550) does not fit one HGETALL
+    reply (the client takes 16384 elements in an array: the scrape failed,
+    status 69); it is read by HSCAN pages, every field once."""
+    sep, locks = "\x1f", 2500
+    args = []
+    for i in range(locks):
+        for series, label, value in (("lockshim_calls_total", "", i + 2),
+                                     ("lockshim_acquired_total", "fast", i + 1),
+                                     ("lockshim_acquired_total", "waited", 1),
+                                     ("lockshim_hold_seconds", "0.001", i + 2)):
+            args += ["B%d" % i + sep + series + sep + label, str(value)]
+    assert redis.cmd("HSET", "lockshim:metrics:{big}", *args) == 4 * locks
+    assert redis.cmd("HLEN", "lockshim:metrics:{big}") > 8192  # past one reply
+    assert redis.cmd("HSET", "lockshim:metrics:{small}", "B0" + sep + "lockshim_calls_total"
+                     + sep, "5") == 1
+    c = write_config(tmp_path, redis, "")
+    r = subprocess.run([CLI, "metrics", "-c", c], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    m = parse(r.stdout)
+    for i in range(locks):
+        lock = "B%d" % i
+        assert val(m, "lockshim_calls_total", lock, "big") == i + 2, lock
+        assert val(m, "lockshim_acquired_total", lock, "big", how="fast") == i + 1
+        assert val(m, "lockshim_acquired_total", lock, "big", how="waited") == 1
+        assert val(m, "lockshim_hold_seconds_count", lock, "big") == i + 2
+    assert val(m, "lockshim_calls_total", "B0", "small") == 5
+    assert r.stdout.count("lockshim_calls_total{") == locks + 1
