@@ -431,6 +431,61 @@ def test_leader_killed_mid_run(sets_prog, cluster, tmp_path, wait_ms):
     assert "done ok=1 failed=0" in r.stdout, (r.stdout, r.stderr)
 
 
+LAPSED = "expired while etcd was unreachable"
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("reach", ["all", "frozen-only"])
+def test_frozen_member_is_passed_over(sets_prog, cluster, tmp_path, reach):
+    """A holder of lease_ms = 3000 inside a 6 s call, its endpoints a
+    follower first (every connection starts there), which is frozen
+    (SIGSTOP) once the call entered: a keep-alive times out at
+    command_timeout_ms, the connection is made again through the next
+    member that answers, so the lease lives, no loss is reported, and a
+    second process (endpoints: a live member first) enters only after the
+    holder left. Control ("frozen-only": the holder's endpoints are the
+    frozen member alone): the lease lapses about 3 s in, the holder reports
+    its loss, and the second process enters beside it. (The request that
+    timed out is not sent elsewhere: the next attempt opens a connection,
+    which passes over the frozen member at connect_timeout_ms.)"""
+    leader = cluster.leader()
+    frozen = next(m for m in cluster.members if m is not leader)
+    other = next(m for m in cluster.members if m is not leader and m is not frozen)
+    lock = ('locks = ( { symbol = "set_write"; key = "k"; wait_ms = 30000; lease_ms = 3000; '
+            '} );\n')
+
+    def config(endpoints, where):
+        (tmp_path / where).mkdir()
+        return write_config(tmp_path / where, None, 'backend = "etcd";\netcd = { endpoints = '
+                            '( %s ); connect_timeout_ms = 500; command_timeout_ms = 500; };\n'
+                            % ", ".join('"%s"' % e for e in endpoints) + lock)
+    mine = cluster.endpoints(first=frozen)[:1 if reach == "frozen-only" else 3]
+    log = str(tmp_path / "log")
+    open(log, "w").close()
+    holder = sets_start(sets_prog, "w", config(mine, "holder"), log, 1, 1, 6000)
+    second = None
+    try:
+        wait_for(lambda: "w+" in log_text(log), timeout=20, what="the holder inside")
+        os.kill(frozen.proc.pid, signal.SIGSTOP)
+        second = sets_start(sets_prog, "w", config(cluster.endpoints(first=other), "second"),
+                            log, 1, 1, 10)
+        first_end = sets_end(holder, 30)
+        second_end = sets_end(second, 40)
+    finally:
+        os.kill(frozen.proc.pid, signal.SIGCONT)
+        for p in (holder, second):
+            if p and p.poll() is None:
+                p.kill()
+                p.wait()
+    err = first_end[1] + second_end[1]
+    assert first_end[0]["ok"] == 1 and second_end[0]["ok"] == 1, (first_end, second_end)
+    if reach == "frozen-only":
+        assert replay(log)[1] == 2 and LAPSED in first_end[1], (log_text(log), err[-3000:])
+        return
+    assert replay(log)[1] == 1, (log_text(log), err[-3000:])
+    assert LAPSED not in first_end[1] and " lost" not in first_end[1], first_end[1][-3000:]
+
+
 # ---- refusals -------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting", [
