@@ -333,12 +333,13 @@ static int64_t wait_cap(const struct lock_spec *s, long long hint)
  * uncontended path), it gives up the locks it keeps only for linger_ms:
  * no call uses them, and kept through a wait they would make two threads
  * that take keys in opposite orders wait for each other. With postgres
- * that lasts until wait_ms (only the holder's session can unlock, and it
- * is busy waiting); elsewhere the renewal thread frees a kept lock at
- * linger_ms's end over its own connection, a delay instead. Every backend
- * does it: the releases are sent without waiting for their replies, ahead
- * of the wait's first command (no round trip of their own), and a thread
- * that waited would rarely still find its kept locks in their reuse
+ * that lasts until wait_ms, or until the server's deadlock detector fails
+ * a wait (only the holder's session can unlock, and it is busy waiting);
+ * elsewhere the renewal thread frees a kept lock at linger_ms's end over
+ * its own connection, a delay instead. Every backend does it (no flag):
+ * Redis and postgres send the releases without waiting for their replies,
+ * ahead of the wait's first command (no round trip of their own), and a
+ * thread that waited would rarely still find its kept locks in their reuse
  * window. The holds of calls still running (an outer call's lock) stay.
  */
 static void give_up_kept(struct lock_thread *t)
@@ -347,11 +348,12 @@ static void give_up_kept(struct lock_thread *t)
 }
 
 /*
- * The wait path. The first attempt is the plain acquire script; when the lock is busy
- * the waiter joins the queue in Redis (one script, which also says how long
- * a signal may take at most: the holder's remaining lease, or the queue
- * head's expiry) and blocks on its signal list for at most that, retry_max_ms
- * and the time left. A release either hands the lock over ("g": ours now,
+ * The wait path. The first attempt is the plain acquire script; when the
+ * lock is busy the thread gives up its kept locks (give_up_kept) and joins
+ * the queue in Redis (one script, which also says how long a signal may
+ * take at most: the holder's remaining lease, or the queue head's expiry)
+ * and blocks on its signal list for at most that, retry_max_ms and the
+ * time left. A release either hands the lock over ("g": ours now,
  * no further round trip, with a short TTL until the first renewal) or wakes
  * the waiter to try again. A missed signal costs at most the lease's
  * remaining TTL; a holder that died on this machine, nothing (break_dead).
