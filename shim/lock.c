@@ -14,8 +14,9 @@
  * lease. In default mode a hold whose call ended is kept ("parked") for the
  * thread's next call on the same key, which takes it back without a round
  * trip, for at most linger_ms and never past handoff_ms after it was taken;
- * renew.c releases it otherwise (lock caching). Every release goes through
- * renew_release.
+ * renew.c releases it otherwise (lock caching); a thread about to wait for
+ * a key gives up its kept holds first (give_up_kept). Every release goes
+ * through renew_release.
  * Holds form a stack: a key's outermost call always ends after every hold
  * taken inside it, exceptions and longjmp included, so the innermost hold
  * is the one that ends.
@@ -93,7 +94,8 @@ static __thread struct lock_thread *self __attribute__((tls_model("initial-exec"
 
 static void give_up(struct lock_thread *t, struct lock_hold *h);
 
-/* Releases every hold t keeps parked (its thread is ending). */
+/* Releases every hold t keeps parked (its thread is ending, or it is about
+ * to wait for a key: give_up_kept). Holds of running calls stay. */
 static void release_parked(struct lock_thread *t)
 {
 	for (int i = 0; i < t->nholds; i++)
@@ -327,11 +329,31 @@ static int64_t wait_cap(const struct lock_spec *s, long long hint)
 }
 
 /*
- * The wait path. The first attempt is the plain acquire script; when the lock is busy
- * the waiter joins the queue in Redis (one script, which also says how long
- * a signal may take at most: the holder's remaining lease, or the queue
- * head's expiry) and blocks on its signal list for at most that, retry_max_ms
- * and the time left. A release either hands the lock over ("g": ours now,
+ * Before t waits for a key (after its first refusal; never on the
+ * uncontended path), it gives up the locks it keeps only for linger_ms:
+ * no call uses them, and kept through a wait they would make two threads
+ * that take keys in opposite orders wait for each other. With postgres
+ * that lasts until wait_ms, or until the server's deadlock detector fails
+ * a wait (only the holder's session can unlock, and it is busy waiting);
+ * elsewhere the renewal thread frees a kept lock at linger_ms's end over
+ * its own connection, a delay instead. Every backend does it (no flag):
+ * Redis and postgres send the releases without waiting for their replies,
+ * ahead of the wait's first command (no round trip of their own), and a
+ * thread that waited would rarely still find its kept locks in their reuse
+ * window. The holds of calls still running (an outer call's lock) stay.
+ */
+static void give_up_kept(struct lock_thread *t)
+{
+	release_parked(t);
+}
+
+/*
+ * The wait path. The first attempt is the plain acquire script; when the
+ * lock is busy the thread gives up its kept locks (give_up_kept) and joins
+ * the queue in Redis (one script, which also says how long a signal may
+ * take at most: the holder's remaining lease, or the queue head's expiry)
+ * and blocks on its signal list for at most that, retry_max_ms and the
+ * time left. A release either hands the lock over ("g": ours now,
  * no further round trip, with a short TTL until the first renewal) or wakes
  * the waiter to try again. A missed signal costs at most the lease's
  * remaining TTL; a holder that died on this machine, nothing (break_dead).
@@ -408,6 +430,8 @@ static int acquire_loop(struct lock_thread *t, struct lease *l, struct backend_i
 			 * lock taken could not be kept: give up now (not queued) */
 			if (!it->waiting && (start_rc = renew_start()) != 0)
 				break;
+			if (!it->waiting)
+				give_up_kept(t);
 			it->waiting = 1; /* queued from now on (joins at once if not yet) */
 			if (hint == BACKEND_NOT_QUEUED)
 				continue;

@@ -1,7 +1,11 @@
 # SPDX-License-Identifier: MIT
 """Locks kept between calls (linger_ms): a burst of calls costs one acquire,
 a kept lock not called again is released by the renewal thread and handed to
-a waiter, and kept locks are released before exec."""
+a waiter, kept locks are released before exec, and a thread gives its kept
+locks up before it waits for another key (two processes taking keys in
+opposite orders do not wait for each other)."""
+import time
+
 import pytest
 
 from support.server import lock_keys
@@ -78,3 +82,30 @@ def test_kept_locks_are_released_before_exec(progs, redis, tmp_path, procs):
     assert redis.cmd("EXISTS", KEY) == 0
     p.send()
     assert p.finish()[0] == 0
+
+
+def test_opposite_orders_do_not_wait_for_each_other(progs, redis, tmp_path, procs):
+    # A calls f then g, B g then f, each keeping its first key (linger_ms
+    # and handoff_ms 30 s) when it asks for its second. A thread gives its
+    # kept locks up before it waits (lock.c, give_up_kept), so both finish
+    # at once. Control (the build before it, checked): both waited until
+    # the renewal threads released the kept keys at linger_ms's end, 30 s.
+    settings = "lease_ms = 60000; handoff_ms = 30000; linger_ms = 30000; wait_ms = 60000;"
+    c = write_config(tmp_path, redis, 'locks = ( { symbol = "hold_call"; key = "f"; %s },\n'
+                     '  { symbol = "other_call"; key = "g"; %s } );\n' % (settings, settings))
+    a = procs([progs["driver"], "call:0", "stdin", "other:1"], c)
+    assert a.expect("call") == "call rc=42 errno=0"
+    b = procs([progs["driver"], "other:1", "stdin", "call:0"], c)
+    assert b.expect("other") == "other rc=2 errno=0"
+    assert redis.cmd("EXISTS", KEY, "lockshim:g") == 2  # both kept
+    t0 = time.monotonic()
+    a.send()
+    b.send()
+    assert a.expect("other") == "other rc=2 errno=0"
+    assert b.expect("call") == "call rc=42 errno=0"
+    took = time.monotonic() - t0
+    assert took < 10, took
+    for p in (a, b):
+        rc, _, err = p.finish()
+        assert rc == 0 and "still held" not in err, err
+    assert redis.cmd("EXISTS", KEY, "lockshim:g") == 0

@@ -1346,43 +1346,54 @@ def test_linger_kept_lock_goes_to_a_waiter_while_its_holder_idles(procs, progs, 
     assert rc == 0 and "lost" not in err and "failed" not in err, err
 
 
+class PsqlHolder:
+    """A psql session holding key's advisory lock until free()."""
+
+    def __init__(self, pg, key):
+        self.id = "hashtextextended('lockshim:%s', 0)" % key
+        self.p = subprocess.Popen(["psql", "-h", "127.0.0.1", "-p", str(pg.port), "-U",
+                                   "postgres", "-Atq"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        self.sql("SELECT pg_advisory_lock(%s);" % self.id)
+
+    def sql(self, line):
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+
+    def free(self):
+        self.sql("SELECT pg_advisory_unlock(%s);" % self.id)
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait(timeout=10)
+
+
 @pytest.mark.timing
-def test_linger_kept_lock_of_a_busy_thread_goes_after_its_wait(procs, progs, pg, tmp_path):
-    """A thread keeps "a" (linger_ms 1.5 s: long enough for the thread to be
-    in its next wait by then, also under TSan) and then waits, in the server, for
-    "b" (held by a psql session): its session runs that wait, so the
-    renewal thread cannot release "a" on it at linger's end; it leaves the
-    release to the thread, which sends it when its wait returns. A waiter
-    for "a" is still waiting past linger_ms, and enters once "b" is freed,
-    while the holder still runs. Without that hand-over (the release of a
-    busy session's lock dropped: checked) the waiter timed out."""
+def test_linger_kept_lock_is_given_up_before_its_thread_waits(procs, progs, pg, tmp_path):
+    """A thread keeps "a" (linger_ms and handoff_ms 30 s) and then waits,
+    in the server, for "b" (held by a psql session). That wait keeps its
+    session busy, and only that session can unlock "a"; so the thread gives
+    "a" up before it waits (lock.c, give_up_kept). A waiter for "a" enters
+    while the holder still waits for "b". With the kept lock held through
+    the wait (the build before give_up_kept: checked) the waiter timed out
+    at its wait_ms (8 s)."""
     cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "hold_call"; key = "a"; lease_ms = 60000; '
-                    'linger_ms = 1500; handoff_ms = 30000; wait_ms = 8000; },\n'
+                    'linger_ms = 30000; handoff_ms = 30000; wait_ms = 8000; },\n'
                     '  { symbol = "other_call"; key = "b"; wait_ms = 20000; } );\n')
-    b_id = "hashtextextended('lockshim:b', 0)"
-    psql = subprocess.Popen(["psql", "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres",
-                             "-Atq"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    psql = PsqlHolder(pg, "b")
     try:
-        psql.stdin.write("SELECT pg_advisory_lock(%s);\n" % b_id)
-        psql.stdin.flush()
         wait_for(lambda: advisory(pg, granted=True) == 1, what="psql holding b")
         holder = procs([progs["driver"], "call:0", "other:1", "stdin"], cfg)
         assert holder.expect("call") == "call rc=42 errno=0"
-        t0 = time.monotonic()
         wait_for(lambda: advisory(pg, granted=False) == 1, what="the holder waiting for b")
-        waiter = procs([progs["driver"], "call:0"], cfg)
-        wait_for(lambda: advisory(pg, granted=False) == 2, what="the waiter waiting for a")
-        time.sleep(max(0, 2.5 - (time.monotonic() - t0)))  # linger_ms passed, with margin
-        assert advisory(pg, granted=False) == 2  # "a" still kept: its session is busy
-        psql.stdin.write("SELECT pg_advisory_unlock(%s);\n" % b_id)
-        psql.stdin.flush()
-        assert waiter.expect("enter").startswith("enter")
-        assert waiter.finish()[0] == 0
-        assert holder.expect("other").startswith("other rc=")
+        r = run([progs["driver"], "call:0"], cfg)
+        assert "call rc=42 errno=0" in r.stdout, r.stderr
+        assert advisory(pg, granted=False) == 1  # the holder still waits for b
         assert holder.p.poll() is None
+        psql.free()
+        assert holder.expect("other") == "other rc=2 errno=0"
     finally:
-        psql.stdin.close()
-        psql.wait(timeout=10)
+        psql.close()
     holder.send()
     rc, _, err = holder.finish()
     assert rc == 0 and "lost" not in err and "failed" not in err, err
@@ -1423,3 +1434,85 @@ def test_linger_is_capped_by_handoff_ms(procs, progs, pg, tmp_path):
     assert holder.p.poll() is None
     holder.send()
     assert holder.finish()[0] == 0
+
+
+# ---- kept locks given up before a wait (step 6) -----------------------------------
+
+ORDERS_LOCKS = ('locks = ( { symbol = "hold_call"; key = "k1"; %s },\n'
+                '  { symbol = "other_call"; key = "k2"; %s } );\n')
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("detector", ["60s", "1s"], ids=["no-detector", "server-default"])
+def test_linger_opposite_orders_do_not_wait_for_each_other(procs, progs, own_pg, tmp_path,
+                                                           detector):
+    """Process A calls k1 then k2, B k2 then k1, each keeping its first
+    key (linger_ms and handoff_ms 5 s) when it asks for its second (both
+    kept: granted in pg_locks). Each would wait in the server on its
+    session, which alone could unlock its kept key; each gives its kept key
+    up before it waits, so both finish at once, far below wait_ms (20 s),
+    with no error. The server's deadlock detector (deadlock_timeout) is
+    set out of reach (60 s), then left at its default (1 s). Control (the
+    build before give_up_kept, checked): with 60 s both waited until
+    wait_ms (20 s, on_timeout); with 1 s the detector failed one wait after
+    1 s ("deadlock detected", a warn line, that session dropped with its
+    locks) and the other then entered."""
+    own_pg.psql("ALTER SYSTEM SET deadlock_timeout = '%s'" % detector)
+    own_pg.psql("SELECT pg_reload_conf()")
+    settings = "linger_ms = 5000; handoff_ms = 5000; wait_ms = 20000;"
+    cfg = pg_config(tmp_path, own_pg, ORDERS_LOCKS % (settings, settings))
+    a = procs([progs["driver"], "call:0", "stdin", "other:1"], cfg)
+    assert a.expect("call") == "call rc=42 errno=0"
+    b = procs([progs["driver"], "other:1", "stdin", "call:0"], cfg)
+    assert b.expect("other") == "other rc=2 errno=0"
+    assert advisory(own_pg, granted=True) == 2  # k1 kept by A, k2 by B
+    t0 = time.monotonic()
+    a.send()
+    b.send()
+    assert a.expect("other") == "other rc=2 errno=0"
+    assert b.expect("call") == "call rc=42 errno=0"
+    took = time.monotonic() - t0
+    assert took < 10, took
+    for p in (a, b):
+        rc, _, err = p.finish()
+        assert rc == 0, err
+        assert "deadlock detected" not in err and "still held" not in err, err
+    wait_for(lambda: advisory(own_pg) == 0, what="released at exit")
+
+
+@pytest.mark.timing
+def test_linger_outer_lock_of_a_running_call_stays_while_it_waits(procs, progs, pg, tmp_path):
+    """A thread keeps "c" (other_call, linger_ms 5 s), then calls hold_call
+    ("a"), inside which usleep ("b", held by a psql session) waits. Before
+    that wait the thread gives up "c" (kept only for linger_ms) but not
+    "a", which a running call holds: a waiter for "a" of another process
+    waits (not granted in pg_locks) until the holder's call has ended,
+    after psql frees "b". Control: "c" is given up, the same moment."""
+    settings = "linger_ms = 5000; handoff_ms = 5000; wait_ms = 20000;"
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "hold_call"; key = "a"; %s },\n'
+                    '  { symbol = "usleep"; key = "b"; %s },\n'
+                    '  { symbol = "other_call"; key = "c"; %s } );\n'
+                    % (settings, settings, settings))
+    psql = PsqlHolder(pg, "b")
+    try:
+        wait_for(lambda: advisory(pg, granted=True) == 1, what="psql holding b")
+        holder = procs([progs["driver"], "other:1", "call:100"], cfg)
+        assert holder.expect("other") == "other rc=2 errno=0"
+        assert holder.expect("enter") == "enter 100"
+        wait_for(lambda: advisory(pg, granted=False) == 1, what="the holder waiting for b")
+        # c given up: granted are a (the holder's call) and b (psql)
+        wait_for(lambda: advisory(pg, granted=True) == 2, what="c given up")
+        waiter = procs([progs["driver"], "call:0"], cfg)
+        wait_for(lambda: advisory(pg, granted=False) == 2, what="the waiter waiting for a")
+        assert advisory(pg, granted=True) == 2
+        r = run([progs["driver"], "other:1"], cfg)  # c is free
+        assert "other rc=2 errno=0" in r.stdout, r.stderr
+        assert holder.p.poll() is None and waiter.p.poll() is None
+        psql.free()
+        assert holder.expect("call") == "call rc=42 errno=0"
+        assert waiter.expect("enter") == "enter 0"
+    finally:
+        psql.close()
+    for p in (holder, waiter):
+        rc, _, err = p.finish()
+        assert rc == 0 and "still held" not in err and "failed" not in err, err
