@@ -39,6 +39,7 @@
 #define PG_WAIT_MAX_MS 3600000 /* one blocking wait at most (then asked again) */
 #define PG_KEYTEXT_MAX (2 * KEY_BUF_SIZE + 3)
 #define PG_PENDING_MAX 8       /* async releases in flight on a connection */
+#define PG_DEADLOCK_WARN_MS 10000 /* one deadlock line per process in this time */
 #define PG_PERMIT_WAIT_MS 200  /* a permit's waiter blocks on one permit this
 				* long at most, then tries them all again */
 
@@ -1245,12 +1246,35 @@ static int pg_release(struct backend_conn *c, const struct backend_item *it, int
 }
 
 /*
+ * Warns, at most once in PG_DEADLOCK_WARN_MS per process, that the server
+ * failed a wait on it's key as a deadlock: the session holds a key that
+ * the key's holder waits for (nested calls taking keys in opposite
+ * orders). The wait is refused, not an error: the session, and the locks
+ * of the calls running on it, stay; the waiter waits on until wait_ms.
+ */
+static void deadlock_warn(const struct backend_item *it)
+{
+	static _Atomic long long warned_ms;
+	long long now = now_ms(), last = atomic_load(&warned_ms);
+	char msg[600];
+
+	if ((last && now - last < PG_DEADLOCK_WARN_MS) ||
+	    !atomic_compare_exchange_strong(&warned_ms, &last, now) || !host || !host->warn)
+		return;
+	snprintf(msg, sizeof(msg), "postgres: the server found a deadlock waiting for %.*s: "
+		 "this session holds a key its holder waits for (calls nested in opposite "
+		 "orders); waiting on until wait_ms", (int)it->klen, it->key);
+	host->warn(msg);
+}
+
+/*
  * Blocks in the server on the lock of it's key for at most timeout_ms
  * (lock_timeout, set in the same statement), a permit's waiter on one
  * permit (in turn) for at most PG_PERMIT_WAIT_MS: GRANTED with the fence
  * when the release (or the holder's death) hands it over, NO at the
- * timeout, or when the checks after it refused (postgres_sql.h: given
- * back; the next acquire tries and says why).
+ * timeout, when the server failed it as a deadlock (deadlock_warn), or
+ * when the checks after it refused (postgres_sql.h: given back; the next
+ * acquire tries and says why).
  */
 static int pg_wait_locked(struct backend_conn *c, const struct backend_item *it,
 			  long long timeout_ms, long long *fence)
@@ -1296,6 +1320,11 @@ static int pg_wait_locked(struct backend_conn *c, const struct backend_item *it,
 	state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
 	if (state && strcmp(state, "55P03") == 0) { /* lock_not_available */
 		PQclear(r);
+		return BACKEND_NO;
+	}
+	if (state && strcmp(state, "40P01") == 0) { /* deadlock_detected */
+		PQclear(r);
+		deadlock_warn(it);
 		return BACKEND_NO;
 	}
 	rows_ok(c, r, "wait");

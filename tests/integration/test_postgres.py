@@ -1516,3 +1516,44 @@ def test_linger_outer_lock_of_a_running_call_stays_while_it_waits(procs, progs, 
     for p in (holder, waiter):
         rc, _, err = p.finish()
         assert rc == 0 and "still held" not in err and "failed" not in err, err
+
+
+@pytest.mark.timing
+def test_deadlock_of_nested_calls_keeps_the_running_calls_locks(procs, progs, pg, tmp_path):
+    """Process A's hold_call holds "a" and its usleep asks for "b"; B's
+    holds "b" and asks for "a" (two configs, the keys swapped), both let in
+    at once when a psql session holding both keys ends. The server's
+    deadlock detector (deadlock_timeout, 1 s) fails one of the inner waits:
+    a refusal, not an error, so that session and its outer lock stay (a
+    warn line names the deadlock) and the cycle lasts until wait_ms (4 s),
+    as with Redis: an inner call times out (on_timeout "skip"), no lock is
+    lost. Control (the build before, checked): the victim's session was
+    dropped with its outer lock, which its running call lost."""
+    def config(outer, inner):
+        (tmp_path / outer).mkdir()
+        return pg_config(tmp_path / outer, pg, 'locks = ( { symbol = "hold_call"; key = "%s"; '
+                         'wait_ms = 20000; },\n  { symbol = "usleep"; key = "%s"; '
+                         'wait_ms = 4000; on_timeout = "skip"; } );\n' % (outer, inner))
+    psql = PsqlHolder(pg, "a")
+    try:
+        psql.sql("SELECT pg_advisory_lock(hashtextextended('lockshim:b', 0));")
+        wait_for(lambda: advisory(pg, granted=True) == 2, what="psql holding a and b")
+        a = procs([progs["driver"], "call:300"], config("a", "b"))
+        b = procs([progs["driver"], "call:300"], config("b", "a"))
+        wait_for(lambda: advisory(pg, granted=False) == 2, what="both waiting")
+    finally:
+        psql.close()
+    for p in (a, b):
+        assert p.expect("enter") == "enter 300"
+    assert a.expect("call") == "call rc=42 errno=0"
+    assert b.expect("call") == "call rc=42 errno=0"
+    errs = [p.finish()[2] for p in (a, b)]
+    both = "".join(errs)
+    assert "found a deadlock waiting for lockshim:" in both, both
+    assert "still held by another owner" in both, both
+    assert " lost" not in both and "was not held any more" not in both, both
+    # an inner key is had only once the other side's timeout ended its call
+    # (the control: at the detector's 1 s, from the dropped session)
+    waited = [int(m) for m in re.findall(r"taken after waiting (\d+) ms", both)]
+    assert all(w >= 3000 for w in waited), both
+    wait_for(lambda: advisory(pg) == 0, what="released at exit")
