@@ -353,6 +353,17 @@ struct backend_ops {
 	 */
 	int (*holders)(struct backend_conn *c,
 		       void (*fn)(void *arg, const struct backend_holder *h), void *arg);
+	/*
+	 * Optional, for `lockshim unlock` where only its holder can give a
+	 * lock back (.release would find it not held): removes the holder of
+	 * it's key whose value is it's (as .holders reported it) by what that
+	 * takes (postgres: its session ended). The keys of the other locks
+	 * that go with it are written to also ("k1, k2"; "" none; cut to
+	 * alen). Returns BACKEND_OK removed, BACKEND_NO no such holder (any
+	 * more), BACKEND_ERR with errstr.
+	 */
+	int (*remove)(struct backend_conn *c, const struct backend_item *it, char *also,
+		      size_t alen);
 };
 
 /* Returns what log lines call ops's lock store (a static string): its

@@ -21,7 +21,7 @@ struct backend_ops;
 
 /* Raised whenever struct backend_ops, struct backend_item or a module's
  * settings struct changes: a module of another build is refused. */
-#define BACKEND_MODULE_ABI 5
+#define BACKEND_MODULE_ABI 6
 
 /* The stub's description of its module file. */
 struct backend_module_file {

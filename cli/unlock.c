@@ -2,17 +2,18 @@
 /*
  * unlock.c - `lockshim unlock [-c FILE] [--force] [--json] KEY`: removes the
  * current holder's lock of KEY exactly as its own release would; of a
- * holder set (a semaphore, shared holders), each holder's, one after the
- * other. The holders are read first (lockview.c); one alive on this
- * machine is refused (and kept) without --force. The removal is the
- * backend's release of that value with the built-in lock settings (KEY may
- * be no lock of the config) and the holder's limit and mode
- * (compare-and-delete: a newer holder is never removed; the head waiter
- * gets the lock at once, or is woken to take a freed place; with Redlock,
- * on every master), synchronous, with the longest waiter TTL of the
- * config's locks for a hand-off. A former holder finds its lease gone at
- * its next renewal (on_lost). Exit 0 every holder removed, 1 not held, one
- * refused or changed meanwhile, 69 unreachable, 78 config, 64 usage.
+ * holder set (a semaphore, shared holders), each holder's in turn. The
+ * holders are read first (lockview.c); one alive on this machine is
+ * refused (and kept) without --force. The removal is the backend's release
+ * of that value with the built-in lock settings (KEY may be no lock of the
+ * config), the holder's limit and mode and the config's longest waiter
+ * TTL (compare-and-delete: a newer holder is never removed; the head
+ * waiter gets the lock at once, or is woken to take a freed place; with
+ * Redlock, on every master); where only its holder can give a lock back,
+ * the backend's .remove (postgres: the holder's session ended, its other
+ * locks named). A former holder finds its lease gone at its next renewal
+ * (on_lost). Exit 0 every holder removed, 1 not held, one refused or
+ * changed meanwhile, 69 unreachable, 78 config, 64 usage.
  */
 #include <stdio.h>
 #include <string.h>
@@ -59,8 +60,9 @@ static int release_lease(const struct conf *cfg, const struct lv_lock *l,
 	return 0;
 }
 
-/* Runs the backend's release of l on c. Returns 0 removed, 1 not held
- * any more, 69 unreachable (said on stderr). */
+/* Runs the backend's removal of l on c (.remove, else its release),
+ * saying on stderr which other locks went with it. Returns 0 removed, 1
+ * not held any more, 69 unreachable (said on stderr). */
 static int remove_holder(const struct lockview *lv, struct backend_conn *c,
 			 const struct lv_lock *l)
 {
@@ -68,6 +70,7 @@ static int remove_holder(const struct lockview *lv, struct backend_conn *c,
 	struct backend_item it;
 	struct lock_spec spec;
 	struct lease lease;
+	char also[1024] = "";
 	int rc;
 
 	if (release_lease(lv->cfg, l, &spec, &lease) != 0) {
@@ -77,9 +80,12 @@ static int remove_holder(const struct lockview *lv, struct backend_conn *c,
 	}
 	it = renew_item(&lease);
 	it.turn_done = 1; /* a queued waiter gets it now, due or not */
-	rc = ops->release(c, &it, 0);
+	rc = ops->remove ? ops->remove(c, &it, also, sizeof(also)) : ops->release(c, &it, 0);
 	if (rc == BACKEND_ERR)
-		log_stderr("release: %s", ops->errstr(c));
+		log_stderr("%s: %s", ops->remove ? "remove" : "release", ops->errstr(c));
+	else if (rc == BACKEND_OK && also[0])
+		log_stderr("%.*s: these locks of the same holder went with it: %s", (int)l->klen,
+			   l->key, also);
 	conf_fields_release(conf_lock_fields, &spec);
 	return rc == BACKEND_OK ? 0 : rc == BACKEND_NO ? 1 : EX_UNAVAILABLE;
 }

@@ -1767,6 +1767,101 @@ out:
 	return rc;
 }
 
+/* Returns the length of the owner record rec[0..n) without its since
+ * field (owner_of puts the session's last statement's start there), its
+ * program part moved up in place. */
+static size_t owner_no_since(char *rec, size_t n)
+{
+	char *prog = memrchr(rec, ':', n), *since;
+
+	since = prog && prog > rec ? memrchr(rec, ':', (size_t)(prog - rec)) : NULL;
+	if (!since)
+		return n;
+	memmove(since, prog, n - (size_t)(prog - rec));
+	return n - (size_t)(prog - since);
+}
+
+/* Returns the server pid of the session holding it's key with it's value
+ * (as pg_holders reports them; the since field, which moves with the
+ * session's statements, aside), 0 when none does, -1 with c->err. Holds
+ * c->mu. */
+static int holder_pid(struct backend_conn *c, const struct backend_item *it)
+{
+	char val[PG_OWNER_MAX + 1], want[BACKEND_VAL_MAX + 1];
+	size_t wlen = it->vlen < sizeof(want) ? it->vlen : sizeof(want) - 1;
+	PGresult *r;
+	int pid = 0;
+
+	memcpy(want, it->val, wlen);
+	wlen = owner_no_since(want, wlen);
+
+	if (session_up(c) != BACKEND_OK ||
+	    !(r = run(c, sql_holders, 0, NULL, c->bc->spec->command_timeout_ms, "unlock")))
+		return -1;
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		snprintf(c->err, sizeof(c->err), "unlock: %s", PQresultErrorMessage(r));
+		c->err[strcspn(c->err, "\n")] = 0;
+		PQclear(r);
+		return -1;
+	}
+	for (int i = 0; i < PQntuples(r) && !pid; i++)
+		if ((size_t)PQgetlength(r, i, PG_H_KEY) == it->klen &&
+		    !memcmp(PQgetvalue(r, i, PG_H_KEY), it->key, it->klen) &&
+		    PQgetvalue(r, i, PG_H_GRANTED)[0] == 't' &&
+		    owner_no_since(val, owner_of(r, i, val)) == wlen && !memcmp(val, want, wlen))
+			pid = atoi(PQgetvalue(r, i, PG_H_PID));
+	PQclear(r);
+	return pid;
+}
+
+/*
+ * .remove (lockshim unlock): an advisory lock can be given back only by
+ * its session, so the session holding it's key with it's value is ended
+ * (pg_terminate_backend, waited for up to command_timeout_ms): every lock
+ * it holds goes, their keys written to also. Its holder finds the session
+ * gone at its next renewal (on_lost). Returns BACKEND_OK, BACKEND_NO (no
+ * such holder any more) or BACKEND_ERR with c->err (a role that may not
+ * end the session: the server's words).
+ */
+static int pg_remove(struct backend_conn *c, const struct backend_item *it, char *also,
+		     size_t alen)
+{
+	char pid[16], wait[24];
+	const char *v[3];
+	PGresult *r;
+	int rc = BACKEND_ERR, p;
+
+	also[0] = 0;
+	pthread_mutex_lock(&c->mu);
+	if ((p = holder_pid(c, it)) <= 0) {
+		pthread_mutex_unlock(&c->mu);
+		return p ? BACKEND_ERR : BACKEND_NO;
+	}
+	snprintf(pid, sizeof(pid), "%d", p);
+	snprintf(wait, sizeof(wait), "%d", c->bc->spec->command_timeout_ms);
+	v[0] = pid;
+	v[1] = key_text(c, it);
+	v[2] = wait;
+	if (!(r = run(c, sql_remove_also, 2, v, c->bc->spec->command_timeout_ms, "unlock")))
+		goto out;
+	if (rows_ok(c, r, "unlock") && !PQgetisnull(r, 0, 0))
+		snprintf(also, alen, "%s", PQgetvalue(r, 0, 0));
+	PQclear(r);
+	if (!(r = run(c, sql_remove, 3, v, 2LL * c->bc->spec->command_timeout_ms, "unlock")))
+		goto out;
+	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 0)
+		rc = BACKEND_NO;
+	else if (rows_ok(c, r, "unlock: pg_terminate_backend"))
+		rc = PQgetvalue(r, 0, 0)[0] == 't' ? BACKEND_OK : BACKEND_ERR;
+	if (rc == BACKEND_ERR && PQresultStatus(r) == PGRES_TUPLES_OK)
+		snprintf(c->err, sizeof(c->err), "unlock: the session of server pid %d did not "
+			 "end within %d ms", p, c->bc->spec->command_timeout_ms);
+	PQclear(r);
+out:
+	pthread_mutex_unlock(&c->mu);
+	return rc;
+}
+
 static const struct backend_ops pg_ops = {
 	.name = "postgres",
 	/* a waiter's one blocking pg_advisory_lock ends at the release: it is
@@ -1774,10 +1869,7 @@ static const struct backend_ops pg_ops = {
 	 * server's queue); a caller refused once leaves nothing queued */
 	.watched = 1,
 	.store = "PostgreSQL",
-	.unlock_why = "unlock: not with backend \"postgres\": an advisory lock is its holder's "
-		      "session's; end that session (pg_terminate_backend(pid), the pid from "
-		      "pg_locks) or stop its holder",
-	/* .settings: the core's group (backend_init sets it in its copy) */
+		/* .settings: the core's group (backend_init sets it in its copy) */
 	.serves = pg_serves,
 	.config_new = pg_config_new,
 	.config_free = pg_config_free,
@@ -1796,6 +1888,7 @@ static const struct backend_ops pg_ops = {
 	.errstr = pg_errstr,
 	.ping = pg_ping,
 	.holders = pg_holders,
+	.remove = pg_remove,
 };
 
 __attribute__((visibility("default")))

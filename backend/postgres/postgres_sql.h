@@ -246,6 +246,23 @@ static const char sql_holders[] =
 	"JOIN l w ON NOT w.granted AND w.objsubid = 1 AND w.id = hashtextextended(p.key, i) "
 	PG_H_SESSION("w") "ORDER BY 1, 2 DESC, 7, 8";
 enum { PG_H_KEY, PG_H_GRANTED, PG_H_MODE, PG_H_OWNER, PG_H_SINCE, PG_H_LIMIT };
+enum { PG_H_PID = 7 };
+/*
+ * unlock (pg_remove), $1 a holder's server pid, $2 its key: the keys of
+ * the other locks its session holds (NULL: none), then the session ended
+ * (pg_terminate_backend, waiting $3 ms for it) only while it still holds
+ * $2: no row when it does not.
+ */
+#define PG_HELD_BY(P) "FROM pg_locks l WHERE l.pid = " P " AND l.locktype = 'advisory' AND " \
+	"l.granted AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database WHERE " \
+	"datname = current_database())"
+static const char sql_remove_also[] =
+	"SELECT string_agg(k.key, ', ' ORDER BY k.key) FROM lockshim_keys k WHERE k.key <> $2 "
+	"AND k.id IN (SELECT (l.classid::bigint << 32) | l.objid::bigint " PG_HELD_BY("$1::int")
+	")";
+static const char sql_remove[] =
+	"SELECT pg_terminate_backend(l.pid, $3::bigint) " PG_HELD_BY("$1::int")
+	" AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended($2, 0) LIMIT 1";
 
 /* The statements a session prepares (prepare_statements: the fenced
  * variants when the sequence is usable, else the others, under the same

@@ -135,7 +135,7 @@ BACKENDS = [
             ("libssl", "libcrypto", "libgssapi", "libldap", "libkrb5", "libk5crypto",
              "libsasl2"),
             pg_config, pg_held, counter=pg_fence,
-            fences_seen=lambda pg, fences: fences[-1] == pg_fence(pg), lacks=("unlock",)),
+            fences_seen=lambda pg, fences: fences[-1] == pg_fence(pg), lacks=()),
     Backend("zookeeper", zk_support, zk_support.ZookeeperServer, "libzookeeper",
             "libzookeeper_mt.so", "libzookeeper-mt2", (), zk_config, zk_held, keys=zk_keys,
             lacks=("unlock",)),

@@ -1557,3 +1557,51 @@ def test_deadlock_of_nested_calls_keeps_the_running_calls_locks(procs, progs, pg
     waited = [int(m) for m in re.findall(r"taken after waiting (\d+) ms", both)]
     assert all(w >= 3000 for w in waited), both
     wait_for(lambda: advisory(pg) == 0, what="released at exit")
+
+
+# ---- unlock: the holder's session ended (pg_remove) -------------------------------
+
+def test_unlock_refuses_a_live_holder_then_ends_its_session(bg, worker_progs, pg, tmp_path):
+    """Without --force a holder alive on this host is kept (exit 1, its lock
+    untouched); with --force its session is ended (only a session can give
+    its advisory lock back): the waiter enters at once, and the holder,
+    whose renewal pings that session, reports the loss. Control: a second
+    unlock finds nothing held (1)."""
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "block_call"; key = "ublk"; '
+                    'lease_ms = 6000; wait_ms = 60000; } );\n')
+    h = bg([worker_progs["block"]], cfg)
+    h.expect("enter")
+    w = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: advisory(pg, granted=False) == 1, what="the waiter queued")
+    r = run([CLI, "unlock", "-c", cfg, "ublk"])
+    assert r.returncode == 1 and "alive" in r.stderr and "pid %d" % h.p.pid in r.stderr, \
+        r.stderr
+    assert (advisory(pg, granted=True), advisory(pg, granted=False)) == (1, 1)
+    r = run([CLI, "unlock", "-c", cfg, "--force", "--json", "ublk"])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["pid"] == h.p.pid
+    w.expect("enter")
+    wait_for(lambda: "was lost" in h.stderr(), timeout=10 * MULT,
+             what="the former holder's on_lost")
+    r = run([CLI, "unlock", "-c", cfg, "--force", "nothing-here"])
+    assert r.returncode == 1 and "is not held" in r.stderr, r.stderr
+    for p in (h, w):
+        p.send()
+        p.expect("call rc=42")
+
+
+def test_unlock_names_the_locks_that_go_with_the_session(procs, progs, pg, tmp_path):
+    """hold_call ("ua") is inside usleep ("ub"): one session holds both, so
+    `unlock --force ua` frees ub too, and says so; nothing is left held."""
+    cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "hold_call"; key = "ua"; },\n'
+                    '  { symbol = "usleep"; key = "ub"; } );\n')
+    h = procs([progs["driver"], "call:30000"], cfg)
+    assert h.expect("enter") == "enter 30000"
+    wait_for(lambda: advisory(pg, granted=True) == 2, what="ua and ub held")
+    r = run([CLI, "unlock", "-c", cfg, "--force", "ua"])
+    assert r.returncode == 0 and r.stdout.startswith("removed ua  held by "), \
+        (r.stdout, r.stderr)
+    assert "lockshim:ua: these locks of the same holder went with it: lockshim:ub" \
+        in r.stderr, r.stderr
+    wait_for(lambda: advisory(pg) == 0, what="both freed")
+    h.kill()
