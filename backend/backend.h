@@ -207,6 +207,11 @@ struct backend_ops {
 	 * host->lost_all: zookeeper's session expiry), so renew.c lists its
 	 * leaseless locks (never renewing them) to report them. */
 	int reports_lost;
+	/* 1: a lock past max_hold_ms under on_overrun "log" is released at
+	 * once (renew.c, overrun_release), as a leaseless backend's is, rather
+	 * than left to expire: postgres, whose lease is its whole session's
+	 * (one overrun lock would end the session's other locks with it). */
+	int overrun_release;
 	/* 1: .count only touches this machine (local's files): a leaseless
 	 * process ships its counts at a release, about once a second, rather
 	 * than start a thread for them (which a leaseless backend without it

@@ -34,9 +34,10 @@
  * renewed, and the thread starts only for max_hold_ms and linger_ms, for
  * on_lost "kill"'s SIGKILL after kill_grace_ms, or to ship counts (unless
  * .count_inline: then a release ships them, ship_at_release). Its overrun
- * (overrun_leaseless) under on_overrun "log" releases the lock at the
- * deadline, as a Redis lock whose renewal stops expires; under "kill" and
- * "abort" the process's death frees it.
+ * (overrun_release; also a backend's with .overrun_release) under
+ * on_overrun "log" releases the lock at the deadline, as a Redis lock
+ * whose renewal stops expires; under "kill" and "abort" the process's
+ * death frees it.
  *
  * Lease states: HELD -> LOST when Redis says the key is gone or someone
  * else's, or when Redis stayed unreachable for a whole lease since the last
@@ -268,17 +269,19 @@ static int64_t first_renew_us(const struct lease *l, long long ttl_ms)
 }
 
 /*
- * What "renewal stopped" means for leaseless l past max_hold_ms (a kernel
- * lock has no lease to run out): under on_overrun "log" the lock is
- * released now, on the thread's connection, so others may enter while the
- * call runs on (as a Redis lock expires); under "kill" it is kept until
- * the process dies (kill_grace_ms at most), and the kernel frees it then.
- * The call's own release later finds nothing to release. Holds mu: a
- * kernel lock's release is two system calls, no round trip.
+ * What "renewal stopped" means for l past max_hold_ms when its backend is
+ * leaseless (a kernel lock has no lease to run out) or says .overrun_release
+ * (postgres: a lease is a whole session's): under on_overrun "log" the lock
+ * is released now, on the thread's connection, so others may enter while
+ * the call runs on (as a Redis lock expires); under "kill" it is kept until
+ * the process dies (kill_grace_ms at most), which frees it. The call's own
+ * release later finds nothing to release. Holds mu: a kernel lock's release
+ * is two system calls, postgres's one statement sent without waiting.
  */
-static void overrun_leaseless(struct lease *l)
+static void overrun_release(struct lease *l)
 {
-	if (backend->ops->leaseless && l->spec->on_overrun == HOLD_LOG)
+	if ((backend->ops->leaseless || backend->ops->overrun_release) &&
+	    l->spec->on_overrun == HOLD_LOG)
 		renew_release(&conn, l, 1, 0, "max_hold_ms");
 }
 
@@ -330,7 +333,7 @@ static int collect_due(int64_t now, struct lease *batch, int64_t *wake)
 			l->state = LEASE_OVERRUN;
 			count_add(s, MC_OVERRUNS);
 			act(l, s->on_overrun, "exceeded max_hold_ms; renewal stopped");
-			overrun_leaseless(l);
+			overrun_release(l);
 			continue;
 		}
 		if (s->max_hold_ms && max_hold_end < *wake)

@@ -1868,6 +1868,8 @@ static const struct backend_ops pg_ops = {
 	 * not sent again every retry_max_ms (and keeps its place in the
 	 * server's queue); a caller refused once leaves nothing queued */
 	.watched = 1,
+	/* an overrun lock goes at once, on its session; its other locks stay */
+	.overrun_release = 1,
 	.store = "PostgreSQL",
 		/* .settings: the core's group (backend_init sets it in its copy) */
 	.serves = pg_serves,
