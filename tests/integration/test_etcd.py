@@ -38,7 +38,7 @@ from support.etcd_secure import ROOT_PASSWORD, SecureEtcd, make_certs
 from support.process import cpu_ticks
 from support.proxy import Proxy
 from support.scenarios import (limit_bounds_the_holders, limit_mismatch_refused,
-                                refused_setting, scrape, val)
+                                refused_setting, scrape, unlock_refuses_then_forces, val)
 from support.secure import NOBODY, NOGROUP, Layout
 from support.server import call_failed, serving
 from support.sets import lock_cli, readers_overlap_writers_alone, replay, set_waiter_woken, \
@@ -659,27 +659,10 @@ def test_unlock_refuses_a_live_holder_then_forces_it(bg, worker_progs, etcd, tmp
     the holder's lease would have ended, and the holder reports the loss at
     its next keepalive. Control: a second unlock finds nothing held (1)."""
     cfg = etcd_config(tmp_path, etcd, BLOCK_LOCK % (30000, "lease_ms = 10000;"))
-    h = bg([worker_progs["block"]], cfg)
-    h.expect("enter")
-    w = bg([worker_progs["block"]], cfg)
-    wait_for(lambda: len(etcd.keys()) == 2, what="the waiter's key")
-    r = run([CLI, "unlock", "-c", cfg, "blk"])
-    assert r.returncode == 1 and "alive" in r.stderr and "pid %d" % h.p.pid in r.stderr, \
-        r.stderr
-    assert len(etcd.keys()) == 2
-    t0 = time.monotonic()
-    r = run([CLI, "unlock", "-c", cfg, "--force", "--json", "blk"])
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["pid"] == h.p.pid
-    w.expect("enter")
-    assert time.monotonic() - t0 < 5 * MULT  # the release's watch, not the 10 s lease
-    wait_for(lambda: "was lost" in h.stderr(), timeout=10 * MULT,
-             what="the former holder's on_lost")
-    r = run([CLI, "unlock", "-c", cfg, "--force", "nothing-here"])
-    assert r.returncode == 1 and "is not held" in r.stderr, r.stderr
-    for p in (h, w):
-        p.send()
-        p.expect("call rc=42")
+    took = unlock_refuses_then_forces(bg, worker_progs, cfg, "blk",
+                                      lambda: len(etcd.keys()) == 2,
+                                      lambda: len(etcd.keys()) == 2)
+    assert took < 5 * MULT  # the release's watch, not the 10 s lease
 
 
 def test_unlock_of_a_dead_holder_needs_no_force(bg, worker_progs, etcd, tmp_path):

@@ -34,7 +34,8 @@ from support.postgres import PostgresServer, skip_reason
 from support.process import cpu_ticks
 from support.secure import NOBODY, NOGROUP, Layout
 from support.scenarios import (METRICS_LOCK, assert_mismatch, limit_bounds_the_holders,
-                                refused_setting, scrape, val)
+                                opposite_orders_finish, refused_setting, scrape,
+                                unlock_refuses_then_forces, val)
 from support.sets import readers_overlap_writers_alone, replay, writer_behind_readers
 from support.sets import start as start_sets
 from support.server import serving
@@ -1461,22 +1462,10 @@ def test_linger_opposite_orders_do_not_wait_for_each_other(procs, progs, own_pg,
     own_pg.psql("SELECT pg_reload_conf()")
     settings = "linger_ms = 5000; handoff_ms = 5000; wait_ms = 20000;"
     cfg = pg_config(tmp_path, own_pg, ORDERS_LOCKS % (settings, settings))
-    a = procs([progs["driver"], "call:0", "stdin", "other:1"], cfg)
-    assert a.expect("call") == "call rc=42 errno=0"
-    b = procs([progs["driver"], "other:1", "stdin", "call:0"], cfg)
-    assert b.expect("other") == "other rc=2 errno=0"
-    assert advisory(own_pg, granted=True) == 2  # k1 kept by A, k2 by B
-    t0 = time.monotonic()
-    a.send()
-    b.send()
-    assert a.expect("other") == "other rc=2 errno=0"
-    assert b.expect("call") == "call rc=42 errno=0"
-    took = time.monotonic() - t0
-    assert took < 10, took
-    for p in (a, b):
-        rc, _, err = p.finish()
-        assert rc == 0, err
-        assert "deadlock detected" not in err and "still held" not in err, err
+    # k1 kept by A, k2 by B
+    for err in opposite_orders_finish(progs, procs, cfg,
+                                      lambda: advisory(own_pg, granted=True) == 2):
+        assert "deadlock detected" not in err, err
     wait_for(lambda: advisory(own_pg) == 0, what="released at exit")
 
 
@@ -1569,25 +1558,9 @@ def test_unlock_refuses_a_live_holder_then_ends_its_session(bg, worker_progs, pg
     unlock finds nothing held (1)."""
     cfg = pg_config(tmp_path, pg, 'locks = ( { symbol = "block_call"; key = "ublk"; '
                     'lease_ms = 6000; wait_ms = 60000; } );\n')
-    h = bg([worker_progs["block"]], cfg)
-    h.expect("enter")
-    w = bg([worker_progs["block"]], cfg)
-    wait_for(lambda: advisory(pg, granted=False) == 1, what="the waiter queued")
-    r = run([CLI, "unlock", "-c", cfg, "ublk"])
-    assert r.returncode == 1 and "alive" in r.stderr and "pid %d" % h.p.pid in r.stderr, \
-        r.stderr
-    assert (advisory(pg, granted=True), advisory(pg, granted=False)) == (1, 1)
-    r = run([CLI, "unlock", "-c", cfg, "--force", "--json", "ublk"])
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["pid"] == h.p.pid
-    w.expect("enter")
-    wait_for(lambda: "was lost" in h.stderr(), timeout=10 * MULT,
-             what="the former holder's on_lost")
-    r = run([CLI, "unlock", "-c", cfg, "--force", "nothing-here"])
-    assert r.returncode == 1 and "is not held" in r.stderr, r.stderr
-    for p in (h, w):
-        p.send()
-        p.expect("call rc=42")
+    unlock_refuses_then_forces(
+        bg, worker_progs, cfg, "ublk", lambda: advisory(pg, granted=False) == 1,
+        lambda: (advisory(pg, granted=True), advisory(pg, granted=False)) == (1, 1))
 
 
 def test_unlock_names_the_locks_that_go_with_the_session(procs, progs, pg, tmp_path):

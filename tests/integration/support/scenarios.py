@@ -19,7 +19,13 @@ own server or build of a program.
 - scrape, parse and val read `lockshim metrics` (test_metrics.py);
   metrics_counts_and_gauges runs it over a backend that keeps the counts
   its own way (test_modules.py for each module, test_local.py).
+- opposite_orders_finish: two processes keeping one key each (linger_ms)
+  ask for the other's and both finish (test_linger.py, test_postgres.py).
+- unlock_refuses_then_forces: `lockshim unlock` keeps a live holder of
+  this host without --force and removes it with it (test_etcd.py,
+  test_postgres.py).
 """
+import json
 import os
 import signal
 import subprocess
@@ -276,3 +282,62 @@ def metrics_counts_and_gauges(progs, procs, config, waiters=True):
     live.send()
     assert live.finish()[0] == 0
     assert val(scrape(config), "lockshim_calls_total", "hold_call", "live") == 2
+
+
+# ---- kept locks, unlock --------------------------------------------------------
+
+def opposite_orders_finish(progs, procs, cfg, kept):
+    """Process A calls hold_call then other_call, B the reverse (the
+    driver), each keeping its first key (cfg's linger_ms) when it asks for
+    its second; kept() says both are kept, as the store shows them. Both
+    must end within 10 s (far below their wait_ms), neither timed out.
+    Returns their stderr texts."""
+    a = procs([progs["driver"], "call:0", "stdin", "other:1"], cfg)
+    assert a.expect("call") == "call rc=42 errno=0"
+    b = procs([progs["driver"], "other:1", "stdin", "call:0"], cfg)
+    assert b.expect("other") == "other rc=2 errno=0"
+    assert kept()
+    t0 = time.monotonic()
+    a.send()
+    b.send()
+    assert a.expect("other") == "other rc=2 errno=0"
+    assert b.expect("call") == "call rc=42 errno=0"
+    took = time.monotonic() - t0
+    assert took < 10, took
+    errs = []
+    for p in (a, b):
+        rc, _, err = p.finish()
+        assert rc == 0 and "still held" not in err, err
+        errs.append(err)
+    return errs
+
+
+def unlock_refuses_then_forces(bg, worker_progs, cfg, key, queued, untouched):
+    """A holder of key (worker_progs' block) and a waiter (queued() once it
+    waits): `unlock` without --force keeps the holder alive on this host
+    (exit 1, naming its pid; untouched() checks the store), with --force
+    removes it (its JSON object: the holder's pid): the waiter enters, and
+    the holder reports the loss at its next renewal. Control: a second
+    unlock finds nothing held (1). Both calls then end."""
+    h = bg([worker_progs["block"]], cfg)
+    h.expect("enter")
+    w = bg([worker_progs["block"]], cfg)
+    wait_for(queued, what="the waiter queued")
+    r = run([CLI, "unlock", "-c", cfg, key])
+    assert r.returncode == 1 and "alive" in r.stderr and "pid %d" % h.p.pid in r.stderr, \
+        r.stderr
+    assert untouched()
+    r = run([CLI, "unlock", "-c", cfg, "--force", "--json", key])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["pid"] == h.p.pid
+    t0 = time.monotonic()
+    w.expect("enter")
+    took = time.monotonic() - t0
+    wait_for(lambda: "was lost" in h.stderr(), timeout=10 * MULT,
+             what="the former holder's on_lost")
+    r = run([CLI, "unlock", "-c", cfg, "--force", "nothing-here"])
+    assert r.returncode == 1 and "is not held" in r.stderr, r.stderr
+    for p in (h, w):
+        p.send()
+        p.expect("call rc=42")
+    return took
