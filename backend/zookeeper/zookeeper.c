@@ -13,6 +13,8 @@
  * is the lease; its expiry loses every lock, reported at once
  * (host->lost_all), and so does a disconnection that outlasts its
  * timeout (presumed expired: cut_timer, a thread only while cut off).
+ * One handle at a time: an ended session's is closed before the next is
+ * made (the library's handles share static buffers).
  * Requests are asynchronous, each bounded by command_timeout_ms; a
  * delete lost with its connection is sent again.
  * Metrics: a persistent znode per host under <root>/.metrics, added to
@@ -123,6 +125,7 @@ static struct {
 	char fired[ZK_FIRED][ZK_PATH_MAX + ZK_NAME_MAX];
 	int expired;
 	int losing;               /* lost_all running for the ended session */
+	int busy;                 /* a thread makes or closes the handle: others wait */
 	int up;                   /* connected (ZOO_CONNECTED_STATE seen) */
 	int cut;                  /* disconnected after being up: cut_timer runs ... */
 	long long cut_until;      /* ... until this moment (monotonic ms) ... */
@@ -196,6 +199,7 @@ static void sess_child(void)
 	sess.zh = NULL;
 	sess.pending = 0;
 	sess.losing = 0;
+	sess.busy = 0; /* the parent's thread making or closing is not here */
 	sess.up = sess.cut = sess.timer = 0; /* the parent's timer is not here */
 	sess.gen++;
 	while (*pp) { /* the parent's deletes in flight: not the child's to answer */
@@ -407,34 +411,65 @@ static void log_none(const char *msg)
 }
 
 /*
+ * Closes zh, the process's handle (sess.zh, forgotten here) or the one
+ * sess_get could not connect, with sess.busy set: no thread makes another
+ * before it is completely closed, because libzookeeper-mt formats its
+ * endpoint text in a static buffer (format_endpoint_info) that two
+ * handles' I/O threads would race on. Called and returns with sess.mu
+ * held, which it releases across zookeeper_close: that joins the
+ * library's threads, whose watcher (sess_watch) and completions take it.
+ */
+static void sess_close_locked(zhandle_t *zh)
+{
+	if (sess.zh == zh)
+		sess.zh = NULL;
+	sess.busy = 1;
+	pthread_mutex_unlock(&sess.mu);
+	zookeeper_close(zh);
+	pthread_mutex_lock(&sess.mu);
+	sess.busy = 0;
+	pthread_cond_broadcast(&sess.cv);
+}
+
+/*
  * Returns the process's session, made (or made again after an expiry or a
  * fork) and connected within connect_timeout_ms; with its generation in
- * *gen. NULL with c->err set.
+ * *gen. NULL with c->err set. An ended session's handle is closed before
+ * the next is made (sess_close_locked); while one thread makes or closes
+ * (sess.busy), or reports an end (sess.losing), the others wait.
  */
 static zhandle_t *sess_get(struct backend_conn *c, unsigned *gen)
 {
 	const struct zookeeper_spec *z = c->bc->spec;
-	zhandle_t *zh, *old = NULL;
 	long long deadline;
+	zhandle_t *zh;
 
 	pthread_once(&sess_once, sess_setup);
 	pthread_mutex_lock(&sess.mu);
-	if (sess.zh && !sess.expired && sess.pid == getpid()) {
-		zh = sess.zh;
-		*gen = sess.gen;
-		pthread_mutex_unlock(&sess.mu);
-		return zh;
+	for (;;) {
+		int ours = sess.pid == getpid();
+
+		if (ours && sess.zh && !sess.expired) {
+			zh = sess.zh;
+			*gen = sess.gen;
+			pthread_mutex_unlock(&sess.mu);
+			return zh;
+		}
+		if (ours && (sess.losing || sess.busy))
+			pthread_cond_wait(&sess.cv, &sess.mu);
+		else if (ours && sess.zh)
+			sess_close_locked(sess.zh);
+		else
+			break;
 	}
-	while (sess.losing && sess.pid == getpid())
-		pthread_cond_wait(&sess.cv, &sess.mu);
-	if (sess.zh && sess.pid == getpid())
-		old = sess.zh;
-	sess.zh = NULL;
 	sess.expired = 0;
 	sess.up = sess.cut = 0; /* a live cut_timer leaves (it serves the new one) */
+	sess.busy = 1;
 	zh = zookeeper_init2(z->hosts, sess_watch, z->session_timeout_ms, NULL, NULL,
 			     ZOO_NO_LOG_CLIENTENV, log_none);
 	if (!zh) {
+		sess.busy = 0;
+		pthread_cond_broadcast(&sess.cv);
 		pthread_mutex_unlock(&sess.mu);
 		snprintf(c->err, sizeof(c->err), "cannot start a ZooKeeper session with %s: %s",
 			 z->hosts, strerror(errno));
@@ -451,20 +486,17 @@ static zhandle_t *sess_get(struct backend_conn *c, unsigned *gen)
 	while (zoo_state(zh) != ZOO_CONNECTED_STATE && !sess.expired &&
 	       cond_wait_until(&sess.cv, &sess.mu, deadline) != ETIMEDOUT)
 		;
+	sess.busy = 0;
 	if (zoo_state(zh) != ZOO_CONNECTED_STATE) {
-		sess.zh = NULL;
+		sess_close_locked(zh);
 		pthread_mutex_unlock(&sess.mu);
-		zookeeper_close(zh);
-		if (old)
-			zookeeper_close(old);
 		snprintf(c->err, sizeof(c->err), "no ZooKeeper session with %s within %d ms "
 			 "(zookeeper.connect_timeout_ms)", z->hosts, z->connect_timeout_ms);
 		return NULL;
 	}
 	*gen = sess.gen;
+	pthread_cond_broadcast(&sess.cv);
 	pthread_mutex_unlock(&sess.mu);
-	if (old)
-		zookeeper_close(old);
 	return zh;
 }
 
@@ -1556,16 +1588,10 @@ static int zk_leave(struct backend_conn *c, const struct backend_item *it, int a
  */
 static void sess_close_ended(void)
 {
-	zhandle_t *old = NULL;
-
 	pthread_mutex_lock(&sess.mu);
-	if (sess.zh && sess.expired && !sess.losing && sess.pid == getpid()) {
-		old = sess.zh;
-		sess.zh = NULL;
-	}
+	if (sess.zh && sess.expired && !sess.losing && !sess.busy && sess.pid == getpid())
+		sess_close_locked(sess.zh);
 	pthread_mutex_unlock(&sess.mu);
-	if (old)
-		zookeeper_close(old);
 }
 
 /*

@@ -1402,3 +1402,51 @@ def test_control_cut_off_shorter_than_the_session_timeout_is_not_lost(bg, worker
         assert holder.wait() == 0
         assert "lease on" not in holder.stderr() and "ZooKeeper session" not in holder.stderr()
         assert zk.children(BLK) == []
+
+
+# ---- one handle at a time (Z7) -----------------------------------------------------
+
+def test_presumed_expiry_closes_the_old_handle_before_the_next_session(bg, worker_progs, zk,
+                                                                       tmp_path):
+    """A waiter cut off from its member (a proxy black-holes its connection)
+    presumes its session expired (the session timeout after its last reply)
+    while it waits; woken by that, it tries new sessions, still cut off,
+    each failing at connect_timeout_ms (lock.c retries the error). Let
+    through, it makes one, queues again and enters at the holder's release.
+    The old handle is closed before the new one is made: libzookeeper-mt
+    formats its endpoint text in a static buffer, which two live handles'
+    threads race on (under LOCKSHIM_TEST_TSAN a build that makes the new
+    session first and closes the old one afterwards reports that race
+    here)."""
+    d = tmp_path / "direct"
+    d.mkdir()
+    body = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = 60000; '
+            'on_timeout = "skip"; on_error = "skip"; } );\n')
+    holder = bg([worker_progs["block"], "stay"], zk_config(d, zk, body))
+    holder.expect("enter")
+    with Proxy(zk.port) as px:
+        cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
+                           '"127.0.0.1:%d"; session_timeout_ms = 3000; command_timeout_ms = '
+                           '500; connect_timeout_ms = 1500; };\n%s' % (px.port, body))
+        waiter = bg([worker_progs["block"], "stay"], cfg)
+        wait_for(lambda: len(zk.children(BLK)) == 2, timeout=30, what="the waiter's znode")
+        px.set_mode(BLACK_HOLE)
+        wait_for(lambda: "no ZooKeeper session with" in waiter.stderr(), timeout=30,
+                 what="a new session tried after the presumed expiry")
+        err = waiter.stderr()
+        assert "presumed expired" in err and waiter.p.poll() is None, err
+        wait_for(lambda: len(zk.children(BLK)) == 1, timeout=10 * MULT,
+                 what="the waiter's znode gone with its session")
+        px.set_mode(PASS)
+        wait_for(lambda: len(zk.children(BLK)) == 2, timeout=30,
+                 what="the waiter queued again in its new session")
+        holder.send()
+        holder.expect("call rc=42")
+        waiter.expect("enter", timeout=30)
+        waiter.send()
+        assert waiter.expect("call").startswith("call rc=42"), waiter.stderr()
+        waiter.send("bye")
+        assert waiter.wait(timeout=30 * MULT) == 0, waiter.stderr()
+    holder.send("bye")
+    assert holder.wait() == 0
+    assert zk.children(BLK) == []
