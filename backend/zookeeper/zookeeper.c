@@ -183,6 +183,26 @@ static int cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, long long de
 	return pthread_cond_timedwait(cv, mu, &ts);
 }
 
+/* How the live connection broke, by the library's last ERROR line before
+ * its disconnection (log_break): its give-up for silence, or another
+ * error (a refusal, a reset, an end of stream); 0: no line (logging off).
+ * Atomic, not under sess.mu: zookeeper_init2, called under it, may log. */
+enum { ZK_BREAK_SILENT = 1, ZK_BREAK_ERROR };
+static atomic_int zk_break;
+
+/* The library's log lines go nowhere (they would be the program's
+ * stderr); an ERROR line ("...:ZOO_ERROR@function@line: text") is kept
+ * as the cause of a break (zk_break): "timed out (exceeded timeout by"
+ * is the give-up after 2/3 of the timeout without a reply, anything else
+ * an error. Runs in the library's I/O thread. */
+static void log_break(const char *msg)
+{
+	if (!strstr(msg, ":ZOO_ERROR@"))
+		return;
+	atomic_store(&zk_break, strstr(msg, " timed out (exceeded timeout by ") ?
+		     ZK_BREAK_SILENT : ZK_BREAK_ERROR);
+}
+
 /* ---- the session ---------------------------------------------------------- */
 
 /* In a fork child: the parent's session is not ours (its threads are not
@@ -308,11 +328,15 @@ static void *cut_timer(void *arg)
 /*
  * At a disconnection of the live session zh (ZOO_CONNECTING_STATE after
  * ZOO_CONNECTED_STATE): arms the deadline of its presumed expiry, its
- * negotiated timeout T after its last reply. The library pings after T/3
- * without sending and gives a connection up after 2/3 T without a reply,
- * so that reply came at most 2/3 T ago: the deadline is now + T - 2/3 T
- * (the moment the ensemble may expire it, never later; earlier only after
- * a connection broken by an error rather than by silence). Starts
+ * negotiated timeout T after its last reply, the earliest moment the
+ * ensemble may expire it (it counts T from when it last heard from us).
+ * That reply's time is the library's (private), so it is bounded by what
+ * broke the connection (zk_break): given up for silence, the library's
+ * 2/3 T without a reply, it came 2/3 T ago (deadline now + T/3); broken
+ * by an error (a member killed: a reset, a refusal), it came at most
+ * T/3 before (the library pings after T/3 without sending, answered at
+ * once), so the deadline is now + 2/3 T. A cause not told (the library's
+ * logging turned off) counts as silence: early rather than late. Starts
  * cut_timer when it is not running, with every signal blocked. Holds
  * sess.mu. Returns 0, or -1 when no thread could be made.
  */
@@ -325,7 +349,8 @@ static int cut_start(zhandle_t *zh)
 
 	sess.cut = 1;
 	sess.cut_ms = t;
-	sess.cut_until = now_ms() + t - t * 2 / 3;
+	sess.cut_until = now_ms() + t - (atomic_exchange(&zk_break, 0) == ZK_BREAK_ERROR ?
+					 t / 3 : t * 2 / 3);
 	if (sess.timer)
 		return 0; /* still alive: it reads the new deadline */
 	sigfillset(&all);
@@ -359,6 +384,7 @@ static void sess_watch(zhandle_t *zh, int type, int state, const char *path, voi
 		if (state == ZOO_CONNECTED_STATE) {
 			sess.up = 1;
 			sess.cut = 0;
+			atomic_store(&zk_break, 0); /* a line of the connecting is no break's */
 		} else if (state == ZOO_CONNECTING_STATE && sess.up) {
 			sess.up = 0;
 			nothread = cut_start(zh) < 0;
@@ -402,12 +428,6 @@ static int fired_for(unsigned long seen, const char *watched)
 static int outcome_unknown(int rc)
 {
 	return rc < ZOK && rc > ZAPIERROR;
-}
-
-/* The library's log lines go nowhere (they would be the program's stderr). */
-static void log_none(const char *msg)
-{
-	(void)msg;
 }
 
 /*
@@ -466,7 +486,7 @@ static zhandle_t *sess_get(struct backend_conn *c, unsigned *gen)
 	sess.up = sess.cut = 0; /* a live cut_timer leaves (it serves the new one) */
 	sess.busy = 1;
 	zh = zookeeper_init2(z->hosts, sess_watch, z->session_timeout_ms, NULL, NULL,
-			     ZOO_NO_LOG_CLIENTENV, log_none);
+			     ZOO_NO_LOG_CLIENTENV, log_break);
 	if (!zh) {
 		sess.busy = 0;
 		pthread_cond_broadcast(&sess.cv);

@@ -1450,3 +1450,53 @@ def test_presumed_expiry_closes_the_old_handle_before_the_next_session(bg, worke
     holder.send("bye")
     assert holder.wait() == 0
     assert zk.children(BLK) == []
+
+
+# ---- a connection broken by an error is not a silent one (Z7) ----------------------
+
+@pytest.mark.timing
+def test_member_restarted_before_the_session_timeout_keeps_the_lock(bg, worker_progs, own_zk,
+                                                                    tmp_path):
+    """The holder's only member SIGKILLed while the lock is held (the
+    connection ends at once: an error, not a silence) and restarted after
+    more than a third of the session timeout T (its data kept: it loads the
+    session again): the client reconnects with its session, nothing is
+    reported lost (on_lost "kill" never fires), and the holder keeps its
+    znode, released at its call's end. Its last reply came at most T/3
+    (the library's ping) before the break, so its session could not expire
+    before 2/3 T after it; the deadline of a silent connection (T/3 after
+    the break, 2/3 T after its last reply) reported it lost while the
+    member restarted (the control: the build before this step)."""
+    zk = own_zk
+    session_ms = 24000  # T/3 = 8 s: the member's restart (up to 5 s here) ends before 2/3 T
+    body = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = 60000; '
+            'on_lost = "kill"; kill_signal = "SIGUSR1"; } );\n')
+    cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = "%s"; '
+                       'session_timeout_ms = %d; };\n%s' % (zk.hosts(), session_ms, body))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    mine = zk.children(BLK)
+    assert len(mine) == 1, mine
+    n = threads(holder.p.pid)
+    t0 = time.monotonic()
+    zk.proc.kill()
+    zk.proc.wait()
+    wait_for(lambda: threads(holder.p.pid) == n + 1, what="the deadline's thread")
+    # past the deadline a silent connection would have had (T/3 after the break)
+    time.sleep(max(0.0, t0 + session_ms / 3000 + 0.5 - time.monotonic()))
+    assert holder.p.poll() is None, holder.stderr()
+    zk.start()
+    wait_for(lambda: threads(holder.p.pid) == n, timeout=session_ms / 1000,
+             what="the client reconnected with its session (the deadline's thread ended)")
+    took = time.monotonic() - t0
+    assert took < session_ms / 1000 * 2 / 3, "reconnected too late to tell %.1f s: %s" % (took, holder.stderr())
+    err = holder.stderr()
+    assert holder.p.poll() is None and "lease on" not in err and "ZooKeeper session" not in err, \
+        err
+    assert zk.children(BLK) == mine
+    holder.send()
+    assert holder.expect("call").startswith("call rc=42")
+    assert holder.wait() == 0
+    err = holder.stderr()
+    assert "lease on" not in err and "was gone at its release" not in err, err
+    assert zk.children(BLK) == []
