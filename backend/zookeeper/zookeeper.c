@@ -194,13 +194,19 @@ static atomic_int zk_break;
  * stderr); an ERROR line ("...:ZOO_ERROR@function@line: text") is kept
  * as the cause of a break (zk_break): "timed out (exceeded timeout by"
  * is the give-up after 2/3 of the timeout without a reply, anything else
- * an error. Runs in the library's I/O thread. */
+ * an error, kept only when no silence was: the lines of the reconnection
+ * that follows at once (a refusal) do not hide the break's silence.
+ * Runs in the library's I/O thread. */
 static void log_break(const char *msg)
 {
+	int none = 0;
+
 	if (!strstr(msg, ":ZOO_ERROR@"))
 		return;
-	atomic_store(&zk_break, strstr(msg, " timed out (exceeded timeout by ") ?
-		     ZK_BREAK_SILENT : ZK_BREAK_ERROR);
+	if (strstr(msg, " timed out (exceeded timeout by "))
+		atomic_store(&zk_break, ZK_BREAK_SILENT);
+	else
+		atomic_compare_exchange_strong(&zk_break, &none, ZK_BREAK_ERROR);
 }
 
 /* ---- the session ---------------------------------------------------------- */
