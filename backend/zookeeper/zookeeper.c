@@ -672,8 +672,13 @@ static void done_void(int rc, const void *data)
 
 static void done_stat(int rc, const struct Stat *st, const void *data)
 {
-	(void)st;
-	done_void(rc, data);
+	struct zk_call *k = (struct zk_call *)data;
+
+	if (!call_take(k))
+		return;
+	if (rc == ZOK)
+		k->version = st ? st->version : -1;
+	call_done(k, rc);
 }
 
 /* Returns the sequence of a child's name "lock-<mark>-NNNNNNNNNN", or -1. */
@@ -1212,11 +1217,13 @@ static int set_siblings(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h
  * One look at the place of h, a holder set's znode (listed: its siblings
  * are in c->call already, from zk_create). A shared holder holds when no
  * exclusive znode is below its own (a reader never passes an earlier
- * writer), and otherwise watches the highest of them; a permit of limit
- * N holds when fewer than N znodes are below its own, and otherwise
- * watches the key's children: its permit may come from any of those N
- * holders' deletes, in any order (watching one of them, the N-th before
- * it, would miss the others'). Returns as zk_look.
+ * writer), and otherwise watches the highest of them. A permit of limit
+ * N holds when fewer than N znodes are below its own; the first waiter
+ * (exactly N below) watches the key's children, its permit coming from
+ * any holder's delete; a later waiter watches the waiter right before it
+ * (exists: its delete, or its grant, which set_granted writes as a new
+ * version of its data; one already granted, version > 0, is looked at
+ * again), so a change wakes one waiter, not all. Returns as zk_look.
  */
 static int set_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int listed,
 		    const struct backend_item *it)
@@ -1237,8 +1244,8 @@ static int set_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, in
 		}
 		if (it->shared ? c->call->lowerx == 0 : c->call->lower < limit)
 			return 1;
-		if (!it->shared) { /* the key's children watched by this listing */
-			if (!watch) {
+		if (!it->shared && c->call->lower == limit) {
+			if (!watch) { /* the key's children watched by this listing */
 				watch = 1;
 				continue;
 			}
@@ -1246,11 +1253,33 @@ static int set_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, in
 				 (int)(strrchr(h->path, '/') - h->path), h->path);
 			return 0;
 		}
-		if ((rc = watch_sibling(c, zh, h, c->call->predx)) != ZNONODE)
+		watch = 0;
+		rc = watch_sibling(c, zh, h, it->shared ? c->call->predx : c->call->pred);
+		if (rc == ZOK && !it->shared && c->call->version > 0)
+			rc = ZNONODE; /* granted already: look again */
+		if (rc != ZNONODE)
 			return rc == ZOK ? 0 : -1;
 		if (++tries == 100) /* gone meanwhile: look again */
 			return -1;
 	}
+}
+
+/*
+ * At a permit's grant after a wait: writes h's znode's data again (its
+ * lock value: a new version), which wakes the waiter right after it, if
+ * any, watching it (set_look). Only after a wait: never on the
+ * uncontended path. Its failure is not the grant's (a connection lost
+ * wakes every waiter anyway).
+ */
+static void set_granted(struct backend_conn *c, zhandle_t *zh, const struct zk_hold *h,
+			const struct backend_item *it)
+{
+	struct zk_call *k;
+
+	if (!backend_item_set(it) || it->shared || !(k = call_begin(c)))
+		return;
+	call_wait(c, k, zoo_aset(zh, h->path, it->val, (int)it->vlen, -1, done_stat, k),
+		  deadline_of(c), "set");
 }
 
 /* One look at h's place (zk_look, or set_look for a holder set). */
@@ -1525,6 +1554,8 @@ static int zk_acquire(struct backend_conn *c, const struct backend_item *it, lon
 		return BACKEND_ERR;
 	}
 	if (r == 1) {
+		if (!listed)
+			set_granted(c, zh, h, it); /* a waiter's earlier znode */
 		*fence = h->czxid;
 		return BACKEND_OK;
 	}
@@ -1581,6 +1612,7 @@ static int zk_wait(struct backend_conn *c, const struct backend_item *it,
 		if ((r = look(c, zh, h, 0, it)) < 0)
 			return BACKEND_ERR;
 		if (r == 1) {
+			set_granted(c, zh, h, it);
 			*fence = h->czxid;
 			return BACKEND_GRANTED;
 		}

@@ -1500,3 +1500,78 @@ def test_member_restarted_before_the_session_timeout_keeps_the_lock(bg, worker_p
     err = holder.stderr()
     assert "lease on" not in err and "was gone at its release" not in err, err
     assert zk.children(BLK) == []
+
+
+# ---- permit waiters woken one at a time (Z7) ---------------------------------------
+
+def cons_recved(zk):
+    """The requests the server received, by session id (its cons word)."""
+    out = {}
+    for line in zk.four("cons").splitlines():
+        m = re.search(r"recved=(\d+).*sid=(0x[0-9a-f]+)", line)
+        if m:
+            out[m.group(2)] = int(m.group(1))
+    return out
+
+
+def settled(zk):
+    """cons_recved once two readings 0.5 s apart agree (the wake-ups of the
+    last change are over)."""
+    last = cons_recved(zk)
+    while True:
+        time.sleep(0.5)
+        now = cons_recved(zk)
+        if now == last:
+            return now
+        last = now
+
+
+def woken(before, after):
+    """The sessions of before that sent requests since."""
+    return [s for s in before if after.get(s, 0) > before[s]]
+
+
+def test_permit_waiters_are_woken_one_at_a_time(bg, worker_progs, zk, tmp_path):
+    """Limit 2, two holders, six waiters queued, each a process (a session)
+    of its own, a 60 s session (no ping meanwhile): a seventh arrival sends
+    requests from no waiter's session but the first's (the key's children,
+    which only the first waiter watches; the others watch the waiter right
+    before them), and a holder's release from those of the first two waiters
+    only (the first enters and writes its znode's data again, which wakes
+    the second, now first). Then every waiter enters in its queue's order,
+    each released in turn. Control (the children watched by every permit
+    waiter, the build before this step): every waiter sends at each change."""
+    root = "/herd"
+    path = root + "/lockshim%3Ak"
+    cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = "%s"; '
+                       'session_timeout_ms = 60000; root = "%s"; };\nlocks = ( { symbol = '
+                       '"block_call"; key = "k"; wait_ms = 60000; limit = 2; } );\n'
+                       % (zk.hosts(), root))
+    holders = [bg([worker_progs["block"]], cfg) for _ in range(2)]
+    for h in holders:
+        h.expect("enter")
+    waiters = []
+    for i in range(6):
+        waiters.append(bg([worker_progs["block"]], cfg))
+        wait_for(lambda: len(zk.children(path)) == 3 + i, timeout=30, what="waiter %d" % i)
+    before = settled(zk)
+    late = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: len(zk.children(path)) == 9, timeout=30, what="the seventh waiter")
+    after = settled(zk)
+    arrival = woken(before, after)
+    holders[0].send()
+    assert holders[0].expect("call").startswith("call rc=42")
+    waiters[0].expect("enter", timeout=30)
+    release = woken(after, settled(zk))
+    assert len(arrival) <= 1 and len(release) <= 2, (arrival, release)
+    inside, queue = [holders[1], waiters[0]], waiters[1:] + [late]
+    while inside:
+        p = inside.pop(0)
+        p.send()
+        assert p.expect("call").startswith("call rc=42")
+        if queue:
+            queue[0].expect("enter", timeout=30)
+            inside.append(queue.pop(0))
+    for p in holders + waiters + [late]:
+        assert p.wait() == 0, p.stderr()
+    assert zk.children(path) == []
