@@ -8,11 +8,13 @@
  * the lowest holds; a waiter watches only its predecessor: FIFO. Holder
  * sets (set_look): the mark ends with the mode ("r" shared, "p<limit>");
  * a reader waits only for the writers below it, a permit for fewer than
- * limit below it (watching the key's children); a limit unlike the first
+ * limit below it (the first waiter watching the key's children, a later
+ * one its predecessor, woken by its grant); a limit unlike the first
  * holder's is a mismatch. The fence is the czxid. One session per process
  * is the lease; its expiry loses every lock, reported at once
  * (host->lost_all), and so does a disconnection that outlasts its
- * timeout (presumed expired: cut_timer, a thread only while cut off).
+ * timeout (presumed expired: cut_timer, a thread only while cut off;
+ * its deadline by what broke the connection, log_break).
  * One handle at a time: an ended session's is closed before the next is
  * made (the library's handles share static buffers).
  * Requests are asynchronous, each bounded by command_timeout_ms; a

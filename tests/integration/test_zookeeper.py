@@ -28,6 +28,10 @@ shipments of one host add up, the 1 MB limit, a znode not lockshim's.
 Step 5: linger_ms, max_hold_ms with on_overrun, mode = "shared" and limit
 (readers together, writers alone, a reader never passing an earlier
 writer, the limit bounding the holders, mismatches, status of sets).
+Step 7: a presumed expiry closes the old handle before the next session
+(TSan saw the two race), a member killed and restarted within the
+session timeout keeps its holder's lock, and permit waiters are woken one
+at a time (the server's per-session request counts).
 """
 import json
 import os
