@@ -8,11 +8,15 @@
  * the lowest holds; a waiter watches only its predecessor: FIFO. Holder
  * sets (set_look): the mark ends with the mode ("r" shared, "p<limit>");
  * a reader waits only for the writers below it, a permit for fewer than
- * limit below it (watching the key's children); a limit unlike the first
+ * limit below it (the first waiter watching the key's children, a later
+ * one its predecessor, woken by its grant); a limit unlike the first
  * holder's is a mismatch. The fence is the czxid. One session per process
  * is the lease; its expiry loses every lock, reported at once
  * (host->lost_all), and so does a disconnection that outlasts its
- * timeout (presumed expired: cut_timer, a thread only while cut off).
+ * timeout (presumed expired: cut_timer, a thread only while cut off;
+ * its deadline by what broke the connection, log_break).
+ * One handle at a time: an ended session's is closed before the next is
+ * made (the library's handles share static buffers).
  * Requests are asynchronous, each bounded by command_timeout_ms; a
  * delete lost with its connection is sent again.
  * Metrics: a persistent znode per host under <root>/.metrics, added to
@@ -123,6 +127,7 @@ static struct {
 	char fired[ZK_FIRED][ZK_PATH_MAX + ZK_NAME_MAX];
 	int expired;
 	int losing;               /* lost_all running for the ended session */
+	int busy;                 /* a thread makes or closes the handle: others wait */
 	int up;                   /* connected (ZOO_CONNECTED_STATE seen) */
 	int cut;                  /* disconnected after being up: cut_timer runs ... */
 	long long cut_until;      /* ... until this moment (monotonic ms) ... */
@@ -180,6 +185,32 @@ static int cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, long long de
 	return pthread_cond_timedwait(cv, mu, &ts);
 }
 
+/* How the live connection broke, by the library's last ERROR line before
+ * its disconnection (log_break): its give-up for silence, or another
+ * error (a refusal, a reset, an end of stream); 0: no line (logging off).
+ * Atomic, not under sess.mu: zookeeper_init2, called under it, may log. */
+enum { ZK_BREAK_SILENT = 1, ZK_BREAK_ERROR };
+static atomic_int zk_break;
+
+/* The library's log lines go nowhere (they would be the program's
+ * stderr); an ERROR line ("...:ZOO_ERROR@function@line: text") is kept
+ * as the cause of a break (zk_break): "timed out (exceeded timeout by"
+ * is the give-up after 2/3 of the timeout without a reply, anything else
+ * an error, kept only when no silence was: the lines of the reconnection
+ * that follows at once (a refusal) do not hide the break's silence.
+ * Runs in the library's I/O thread. */
+static void log_break(const char *msg)
+{
+	int none = 0;
+
+	if (!strstr(msg, ":ZOO_ERROR@"))
+		return;
+	if (strstr(msg, " timed out (exceeded timeout by "))
+		atomic_store(&zk_break, ZK_BREAK_SILENT);
+	else
+		atomic_compare_exchange_strong(&zk_break, &none, ZK_BREAK_ERROR);
+}
+
 /* ---- the session ---------------------------------------------------------- */
 
 /* In a fork child: the parent's session is not ours (its threads are not
@@ -196,6 +227,7 @@ static void sess_child(void)
 	sess.zh = NULL;
 	sess.pending = 0;
 	sess.losing = 0;
+	sess.busy = 0; /* the parent's thread making or closing is not here */
 	sess.up = sess.cut = sess.timer = 0; /* the parent's timer is not here */
 	sess.gen++;
 	while (*pp) { /* the parent's deletes in flight: not the child's to answer */
@@ -304,11 +336,15 @@ static void *cut_timer(void *arg)
 /*
  * At a disconnection of the live session zh (ZOO_CONNECTING_STATE after
  * ZOO_CONNECTED_STATE): arms the deadline of its presumed expiry, its
- * negotiated timeout T after its last reply. The library pings after T/3
- * without sending and gives a connection up after 2/3 T without a reply,
- * so that reply came at most 2/3 T ago: the deadline is now + T - 2/3 T
- * (the moment the ensemble may expire it, never later; earlier only after
- * a connection broken by an error rather than by silence). Starts
+ * negotiated timeout T after its last reply, the earliest moment the
+ * ensemble may expire it (it counts T from when it last heard from us).
+ * That reply's time is the library's (private), so it is bounded by what
+ * broke the connection (zk_break): given up for silence, the library's
+ * 2/3 T without a reply, it came 2/3 T ago (deadline now + T/3); broken
+ * by an error (a member killed: a reset, a refusal), it came at most
+ * T/3 before (the library pings after T/3 without sending, answered at
+ * once), so the deadline is now + 2/3 T. A cause not told (the library's
+ * logging turned off) counts as silence: early rather than late. Starts
  * cut_timer when it is not running, with every signal blocked. Holds
  * sess.mu. Returns 0, or -1 when no thread could be made.
  */
@@ -321,7 +357,8 @@ static int cut_start(zhandle_t *zh)
 
 	sess.cut = 1;
 	sess.cut_ms = t;
-	sess.cut_until = now_ms() + t - t * 2 / 3;
+	sess.cut_until = now_ms() + t - (atomic_exchange(&zk_break, 0) == ZK_BREAK_ERROR ?
+					 t / 3 : t * 2 / 3);
 	if (sess.timer)
 		return 0; /* still alive: it reads the new deadline */
 	sigfillset(&all);
@@ -355,6 +392,7 @@ static void sess_watch(zhandle_t *zh, int type, int state, const char *path, voi
 		if (state == ZOO_CONNECTED_STATE) {
 			sess.up = 1;
 			sess.cut = 0;
+			atomic_store(&zk_break, 0); /* a line of the connecting is no break's */
 		} else if (state == ZOO_CONNECTING_STATE && sess.up) {
 			sess.up = 0;
 			nothread = cut_start(zh) < 0;
@@ -400,41 +438,66 @@ static int outcome_unknown(int rc)
 	return rc < ZOK && rc > ZAPIERROR;
 }
 
-/* The library's log lines go nowhere (they would be the program's stderr). */
-static void log_none(const char *msg)
+/*
+ * Closes zh, the process's handle (sess.zh, forgotten here) or the one
+ * sess_get could not connect, with sess.busy set: no thread makes another
+ * before it is completely closed, because libzookeeper-mt formats its
+ * endpoint text in a static buffer (format_endpoint_info) that two
+ * handles' I/O threads would race on. Called and returns with sess.mu
+ * held, which it releases across zookeeper_close: that joins the
+ * library's threads, whose watcher (sess_watch) and completions take it.
+ */
+static void sess_close_locked(zhandle_t *zh)
 {
-	(void)msg;
+	if (sess.zh == zh)
+		sess.zh = NULL;
+	sess.busy = 1;
+	pthread_mutex_unlock(&sess.mu);
+	zookeeper_close(zh);
+	pthread_mutex_lock(&sess.mu);
+	sess.busy = 0;
+	pthread_cond_broadcast(&sess.cv);
 }
 
 /*
  * Returns the process's session, made (or made again after an expiry or a
  * fork) and connected within connect_timeout_ms; with its generation in
- * *gen. NULL with c->err set.
+ * *gen. NULL with c->err set. An ended session's handle is closed before
+ * the next is made (sess_close_locked); while one thread makes or closes
+ * (sess.busy), or reports an end (sess.losing), the others wait.
  */
 static zhandle_t *sess_get(struct backend_conn *c, unsigned *gen)
 {
 	const struct zookeeper_spec *z = c->bc->spec;
-	zhandle_t *zh, *old = NULL;
 	long long deadline;
+	zhandle_t *zh;
 
 	pthread_once(&sess_once, sess_setup);
 	pthread_mutex_lock(&sess.mu);
-	if (sess.zh && !sess.expired && sess.pid == getpid()) {
-		zh = sess.zh;
-		*gen = sess.gen;
-		pthread_mutex_unlock(&sess.mu);
-		return zh;
+	for (;;) {
+		int ours = sess.pid == getpid();
+
+		if (ours && sess.zh && !sess.expired) {
+			zh = sess.zh;
+			*gen = sess.gen;
+			pthread_mutex_unlock(&sess.mu);
+			return zh;
+		}
+		if (ours && (sess.losing || sess.busy))
+			pthread_cond_wait(&sess.cv, &sess.mu);
+		else if (ours && sess.zh)
+			sess_close_locked(sess.zh);
+		else
+			break;
 	}
-	while (sess.losing && sess.pid == getpid())
-		pthread_cond_wait(&sess.cv, &sess.mu);
-	if (sess.zh && sess.pid == getpid())
-		old = sess.zh;
-	sess.zh = NULL;
 	sess.expired = 0;
 	sess.up = sess.cut = 0; /* a live cut_timer leaves (it serves the new one) */
+	sess.busy = 1;
 	zh = zookeeper_init2(z->hosts, sess_watch, z->session_timeout_ms, NULL, NULL,
-			     ZOO_NO_LOG_CLIENTENV, log_none);
+			     ZOO_NO_LOG_CLIENTENV, log_break);
 	if (!zh) {
+		sess.busy = 0;
+		pthread_cond_broadcast(&sess.cv);
 		pthread_mutex_unlock(&sess.mu);
 		snprintf(c->err, sizeof(c->err), "cannot start a ZooKeeper session with %s: %s",
 			 z->hosts, strerror(errno));
@@ -451,20 +514,17 @@ static zhandle_t *sess_get(struct backend_conn *c, unsigned *gen)
 	while (zoo_state(zh) != ZOO_CONNECTED_STATE && !sess.expired &&
 	       cond_wait_until(&sess.cv, &sess.mu, deadline) != ETIMEDOUT)
 		;
+	sess.busy = 0;
 	if (zoo_state(zh) != ZOO_CONNECTED_STATE) {
-		sess.zh = NULL;
+		sess_close_locked(zh);
 		pthread_mutex_unlock(&sess.mu);
-		zookeeper_close(zh);
-		if (old)
-			zookeeper_close(old);
 		snprintf(c->err, sizeof(c->err), "no ZooKeeper session with %s within %d ms "
 			 "(zookeeper.connect_timeout_ms)", z->hosts, z->connect_timeout_ms);
 		return NULL;
 	}
 	*gen = sess.gen;
+	pthread_cond_broadcast(&sess.cv);
 	pthread_mutex_unlock(&sess.mu);
-	if (old)
-		zookeeper_close(old);
 	return zh;
 }
 
@@ -614,8 +674,13 @@ static void done_void(int rc, const void *data)
 
 static void done_stat(int rc, const struct Stat *st, const void *data)
 {
-	(void)st;
-	done_void(rc, data);
+	struct zk_call *k = (struct zk_call *)data;
+
+	if (!call_take(k))
+		return;
+	if (rc == ZOK)
+		k->version = st ? st->version : -1;
+	call_done(k, rc);
 }
 
 /* Returns the sequence of a child's name "lock-<mark>-NNNNNNNNNN", or -1. */
@@ -1154,11 +1219,13 @@ static int set_siblings(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h
  * One look at the place of h, a holder set's znode (listed: its siblings
  * are in c->call already, from zk_create). A shared holder holds when no
  * exclusive znode is below its own (a reader never passes an earlier
- * writer), and otherwise watches the highest of them; a permit of limit
- * N holds when fewer than N znodes are below its own, and otherwise
- * watches the key's children: its permit may come from any of those N
- * holders' deletes, in any order (watching one of them, the N-th before
- * it, would miss the others'). Returns as zk_look.
+ * writer), and otherwise watches the highest of them. A permit of limit
+ * N holds when fewer than N znodes are below its own; the first waiter
+ * (exactly N below) watches the key's children, its permit coming from
+ * any holder's delete; a later waiter watches the waiter right before it
+ * (exists: its delete, or its grant, which set_granted writes as a new
+ * version of its data; one already granted, version > 0, is looked at
+ * again), so a change wakes one waiter, not all. Returns as zk_look.
  */
 static int set_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, int listed,
 		    const struct backend_item *it)
@@ -1179,8 +1246,8 @@ static int set_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, in
 		}
 		if (it->shared ? c->call->lowerx == 0 : c->call->lower < limit)
 			return 1;
-		if (!it->shared) { /* the key's children watched by this listing */
-			if (!watch) {
+		if (!it->shared && c->call->lower == limit) {
+			if (!watch) { /* the key's children watched by this listing */
 				watch = 1;
 				continue;
 			}
@@ -1188,11 +1255,33 @@ static int set_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, in
 				 (int)(strrchr(h->path, '/') - h->path), h->path);
 			return 0;
 		}
-		if ((rc = watch_sibling(c, zh, h, c->call->predx)) != ZNONODE)
+		watch = 0;
+		rc = watch_sibling(c, zh, h, it->shared ? c->call->predx : c->call->pred);
+		if (rc == ZOK && !it->shared && c->call->version > 0)
+			rc = ZNONODE; /* granted already: look again */
+		if (rc != ZNONODE)
 			return rc == ZOK ? 0 : -1;
 		if (++tries == 100) /* gone meanwhile: look again */
 			return -1;
 	}
+}
+
+/*
+ * At a permit's grant after a wait: writes h's znode's data again (its
+ * lock value: a new version), which wakes the waiter right after it, if
+ * any, watching it (set_look). Only after a wait: never on the
+ * uncontended path. Its failure is not the grant's (a connection lost
+ * wakes every waiter anyway).
+ */
+static void set_granted(struct backend_conn *c, zhandle_t *zh, const struct zk_hold *h,
+			const struct backend_item *it)
+{
+	struct zk_call *k;
+
+	if (!backend_item_set(it) || it->shared || !(k = call_begin(c)))
+		return;
+	call_wait(c, k, zoo_aset(zh, h->path, it->val, (int)it->vlen, -1, done_stat, k),
+		  deadline_of(c), "set");
 }
 
 /* One look at h's place (zk_look, or set_look for a holder set). */
@@ -1467,6 +1556,8 @@ static int zk_acquire(struct backend_conn *c, const struct backend_item *it, lon
 		return BACKEND_ERR;
 	}
 	if (r == 1) {
+		if (!listed)
+			set_granted(c, zh, h, it); /* a waiter's earlier znode */
 		*fence = h->czxid;
 		return BACKEND_OK;
 	}
@@ -1523,6 +1614,7 @@ static int zk_wait(struct backend_conn *c, const struct backend_item *it,
 		if ((r = look(c, zh, h, 0, it)) < 0)
 			return BACKEND_ERR;
 		if (r == 1) {
+			set_granted(c, zh, h, it);
 			*fence = h->czxid;
 			return BACKEND_GRANTED;
 		}
@@ -1556,16 +1648,10 @@ static int zk_leave(struct backend_conn *c, const struct backend_item *it, int a
  */
 static void sess_close_ended(void)
 {
-	zhandle_t *old = NULL;
-
 	pthread_mutex_lock(&sess.mu);
-	if (sess.zh && sess.expired && !sess.losing && sess.pid == getpid()) {
-		old = sess.zh;
-		sess.zh = NULL;
-	}
+	if (sess.zh && sess.expired && !sess.losing && !sess.busy && sess.pid == getpid())
+		sess_close_locked(sess.zh);
 	pthread_mutex_unlock(&sess.mu);
-	if (old)
-		zookeeper_close(old);
 }
 
 /*

@@ -28,6 +28,10 @@ shipments of one host add up, the 1 MB limit, a znode not lockshim's.
 Step 5: linger_ms, max_hold_ms with on_overrun, mode = "shared" and limit
 (readers together, writers alone, a reader never passing an earlier
 writer, the limit bounding the holders, mismatches, status of sets).
+Step 7: a presumed expiry closes the old handle before the next session
+(TSan saw the two race), a member killed and restarted within the
+session timeout keeps its holder's lock, and permit waiters are woken one
+at a time (the server's per-session request counts).
 """
 import json
 import os
@@ -1402,3 +1406,176 @@ def test_control_cut_off_shorter_than_the_session_timeout_is_not_lost(bg, worker
         assert holder.wait() == 0
         assert "lease on" not in holder.stderr() and "ZooKeeper session" not in holder.stderr()
         assert zk.children(BLK) == []
+
+
+# ---- one handle at a time (Z7) -----------------------------------------------------
+
+def test_presumed_expiry_closes_the_old_handle_before_the_next_session(bg, worker_progs, zk,
+                                                                       tmp_path):
+    """A waiter cut off from its member (a proxy black-holes its connection)
+    presumes its session expired (the session timeout after its last reply)
+    while it waits; woken by that, it tries new sessions, still cut off,
+    each failing at connect_timeout_ms (lock.c retries the error). Let
+    through, it makes one, queues again and enters at the holder's release.
+    The old handle is closed before the new one is made: libzookeeper-mt
+    formats its endpoint text in a static buffer, which two live handles'
+    threads race on (under LOCKSHIM_TEST_TSAN a build that makes the new
+    session first and closes the old one afterwards reports that race
+    here)."""
+    d = tmp_path / "direct"
+    d.mkdir()
+    body = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = 60000; '
+            'on_timeout = "skip"; on_error = "skip"; } );\n')
+    holder = bg([worker_progs["block"], "stay"], zk_config(d, zk, body))
+    holder.expect("enter")
+    with Proxy(zk.port) as px:
+        cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
+                           '"127.0.0.1:%d"; session_timeout_ms = 3000; command_timeout_ms = '
+                           '500; connect_timeout_ms = 1500; };\n%s' % (px.port, body))
+        waiter = bg([worker_progs["block"], "stay"], cfg)
+        wait_for(lambda: len(zk.children(BLK)) == 2, timeout=30, what="the waiter's znode")
+        px.set_mode(BLACK_HOLE)
+        wait_for(lambda: "no ZooKeeper session with" in waiter.stderr(), timeout=30,
+                 what="a new session tried after the presumed expiry")
+        err = waiter.stderr()
+        assert "presumed expired" in err and waiter.p.poll() is None, err
+        wait_for(lambda: len(zk.children(BLK)) == 1, timeout=10 * MULT,
+                 what="the waiter's znode gone with its session")
+        px.set_mode(PASS)
+        wait_for(lambda: len(zk.children(BLK)) == 2, timeout=30,
+                 what="the waiter queued again in its new session")
+        holder.send()
+        holder.expect("call rc=42")
+        waiter.expect("enter", timeout=30)
+        waiter.send()
+        assert waiter.expect("call").startswith("call rc=42"), waiter.stderr()
+        waiter.send("bye")
+        assert waiter.wait(timeout=30 * MULT) == 0, waiter.stderr()
+    holder.send("bye")
+    assert holder.wait() == 0
+    assert zk.children(BLK) == []
+
+
+# ---- a connection broken by an error is not a silent one (Z7) ----------------------
+
+@pytest.mark.timing
+def test_member_restarted_before_the_session_timeout_keeps_the_lock(bg, worker_progs, own_zk,
+                                                                    tmp_path):
+    """The holder's only member SIGKILLed while the lock is held (the
+    connection ends at once: an error, not a silence) and restarted after
+    more than a third of the session timeout T (its data kept: it loads the
+    session again): the client reconnects with its session, nothing is
+    reported lost (on_lost "kill" never fires), and the holder keeps its
+    znode, released at its call's end. Its last reply came at most T/3
+    (the library's ping) before the break, so its session could not expire
+    before 2/3 T after it; the deadline of a silent connection (T/3 after
+    the break, 2/3 T after its last reply) reported it lost while the
+    member restarted (the control: the build before this step)."""
+    zk = own_zk
+    session_ms = 24000  # T/3 = 8 s: the member's restart (up to 5 s here) ends before 2/3 T
+    body = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = 60000; '
+            'on_lost = "kill"; kill_signal = "SIGUSR1"; } );\n')
+    cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = "%s"; '
+                       'session_timeout_ms = %d; };\n%s' % (zk.hosts(), session_ms, body))
+    holder = bg([worker_progs["block"]], cfg)
+    holder.expect("enter")
+    mine = zk.children(BLK)
+    assert len(mine) == 1, mine
+    n = threads(holder.p.pid)
+    t0 = time.monotonic()
+    zk.proc.kill()
+    zk.proc.wait()
+    wait_for(lambda: threads(holder.p.pid) == n + 1, what="the deadline's thread")
+    # past the deadline a silent connection would have had (T/3 after the break)
+    time.sleep(max(0.0, t0 + session_ms / 3000 + 0.5 - time.monotonic()))
+    assert holder.p.poll() is None, holder.stderr()
+    zk.start()
+    wait_for(lambda: threads(holder.p.pid) == n, timeout=session_ms / 1000,
+             what="the client reconnected with its session (the deadline's thread ended)")
+    took = time.monotonic() - t0
+    assert took < session_ms / 1000 * 2 / 3, "reconnected too late to tell %.1f s: %s" % (took, holder.stderr())
+    err = holder.stderr()
+    assert holder.p.poll() is None and "lease on" not in err and "ZooKeeper session" not in err, \
+        err
+    assert zk.children(BLK) == mine
+    holder.send()
+    assert holder.expect("call").startswith("call rc=42")
+    assert holder.wait() == 0
+    err = holder.stderr()
+    assert "lease on" not in err and "was gone at its release" not in err, err
+    assert zk.children(BLK) == []
+
+
+# ---- permit waiters woken one at a time (Z7) ---------------------------------------
+
+def cons_recved(zk):
+    """The requests the server received, by session id (its cons word)."""
+    out = {}
+    for line in zk.four("cons").splitlines():
+        m = re.search(r"recved=(\d+).*sid=(0x[0-9a-f]+)", line)
+        if m:
+            out[m.group(2)] = int(m.group(1))
+    return out
+
+
+def settled(zk):
+    """cons_recved once two readings 0.5 s apart agree (the wake-ups of the
+    last change are over)."""
+    last = cons_recved(zk)
+    while True:
+        time.sleep(0.5)
+        now = cons_recved(zk)
+        if now == last:
+            return now
+        last = now
+
+
+def woken(before, after):
+    """The sessions of before that sent requests since."""
+    return [s for s in before if after.get(s, 0) > before[s]]
+
+
+def test_permit_waiters_are_woken_one_at_a_time(bg, worker_progs, zk, tmp_path):
+    """Limit 2, two holders, six waiters queued, each a process (a session)
+    of its own, a 60 s session (no ping meanwhile): a seventh arrival sends
+    requests from no waiter's session but the first's (the key's children,
+    which only the first waiter watches; the others watch the waiter right
+    before them), and a holder's release from those of the first two waiters
+    only (the first enters and writes its znode's data again, which wakes
+    the second, now first). Then every waiter enters in its queue's order,
+    each released in turn. Control (the children watched by every permit
+    waiter, the build before this step): every waiter sends at each change."""
+    root = "/herd"
+    path = root + "/lockshim%3Ak"
+    cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = "%s"; '
+                       'session_timeout_ms = 60000; root = "%s"; };\nlocks = ( { symbol = '
+                       '"block_call"; key = "k"; wait_ms = 60000; limit = 2; } );\n'
+                       % (zk.hosts(), root))
+    holders = [bg([worker_progs["block"]], cfg) for _ in range(2)]
+    for h in holders:
+        h.expect("enter")
+    waiters = []
+    for i in range(6):
+        waiters.append(bg([worker_progs["block"]], cfg))
+        wait_for(lambda: len(zk.children(path)) == 3 + i, timeout=30, what="waiter %d" % i)
+    before = settled(zk)
+    late = bg([worker_progs["block"]], cfg)
+    wait_for(lambda: len(zk.children(path)) == 9, timeout=30, what="the seventh waiter")
+    after = settled(zk)
+    arrival = woken(before, after)
+    holders[0].send()
+    assert holders[0].expect("call").startswith("call rc=42")
+    waiters[0].expect("enter", timeout=30)
+    release = woken(after, settled(zk))
+    assert len(arrival) <= 1 and len(release) <= 2, (arrival, release)
+    inside, queue = [holders[1], waiters[0]], waiters[1:] + [late]
+    while inside:
+        p = inside.pop(0)
+        p.send()
+        assert p.expect("call").startswith("call rc=42")
+        if queue:
+            queue[0].expect("enter", timeout=30)
+            inside.append(queue.pop(0))
+    for p in holders + waiters + [late]:
+        assert p.wait() == 0, p.stderr()
+    assert zk.children(path) == []
