@@ -71,7 +71,8 @@ struct zk_call {
 	long long czxid;          /* create: the new znode's */
 	char path[ZK_PATH_MAX];   /* create: the new znode's path */
 	long long seq;            /* children: ours (in) ... */
-	int mine, lower;          /* ... present; how many sequences are below it */
+	int mine, lower, higher;  /* ... present; how many sequences are below it,
+				   * and above it */
 	char pred[ZK_NAME_MAX];   /* ... and the highest of them (the predecessor) */
 	char *data;               /* get: the znode's data (malloc'd, the slot's) ... */
 	int dlen, version;        /* ... its length and the znode's version */
@@ -565,6 +566,7 @@ static struct zk_call *call_begin_n(struct backend_conn *c, int want)
 	k->crc = ZOK;
 	k->mine = 0;
 	k->lower = 0;
+	k->higher = 0;
 	k->pred[0] = 0;
 	free(k->data);
 	k->data = NULL;
@@ -905,7 +907,9 @@ static void done_children(int rc, const struct String_vector *v, const void *dat
 
 		if (s == k->seq)
 			k->mine = 1;
-		else if (s >= 0 && s < k->seq) {
+		else if (s > k->seq)
+			k->higher++;
+		else if (s >= 0) {
 			k->lower++;
 			set_tally(k, v->data[i], s);
 			if (s > best) {
@@ -1267,11 +1271,13 @@ static int set_look(struct backend_conn *c, zhandle_t *zh, struct zk_hold *h, in
 }
 
 /*
- * At a permit's grant after a wait: writes h's znode's data again (its
- * lock value: a new version), which wakes the waiter right after it, if
- * any, watching it (set_look). Only after a wait: never on the
- * uncontended path. Its failure is not the grant's (a connection lost
- * wakes every waiter anyway).
+ * At a permit's grant after a wait, or at its first look when a znode
+ * above it was listed: writes h's znode's data again (its lock value: a
+ * new version), which wakes the waiter right after it, if any, watching
+ * it (set_look; a waiter that listed before a holder's delete let h in at
+ * h's first look would sleep on it otherwise). Never on the uncontended
+ * path. Its failure is not the grant's (a connection lost wakes every
+ * waiter anyway).
  */
 static void set_granted(struct backend_conn *c, zhandle_t *zh, const struct zk_hold *h,
 			const struct backend_item *it)
@@ -1556,8 +1562,10 @@ static int zk_acquire(struct backend_conn *c, const struct backend_item *it, lon
 		return BACKEND_ERR;
 	}
 	if (r == 1) {
-		if (!listed)
-			set_granted(c, zh, h, it); /* a waiter's earlier znode */
+		/* a waiter's earlier znode; or one created before another's that
+		 * may watch it already, seen by this first listing */
+		if (!listed || c->call->higher)
+			set_granted(c, zh, h, it);
 		*fence = h->czxid;
 		return BACKEND_OK;
 	}
