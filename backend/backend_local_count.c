@@ -1,21 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * backend_local_count.c - the local backend's metrics (backend.h's .count
- * and .count_read): a host's counts "<ns>:metrics:{<host>}" are the files
- * "<keyname of it>.<euid>.counts" of local.dir, one per user (each makes
- * its own; a lock file ends in ".lock": no key names them; the reader
- * adds them up): a line "key <key>\n", then one line per field:
- * "<value> <field>\n", the key's and fields' bytes other than '!'..'~'
- * and '%' written %XX. The key line is what tells the key when keyname.h
- * shortened the name (a key over ~200 encoded bytes: a long host name or
- * namespace); the reader takes it when it encodes to the file's name, else
- * decodes the name (a file of an older shipper). A shipment takes flock
- * LOCK_EX on the file, tried for LOCAL_COUNT_WAIT_MS at most (a frozen
- * shipper delays others' counts, not their calls), adds its deltas to
- * what it reads, writes "<name>.new" and renames it over the file; a
- * shipper that locked a file renamed meanwhile tries again. Readers take
- * no lock: a rename is atomic. A new file gets local.file_mode. The size
- * is bounded by one host's fields, whatever the processes or shipments.
+ * backend_local_count.c - the local backend's metrics (.count and
+ * .count_read): a host's counts "<ns>:metrics:{<host>}" are the files
+ * "<keyname of it>.<euid>.counts" of local.dir, one per user, added up by
+ * the reader (no key names them: lock files end in ".lock"). A file is a
+ * line "key <key>", then "<value> <field>" per field, bytes other than
+ * '!'..'~' and '%' written %XX; the key line tells a name keyname.h
+ * shortened (taken when it encodes to the file's name; else the name is
+ * decoded: an older shipper's file). A shipment takes flock LOCK_EX for
+ * LOCAL_COUNT_WAIT_MS at most (a frozen shipper delays counts, not calls),
+ * adds its deltas to what it reads, writes "<name>.new" and renames it
+ * over the file (a file renamed meanwhile: again); readers take no lock.
+ * A new file gets local.file_mode. The size is bounded by one host's
+ * fields, whatever the processes or shipments.
  */
 #include "backend_local_count.h"
 

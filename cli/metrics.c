@@ -2,21 +2,17 @@
 /*
  * metrics.c - `lockshim metrics [-c FILE] [--listen HOST:PORT]`: every
  * host's counts and the locks held and waited for now, in the Prometheus
- * text format (common/metrics.h writes it).
- *
- * A scrape reads each node (Cluster primaries, Redlock masters, else the
- * server) with SCAN "<namespace>:*" by type (Redis 6.0+; never KEYS):
- * hashes "<namespace>:metrics:{<host>}" (HLEN, then HGETALL, or HSCAN
- * pages past 4096 fields; summed per lock and host: rows found through a
- * hash table, sorted once at the end), strings
- * (lock keys; ":due" skipped) and sorted sets "<key>:q" (ZCARD: waiters);
- * types tell the lock key "q" from a queue. A key on
- * several masters counts once; its lock name is the symbol of the first
- * lock whose key template, as a glob, matches, else the key without the
- * namespace. Another backend is read through its table: .count_read (the
- * same hashes, kept its own way) and .holders (held and waiting), named by
- * the same rule. --listen serves GET /metrics (HTTP/1.0, a fresh scrape
- * per request) until SIGTERM or SIGINT. Exit: 0, 64, 69 unreachable, 78.
+ * text format (common/metrics.h writes it). A scrape reads each node
+ * (Cluster primaries, Redlock masters, else the server) with SCAN
+ * "<namespace>:*" by type (never KEYS): hashes "<namespace>:metrics:{<host>}"
+ * (HLEN, then HGETALL, or HSCAN pages past 4096 fields), strings (lock
+ * keys; ":due" skipped) and sorted sets "<key>:q" (ZCARD: waiters). Rows
+ * (lock, host) are summed through a hash table, sorted once at the end; a
+ * key on several masters counts once; its lock name is the symbol of the
+ * first lock whose key template, as a glob, matches, else the key without
+ * the namespace. Another backend is read through its table (.count_read,
+ * .holders). --listen serves GET /metrics (HTTP/1.0, a fresh scrape per
+ * request) until SIGTERM or SIGINT. Exit: 0, 64, 69 unreachable, 78.
  */
 #include <errno.h>
 #include <fnmatch.h>

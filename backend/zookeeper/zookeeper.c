@@ -1,26 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * zookeeper.c - the zookeeper backend, a module (liblockshim-zookeeper.so,
- * backend_module.h) on libzookeeper-mt2: ZooKeeper's lock recipe without
- * herd. A lock is an EPHEMERAL|SEQUENCE znode <root>/<key's name>/
- * lock-<mark>-N (keyname.h; the mark is its create's own, so a create
- * whose reply was lost can be found and deleted) holding the lock value;
- * the lowest holds; a waiter watches only its predecessor: FIFO. Holder
- * sets (set_look): the mark ends with the mode ("r" shared, "p<limit>");
- * a reader waits only for the writers below it, a permit for fewer than
- * limit below it (the first waiter watching the key's children, a later
- * one its predecessor, woken by its grant); a limit unlike the first
- * holder's is a mismatch. The fence is the czxid. One session per process
- * is the lease; its expiry loses every lock, reported at once
- * (host->lost_all), and so does a disconnection that outlasts its
- * timeout (presumed expired: cut_timer, a thread only while cut off;
- * its deadline by what broke the connection, log_break).
- * One handle at a time: an ended session's is closed before the next is
- * made (the library's handles share static buffers).
- * Requests are asynchronous, each bounded by command_timeout_ms; a
- * delete lost with its connection is sent again.
- * Metrics: a persistent znode per host under <root>/.metrics, added to
- * by read and write at the version read (count_once).
+ * zookeeper.c - the zookeeper backend, a module (liblockshim-zookeeper.so)
+ * on libzookeeper-mt2: ZooKeeper's lock recipe without herd. A lock is an
+ * EPHEMERAL|SEQUENCE znode <root>/<key's name>/lock-<mark>-N (keyname.h;
+ * the mark is its create's own, so a create whose reply was lost is found
+ * and deleted) holding the lock value; the lowest holds, a waiter watches
+ * only its predecessor (FIFO). Holder sets (set_look): the mark ends with
+ * the mode; a reader waits only for writers below it, a permit for fewer
+ * than limit below it. The fence is the czxid. One session per process
+ * is the lease, one handle at a time (the library's handles share static
+ * buffers); its expiry loses every lock, reported at once (lost_all), and
+ * so does a disconnection that outlasts it (cut_timer, log_break).
+ * Requests are asynchronous, each bounded by command_timeout_ms. Metrics:
+ * a persistent znode per host under <root>/.metrics (count_once).
  */
 #include <ctype.h>
 #include <errno.h>
