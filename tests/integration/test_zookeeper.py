@@ -664,6 +664,25 @@ def test_release_cut_by_a_frozen_member_is_sent_again(bg, worker_progs, ensemble
     assert holder.wait() == 0
 
 
+def proxied_waiter(bg, worker_progs, zk, tmp_path, px, wait_ms, more):
+    """A holder of "blk" on a session of its own (direct), inside its call,
+    and a waiter whose session goes through px (wait_ms; zookeeper
+    settings more, command_timeout_ms 500), once its znode is queued.
+    Returns (holder, waiter)."""
+    d = tmp_path / "direct"
+    d.mkdir()
+    body = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = %d; '
+            'on_timeout = "skip"; on_error = "skip"; } );\n' % wait_ms)
+    holder = bg([worker_progs["block"], "stay"], zk_config(d, zk, body))
+    holder.expect("enter")
+    cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
+                       '"127.0.0.1:%d"; command_timeout_ms = 500; %s };\n%s'
+                       % (px.port, more, body))
+    waiter = bg([worker_progs["block"], "stay"], cfg)
+    wait_for(lambda: len(zk.children(BLK)) == 2, timeout=30, what="the waiter's znode")
+    return holder, waiter
+
+
 def reopen(px):
     """Lets px pass again and closes every connection it made so far, so
     that the client's attempt whose bytes were dropped fails at once and
@@ -689,18 +708,9 @@ def test_waiter_that_gives_up_after_a_connection_loss_leaves_no_znode(bg, worker
     holder's release frees the key while the waiter (and its session) lives
     on. Without that, the waiter's znode stayed with its live session."""
     zk = own_zk
-    d = tmp_path / "direct"
-    d.mkdir()
-    body = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = 9000; '
-            'on_timeout = "skip"; on_error = "skip"; } );\n')
-    holder = bg([worker_progs["block"], "stay"], zk_config(d, zk, body))
-    holder.expect("enter")
     with Proxy(zk.port) as px:
-        cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
-                           '"127.0.0.1:%d"; session_timeout_ms = 6000; command_timeout_ms = '
-                           '500; };\n%s' % (px.port, body))
-        waiter = bg([worker_progs["block"], "stay"], cfg)
-        wait_for(lambda: len(zk.children(BLK)) == 2, timeout=30, what="the waiter's znode")
+        holder, waiter = proxied_waiter(bg, worker_progs, zk, tmp_path, px, 9000,
+                                        "session_timeout_ms = 6000;")
         px.set_mode(DROP_REPLIES)
         wait_for(lambda: px.accepted >= 2, timeout=30, what="the client's reconnection")
         reopen(px)  # the session answers again well before it would be presumed expired
@@ -1422,18 +1432,10 @@ def test_presumed_expiry_closes_the_old_handle_before_the_next_session(bg, worke
     threads race on (under LOCKSHIM_TEST_TSAN a build that makes the new
     session first and closes the old one afterwards reports that race
     here)."""
-    d = tmp_path / "direct"
-    d.mkdir()
-    body = ('locks = ( { symbol = "block_call"; key = "blk"; wait_ms = 60000; '
-            'on_timeout = "skip"; on_error = "skip"; } );\n')
-    holder = bg([worker_progs["block"], "stay"], zk_config(d, zk, body))
-    holder.expect("enter")
     with Proxy(zk.port) as px:
-        cfg = write_config(tmp_path, None, 'backend = "zookeeper";\nzookeeper = { hosts = '
-                           '"127.0.0.1:%d"; session_timeout_ms = 3000; command_timeout_ms = '
-                           '500; connect_timeout_ms = 1500; };\n%s' % (px.port, body))
-        waiter = bg([worker_progs["block"], "stay"], cfg)
-        wait_for(lambda: len(zk.children(BLK)) == 2, timeout=30, what="the waiter's znode")
+        holder, waiter = proxied_waiter(bg, worker_progs, zk, tmp_path, px, 60000,
+                                        "session_timeout_ms = 3000; "
+                                        "connect_timeout_ms = 1500;")
         px.set_mode(BLACK_HOLE)
         wait_for(lambda: "no ZooKeeper session with" in waiter.stderr(), timeout=30,
                  what="a new session tried after the presumed expiry")
@@ -1493,7 +1495,8 @@ def test_member_restarted_before_the_session_timeout_keeps_the_lock(bg, worker_p
     wait_for(lambda: threads(holder.p.pid) == n, timeout=session_ms / 1000,
              what="the client reconnected with its session (the deadline's thread ended)")
     took = time.monotonic() - t0
-    assert took < session_ms / 1000 * 2 / 3, "reconnected too late to tell %.1f s: %s" % (took, holder.stderr())
+    assert took < session_ms / 1000 * 2 / 3, \
+        "reconnected too late to tell %.1f s: %s" % (took, holder.stderr())
     err = holder.stderr()
     assert holder.p.poll() is None and "lease on" not in err and "ZooKeeper session" not in err, \
         err
