@@ -1794,7 +1794,6 @@ static int holder_pid(struct backend_conn *c, const struct backend_item *it)
 
 	memcpy(want, it->val, wlen);
 	wlen = owner_no_since(want, wlen);
-
 	if (session_up(c) != BACKEND_OK ||
 	    !(r = run(c, sql_holders, 0, NULL, c->bc->spec->command_timeout_ms, "unlock")))
 		return -1;
@@ -1871,7 +1870,7 @@ static const struct backend_ops pg_ops = {
 	/* an overrun lock goes at once, on its session; its other locks stay */
 	.overrun_release = 1,
 	.store = "PostgreSQL",
-		/* .settings: the core's group (backend_init sets it in its copy) */
+	/* .settings: the core's group (backend_init sets it in its copy) */
 	.serves = pg_serves,
 	.config_new = pg_config_new,
 	.config_free = pg_config_free,

@@ -245,8 +245,8 @@ static const char sql_holders[] =
 	"NULL, w.waitstart, w.pid FROM p CROSS JOIN LATERAL generate_series(1, p.lim::int) i "
 	"JOIN l w ON NOT w.granted AND w.objsubid = 1 AND w.id = hashtextextended(p.key, i) "
 	PG_H_SESSION("w") "ORDER BY 1, 2 DESC, 7, 8";
-enum { PG_H_KEY, PG_H_GRANTED, PG_H_MODE, PG_H_OWNER, PG_H_SINCE, PG_H_LIMIT };
-enum { PG_H_PID = 7 };
+enum { PG_H_KEY, PG_H_GRANTED, PG_H_MODE, PG_H_OWNER, PG_H_SINCE, PG_H_LIMIT, PG_H_WAITSTART,
+       PG_H_PID };
 /*
  * unlock (pg_remove), $1 a holder's server pid, $2 its key: the keys of
  * the other locks its session holds (NULL: none), then the session ended
