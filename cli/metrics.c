@@ -34,6 +34,7 @@
 #include "key.h"
 #include "log.h"
 #include "metrics.h"
+#include "util.h"
 
 #define SCAN_COUNT "1000"
 #define HGETALL_FIELDS_MAX 4096 /* half backend_redis.c's 16384 elements of a reply:
@@ -138,18 +139,6 @@ static char *lock_name(const struct conf *cfg, char *const *globs, const char *k
 	return strdup(k);
 }
 
-#define INDEX_HASH_START 14695981039346656037ULL
-
-/* Returns FNV-1a of p[0..n) continued from h (first: INDEX_HASH_START). */
-static uint64_t index_hash(uint64_t h, const void *p, size_t n)
-{
-	const unsigned char *b = p;
-
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ b[i]) * 1099511628211ULL;
-	return h;
-}
-
 /* Returns the slot of ix where hash h's entry is, as told by eq(ctx, its
  * array index), or the empty slot where it goes; NULL when ix has no room
  * for one more entry and cannot grow (out of memory). */
@@ -216,7 +205,8 @@ static struct metrics_row *row_get(struct scrape *s, const char *lock, size_t ll
 				   const char *host)
 {
 	struct row_key k = { s, lock, host, llen };
-	uint64_t h = index_hash(index_hash(INDEX_HASH_START, host, strlen(host) + 1), lock, llen);
+	uint64_t h = util_fnv1a64(util_fnv1a64(UTIL_FNV1A64_START, host, strlen(host) + 1), lock,
+				  llen);
 	struct index_slot *sl = index_find(&s->rindex, h, row_eq, &k);
 	struct metrics_row *r;
 
@@ -712,7 +702,7 @@ static struct metrics_gauge *gauges(const struct conf *cfg, struct scrape *s, si
 		}
 		if ((name = lock_name(cfg, globs, s->keys[i].key)) != NULL) {
 			struct gauge_key gk = { g, name };
-			uint64_t h = index_hash(INDEX_HASH_START, name, strlen(name));
+			uint64_t h = util_fnv1a64(UTIL_FNV1A64_START, name, strlen(name));
 			struct index_slot *sl = index_find(&byname, h, gauge_eq, &gk);
 			size_t k = sl && sl->at ? sl->at - 1 : ng;
 

@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * util.h - monotonic time, sleeping and a 64-bit mixer, shared by the lock,
- * renewal and key code.
+ * util.h - monotonic time, sleeping, a 64-bit mixer and FNV-1a, shared by
+ * the lock, renewal and key code, the CLI and the modules (all inline).
  */
 #ifndef LOCKSHIM_UTIL_H
 #define LOCKSHIM_UTIL_H
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -36,6 +37,19 @@ static inline uint64_t util_mix64(uint64_t x)
 	x ^= x >> 27;
 	x *= 0x94d049bb133111ebULL;
 	return x ^ (x >> 31);
+}
+
+#define UTIL_FNV1A64_START 0xcbf29ce484222325ULL
+
+/* Returns FNV-1a (64 bits) of p[0..n) continued from h (the first bytes:
+ * from UTIL_FNV1A64_START): hash tables' slots, ids derived from bytes. */
+static inline uint64_t util_fnv1a64(uint64_t h, const void *p, size_t n)
+{
+	const unsigned char *b = p;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ULL;
+	return h;
 }
 
 /* Sleeps ms milliseconds, resuming after signal handlers. */

@@ -30,6 +30,7 @@
 #include "backend.h"
 #include "backend_etcd_conf.h"
 #include "backend_module.h"
+#include "util.h"
 
 #define ETCD_WAIT_MAX_MS 3600000 /* one watch at most (then asked again) */
 #define ETCD_KEY_MAX (1024 + 3 * KEY_BUF_SIZE + 32) /* prefix, escaped key, /p<limit>.<lease> */
@@ -224,13 +225,9 @@ static size_t b64_decode(const char *s, size_t n, char *out, size_t cap)
  * nonzero (the value holds a random token: two holders never share it). */
 static long long lease_id(const struct backend_item *it)
 {
-	uint64_t h = 0xcbf29ce484222325ULL;
+	uint64_t h = util_fnv1a64(UTIL_FNV1A64_START, it->key, it->klen);
 
-	for (size_t i = 0; i < it->klen; i++)
-		h = (h ^ (unsigned char)it->key[i]) * 0x100000001b3ULL;
-	h = (h ^ 0xff) * 0x100000001b3ULL;
-	for (size_t i = 0; i < it->vlen; i++)
-		h = (h ^ (unsigned char)it->val[i]) * 0x100000001b3ULL;
+	h = util_fnv1a64(util_fnv1a64(h, "\xff", 1), it->val, it->vlen);
 	h &= 0x7fffffffffffffffULL;
 	return h ? (long long)h : 1;
 }

@@ -34,6 +34,7 @@
 #include "backend_module.h"
 #include "backend_postgres_conf.h"
 #include "postgres_sql.h"
+#include "util.h"
 
 #define PG_TOKEN 32            /* the token prefix of a lock value (owner.h) */
 #define PG_WAIT_MAX_MS 3600000 /* one blocking wait at most (then asked again) */
@@ -486,12 +487,8 @@ static const char *key_text(struct backend_conn *c, const struct backend_item *i
  * (never 0, which marks a free slot). */
 static uint64_t key_hash(const char *k, size_t n)
 {
-	uint64_t h = 1469598103934665603ULL;
+	uint64_t h = util_fnv1a64(UTIL_FNV1A64_START, k, n);
 
-	for (size_t i = 0; i < n; i++) {
-		h ^= (unsigned char)k[i];
-		h *= 1099511628211ULL;
-	}
 	return h ? h : 1;
 }
 
