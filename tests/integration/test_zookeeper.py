@@ -1521,16 +1521,17 @@ def cons_recved(zk):
     return out
 
 
-def settled(zk):
+def settled(zk, timeout=30):
     """cons_recved once two readings 0.5 s apart agree (the wake-ups of the
-    last change are over)."""
-    last = cons_recved(zk)
-    while True:
+    last change are over), within timeout s."""
+    last, end = cons_recved(zk), time.monotonic() + timeout * MULT
+    while time.monotonic() < end:
         time.sleep(0.5)
         now = cons_recved(zk)
         if now == last:
             return now
         last = now
+    raise AssertionError("the servers' request counts still move after %d s" % timeout)
 
 
 def woken(before, after):
