@@ -316,6 +316,12 @@ static const char *counts_key(struct counts *cs, const char *name, size_t n, cha
 	return named;
 }
 
+/* Whether key[0..klen) is one of namespace ns's (nsl bytes): "<ns>:...". */
+static int in_ns(const char *key, size_t klen, const char *ns, size_t nsl)
+{
+	return klen > nsl && !memcmp(key, ns, nsl) && key[nsl] == ':';
+}
+
 int local_count_read(const char *dir, const char *ns,
 		     void (*fn)(void *arg, const char *key, size_t klen, const char *field,
 				size_t flen, long long value),
@@ -338,12 +344,17 @@ int local_count_read(const char *dir, const char *ns,
 
 		if (!n)
 			continue;
+		/* a name keyname.h did not shorten (no "~") is its key: the files
+		 * of other namespaces are not read */
+		if (!memchr(e->d_name, '~', n) &&
+		    !in_ns(named, keyname_decode(e->d_name, n, named), ns, nsl))
+			continue;
 		fd = openat(dirfd(d), e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK |
 			    O_NOCTTY);
 		if (fd < 0)
 			continue;
-		if (counts_read(fd, &cs) == 0 && (key = counts_key(&cs, e->d_name, n, named, &klen)) &&
-		    klen > nsl && !memcmp(key, ns, nsl) && key[nsl] == ':')
+		key = counts_read(fd, &cs) == 0 ? counts_key(&cs, e->d_name, n, named, &klen) : NULL;
+		if (key && in_ns(key, klen, ns, nsl))
 			for (size_t i = 0; i < cs.n; i++) {
 				/* decoding shortens in place: %XX to one byte */
 				size_t fl = keyname_decode(cs.f[i].enc, cs.f[i].len,
