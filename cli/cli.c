@@ -123,7 +123,8 @@ static const struct cmd_struct commands[] = {
 	  "0 (also when nothing is held), 64 usage, 69 Redis unreachable, 78 config" },
 	{ "unlock", { NULL }, cmd_unlock, "[-c FILE] [--force] [--json] KEY",
 	  "remove KEY's lock (each holder's, for a semaphore or a shared lock) as its holder's "
-	  "release would (refused for a live holder on this host without --force)",
+	  "release would (refused for a live holder on this host without --force; postgres: "
+	  "by ending the holder's session, its other locks with it)",
 	  "0 removed, 1 not held, changed meanwhile or a live holder here, 64 usage, 69 "
 	  "Redis unreachable, 78 config" },
 	{ "metrics", { NULL }, cmd_metrics, "[-c FILE] [--listen HOST:PORT]",
